@@ -1,0 +1,1 @@
+"""The commands of mahabharatha and the helpers they share."""

@@ -1,0 +1,757 @@
+"""Feature detection and the hardened ``pid:timestamp`` feature lock.
+
+A feature ``F`` is claimed by the file ``<gsd>/specs/F/.lock`` holding ``"{pid}:{time}"``.
+
+Protocol (the long form, with the reasoning, is ``design/lockfile-hardening.md``):
+
+* **publish**: the record is written into a file that has no name yet (``O_TMPFILE``; elsewhere a
+  private temp file) and then ``link()``-ed to ``.lock``. ``link`` fails when ``.lock`` exists, so
+  exactly one publisher wins and nobody ever sees an empty or half-written lock.
+* **judge**: a lock is read through one no-follow, non-blocking open of at most ``MAX_READ_BYTES``;
+  its *identity* is the inode, its change time, its size and its bytes.
+* **reclaim / release / refresh** change or remove an existing ``.lock`` only while holding the
+  *guard*, an ``flock`` on the feature folder itself, and only after re-reading the lock under
+  the guard and finding the very entry they judged. ``publish`` needs no guard (``link`` cannot
+  replace anything), so the only way ``.lock`` ever changes is under the guard.
+
+Invariants: at most one live lock per feature; no process removes or replaces a lock other than
+the one it judged; every call answers within a bounded time; nothing is followed through a link.
+
+The clock is read only through ``time.time()`` of this module (tests replace ``time`` here).
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import math
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from time import monotonic as _monotonic  # bound now: tests replace this module's ``time``
+from typing import Final
+
+from mahabharatha.constants import GSD_DIR, STATE_DIR
+
+__all__ = [
+    "EMPTY_LOCK_GRACE_SECONDS",
+    "LOCK_FILE_NAME",
+    "MAX_PID",
+    "MAX_READ_BYTES",
+    "STALE_AFTER_SECONDS",
+    "AcquireOutcome",
+    "EntryKind",
+    "GuardBusyError",
+    "LockSnapshot",
+    "LockState",
+    "ReleaseOutcome",
+    "UnsafeLockPathError",
+    "acquire_feature_lock",
+    "check_feature_lock",
+    "detect_feature",
+    "feature_dir_path",
+    "format_record",
+    "is_temp_name",
+    "judge_lock",
+    "open_feature_dir",
+    "read_lock",
+    "release_at",
+    "release_feature_lock",
+    "remove_if_unchanged",
+    "replace_if_unchanged",
+    "sweep_orphan_temps",
+    "try_acquire",
+]
+
+STALE_AFTER_SECONDS: Final = 7200.0
+"""A lock older than this (strictly) is stale: its holder is presumed gone."""
+
+MAX_PID: Final = 4_194_304
+"""Linux's ``PID_MAX_LIMIT``: no process can have a larger pid."""
+
+FUTURE_SKEW_SECONDS: Final = 86400.0
+"""A timestamp up to a day ahead is clock skew between hosts; beyond that it is garbage."""
+
+EMPTY_LOCK_GRACE_SECONDS: Final = 2.0
+"""Old writers create ``.lock`` empty and fill it a moment later: an empty lock this young is
+being written, not corrupt."""
+
+MAX_READ_BYTES: Final = 4096
+"""A record is about 30 bytes; we never read more than this from any file we judge."""
+
+MAX_NAME_BYTES: Final = 255
+"""``NAME_MAX`` on Linux and macOS: a longer feature name cannot be a folder."""
+
+GUARD_WAIT_SECONDS: Final = 0.5
+"""How long a release or refresh waits for the guard. Holders keep it for a few system calls;
+only a foreign process that ``flock``s our folder could keep it longer, and then we give up."""
+
+MAX_ROUNDS: Final = 8
+"""Bound on judge-and-retry rounds: each round ends because another process changed the lock,
+so a storm of changes makes us answer "held" rather than spin."""
+
+TEMP_ORPHAN_SECONDS: Final = 60.0
+"""A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
+
+LOCK_FILE_NAME: Final = ".lock"
+CURRENT_FEATURE_FILE: Final = ".current-feature"
+FEATURE_ENV_VAR: Final = "MAHABHARATHA_FEATURE"
+
+_TEMP_RE: Final = re.compile(r"\.lock\.([0-9]+)\.[0-9a-f]+\.tmp", re.ASCII)
+_FEATURE_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+_RECORD_RE: Final = re.compile(r"([0-9]{1,10}):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
+
+_NOFOLLOW_READ: Final = (
+    os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+)  # O_NONBLOCK: a FIFO or device at the path must not hang the open
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
+# O_NOFOLLOW reports a symlink as ELOOP on Linux and macOS, EMLINK on FreeBSD.
+_SYMLINK_ERRNOS: Final = frozenset({errno.ELOOP, errno.EMLINK})
+# Running out of descriptors or memory says nothing about the lock: surface it, never reclaim.
+_RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+# A feature folder we cannot enter (or that is not a real folder) holds no lock we can see.
+_NO_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, *_SYMLINK_ERRNOS})
+# Kernels or file systems without O_TMPFILE answer with one of these.
+_NO_TMPFILE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
+
+
+# --------------------------------------------------------------------------- names and records
+
+
+def _validate_feature_name(feature: str) -> None:
+    """Raise ``ValueError`` unless ``feature`` is a safe single path component."""
+    if (
+        not isinstance(feature, str)
+        or not feature
+        or ".." in feature
+        or "/" in feature
+        or "\\" in feature
+        or _FEATURE_NAME_RE.fullmatch(feature) is None
+        or len(feature.encode()) > MAX_NAME_BYTES
+    ):
+        raise ValueError(f"Invalid feature name: {feature!r}")
+
+
+def _is_valid_feature_name(feature: str) -> bool:
+    try:
+        _validate_feature_name(feature)
+    except ValueError:
+        return False
+    return True
+
+
+def _parse_lock_content(content: str) -> tuple[int, float] | None:
+    """Parse ``pid:timestamp``; ``None`` unless well formed and within bounds."""
+    if not isinstance(content, str) or len(content) > MAX_READ_BYTES:
+        return None
+    match = _RECORD_RE.fullmatch(content.strip())
+    if match is None:
+        return None
+    pid, ts = int(match[1]), float(match[2])
+    if not 1 <= pid <= MAX_PID:
+        return None
+    if not math.isfinite(ts) or not 0 < ts <= time.time() + FUTURE_SKEW_SECONDS:
+        return None
+    return pid, ts
+
+
+def format_record(pid: int, timestamp: float) -> bytes:
+    """The bytes of a lock record, as every writer of this module writes them."""
+    return f"{pid}:{timestamp}".encode("ascii")
+
+
+# --------------------------------------------------------------------------- bounded reads
+
+
+def _is_small_regular_file(path: Path) -> bool:
+    """True when ``path`` itself (not a link's target) is a regular file of at most 4 KiB."""
+    fd = os.open(path, _NOFOLLOW_READ)
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return stat.S_ISREG(info.st_mode) and info.st_size <= MAX_READ_BYTES
+
+
+def _safe_read_text(path: Path) -> str | None:
+    """Stripped text of a small regular file, or ``None`` when it cannot or should not be read.
+
+    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused before the read,
+    so the read can neither hang nor be unbounded.
+    """
+    try:
+        if not _is_small_regular_file(path):
+            return None
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+# --------------------------------------------------------------------------- feature detection
+
+
+def _feature_from_env() -> str | None:
+    return os.environ.get(FEATURE_ENV_VAR, "").strip() or None
+
+
+def _feature_from_marker(gsd_dir: str = GSD_DIR) -> str | None:
+    return _safe_read_text(Path(gsd_dir) / CURRENT_FEATURE_FILE)
+
+
+def _feature_from_state_files() -> str | None:
+    """Stem of the newest ``*.json`` state file with a valid name; files may vanish meanwhile."""
+    newest: tuple[float, str] | None = None
+    try:
+        candidates = list(Path(STATE_DIR).glob("*.json"))
+    except OSError:
+        return None
+    for candidate in candidates:
+        if not _is_valid_feature_name(candidate.stem):
+            continue
+        try:
+            mtime = candidate.stat().st_mtime
+        except OSError:  # removed between the listing and the stat: skip it
+            continue
+        if newest is None or mtime > newest[0]:
+            newest = (mtime, candidate.stem)
+    return newest[1] if newest else None
+
+
+def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
+    """The feature being worked on: env var, then ``.current-feature``, then newest state file.
+
+    A source that cannot be read, or that names an invalid feature, is skipped.
+    """
+    sources: tuple[Callable[[], str | None], ...] = (
+        _feature_from_env,
+        lambda: _feature_from_marker(gsd_dir),
+        _feature_from_state_files,
+    )
+    for source in sources:
+        name = source()
+        if name and _is_valid_feature_name(name):
+            return name
+    return None
+
+
+# --------------------------------------------------------------------------- lock entries
+
+
+class UnsafeLockPathError(OSError):
+    """Something other than a lock, or a folder we refuse to follow, stands in the lock's way."""
+
+
+class GuardBusyError(OSError):
+    """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
+
+
+class EntryKind(enum.Enum):
+    MISSING = "missing"
+    FILE = "file"
+    SYMLINK = "symlink"
+    SPECIAL = "special"  # FIFO, socket or device
+    DIRECTORY = "directory"
+
+
+class LockState(enum.Enum):
+    FREE = "free"
+    ACTIVE = "active"
+    STALE = "stale"
+    CORRUPT = "corrupt"
+    WRITING = "writing"
+    UNREADABLE = "unreadable"
+    NOT_A_FILE = "not-a-file"
+
+
+RECLAIMABLE: Final = frozenset(
+    {LockState.STALE, LockState.CORRUPT, LockState.UNREADABLE, LockState.NOT_A_FILE}
+)
+
+
+@dataclass(frozen=True)
+class LockSnapshot:
+    """What one read of ``.lock`` saw. Two snapshots of one unchanged entry compare equal."""
+
+    kind: EntryKind
+    identity: tuple[int, int, int, int] | None  # (st_dev, st_ino, st_ctime_ns, st_size)
+    content: bytes | None  # None: not readable (or not a file); a symlink holds its target
+    mtime: float = 0.0
+
+    @property
+    def record(self) -> tuple[int, float] | None:
+        text = self.text
+        return None if text is None else _parse_lock_content(text)
+
+    @property
+    def text(self) -> str | None:
+        if self.kind is not EntryKind.FILE or self.content is None:
+            return None
+        try:
+            return self.content.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def same_entry(self, other: LockSnapshot) -> bool:
+        return (self.kind, self.identity, self.content) == (
+            other.kind,
+            other.identity,
+            other.content,
+        )
+
+
+MISSING: Final = LockSnapshot(EntryKind.MISSING, None, None)
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_ctime_ns, info.st_size)
+
+
+def _snapshot_without_opening(dfd: int) -> LockSnapshot:
+    """Describe ``.lock`` by ``lstat`` when it cannot be opened (a link, a socket, no access)."""
+    try:
+        info = os.stat(LOCK_FILE_NAME, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return MISSING
+    if stat.S_ISLNK(info.st_mode):
+        target = os.readlink(LOCK_FILE_NAME, dir_fd=dfd).encode("utf-8", "surrogateescape")
+        return LockSnapshot(EntryKind.SYMLINK, _identity(info), target, info.st_mtime)
+    kind = EntryKind.FILE if stat.S_ISREG(info.st_mode) else EntryKind.SPECIAL
+    return LockSnapshot(kind, _identity(info), None, info.st_mtime)
+
+
+def _read_bounded(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = MAX_READ_BYTES + 1  # one byte more than allowed tells "too big" apart
+    while remaining > 0:
+        chunk = os.read(fd, remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_lock(dfd: int) -> LockSnapshot:
+    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``."""
+    try:
+        fd = os.open(LOCK_FILE_NAME, _NOFOLLOW_READ, dir_fd=dfd)
+    except FileNotFoundError:
+        return MISSING
+    except OSError as error:
+        if error.errno in _RESOURCE_ERRNOS:
+            raise
+        return _snapshot_without_opening(dfd)  # a link (ELOOP), a socket (ENXIO), no access
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            return LockSnapshot(EntryKind.DIRECTORY, _identity(info), None, info.st_mtime)
+        if not stat.S_ISREG(info.st_mode):  # FIFO or device: never read from it
+            return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
+        try:
+            content: bytes | None = _read_bounded(fd)
+        except OSError as error:
+            if error.errno in _RESOURCE_ERRNOS:
+                raise
+            content = None
+        return LockSnapshot(EntryKind.FILE, _identity(info), content, info.st_mtime)
+    finally:
+        os.close(fd)
+
+
+def judge_lock(snapshot: LockSnapshot, now: float) -> LockState:
+    """The state of a lock as seen in ``snapshot`` at time ``now`` (age decides, nothing else)."""
+    if snapshot.kind is EntryKind.MISSING:
+        return LockState.FREE
+    if snapshot.kind is not EntryKind.FILE:
+        return LockState.NOT_A_FILE
+    if snapshot.content is None or snapshot.text is None:
+        return LockState.UNREADABLE
+    if not snapshot.content:
+        # An old writer's lock between its create and its write (race: create-then-write).
+        fresh = abs(now - snapshot.mtime) < EMPTY_LOCK_GRACE_SECONDS
+        return LockState.WRITING if fresh else LockState.CORRUPT
+    record = snapshot.record
+    if record is None:
+        return LockState.CORRUPT
+    return LockState.STALE if now - record[1] > STALE_AFTER_SECONDS else LockState.ACTIVE
+
+
+# --------------------------------------------------------------------------- the feature folder
+
+
+def feature_dir_path(gsd_dir: str | os.PathLike[str], feature: str) -> Path:
+    return Path(gsd_dir) / "specs" / feature
+
+
+def _refuse_folder(folder: Path, error: OSError) -> UnsafeLockPathError:
+    return UnsafeLockPathError(
+        error.errno or errno.ENOTDIR,
+        f"feature folder {folder} is a symlink or not a folder; refusing to follow it",
+        str(folder),
+    )
+
+
+def _make_feature_dir(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as error:  # a dangling link or a file where the folder should be
+        raise _refuse_folder(folder, error) from error
+
+
+@contextmanager
+def open_feature_dir(
+    gsd_dir: str | os.PathLike[str], feature: str, *, create: bool
+) -> Iterator[int | None]:
+    """Yield a descriptor of ``specs/<feature>`` opened without following a link.
+
+    Every later step works relative to this descriptor, so swapping the folder for a symlink
+    mid-call (race: folder replaced by a link) cannot redirect a write. Yields ``None`` when
+    there is no usable folder and ``create`` is false; with ``create`` it raises instead.
+    """
+    dfd = _open_dir_nofollow(feature_dir_path(gsd_dir, feature), create=create)
+    if dfd is None:
+        yield None
+        return
+    try:
+        yield dfd
+    finally:
+        os.close(dfd)
+
+
+def _open_dir_nofollow(folder: Path, *, create: bool) -> int | None:
+    if create:
+        _make_feature_dir(folder)
+    try:
+        return os.open(folder, _DIR_FLAGS)
+    except OSError as error:
+        if error.errno not in _NO_FOLDER_ERRNOS:
+            raise
+        if create:
+            raise _refuse_folder(folder, error) from error
+        return None
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def _try_guard(dfd: int) -> bool:
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextmanager
+def _guard(dfd: int, *, wait: bool) -> Iterator[bool]:
+    """Hold the feature folder's ``flock`` (the guard); yields False if it could not be had.
+
+    Without ``wait`` a busy guard means another process is reclaiming or releasing this very
+    lock right now. With ``wait`` we spin (yielding the CPU, never sleeping) for at most
+    ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``.
+    """
+    taken = _try_guard(dfd)
+    if not taken and wait:
+        deadline = _monotonic() + GUARD_WAIT_SECONDS
+        while not taken and _monotonic() < deadline:
+            os.sched_yield()
+            taken = _try_guard(dfd)
+        if not taken:
+            raise GuardBusyError(errno.EWOULDBLOCK, "feature folder stayed busy; try again")
+    try:
+        yield taken
+    finally:
+        if taken:
+            fcntl.flock(dfd, fcntl.LOCK_UN)
+
+
+def _unlink_lock(dfd: int) -> None:
+    # unlinkat removes the entry itself: a symlink goes, its target is never touched.
+    os.unlink(LOCK_FILE_NAME, dir_fd=dfd)
+
+
+def remove_if_unchanged(dfd: int, judged: LockSnapshot) -> bool:
+    """Remove ``.lock`` if it is still the entry ``judged``; the caller holds the guard."""
+    # Race: the lock was replaced between the caller's read and now; re-read under the guard.
+    if not read_lock(dfd).same_entry(judged):
+        return False
+    _unlink_lock(dfd)
+    return True
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+def _temp_name() -> str:
+    return f".lock.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+
+
+def is_temp_name(name: str) -> bool:
+    return _TEMP_RE.fullmatch(name) is not None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _write_named_temp(dfd: int, record: bytes) -> str:
+    """Write ``record`` into a new private temp file; return its name. Leaves nothing on error."""
+    name = _temp_name()
+    fd = os.open(
+        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd
+    )
+    try:
+        _write_all(fd, record)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(dfd, name)
+        raise
+    os.close(fd)
+    return name
+
+
+def _unlink_quietly(dfd: int, name: str) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dfd)
+
+
+class _Tmpfile:
+    """Whether ``O_TMPFILE`` + ``linkat`` through ``/proc/self/fd`` works here (learned once)."""
+
+    usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir("/proc/self/fd")
+
+
+def _publish_unnamed(dfd: int, record: bytes) -> bool | None:
+    """Publish through a file with no name: a crash at any step leaves nothing behind.
+
+    Returns ``None`` when this file system has no ``O_TMPFILE``.
+    """
+    try:
+        fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+    except OSError as error:
+        if error.errno not in _NO_TMPFILE_ERRNOS:
+            raise
+        _Tmpfile.usable = False
+        return None
+    try:
+        _write_all(fd, record)
+        # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
+        os.link(f"/proc/self/fd/{fd}", LOCK_FILE_NAME, dst_dir_fd=dfd, follow_symlinks=True)
+    except FileExistsError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _publish_named(dfd: int, record: bytes) -> bool:
+    name = _write_named_temp(dfd, record)
+    try:
+        # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
+        os.link(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    finally:
+        _unlink_quietly(dfd, name)
+    return True
+
+
+def _publish(dfd: int, record: bytes) -> bool:
+    """Make ``.lock`` appear holding ``record``, whole, or return False because it exists."""
+    if _Tmpfile.usable:
+        published = _publish_unnamed(dfd, record)
+        if published is not None:
+            return published
+    sweep_orphan_temps(dfd)  # named temps can be orphaned by a crash: keep them from piling up
+    return _publish_named(dfd, record)
+
+
+def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | None:
+    """Atomically swap ``.lock`` for ``record`` if it is still ``judged`` (the heartbeat).
+
+    Returns the new lock's snapshot, or ``None`` if the lock is no longer the one judged.
+    """
+    with _guard(dfd, wait=True):
+        # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
+        if not read_lock(dfd).same_entry(judged):
+            return None
+        name = _write_named_temp(dfd, record)
+        try:
+            # rename() swaps the whole file at once: readers see the old or the new record.
+            os.rename(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            _unlink_quietly(dfd, name)
+            raise
+        return read_lock(dfd)
+
+
+def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
+    match = _TEMP_RE.fullmatch(name)
+    if match is None:
+        return False
+    try:
+        info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS:
+        return True
+    import psutil  # only on this rare path: keeps the CLI's cold start short
+
+    return not psutil.pid_exists(int(match[1]))
+
+
+def sweep_orphan_temps(dfd: int, now: float | None = None) -> list[str]:
+    """Remove temp files whose writer died (or that are too old to be in use); return them.
+
+    Removing a live writer's temp is harmless too: its link or rename then fails and it retries.
+    """
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    with os.scandir(dfd) as entries:
+        names = [entry.name for entry in entries if entry.name.startswith(".lock.")]
+    for name in names:
+        if _temp_is_orphan(dfd, name, now):
+            _unlink_quietly(dfd, name)
+            removed.append(name)
+    return removed
+
+
+# --------------------------------------------------------------------------- acquire and release
+
+
+@dataclass(frozen=True)
+class AcquireOutcome:
+    """How an attempt ended: acquired (perhaps by reclaiming ``replaced``) or not (``holder``)."""
+
+    acquired: bool
+    holder: LockSnapshot = MISSING
+    state: LockState = LockState.FREE
+    replaced: LockSnapshot | None = None
+    replaced_state: LockState | None = None
+
+
+MayReclaim = Callable[[LockSnapshot, LockState], bool]
+
+
+def _age_only(_snapshot: LockSnapshot, state: LockState) -> bool:
+    return state in RECLAIMABLE
+
+
+def _reclaim(dfd: int, judged: LockSnapshot, record: bytes) -> bool | None:
+    """Replace the judged lock by ours. True: ours now; False: lost; None: it changed, re-judge."""
+    with _guard(dfd, wait=False) as taken:
+        if not taken:
+            return False  # Race: another process is reclaiming this very lock right now.
+        if not remove_if_unchanged(dfd, judged):
+            return None
+        sweep_orphan_temps(dfd)
+        # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
+        return _publish(dfd, record)
+
+
+def try_acquire(
+    dfd: int, pid: int, now: float, may_reclaim: MayReclaim = _age_only
+) -> AcquireOutcome:
+    """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``."""
+    record = format_record(pid, now)
+    holder, state = MISSING, LockState.FREE
+    for _ in range(MAX_ROUNDS):
+        if _publish(dfd, record):
+            return AcquireOutcome(True)
+        holder = read_lock(dfd)
+        state = judge_lock(holder, now)
+        if state is LockState.FREE:
+            continue  # Race: released between our link and our read; publish again.
+        if holder.kind is EntryKind.DIRECTORY:
+            raise UnsafeLockPathError(errno.EISDIR, "is a directory, not a lock file")
+        if not may_reclaim(holder, state):
+            return AcquireOutcome(False, holder, state)
+        won = _reclaim(dfd, holder, record)
+        if won:
+            return AcquireOutcome(True, replaced=holder, replaced_state=state)
+        if won is False:
+            return AcquireOutcome(False, holder, state)
+    return AcquireOutcome(False, holder, state)
+
+
+class ReleaseOutcome(enum.Enum):
+    RELEASED = "released"
+    NOTHING = "nothing to release"
+    NOT_OWNER = "held by another owner"
+    LEFT = "not a lock this call may remove"
+
+
+def release_at(
+    dfd: int, pid: int, now: float, *, force: bool = False
+) -> tuple[ReleaseOutcome, LockSnapshot]:
+    """Remove the lock if ``pid`` owns it (or it is corrupt, or ``force``), under the guard."""
+    with _guard(dfd, wait=True):
+        # Under the guard nobody else can remove or replace .lock: judge and unlink are one step.
+        snapshot = read_lock(dfd)
+        state = judge_lock(snapshot, now)
+        if state is LockState.FREE:
+            return ReleaseOutcome.NOTHING, snapshot
+        if snapshot.kind is EntryKind.DIRECTORY or state is LockState.WRITING:
+            return ReleaseOutcome.LEFT, snapshot
+        record = snapshot.record
+        if record is not None and record[0] != pid and not force:
+            return ReleaseOutcome.NOT_OWNER, snapshot
+        _unlink_lock(dfd)
+        return ReleaseOutcome.RELEASED, snapshot
+
+
+def _with_path(error: OSError, path: Path) -> OSError:
+    """The same error, naming the lock it was about, so a user knows where to look."""
+    if error.filename is not None:
+        return error
+    if isinstance(error, UnsafeLockPathError):
+        return UnsafeLockPathError(error.errno, f"{path} {error.strerror}", str(path))
+    return OSError(error.errno, f"{error.strerror} (lock {path})", str(path))
+
+
+def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
+    """Claim ``feature`` for this process. False when someone else holds it (or just won it)."""
+    _validate_feature_name(feature)
+    lock_path = feature_dir_path(gsd_dir, feature) / LOCK_FILE_NAME
+    try:
+        with open_feature_dir(gsd_dir, feature, create=True) as dfd:
+            assert dfd is not None
+            return try_acquire(dfd, os.getpid(), time.time()).acquired
+    except FileExistsError:
+        return False  # Race: another process created the name first.
+    except OSError as error:
+        raise _with_path(error, lock_path) from error
+
+
+def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
+    """Remove this process's lock on ``feature`` (and a corrupt one); leave anyone else's."""
+    _validate_feature_name(feature)
+    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+        if dfd is not None:
+            release_at(dfd, os.getpid(), time.time())
+
+
+def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float | int] | None:
+    """``{"pid", "timestamp", "age_seconds"}`` of an active lock on ``feature``, else ``None``."""
+    _validate_feature_name(feature)
+    try:
+        with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+            snapshot = MISSING if dfd is None else read_lock(dfd)
+    except PermissionError:
+        return None
+    now = time.time()
+    record = snapshot.record
+    if judge_lock(snapshot, now) is not LockState.ACTIVE or record is None:
+        return None
+    pid, timestamp = record
+    return {"pid": pid, "timestamp": timestamp, "age_seconds": max(0.0, now - timestamp)}
