@@ -8,7 +8,8 @@ Protocol (the long form, with the reasoning, is ``design/lockfile-hardening.md``
   private temp file) and then ``link()``-ed to ``.lock``. ``link`` fails when ``.lock`` exists, so
   exactly one publisher wins and nobody ever sees an empty or half-written lock.
 * **judge**: a lock is read through one no-follow, non-blocking open of at most ``MAX_READ_BYTES``;
-  its *identity* is the inode, its change time, its size and its bytes.
+  its *identity* is its inode and its bytes (an inode reused with the very same bytes is the
+  same lock for every judgement we make).
 * **reclaim / release / refresh** change or remove an existing ``.lock`` only while holding the
   *guard*, an ``flock`` on the feature folder itself, and only after re-reading the lock under
   the guard and finding the very entry they judged. ``publish`` needs no guard (``link`` cannot
@@ -54,6 +55,7 @@ __all__ = [
     "ReleaseOutcome",
     "UnsafeLockPathError",
     "acquire_feature_lock",
+    "age_only",
     "check_feature_lock",
     "detect_feature",
     "feature_dir_path",
@@ -61,6 +63,7 @@ __all__ = [
     "is_temp_name",
     "judge_lock",
     "open_feature_dir",
+    "orphan_temps",
     "read_lock",
     "release_at",
     "release_feature_lock",
@@ -281,7 +284,7 @@ class LockSnapshot:
     """What one read of ``.lock`` saw. Two snapshots of one unchanged entry compare equal."""
 
     kind: EntryKind
-    identity: tuple[int, int, int, int] | None  # (st_dev, st_ino, st_ctime_ns, st_size)
+    identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
     content: bytes | None  # None: not readable (or not a file); a symlink holds its target
     mtime: float = 0.0
 
@@ -310,8 +313,8 @@ class LockSnapshot:
 MISSING: Final = LockSnapshot(EntryKind.MISSING, None, None)
 
 
-def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
-    return (info.st_dev, info.st_ino, info.st_ctime_ns, info.st_size)
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return (info.st_dev, info.st_ino)
 
 
 def _snapshot_without_opening(dfd: int) -> LockSnapshot:
@@ -504,20 +507,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _write_named_temp(dfd: int, record: bytes) -> str:
-    """Write ``record`` into a new private temp file; return its name. Leaves nothing on error."""
+def _published(info: os.stat_result, record: bytes) -> LockSnapshot:
+    """The snapshot a reader will see of the lock we just wrote (same inode, same bytes)."""
+    return LockSnapshot(EntryKind.FILE, _identity(info), record, info.st_mtime)
+
+
+def _write_named_temp(dfd: int, record: bytes) -> tuple[str, os.stat_result]:
+    """Write ``record`` into a new private temp file. Leaves nothing behind on error."""
     name = _temp_name()
-    fd = os.open(
-        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd
-    )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o644, dir_fd=dfd)
     try:
         _write_all(fd, record)
+        info = os.fstat(fd)
     except BaseException:
-        os.close(fd)
         _unlink_quietly(dfd, name)
         raise
-    os.close(fd)
-    return name
+    finally:
+        os.close(fd)
+    return name, info
 
 
 def _unlink_quietly(dfd: int, name: str) -> None:
@@ -531,48 +539,49 @@ class _Tmpfile:
     usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir("/proc/self/fd")
 
 
-def _publish_unnamed(dfd: int, record: bytes) -> bool | None:
-    """Publish through a file with no name: a crash at any step leaves nothing behind.
+class _NoTmpfileError(Exception):
+    """This file system cannot make unnamed files."""
 
-    Returns ``None`` when this file system has no ``O_TMPFILE``.
-    """
+
+def _publish_unnamed(dfd: int, record: bytes) -> LockSnapshot | None:
+    """Publish through a file with no name: a crash at any step leaves nothing behind."""
     try:
         fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=dfd)
     except OSError as error:
         if error.errno not in _NO_TMPFILE_ERRNOS:
             raise
-        _Tmpfile.usable = False
-        return None
+        raise _NoTmpfileError from error
     try:
         _write_all(fd, record)
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
         os.link(f"/proc/self/fd/{fd}", LOCK_FILE_NAME, dst_dir_fd=dfd, follow_symlinks=True)
+        return _published(os.fstat(fd), record)
     except FileExistsError:
-        return False
+        return None
     finally:
         os.close(fd)
-    return True
 
 
-def _publish_named(dfd: int, record: bytes) -> bool:
-    name = _write_named_temp(dfd, record)
+def _publish_named(dfd: int, record: bytes) -> LockSnapshot | None:
+    sweep_orphan_temps(dfd)  # named temps can be orphaned by a crash: keep them from piling up
+    name, info = _write_named_temp(dfd, record)
     try:
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
         os.link(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
     except FileExistsError:
-        return False
+        return None
     finally:
         _unlink_quietly(dfd, name)
-    return True
+    return _published(info, record)
 
 
-def _publish(dfd: int, record: bytes) -> bool:
-    """Make ``.lock`` appear holding ``record``, whole, or return False because it exists."""
+def _publish(dfd: int, record: bytes) -> LockSnapshot | None:
+    """Make ``.lock`` appear holding ``record``, whole; ``None`` when a lock already exists."""
     if _Tmpfile.usable:
-        published = _publish_unnamed(dfd, record)
-        if published is not None:
-            return published
-    sweep_orphan_temps(dfd)  # named temps can be orphaned by a crash: keep them from piling up
+        try:
+            return _publish_unnamed(dfd, record)
+        except _NoTmpfileError:
+            _Tmpfile.usable = False
     return _publish_named(dfd, record)
 
 
@@ -585,20 +594,24 @@ def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockS
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
         if not read_lock(dfd).same_entry(judged):
             return None
-        name = _write_named_temp(dfd, record)
+        name, info = _write_named_temp(dfd, record)
         try:
             # rename() swaps the whole file at once: readers see the old or the new record.
             os.rename(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             _unlink_quietly(dfd, name)
             raise
-        return read_lock(dfd)
+        return _published(info, record)
+
+
+def orphan_temps(dfd: int, now: float) -> list[str]:
+    """Temp files in the folder whose writer died, or that are too old to be in use."""
+    with os.scandir(dfd) as entries:
+        names = [entry.name for entry in entries if _TEMP_RE.fullmatch(entry.name)]
+    return [name for name in names if _temp_is_orphan(dfd, name, now)]
 
 
 def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
-    match = _TEMP_RE.fullmatch(name)
-    if match is None:
-        return False
     try:
         info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -607,22 +620,18 @@ def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
         return True
     import psutil  # only on this rare path: keeps the CLI's cold start short
 
-    return not psutil.pid_exists(int(match[1]))
+    match = _TEMP_RE.fullmatch(name)
+    return match is not None and not psutil.pid_exists(int(match[1]))
 
 
 def sweep_orphan_temps(dfd: int, now: float | None = None) -> list[str]:
-    """Remove temp files whose writer died (or that are too old to be in use); return them.
+    """Remove orphan temp files and return their names.
 
     Removing a live writer's temp is harmless too: its link or rename then fails and it retries.
     """
-    now = time.time() if now is None else now
-    removed: list[str] = []
-    with os.scandir(dfd) as entries:
-        names = [entry.name for entry in entries if entry.name.startswith(".lock.")]
-    for name in names:
-        if _temp_is_orphan(dfd, name, now):
-            _unlink_quietly(dfd, name)
-            removed.append(name)
+    removed = orphan_temps(dfd, time.time() if now is None else now)
+    for name in removed:
+        _unlink_quietly(dfd, name)
     return removed
 
 
@@ -631,43 +640,55 @@ def sweep_orphan_temps(dfd: int, now: float | None = None) -> list[str]:
 
 @dataclass(frozen=True)
 class AcquireOutcome:
-    """How an attempt ended: acquired (perhaps by reclaiming ``replaced``) or not (``holder``)."""
+    """How an attempt ended: ``mine`` is our new lock; otherwise ``holder`` stopped us.
 
-    acquired: bool
+    ``replaced`` is the stale, corrupt or foreign entry we reclaimed to get it, if any.
+    """
+
+    mine: LockSnapshot | None
     holder: LockSnapshot = MISSING
     state: LockState = LockState.FREE
     replaced: LockSnapshot | None = None
     replaced_state: LockState | None = None
 
+    @property
+    def acquired(self) -> bool:
+        return self.mine is not None
+
 
 MayReclaim = Callable[[LockSnapshot, LockState], bool]
 
 
-def _age_only(_snapshot: LockSnapshot, state: LockState) -> bool:
+def age_only(_snapshot: LockSnapshot, state: LockState) -> bool:
+    """The default reclaim rule: only age, corruption or a non-lock entry frees a lock."""
     return state in RECLAIMABLE
 
 
-def _reclaim(dfd: int, judged: LockSnapshot, record: bytes) -> bool | None:
-    """Replace the judged lock by ours. True: ours now; False: lost; None: it changed, re-judge."""
+_CHANGED: Final = object()
+
+
+def _reclaim(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | object | None:
+    """Replace the judged lock by ours: our snapshot, ``None`` (lost) or ``_CHANGED`` (re-judge)."""
     with _guard(dfd, wait=False) as taken:
         if not taken:
-            return False  # Race: another process is reclaiming this very lock right now.
+            return None  # Race: another process is reclaiming this very lock right now.
         if not remove_if_unchanged(dfd, judged):
-            return None
+            return _CHANGED
         sweep_orphan_temps(dfd)
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
         return _publish(dfd, record)
 
 
 def try_acquire(
-    dfd: int, pid: int, now: float, may_reclaim: MayReclaim = _age_only
+    dfd: int, pid: int, now: float, may_reclaim: MayReclaim = age_only
 ) -> AcquireOutcome:
     """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``."""
     record = format_record(pid, now)
     holder, state = MISSING, LockState.FREE
     for _ in range(MAX_ROUNDS):
-        if _publish(dfd, record):
-            return AcquireOutcome(True)
+        mine = _publish(dfd, record)
+        if mine is not None:
+            return AcquireOutcome(mine)
         holder = read_lock(dfd)
         state = judge_lock(holder, now)
         if state is LockState.FREE:
@@ -675,13 +696,13 @@ def try_acquire(
         if holder.kind is EntryKind.DIRECTORY:
             raise UnsafeLockPathError(errno.EISDIR, "is a directory, not a lock file")
         if not may_reclaim(holder, state):
-            return AcquireOutcome(False, holder, state)
+            return AcquireOutcome(None, holder, state)
         won = _reclaim(dfd, holder, record)
-        if won:
-            return AcquireOutcome(True, replaced=holder, replaced_state=state)
-        if won is False:
-            return AcquireOutcome(False, holder, state)
-    return AcquireOutcome(False, holder, state)
+        if isinstance(won, LockSnapshot):
+            return AcquireOutcome(won, replaced=holder, replaced_state=state)
+        if won is None:
+            return AcquireOutcome(None, holder, state)
+    return AcquireOutcome(None, holder, state)
 
 
 class ReleaseOutcome(enum.Enum):
