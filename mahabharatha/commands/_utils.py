@@ -60,14 +60,18 @@ __all__ = [
     "detect_feature",
     "feature_dir_path",
     "format_record",
+    "guard",
     "is_temp_name",
+    "is_valid_feature_name",
     "judge_lock",
+    "now",
     "open_feature_dir",
     "orphan_temps",
     "read_lock",
     "release_at",
     "release_feature_lock",
     "remove_if_unchanged",
+    "remove_judged",
     "replace_if_unchanged",
     "sweep_orphan_temps",
     "try_acquire",
@@ -143,7 +147,7 @@ def _validate_feature_name(feature: str) -> None:
         raise ValueError(f"Invalid feature name: {feature!r}")
 
 
-def _is_valid_feature_name(feature: str) -> bool:
+def is_valid_feature_name(feature: str) -> bool:
     try:
         _validate_feature_name(feature)
     except ValueError:
@@ -164,6 +168,11 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
     if not math.isfinite(ts) or not 0 < ts <= time.time() + FUTURE_SKEW_SECONDS:
         return None
     return pid, ts
+
+
+def now() -> float:
+    """The clock of every lock decision (``time.time()`` of this module, which tests replace)."""
+    return float(time.time())
 
 
 def format_record(pid: int, timestamp: float) -> bytes:
@@ -217,7 +226,7 @@ def _feature_from_state_files() -> str | None:
     except OSError:
         return None
     for candidate in candidates:
-        if not _is_valid_feature_name(candidate.stem):
+        if not is_valid_feature_name(candidate.stem):
             continue
         try:
             mtime = candidate.stat().st_mtime
@@ -240,7 +249,7 @@ def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
     )
     for source in sources:
         name = source()
-        if name and _is_valid_feature_name(name):
+        if name and is_valid_feature_name(name):
             return name
     return None
 
@@ -454,7 +463,7 @@ def _try_guard(dfd: int) -> bool:
 
 
 @contextmanager
-def _guard(dfd: int, *, wait: bool) -> Iterator[bool]:
+def guard(dfd: int, *, wait: bool) -> Iterator[bool]:
     """Hold the feature folder's ``flock`` (the guard); yields False if it could not be had.
 
     Without ``wait`` a busy guard means another process is reclaiming or releasing this very
@@ -486,8 +495,15 @@ def remove_if_unchanged(dfd: int, judged: LockSnapshot) -> bool:
     # Race: the lock was replaced between the caller's read and now; re-read under the guard.
     if not read_lock(dfd).same_entry(judged):
         return False
-    _unlink_lock(dfd)
+    with suppress(FileNotFoundError):  # only an old-style writer, unguarded, could beat us here
+        _unlink_lock(dfd)
     return True
+
+
+def remove_judged(dfd: int, judged: LockSnapshot) -> bool:
+    """Take the guard and remove ``.lock`` if it is still exactly ``judged``."""
+    with guard(dfd, wait=True):
+        return remove_if_unchanged(dfd, judged)
 
 
 # --------------------------------------------------------------------------- publishing
@@ -590,7 +606,7 @@ def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockS
 
     Returns the new lock's snapshot, or ``None`` if the lock is no longer the one judged.
     """
-    with _guard(dfd, wait=True):
+    with guard(dfd, wait=True):
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
         if not read_lock(dfd).same_entry(judged):
             return None
@@ -669,7 +685,7 @@ _CHANGED: Final = object()
 
 def _reclaim(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | object | None:
     """Replace the judged lock by ours: our snapshot, ``None`` (lost) or ``_CHANGED`` (re-judge)."""
-    with _guard(dfd, wait=False) as taken:
+    with guard(dfd, wait=False) as taken:
         if not taken:
             return None  # Race: another process is reclaiming this very lock right now.
         if not remove_if_unchanged(dfd, judged):
@@ -716,7 +732,7 @@ def release_at(
     dfd: int, pid: int, now: float, *, force: bool = False
 ) -> tuple[ReleaseOutcome, LockSnapshot]:
     """Remove the lock if ``pid`` owns it (or it is corrupt, or ``force``), under the guard."""
-    with _guard(dfd, wait=True):
+    with guard(dfd, wait=True):
         # Under the guard nobody else can remove or replace .lock: judge and unlink are one step.
         snapshot = read_lock(dfd)
         state = judge_lock(snapshot, now)
