@@ -18,6 +18,7 @@ folder in the way) stays an :class:`OSError`.
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import os
 import random
@@ -446,7 +447,9 @@ def release(
         return True
     if snapshot.kind is EntryKind.DIRECTORY:
         path = feature_dir_path(gsd_dir, feature) / _utils.LOCK_FILE_NAME
-        raise UnsafeLockPathError(21, f"{path} is a directory, not a lock file", str(path))
+        raise UnsafeLockPathError(
+            errno.EISDIR, f"{path}: a directory is in the way, not a lock file", str(path)
+        )
     raise NotOwnerError(_describe(feature, snapshot, judge_lock(snapshot, now), now))
 
 

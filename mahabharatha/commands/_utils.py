@@ -428,14 +428,26 @@ def open_feature_dir(
     mid-call (race: folder replaced by a link) cannot redirect a write. Yields ``None`` when
     there is no usable folder and ``create`` is false; with ``create`` it raises instead.
     """
-    dfd = _open_dir_nofollow(feature_dir_path(gsd_dir, feature), create=create)
+    folder = feature_dir_path(gsd_dir, feature)
+    dfd = _open_dir_nofollow(folder, create=create)
     if dfd is None:
         yield None
         return
     try:
         yield dfd
+    except OSError as error:
+        raise _naming(error, folder / LOCK_FILE_NAME) from error
     finally:
         os.close(dfd)
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """The same error, naming the lock it was about (system calls relative to the folder's
+    descriptor report no name, or ``.``), so a user knows where to look."""
+    if error.filename not in (None, ".") or error.errno is None:
+        return error
+    detail = error.strerror or str(error)
+    return type(error)(error.errno, f"{path}: {detail}", str(path))
 
 
 def _open_dir_nofollow(folder: Path, *, create: bool) -> int | None:
@@ -710,7 +722,7 @@ def try_acquire(
         if state is LockState.FREE:
             continue  # Race: released between our link and our read; publish again.
         if holder.kind is EntryKind.DIRECTORY:
-            raise UnsafeLockPathError(errno.EISDIR, "is a directory, not a lock file")
+            raise UnsafeLockPathError(errno.EISDIR, "a directory is in the way, not a lock file")
         if not may_reclaim(holder, state):
             return AcquireOutcome(None, holder, state)
         won = _reclaim(dfd, holder, record)
@@ -747,27 +759,15 @@ def release_at(
         return ReleaseOutcome.RELEASED, snapshot
 
 
-def _with_path(error: OSError, path: Path) -> OSError:
-    """The same error, naming the lock it was about, so a user knows where to look."""
-    if error.filename is not None:
-        return error
-    if isinstance(error, UnsafeLockPathError):
-        return UnsafeLockPathError(error.errno, f"{path} {error.strerror}", str(path))
-    return OSError(error.errno, f"{error.strerror} (lock {path})", str(path))
-
-
 def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
     """Claim ``feature`` for this process. False when someone else holds it (or just won it)."""
     _validate_feature_name(feature)
-    lock_path = feature_dir_path(gsd_dir, feature) / LOCK_FILE_NAME
     try:
         with open_feature_dir(gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
             return try_acquire(dfd, os.getpid(), time.time()).acquired
     except FileExistsError:
         return False  # Race: another process created the name first.
-    except OSError as error:
-        raise _with_path(error, lock_path) from error
 
 
 def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:

@@ -1,0 +1,122 @@
+"""What every command shares: its options, how a result is printed, which exit code it gets.
+
+A command returns a :class:`Result` (or raises); :func:`run` prints it, as one JSON document on
+stdout with ``--json`` or as text for a person, and exits through ``typer.Exit`` with the code
+from :func:`exit_code_for`, the one place errors become exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, NoReturn
+
+import typer
+
+from mahabharatha.constants import GSD_DIR
+from mahabharatha.locks import LockError, LockHeldError, LockInfo
+
+EXIT_OK: Final = 0
+EXIT_HELD: Final = 1  # held by another / none free / nothing detected
+EXIT_BAD_INPUT: Final = 2
+EXIT_OS_ERROR: Final = 3
+EXIT_TEMPFAIL: Final = 75  # sysexits.h EX_TEMPFAIL: busy, try again later
+EXIT_NOT_FOUND: Final = 127  # the shell's "command not found"
+
+GsdDirOption = Annotated[
+    str, typer.Option("--gsd-dir", help="The gsd folder holding specs/<feature>/.lock.")
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")
+]
+PidOption = Annotated[
+    int | None,
+    typer.Option(
+        "--pid",
+        help="Owner pid to record or match (default: the process that called this command).",
+    ),
+]
+ReclaimDeadOption = Annotated[
+    bool,
+    typer.Option(
+        "--reclaim-dead",
+        help=(
+            "Also reclaim a lock whose owner is provably gone on this host. Off by default: "
+            "a pid means nothing on another host or in another PID namespace (containers)."
+        ),
+    ),
+]
+DEFAULT_GSD_DIR: Final = GSD_DIR
+
+
+def default_owner(pid: int | None) -> int:
+    """The owner a CLI call records: ``--pid``, else the shell or worker that ran us."""
+    return os.getppid() if pid is None else pid
+
+
+@dataclass
+class Result:
+    """A command's answer: exit code, JSON document, and what a person reads."""
+
+    code: int
+    document: Any
+    text: str | None = None  # for stdout
+    message: str | None = None  # for stderr (a sentence about a failure)
+    show: Callable[[], None] | None = None  # a richer picture for a person (a table)
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit code of a failure: the only mapping from errors to codes."""
+    if isinstance(error, LockHeldError):
+        return EXIT_HELD
+    if isinstance(error, ValueError):
+        return EXIT_BAD_INPUT
+    if isinstance(error, OSError | LockError):
+        return EXIT_OS_ERROR
+    raise error
+
+
+def sentence(error: BaseException) -> str:
+    """One sentence for a person: no traceback, no errno noise."""
+    if isinstance(error, OSError) and error.strerror:
+        where = (
+            f": {error.filename}" if error.filename and error.filename not in error.strerror else ""
+        )
+        return f"{error.strerror}{where}"
+    return str(error)
+
+
+def holder_fields(info: LockInfo) -> dict[str, Any]:
+    return {"holder": info.to_dict()}
+
+
+def emit(result: Result, as_json: bool) -> NoReturn:
+    if as_json:
+        document = result.document
+        if result.message and isinstance(document, dict) and result.code != EXIT_OK:
+            document = {**document, "error": result.message}
+        typer.echo(json.dumps(document, sort_keys=True))
+    elif result.show is not None:
+        result.show()
+    elif result.text:
+        typer.echo(result.text)
+    if result.message:
+        typer.echo(f"mahabharatha: {result.message}", err=True)
+    raise typer.Exit(result.code)
+
+
+def respond(as_json: bool, document: dict[str, Any], action: Callable[[], Result]) -> NoReturn:
+    """Run ``action`` and print its result; an expected failure becomes one sentence and a code."""
+    try:
+        result = action()
+    except (ValueError, LockError, OSError) as error:
+        extra = holder_fields(error.info) if isinstance(error, LockHeldError) else {}
+        result = Result(exit_code_for(error), {**document, **extra}, message=sentence(error))
+    emit(result, as_json)
+
+
+def stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()

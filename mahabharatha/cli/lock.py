@@ -1,0 +1,274 @@
+"""``mahabharatha lock ...``: claim, hold, inspect and clean feature locks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+
+from mahabharatha import locks
+from mahabharatha.cli._output import (
+    DEFAULT_GSD_DIR,
+    EXIT_HELD,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_TEMPFAIL,
+    GsdDirOption,
+    JsonOption,
+    PidOption,
+    ReclaimDeadOption,
+    Result,
+    default_owner,
+    respond,
+    stderr_is_terminal,
+)
+from mahabharatha.cli._render import status_table, wait_reporter
+from mahabharatha.locks import LockHeldError, LockInfo
+
+app = typer.Typer(
+    help="Feature locks: one session per feature, across shells and worker pools.",
+    no_args_is_help=True,
+)
+
+FeatureArg = Annotated[str, typer.Argument(help="The feature (a folder under <gsd-dir>/specs).")]
+
+
+@app.command()
+def acquire(
+    feature: FeatureArg,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    pid: PidOption = None,
+    wait: Annotated[
+        float | None,
+        typer.Option("--wait", min=0, help="Wait up to SECONDS for a busy lock (with backoff)."),
+    ] = None,
+    reclaim_dead: ReclaimDeadOption = False,
+) -> None:
+    """Claim FEATURE for the calling shell or worker (or --pid). Exit 1 if someone holds it."""
+    owner = default_owner(pid)
+    document: dict[str, Any] = {"feature": feature, "pid": owner, "acquired": False}
+
+    def action() -> Result:
+        locks.acquire(
+            feature,
+            gsd_dir,
+            pid=owner,
+            timeout=wait or 0.0,
+            reclaim_dead=reclaim_dead,
+            on_wait=wait_reporter(feature) if stderr_is_terminal() else None,
+        )
+        return Result(
+            EXIT_OK, {**document, "acquired": True}, f"acquired {feature} for pid {owner}"
+        )
+
+    respond(as_json, document, action)
+
+
+@app.command()
+def release(
+    feature: FeatureArg,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    pid: PidOption = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Remove the lock even if another owner holds it.")
+    ] = False,
+) -> None:
+    """Release FEATURE if the calling shell (or --pid) holds it; another owner's lock stays."""
+    owner = default_owner(pid)
+    document: dict[str, Any] = {"feature": feature, "pid": owner, "released": False}
+
+    def action() -> Result:
+        removed = locks.release(feature, gsd_dir, pid=owner, force=force)
+        text = f"released {feature}" if removed else f"{feature} was not locked"
+        return Result(EXIT_OK, {**document, "released": removed}, text)
+
+    respond(as_json, document, action)
+
+
+def _is_held(info: LockInfo) -> bool:
+    # A fresh empty lock is being written by an older writer: acquire would fail, so: held.
+    return info.state in ("active", "writing")
+
+
+@app.command()
+def check(
+    feature: FeatureArg,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+) -> None:
+    """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held."""
+
+    def action() -> Result:
+        info = locks.inspect(feature, gsd_dir)
+        held = _is_held(info)
+        text = locks.describe_holder(info) if held else f"{feature} is free ({info.state})"
+        return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
+
+    respond(as_json, {"feature": feature, "state": None}, action)
+
+
+@app.command()
+def claim(
+    features: Annotated[
+        list[str] | None,
+        typer.Argument(help="Candidates in order (default: every feature folder, by name)."),
+    ] = None,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    pid: PidOption = None,
+    reclaim_dead: ReclaimDeadOption = False,
+) -> None:
+    """Claim the first free feature and print its name; exit 1 if none is free."""
+    owner = default_owner(pid)
+    document: dict[str, Any] = {"feature": None, "pid": owner, "claimed": False}
+
+    def action() -> Result:
+        won = locks.claim(features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead)
+        if won is None:
+            return Result(EXIT_HELD, document, message="no free feature to claim")
+        return Result(EXIT_OK, {**document, "feature": won, "claimed": True}, won)
+
+    respond(as_json, document, action)
+
+
+@app.command()
+def status(
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+) -> None:
+    """List every feature lock with its state, owner, age and time left."""
+
+    def action() -> Result:
+        infos = locks.status(gsd_dir)
+        return Result(EXIT_OK, [i.to_dict() for i in infos], show=lambda: status_table(infos))
+
+    respond(as_json, {}, action)
+
+
+@app.command()
+def clean(
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")
+    ] = False,
+    reclaim_dead: ReclaimDeadOption = False,
+) -> None:
+    """Remove stale and corrupt locks, non-file entries and orphan temp files."""
+    document: dict[str, Any] = {"dry_run": dry_run, "entries": []}
+
+    def action() -> Result:
+        entries = locks.clean(gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead)
+        verb = "would remove" if dry_run else "removed"
+        lines = [f"{verb} {e.path} ({e.state})" for e in entries if e.removed or dry_run]
+        lines += [
+            f"left {e.path} ({e.state}): it changed or is not empty"
+            for e in entries
+            if not e.removed and not dry_run
+        ]
+        text = "\n".join(lines) or "nothing to clean"
+        return Result(EXIT_OK, {**document, "entries": [e.to_dict() for e in entries]}, text)
+
+    respond(as_json, document, action)
+
+
+# --------------------------------------------------------------------------- lock run
+
+
+@app.command("run")
+def run_locked(
+    feature: FeatureArg,
+    command: Annotated[list[str], typer.Argument(help="The command to run (after --).")],
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", min=0, help="Give up (exit 75) if still busy after SECONDS."),
+    ] = None,
+    heartbeat: Annotated[
+        float,
+        typer.Option("--heartbeat", min=0.01, max=60, help="Seconds between lock refreshes."),
+    ] = locks.HEARTBEAT_SECONDS,
+    reclaim_dead: ReclaimDeadOption = False,
+) -> None:
+    """Hold FEATURE while CMD runs (kept fresh), release it after; exit with CMD's code.
+
+    The lock records this process (it lives as long as CMD). A busy lock is waited for
+    without limit unless --timeout bounds it (--timeout 0 tries once).
+    """
+    document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
+
+    def action() -> Result:
+        holder = locks.FeatureLock(
+            feature,
+            gsd_dir,
+            timeout=timeout,
+            heartbeat=heartbeat,
+            reclaim_dead=reclaim_dead,
+            on_wait=wait_reporter(feature) if stderr_is_terminal() else None,
+        )
+        try:
+            holder.acquire()
+        except LockHeldError as busy:
+            held = {**document, "holder": busy.info.to_dict()}
+            return Result(EXIT_TEMPFAIL, held, message=str(busy))
+        try:
+            code = _run_child(command, as_json)
+        finally:
+            holder.release()
+        lost = f"the lock on {feature!r} was taken away while CMD ran" if holder.lost else None
+        return Result(code, {**document, "exit_code": code}, message=lost)
+
+    respond(as_json, document, action)
+
+
+def _run_child(command: list[str], as_json: bool) -> int:
+    try:
+        # With --json our stdout is for the one document: the child's output goes to stderr.
+        child = subprocess.Popen(command, stdout=sys.stderr if as_json else None)
+    except FileNotFoundError:
+        return _not_found(command)
+    with _forwarding_signals(child):
+        returncode = child.wait()
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _not_found(command: list[str]) -> int:
+    typer.echo(f"mahabharatha: command not found: {command[0]}", err=True)
+    return EXIT_NOT_FOUND
+
+
+def _child_got_it_from_terminal() -> bool:
+    """Ctrl-C at a terminal reaches the whole foreground group, the child included."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False
+
+
+@contextmanager
+def _forwarding_signals(child: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Pass SIGINT, SIGTERM and SIGHUP on to the child; we release once it has ended."""
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _child_got_it_from_terminal():
+            return
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
