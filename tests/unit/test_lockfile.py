@@ -1,0 +1,653 @@
+"""The legacy feature-lock functions: acquire, release and check, as the contract states them.
+
+A lock is ``<gsd_dir>/specs/<feature>/.lock`` holding ``"{pid}:{time.time()}"``. These tests drive
+the module clock through its one seam (``mahabharatha.commands._utils.time``), age files with
+``os.utime`` instead of sleeping, and never depend on more than one process (the real races live in
+``tests/concurrency``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mahabharatha.commands._utils import (
+    _validate_feature_name,
+    acquire_feature_lock,
+    check_feature_lock,
+    release_feature_lock,
+)
+
+UTILS = "mahabharatha.commands._utils"
+NOW = 1_700_000_000.5
+"""The fixed value the mocked module clock returns."""
+STALE_AFTER = 7200.0
+MAX_PID = 4_194_304
+ONE_DAY = 86400.0
+INVALID_NAME = r"^Invalid feature name"
+"""How every rejection of a feature name starts."""
+MY_PID = os.getpid()
+OTHER_PID = 1 if MY_PID != 1 else 2
+"""A pid that is never the test process's own."""
+
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
+needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+not_root = pytest.mark.skipif(
+    hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores file permissions"
+)
+bounded = pytest.mark.timeout(10)
+"""For tests that put a FIFO where a file is expected: a blocking open would hang forever."""
+
+
+@pytest.fixture
+def clock(mocker: Any) -> Any:
+    """Replace the module's ``time`` with a mock whose ``time()`` returns ``NOW``."""
+    fake = mocker.Mock(spec=["time"])
+    fake.time.return_value = NOW
+    mocker.patch(f"{UTILS}.time", fake)
+    return fake
+
+
+@pytest.fixture
+def gsd(tmp_path: Path) -> str:
+    return str(tmp_path / ".gsd")
+
+
+def lock_of(gsd: str, feature: str = "feat") -> Path:
+    return Path(gsd) / "specs" / feature / ".lock"
+
+
+def put_lock(gsd: str, content: str | bytes, feature: str = "feat") -> Path:
+    path = lock_of(gsd, feature)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    return path
+
+
+def record(pid: int, ts: float) -> str:
+    return f"{pid}:{ts}"
+
+
+def age_file(path: Path, seconds: float) -> None:
+    """Set the mtime of ``path`` to ``seconds`` ago on the real clock."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def fail_read_text(monkeypatch: pytest.MonkeyPatch, file_name: str, exc: Exception) -> None:
+    """Make ``Path.read_text`` raise ``exc`` for files named ``file_name`` (as the old tests do)."""
+    original = Path.read_text
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self.name == file_name:
+            raise exc
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+
+
+CORRUPT_CONTENTS = [
+    pytest.param(b"garbage", id="garbage"),
+    pytest.param(b"abc:def", id="letters"),
+    pytest.param(b"123", id="no-colon"),
+    pytest.param(b"123:", id="no-timestamp"),
+    pytest.param(f":{NOW}".encode(), id="no-pid"),
+    pytest.param(f"1:2:{NOW}".encode(), id="extra-field"),
+    pytest.param(f"0:{NOW}".encode(), id="pid-zero"),
+    pytest.param(f"-5:{NOW}".encode(), id="pid-negative"),
+    pytest.param(f"{MAX_PID + 1}:{NOW}".encode(), id="pid-too-big"),
+    pytest.param(f"+7:{NOW}".encode(), id="pid-plus-sign"),
+    pytest.param(f"\u0663:{NOW}".encode(), id="pid-arabic-indic-digit"),
+    pytest.param(f"{'9' * 400}:{NOW}".encode(), id="pid-400-digits"),
+    pytest.param(b"1:0", id="ts-zero"),
+    pytest.param(b"1:nan", id="ts-nan"),
+    pytest.param(b"1:inf", id="ts-inf"),
+    pytest.param(b"1:1e9", id="ts-exponent"),
+    pytest.param(f"{OTHER_PID}:{NOW + ONE_DAY + 1}".encode(), id="ts-beyond-a-day-ahead"),
+    pytest.param(b"\xff\xfe\xfa", id="not-utf8"),
+    pytest.param(b"x" * 5000, id="oversize"),
+]
+
+
+# --- seed 003 section 7.1 ---------------------------------------------------------------------
+
+
+def test_atomic_acquire_race_simulation(mocker: Any, gsd: str) -> None:
+    mocker.patch(f"{UTILS}.os.open", side_effect=FileExistsError)
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is False
+    assert not lock_of(gsd).exists()
+
+
+def test_acquire_rejects_path_traversal(gsd: str) -> None:
+    with pytest.raises(ValueError, match=INVALID_NAME):
+        acquire_feature_lock("../etc", gsd_dir=gsd)
+
+
+def test_acquire_rejects_slash_in_name(gsd: str) -> None:
+    with pytest.raises(ValueError, match=INVALID_NAME):
+        acquire_feature_lock("foo/bar", gsd_dir=gsd)
+
+
+def test_acquire_rejects_backslash_in_name(gsd: str) -> None:
+    with pytest.raises(ValueError, match=INVALID_NAME):
+        acquire_feature_lock("foo\\bar", gsd_dir=gsd)
+
+
+def test_release_only_deletes_owned_lock(clock: Any, gsd: str) -> None:
+    path = put_lock(gsd, record(OTHER_PID, NOW - 10))
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert path.read_text() == record(OTHER_PID, NOW - 10)
+
+
+def test_release_deletes_own_lock(clock: Any, gsd: str) -> None:
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert not os.path.lexists(lock_of(gsd))
+
+
+def test_release_deletes_corrupt_lock(gsd: str) -> None:
+    path = put_lock(gsd, "not-a-lock")
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert not os.path.lexists(path)
+
+
+def test_release_rejects_path_traversal(gsd: str) -> None:
+    with pytest.raises(ValueError, match=INVALID_NAME):
+        release_feature_lock("../etc", gsd_dir=gsd)
+
+
+def test_check_rejects_path_traversal(gsd: str) -> None:
+    with pytest.raises(ValueError, match=INVALID_NAME):
+        check_feature_lock("../etc", gsd_dir=gsd)
+
+
+def test_acquire_handles_read_error(clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Corrupt content: unreadable or corrupt, the lock is reclaimed either way.
+    path = put_lock(gsd, "not-a-lock")
+    fail_read_text(monkeypatch, ".lock", OSError("simulated read failure"))
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    monkeypatch.undo()
+    assert path.read_text() == record(MY_PID, NOW)
+
+
+def test_check_handles_read_error(clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stale content: unreadable or stale, check reports no lock either way.
+    put_lock(gsd, record(OTHER_PID, NOW - STALE_AFTER - 1))
+    fail_read_text(monkeypatch, ".lock", OSError("simulated read failure"))
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+
+
+def test_pid_out_of_bounds_treated_as_corrupt(clock: Any, gsd: str) -> None:
+    put_lock(gsd, record(MAX_PID + 1, NOW))
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+
+
+def test_negative_pid_treated_as_corrupt(clock: Any, gsd: str) -> None:
+    put_lock(gsd, record(-1, NOW))
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+
+
+def test_future_timestamp_treated_as_corrupt(clock: Any, gsd: str) -> None:
+    put_lock(gsd, record(OTHER_PID, NOW + ONE_DAY + 1))
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+
+
+# --- acquire ----------------------------------------------------------------------------------
+
+
+def test_acquire_writes_pid_colon_module_clock_and_nothing_else(clock: Any, gsd: str) -> None:
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    assert lock_of(gsd).read_text() == f"{MY_PID}:{NOW}"
+    assert os.listdir(lock_of(gsd).parent) == [".lock"]
+
+
+def test_acquire_creates_missing_parent_folders(clock: Any, tmp_path: Path) -> None:
+    gsd = str(tmp_path / "not" / "yet" / ".gsd")
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    assert lock_of(gsd).is_file()
+
+
+def test_default_gsd_dir_is_dot_gsd_in_working_directory(
+    clock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert acquire_feature_lock("feat") is True
+    assert (tmp_path / ".gsd" / "specs" / "feat" / ".lock").read_text() == record(MY_PID, NOW)
+    assert check_feature_lock("feat") is not None
+    release_feature_lock("feat")
+    assert not (tmp_path / ".gsd" / "specs" / "feat" / ".lock").exists()
+
+
+@pytest.mark.parametrize("holder", [OTHER_PID, MY_PID], ids=["other-pid", "own-pid-not-reentrant"])
+def test_acquire_returns_false_and_leaves_an_active_lock_alone(
+    clock: Any, gsd: str, holder: int
+) -> None:
+    path = put_lock(gsd, record(holder, NOW - 60))
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is False
+    assert path.read_text() == record(holder, NOW - 60)
+
+
+def test_second_acquire_by_the_same_process_fails(clock: Any, gsd: str) -> None:
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is False
+
+
+def test_locks_on_different_features_are_independent(clock: Any, gsd: str) -> None:
+    assert acquire_feature_lock("one", gsd_dir=gsd) is True
+    assert acquire_feature_lock("two", gsd_dir=gsd) is True
+
+
+STALENESS = [
+    pytest.param(0.0, False, id="fresh"),
+    pytest.param(STALE_AFTER - 0.5, False, id="7199.5s"),
+    pytest.param(STALE_AFTER, False, id="exactly-7200s-is-active"),
+    pytest.param(STALE_AFTER + 0.001, True, id="7200.001s-is-stale"),
+    pytest.param(STALE_AFTER + 1, True, id="7201s"),
+    pytest.param(NOW - 1, True, id="epoch-second-1"),
+]
+
+
+@pytest.mark.parametrize(("age", "stale"), STALENESS)
+def test_acquire_reclaims_a_lock_only_when_strictly_older_than_7200_seconds(
+    clock: Any, gsd: str, age: float, stale: bool
+) -> None:
+    content = record(OTHER_PID, NOW - age)
+    path = put_lock(gsd, content)
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is stale
+    assert path.read_text() == (record(MY_PID, NOW) if stale else content)
+
+
+@pytest.mark.parametrize("content", CORRUPT_CONTENTS)
+def test_acquire_reclaims_a_corrupt_lock(clock: Any, gsd: str, content: bytes) -> None:
+    path = put_lock(gsd, content)
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    assert path.read_text() == record(MY_PID, NOW)
+
+
+@pytest.mark.parametrize(
+    "ahead", [1.0, 3600.0, ONE_DAY], ids=["1s-ahead", "1h-ahead", "exactly-a-day-ahead"]
+)
+def test_a_future_timestamp_within_a_day_is_an_active_lock(
+    clock: Any, gsd: str, ahead: float
+) -> None:
+    path = put_lock(gsd, record(OTHER_PID, NOW + ahead))
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is False
+    assert path.read_text() == record(OTHER_PID, NOW + ahead)
+    assert check_feature_lock("feat", gsd_dir=gsd) == {
+        "pid": OTHER_PID,
+        "timestamp": NOW + ahead,
+        "age_seconds": 0,
+    }
+
+
+def test_acquire_raises_oserror_when_gsd_dir_is_a_regular_file(tmp_path: Path) -> None:
+    blocker = tmp_path / ".gsd"
+    blocker.write_text("not a folder")
+    with pytest.raises(OSError):
+        acquire_feature_lock("feat", gsd_dir=str(blocker))
+    assert blocker.read_text() == "not a folder"
+
+
+@not_root
+def test_acquire_in_a_read_only_folder_raises_and_leaves_no_lock(gsd: str) -> None:
+    folder = lock_of(gsd).parent
+    folder.mkdir(parents=True)
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError):
+            acquire_feature_lock("feat", gsd_dir=gsd)
+        assert os.listdir(folder) == []
+    finally:
+        folder.chmod(0o700)
+
+
+@not_root
+def test_an_unreadable_lock_is_reclaimed_released_and_reported_as_none(gsd: str) -> None:
+    path = put_lock(gsd, record(OTHER_PID, time.time()))
+    path.chmod(0o000)
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    path.chmod(0o000)
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert not os.path.lexists(path)
+
+
+# --- the empty lock of a writer from the old module -------------------------------------------
+
+
+def test_a_fresh_empty_lock_is_held_left_in_place_and_reported_as_none(gsd: str) -> None:
+    path = put_lock(gsd, b"")
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is False
+    assert path.exists()
+    assert path.read_bytes() == b""
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert path.exists()
+    assert path.read_bytes() == b""
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+
+
+def test_an_empty_lock_past_the_grace_is_reclaimed(gsd: str) -> None:
+    path = put_lock(gsd, b"")
+    age_file(path, 10)
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    pid, _, ts = path.read_text().partition(":")
+    assert int(pid) == MY_PID
+    assert float(ts) == pytest.approx(time.time(), abs=60)
+
+
+def test_an_empty_lock_past_the_grace_is_removed_by_release(gsd: str) -> None:
+    path = put_lock(gsd, b"")
+    age_file(path, 10)
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert not os.path.lexists(path)
+
+
+# --- release ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "age", [10.0, STALE_AFTER + 1], ids=["active", "stale-is-still-someone-elses"]
+)
+def test_release_leaves_another_owners_valid_lock_untouched(
+    clock: Any, gsd: str, age: float
+) -> None:
+    path = put_lock(gsd, record(OTHER_PID, NOW - age))
+    before = os.stat(path)
+    assert release_feature_lock("feat", gsd_dir=gsd) is None
+    after = os.stat(path)
+    assert path.read_text() == record(OTHER_PID, NOW - age)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+@pytest.mark.parametrize("age", [10.0, STALE_AFTER + 1], ids=["active", "stale"])
+def test_release_removes_a_lock_carrying_our_pid(clock: Any, gsd: str, age: float) -> None:
+    path = put_lock(gsd, record(MY_PID, NOW - age))
+    assert release_feature_lock("feat", gsd_dir=gsd) is None
+    assert not os.path.lexists(path)
+
+
+@pytest.mark.parametrize("content", CORRUPT_CONTENTS)
+def test_release_removes_a_corrupt_lock(clock: Any, gsd: str, content: bytes) -> None:
+    path = put_lock(gsd, content)
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert not os.path.lexists(path)
+
+
+def test_release_without_a_lock_is_a_quiet_no_op(gsd: str) -> None:
+    lock_of(gsd).parent.mkdir(parents=True)
+    assert release_feature_lock("feat", gsd_dir=gsd) is None
+    assert os.listdir(lock_of(gsd).parent) == []
+
+
+def test_release_without_any_folder_is_a_quiet_no_op(gsd: str) -> None:
+    assert release_feature_lock("feat", gsd_dir=gsd) is None
+    assert not Path(gsd).exists()
+
+
+def test_release_then_acquire_again(clock: Any, gsd: str) -> None:
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+
+
+# --- check ------------------------------------------------------------------------------------
+
+
+def test_check_reports_pid_timestamp_and_age_of_an_active_lock(clock: Any, gsd: str) -> None:
+    put_lock(gsd, record(OTHER_PID, NOW - 100.25))
+    info = check_feature_lock("feat", gsd_dir=gsd)
+    assert info == {"pid": OTHER_PID, "timestamp": NOW - 100.25, "age_seconds": 100.25}
+    assert info is not None
+    assert type(info["pid"]) is int
+    assert isinstance(info["timestamp"], float)
+    assert isinstance(info["age_seconds"], float)
+
+
+def test_check_reports_our_own_freshly_acquired_lock(clock: Any, gsd: str) -> None:
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    assert check_feature_lock("feat", gsd_dir=gsd) == {
+        "pid": MY_PID,
+        "timestamp": NOW,
+        "age_seconds": 0,
+    }
+
+
+@pytest.mark.parametrize(("age", "stale"), STALENESS)
+def test_check_reports_none_only_once_strictly_older_than_7200_seconds(
+    clock: Any, gsd: str, age: float, stale: bool
+) -> None:
+    put_lock(gsd, record(OTHER_PID, NOW - age))
+    info = check_feature_lock("feat", gsd_dir=gsd)
+    if stale:
+        assert info is None
+    else:
+        assert info is not None
+        assert info["age_seconds"] == pytest.approx(age)
+
+
+@pytest.mark.parametrize("content", CORRUPT_CONTENTS)
+def test_check_reports_none_for_a_corrupt_lock(clock: Any, gsd: str, content: bytes) -> None:
+    put_lock(gsd, content)
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+
+
+def test_check_reports_none_without_a_lock(gsd: str) -> None:
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert not Path(gsd).exists()
+
+
+# --- reading a lock through Path.read_text must never crash (seam of the old tests) -----------
+
+READ_ERRORS = [
+    pytest.param(OSError("simulated"), id="OSError"),
+    pytest.param(PermissionError("simulated"), id="PermissionError"),
+    pytest.param(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), id="Unicode"),
+]
+
+
+@pytest.mark.parametrize("exc", READ_ERRORS)
+def test_read_text_failures_on_an_active_lock_never_escape(
+    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, exc: Exception
+) -> None:
+    # The lock may be read without Path.read_text, so only "answers, does not raise" is promised.
+    put_lock(gsd, record(OTHER_PID, NOW - 60))
+    fail_read_text(monkeypatch, ".lock", exc)
+    info = check_feature_lock("feat", gsd_dir=gsd)
+    assert info is None or info["pid"] == OTHER_PID
+    assert isinstance(acquire_feature_lock("feat", gsd_dir=gsd), bool)
+    assert release_feature_lock("feat", gsd_dir=gsd) is None
+
+
+@pytest.mark.parametrize("exc", READ_ERRORS)
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(record(OTHER_PID, NOW - STALE_AFTER - 1), id="stale"),
+        pytest.param("garbage", id="corrupt"),
+    ],
+)
+def test_read_text_failures_on_a_stale_or_corrupt_lock_still_reclaim_it(
+    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, exc: Exception, content: str
+) -> None:
+    path = put_lock(gsd, content)
+    fail_read_text(monkeypatch, ".lock", exc)
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    monkeypatch.undo()
+    assert path.read_text() == record(MY_PID, NOW)
+
+
+@pytest.mark.parametrize("exc", READ_ERRORS)
+def test_a_stale_or_corrupt_lock_failing_read_text_is_removed_by_release(
+    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, exc: Exception
+) -> None:
+    path = put_lock(gsd, "garbage")
+    fail_read_text(monkeypatch, ".lock", exc)
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert not os.path.lexists(path)
+
+
+# --- what is at the lock path -----------------------------------------------------------------
+
+
+@needs_symlinks
+@pytest.mark.parametrize("target_content", [None, "active-other", "ours"])
+def test_a_symlink_at_the_lock_path_is_not_followed(
+    clock: Any, gsd: str, tmp_path: Path, target_content: str | None
+) -> None:
+    target = tmp_path / "target"
+    contents = {"active-other": record(OTHER_PID, NOW - 1), "ours": record(MY_PID, NOW - 1)}
+    if target_content is not None:
+        target.write_text(contents[target_content])
+    path = lock_of(gsd)
+    path.parent.mkdir(parents=True)
+    path.symlink_to(target)
+
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    assert not path.is_symlink()
+    assert path.read_text() == record(MY_PID, NOW)
+    if target_content is None:
+        assert not os.path.lexists(target)
+    else:
+        assert target.read_text() == contents[target_content]
+
+    os.remove(path)
+    path.symlink_to(target)
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert not os.path.lexists(path)
+    if target_content is not None:
+        assert target.read_text() == contents[target_content]
+
+
+@needs_fifo
+@bounded
+def test_a_fifo_at_the_lock_path_never_hangs_and_is_replaced(clock: Any, gsd: str) -> None:
+    path = lock_of(gsd)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    assert path.read_text() == record(MY_PID, NOW)
+    os.remove(path)
+    os.mkfifo(path)
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert not os.path.lexists(path)
+
+
+def test_a_directory_at_the_lock_path_is_an_error_for_acquire_only(clock: Any, gsd: str) -> None:
+    path = lock_of(gsd)
+    path.mkdir(parents=True)
+    with pytest.raises(OSError) as raised:
+        acquire_feature_lock("feat", gsd_dir=gsd)
+    assert str(path) in str(raised.value)
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert path.is_dir()
+
+
+@needs_symlinks
+def test_a_symlinked_feature_folder_is_refused_and_never_written_through(
+    clock: Any, gsd: str, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".lock").write_text(record(MY_PID, NOW - 1))
+    (Path(gsd) / "specs").mkdir(parents=True)
+    (Path(gsd) / "specs" / "feat").symlink_to(elsewhere, target_is_directory=True)
+
+    with pytest.raises(OSError):
+        acquire_feature_lock("feat", gsd_dir=gsd)
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    release_feature_lock("feat", gsd_dir=gsd)
+    assert os.listdir(elsewhere) == [".lock"]
+    assert (elsewhere / ".lock").read_text() == record(MY_PID, NOW - 1)
+
+
+@needs_symlinks
+@pytest.mark.parametrize("linked", [".gsd", "specs"])
+def test_symlinked_gsd_and_specs_folders_are_followed(
+    clock: Any, tmp_path: Path, linked: str
+) -> None:
+    real = tmp_path / "real"
+    gsd = tmp_path / ".gsd"
+    if linked == ".gsd":
+        real.mkdir()
+        gsd.symlink_to(real, target_is_directory=True)
+        lock_in_real = real / "specs" / "feat" / ".lock"
+    else:
+        real.mkdir()
+        gsd.mkdir()
+        (gsd / "specs").symlink_to(real, target_is_directory=True)
+        lock_in_real = real / "feat" / ".lock"
+    assert acquire_feature_lock("feat", gsd_dir=str(gsd)) is True
+    assert lock_in_real.read_text() == record(MY_PID, NOW)
+    assert check_feature_lock("feat", gsd_dir=str(gsd)) is not None
+    release_feature_lock("feat", gsd_dir=str(gsd))
+    assert not lock_in_real.exists()
+
+
+# --- names ------------------------------------------------------------------------------------
+
+INVALID_NAMES = [
+    pytest.param("", id="empty"),
+    pytest.param("..", id="dotdot"),
+    pytest.param("../etc", id="traversal"),
+    pytest.param("a..b", id="inner-dotdot"),
+    pytest.param("feat..", id="trailing-dotdot"),
+    pytest.param("foo/bar", id="slash"),
+    pytest.param("/abs", id="absolute"),
+    pytest.param("foo\\bar", id="backslash"),
+    pytest.param("feat\n", id="trailing-newline"),
+    pytest.param("fe\x00at", id="nul"),
+    pytest.param(".hidden", id="leading-dot"),
+    pytest.param("-flag", id="leading-dash"),
+    pytest.param("_under", id="leading-underscore"),
+    pytest.param("with space", id="space"),
+    pytest.param("caf\u00e9", id="non-ascii"),
+    pytest.param("a" * 256, id="256-bytes"),
+]
+VALID_NAMES = [
+    pytest.param("a", id="one-char"),
+    pytest.param("Feat_1.2-x", id="all-classes"),
+    pytest.param("0", id="digit"),
+    pytest.param("a.b", id="single-dot"),
+    pytest.param("a" * 255, id="255-bytes"),
+]
+PUBLIC: list[Any] = [
+    pytest.param(lambda name, gsd: _validate_feature_name(name), id="validate"),
+    pytest.param(lambda name, gsd: acquire_feature_lock(name, gsd_dir=gsd), id="acquire"),
+    pytest.param(lambda name, gsd: release_feature_lock(name, gsd_dir=gsd), id="release"),
+    pytest.param(lambda name, gsd: check_feature_lock(name, gsd_dir=gsd), id="check"),
+]
+
+
+@pytest.mark.parametrize("call", PUBLIC)
+@pytest.mark.parametrize("name", INVALID_NAMES)
+def test_invalid_names_raise_value_error_before_touching_disk(
+    gsd: str, call: Callable[[str, str], object], name: str
+) -> None:
+    with pytest.raises(ValueError, match=INVALID_NAME):
+        call(name, gsd)
+    assert not Path(gsd).exists()
+
+
+@pytest.mark.parametrize("name", VALID_NAMES)
+def test_valid_names_can_be_locked_checked_and_released(clock: Any, gsd: str, name: str) -> None:
+    assert _validate_feature_name(name) is None
+    assert acquire_feature_lock(name, gsd_dir=gsd) is True
+    assert lock_of(gsd, name).read_text() == record(MY_PID, NOW)
+    info = check_feature_lock(name, gsd_dir=gsd)
+    assert info is not None
+    assert info["pid"] == MY_PID
+    release_feature_lock(name, gsd_dir=gsd)
+    assert not lock_of(gsd, name).exists()
