@@ -339,16 +339,17 @@ def _snapshot_without_opening(dfd: int) -> LockSnapshot:
     return LockSnapshot(kind, _identity(info), None, info.st_mtime)
 
 
-def _read_bounded(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    remaining = MAX_READ_BYTES + 1  # one byte more than allowed tells "too big" apart
-    while remaining > 0:
-        chunk = os.read(fd, remaining)
-        if not chunk:
+def _read_bounded(fd: int, size: int) -> bytes:
+    """Read at most ``MAX_READ_BYTES + 1`` bytes (one more than allowed tells "too big" apart);
+    ``size`` from ``fstat`` lets a lock be read with one system call."""
+    want = MAX_READ_BYTES + 1
+    data = os.read(fd, want)
+    while data and len(data) < min(size, want):  # a short read before the end: read on
+        more = os.read(fd, want - len(data))
+        if not more:
             break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+        data += more
+    return data
 
 
 def read_lock(dfd: int) -> LockSnapshot:
@@ -368,7 +369,7 @@ def read_lock(dfd: int) -> LockSnapshot:
         if not stat.S_ISREG(info.st_mode):  # FIFO or device: never read from it
             return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
         try:
-            content: bytes | None = _read_bounded(fd)
+            content: bytes | None = _read_bounded(fd, info.st_size)
         except OSError as error:
             if error.errno in _RESOURCE_ERRNOS:
                 raise
@@ -451,16 +452,22 @@ def _naming(error: OSError, path: Path) -> OSError:
 
 
 def _open_dir_nofollow(folder: Path, *, create: bool) -> int | None:
-    if create:
-        _make_feature_dir(folder)
     try:
         return os.open(folder, _DIR_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            return None
     except OSError as error:
         if error.errno not in _NO_FOLDER_ERRNOS:
             raise
         if create:
             raise _refuse_folder(folder, error) from error
         return None
+    _make_feature_dir(folder)  # first lock of this feature: make its folder, then open it
+    dfd = _open_dir_nofollow(folder, create=False)
+    if dfd is None:  # Race: the folder was removed or swapped for a link just after mkdir.
+        raise _refuse_folder(folder, OSError(errno.ENOENT, "vanished"))
+    return dfd
 
 
 # --------------------------------------------------------------------------- the guard
