@@ -77,8 +77,13 @@ every 60 s as the contract asks, so a clock jump of a minute cannot make a live 
 
 BACKOFF_FIRST_SECONDS: Final = 0.002
 BACKOFF_MAX_SECONDS: Final = 0.025
-"""Waiters poll from 2 ms up to 25 ms apart (full jitter): a released lock is taken within tens
+"""Waiters poll from 2 ms up to 25 ms apart (jittered): a released lock is taken within tens
 of milliseconds, and a crowd of waiters does not poll in step."""
+
+PATIENT_AFTER_SECONDS: Final = 10.0
+PATIENT_MAX_SECONDS: Final = 0.25
+"""After 10 s of waiting, poll at most 4 times a second: a holder that has kept the lock this
+long is not about to hand it over, and a waiter left for an hour should cost no CPU."""
 
 CREATE_TIME_SLACK_SECONDS: Final = 1.0
 """Process start times are known to a clock tick; a process that started within a second
@@ -337,11 +342,13 @@ def _try_once(
 
 
 def _backoff_delays() -> Iterator[float]:
-    """Exponential backoff with full jitter, capped: 2 ms, 4 ms, ... 25 ms."""
+    """Exponential backoff with jitter: 2 ms, 4 ms, ... 25 ms; 250 ms once the wait is long."""
+    started = monotonic()
     ceiling = BACKOFF_FIRST_SECONDS
     while True:
         yield random.uniform(ceiling / 2, ceiling)
-        ceiling = min(ceiling * 2, BACKOFF_MAX_SECONDS)
+        patient = monotonic() - started > PATIENT_AFTER_SECONDS
+        ceiling = min(ceiling * 2, PATIENT_MAX_SECONDS if patient else BACKOFF_MAX_SECONDS)
 
 
 WaitCallback = Callable[[LockInfo, float | None], None]

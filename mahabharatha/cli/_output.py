@@ -24,7 +24,6 @@ EXIT_HELD: Final = 1  # held by another / none free / nothing detected
 EXIT_BAD_INPUT: Final = 2
 EXIT_OS_ERROR: Final = 3
 EXIT_TEMPFAIL: Final = 75  # sysexits.h EX_TEMPFAIL: busy, try again later
-EXIT_NOT_FOUND: Final = 127  # the shell's "command not found"
 
 GsdDirOption = Annotated[
     str, typer.Option("--gsd-dir", help="The gsd folder holding specs/<feature>/.lock.")

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
 
-from mahabharatha import locks
+from mahabharatha import locks, runner
 from mahabharatha.cli._output import (
     DEFAULT_GSD_DIR,
     EXIT_HELD,
-    EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_TEMPFAIL,
     GsdDirOption,
@@ -185,7 +179,7 @@ def clean(
 
 
 @app.command("run")
-def run_locked(
+def run_command(
     feature: FeatureArg,
     command: Annotated[list[str], typer.Argument(help="The command to run (after --).")],
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
@@ -217,58 +211,16 @@ def run_locked(
             on_wait=wait_reporter(feature) if stderr_is_terminal() else None,
         )
         try:
-            holder.acquire()
+            # With --json our stdout is for the one document: the command's goes to stderr.
+            code = runner.run_locked(holder, command, stdout=sys.stderr if as_json else None)
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
             return Result(EXIT_TEMPFAIL, held, message=str(busy))
-        try:
-            code = _run_child(command, as_json)
-        finally:
-            holder.release()
+        except runner.Interrupted as stop:
+            return Result(stop.exit_code, document, message=str(stop))
+        except runner.CommandNotFoundError as missing:
+            return Result(runner.EXIT_NOT_FOUND, document, message=missing.strerror)
         lost = f"the lock on {feature!r} was taken away while CMD ran" if holder.lost else None
         return Result(code, {**document, "exit_code": code}, message=lost)
 
     respond(as_json, document, action)
-
-
-def _run_child(command: list[str], as_json: bool) -> int:
-    try:
-        # With --json our stdout is for the one document: the child's output goes to stderr.
-        child = subprocess.Popen(command, stdout=sys.stderr if as_json else None)
-    except FileNotFoundError:
-        return _not_found(command)
-    with _forwarding_signals(child):
-        returncode = child.wait()
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _not_found(command: list[str]) -> int:
-    typer.echo(f"mahabharatha: command not found: {command[0]}", err=True)
-    return EXIT_NOT_FOUND
-
-
-def _child_got_it_from_terminal() -> bool:
-    """Ctrl-C at a terminal reaches the whole foreground group, the child included."""
-    try:
-        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError):
-        return False
-
-
-@contextmanager
-def _forwarding_signals(child: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Pass SIGINT, SIGTERM and SIGHUP on to the child; we release once it has ended."""
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and _child_got_it_from_terminal():
-            return
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -1,0 +1,101 @@
+"""``lock run``'s runner: a signal at any moment before, during or after the command starts
+leaves no stranded lock and no orphaned command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mahabharatha import locks, runner
+from mahabharatha.commands._utils import check_feature_lock
+
+pytestmark = pytest.mark.timeout(30)
+
+MARKER_CMD = [sys.executable, "-c", "import pathlib, sys; pathlib.Path(sys.argv[1]).touch()"]
+
+
+@pytest.fixture
+def gsd(tmp_path: Path) -> str:
+    return str(tmp_path / "gsd")
+
+
+def lock_file(gsd: str) -> Path:
+    return Path(gsd) / "specs" / "feat" / ".lock"
+
+
+def test_a_signal_while_waiting_ends_the_wait_and_never_runs_the_command(
+    gsd: str, tmp_path: Path
+) -> None:
+    locks.acquire("feat", gsd, pid=1)
+    held = lock_file(gsd).read_bytes()
+    marker = tmp_path / "ran"
+
+    def on_wait(_info: locks.LockInfo, _left: float | None) -> None:
+        signal.raise_signal(signal.SIGTERM)
+
+    holder = locks.FeatureLock("feat", gsd, timeout=None, heartbeat=None, on_wait=on_wait)
+    with pytest.raises(runner.Interrupted) as stopped:
+        runner.run_locked(holder, [*MARKER_CMD, str(marker)])
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
+    assert not marker.exists()
+    assert lock_file(gsd).read_bytes() == held  # the holder's lock is untouched
+
+
+def test_a_signal_between_taking_the_lock_and_starting_releases_it(
+    gsd: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "ran"
+    real_acquire = locks.FeatureLock.acquire
+
+    def acquire_then_signalled(self: locks.FeatureLock) -> locks.FeatureLock:
+        taken = real_acquire(self)
+        signal.raise_signal(signal.SIGHUP)
+        return taken
+
+    monkeypatch.setattr(locks.FeatureLock, "acquire", acquire_then_signalled)
+    holder = locks.FeatureLock("feat", gsd, timeout=0, heartbeat=None)
+    with pytest.raises(runner.Interrupted):
+        runner.run_locked(holder, [*MARKER_CMD, str(marker)])
+    assert not marker.exists()
+    assert not lock_file(gsd).exists()
+
+
+def test_a_signal_while_the_command_starts_reaches_the_command(
+    gsd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_popen = subprocess.Popen
+
+    def popen_signalled_midway(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        signal.raise_signal(signal.SIGTERM)  # arrives before the child's pid is known
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen_signalled_midway)
+    holder = locks.FeatureLock("feat", gsd, timeout=0, heartbeat=None)
+    code = runner.run_locked(holder, [sys.executable, "-c", "import time; time.sleep(20)"])
+    assert code == 128 + signal.SIGTERM
+    assert check_feature_lock("feat", gsd) is None
+    assert not lock_file(gsd).exists()
+
+
+def test_a_missing_command_is_reported_and_the_lock_released(gsd: str) -> None:
+    holder = locks.FeatureLock("feat", gsd, timeout=0, heartbeat=None)
+    with pytest.raises(runner.CommandNotFoundError):
+        runner.run_locked(holder, ["/nonexistent/command"])
+    assert not lock_file(gsd).exists()
+
+
+def test_the_lock_records_this_process_while_the_command_runs(gsd: str) -> None:
+    show = "import pathlib, sys; sys.stdout.write(pathlib.Path(sys.argv[1]).read_text())"
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as out:
+        holder = locks.FeatureLock("feat", gsd, timeout=0, heartbeat=None)
+        code = runner.run_locked(holder, [sys.executable, "-c", show, str(lock_file(gsd))], out)
+    with os.fdopen(read) as seen:
+        assert seen.read().split(":")[0] == str(os.getpid())
+    assert code == 0
