@@ -491,6 +491,7 @@ class FeatureLock:
         self.heartbeat = heartbeat
         self.on_wait = on_wait
         self.lost: LockLostError | None = None
+        self.heartbeat_error: OSError | None = None
         self._mine: LockSnapshot | None = None
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
         self._stop = threading.Event()
@@ -498,7 +499,19 @@ class FeatureLock:
 
     @property
     def held(self) -> bool:
-        return self._mine is not None
+        """True while our lock is on disk, as far as we know, and not yet stale."""
+        expires = self.expires_at
+        return expires is not None and _utils.now() <= expires
+
+    @property
+    def expires_at(self) -> float | None:
+        """When our lock turns stale unless refreshed (epoch seconds); None when not held.
+
+        Past it, another process may rightly reclaim the lock: a holder whose heartbeat keeps
+        failing has lost it even before a refresh tells it so.
+        """
+        record = None if self._mine is None else self._mine.record
+        return None if record is None else record[1] + STALE_AFTER_SECONDS
 
     def acquire(self) -> Self:
         if self._mine is not None:
@@ -537,14 +550,20 @@ class FeatureLock:
 
     def _beat_loop(self) -> None:
         assert self.heartbeat is not None
-        while not self._stop.wait(self.heartbeat):
+        interval = self.heartbeat
+        while not self._stop.wait(interval):
             try:
                 self.refresh()
             except LockLostError as error:
                 self.lost = error
                 return
-            except OSError:
-                continue  # a transient failure (busy guard, full disk): try at the next beat
+            except OSError as error:
+                # A transient failure (busy guard, full disk): retry sooner, and keep the error
+                # where the holder can see it; ``held`` turns False if the lock expires meanwhile.
+                self.heartbeat_error = error
+                interval = max(self.heartbeat / 4, 0.01)
+                continue
+            self.heartbeat_error, interval = None, self.heartbeat
 
     def release(self) -> None:
         """Stop the heartbeat and remove our lock (only if it is still exactly ours)."""

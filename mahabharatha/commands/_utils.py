@@ -107,6 +107,12 @@ so a storm of changes makes us answer "held" rather than spin."""
 TEMP_ORPHAN_SECONDS: Final = 60.0
 """A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
 
+TEMP_ATTEMPTS: Final = 3
+"""A named temp can be swept as debris before we link it; we write a new one this often."""
+
+LOCK_MODE: Final = 0o644
+"""Locks are readable by everyone who shares the folder: an unreadable lock is reclaimable."""
+
 LOCK_FILE_NAME: Final = ".lock"
 CURRENT_FEATURE_FILE: Final = ".current-feature"
 FEATURE_ENV_VAR: Final = "MAHABHARATHA_FEATURE"
@@ -547,14 +553,26 @@ def _published(info: os.stat_result, record: bytes) -> LockSnapshot:
     return LockSnapshot(EntryKind.FILE, _identity(info), record, info.st_mtime)
 
 
+def _write_record(fd: int, record: bytes) -> os.stat_result:
+    """Write the record and return the file's facts; make it readable by all, whatever the umask.
+
+    Another user who cannot read a lock must call it unreadable and may reclaim it, so a lock
+    that the umask made private would be stolen from its live owner (race: cross-user reclaim).
+    """
+    _write_all(fd, record)
+    info = os.fstat(fd)
+    if info.st_mode & LOCK_MODE != LOCK_MODE:
+        os.fchmod(fd, LOCK_MODE)
+    return info
+
+
 def _write_named_temp(dfd: int, record: bytes) -> tuple[str, os.stat_result]:
     """Write ``record`` into a new private temp file. Leaves nothing behind on error."""
     name = _temp_name()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(name, flags, 0o644, dir_fd=dfd)
+    fd = os.open(name, flags, LOCK_MODE, dir_fd=dfd)
     try:
-        _write_all(fd, record)
-        info = os.fstat(fd)
+        info = _write_record(fd, record)
     except BaseException:
         _unlink_quietly(dfd, name)
         raise
@@ -581,33 +599,51 @@ class _NoTmpfileError(Exception):
 def _publish_unnamed(dfd: int, record: bytes) -> LockSnapshot | None:
     """Publish through a file with no name: a crash at any step leaves nothing behind."""
     try:
-        fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, LOCK_MODE, dir_fd=dfd)
     except OSError as error:
         if error.errno not in _NO_TMPFILE_ERRNOS:
             raise
         raise _NoTmpfileError from error
     try:
-        _write_all(fd, record)
+        info = _write_record(fd, record)
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
         os.link(f"/proc/self/fd/{fd}", LOCK_FILE_NAME, dst_dir_fd=dfd, follow_symlinks=True)
-        return _published(os.fstat(fd), record)
+        return _published(info, record)
     except FileExistsError:
         return None
     finally:
         os.close(fd)
 
 
-def _publish_named(dfd: int, record: bytes) -> LockSnapshot | None:
-    sweep_orphan_temps(dfd)  # named temps can be orphaned by a crash: keep them from piling up
+def _place_temp(dfd: int, record: bytes, place: Callable[[str], None]) -> os.stat_result:
+    """Write ``record`` into a named temp and ``place`` it (link or rename it to ``.lock``)."""
+    for _ in range(TEMP_ATTEMPTS - 1):
+        # Race: a sweeper took our temp for debris (a clock step, another PID namespace)
+        # before we placed it: write a new one.
+        with suppress(FileNotFoundError):
+            return _place_temp_once(dfd, record, place)
+    return _place_temp_once(dfd, record, place)
+
+
+def _place_temp_once(dfd: int, record: bytes, place: Callable[[str], None]) -> os.stat_result:
     name, info = _write_named_temp(dfd, record)
     try:
+        place(name)
+    finally:
+        _unlink_quietly(dfd, name)  # after a link the temp name goes; after a rename it is gone
+    return info
+
+
+def _publish_named(dfd: int, record: bytes) -> LockSnapshot | None:
+    def link(name: str) -> None:
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
         os.link(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+
+    sweep_orphan_temps(dfd)  # named temps can be orphaned by a crash: keep them from piling up
+    try:
+        return _published(_place_temp(dfd, record, link), record)
     except FileExistsError:
         return None
-    finally:
-        _unlink_quietly(dfd, name)
-    return _published(info, record)
 
 
 def _publish(dfd: int, record: bytes) -> LockSnapshot | None:
@@ -629,14 +665,12 @@ def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockS
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
         if not read_lock(dfd).same_entry(judged):
             return None
-        name, info = _write_named_temp(dfd, record)
-        try:
+
+        def rename(name: str) -> None:
             # rename() swaps the whole file at once: readers see the old or the new record.
             os.rename(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            _unlink_quietly(dfd, name)
-            raise
-        return _published(info, record)
+
+        return _published(_place_temp(dfd, record, rename), record)
 
 
 def orphan_temps(dfd: int, now: float) -> list[str]:
