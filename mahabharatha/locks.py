@@ -572,13 +572,14 @@ class FeatureLock:
             self._beat.join()
         self._beat = None
         with self._mutex:
-            mine, self._mine = self._mine, None
+            mine = self._mine
             if mine is None:
                 return
+            # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
             with open_feature_dir(self.gsd_dir, self.feature, create=False) as dfd:
                 if dfd is not None:
-                    # Race: forced release + new owner since our last beat: leave theirs.
-                    _utils.remove_judged(dfd, mine)
+                    _utils.release_mine(dfd, mine)
+            self._mine = None
 
     def __enter__(self) -> Self:
         return self.acquire()

@@ -70,6 +70,7 @@ __all__ = [
     "read_lock",
     "release_at",
     "release_feature_lock",
+    "release_mine",
     "remove_if_unchanged",
     "remove_judged",
     "replace_if_unchanged",
@@ -302,6 +303,7 @@ class LockSnapshot:
     identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
     content: bytes | None  # None: not readable (or not a file); a symlink holds its target
     mtime: float = 0.0
+    read_errno: int | None = None  # why a regular file's bytes could not be read
 
     @property
     def record(self) -> tuple[int, float] | None:
@@ -332,7 +334,7 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
     return (info.st_dev, info.st_ino)
 
 
-def _snapshot_without_opening(dfd: int) -> LockSnapshot:
+def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot:
     """Describe ``.lock`` by ``lstat`` when it cannot be opened (a link, a socket, no access)."""
     try:
         info = os.stat(LOCK_FILE_NAME, dir_fd=dfd, follow_symlinks=False)
@@ -341,8 +343,9 @@ def _snapshot_without_opening(dfd: int) -> LockSnapshot:
     if stat.S_ISLNK(info.st_mode):
         target = os.readlink(LOCK_FILE_NAME, dir_fd=dfd).encode("utf-8", "surrogateescape")
         return LockSnapshot(EntryKind.SYMLINK, _identity(info), target, info.st_mtime)
-    kind = EntryKind.FILE if stat.S_ISREG(info.st_mode) else EntryKind.SPECIAL
-    return LockSnapshot(kind, _identity(info), None, info.st_mtime)
+    if stat.S_ISREG(info.st_mode):
+        return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
+    return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
 
 
 def _read_bounded(fd: int, size: int) -> bytes:
@@ -367,7 +370,8 @@ def read_lock(dfd: int) -> LockSnapshot:
     except OSError as error:
         if error.errno in _RESOURCE_ERRNOS:
             raise
-        return _snapshot_without_opening(dfd)  # a link (ELOOP), a socket (ENXIO), no access
+        # A link (ELOOP), a socket (ENXIO), no access (EACCES): described by lstat instead.
+        return _snapshot_without_opening(dfd, error.errno)
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
@@ -375,14 +379,14 @@ def read_lock(dfd: int) -> LockSnapshot:
         if not stat.S_ISREG(info.st_mode):  # FIFO or device: never read from it
             return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
         try:
-            content: bytes | None = _read_bounded(fd, info.st_size)
+            content = _read_bounded(fd, info.st_size)
         except OSError as error:
             if error.errno in _RESOURCE_ERRNOS:
                 raise
-            content = None
+            return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
         return LockSnapshot(EntryKind.FILE, _identity(info), content, info.st_mtime)
     finally:
-        os.close(fd)
+        _close_quietly(fd)
 
 
 def judge_lock(snapshot: LockSnapshot, now: float) -> LockState:
@@ -443,16 +447,19 @@ def open_feature_dir(
     try:
         yield dfd
     except OSError as error:
-        raise _naming(error, folder / LOCK_FILE_NAME) from error
+        raise _naming(error, folder) from error
     finally:
-        os.close(dfd)
+        _close_quietly(dfd)
 
 
-def _naming(error: OSError, path: Path) -> OSError:
-    """The same error, naming the lock it was about (system calls relative to the folder's
-    descriptor report no name, or ``.``), so a user knows where to look."""
-    if error.filename not in (None, ".") or error.errno is None:
+def _naming(error: OSError, folder: Path) -> OSError:
+    """The same error, naming the file it was about: system calls relative to the folder's
+    descriptor report a bare name (``.lock``, a temp), ``.`` or ``/proc/self/fd/N``."""
+    name = None if error.filename is None else str(error.filename)
+    if error.errno is None or (name and os.sep in name and not name.startswith("/proc/")):
         return error
+    bare = name if name and name != "." and not name.startswith("/proc/") else LOCK_FILE_NAME
+    path = folder / bare
     detail = error.strerror or str(error)
     return type(error)(error.errno, f"{path}: {detail}", str(path))
 
@@ -507,7 +514,8 @@ def guard(dfd: int, *, wait: bool) -> Iterator[bool]:
         yield taken
     finally:
         if taken:
-            fcntl.flock(dfd, fcntl.LOCK_UN)
+            with suppress(OSError):  # closing the folder's descriptor lets go of it anyway
+                fcntl.flock(dfd, fcntl.LOCK_UN)
 
 
 def _unlink_lock(dfd: int) -> None:
@@ -523,6 +531,35 @@ def remove_if_unchanged(dfd: int, judged: LockSnapshot) -> bool:
     with suppress(FileNotFoundError):  # only an old-style writer, unguarded, could beat us here
         _unlink_lock(dfd)
     return True
+
+
+def _still_mine(dfd: int, mine: LockSnapshot) -> bool:
+    """Is ``.lock`` still the holder's own lock ``mine``? The caller holds the guard.
+
+    Raises the read error when our own inode cannot be read just now (a ``chmod``, an I/O
+    error): we cannot tell, so we say why instead of giving the lock up.
+    """
+    current = read_lock(dfd)
+    if current.same_entry(mine):
+        return True
+    if (
+        current.kind is EntryKind.FILE
+        and current.content is None
+        and current.identity == mine.identity
+    ):
+        code = current.read_errno or errno.EIO
+        raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
+    return False
+
+
+def release_mine(dfd: int, mine: LockSnapshot) -> bool:
+    """Remove the holder's own lock ``mine`` if it is still there; False if it is not."""
+    with guard(dfd, wait=True):
+        # Race: forced release + new owner since our last refresh: never remove theirs.
+        if not _still_mine(dfd, mine):
+            return False
+        _unlink_lock(dfd)
+        return True
 
 
 def remove_judged(dfd: int, judged: LockSnapshot) -> bool:
@@ -572,18 +609,27 @@ def _write_named_temp(dfd: int, record: bytes) -> tuple[str, os.stat_result]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, LOCK_MODE, dir_fd=dfd)
     try:
-        info = _write_record(fd, record)
+        try:
+            info = _write_record(fd, record)
+        finally:
+            os.close(fd)  # a close error (deferred write error) fails the temp too
     except BaseException:
         _unlink_quietly(dfd, name)
         raise
-    finally:
-        os.close(fd)
     return name, info
 
 
 def _unlink_quietly(dfd: int, name: str) -> None:
-    with suppress(FileNotFoundError):
+    """Remove a temp name as clean-up. Failing to is not the caller's failure: the lock is
+    already published (or the real error is being raised), and debris is swept later."""
+    with suppress(OSError):
         os.unlink(name, dir_fd=dfd)
+
+
+def _close_quietly(fd: int) -> None:
+    """Close after the work is done; on Linux the descriptor is gone even when close fails."""
+    with suppress(OSError):
+        os.close(fd)
 
 
 class _Tmpfile:
@@ -612,7 +658,7 @@ def _publish_unnamed(dfd: int, record: bytes) -> LockSnapshot | None:
     except FileExistsError:
         return None
     finally:
-        os.close(fd)
+        _close_quietly(fd)
 
 
 def _place_temp(dfd: int, record: bytes, place: Callable[[str], None]) -> os.stat_result:
@@ -657,13 +703,13 @@ def _publish(dfd: int, record: bytes) -> LockSnapshot | None:
 
 
 def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | None:
-    """Atomically swap ``.lock`` for ``record`` if it is still ``judged`` (the heartbeat).
+    """Atomically swap ``.lock`` for ``record`` if it is still the holder's ``judged`` lock.
 
     Returns the new lock's snapshot, or ``None`` if the lock is no longer the one judged.
     """
     with guard(dfd, wait=True):
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
-        if not read_lock(dfd).same_entry(judged):
+        if not _still_mine(dfd, judged):
             return None
 
         def rename(name: str) -> None:

@@ -1,0 +1,142 @@
+"""Fault points: every system call ``mahabharatha.commands._utils`` makes, counted and hookable.
+
+``instrumented(hook)`` replaces the listed functions on the module objects ``_utils`` calls them
+through (``_utils.os`` and ``_utils.fcntl``, which are the process-wide ``os`` and ``fcntl``), so
+the N-th system call of an operation can be traced, failed with an injected ``OSError`` or turned
+into a SIGKILL of the calling process. The functions are restored when the block ends. Kill
+hooks are only ever installed in a forked child (the parent must never kill itself); fault hooks
+run in-process for the length of one library call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from mahabharatha.commands import _utils
+
+SYSCALLS: Final = (
+    (_utils.os, "open"),
+    (_utils.os, "read"),
+    (_utils.os, "write"),
+    (_utils.os, "close"),
+    (_utils.os, "fstat"),
+    (_utils.os, "stat"),
+    (_utils.os, "link"),
+    (_utils.os, "unlink"),
+    (_utils.os, "rename"),
+    (_utils.os, "mkdir"),
+    (_utils.os, "scandir"),
+    (_utils.os, "readlink"),
+    (_utils.fcntl, "flock"),
+)
+"""What the lock code asks of the kernel: the brief's list (open, write, link, unlink, rename,
+close, flock, read, fstat) plus the stat, mkdir, scandir and readlink of its slower paths."""
+
+_PATH_ARGS: Final = {"link": 2, "rename": 2}
+"""Calls that name two paths: a real failure reports both (``filename`` and ``filename2``)."""
+
+_FD_ONLY: Final = frozenset({"read", "write", "close", "fstat", "flock"})
+"""Calls on a descriptor: a real failure names no file."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One system call as the hook sees it: its rank in the operation, name and arguments."""
+
+    index: int
+    name: str
+    args: tuple[Any, ...]
+
+    def label(self) -> str:
+        return f"{self.index:02d}-{self.name}"
+
+
+Hook = Callable[[Call, str], None]
+"""``hook(call, phase)`` with phase ``"before"`` or ``"after"`` (also after a call that raised)."""
+
+
+@contextmanager
+def instrumented(hook: Hook) -> Iterator[None]:
+    """Route every call of :data:`SYSCALLS` through ``hook`` for the length of the block."""
+    counter = [0]
+    saved = [(module, name, getattr(module, name)) for module, name in SYSCALLS]
+
+    def wrap(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counter[0] += 1
+            call = Call(counter[0], name, args)
+            hook(call, "before")
+            try:
+                return real(*args, **kwargs)
+            finally:
+                hook(call, "after")
+
+        return wrapper
+
+    for module, name, real in saved:
+        setattr(module, name, wrap(name, real))
+    try:
+        yield
+    finally:
+        for module, name, real in saved:
+            setattr(module, name, real)
+
+
+def trace(operation: Callable[[], object]) -> list[Call]:
+    """The system calls ``operation`` makes, in order (run it once, fault-free)."""
+    calls: list[Call] = []
+
+    def record(call: Call, phase: str) -> None:
+        if phase == "before":
+            calls.append(call)
+
+    with instrumented(record):
+        operation()
+    return calls
+
+
+def injected_error(call: Call, code: int) -> OSError:
+    """The ``OSError`` the real call would raise with ``code``, naming what it would name."""
+    message = os.strerror(code)
+    if call.name in _FD_ONLY or not call.args:
+        return OSError(code, message)
+    paths = call.args[: _PATH_ARGS.get(call.name, 1)]
+    if len(paths) == 2:
+        return OSError(code, message, paths[0], None, paths[1])
+    return OSError(code, message, paths[0])
+
+
+def fail_at(index: int, code: int) -> Hook:
+    """A hook that fails the ``index``-th call with ``code`` before it reaches the kernel."""
+
+    def hook(call: Call, phase: str) -> None:
+        if phase == "before" and call.index == index:
+            raise injected_error(call, code)
+
+    return hook
+
+
+def kill_at(index: int, phase: str) -> Hook:
+    """A hook that SIGKILLs this process just before or just after the ``index``-th call."""
+
+    def hook(call: Call, when: str) -> None:
+        if call.index == index and when == phase:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+@dataclass
+class Tally:
+    """Counts shared by the tests of this folder (printed in pytest's terminal summary)."""
+
+    kills: int = 0
+    violations: list[str] = field(default_factory=list)
+
+
+TALLY: Final = Tally()
