@@ -21,7 +21,6 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
-import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
@@ -41,10 +40,6 @@ STATUS_KEYS: Final = frozenset(
 """The keys of one lock as ``lock status --json`` and ``lock check --json`` print it."""
 
 STALE_AFTER_SECONDS: Final = 7200.0
-
-needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
-needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
-posix_signals = pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
 
 
 # --------------------------------------------------------------------------- lock files

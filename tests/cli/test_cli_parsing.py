@@ -25,13 +25,12 @@ from tests.cli._support import (
     dead_pid,
     invoke,
     lock_path,
-    needs_fifo,
-    needs_symlinks,
     one_document,
     one_sentence,
     read_record,
     write_lock,
 )
+from tests.support.marks import needs_fifo, needs_symlinks
 
 ME: Final = os.getpid()
 OTHER: Final = 4_000_000

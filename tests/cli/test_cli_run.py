@@ -30,11 +30,11 @@ from tests.cli._support import (
     lock_path,
     one_document,
     one_sentence,
-    posix_signals,
     read_record,
     run_cli,
     wait_for,
 )
+from tests.support.marks import posix_signals
 
 Spawn = Callable[..., Child]
 

@@ -47,6 +47,7 @@ from tests.faults._kills import (
 )
 from tests.faults._mounts import Tmpfs
 from tests.faults._syscalls import Call, fail_at, instrumented, trace
+from tests.support.marks import needs_root
 
 FEATURE: Final = "feat"
 
@@ -59,9 +60,6 @@ FAULTS: Final = {
 }
 
 bounded = pytest.mark.timeout(30)
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="dropping to uid 65534 needs root (injected EACCES still runs)"
-)
 
 
 # --------------------------------------------------------------------------- operations

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from mahabharatha.commands._utils import _parse_lock_content, _safe_read_text
+from tests.support.marks import needs_fifo, needs_symlinks
+from tests.unit.conftest import NOW
 
-UTILS = "mahabharatha.commands._utils"
-NOW = 1_700_000_000.5
 """The fixed value the mocked module clock returns."""
 MAX_PID = 4_194_304
 ONE_DAY = 86400.0
@@ -26,19 +26,8 @@ READ_LIMIT = 4096
 """``_safe_read_text`` refuses files over 4 KiB."""
 ENV = "MAHABHARATHA_FEATURE"
 
-needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
-needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
 bounded = pytest.mark.timeout(10)
 """For tests that put a FIFO where a file is expected: a blocking open would hang forever."""
-
-
-@pytest.fixture
-def clock(mocker: Any) -> Any:
-    """Replace the module's ``time`` with a mock whose ``time()`` returns ``NOW``."""
-    fake = mocker.Mock(spec=["time"])
-    fake.time.return_value = NOW
-    mocker.patch(f"{UTILS}.time", fake)
-    return fake
 
 
 @pytest.fixture(params=["mahabharatha.commands._utils", "mahabharatha.commands.status"])

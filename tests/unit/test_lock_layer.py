@@ -18,9 +18,9 @@ import pytest
 from mahabharatha import locks
 from mahabharatha.commands import _utils
 from mahabharatha.commands._utils import acquire_feature_lock
+from tests.support.marks import needs_root
 
 pytestmark = pytest.mark.timeout(30)
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 NOBODY = 65534
 
 

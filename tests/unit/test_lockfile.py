@@ -22,9 +22,9 @@ from mahabharatha.commands._utils import (
     check_feature_lock,
     release_feature_lock,
 )
+from tests.support.marks import needs_fifo, needs_symlinks, not_root
+from tests.unit.conftest import NOW, UTILS
 
-UTILS = "mahabharatha.commands._utils"
-NOW = 1_700_000_000.5
 """The fixed value the mocked module clock returns."""
 STALE_AFTER = 7200.0
 MAX_PID = 4_194_304
@@ -35,22 +35,8 @@ MY_PID = os.getpid()
 OTHER_PID = 1 if MY_PID != 1 else 2
 """A pid that is never the test process's own."""
 
-needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo")
-needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
-not_root = pytest.mark.skipif(
-    hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores file permissions"
-)
 bounded = pytest.mark.timeout(10)
 """For tests that put a FIFO where a file is expected: a blocking open would hang forever."""
-
-
-@pytest.fixture
-def clock(mocker: Any) -> Any:
-    """Replace the module's ``time`` with a mock whose ``time()`` returns ``NOW``."""
-    fake = mocker.Mock(spec=["time"])
-    fake.time.return_value = NOW
-    mocker.patch(f"{UTILS}.time", fake)
-    return fake
 
 
 @pytest.fixture
