@@ -140,24 +140,39 @@ class Owner(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-def owner_liveness(pid: int | None, timestamp: float | None) -> Owner:
-    """Is the lock's owner alive on this host? Meaningless for locks from other hosts."""
-    if pid is None:
-        return Owner.UNKNOWN
+ProcessFacts = tuple[bool, float | None]
+"""(running here, start time if known) of a pid."""
+
+
+def _process_facts(pid: int) -> ProcessFacts:
     import psutil  # imported here: most commands never ask, and the CLI starts faster
 
     try:
         process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return Owner.NOT_RUNNING
-        started = process.create_time()
+        with process.oneshot():
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return False, None
+            return True, process.create_time()
     except psutil.NoSuchProcess:
-        return Owner.NOT_RUNNING
+        return False, None
     except psutil.AccessDenied:
+        return True, None
+
+
+def _owner(facts: ProcessFacts, timestamp: float | None) -> Owner:
+    running, started = facts
+    if not running:
+        return Owner.NOT_RUNNING
+    if started is None or timestamp is None:
         return Owner.RUNNING
-    if timestamp is not None and started > timestamp + CREATE_TIME_SLACK_SECONDS:
+    if started > timestamp + CREATE_TIME_SLACK_SECONDS:
         return Owner.PID_REUSED  # this pid's process began after the lock was written
     return Owner.RUNNING
+
+
+def owner_liveness(pid: int | None, timestamp: float | None) -> Owner:
+    """Is the lock's owner alive on this host? Meaningless for locks from other hosts."""
+    return Owner.UNKNOWN if pid is None else _owner(_process_facts(pid), timestamp)
 
 
 @dataclass(frozen=True)
@@ -238,40 +253,35 @@ def inspect(feature: str, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> LockInfo
 
 def _feature_names(gsd_dir: str | os.PathLike[str]) -> list[str]:
     """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted."""
-    try:
-        with os.scandir(Path(gsd_dir) / "specs") as entries:
-            names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(name for name in names if _utils.is_valid_feature_name(name))
+    return [feature for feature, _ in _utils.scan_locks(gsd_dir, read=False)]
 
 
 def status(gsd_dir: str | os.PathLike[str] = GSD_DIR) -> list[LockInfo]:
     """Every feature folder under ``<gsd>/specs`` that has a ``.lock`` entry, by name."""
     now = _utils.now()
-    liveness = _cached(owner_liveness)
-    infos = []
-    for feature in _feature_names(gsd_dir):
-        with open_feature_dir(gsd_dir, feature, create=False) as dfd:
-            snapshot = _utils.MISSING if dfd is None else read_lock(dfd)
-        if snapshot.kind is not EntryKind.MISSING:
-            infos.append(_describe(feature, snapshot, judge_lock(snapshot, now), now, liveness))
-    return infos
+    liveness = _per_pid(_process_facts)
+    return [
+        _describe(feature, snapshot, judge_lock(snapshot, now), now, liveness)
+        for feature, snapshot in _utils.scan_locks(gsd_dir)
+        if snapshot.kind is not EntryKind.MISSING
+    ]
 
 
-def _cached(
-    liveness: Callable[[int | None, float | None], Owner],
+def _per_pid(
+    facts_of: Callable[[int], ProcessFacts],
 ) -> Callable[[int | None, float | None], Owner]:
-    """Ask the process table once per (pid, age) pair: many locks share few owners."""
-    seen: dict[tuple[int | None, float | None], Owner] = {}
+    """Ask the process table once per pid (many locks share few owners), judge each lock's
+    timestamp against the answer."""
+    seen: dict[int, ProcessFacts] = {}
 
-    def cached(pid: int | None, timestamp: float | None) -> Owner:
-        key = (pid, timestamp)
-        if key not in seen:
-            seen[key] = liveness(pid, timestamp)
-        return seen[key]
+    def liveness(pid: int | None, timestamp: float | None) -> Owner:
+        if pid is None:
+            return Owner.UNKNOWN
+        if pid not in seen:
+            seen[pid] = facts_of(pid)
+        return _owner(seen[pid], timestamp)
 
-    return cached
+    return liveness
 
 
 # --------------------------------------------------------------------------- the audit trail

@@ -29,11 +29,10 @@ import fcntl
 import math
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic as _monotonic  # bound now: tests replace this module's ``time``
@@ -74,6 +73,7 @@ __all__ = [
     "remove_if_unchanged",
     "remove_judged",
     "replace_if_unchanged",
+    "scan_locks",
     "sweep_orphan_temps",
     "try_acquire",
 ]
@@ -307,8 +307,13 @@ class LockSnapshot:
 
     @property
     def record(self) -> tuple[int, float] | None:
-        text = self.text
-        return None if text is None else _parse_lock_content(text)
+        """The parsed record (parsed once per snapshot: judging and describing both ask)."""
+        cache = self.__dict__
+        if "_record" not in cache:  # (a frozen dataclass: the cache lives beside the fields)
+            text = self.text
+            cache["_record"] = None if text is None else _parse_lock_content(text)
+        record: tuple[int, float] | None = cache["_record"]
+        return record
 
     @property
     def text(self) -> str | None:
@@ -414,57 +419,69 @@ def feature_dir_path(gsd_dir: str | os.PathLike[str], feature: str) -> Path:
     return Path(gsd_dir) / "specs" / feature
 
 
-def _refuse_folder(folder: Path, error: OSError) -> UnsafeLockPathError:
+def _folder(gsd_dir: str | os.PathLike[str], feature: str) -> str:
+    # A plain string: building a Path costs more than the system call it names (hot path).
+    return f"{os.fspath(gsd_dir)}/specs/{feature}"
+
+
+def _refuse_folder(folder: str, error: OSError) -> UnsafeLockPathError:
     return UnsafeLockPathError(
         error.errno or errno.ENOTDIR,
         f"feature folder {folder} is a symlink or not a folder; refusing to follow it",
-        str(folder),
+        folder,
     )
 
 
-def _make_feature_dir(folder: Path) -> None:
+def _make_feature_dir(folder: str) -> None:
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
     except FileExistsError as error:  # a dangling link or a file where the folder should be
         raise _refuse_folder(folder, error) from error
 
 
-@contextmanager
-def open_feature_dir(
-    gsd_dir: str | os.PathLike[str], feature: str, *, create: bool
-) -> Iterator[int | None]:
-    """Yield a descriptor of ``specs/<feature>`` opened without following a link.
+class open_feature_dir:
+    """``with open_feature_dir(gsd, feature, create=...) as dfd``: a descriptor of
+    ``specs/<feature>`` opened without following a link, or ``None`` when there is no usable
+    folder (with ``create`` a missing folder is made and a refused one raises instead).
 
     Every later step works relative to this descriptor, so swapping the folder for a symlink
-    mid-call (race: folder replaced by a link) cannot redirect a write. Yields ``None`` when
-    there is no usable folder and ``create`` is false; with ``create`` it raises instead.
+    mid-call (race: folder replaced by a link) cannot redirect a write. OS errors raised inside
+    the block are re-raised naming the file they were about.
     """
-    folder = feature_dir_path(gsd_dir, feature)
-    dfd = _open_dir_nofollow(folder, create=create)
-    if dfd is None:
-        yield None
-        return
-    try:
-        yield dfd
-    except OSError as error:
-        raise _naming(error, folder) from error
-    finally:
-        _close_quietly(dfd)
+
+    __slots__ = ("dfd", "folder")
+
+    def __init__(self, gsd_dir: str | os.PathLike[str], feature: str, *, create: bool) -> None:
+        self.folder = _folder(gsd_dir, feature)
+        self.dfd = _open_dir_nofollow(self.folder, create=create)
+
+    def __enter__(self) -> int | None:
+        return self.dfd
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: object
+    ) -> None:
+        if self.dfd is not None:
+            _close_quietly(self.dfd)
+        if isinstance(error, OSError):
+            named = _naming(error, self.folder)
+            if named is not error:
+                raise named from error
 
 
-def _naming(error: OSError, folder: Path) -> OSError:
+def _naming(error: OSError, folder: str) -> OSError:
     """The same error, naming the file it was about: system calls relative to the folder's
     descriptor report a bare name (``.lock``, a temp), ``.`` or ``/proc/self/fd/N``."""
     name = None if error.filename is None else str(error.filename)
     if error.errno is None or (name and os.sep in name and not name.startswith("/proc/")):
         return error
     bare = name if name and name != "." and not name.startswith("/proc/") else LOCK_FILE_NAME
-    path = folder / bare
+    path = os.path.join(folder, bare)
     detail = error.strerror or str(error)
-    return type(error)(error.errno, f"{path}: {detail}", str(path))
+    return type(error)(error.errno, f"{path}: {detail}", path)
 
 
-def _open_dir_nofollow(folder: Path, *, create: bool) -> int | None:
+def _open_dir_nofollow(folder: str, *, create: bool) -> int | None:
     try:
         return os.open(folder, _DIR_FLAGS)
     except FileNotFoundError:
@@ -483,6 +500,45 @@ def _open_dir_nofollow(folder: Path, *, create: bool) -> int | None:
     return dfd
 
 
+def scan_locks(
+    gsd_dir: str | os.PathLike[str], *, read: bool = True
+) -> Iterator[tuple[str, LockSnapshot]]:
+    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
+
+    One descriptor of ``specs`` serves the whole scan; each feature folder is opened relative
+    to it without following a link (a symlinked feature folder is skipped, as it is refused
+    everywhere). With ``read=False`` only the names are listed (snapshots are ``MISSING``).
+    """
+    try:
+        specs = os.open(os.path.join(os.fspath(gsd_dir), "specs"), os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        with os.scandir(specs) as entries:
+            names = sorted(
+                entry.name
+                for entry in entries
+                if entry.is_dir(follow_symlinks=False) and is_valid_feature_name(entry.name)
+            )
+        for name in names:
+            yield name, _look_in(specs, name) if read else MISSING
+    finally:
+        os.close(specs)
+
+
+def _look_in(specs: int, feature: str) -> LockSnapshot:
+    try:
+        dfd = os.open(feature, _DIR_FLAGS, dir_fd=specs)
+    except OSError as error:
+        if error.errno in _NO_FOLDER_ERRNOS:  # Race: removed or swapped for a link since listed
+            return MISSING
+        raise
+    try:
+        return read_lock(dfd)
+    finally:
+        _close_quietly(dfd)
+
+
 # --------------------------------------------------------------------------- the guard
 
 
@@ -494,28 +550,36 @@ def _try_guard(dfd: int) -> bool:
     return True
 
 
-@contextmanager
-def guard(dfd: int, *, wait: bool) -> Iterator[bool]:
-    """Hold the feature folder's ``flock`` (the guard); yields False if it could not be had.
+class guard:
+    """Hold the feature folder's ``flock`` (the guard); ``taken`` is False if it was busy.
 
     Without ``wait`` a busy guard means another process is reclaiming or releasing this very
     lock right now. With ``wait`` we spin (yielding the CPU, never sleeping) for at most
     ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``.
     """
-    taken = _try_guard(dfd)
-    if not taken and wait:
-        deadline = _monotonic() + GUARD_WAIT_SECONDS
-        while not taken and _monotonic() < deadline:
-            os.sched_yield()
-            taken = _try_guard(dfd)
-        if not taken:
-            raise GuardBusyError(errno.EWOULDBLOCK, "feature folder stayed busy; try again")
-    try:
-        yield taken
-    finally:
-        if taken:
-            with suppress(OSError):  # closing the folder's descriptor lets go of it anyway
-                fcntl.flock(dfd, fcntl.LOCK_UN)
+
+    __slots__ = ("dfd", "taken")
+
+    def __init__(self, dfd: int, *, wait: bool) -> None:
+        self.dfd = dfd
+        self.taken = _try_guard(dfd)
+        if not self.taken and wait:
+            deadline = _monotonic() + GUARD_WAIT_SECONDS
+            while not self.taken and _monotonic() < deadline:
+                os.sched_yield()
+                self.taken = _try_guard(dfd)
+            if not self.taken:
+                raise GuardBusyError(errno.EWOULDBLOCK, "feature folder stayed busy; try again")
+
+    def __enter__(self) -> bool:
+        return self.taken
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.taken:
+            try:  # noqa: SIM105  (suppress() costs a microsecond on every release)
+                fcntl.flock(self.dfd, fcntl.LOCK_UN)
+            except OSError:  # closing the folder's descriptor lets go of it anyway
+                pass
 
 
 def _unlink_lock(dfd: int) -> None:
@@ -572,7 +636,7 @@ def remove_judged(dfd: int, judged: LockSnapshot) -> bool:
 
 
 def _temp_name() -> str:
-    return f".lock.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+    return f".lock.{os.getpid()}.{os.urandom(8).hex()}.tmp"
 
 
 def is_temp_name(name: str) -> bool:
@@ -622,14 +686,18 @@ def _write_named_temp(dfd: int, record: bytes) -> tuple[str, os.stat_result]:
 def _unlink_quietly(dfd: int, name: str) -> None:
     """Remove a temp name as clean-up. Failing to is not the caller's failure: the lock is
     already published (or the real error is being raised), and debris is swept later."""
-    with suppress(OSError):
+    try:  # noqa: SIM105  (suppress() costs a microsecond on every acquire)
         os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass
 
 
 def _close_quietly(fd: int) -> None:
     """Close after the work is done; on Linux the descriptor is gone even when close fails."""
-    with suppress(OSError):
+    try:  # noqa: SIM105  (suppress() costs a microsecond on every acquire)
         os.close(fd)
+    except OSError:
+        pass
 
 
 class _Tmpfile:
