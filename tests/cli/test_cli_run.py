@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.cli._support import (
     STALE_AFTER_SECONDS,
     Child,
     cli_argv,
+    invoke,
     lock_path,
     one_document,
     one_sentence,
@@ -291,3 +293,56 @@ def test_control_without_refresh_the_lock_is_taken_just_past_the_stale_limit(
 ) -> None:
     """Shows that the test above can fail: the same steps, no refresh, and the lock goes."""
     assert _taken_over_at(gsd, monkeypatch, refresh=False) == [int(STALE_AFTER_SECONDS) + STEP]
+
+
+WAIT_ON_FIFO: Final = "import sys\nopen(sys.argv[1]).read()\n"
+"""CMD that runs until the test opens (and closes) the FIFO named by its argument."""
+
+
+def _run_past_the_stale_limit(gsd: Path, tmp_path: Path, clock: FakeClock) -> list[float]:
+    """Drive the clock past the stale limit while ``lock run`` holds FEATURE; each step waits
+    for a heartbeat to write the new time, then another pid tries to take the lock. Returns the
+    clock readings at which it got it (to be none)."""
+    fifo = tmp_path / "finish"
+    os.mkfifo(fifo)
+    path = lock_path(gsd, FEATURE)
+    taken: list[float] = []
+    failures: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            wait_for(path.exists, what="lock run to take the lock")
+            for elapsed in range(STEP, UNTIL + 1, STEP):
+                clock.now = START + elapsed
+                wait_for(lambda: read_record(path)[1] == clock.now, what="a heartbeat")
+                try:
+                    locks.acquire(FEATURE, gsd, pid=OTHER)
+                    taken.append(clock.now)
+                except LockHeldError:
+                    continue
+        except BaseException as error:  # reported by the test, not lost with the thread
+            failures.append(error)
+        finally:
+            with open(fifo, "w"):  # lets CMD finish
+                pass
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    args = ["lock", "run", FEATURE, "--gsd-dir", gsd, "--heartbeat", "0.01", "--"]
+    result = invoke(*args, PY, "-c", WAIT_ON_FIFO, fifo)
+    driver.join(timeout=60)
+    assert not failures, failures
+    assert result.exit_code == 0, result.stderr
+    return taken
+
+
+@pytest.mark.timeout(120)
+def test_lock_run_keeps_its_lock_far_past_the_stale_limit(
+    gsd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real ``lock run`` (its heartbeat thread, its refresh) under a clock that runs two
+    hours and ten minutes while CMD runs: no other pid can take the lock at any step."""
+    clock = FakeClock(START)
+    monkeypatch.setattr("mahabharatha.commands._utils.time", clock)
+    assert _run_past_the_stale_limit(gsd, tmp_path, clock) == []
+    assert not lock_path(gsd, FEATURE).exists()
