@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from typer.testing import CliRunner
 
+from mahabharatha.cli import app
 from tests.cli._support import (
     FEATURE,
     STALE_AFTER_SECONDS,
@@ -586,3 +588,18 @@ def test_feature_detect_exits_1_when_nothing_names_a_feature(tmp_path: Path) -> 
     one_sentence(text.stderr)
     assert text.stdout == ""
     assert "error" in one_document(as_json.stdout)
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [("mahabharatha lock ac", "acquire"), ("mahabharatha fea", "feature")],
+)
+def test_shell_completion_offers_the_commands(words: str, expected: str) -> None:
+    env = {
+        "_MAHABHARATHA_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - 1),
+    }
+    result = CliRunner().invoke(app, [], env=env, prog_name="mahabharatha")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split() == [expected]
