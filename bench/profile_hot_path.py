@@ -87,15 +87,7 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         floor_try()
         floor_release()
 
-    def replay() -> None:  # the 16 system calls of ours, nothing else
-        dfd = os.open(folder, DIR_FLAGS)
-        fd = os.open(".", TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-        os.write(fd, record)
-        os.link(f"/proc/self/fd/{fd}", ".lock", dst_dir_fd=dfd, follow_symlinks=True)
-        os.fstat(fd)
-        os.close(fd)
-        os.close(dfd)
-        dfd = os.open(folder, DIR_FLAGS)
+    def release_calls(dfd: int) -> None:  # release: guard, read back, unlink, let go
         fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fd = os.open(".lock", READ_FLAGS, dir_fd=dfd)
         os.fstat(fd)
@@ -105,6 +97,16 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         fcntl.flock(dfd, fcntl.LOCK_UN)
         os.close(dfd)
 
+    def replay() -> None:  # the 16 system calls of ours, nothing else
+        dfd = os.open(folder, DIR_FLAGS)
+        fd = os.open(".", TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        os.write(fd, record)
+        os.link(f"/proc/self/fd/{fd}", ".lock", dst_dir_fd=dfd, follow_symlinks=True)
+        os.fstat(fd)
+        os.close(fd)
+        os.close(dfd)
+        release_calls(os.open(folder, DIR_FLAGS))
+
     def replay_one_dirfd() -> None:  # same protocol, the folder opened once per cycle
         dfd = os.open(folder, DIR_FLAGS)
         fd = os.open(".", TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=dfd)
@@ -112,14 +114,7 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         os.link(f"/proc/self/fd/{fd}", ".lock", dst_dir_fd=dfd, follow_symlinks=True)
         os.fstat(fd)
         os.close(fd)
-        fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fd = os.open(".lock", READ_FLAGS, dir_fd=dfd)
-        os.fstat(fd)
-        os.read(fd, 4097)
-        os.close(fd)
-        os.unlink(".lock", dir_fd=dfd)
-        fcntl.flock(dfd, fcntl.LOCK_UN)
-        os.close(dfd)
+        release_calls(dfd)
 
     def replay_named_temp() -> None:  # publish through a named temp instead of O_TMPFILE
         dfd = os.open(folder, DIR_FLAGS)
@@ -132,15 +127,7 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         os.link(".lock.t.tmp", ".lock", src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
         os.unlink(".lock.t.tmp", dir_fd=dfd)
         os.close(dfd)
-        dfd = os.open(folder, DIR_FLAGS)
-        fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fd = os.open(".lock", READ_FLAGS, dir_fd=dfd)
-        os.fstat(fd)
-        os.read(fd, 4097)
-        os.close(fd)
-        os.unlink(".lock", dir_fd=dfd)
-        fcntl.flock(dfd, fcntl.LOCK_UN)
-        os.close(dfd)
+        release_calls(os.open(folder, DIR_FLAGS))
 
     from mahabharatha.commands import _utils
 
