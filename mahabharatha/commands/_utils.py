@@ -847,16 +847,17 @@ def age_only(_snapshot: LockSnapshot, state: LockState) -> bool:
     return state in RECLAIMABLE
 
 
-_CHANGED: Final = object()
+class _JudgedLockChangedError(Exception):
+    """The lock is no longer the one judged: judge the new one."""
 
 
-def _reclaim(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | object | None:
-    """Replace the judged lock by ours: our snapshot, ``None`` (lost) or ``_CHANGED`` (re-judge)."""
+def _reclaim(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | None:
+    """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
     with guard(dfd, wait=False) as taken:
         if not taken:
             return None  # Race: another process is reclaiming this very lock right now.
         if not remove_if_unchanged(dfd, judged):
-            return _CHANGED
+            raise _JudgedLockChangedError
         sweep_orphan_temps(dfd)
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
         return _publish(dfd, record)
@@ -880,11 +881,13 @@ def try_acquire(
             raise UnsafeLockPathError(errno.EISDIR, "a directory is in the way, not a lock file")
         if not may_reclaim(holder, state):
             return AcquireOutcome(None, holder, state)
-        won = _reclaim(dfd, holder, record)
-        if isinstance(won, LockSnapshot):
-            return AcquireOutcome(won, replaced=holder, replaced_state=state)
+        try:
+            won = _reclaim(dfd, holder, record)
+        except _JudgedLockChangedError:
+            continue  # Race: replaced since we read it; judge the new one.
         if won is None:
             return AcquireOutcome(None, holder, state)
+        return AcquireOutcome(won, replaced=holder, replaced_state=state)
     return AcquireOutcome(None, holder, state)
 
 
