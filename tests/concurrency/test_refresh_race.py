@@ -1,0 +1,150 @@
+"""A holder's refresh (the heartbeat) never overwrites a lock that was taken from it.
+
+Each trial: a holder process takes the lock and refreshes it in a loop; at the same moment a
+taker process force-releases it, takes it for another pid, and then reads it many times. Every
+read must be the taker's own record: a refresh that lands after the takeover would put the
+holder's record back (two holders). The holder must learn that it lost the lock.
+
+``new`` refreshes with ``FeatureLock.refresh`` (guarded, replace-if-unchanged). ``old`` is the
+obvious refresh by name: read ``.lock``, and if it is still ours, rewrite it in place; it loses
+the race (strict xfail), which shows the test can fail.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from mahabharatha import locks
+from tests.concurrency._harness import (
+    CTX,
+    TEST_TIMEOUT,
+    HarnessError,
+    Team,
+    lock_path,
+    meet,
+    read_entry,
+    record_pid,
+    stress,
+    team,
+    trials,
+)
+
+FEATURE: Final = "race-feat"
+TAKER_PID: Final = 4_000_001
+"""The pid the taker records: no process has it (above the default pid_max)."""
+READS: Final = 50
+REFRESHES: Final = 200
+
+IMPLEMENTATIONS: Final = [
+    pytest.param("new", id="new"),
+    pytest.param(
+        "old",
+        id="old",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="old design: a refresh by name rewrites the taker's lock",
+        ),
+    ),
+]
+
+
+def _refresh_by_name(path: Path, pid: int, window: Any | None) -> bool:
+    """The unguarded refresh: check that the lock is ours, then rewrite it in place.
+
+    ``window`` (old design only, first refresh of a trial) holds the gap between check and
+    write open until the taker has acted, so the race is run every trial, not by chance.
+    """
+    if record_pid(read_entry(path)) != pid:
+        return False
+    if window is not None:
+        meet(window)  # the taker takes over now
+        meet(window)  # ... and has done so
+    with open(path, "w") as lock:  # Race: the lock may have been replaced since the check.
+        lock.write(f"{pid}:{time.time()}")
+    return True
+
+
+def _take_by_name(path: Path) -> None:
+    """The old takeover: unlink by name, then create with O_EXCL and write."""
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    os.write(fd, f"{TAKER_PID}:{time.time()}".encode())
+    os.close(fd)
+
+
+def _holder(impl: str, gsd: Path, total: int, sync: Any, lost: Any) -> None:
+    begin, race, done, window = sync
+    path = lock_path(gsd)
+    for _ in range(total):
+        meet(begin)
+        held = locks.FeatureLock(FEATURE, gsd, heartbeat=None, timeout=0).acquire()
+        meet(race)
+        for attempt in range(REFRESHES):
+            if impl == "new":
+                try:
+                    held.refresh()
+                except locks.LockLostError:
+                    lost.value += 1
+                    break
+            elif not _refresh_by_name(path, os.getpid(), window if attempt == 0 else None):
+                lost.value += 1
+                break
+        meet(done)
+
+
+def _taker(impl: str, gsd: Path, total: int, sync: Any, bad: Any) -> None:
+    begin, race, done, window = sync
+    path = lock_path(gsd)
+    for _ in range(total):
+        meet(begin)
+        meet(race)
+        if impl == "new":
+            locks.release(FEATURE, gsd, force=True)
+            locks.acquire(FEATURE, gsd, pid=TAKER_PID, timeout=5)
+        else:
+            meet(window)  # the holder has checked that the lock is its own
+            _take_by_name(path)
+            meet(window)
+        for _ in range(READS):
+            if record_pid(read_entry(path)) != TAKER_PID:
+                bad.value += 1
+                break
+        meet(done)
+
+
+def _run_trials(crew: Team, gsd: Path, impl: str, total: int) -> tuple[int, int]:
+    begin, race, done = crew.barrier(3), crew.barrier(2), crew.barrier(3)
+    sync = (begin, race, done, crew.barrier(2))
+    lost = CTX.Value("q", 0, lock=False)
+    bad = CTX.Value("q", 0, lock=False)
+    crew.spawn(_holder, impl, gsd, total, sync, lost)
+    crew.spawn(_taker, impl, gsd, total, sync, bad)
+    for _ in range(total):
+        crew.wait(begin)
+        crew.wait(done)
+        with suppress(FileNotFoundError):  # the taker's lock: the next trial starts free
+            os.unlink(lock_path(gsd))
+    crew.join()
+    return lost.value, bad.value
+
+
+@stress
+@pytest.mark.timeout(TEST_TIMEOUT)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_a_refresh_never_overwrites_the_lock_of_whoever_took_it(impl: str, tmp_path: Path) -> None:
+    gsd = tmp_path / "gsd"
+    total = trials(100)
+    with team(tmp_path) as crew:
+        lost, bad = _run_trials(crew, gsd, impl, total)
+    if lost == 0 and bad == 0:
+        raise HarnessError("the holder never noticed a takeover: the race was not run")
+    assert bad == 0, f"in {bad} of {total} trials the taker's lock was overwritten by a refresh"
+    assert lost == total, f"the holder learned of only {lost} of {total} takeovers"
