@@ -215,8 +215,8 @@ def _describe(
     return LockInfo(feature, state.value, pid, timestamp, age, expires, owner.value)
 
 
-def describe_holder(info: LockInfo) -> str:
-    """One sentence on who holds a lock, since when, until when, and what to do."""
+def describe_holder(info: LockInfo, *, advice: bool = True) -> str:
+    """One sentence on who holds a lock, since when, until when, and (``advice``) what to do."""
     if info.pid is None:
         return f"feature {info.feature!r} is locked ({info.state}); try again in a moment"
     age = _duration(info.age_seconds or 0.0)
@@ -225,10 +225,8 @@ def describe_holder(info: LockInfo) -> str:
         if info.expires_in_seconds is not None
         else ""
     )
-    return (
-        f"feature {info.feature!r} is locked by pid {info.pid} (since {age} ago{expiry}); "
-        "wait with --wait, or ask its owner to release it"
-    )
+    held = f"feature {info.feature!r} is locked by pid {info.pid} (since {age} ago{expiry})"
+    return f"{held}; wait with --wait, or ask its owner to release it" if advice else held
 
 
 def _duration(seconds: float) -> str:

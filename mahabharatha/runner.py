@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import IO, Final
@@ -111,8 +111,15 @@ def _relaying(relay: _SignalRelay) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_locked(lock: FeatureLock, command: Sequence[str], stdout: IO[str] | None = None) -> int:
+def run_locked(
+    lock: FeatureLock,
+    command: Sequence[str],
+    stdout: IO[str] | None = None,
+    on_acquired: Callable[[], None] | None = None,
+) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
+
+    ``on_acquired`` is called once the lock is ours, before the command starts.
 
     Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
     :class:`Interrupted` when a signal arrives before the command started, and
@@ -126,6 +133,8 @@ def run_locked(lock: FeatureLock, command: Sequence[str], stdout: IO[str] | None
         finally:
             lock.on_wait = on_wait
         try:
+            if on_acquired is not None:
+                on_acquired()
             relay.raise_if_pending()
             child = _start(relay, command, stdout)
             returncode = child.wait()

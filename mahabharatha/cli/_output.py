@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, NoReturn
@@ -115,7 +114,3 @@ def respond(as_json: bool, document: dict[str, Any], action: Callable[[], Result
         extra = holder_fields(error.info) if isinstance(error, LockHeldError) else {}
         result = Result(exit_code_for(error), {**document, **extra}, message=sentence(error))
     emit(result, as_json)
-
-
-def stderr_is_terminal() -> bool:
-    return sys.stderr.isatty()

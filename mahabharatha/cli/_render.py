@@ -38,17 +38,35 @@ def status_table(infos: list[LockInfo]) -> None:
     Console().print(table)
 
 
-def wait_reporter(feature: str) -> Callable[[LockInfo, float | None], None]:
-    """A waiting line on the terminal, rewritten in place at most about once a second."""
-    last_shown: list[float | None] = [None]
+class WaitingLine:
+    """While a command waits for a lock at a terminal: one line on stderr saying who holds it
+    and how long is left, rewritten in place about once a second, erased when the wait ends.
+    Not a terminal: says nothing (``callback`` is None)."""
 
-    def report(info: LockInfo, left: float | None) -> None:
-        shown = last_shown[0]
-        if shown is not None and left is not None and shown - left < 1.0:
+    def __init__(self) -> None:
+        self.callback: Callable[[LockInfo, float | None], None] | None = (
+            self._show if sys.stderr.isatty() else None
+        )
+        self._last: float | None = None
+        self._shown = False
+
+    def _show(self, info: LockInfo, left: float | None) -> None:
+        if self._shown and self._last is not None and left is not None and self._last - left < 1:
             return
-        last_shown[0] = left if left is not None else 0.0
+        self._last, self._shown = (left if left is not None else 0.0), True
         limit = "" if left is None else f"; giving up in {_seconds(left)}"
-        sys.stderr.write(f"\rwaiting: {describe_holder(info)}{limit}\x1b[K")
+        sys.stderr.write(f"\rwaiting: {describe_holder(info, advice=False)}{limit}\x1b[K")
         sys.stderr.flush()
 
-    return report
+    def __enter__(self) -> Callable[[LockInfo, float | None], None] | None:
+        return self.callback
+
+    def __exit__(self, *_exc: object) -> None:
+        self.erase()
+
+    def erase(self) -> None:
+        """Remove the waiting line (the answer, or the command's output, takes its place)."""
+        if self._shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self._shown = False

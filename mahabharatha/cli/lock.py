@@ -21,9 +21,8 @@ from mahabharatha.cli._output import (
     Result,
     default_owner,
     respond,
-    stderr_is_terminal,
 )
-from mahabharatha.cli._render import status_table, wait_reporter
+from mahabharatha.cli._render import WaitingLine, status_table
 from mahabharatha.locks import LockHeldError, LockInfo
 
 app = typer.Typer(
@@ -51,14 +50,15 @@ def acquire(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "acquired": False}
 
     def action() -> Result:
-        locks.acquire(
-            feature,
-            gsd_dir,
-            pid=owner,
-            timeout=wait or 0.0,
-            reclaim_dead=reclaim_dead,
-            on_wait=wait_reporter(feature) if stderr_is_terminal() else None,
-        )
+        with WaitingLine() as on_wait:
+            locks.acquire(
+                feature,
+                gsd_dir,
+                pid=owner,
+                timeout=wait or 0.0,
+                reclaim_dead=reclaim_dead,
+                on_wait=on_wait,
+            )
         return Result(
             EXIT_OK, {**document, "acquired": True}, f"acquired {feature} for pid {owner}"
         )
@@ -202,17 +202,19 @@ def run_command(
     document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
 
     def action() -> Result:
+        line = WaitingLine()
         holder = locks.FeatureLock(
             feature,
             gsd_dir,
             timeout=timeout,
             heartbeat=heartbeat,
             reclaim_dead=reclaim_dead,
-            on_wait=wait_reporter(feature) if stderr_is_terminal() else None,
+            on_wait=line.callback,
         )
         try:
             # With --json our stdout is for the one document: the command's goes to stderr.
-            code = runner.run_locked(holder, command, stdout=sys.stderr if as_json else None)
+            stdout = sys.stderr if as_json else None
+            code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
             return Result(EXIT_TEMPFAIL, held, message=str(busy))

@@ -8,6 +8,7 @@ through their output lines or stdin, never by sleeping, and are always reaped.
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from tests.cli._support import (
     one_document,
     read_record,
     run_cli,
+    write_lock,
 )
 
 Spawn = Callable[..., Child]
@@ -221,3 +223,47 @@ def test_claim_takes_the_first_free_of_the_names_in_the_order_given(
 
     assert (done.returncode, done.stdout.strip()) == (0, "two")
     assert read_record(lock_path(gsd, "two"))[0] == os.getpid()
+
+
+def _stderr_of_a_wait(gsd: Path, *, terminal: bool) -> bytes:
+    """``lock acquire --wait`` on a lock that stays held; its stderr as a terminal would get it."""
+    argv = [*cli_argv("lock", "acquire", FEATURE, "--gsd-dir", gsd, "--wait", "1.2")]
+    if not terminal:
+        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        assert done.returncode == 1
+        return done.stderr
+    main, secondary = pty.openpty()
+    try:
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=secondary)
+        os.close(secondary)
+        output = b""
+        while chunk := _read_pty(main):
+            output += chunk
+        assert child.wait(timeout=30) == 1
+    finally:
+        os.close(main)
+    return output
+
+
+def _read_pty(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the child closed its end
+        return b""
+
+
+def test_a_wait_at_a_terminal_shows_the_holder_and_the_time_left_then_erases_it(
+    gsd: Path,
+) -> None:
+    write_lock(gsd, FEATURE, f"{os.getpid()}:{time.time()}")
+    shown = _stderr_of_a_wait(gsd, terminal=True).decode()
+    assert f"\rwaiting: feature '{FEATURE}' is locked by pid {os.getpid()}" in shown
+    assert "giving up in" in shown
+    assert "\r\x1b[K" in shown  # the waiting line is erased before the answer
+
+
+def test_a_wait_off_a_terminal_says_nothing_but_the_answer(gsd: Path) -> None:
+    write_lock(gsd, FEATURE, f"{os.getpid()}:{time.time()}")
+    said = _stderr_of_a_wait(gsd, terminal=False).decode()
+    assert "waiting" not in said
+    assert len(said.strip().splitlines()) == 1
