@@ -203,8 +203,11 @@ def _is_small_regular_file(path: Path) -> bool:
 def _safe_read_text(path: Path) -> str | None:
     """Stripped text of a small regular file, or ``None`` when it cannot or should not be read.
 
-    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused before the read,
-    so the read can neither hang nor be unbounded.
+    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused (through a
+    no-follow, non-blocking descriptor) before ``Path.read_text`` reads the file by name, as the
+    existing callers and tests expect. Residual race: a process that swaps the file for a FIFO
+    between the check and the read could stall it (design/lockfile-hardening.md, section 5).
+    Lock files are never read this way.
     """
     try:
         if not _is_small_regular_file(path):
