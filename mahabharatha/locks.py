@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import random
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
@@ -215,18 +216,17 @@ def _describe(
     return LockInfo(feature, state.value, pid, timestamp, age, expires, owner.value)
 
 
-def describe_holder(info: LockInfo, *, advice: bool = True) -> str:
-    """One sentence on who holds a lock, since when, until when, and (``advice``) what to do."""
+def describe_holder(info: LockInfo) -> str:
+    """Who holds a lock, since when and until when (the caller adds what to do about it)."""
     if info.pid is None:
-        return f"feature {info.feature!r} is locked ({info.state}); try again in a moment"
+        return f"feature {info.feature!r} is locked ({info.state})"
     age = _duration(info.age_seconds or 0.0)
     expiry = (
         f", expires in {_duration(info.expires_in_seconds)}"
         if info.expires_in_seconds is not None
         else ""
     )
-    held = f"feature {info.feature!r} is locked by pid {info.pid} (since {age} ago{expiry})"
-    return f"{held}; wait with --wait, or ask its owner to release it" if advice else held
+    return f"feature {info.feature!r} is locked by pid {info.pid} (since {age} ago{expiry})"
 
 
 def _duration(seconds: float) -> str:
@@ -241,10 +241,16 @@ def _duration(seconds: float) -> str:
 
 
 def inspect(feature: str, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> LockInfo:
-    """The lock on ``feature``: state ``free`` when there is none."""
+    """The lock on ``feature``: state ``free`` when there is none.
+
+    Raises ``UnsafeLockPathError`` when a symlink or a file stands where the feature folder
+    should be, or a directory where the lock should be: acquire would fail there too.
+    """
     _validate_feature_name(feature)
-    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+    with open_feature_dir(gsd_dir, feature, create=False, refuse=True) as dfd:
         snapshot = _utils.MISSING if dfd is None else read_lock(dfd)
+    if snapshot.kind is EntryKind.DIRECTORY:
+        raise _directory_in_the_way(gsd_dir, feature)
     now = _utils.now()
     return _describe(feature, snapshot, judge_lock(snapshot, now), now)
 
@@ -295,12 +301,14 @@ def _audit(gsd_dir: str | os.PathLike[str], action: str, feature: str, **facts: 
         **facts,
     }
     line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    # O_NONBLOCK: a FIFO put at the log's path must not hang the open (no reader: ENXIO).
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     with suppress(OSError):
-        # O_APPEND: concurrent writers' lines never interleave (each is one small write).
         fd = os.open(Path(gsd_dir) / AUDIT_LOG_NAME, flags, 0o644)
         try:
-            os.write(fd, line)
+            if stat.S_ISREG(os.fstat(fd).st_mode):  # a log file, not a FIFO or a device
+                # O_APPEND: concurrent writers' lines never interleave (one small write each).
+                os.write(fd, line)
         finally:
             os.close(fd)
 
@@ -440,7 +448,7 @@ def release(
     """
     _validate_feature_name(feature)
     owner = os.getpid() if pid is None else _valid_pid(pid)
-    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+    with open_feature_dir(gsd_dir, feature, create=False, refuse=True) as dfd:
         if dfd is None:
             return False
         now = _utils.now()
@@ -461,11 +469,15 @@ def release(
             )
         return True
     if snapshot.kind is EntryKind.DIRECTORY:
-        path = feature_dir_path(gsd_dir, feature) / _utils.LOCK_FILE_NAME
-        raise UnsafeLockPathError(
-            errno.EISDIR, f"{path}: a directory is in the way, not a lock file", str(path)
-        )
+        raise _directory_in_the_way(gsd_dir, feature)
     raise NotOwnerError(_describe(feature, snapshot, judge_lock(snapshot, now), now))
+
+
+def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> UnsafeLockPathError:
+    path = feature_dir_path(gsd_dir, feature) / _utils.LOCK_FILE_NAME
+    return UnsafeLockPathError(
+        errno.EISDIR, f"{path}: a directory is in the way, not a lock file", str(path)
+    )
 
 
 # --------------------------------------------------------------------------- holding
@@ -501,13 +513,17 @@ class FeatureLock:
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
         self._mine: LockSnapshot | None = None
+        self._holder_process: int | None = None  # a forked child shares this object, not the lock
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
     @property
     def held(self) -> bool:
-        """True while our lock is on disk, as far as we know, and not yet stale."""
+        """True while our lock is on disk, as far as we know, and not yet stale (and we are the
+        process that took it, not a child forked from it)."""
+        if self._holder_process != os.getpid():
+            return False
         expires = self.expires_at
         return expires is not None and _utils.now() <= expires
 
@@ -532,6 +548,7 @@ class FeatureLock:
             reclaim_dead=self.reclaim_dead,
             on_wait=self.on_wait,
         )
+        self._holder_process = os.getpid()
         self.lost = None
         if self.heartbeat:
             self._stop.clear()
@@ -541,9 +558,15 @@ class FeatureLock:
             self._beat.start()
         return self
 
+    def _forget_if_forked(self) -> None:
+        """In a child forked from the holder, this object's lock is the parent's: never touch it."""
+        if self._holder_process != os.getpid():
+            self._mine = None
+
     def refresh(self) -> None:
         """Rewrite our lock's timestamp now, atomically, if it is still ours."""
         with self._mutex:
+            self._forget_if_forked()
             if self._mine is None:
                 raise LockLostError(self.feature)
             record = _utils.format_record(self.pid, _utils.now())
@@ -580,6 +603,7 @@ class FeatureLock:
             self._beat.join()
         self._beat = None
         with self._mutex:
+            self._forget_if_forked()
             mine = self._mine
             if mine is None:
                 return
@@ -618,11 +642,6 @@ class CleanedEntry:
         return asdict(self)
 
 
-_CLEANABLE: Final = frozenset(
-    {LockState.STALE, LockState.CORRUPT, LockState.UNREADABLE, LockState.NOT_A_FILE}
-)
-
-
 def clean(
     gsd_dir: str | os.PathLike[str] = GSD_DIR,
     *,
@@ -653,10 +672,14 @@ def _clean_folder(
     folder = feature_dir_path(gsd_dir, feature)
     now = _utils.now()
     found: list[CleanedEntry] = []
+
+    def cleanable(entry: LockSnapshot) -> bool:
+        return rule(entry, judge_lock(entry, now))
+
     snapshot = read_lock(dfd)
     state = judge_lock(snapshot, now)
-    if state in _CLEANABLE or (state is LockState.ACTIVE and rule(snapshot, state)):
-        removed = not dry_run and _remove_judged(dfd, snapshot)
+    if cleanable(snapshot):
+        removed = not dry_run and _remove_judged(dfd, snapshot, cleanable)
         lock_path = str(folder / _utils.LOCK_FILE_NAME)
         found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
         if removed:
@@ -679,9 +702,9 @@ def _clean_folder(
     return found
 
 
-def _remove_judged(dfd: int, snapshot: LockSnapshot) -> bool:
+def _remove_judged(dfd: int, snapshot: LockSnapshot, still: _utils.Reclaimable) -> bool:
     if snapshot.kind is not EntryKind.DIRECTORY:
-        return _utils.remove_judged(dfd, snapshot)
+        return _utils.remove_judged(dfd, snapshot, still)
     with _utils.guard(dfd, wait=True):
         # Only an empty directory goes: clean never deletes what someone put inside one.
         if not read_lock(dfd).same_entry(snapshot):

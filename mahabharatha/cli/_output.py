@@ -23,6 +23,7 @@ EXIT_HELD: Final = 1  # held by another / none free / nothing detected
 EXIT_BAD_INPUT: Final = 2
 EXIT_OS_ERROR: Final = 3
 EXIT_TEMPFAIL: Final = 75  # sysexits.h EX_TEMPFAIL: busy, try again later
+EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 GsdDirOption = Annotated[
     str, typer.Option("--gsd-dir", help="The gsd folder holding specs/<feature>/.lock.")
@@ -106,11 +107,25 @@ def emit(result: Result, as_json: bool) -> NoReturn:
     raise typer.Exit(result.code)
 
 
-def respond(as_json: bool, document: dict[str, Any], action: Callable[[], Result]) -> NoReturn:
-    """Run ``action`` and print its result; an expected failure becomes one sentence and a code."""
+def respond(
+    as_json: bool,
+    document: dict[str, Any],
+    action: Callable[[], Result],
+    advice: str | None = None,
+) -> NoReturn:
+    """Run ``action`` and print its result; an expected failure becomes one sentence and a code.
+
+    ``advice`` (what to do about a held lock) ends the sentence of a ``LockHeldError``.
+    """
     try:
         result = action()
+    except KeyboardInterrupt:  # Ctrl-C while waiting: still one document, still one sentence
+        result = Result(EXIT_INTERRUPTED, document, message="interrupted")
     except (ValueError, LockError, OSError) as error:
-        extra = holder_fields(error.info) if isinstance(error, LockHeldError) else {}
-        result = Result(exit_code_for(error), {**document, **extra}, message=sentence(error))
+        message = sentence(error)
+        extra = {}
+        if isinstance(error, LockHeldError):
+            extra = holder_fields(error.info)
+            message = f"{message}; {advice}" if advice else message
+        result = Result(exit_code_for(error), {**document, **extra}, message=message)
     emit(result, as_json)

@@ -55,7 +55,7 @@ class WaitingLine:
             return
         self._last, self._shown = (left if left is not None else 0.0), True
         limit = "" if left is None else f"; giving up in {_seconds(left)}"
-        sys.stderr.write(f"\rwaiting: {describe_holder(info, advice=False)}{limit}\x1b[K")
+        sys.stderr.write(f"\rwaiting: {describe_holder(info)}{limit}\x1b[K")
         sys.stderr.flush()
 
     def __enter__(self) -> Callable[[LockInfo, float | None], None] | None:

@@ -63,7 +63,7 @@ def acquire(
             EXIT_OK, {**document, "acquired": True}, f"acquired {feature} for pid {owner}"
         )
 
-    respond(as_json, document, action)
+    respond(as_json, document, action, advice="wait for it with --wait SECONDS, or ask its owner")
 
 
 @app.command()
@@ -85,7 +85,7 @@ def release(
         text = f"released {feature}" if removed else f"{feature} was not locked"
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
-    respond(as_json, document, action)
+    respond(as_json, document, action, advice="--force removes it anyway; lock clean once stale")
 
 
 def _is_held(info: LockInfo) -> bool:
@@ -217,7 +217,7 @@ def run_command(
             code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
-            return Result(EXIT_TEMPFAIL, held, message=str(busy))
+            return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run (see --timeout)")
         except runner.Interrupted as stop:
             return Result(stop.exit_code, document, message=str(stop))
         except runner.CommandNotFoundError as missing:

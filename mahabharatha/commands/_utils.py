@@ -51,6 +51,7 @@ __all__ = [
     "GuardBusyError",
     "LockSnapshot",
     "LockState",
+    "Reclaimable",
     "ReleaseOutcome",
     "UnsafeLockPathError",
     "acquire_feature_lock",
@@ -108,6 +109,9 @@ so a storm of changes makes us answer "held" rather than spin."""
 TEMP_ORPHAN_SECONDS: Final = 60.0
 """A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
 
+READ_ATTEMPTS: Final = 3
+"""Looks at an entry that keeps changing between open, lstat and readlink before we give up."""
+
 TEMP_ATTEMPTS: Final = 3
 """A named temp can be swept as debris before we link it; we write a new one this often."""
 
@@ -120,7 +124,7 @@ FEATURE_ENV_VAR: Final = "MAHABHARATHA_FEATURE"
 
 _TEMP_RE: Final = re.compile(r"\.lock\.([0-9]+)\.[0-9a-f]+\.tmp", re.ASCII)
 _FEATURE_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
-_RECORD_RE: Final = re.compile(r"([0-9]{1,10}):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
+_RECORD_RE: Final = re.compile(r"([0-9]+):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
 
 _NOFOLLOW_READ: Final = (
     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -328,11 +332,12 @@ class LockSnapshot:
             return None
 
     def same_entry(self, other: LockSnapshot) -> bool:
-        return (self.kind, self.identity, self.content) == (
-            other.kind,
-            other.identity,
-            other.content,
-        )
+        """The very entry ``other`` saw: same kind, inode and bytes. Where the bytes say nothing
+        (an empty or unreadable file, a FIFO), the mtime must match too: an inode number is
+        reused at once, and an old writer's new empty lock must not pass for the one judged."""
+        if (self.kind, self.identity, self.content) != (other.kind, other.identity, other.content):
+            return False
+        return bool(self.content) or self.mtime == other.mtime
 
 
 MISSING: Final = LockSnapshot(EntryKind.MISSING, None, None)
@@ -342,15 +347,24 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
     return (info.st_dev, info.st_ino)
 
 
-def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot:
-    """Describe ``.lock`` by ``lstat`` when it cannot be opened (a link, a socket, no access)."""
+def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot | None:
+    """Describe ``.lock`` by ``lstat`` when it cannot be opened (a link, a socket, no access).
+
+    ``None``: the entry changed under us (race: removed or replaced between two looks).
+    """
     try:
         info = os.stat(LOCK_FILE_NAME, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return MISSING
     if stat.S_ISLNK(info.st_mode):
-        target = os.readlink(LOCK_FILE_NAME, dir_fd=dfd).encode("utf-8", "surrogateescape")
-        return LockSnapshot(EntryKind.SYMLINK, _identity(info), target, info.st_mtime)
+        try:
+            target = os.readlink(LOCK_FILE_NAME, dir_fd=dfd)
+        except (FileNotFoundError, OSError) as error:
+            if error.errno not in (errno.ENOENT, errno.EINVAL):
+                raise
+            return None  # Race: the link was removed, or replaced by something else
+        raw = target.encode("utf-8", "surrogateescape")
+        return LockSnapshot(EntryKind.SYMLINK, _identity(info), raw, info.st_mtime)
     if stat.S_ISREG(info.st_mode):
         return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
     return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
@@ -371,6 +385,15 @@ def _read_bounded(fd: int, size: int) -> bytes:
 
 def read_lock(dfd: int) -> LockSnapshot:
     """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``."""
+    for _ in range(READ_ATTEMPTS - 1):
+        snapshot = _read_lock_once(dfd)
+        if snapshot is not None:
+            return snapshot
+    # Race: the entry keeps changing under us; report what cannot be read rather than spin.
+    return _read_lock_once(dfd) or LockSnapshot(EntryKind.SPECIAL, None, None)
+
+
+def _read_lock_once(dfd: int) -> LockSnapshot | None:
     try:
         fd = os.open(LOCK_FILE_NAME, _NOFOLLOW_READ, dir_fd=dfd)
     except FileNotFoundError:
@@ -454,9 +477,16 @@ class open_feature_dir:
 
     __slots__ = ("dfd", "folder")
 
-    def __init__(self, gsd_dir: str | os.PathLike[str], feature: str, *, create: bool) -> None:
+    def __init__(
+        self,
+        gsd_dir: str | os.PathLike[str],
+        feature: str,
+        *,
+        create: bool,
+        refuse: bool = False,
+    ) -> None:
         self.folder = _folder(gsd_dir, feature)
-        self.dfd = _open_dir_nofollow(self.folder, create=create)
+        self.dfd = _open_dir_nofollow(self.folder, create=create, refuse=refuse or create)
 
     def __enter__(self) -> int | None:
         return self.dfd
@@ -484,7 +514,7 @@ def _naming(error: OSError, folder: str) -> OSError:
     return type(error)(error.errno, f"{path}: {detail}", path)
 
 
-def _open_dir_nofollow(folder: str, *, create: bool) -> int | None:
+def _open_dir_nofollow(folder: str, *, create: bool, refuse: bool) -> int | None:
     try:
         return os.open(folder, _DIR_FLAGS)
     except FileNotFoundError:
@@ -493,11 +523,11 @@ def _open_dir_nofollow(folder: str, *, create: bool) -> int | None:
     except OSError as error:
         if error.errno not in _NO_FOLDER_ERRNOS:
             raise
-        if create:
+        if refuse:
             raise _refuse_folder(folder, error) from error
         return None
     _make_feature_dir(folder)  # first lock of this feature: make its folder, then open it
-    dfd = _open_dir_nofollow(folder, create=False)
+    dfd = _open_dir_nofollow(folder, create=False, refuse=True)
     if dfd is None:  # Race: the folder was removed or swapped for a link just after mkdir.
         raise _refuse_folder(folder, OSError(errno.ENOENT, "vanished"))
     return dfd
@@ -590,10 +620,17 @@ def _unlink_lock(dfd: int) -> None:
     os.unlink(LOCK_FILE_NAME, dir_fd=dfd)
 
 
-def remove_if_unchanged(dfd: int, judged: LockSnapshot) -> bool:
-    """Remove ``.lock`` if it is still the entry ``judged``; the caller holds the guard."""
-    # Race: the lock was replaced between the caller's read and now; re-read under the guard.
-    if not read_lock(dfd).same_entry(judged):
+Reclaimable = Callable[[LockSnapshot], bool]
+"""Whether an entry, read under the guard, may be removed (the caller's judgement, again)."""
+
+
+def remove_if_unchanged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
+    """Remove ``.lock`` if it is still the entry ``judged`` and ``still`` judges it removable;
+    the caller holds the guard."""
+    # Race: the lock was replaced (or, being an old writer's, filled in) between the caller's
+    # read and now: re-read and judge it again under the guard.
+    current = read_lock(dfd)
+    if not current.same_entry(judged) or not still(current):
         return False
     with suppress(FileNotFoundError):  # only an old-style writer, unguarded, could beat us here
         _unlink_lock(dfd)
@@ -629,10 +666,10 @@ def release_mine(dfd: int, mine: LockSnapshot) -> bool:
         return True
 
 
-def remove_judged(dfd: int, judged: LockSnapshot) -> bool:
-    """Take the guard and remove ``.lock`` if it is still exactly ``judged``."""
+def remove_judged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
+    """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable."""
     with guard(dfd, wait=True):
-        return remove_if_unchanged(dfd, judged)
+        return remove_if_unchanged(dfd, judged, still)
 
 
 # --------------------------------------------------------------------------- publishing
@@ -854,12 +891,14 @@ class _JudgedLockChangedError(Exception):
     """The lock is no longer the one judged: judge the new one."""
 
 
-def _reclaim(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | None:
+def _reclaim(
+    dfd: int, judged: LockSnapshot, record: bytes, still: Reclaimable
+) -> LockSnapshot | None:
     """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
     with guard(dfd, wait=False) as taken:
         if not taken:
             return None  # Race: another process is reclaiming this very lock right now.
-        if not remove_if_unchanged(dfd, judged):
+        if not remove_if_unchanged(dfd, judged, still):
             raise _JudgedLockChangedError
         sweep_orphan_temps(dfd)
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
@@ -885,7 +924,9 @@ def try_acquire(
         if not may_reclaim(holder, state):
             return AcquireOutcome(None, holder, state)
         try:
-            won = _reclaim(dfd, holder, record)
+            won = _reclaim(
+                dfd, holder, record, lambda entry: may_reclaim(entry, judge_lock(entry, now))
+            )
         except _JudgedLockChangedError:
             continue  # Race: replaced since we read it; judge the new one.
         if won is None:

@@ -517,7 +517,7 @@ def test_permission_denied_for_real_is_a_clear_error_and_leaves_every_lock_as_it
             "reclaim": _outcome(lambda: _utils.acquire_feature_lock("stale", str(gsd))),
             "reclaim unreadable": _outcome(lambda: _utils.acquire_feature_lock("secret", str(gsd))),
             "release": _outcome(lambda: locks.release("owned", gsd, pid=4242)),
-            "refresh": _outcome(held.refresh),
+            "refresh": _outcome(_in_child(held).refresh),
             "check": _outcome(lambda: _utils.check_feature_lock("owned", str(gsd)) is not None),
             "check unreadable": _outcome(lambda: _utils.check_feature_lock("secret", str(gsd))),
         }
@@ -620,6 +620,14 @@ def _out_of_descriptors(free: int, call: Callable[[], object]) -> dict[str, Any]
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def _in_child(held: locks.FeatureLock) -> locks.FeatureLock:
+    """Let a forked child act as the holder of its parent's lock. A FeatureLock refuses to touch
+    its lock from a forked child (that lock is the parent's); these tests fork only to change
+    the child's uid or descriptor limit, and the parent never uses the lock meanwhile."""
+    held._holder_process = os.getpid()
+    return held
+
+
 @dataclass(frozen=True)
 class Starved:
     """A call made with too few descriptors: its starting state and its fault-free outcome."""
@@ -644,7 +652,9 @@ EMFILE_OPS: Final = {
         lambda gsd, ctx: locks.release(FEATURE, gsd, pid=record_pid(ctx.content)),
         lambda b, a: a.missing,
     ),
-    "refresh": Starved(_holder, lambda gsd, ctx: ctx[0].refresh(), _won, may_vanish=False),
+    "refresh": Starved(
+        _holder, lambda gsd, ctx: _in_child(ctx[0]).refresh(), _won, may_vanish=False
+    ),
 }
 
 
