@@ -21,7 +21,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
-from click.testing import Result
+from typer.testing import Result
 from typer.testing import CliRunner
 
 from mahabharatha.cli import app
