@@ -1,9 +1,11 @@
 """A holder's refresh (the heartbeat) never overwrites a lock that was taken from it.
 
 Each trial: a holder process takes the lock and refreshes it in a loop; at the same moment a
-taker process force-releases it, takes it for another pid, and then reads it many times. Every
-read must be the taker's own record: a refresh that lands after the takeover would put the
-holder's record back (two holders). The holder must learn that it lost the lock.
+taker process force-releases it, takes it for another pid, says so (the ``taken`` event), and then
+reads it many times. Every read must be the taker's own record: a refresh that lands after the
+takeover would put the holder's record back (two holders). The holder must learn that it lost the
+lock: by a refresh that raced the takeover, or at the latest by its first refresh after ``taken``
+(a liveness check that does not depend on how the two processes were scheduled).
 
 ``new`` refreshes with ``FeatureLock.refresh`` (guarded, replace-if-unchanged). ``old`` is the
 obvious refresh by name: read ``.lock``, and if it is still ours, rewrite it in place; it loses
@@ -39,7 +41,6 @@ FEATURE: Final = "race-feat"
 TAKER_PID: Final = 4_000_001
 """The pid the taker records: no process has it (above the default pid_max)."""
 READS: Final = 50
-REFRESHES: Final = 200
 
 IMPLEMENTATIONS: Final = [
     pytest.param("new", id="new"),
@@ -80,28 +81,44 @@ def _take_by_name(path: Path) -> None:
     os.close(fd)
 
 
+def _refresh_once(impl: str, held: locks.FeatureLock, path: Path, window: Any | None) -> bool:
+    """One refresh by ``impl``; False when the holder finds that the lock is no longer its own."""
+    if impl == "new":
+        try:
+            held.refresh()
+        except locks.LockLostError:
+            return False
+        return True
+    return _refresh_by_name(path, os.getpid(), window)
+
+
+def _refresh_until_taken(impl: str, held: locks.FeatureLock, path: Path, sync: Any) -> bool:
+    """Refresh while the taker acts, then once more after it has: True if the loss was seen."""
+    window, taken = sync[3], sync[4]
+    first = True
+    # Race: refreshes run while the taker force-releases and re-takes the lock.
+    while not taken.is_set():
+        if not _refresh_once(impl, held, path, window if first else None):
+            return True
+        first = False
+    # The takeover is complete: this refresh must report it, however the two were scheduled.
+    return not _refresh_once(impl, held, path, window if first else None)
+
+
 def _holder(impl: str, gsd: Path, total: int, sync: Any, lost: Any) -> None:
-    begin, race, done, window = sync
+    begin, race, done = sync[:3]
     path = lock_path(gsd)
     for _ in range(total):
         meet(begin)
         held = locks.FeatureLock(FEATURE, gsd, heartbeat=None, timeout=0).acquire()
         meet(race)
-        for attempt in range(REFRESHES):
-            if impl == "new":
-                try:
-                    held.refresh()
-                except locks.LockLostError:
-                    lost.value += 1
-                    break
-            elif not _refresh_by_name(path, os.getpid(), window if attempt == 0 else None):
-                lost.value += 1
-                break
+        if _refresh_until_taken(impl, held, path, sync):
+            lost.value += 1
         meet(done)
 
 
 def _taker(impl: str, gsd: Path, total: int, sync: Any, bad: Any) -> None:
-    begin, race, done, window = sync
+    begin, race, done, window, taken = sync
     path = lock_path(gsd)
     for _ in range(total):
         meet(begin)
@@ -113,6 +130,7 @@ def _taker(impl: str, gsd: Path, total: int, sync: Any, bad: Any) -> None:
             meet(window)  # the holder has checked that the lock is its own
             _take_by_name(path)
             meet(window)
+        taken.set()
         for _ in range(READS):
             if record_pid(read_entry(path)) != TAKER_PID:
                 bad.value += 1
@@ -122,12 +140,14 @@ def _taker(impl: str, gsd: Path, total: int, sync: Any, bad: Any) -> None:
 
 def _run_trials(crew: Team, gsd: Path, impl: str, total: int) -> tuple[int, int]:
     begin, race, done = crew.barrier(3), crew.barrier(2), crew.barrier(3)
-    sync = (begin, race, done, crew.barrier(2))
+    taken = CTX.Event()
+    sync = (begin, race, done, crew.barrier(2), taken)
     lost = CTX.Value("q", 0, lock=False)
     bad = CTX.Value("q", 0, lock=False)
     crew.spawn(_holder, impl, gsd, total, sync, lost)
     crew.spawn(_taker, impl, gsd, total, sync, bad)
     for _ in range(total):
+        taken.clear()  # both children are between ``done`` and ``race``: neither looks at it now
         crew.wait(begin)
         crew.wait(done)
         with suppress(FileNotFoundError):  # the taker's lock: the next trial starts free
