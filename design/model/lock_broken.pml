@@ -1,6 +1,6 @@
 /*
- * lock_broken.pml -- the OLD lock design (tests/support/old_design.py, seed 003
- * sections 2.3, 3.4, 3.5), modelled exactly like lock.pml so that the SAME checks
+ * lock_broken.pml -- the OLD lock design (tests/support/old_design.py: check-then-create,
+ * release by name), modelled exactly like lock.pml so that the SAME checks
  * can be run on it. They MUST fail: check.sh treats a pass as an error.
  *
  *   acquire_feature_lock: lock_path.exists(); read it BY NAME; if the record parses and

@@ -1,4 +1,4 @@
-"""The OLD lock design (seed 003, sections 2.3, 3.4, 3.5), kept only as a foil for race tests.
+"""The OLD lock design (check-then-create, release by name), kept only as a foil for race tests.
 
 This is the module the hardening replaces, reproduced faithfully so that the multi-process tests
 in ``tests/concurrency`` can show they detect the races it has:
@@ -45,7 +45,7 @@ STALE_AFTER_SECONDS: Final = 7200
 """Two hours, as in the legacy module."""
 
 MAX_PID: Final = 4_194_304
-"""Linux kernel max PID (seed 003, section 3.3)."""
+"""Linux kernel max PID."""
 
 HOOKS: dict[str, Callable[[], None]] = {}
 """Race-window hooks for tests; see the module docstring. Empty: the plain old algorithm."""
@@ -60,7 +60,7 @@ def _hook(point: str) -> None:
 
 
 def _validate_feature_name(feature: str) -> None:
-    """Raise ValueError if feature name contains path traversal characters (seed 3.1)."""
+    """Raise ValueError if feature name contains path traversal characters."""
     if not feature or ".." in feature or "/" in feature or "\\" in feature:
         raise ValueError(f"Invalid feature name: {feature!r}")
     if not _FEATURE_NAME_RE.match(feature):
@@ -68,7 +68,7 @@ def _validate_feature_name(feature: str) -> None:
 
 
 def _safe_read_text(path: Path) -> str | None:
-    """Read text from path, returning None on any OS/encoding error (seed 3.2)."""
+    """Read text from path, returning None on any OS/encoding error."""
     try:
         return path.read_text().strip()
     except (OSError, UnicodeDecodeError):
@@ -76,7 +76,7 @@ def _safe_read_text(path: Path) -> str | None:
 
 
 def _parse_lock_content(content: str) -> tuple[int, float] | None:
-    """Parse 'pid:timestamp' lock content with bounds checking (seed 3.3)."""
+    """Parse 'pid:timestamp' lock content with bounds checking."""
     try:
         pid_str, ts_str = content.split(":", 1)
         pid = int(pid_str)
@@ -95,7 +95,7 @@ def _lock_path(feature: str, gsd_dir: str) -> Path:
 
 
 def acquire_feature_lock(feature: str, gsd_dir: str = ".gsd") -> bool:
-    """Old acquire (seed 2.3 and 3.4): read, remove a stale/corrupt lock by name, O_EXCL create."""
+    """Old acquire: read, remove a stale/corrupt lock by name, O_EXCL create."""
     _validate_feature_name(feature)
     lock_path = _lock_path(feature, gsd_dir)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ def acquire_feature_lock(feature: str, gsd_dir: str = ".gsd") -> bool:
 
 
 def release_feature_lock(feature: str, gsd_dir: str = ".gsd") -> None:
-    """Old release (seed 3.5): unlink by name when owned, or when unreadable/corrupt."""
+    """Old release: unlink by name when owned, or when unreadable/corrupt."""
     _validate_feature_name(feature)
     lock_path = _lock_path(feature, gsd_dir)
     if not lock_path.exists():
@@ -137,7 +137,7 @@ def release_feature_lock(feature: str, gsd_dir: str = ".gsd") -> None:
 
 
 def check_feature_lock(feature: str, gsd_dir: str = ".gsd") -> dict[str, Any] | None:
-    """Old check (seed 3.6): the active lock's pid, timestamp and age, else None."""
+    """Old check: the active lock's pid, timestamp and age, else None."""
     _validate_feature_name(feature)
     lock_path = _lock_path(feature, gsd_dir)
     if not lock_path.exists():

@@ -100,7 +100,7 @@ CORRUPT_CONTENTS = [
 ]
 
 
-# --- seed 003 section 7.1 ---------------------------------------------------------------------
+# --- the old module's unit cases -------------------------------------------------------------
 
 
 def test_atomic_acquire_race_simulation(mocker: Any, gsd: str) -> None:
