@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from time import monotonic, sleep
+from time import gmtime, monotonic, sleep, strftime
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -52,6 +52,7 @@ from mahabharatha.constants import GSD_DIR
 
 __all__ = [
     "AUDIT_LOG_NAME",
+    "COMPLETED_MARKER_NAME",
     "HEARTBEAT_SECONDS",
     "CleanedEntry",
     "FeatureLock",
@@ -60,16 +61,21 @@ __all__ = [
     "LockInfo",
     "LockLostError",
     "LockTimeoutError",
+    "NotHeldError",
     "NotOwnerError",
     "Owner",
     "UnsafeLockPathError",
     "acquire",
     "claim",
     "clean",
+    "done",
     "inspect",
+    "is_done",
     "owner_liveness",
     "release",
+    "reopen",
     "status",
+    "survey",
 ]
 
 HEARTBEAT_SECONDS: Final = 30.0
@@ -92,6 +98,10 @@ before the lock's timestamp may be its writer."""
 
 AUDIT_LOG_NAME: Final = "lock-audit.jsonl"
 """One JSON line per reclaim, forced release and clean, in the gsd folder."""
+
+COMPLETED_MARKER_NAME: Final = ".completed"
+"""A finished feature's marker in its folder (an ISO-8601 time, like the repository's other
+sentinels ``.started`` and ``.plan-complete``): ``claim`` never hands such a feature out."""
 
 
 # --------------------------------------------------------------------------- errors
@@ -118,6 +128,21 @@ class LockTimeoutError(LockHeldError, TimeoutError):
 
 class NotOwnerError(LockHeldError):
     """Release was asked for a lock another owner holds; it was left intact."""
+
+
+class NotHeldError(LockError):
+    """``done`` was asked by a caller that does not hold the feature's lock: nothing written."""
+
+    def __init__(self, feature: str, pid: int) -> None:
+        self.feature = feature
+        self.pid = pid
+        super().__init__(
+            f"feature {feature!r} is not locked by pid {pid}: nothing marked done "
+            "(claim or acquire it first, or pass the holder's --pid)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.feature, self.pid))
 
 
 class LockLostError(LockError):
@@ -415,20 +440,151 @@ def claim(
     *,
     pid: int | None = None,
     reclaim_dead: bool = False,
+    include_done: bool = False,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
-    Workers claiming at once never get the same feature: each try is a full acquire.
+    Workers claiming at once never get the same feature: each try is a full acquire. A feature
+    marked done (:func:`done`) is never returned unless ``include_done``: the marker is looked
+    for again once the lock is held, and a done feature's lock is given straight back.
     """
     candidates = list(features) if features else _feature_names(gsd_dir)
     for feature in candidates:
         _validate_feature_name(feature)
     owner = os.getpid() if pid is None else _valid_pid(pid)
     for feature in candidates:
+        if not include_done and is_done(feature, gsd_dir):
+            continue  # cheap: most done features are skipped without touching their lock
         outcome, _ = _try_once(feature, gsd_dir, owner, reclaim_dead)
-        if outcome.acquired:
+        if outcome.mine is None:
+            continue
+        if include_done or not _give_back_if_done(feature, gsd_dir, outcome.mine):
             return feature
     return None
+
+
+# --------------------------------------------------------------------------- done features
+
+
+def _marker_present(dfd: int) -> bool:
+    """Is there a completion marker (a regular file, not followed if a link) in the folder?"""
+    try:
+        info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode)
+
+
+def is_done(feature: str, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> bool:
+    """Has ``feature`` been marked done (its folder holds a ``.completed`` marker)?"""
+    _validate_feature_name(feature)
+    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+        return dfd is not None and _marker_present(dfd)
+
+
+def _give_back_if_done(feature: str, gsd_dir: str | os.PathLike[str], mine: LockSnapshot) -> bool:
+    """After winning ``feature``'s lock: if it is done, release the lock and say so."""
+    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+        # Race: a worker marked the feature done and released it between our first look and
+        # our acquire. ``done`` publishes the marker before it releases, so now that we hold
+        # the lock the marker is certainly visible if the feature was finished.
+        if dfd is None or not _marker_present(dfd):
+            return False
+        _utils.release_mine(dfd, mine)
+        return True
+
+
+def _iso_time(epoch: float) -> str:
+    # time.strftime, not datetime: the CLI's cold start pays for every module it imports.
+    whole = int(epoch)
+    return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(whole))
+
+
+def _publish_marker(dfd: int, text: str) -> None:
+    """Write ``text`` to a private temp in the folder, then rename it to the marker at once.
+
+    Everything is relative to the folder's descriptor (opened without following a link), the
+    temp is created ``O_EXCL | O_NOFOLLOW`` and ``rename`` replaces a link at the marker's name
+    rather than following it: nothing is ever written through a symlink. A reader sees no
+    marker or a whole one, never a half-written one.
+    """
+    temp = f"{COMPLETED_MARKER_NAME}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, _utils.LOCK_MODE, dir_fd=dfd)
+    try:
+        try:
+            _utils._write_all(fd, text.encode())
+            os.fchmod(fd, _utils.LOCK_MODE)  # readable by every worker, whatever the umask
+        finally:
+            os.close(fd)
+        os.rename(temp, COMPLETED_MARKER_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(temp, dir_fd=dfd)
+        raise
+
+
+def done(
+    feature: str,
+    gsd_dir: str | os.PathLike[str] = GSD_DIR,
+    *,
+    pid: int | None = None,
+) -> str:
+    """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the time
+    written to the marker (ISO-8601, UTC).
+
+    Raises :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does
+    not hold the lock, and :class:`NotOwnerError` when another owner does.
+    """
+    _validate_feature_name(feature)
+    owner = os.getpid() if pid is None else _valid_pid(pid)
+    with open_feature_dir(gsd_dir, feature, create=False, refuse=True) as dfd:
+        if dfd is None:
+            raise NotHeldError(feature, owner)
+        now = _utils.now()
+        with _utils.guard(dfd, wait=True):
+            # Under the guard no reclaim, clean or release can remove the lock: the marker is
+            # written only while the caller really holds it.
+            mine = read_lock(dfd)
+            record = mine.record
+            if record is None or record[0] != owner:
+                state = judge_lock(mine, now)
+                if record is None or state is LockState.FREE:
+                    raise NotHeldError(feature, owner)
+                raise NotOwnerError(_describe(feature, mine, state, now))
+            stamp = _iso_time(now)
+            # Race: marker first, release second. A claimer that wins the lock after our
+            # release is sure to see the marker, so a finished feature is never built again.
+            _publish_marker(dfd, stamp + "\n")
+        _utils.release_mine(dfd, mine)
+    return stamp
+
+
+def reopen(feature: str, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> bool:
+    """Remove ``feature``'s completion marker so that ``claim`` hands it out again; True if
+    there was one. A lock on the feature is left as it is."""
+    _validate_feature_name(feature)
+    with open_feature_dir(gsd_dir, feature, create=False, refuse=True) as dfd:
+        if dfd is None:
+            return False
+        try:
+            os.unlink(COMPLETED_MARKER_NAME, dir_fd=dfd)  # the entry itself, never a target
+        except FileNotFoundError:
+            return False
+    return True
+
+
+def _unlocked_info(feature: str, gsd_dir: str | os.PathLike[str]) -> LockInfo:
+    state = "done" if is_done(feature, gsd_dir) else "free"
+    return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN.value)
+
+
+def survey(gsd_dir: str | os.PathLike[str] = GSD_DIR) -> list[LockInfo]:
+    """Every feature folder, by name: its lock as :func:`status` lists it, or state ``done``
+    (a completion marker and no lock) or ``free`` (neither)."""
+    locked = {info.feature: info for info in status(gsd_dir)}
+    names = set(_feature_names(gsd_dir)) | set(locked)
+    return [locked.get(name) or _unlocked_info(name, gsd_dir) for name in sorted(names)]
 
 
 # --------------------------------------------------------------------------- releasing

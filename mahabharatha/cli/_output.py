@@ -16,7 +16,7 @@ from typing import Annotated, Any, Final, NoReturn
 import typer
 
 from mahabharatha.constants import GSD_DIR
-from mahabharatha.locks import LockError, LockHeldError, LockInfo
+from mahabharatha.locks import LockError, LockHeldError, LockInfo, NotHeldError
 
 EXIT_OK: Final = 0
 EXIT_HELD: Final = 1  # held by another / none free / nothing detected
@@ -69,7 +69,7 @@ class Result:
 
 def exit_code_for(error: BaseException) -> int:
     """The exit code of a failure: the only mapping from errors to codes."""
-    if isinstance(error, LockHeldError):
+    if isinstance(error, LockHeldError | NotHeldError):
         return EXIT_HELD
     if isinstance(error, ValueError):
         return EXIT_BAD_INPUT

@@ -16,10 +16,24 @@ def _seconds(value: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
-def status_table(infos: list[LockInfo]) -> None:
-    """Print the locks as a table (rich), or say there are none."""
+def summary(infos: list[LockInfo]) -> str:
+    """One line counting every feature folder: done, held, free, stale (and any others)."""
+    counts: dict[str, int] = {}
+    for info in infos:
+        kind = "held" if info.state in ("active", "writing") else info.state
+        counts[kind] = counts.get(kind, 0) + 1
+    parts = [f"{counts.pop(kind, 0)} {kind}" for kind in ("done", "held", "free", "stale")]
+    parts += [f"{count} {kind}" for kind, count in sorted(counts.items())]
+    plural = "" if len(infos) == 1 else "s"
+    return f"{len(infos)} feature{plural}: " + ", ".join(parts)
+
+
+def status_table(infos: list[LockInfo], footer: str | None = None) -> None:
+    """Print the locks as a table (rich), or say there are none; then ``footer``."""
     if not infos:
         print("no feature locks")
+        if footer:
+            print(footer)
         return
     from rich.console import Console  # imported here: only this command draws tables
     from rich.table import Table
@@ -36,6 +50,8 @@ def status_table(infos: list[LockInfo]) -> None:
             _seconds(info.expires_in_seconds),
         )
     Console().print(table)
+    if footer:
+        print(footer)
 
 
 class WaitingLine:

@@ -22,7 +22,7 @@ from mahabharatha.cli._output import (
     default_owner,
     respond,
 )
-from mahabharatha.cli._render import WaitingLine, status_table
+from mahabharatha.cli._render import WaitingLine, status_table, summary
 from mahabharatha.locks import LockHeldError, LockInfo
 
 app = typer.Typer(
@@ -120,13 +120,19 @@ def claim(
     as_json: JsonOption = False,
     pid: PidOption = None,
     reclaim_dead: ReclaimDeadOption = False,
+    include_done: Annotated[
+        bool,
+        typer.Option("--include-done", help="Also claim features marked done (lock done)."),
+    ] = False,
 ) -> None:
-    """Claim the first free feature and print its name; exit 1 if none is free."""
+    """Claim the first free feature that is not done and print its name; exit 1 if none is."""
     owner = default_owner(pid)
     document: dict[str, Any] = {"feature": None, "pid": owner, "claimed": False}
 
     def action() -> Result:
-        won = locks.claim(features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead)
+        won = locks.claim(
+            features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead, include_done=include_done
+        )
         if won is None:
             return Result(EXIT_HELD, document, message="no free feature to claim")
         return Result(EXIT_OK, {**document, "feature": won, "claimed": True}, won)
@@ -138,12 +144,25 @@ def claim(
 def status(
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    show_all: Annotated[
+        bool,
+        typer.Option("--all", help="Also list feature folders that are free or done."),
+    ] = False,
 ) -> None:
-    """List every feature lock with its state, owner, age and time left."""
+    """List every feature lock with its state, owner, age and time left (--all: every
+    feature folder, free and done ones too), then a one-line summary."""
 
     def action() -> Result:
-        infos = locks.status(gsd_dir)
-        return Result(EXIT_OK, [i.to_dict() for i in infos], show=lambda: status_table(infos))
+        if as_json and not show_all:  # the summary needs every folder; JSON alone does not
+            infos = locks.status(gsd_dir)
+            return Result(EXIT_OK, [i.to_dict() for i in infos])
+        every = locks.survey(gsd_dir)
+        infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
+        return Result(
+            EXIT_OK,
+            [i.to_dict() for i in infos],
+            show=lambda: status_table(infos, summary(every)),
+        )
 
     respond(as_json, {}, action)
 
@@ -224,5 +243,50 @@ def run_command(
             return Result(runner.EXIT_NOT_FOUND, document, message=missing.strerror)
         lost = f"the lock on {feature!r} was taken away while CMD ran" if holder.lost else None
         return Result(code, {**document, "exit_code": code}, message=lost)
+
+    respond(as_json, document, action)
+
+
+# --------------------------------------------------------------------------- worker pools
+
+
+@app.command()
+def done(
+    feature: FeatureArg,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    pid: PidOption = None,
+) -> None:
+    """Mark FEATURE done and release it (the holder only); claim never hands it out again.
+
+    Exit 1, with nothing written, when the calling shell (or --pid) does not hold its lock.
+    """
+    owner = default_owner(pid)
+    document: dict[str, Any] = {"feature": feature, "pid": owner, "done": False}
+
+    def action() -> Result:
+        stamp = locks.done(feature, gsd_dir, pid=owner)
+        return Result(
+            EXIT_OK,
+            {**document, "done": True, "completed_at": stamp},
+            f"{feature} is done (released)",
+        )
+
+    respond(as_json, document, action)
+
+
+@app.command()
+def reopen(
+    feature: FeatureArg,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove FEATURE's done marker so that claim hands it out again (a lock stays as it is)."""
+    document: dict[str, Any] = {"feature": feature, "reopened": False}
+
+    def action() -> Result:
+        removed = locks.reopen(feature, gsd_dir)
+        text = f"reopened {feature}" if removed else f"{feature} was not marked done"
+        return Result(EXIT_OK, {**document, "reopened": removed}, text)
 
     respond(as_json, document, action)
