@@ -16,7 +16,14 @@ from typing import Annotated, Any, Final, NoReturn
 import typer
 
 from mahabharatha.constants import GSD_DIR
-from mahabharatha.locks import LockError, LockHeldError, LockInfo, NotHeldError
+from mahabharatha.locks import (
+    LockError,
+    LockHeldError,
+    LockInfo,
+    LockTimeoutError,
+    NotHeldError,
+    owner_is_gone,
+)
 
 EXIT_OK: Final = 0
 EXIT_HELD: Final = 1  # held by another / none free / nothing detected
@@ -92,6 +99,23 @@ def holder_fields(info: LockInfo) -> dict[str, Any]:
     return {"holder": info.to_dict()}
 
 
+RECLAIM_DEAD_ADVICE: Final = "its owner is gone: --reclaim-dead takes the lock over"
+
+
+def what_to_do(busy: LockHeldError) -> str:
+    """What a person can do about a lock that stayed held: take it over when its owner is gone,
+    otherwise wait (never advised again once a wait has run out) or ask its owner."""
+    if owner_is_gone(busy.info):
+        return RECLAIM_DEAD_ADVICE
+    if isinstance(busy, LockTimeoutError):
+        return "still held after the wait; ask its owner to release it, or try again later"
+    return "wait for it with --wait SECONDS, or ask its owner"
+
+
+Advice = str | Callable[[LockHeldError], str | None] | None
+"""What ends the sentence about a held lock: fixed text, or chosen from the error."""
+
+
 def emit(result: Result, as_json: bool) -> NoReturn:
     if as_json:
         document = result.document
@@ -111,11 +135,12 @@ def respond(
     as_json: bool,
     document: dict[str, Any],
     action: Callable[[], Result],
-    advice: str | None = None,
+    advice: Advice = None,
 ) -> NoReturn:
     """Run ``action`` and print its result; an expected failure becomes one sentence and a code.
 
-    ``advice`` (what to do about a held lock) ends the sentence of a ``LockHeldError``.
+    ``advice`` (what to do about a held lock, or a function of the error choosing it) ends the
+    sentence of a ``LockHeldError``.
     """
     try:
         result = action()
@@ -126,6 +151,7 @@ def respond(
         extra = {}
         if isinstance(error, LockHeldError):
             extra = holder_fields(error.info)
-            message = f"{message}; {advice}" if advice else message
+            told = advice(error) if callable(advice) else advice
+            message = f"{message}; {told}" if told else message
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
     emit(result, as_json)

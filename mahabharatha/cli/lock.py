@@ -14,6 +14,7 @@ from mahabharatha.cli._output import (
     EXIT_HELD,
     EXIT_OK,
     EXIT_TEMPFAIL,
+    RECLAIM_DEAD_ADVICE,
     GsdDirOption,
     JsonOption,
     PidOption,
@@ -21,6 +22,7 @@ from mahabharatha.cli._output import (
     Result,
     default_owner,
     respond,
+    what_to_do,
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
 from mahabharatha.locks import LockHeldError, LockInfo
@@ -63,7 +65,7 @@ def acquire(
             EXIT_OK, {**document, "acquired": True}, f"acquired {feature} for pid {owner}"
         )
 
-    respond(as_json, document, action, advice="wait for it with --wait SECONDS, or ask its owner")
+    respond(as_json, document, action, advice=what_to_do)
 
 
 @app.command()
@@ -85,7 +87,13 @@ def release(
         text = f"released {feature}" if removed else f"{feature} was not locked"
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
-    respond(as_json, document, action, advice="--force removes it anyway; lock clean once stale")
+    respond(as_json, document, action, advice=_release_advice)
+
+
+def _release_advice(busy: LockHeldError) -> str:
+    if locks.owner_is_gone(busy.info):
+        return "its owner is gone: lock clean --reclaim-dead removes it (or --force)"
+    return "--force removes it anyway; lock clean once stale"
 
 
 def _is_held(info: LockInfo) -> bool:
@@ -104,10 +112,21 @@ def check(
     def action() -> Result:
         info = locks.inspect(feature, gsd_dir)
         held = _is_held(info)
-        text = locks.describe_holder(info) if held else f"{feature} is free ({info.state})"
+        text = _held_text(info) if held else _free_text(info)
         return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
 
     respond(as_json, {"feature": feature, "state": None}, action)
+
+
+def _held_text(info: LockInfo) -> str:
+    said = locks.describe_holder(info)
+    return f"{said}; {RECLAIM_DEAD_ADVICE}" if locks.owner_is_gone(info) else said
+
+
+def _free_text(info: LockInfo) -> str:
+    if info.state == "free":
+        return f"{info.feature} is free"
+    return f"{info.feature} is free (its lock is {info.state}: the next acquire replaces it)"
 
 
 @app.command()
@@ -182,9 +201,9 @@ def clean(
     def action() -> Result:
         entries = locks.clean(gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead)
         verb = "would remove" if dry_run else "removed"
-        lines = [f"{verb} {e.path} ({e.state})" for e in entries if e.removed or dry_run]
+        lines = [f"{verb} {e.path} ({_why(e)})" for e in entries if e.removed or dry_run]
         lines += [
-            f"left {e.path} ({e.state}): it changed or is not empty"
+            f"left {e.path} ({_why(e)}): it changed or is not empty"
             for e in entries
             if not e.removed and not dry_run
         ]
@@ -192,6 +211,11 @@ def clean(
         return Result(EXIT_OK, {**document, "entries": [e.to_dict() for e in entries]}, text)
 
     respond(as_json, document, action)
+
+
+def _why(entry: locks.CleanedEntry) -> str:
+    # An active lock is cleaned only under --reclaim-dead: because its owner is gone.
+    return "its owner is not running" if entry.state == "active" else entry.state
 
 
 # --------------------------------------------------------------------------- lock run
@@ -236,7 +260,7 @@ def run_command(
             code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
-            return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run (see --timeout)")
+            return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run: {_run_advice(busy)}")
         except runner.Interrupted as stop:
             return Result(stop.exit_code, document, message=str(stop))
         except runner.CommandNotFoundError as missing:
@@ -290,3 +314,11 @@ def reopen(
         return Result(EXIT_OK, {**document, "reopened": removed}, text)
 
     respond(as_json, document, action)
+
+
+def _run_advice(busy: LockHeldError) -> str:
+    if locks.owner_is_gone(busy.info):
+        return RECLAIM_DEAD_ADVICE
+    if isinstance(busy, locks.LockTimeoutError):
+        return "still held when --timeout ran out; ask its owner, or try again later"
+    return "--timeout SECONDS waits for it (none: waits for as long as it takes)"
