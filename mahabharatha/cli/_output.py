@@ -33,7 +33,12 @@ EXIT_TEMPFAIL: Final = 75  # sysexits.h EX_TEMPFAIL: busy, try again later
 EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 GsdDirOption = Annotated[
-    str, typer.Option("--gsd-dir", help="The gsd folder holding specs/<feature>/.lock.")
+    str,
+    typer.Option(
+        "--gsd-dir",
+        metavar="DIR",
+        help="The gsd folder holding specs/<feature>/.lock.",
+    ),
 ]
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")
@@ -42,6 +47,7 @@ PidOption = Annotated[
     int | None,
     typer.Option(
         "--pid",
+        metavar="PID",
         help="Owner pid to record or match (default: the process that called this command).",
     ),
 ]
@@ -55,7 +61,32 @@ ReclaimDeadOption = Annotated[
         ),
     ),
 ]
+WaitOption = Annotated[
+    float | None,
+    typer.Option(
+        "--wait",
+        "--timeout",
+        "-w",
+        min=0,
+        metavar="SECONDS",
+        help="Wait up to SECONDS for a busy lock (with backoff); 0 tries once.",
+    ),
+]
+"""How long to wait: one option with both common names, in every command that waits."""
+NonblockOption = Annotated[
+    bool,
+    typer.Option("--nonblock", "-n", help="Try once, never wait (like flock -n)."),
+]
 DEFAULT_GSD_DIR: Final = GSD_DIR
+
+
+def wait_seconds(wait: float | None, nonblock: bool, default: float | None) -> float | None:
+    """The timeout of a command from ``--wait``/``--timeout`` and ``-n``; both is bad input."""
+    if nonblock and wait is not None:
+        raise typer.BadParameter("-n (try once) and a wait of SECONDS contradict each other")
+    if nonblock:
+        return 0.0
+    return default if wait is None else wait
 
 
 def default_owner(pid: int | None) -> int:

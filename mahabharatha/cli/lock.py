@@ -17,11 +17,14 @@ from mahabharatha.cli._output import (
     RECLAIM_DEAD_ADVICE,
     GsdDirOption,
     JsonOption,
+    NonblockOption,
     PidOption,
     ReclaimDeadOption,
     Result,
+    WaitOption,
     default_owner,
     respond,
+    wait_seconds,
     what_to_do,
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
@@ -32,7 +35,10 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-FeatureArg = Annotated[str, typer.Argument(help="The feature (a folder under <gsd-dir>/specs).")]
+FeatureArg = Annotated[
+    str,
+    typer.Argument(metavar="FEATURE", help="The feature (a folder under <gsd-dir>/specs)."),
+]
 
 
 @app.command()
@@ -41,13 +47,15 @@ def acquire(
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
     pid: PidOption = None,
-    wait: Annotated[
-        float | None,
-        typer.Option("--wait", min=0, help="Wait up to SECONDS for a busy lock (with backoff)."),
-    ] = None,
+    wait: WaitOption = None,
+    nonblock: NonblockOption = False,
     reclaim_dead: ReclaimDeadOption = False,
 ) -> None:
-    """Claim FEATURE for the calling shell or worker (or --pid). Exit 1 if someone holds it."""
+    """Claim FEATURE for the calling shell or worker (or --pid). Exit 1 if someone holds it.
+
+    Tries once unless --wait (or --timeout) SECONDS lets it wait for a busy lock.
+    """
+    timeout = wait_seconds(wait, nonblock, default=0.0)
     owner = default_owner(pid)
     document: dict[str, Any] = {"feature": feature, "pid": owner, "acquired": False}
 
@@ -57,7 +65,7 @@ def acquire(
                 feature,
                 gsd_dir,
                 pid=owner,
-                timeout=wait or 0.0,
+                timeout=timeout,
                 reclaim_dead=reclaim_dead,
                 on_wait=on_wait,
             )
@@ -118,6 +126,16 @@ def check(
     respond(as_json, {"feature": feature, "state": None}, action)
 
 
+def _require_gsd_dir(gsd_dir: str) -> None:
+    """Commands that list the feature folders say so when the gsd folder is not there: a typo
+    in --gsd-dir must not read as "no locks" (bad input, exit 2)."""
+    if not os.path.isdir(gsd_dir):
+        what = "not a folder" if os.path.lexists(gsd_dir) else "no such folder"
+        raise ValueError(
+            f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {DEFAULT_GSD_DIR})"
+        )
+
+
 def _held_text(info: LockInfo) -> str:
     said = locks.describe_holder(info)
     return f"{said}; {RECLAIM_DEAD_ADVICE}" if locks.owner_is_gone(info) else said
@@ -133,7 +151,10 @@ def _free_text(info: LockInfo) -> str:
 def claim(
     features: Annotated[
         list[str] | None,
-        typer.Argument(help="Candidates in order (default: every feature folder, by name)."),
+        typer.Argument(
+            metavar="[FEATURE]...",
+            help="Candidates in order (default: every feature folder, by name).",
+        ),
     ] = None,
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
@@ -149,6 +170,8 @@ def claim(
     document: dict[str, Any] = {"feature": None, "pid": owner, "claimed": False}
 
     def action() -> Result:
+        if not features:
+            _require_gsd_dir(gsd_dir)
         won = locks.claim(
             features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead, include_done=include_done
         )
@@ -172,6 +195,7 @@ def status(
     feature folder, free and done ones too), then a one-line summary."""
 
     def action() -> Result:
+        _require_gsd_dir(gsd_dir)
         if as_json and not show_all:  # the summary needs every folder; JSON alone does not
             infos = locks.status(gsd_dir)
             return Result(EXIT_OK, [i.to_dict() for i in infos])
@@ -199,6 +223,7 @@ def clean(
     document: dict[str, Any] = {"dry_run": dry_run, "entries": []}
 
     def action() -> Result:
+        _require_gsd_dir(gsd_dir)
         entries = locks.clean(gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead)
         verb = "would remove" if dry_run else "removed"
         lines = [f"{verb} {e.path} ({_why(e)})" for e in entries if e.removed or dry_run]
@@ -224,24 +249,32 @@ def _why(entry: locks.CleanedEntry) -> str:
 @app.command("run")
 def run_command(
     feature: FeatureArg,
-    command: Annotated[list[str], typer.Argument(help="The command to run (after --).")],
+    command: Annotated[
+        list[str], typer.Argument(metavar="-- CMD...", help="The command to run (after --).")
+    ],
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
-    timeout: Annotated[
-        float | None,
-        typer.Option("--timeout", min=0, help="Give up (exit 75) if still busy after SECONDS."),
-    ] = None,
+    wait: WaitOption = None,
+    nonblock: NonblockOption = False,
     heartbeat: Annotated[
         float,
-        typer.Option("--heartbeat", min=0.01, max=60, help="Seconds between lock refreshes."),
+        typer.Option(
+            "--heartbeat",
+            min=0.01,
+            max=60,
+            metavar="SECONDS",
+            help="Seconds between lock refreshes.",
+        ),
     ] = locks.HEARTBEAT_SECONDS,
     reclaim_dead: ReclaimDeadOption = False,
 ) -> None:
     """Hold FEATURE while CMD runs (kept fresh), release it after; exit with CMD's code.
 
     The lock records this process (it lives as long as CMD). A busy lock is waited for
-    without limit unless --timeout bounds it (--timeout 0 tries once).
+    without limit unless --timeout (or --wait) SECONDS bounds it (exit 75 then); -n or
+    --timeout 0 tries once.
     """
+    timeout = wait_seconds(wait, nonblock, default=None)
     document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
 
     def action() -> Result:
@@ -263,8 +296,8 @@ def run_command(
             return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run: {_run_advice(busy)}")
         except runner.Interrupted as stop:
             return Result(stop.exit_code, document, message=str(stop))
-        except runner.CommandNotFoundError as missing:
-            return Result(runner.EXIT_NOT_FOUND, document, message=missing.strerror)
+        except runner.CommandStartError as unstarted:
+            return Result(unstarted.exit_code, document, message=unstarted.strerror)
         lost = f"the lock on {feature!r} was taken away while CMD ran" if holder.lost else None
         return Result(code, {**document, "exit_code": code}, message=lost)
 
