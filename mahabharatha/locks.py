@@ -423,9 +423,12 @@ def acquire(
     """Make ``pid`` (default: this process) the holder of ``feature``; return its lock.
 
     ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
-    Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held.
+    Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held,
+    ``ValueError`` for a bad name, pid or timeout (negative: unlike filelock, ``-1`` does not
+    mean "for ever" here; pass ``None``), and ``OSError`` for trouble on disk.
     """
     _validate_feature_name(feature)
+    _valid_timeout(timeout)
     owner = os.getpid() if pid is None else _valid_pid(pid)
     deadline = None if timeout is None else monotonic() + max(0.0, timeout)
     delays = _backoff_delays()
@@ -444,6 +447,15 @@ def acquire(
             on_wait(info, left)
         delay = next(delays)
         sleep(delay if left is None else min(delay, left))
+
+
+def _valid_timeout(timeout: float | None) -> None:
+    # A negative wait is refused rather than guessed at: filelock's users read -1 as "for
+    # ever", others as "do not wait"; None (for ever) and 0 (once) say it plainly.
+    if timeout is not None and timeout < 0:
+        raise ValueError(
+            f"Invalid timeout: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
+        )
 
 
 def _valid_pid(pid: int) -> int:
@@ -660,9 +672,17 @@ def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> Unsa
 class FeatureLock:
     """Hold a feature lock for a block, keeping it fresh with a background heartbeat.
 
-    ``timeout``: 0 tries once, ``None`` waits for ever. ``heartbeat``: seconds between
-    refreshes (``None`` for none). If the lock is taken away (``release --force``), the
-    heartbeat stops and :attr:`lost` is set; :meth:`refresh` raises :class:`LockLostError`.
+    ``timeout``: seconds to wait for a busy lock; 0 tries once, ``None`` (the default) waits
+    for ever; a negative value is refused with ``ValueError`` (``-1`` is not "for ever").
+    ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the owner to
+    record (default: this process). ``reclaim_dead``: also take over a lock whose owner is
+    provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
+
+    Attributes:
+        lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
+            found it taken away (``lock release --force``, a reclaim after it went stale).
+            Check it after the block if the work must not have run unlocked.
+        heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
     """
 
     def __init__(
@@ -677,6 +697,7 @@ class FeatureLock:
         on_wait: WaitCallback | None = None,
     ) -> None:
         _validate_feature_name(feature)
+        _valid_timeout(timeout)
         self.feature = feature
         self.gsd_dir = gsd_dir
         self.pid = os.getpid() if pid is None else _valid_pid(pid)
@@ -711,7 +732,22 @@ class FeatureLock:
         record = None if self._mine is None else self._mine.record
         return None if record is None else record[1] + STALE_AFTER_SECONDS
 
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held" if self.held else "not held"
+        return (
+            f"<{type(self).__name__} {self.feature!r} in {os.fspath(self.gsd_dir)!r} "
+            f"pid={self.pid} {state}>"
+        )
+
     def acquire(self) -> Self:
+        """Take the lock (waiting as ``timeout`` says) and start the heartbeat; return self.
+
+        Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
+        when a wait ran out), :class:`LockError` when this object already holds it,
+        ``UnsafeLockPathError`` (an ``OSError``) when a symlink, a file or a directory stands
+        where the feature folder or the lock should be, and ``OSError`` for other trouble on
+        disk (permissions, a read-only or full file system).
+        """
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
         self._mine = acquire(
@@ -771,7 +807,13 @@ class FeatureLock:
             self.heartbeat_error, interval = None, self.heartbeat
 
     def release(self) -> None:
-        """Stop the heartbeat and remove our lock (only if it is still exactly ours)."""
+        """Stop the heartbeat and remove our lock (only if it is still exactly ours).
+
+        Does nothing when the lock is not held (never taken, released, lost, or held by the
+        process this one was forked from), and never removes another owner's lock. Raises
+        ``OSError`` when the lock cannot be removed just now (permissions, an I/O error, the
+        folder's guard stayed busy); the lock is then still ours and release can be retried.
+        """
         self._stop.set()
         if self._beat is not None and self._beat is not threading.current_thread():
             self._beat.join()

@@ -28,6 +28,7 @@ from mahabharatha.cli._output import (
     what_to_do,
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
+from mahabharatha.commands._utils import is_valid_feature_name
 from mahabharatha.locks import LockHeldError, LockInfo
 
 app = typer.Typer(
@@ -35,9 +36,31 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
+
+def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
+    gsd_dir = ctx.params.get("gsd_dir") or DEFAULT_GSD_DIR
+    try:
+        entries = os.scandir(os.path.join(gsd_dir, "specs"))
+    except OSError:
+        return []
+    with entries:
+        return sorted(
+            entry.name
+            for entry in entries
+            if entry.name.startswith(incomplete)
+            and entry.is_dir(follow_symlinks=False)
+            and is_valid_feature_name(entry.name)
+        )
+
+
 FeatureArg = Annotated[
     str,
-    typer.Argument(metavar="FEATURE", help="The feature (a folder under <gsd-dir>/specs)."),
+    typer.Argument(
+        metavar="FEATURE",
+        help="The feature (a folder under <gsd-dir>/specs).",
+        autocompletion=complete_feature,
+    ),
 ]
 
 
@@ -60,14 +83,14 @@ def acquire(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "acquired": False}
 
     def action() -> Result:
-        with WaitingLine() as on_wait:
+        with WaitingLine() as line:
             locks.acquire(
                 feature,
                 gsd_dir,
                 pid=owner,
                 timeout=timeout,
                 reclaim_dead=reclaim_dead,
-                on_wait=on_wait,
+                on_wait=line.callback,
             )
         return Result(
             EXIT_OK, {**document, "acquired": True}, f"acquired {feature} for pid {owner}"
@@ -153,6 +176,7 @@ def claim(
         list[str] | None,
         typer.Argument(
             metavar="[FEATURE]...",
+            autocompletion=complete_feature,
             help="Candidates in order (default: every feature folder, by name).",
         ),
     ] = None,
@@ -278,19 +302,19 @@ def run_command(
     document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
 
     def action() -> Result:
-        line = WaitingLine()
-        holder = locks.FeatureLock(
-            feature,
-            gsd_dir,
-            timeout=timeout,
-            heartbeat=heartbeat,
-            reclaim_dead=reclaim_dead,
-            on_wait=line.callback,
-        )
         try:
-            # With --json our stdout is for the one document: the command's goes to stderr.
-            stdout = sys.stderr if as_json else None
-            code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
+            with WaitingLine() as line:
+                holder = locks.FeatureLock(
+                    feature,
+                    gsd_dir,
+                    timeout=timeout,
+                    heartbeat=heartbeat,
+                    reclaim_dead=reclaim_dead,
+                    on_wait=line.callback,
+                )
+                # With --json our stdout is for the one document: the command's goes to stderr.
+                stdout = sys.stderr if as_json else None
+                code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
             return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run: {_run_advice(busy)}")
