@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from time import monotonic, sleep
+from time import gmtime, monotonic, sleep, strftime
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -52,6 +52,7 @@ from mahabharatha.constants import GSD_DIR
 
 __all__ = [
     "AUDIT_LOG_NAME",
+    "COMPLETED_MARKER_NAME",
     "HEARTBEAT_SECONDS",
     "CleanedEntry",
     "FeatureLock",
@@ -60,16 +61,22 @@ __all__ = [
     "LockInfo",
     "LockLostError",
     "LockTimeoutError",
+    "NotHeldError",
     "NotOwnerError",
     "Owner",
     "UnsafeLockPathError",
     "acquire",
     "claim",
     "clean",
+    "done",
     "inspect",
+    "is_done",
+    "owner_is_gone",
     "owner_liveness",
     "release",
+    "reopen",
     "status",
+    "survey",
 ]
 
 HEARTBEAT_SECONDS: Final = 30.0
@@ -92,6 +99,10 @@ before the lock's timestamp may be its writer."""
 
 AUDIT_LOG_NAME: Final = "lock-audit.jsonl"
 """One JSON line per reclaim, forced release and clean, in the gsd folder."""
+
+COMPLETED_MARKER_NAME: Final = ".completed"
+"""A finished feature's marker in its folder (an ISO-8601 time, like the repository's other
+sentinels ``.started`` and ``.plan-complete``): ``claim`` never hands such a feature out."""
 
 
 # --------------------------------------------------------------------------- errors
@@ -118,6 +129,21 @@ class LockTimeoutError(LockHeldError, TimeoutError):
 
 class NotOwnerError(LockHeldError):
     """Release was asked for a lock another owner holds; it was left intact."""
+
+
+class NotHeldError(LockError):
+    """``done`` was asked by a caller that does not hold the feature's lock: nothing written."""
+
+    def __init__(self, feature: str, pid: int) -> None:
+        self.feature = feature
+        self.pid = pid
+        super().__init__(
+            f"feature {feature!r} is not locked by pid {pid}: nothing marked done "
+            "(claim or acquire it first, or pass the holder's --pid)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.feature, self.pid))
 
 
 class LockLostError(LockError):
@@ -216,8 +242,21 @@ def _describe(
     return LockInfo(feature, state.value, pid, timestamp, age, expires, owner.value)
 
 
+_GONE: Final = {
+    Owner.NOT_RUNNING.value: ", which is not running",
+    Owner.PID_REUSED.value: ", which is not running (its pid now belongs to a newer process)",
+}
+"""How :func:`describe_holder` says that a lock's owner is provably gone on this host."""
+
+
+def owner_is_gone(info: LockInfo) -> bool:
+    """Is the lock's owner provably gone on this host (``--reclaim-dead`` would take it)?"""
+    return info.owner in _GONE
+
+
 def describe_holder(info: LockInfo) -> str:
-    """Who holds a lock, since when and until when (the caller adds what to do about it)."""
+    """Who holds a lock, whether it is still running, since when and until when (the caller
+    adds what to do about it)."""
     if info.pid is None:
         return f"feature {info.feature!r} is locked ({info.state})"
     age = _duration(info.age_seconds or 0.0)
@@ -226,7 +265,8 @@ def describe_holder(info: LockInfo) -> str:
         if info.expires_in_seconds is not None
         else ""
     )
-    return f"feature {info.feature!r} is locked by pid {info.pid} (since {age} ago{expiry})"
+    gone = _GONE.get(info.owner, "")
+    return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"
 
 
 def _duration(seconds: float) -> str:
@@ -383,9 +423,12 @@ def acquire(
     """Make ``pid`` (default: this process) the holder of ``feature``; return its lock.
 
     ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
-    Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held.
+    Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held,
+    ``ValueError`` for a bad name, pid or timeout (negative: unlike filelock, ``-1`` does not
+    mean "for ever" here; pass ``None``), and ``OSError`` for trouble on disk.
     """
     _validate_feature_name(feature)
+    _valid_timeout(timeout)
     owner = os.getpid() if pid is None else _valid_pid(pid)
     deadline = None if timeout is None else monotonic() + max(0.0, timeout)
     delays = _backoff_delays()
@@ -396,11 +439,23 @@ def acquire(
         info = _describe(feature, outcome.holder, outcome.state, now, liveness=None)
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:
-            raise (LockTimeoutError if timeout else LockHeldError)(info)
+            # The answer judges the owner as status and check do (the polls above skip it:
+            # asking the process table 50 times a second would cost the waiter its CPU).
+            held = _describe(feature, outcome.holder, outcome.state, now)
+            raise (LockTimeoutError if timeout else LockHeldError)(held)
         if on_wait is not None:
             on_wait(info, left)
         delay = next(delays)
         sleep(delay if left is None else min(delay, left))
+
+
+def _valid_timeout(timeout: float | None) -> None:
+    # A negative wait is refused rather than guessed at: filelock's users read -1 as "for
+    # ever", others as "do not wait"; None (for ever) and 0 (once) say it plainly.
+    if timeout is not None and timeout < 0:
+        raise ValueError(
+            f"Invalid timeout: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
+        )
 
 
 def _valid_pid(pid: int) -> int:
@@ -415,20 +470,151 @@ def claim(
     *,
     pid: int | None = None,
     reclaim_dead: bool = False,
+    include_done: bool = False,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
-    Workers claiming at once never get the same feature: each try is a full acquire.
+    Workers claiming at once never get the same feature: each try is a full acquire. A feature
+    marked done (:func:`done`) is never returned unless ``include_done``: the marker is looked
+    for again once the lock is held, and a done feature's lock is given straight back.
     """
     candidates = list(features) if features else _feature_names(gsd_dir)
     for feature in candidates:
         _validate_feature_name(feature)
     owner = os.getpid() if pid is None else _valid_pid(pid)
     for feature in candidates:
+        if not include_done and is_done(feature, gsd_dir):
+            continue  # cheap: most done features are skipped without touching their lock
         outcome, _ = _try_once(feature, gsd_dir, owner, reclaim_dead)
-        if outcome.acquired:
+        if outcome.mine is None:
+            continue
+        if include_done or not _give_back_if_done(feature, gsd_dir, outcome.mine):
             return feature
     return None
+
+
+# --------------------------------------------------------------------------- done features
+
+
+def _marker_present(dfd: int) -> bool:
+    """Is there a completion marker (a regular file, not followed if a link) in the folder?"""
+    try:
+        info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode)
+
+
+def is_done(feature: str, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> bool:
+    """Has ``feature`` been marked done (its folder holds a ``.completed`` marker)?"""
+    _validate_feature_name(feature)
+    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+        return dfd is not None and _marker_present(dfd)
+
+
+def _give_back_if_done(feature: str, gsd_dir: str | os.PathLike[str], mine: LockSnapshot) -> bool:
+    """After winning ``feature``'s lock: if it is done, release the lock and say so."""
+    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+        # Race: a worker marked the feature done and released it between our first look and
+        # our acquire. ``done`` publishes the marker before it releases, so now that we hold
+        # the lock the marker is certainly visible if the feature was finished.
+        if dfd is None or not _marker_present(dfd):
+            return False
+        _utils.release_mine(dfd, mine)
+        return True
+
+
+def _iso_time(epoch: float) -> str:
+    # time.strftime, not datetime: the CLI's cold start pays for every module it imports.
+    whole = int(epoch)
+    return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(whole))
+
+
+def _publish_marker(dfd: int, text: str) -> None:
+    """Write ``text`` to a private temp in the folder, then rename it to the marker at once.
+
+    Everything is relative to the folder's descriptor (opened without following a link), the
+    temp is created ``O_EXCL | O_NOFOLLOW`` and ``rename`` replaces a link at the marker's name
+    rather than following it: nothing is ever written through a symlink. A reader sees no
+    marker or a whole one, never a half-written one.
+    """
+    temp = f"{COMPLETED_MARKER_NAME}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, _utils.LOCK_MODE, dir_fd=dfd)
+    try:
+        try:
+            _utils._write_all(fd, text.encode())
+            os.fchmod(fd, _utils.LOCK_MODE)  # readable by every worker, whatever the umask
+        finally:
+            os.close(fd)
+        os.rename(temp, COMPLETED_MARKER_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(temp, dir_fd=dfd)
+        raise
+
+
+def done(
+    feature: str,
+    gsd_dir: str | os.PathLike[str] = GSD_DIR,
+    *,
+    pid: int | None = None,
+) -> str:
+    """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the time
+    written to the marker (ISO-8601, UTC).
+
+    Raises :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does
+    not hold the lock, and :class:`NotOwnerError` when another owner does.
+    """
+    _validate_feature_name(feature)
+    owner = os.getpid() if pid is None else _valid_pid(pid)
+    with open_feature_dir(gsd_dir, feature, create=False, refuse=True) as dfd:
+        if dfd is None:
+            raise NotHeldError(feature, owner)
+        now = _utils.now()
+        with _utils.guard(dfd, wait=True):
+            # Under the guard no reclaim, clean or release can remove the lock: the marker is
+            # written only while the caller really holds it.
+            mine = read_lock(dfd)
+            record = mine.record
+            if record is None or record[0] != owner:
+                state = judge_lock(mine, now)
+                if record is None or state is LockState.FREE:
+                    raise NotHeldError(feature, owner)
+                raise NotOwnerError(_describe(feature, mine, state, now))
+            stamp = _iso_time(now)
+            # Race: marker first, release second. A claimer that wins the lock after our
+            # release is sure to see the marker, so a finished feature is never built again.
+            _publish_marker(dfd, stamp + "\n")
+        _utils.release_mine(dfd, mine)
+    return stamp
+
+
+def reopen(feature: str, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> bool:
+    """Remove ``feature``'s completion marker so that ``claim`` hands it out again; True if
+    there was one. A lock on the feature is left as it is."""
+    _validate_feature_name(feature)
+    with open_feature_dir(gsd_dir, feature, create=False, refuse=True) as dfd:
+        if dfd is None:
+            return False
+        try:
+            os.unlink(COMPLETED_MARKER_NAME, dir_fd=dfd)  # the entry itself, never a target
+        except FileNotFoundError:
+            return False
+    return True
+
+
+def _unlocked_info(feature: str, gsd_dir: str | os.PathLike[str]) -> LockInfo:
+    state = "done" if is_done(feature, gsd_dir) else "free"
+    return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN.value)
+
+
+def survey(gsd_dir: str | os.PathLike[str] = GSD_DIR) -> list[LockInfo]:
+    """Every feature folder, by name: its lock as :func:`status` lists it, or state ``done``
+    (a completion marker and no lock) or ``free`` (neither)."""
+    locked = {info.feature: info for info in status(gsd_dir)}
+    names = set(_feature_names(gsd_dir)) | set(locked)
+    return [locked.get(name) or _unlocked_info(name, gsd_dir) for name in sorted(names)]
 
 
 # --------------------------------------------------------------------------- releasing
@@ -486,9 +672,17 @@ def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> Unsa
 class FeatureLock:
     """Hold a feature lock for a block, keeping it fresh with a background heartbeat.
 
-    ``timeout``: 0 tries once, ``None`` waits for ever. ``heartbeat``: seconds between
-    refreshes (``None`` for none). If the lock is taken away (``release --force``), the
-    heartbeat stops and :attr:`lost` is set; :meth:`refresh` raises :class:`LockLostError`.
+    ``timeout``: seconds to wait for a busy lock; 0 tries once, ``None`` (the default) waits
+    for ever; a negative value is refused with ``ValueError`` (``-1`` is not "for ever").
+    ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the owner to
+    record (default: this process). ``reclaim_dead``: also take over a lock whose owner is
+    provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
+
+    Attributes:
+        lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
+            found it taken away (``lock release --force``, a reclaim after it went stale).
+            Check it after the block if the work must not have run unlocked.
+        heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
     """
 
     def __init__(
@@ -503,6 +697,7 @@ class FeatureLock:
         on_wait: WaitCallback | None = None,
     ) -> None:
         _validate_feature_name(feature)
+        _valid_timeout(timeout)
         self.feature = feature
         self.gsd_dir = gsd_dir
         self.pid = os.getpid() if pid is None else _valid_pid(pid)
@@ -537,7 +732,22 @@ class FeatureLock:
         record = None if self._mine is None else self._mine.record
         return None if record is None else record[1] + STALE_AFTER_SECONDS
 
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held" if self.held else "not held"
+        return (
+            f"<{type(self).__name__} {self.feature!r} in {os.fspath(self.gsd_dir)!r} "
+            f"pid={self.pid} {state}>"
+        )
+
     def acquire(self) -> Self:
+        """Take the lock (waiting as ``timeout`` says) and start the heartbeat; return self.
+
+        Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
+        when a wait ran out), :class:`LockError` when this object already holds it,
+        ``UnsafeLockPathError`` (an ``OSError``) when a symlink, a file or a directory stands
+        where the feature folder or the lock should be, and ``OSError`` for other trouble on
+        disk (permissions, a read-only or full file system).
+        """
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
         self._mine = acquire(
@@ -597,7 +807,13 @@ class FeatureLock:
             self.heartbeat_error, interval = None, self.heartbeat
 
     def release(self) -> None:
-        """Stop the heartbeat and remove our lock (only if it is still exactly ours)."""
+        """Stop the heartbeat and remove our lock (only if it is still exactly ours).
+
+        Does nothing when the lock is not held (never taken, released, lost, or held by the
+        process this one was forked from), and never removes another owner's lock. Raises
+        ``OSError`` when the lock cannot be removed just now (permissions, an I/O error, the
+        folder's guard stayed busy); the lock is then still ours and release can be retried.
+        """
         self._stop.set()
         if self._beat is not None and self._beat is not threading.current_thread():
             self._beat.join()

@@ -29,6 +29,7 @@ from mahabharatha.locks import FeatureLock, LockInfo, WaitCallback
 FORWARDED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SIGNAL_EXIT_BASE: Final = 128  # a process killed by signal N exits 128 + N, as shells report it
 EXIT_NOT_FOUND: Final = 127  # the shell's "command not found"
+EXIT_CANNOT_EXECUTE: Final = 126  # the shell's "found, but cannot be executed" (permission, format)
 
 
 class Interrupted(Exception):
@@ -43,8 +44,21 @@ class Interrupted(Exception):
         return SIGNAL_EXIT_BASE + self.signum
 
 
-class CommandNotFoundError(FileNotFoundError):
-    """The command to run does not exist (or is not executable)."""
+class CommandStartError(OSError):
+    """The command could not be started; nothing ran. ``exit_code`` is what a shell would say."""
+
+    exit_code: int = EXIT_CANNOT_EXECUTE
+
+
+class CommandNotFoundError(CommandStartError, FileNotFoundError):
+    """The command to run does not exist (exit 127, like a shell)."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+class CommandNotExecutableError(CommandStartError, PermissionError):
+    """The command exists but cannot be executed: no permission, a folder, not a program
+    (exit 126, like a shell)."""
 
 
 class _Phase(enum.Enum):
@@ -123,7 +137,8 @@ def run_locked(
 
     Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
     :class:`Interrupted` when a signal arrives before the command started, and
-    :class:`CommandNotFoundError` when the command cannot be started (lock released).
+    :class:`CommandNotFoundError` or :class:`CommandNotExecutableError` (both
+    :class:`CommandStartError`) when the command cannot be started (lock released).
     """
     relay = _SignalRelay()
     with _relaying(relay):
@@ -148,7 +163,12 @@ def _start(
 ) -> subprocess.Popen[bytes]:
     try:
         child = subprocess.Popen(list(command), stdout=stdout)
-    except (FileNotFoundError, PermissionError) as error:
+    except FileNotFoundError as error:
         raise CommandNotFoundError(error.errno, f"command not found: {command[0]}") from error
+    except OSError as error:  # EACCES, EISDIR, ENOEXEC, ...: there, but not something to run
+        why = (error.strerror or "cannot execute").lower()
+        raise CommandNotExecutableError(
+            error.errno, f"cannot execute {command[0]}: {why}"
+        ) from error
     relay.started(child)
     return child

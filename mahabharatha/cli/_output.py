@@ -16,7 +16,14 @@ from typing import Annotated, Any, Final, NoReturn
 import typer
 
 from mahabharatha.constants import GSD_DIR
-from mahabharatha.locks import LockError, LockHeldError, LockInfo
+from mahabharatha.locks import (
+    LockError,
+    LockHeldError,
+    LockInfo,
+    LockTimeoutError,
+    NotHeldError,
+    owner_is_gone,
+)
 
 EXIT_OK: Final = 0
 EXIT_HELD: Final = 1  # held by another / none free / nothing detected
@@ -26,7 +33,12 @@ EXIT_TEMPFAIL: Final = 75  # sysexits.h EX_TEMPFAIL: busy, try again later
 EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 GsdDirOption = Annotated[
-    str, typer.Option("--gsd-dir", help="The gsd folder holding specs/<feature>/.lock.")
+    str,
+    typer.Option(
+        "--gsd-dir",
+        metavar="DIR",
+        help="The gsd folder holding specs/<feature>/.lock.",
+    ),
 ]
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")
@@ -35,6 +47,7 @@ PidOption = Annotated[
     int | None,
     typer.Option(
         "--pid",
+        metavar="PID",
         help="Owner pid to record or match (default: the process that called this command).",
     ),
 ]
@@ -48,7 +61,32 @@ ReclaimDeadOption = Annotated[
         ),
     ),
 ]
+WaitOption = Annotated[
+    float | None,
+    typer.Option(
+        "--wait",
+        "--timeout",
+        "-w",
+        min=0,
+        metavar="SECONDS",
+        help="Wait up to SECONDS for a busy lock (with backoff); 0 tries once.",
+    ),
+]
+"""How long to wait: one option with both common names, in every command that waits."""
+NonblockOption = Annotated[
+    bool,
+    typer.Option("--nonblock", "-n", help="Try once, never wait (like flock -n)."),
+]
 DEFAULT_GSD_DIR: Final = GSD_DIR
+
+
+def wait_seconds(wait: float | None, nonblock: bool, default: float | None) -> float | None:
+    """The timeout of a command from ``--wait``/``--timeout`` and ``-n``; both is bad input."""
+    if nonblock and wait is not None:
+        raise typer.BadParameter("-n (try once) and a wait of SECONDS contradict each other")
+    if nonblock:
+        return 0.0
+    return default if wait is None else wait
 
 
 def default_owner(pid: int | None) -> int:
@@ -69,7 +107,7 @@ class Result:
 
 def exit_code_for(error: BaseException) -> int:
     """The exit code of a failure: the only mapping from errors to codes."""
-    if isinstance(error, LockHeldError):
+    if isinstance(error, LockHeldError | NotHeldError):
         return EXIT_HELD
     if isinstance(error, ValueError):
         return EXIT_BAD_INPUT
@@ -92,6 +130,23 @@ def holder_fields(info: LockInfo) -> dict[str, Any]:
     return {"holder": info.to_dict()}
 
 
+RECLAIM_DEAD_ADVICE: Final = "its owner is gone: --reclaim-dead takes the lock over"
+
+
+def what_to_do(busy: LockHeldError) -> str:
+    """What a person can do about a lock that stayed held: take it over when its owner is gone,
+    otherwise wait (never advised again once a wait has run out) or ask its owner."""
+    if owner_is_gone(busy.info):
+        return RECLAIM_DEAD_ADVICE
+    if isinstance(busy, LockTimeoutError):
+        return "still held after the wait; ask its owner to release it, or try again later"
+    return "wait for it with --wait SECONDS, or ask its owner"
+
+
+Advice = str | Callable[[LockHeldError], str | None] | None
+"""What ends the sentence about a held lock: fixed text, or chosen from the error."""
+
+
 def emit(result: Result, as_json: bool) -> NoReturn:
     if as_json:
         document = result.document
@@ -111,11 +166,12 @@ def respond(
     as_json: bool,
     document: dict[str, Any],
     action: Callable[[], Result],
-    advice: str | None = None,
+    advice: Advice = None,
 ) -> NoReturn:
     """Run ``action`` and print its result; an expected failure becomes one sentence and a code.
 
-    ``advice`` (what to do about a held lock) ends the sentence of a ``LockHeldError``.
+    ``advice`` (what to do about a held lock, or a function of the error choosing it) ends the
+    sentence of a ``LockHeldError``.
     """
     try:
         result = action()
@@ -126,6 +182,7 @@ def respond(
         extra = {}
         if isinstance(error, LockHeldError):
             extra = holder_fields(error.info)
-            message = f"{message}; {advice}" if advice else message
+            told = advice(error) if callable(advice) else advice
+            message = f"{message}; {told}" if told else message
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
     emit(result, as_json)

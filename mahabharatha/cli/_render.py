@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from time import monotonic
+from typing import Final, Self
 
 from mahabharatha.locks import LockInfo, describe_holder
 
@@ -16,50 +18,106 @@ def _seconds(value: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
-def status_table(infos: list[LockInfo]) -> None:
-    """Print the locks as a table (rich), or say there are none."""
+def summary(infos: list[LockInfo]) -> str:
+    """One line counting every feature folder: done, held, free, stale (and any others)."""
+    counts: dict[str, int] = {}
+    for info in infos:
+        kind = "held" if info.state in ("active", "writing") else info.state
+        counts[kind] = counts.get(kind, 0) + 1
+    parts = [f"{counts.pop(kind, 0)} {kind}" for kind in ("done", "held", "free", "stale")]
+    parts += [f"{count} {kind}" for kind, count in sorted(counts.items())]
+    plural = "" if len(infos) == 1 else "s"
+    return f"{len(infos)} feature{plural}: " + ", ".join(parts)
+
+
+COLUMNS: Final = ("feature", "state", "pid", "owner", "age", "time left")
+
+
+def _row(info: LockInfo) -> tuple[str, ...]:
+    pid = "-" if info.pid is None else str(info.pid)
+    return (
+        info.feature,
+        info.state,
+        pid,
+        info.owner,
+        _seconds(info.age_seconds),
+        _seconds(info.expires_in_seconds),
+    )
+
+
+def status_table(infos: list[LockInfo], footer: str | None = None) -> None:
+    """Print the locks as a table, or say there are none; then ``footer``.
+
+    At a terminal: a rich table. Elsewhere (a pipe, a file, a log): plain ASCII columns as wide
+    as their widest value, so that nothing is ever cut or wrapped and ``grep``/``awk`` work.
+    """
     if not infos:
         print("no feature locks")
-        return
+    elif sys.stdout.isatty():
+        _rich_table([_row(info) for info in infos])
+    else:
+        _plain_table([_row(info) for info in infos])
+    if footer:
+        print(footer)
+
+
+def _plain_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=True)]
+    for row in (COLUMNS, *rows):
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def _rich_table(rows: list[tuple[str, ...]]) -> None:
     from rich.console import Console  # imported here: only this command draws tables
     from rich.table import Table
 
-    table = Table("feature", "state", "pid", "owner", "age", "time left")
-    for info in infos:
-        pid = "-" if info.pid is None else str(info.pid)
-        table.add_row(
-            info.feature,
-            info.state,
-            pid,
-            info.owner,
-            _seconds(info.age_seconds),
-            _seconds(info.expires_in_seconds),
-        )
+    table = Table()
+    for name in COLUMNS:
+        # A pid, a state or a time cut short is a wrong answer: only names may wrap.
+        table.add_column(name, no_wrap=name != "feature", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
     Console().print(table)
+
+
+REDRAW_SECONDS: Final = 1.0
+"""The waiting line shows whole seconds: drawing it more often only costs the terminal."""
 
 
 class WaitingLine:
     """While a command waits for a lock at a terminal: one line on stderr saying who holds it
-    and how long is left, rewritten in place about once a second, erased when the wait ends.
-    Not a terminal: says nothing (``callback`` is None)."""
+    and how long is left, redrawn in place at most once a second.
+
+    Used one way by every command that waits::
+
+        with WaitingLine() as line:
+            ...  # pass ``line.callback`` as the lock's ``on_wait``
+
+    Leaving the block erases the line, whatever ends the wait (the lock, an error, Ctrl-C), so
+    no answer or error is ever glued onto it. Not a terminal: says nothing (``callback`` is
+    None). ``erase`` may also be called earlier (before a command's own output starts).
+    """
 
     def __init__(self) -> None:
         self.callback: Callable[[LockInfo, float | None], None] | None = (
             self._show if sys.stderr.isatty() else None
         )
-        self._last: float | None = None
+        self._drawn_at: float | None = None
         self._shown = False
 
     def _show(self, info: LockInfo, left: float | None) -> None:
-        if self._shown and self._last is not None and left is not None and self._last - left < 1:
+        now = monotonic()
+        if self._drawn_at is not None and now - self._drawn_at < REDRAW_SECONDS:
             return
-        self._last, self._shown = (left if left is not None else 0.0), True
+        self._drawn_at, self._shown = now, True
         limit = "" if left is None else f"; giving up in {_seconds(left)}"
         sys.stderr.write(f"\rwaiting: {describe_holder(info)}{limit}\x1b[K")
         sys.stderr.flush()
 
-    def __enter__(self) -> Callable[[LockInfo, float | None], None] | None:
-        return self.callback
+    def __enter__(self) -> Self:
+        return self
 
     def __exit__(self, *_exc: object) -> None:
         self.erase()
@@ -70,3 +128,4 @@ class WaitingLine:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
             self._shown = False
+            self._drawn_at = None

@@ -14,15 +14,21 @@ from mahabharatha.cli._output import (
     EXIT_HELD,
     EXIT_OK,
     EXIT_TEMPFAIL,
+    RECLAIM_DEAD_ADVICE,
     GsdDirOption,
     JsonOption,
+    NonblockOption,
     PidOption,
     ReclaimDeadOption,
     Result,
+    WaitOption,
     default_owner,
     respond,
+    wait_seconds,
+    what_to_do,
 )
-from mahabharatha.cli._render import WaitingLine, status_table
+from mahabharatha.cli._render import WaitingLine, status_table, summary
+from mahabharatha.commands._utils import is_valid_feature_name
 from mahabharatha.locks import LockHeldError, LockInfo
 
 app = typer.Typer(
@@ -30,7 +36,32 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-FeatureArg = Annotated[str, typer.Argument(help="The feature (a folder under <gsd-dir>/specs).")]
+
+def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
+    gsd_dir = ctx.params.get("gsd_dir") or DEFAULT_GSD_DIR
+    try:
+        entries = os.scandir(os.path.join(gsd_dir, "specs"))
+    except OSError:
+        return []
+    with entries:
+        return sorted(
+            entry.name
+            for entry in entries
+            if entry.name.startswith(incomplete)
+            and entry.is_dir(follow_symlinks=False)
+            and is_valid_feature_name(entry.name)
+        )
+
+
+FeatureArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="FEATURE",
+        help="The feature (a folder under <gsd-dir>/specs).",
+        autocompletion=complete_feature,
+    ),
+]
 
 
 @app.command()
@@ -39,31 +70,33 @@ def acquire(
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
     pid: PidOption = None,
-    wait: Annotated[
-        float | None,
-        typer.Option("--wait", min=0, help="Wait up to SECONDS for a busy lock (with backoff)."),
-    ] = None,
+    wait: WaitOption = None,
+    nonblock: NonblockOption = False,
     reclaim_dead: ReclaimDeadOption = False,
 ) -> None:
-    """Claim FEATURE for the calling shell or worker (or --pid). Exit 1 if someone holds it."""
+    """Claim FEATURE for the calling shell or worker (or --pid). Exit 1 if someone holds it.
+
+    Tries once unless --wait (or --timeout) SECONDS lets it wait for a busy lock.
+    """
+    timeout = wait_seconds(wait, nonblock, default=0.0)
     owner = default_owner(pid)
     document: dict[str, Any] = {"feature": feature, "pid": owner, "acquired": False}
 
     def action() -> Result:
-        with WaitingLine() as on_wait:
+        with WaitingLine() as line:
             locks.acquire(
                 feature,
                 gsd_dir,
                 pid=owner,
-                timeout=wait or 0.0,
+                timeout=timeout,
                 reclaim_dead=reclaim_dead,
-                on_wait=on_wait,
+                on_wait=line.callback,
             )
         return Result(
             EXIT_OK, {**document, "acquired": True}, f"acquired {feature} for pid {owner}"
         )
 
-    respond(as_json, document, action, advice="wait for it with --wait SECONDS, or ask its owner")
+    respond(as_json, document, action, advice=what_to_do)
 
 
 @app.command()
@@ -85,7 +118,13 @@ def release(
         text = f"released {feature}" if removed else f"{feature} was not locked"
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
-    respond(as_json, document, action, advice="--force removes it anyway; lock clean once stale")
+    respond(as_json, document, action, advice=_release_advice)
+
+
+def _release_advice(busy: LockHeldError) -> str:
+    if locks.owner_is_gone(busy.info):
+        return "its owner is gone: lock clean --reclaim-dead removes it (or --force)"
+    return "--force removes it anyway; lock clean once stale"
 
 
 def _is_held(info: LockInfo) -> bool:
@@ -104,29 +143,62 @@ def check(
     def action() -> Result:
         info = locks.inspect(feature, gsd_dir)
         held = _is_held(info)
-        text = locks.describe_holder(info) if held else f"{feature} is free ({info.state})"
+        text = _held_text(info) if held else _free_text(info)
         return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
 
     respond(as_json, {"feature": feature, "state": None}, action)
+
+
+def _require_gsd_dir(gsd_dir: str) -> None:
+    """Commands that list the feature folders say so when the gsd folder is not there: a typo
+    in --gsd-dir must not read as "no locks" (bad input, exit 2)."""
+    if not os.path.isdir(gsd_dir):
+        what = "not a folder" if os.path.lexists(gsd_dir) else "no such folder"
+        raise ValueError(
+            f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {DEFAULT_GSD_DIR})"
+        )
+
+
+def _held_text(info: LockInfo) -> str:
+    said = locks.describe_holder(info)
+    return f"{said}; {RECLAIM_DEAD_ADVICE}" if locks.owner_is_gone(info) else said
+
+
+def _free_text(info: LockInfo) -> str:
+    if info.state == "free":
+        return f"{info.feature} is free"
+    return f"{info.feature} is free (its lock is {info.state}: the next acquire replaces it)"
 
 
 @app.command()
 def claim(
     features: Annotated[
         list[str] | None,
-        typer.Argument(help="Candidates in order (default: every feature folder, by name)."),
+        typer.Argument(
+            metavar="[FEATURE]...",
+            autocompletion=complete_feature,
+            help="Candidates in order (default: every feature folder, by name).",
+        ),
     ] = None,
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
     pid: PidOption = None,
     reclaim_dead: ReclaimDeadOption = False,
+    include_done: Annotated[
+        bool,
+        typer.Option("--include-done", help="Also claim features marked done (lock done)."),
+    ] = False,
 ) -> None:
-    """Claim the first free feature and print its name; exit 1 if none is free."""
+    """Claim the first free feature that is not done and print its name; exit 1 if none is."""
     owner = default_owner(pid)
     document: dict[str, Any] = {"feature": None, "pid": owner, "claimed": False}
 
     def action() -> Result:
-        won = locks.claim(features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead)
+        if not features:
+            _require_gsd_dir(gsd_dir)
+        won = locks.claim(
+            features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead, include_done=include_done
+        )
         if won is None:
             return Result(EXIT_HELD, document, message="no free feature to claim")
         return Result(EXIT_OK, {**document, "feature": won, "claimed": True}, won)
@@ -138,12 +210,26 @@ def claim(
 def status(
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    show_all: Annotated[
+        bool,
+        typer.Option("--all", help="Also list feature folders that are free or done."),
+    ] = False,
 ) -> None:
-    """List every feature lock with its state, owner, age and time left."""
+    """List every feature lock with its state, owner, age and time left (--all: every
+    feature folder, free and done ones too), then a one-line summary."""
 
     def action() -> Result:
-        infos = locks.status(gsd_dir)
-        return Result(EXIT_OK, [i.to_dict() for i in infos], show=lambda: status_table(infos))
+        _require_gsd_dir(gsd_dir)
+        if as_json and not show_all:  # the summary needs every folder; JSON alone does not
+            infos = locks.status(gsd_dir)
+            return Result(EXIT_OK, [i.to_dict() for i in infos])
+        every = locks.survey(gsd_dir)
+        infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
+        return Result(
+            EXIT_OK,
+            [i.to_dict() for i in infos],
+            show=lambda: status_table(infos, summary(every)),
+        )
 
     respond(as_json, {}, action)
 
@@ -161,11 +247,12 @@ def clean(
     document: dict[str, Any] = {"dry_run": dry_run, "entries": []}
 
     def action() -> Result:
+        _require_gsd_dir(gsd_dir)
         entries = locks.clean(gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead)
         verb = "would remove" if dry_run else "removed"
-        lines = [f"{verb} {e.path} ({e.state})" for e in entries if e.removed or dry_run]
+        lines = [f"{verb} {e.path} ({_why(e)})" for e in entries if e.removed or dry_run]
         lines += [
-            f"left {e.path} ({e.state}): it changed or is not empty"
+            f"left {e.path} ({_why(e)}): it changed or is not empty"
             for e in entries
             if not e.removed and not dry_run
         ]
@@ -175,54 +262,120 @@ def clean(
     respond(as_json, document, action)
 
 
+def _why(entry: locks.CleanedEntry) -> str:
+    # An active lock is cleaned only under --reclaim-dead: because its owner is gone.
+    return "its owner is not running" if entry.state == "active" else entry.state
+
+
 # --------------------------------------------------------------------------- lock run
 
 
 @app.command("run")
 def run_command(
     feature: FeatureArg,
-    command: Annotated[list[str], typer.Argument(help="The command to run (after --).")],
+    command: Annotated[
+        list[str], typer.Argument(metavar="-- CMD...", help="The command to run (after --).")
+    ],
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
-    timeout: Annotated[
-        float | None,
-        typer.Option("--timeout", min=0, help="Give up (exit 75) if still busy after SECONDS."),
-    ] = None,
+    wait: WaitOption = None,
+    nonblock: NonblockOption = False,
     heartbeat: Annotated[
         float,
-        typer.Option("--heartbeat", min=0.01, max=60, help="Seconds between lock refreshes."),
+        typer.Option(
+            "--heartbeat",
+            min=0.01,
+            max=60,
+            metavar="SECONDS",
+            help="Seconds between lock refreshes.",
+        ),
     ] = locks.HEARTBEAT_SECONDS,
     reclaim_dead: ReclaimDeadOption = False,
 ) -> None:
     """Hold FEATURE while CMD runs (kept fresh), release it after; exit with CMD's code.
 
     The lock records this process (it lives as long as CMD). A busy lock is waited for
-    without limit unless --timeout bounds it (--timeout 0 tries once).
+    without limit unless --timeout (or --wait) SECONDS bounds it (exit 75 then); -n or
+    --timeout 0 tries once.
     """
+    timeout = wait_seconds(wait, nonblock, default=None)
     document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
 
     def action() -> Result:
-        line = WaitingLine()
-        holder = locks.FeatureLock(
-            feature,
-            gsd_dir,
-            timeout=timeout,
-            heartbeat=heartbeat,
-            reclaim_dead=reclaim_dead,
-            on_wait=line.callback,
-        )
         try:
-            # With --json our stdout is for the one document: the command's goes to stderr.
-            stdout = sys.stderr if as_json else None
-            code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
+            with WaitingLine() as line:
+                holder = locks.FeatureLock(
+                    feature,
+                    gsd_dir,
+                    timeout=timeout,
+                    heartbeat=heartbeat,
+                    reclaim_dead=reclaim_dead,
+                    on_wait=line.callback,
+                )
+                # With --json our stdout is for the one document: the command's goes to stderr.
+                stdout = sys.stderr if as_json else None
+                code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
-            return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run (see --timeout)")
+            return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run: {_run_advice(busy)}")
         except runner.Interrupted as stop:
             return Result(stop.exit_code, document, message=str(stop))
-        except runner.CommandNotFoundError as missing:
-            return Result(runner.EXIT_NOT_FOUND, document, message=missing.strerror)
+        except runner.CommandStartError as unstarted:
+            return Result(unstarted.exit_code, document, message=unstarted.strerror)
         lost = f"the lock on {feature!r} was taken away while CMD ran" if holder.lost else None
         return Result(code, {**document, "exit_code": code}, message=lost)
 
     respond(as_json, document, action)
+
+
+# --------------------------------------------------------------------------- worker pools
+
+
+@app.command()
+def done(
+    feature: FeatureArg,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    pid: PidOption = None,
+) -> None:
+    """Mark FEATURE done and release it (the holder only); claim never hands it out again.
+
+    Exit 1, with nothing written, when the calling shell (or --pid) does not hold its lock.
+    """
+    owner = default_owner(pid)
+    document: dict[str, Any] = {"feature": feature, "pid": owner, "done": False}
+
+    def action() -> Result:
+        stamp = locks.done(feature, gsd_dir, pid=owner)
+        return Result(
+            EXIT_OK,
+            {**document, "done": True, "completed_at": stamp},
+            f"{feature} is done (released)",
+        )
+
+    respond(as_json, document, action)
+
+
+@app.command()
+def reopen(
+    feature: FeatureArg,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove FEATURE's done marker so that claim hands it out again (a lock stays as it is)."""
+    document: dict[str, Any] = {"feature": feature, "reopened": False}
+
+    def action() -> Result:
+        removed = locks.reopen(feature, gsd_dir)
+        text = f"reopened {feature}" if removed else f"{feature} was not marked done"
+        return Result(EXIT_OK, {**document, "reopened": removed}, text)
+
+    respond(as_json, document, action)
+
+
+def _run_advice(busy: LockHeldError) -> str:
+    if locks.owner_is_gone(busy.info):
+        return RECLAIM_DEAD_ADVICE
+    if isinstance(busy, locks.LockTimeoutError):
+        return "still held when --timeout ran out; ask its owner, or try again later"
+    return "--timeout SECONDS waits for it (none: waits for as long as it takes)"

@@ -155,7 +155,25 @@ def _validate_feature_name(feature: str) -> None:
         or _FEATURE_NAME_RE.fullmatch(feature) is None
         or len(feature.encode()) > MAX_NAME_BYTES
     ):
-        raise ValueError(f"Invalid feature name: {feature!r}")
+        raise ValueError(f"Invalid feature name: {_shown_name(feature)}: {NAME_RULE}")
+
+
+NAME_RULE: Final = (
+    "a feature name is a letter or digit, then letters, digits, '.', '_' or '-' "
+    "(no '..'), at most 255 bytes"
+)
+"""What a refused name is told it may be."""
+
+SHOWN_NAME_CHARS: Final = 40
+"""A refused name is echoed up to this many characters: enough to spot it, never a wall."""
+
+
+def _shown_name(feature: object) -> str:
+    if not isinstance(feature, str):
+        return f"{type(feature).__name__} {repr(feature)[:SHOWN_NAME_CHARS]}"
+    if len(feature) <= SHOWN_NAME_CHARS:
+        return repr(feature)
+    return f"{feature[:SHOWN_NAME_CHARS]!r}... ({len(feature)} characters)"
 
 
 def is_valid_feature_name(feature: str) -> bool:
