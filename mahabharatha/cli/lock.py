@@ -210,6 +210,7 @@ def run_command(
             heartbeat=heartbeat,
             reclaim_dead=reclaim_dead,
             on_wait=line.callback,
+            command=command,
         )
         try:
             # With --json our stdout is for the one document: the command's goes to stderr.
