@@ -83,6 +83,11 @@ def this_boot() -> str | None:
         return None
 
 
+_OWN_PID_NS: Final = (
+    "/proc/thread-self/ns/pid" if os.path.exists("/proc/thread-self") else "/proc/self/ns/pid"
+)  # thread-self: works after the main thread exited (pthread_exit) while others run
+
+
 @cache
 def this_pid_namespace() -> int | None:
     """Our PID namespace's inode, or ``None`` when ``/proc`` is not our namespace's.
@@ -93,7 +98,7 @@ def this_pid_namespace() -> int | None:
     try:
         if int(os.readlink("/proc/self")) != os.getpid():
             return None
-        return os.stat("/proc/self/ns/pid").st_ino
+        return os.stat(_OWN_PID_NS).st_ino
     except (OSError, ValueError):
         return None
 

@@ -132,6 +132,11 @@ _NOFOLLOW_READ: Final = (
 )  # O_NONBLOCK: a FIFO or device at the path must not hang the open
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
+_OWN_FDS: Final = (
+    "/proc/thread-self/fd" if os.path.isdir("/proc/thread-self/fd") else "/proc/self/fd"
+)
+"""Our descriptors by path. ``self`` is the main thread: once it has exited (``pthread_exit``)
+while other threads run, ``/proc/self/fd`` is gone and an unnamed lock could not be linked."""
 # O_NOFOLLOW reports a symlink as ELOOP on Linux and macOS, EMLINK on FreeBSD.
 _SYMLINK_ERRNOS: Final = frozenset({errno.ELOOP, errno.EMLINK})
 # Running out of descriptors or memory says nothing about the lock: surface it, never reclaim.
@@ -756,7 +761,7 @@ def _close_quietly(fd: int) -> None:
 class _Tmpfile:
     """Whether ``O_TMPFILE`` + ``linkat`` through ``/proc/self/fd`` works here (learned once)."""
 
-    usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir("/proc/self/fd")
+    usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir(_OWN_FDS)
 
 
 class _NoTmpfileError(Exception):
@@ -774,7 +779,7 @@ def _publish_unnamed(dfd: int, record: bytes, owner: bytes | None) -> LockSnapsh
     try:
         info = _write_record(fd, record, owner)
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
-        os.link(f"/proc/self/fd/{fd}", LOCK_FILE_NAME, dst_dir_fd=dfd, follow_symlinks=True)
+        os.link(f"{_OWN_FDS}/{fd}", LOCK_FILE_NAME, dst_dir_fd=dfd, follow_symlinks=True)
         return _published(info, record, owner)
     except FileExistsError:
         return None

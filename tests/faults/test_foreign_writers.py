@@ -5,8 +5,9 @@
   says held, release and clean leave it, check says nothing is held yet. Then its record lands.
 - A shell writer, ``echo "$$:$(date +%s)" > .lock``: a valid record (whole seconds), respected
   as an active lock; reclaimable once stale. Its owner is ``unknown`` (a shell publishes no
-  owner details), so ``reclaim_dead`` does not take it although the shell is gone. ``>`` is not a lock: it overwrites ours, and the holder learns on its next refresh that
-  it lost (and never removes the shell's record). ``set -C`` (noclobber) makes it respect ours.
+  owner details), so ``reclaim_dead`` does not take it although the shell is gone. ``>`` is
+  not a lock: it overwrites ours, and the holder learns on its next refresh that it lost (and
+  never removes the shell's record). ``set -C`` (noclobber) makes it respect ours.
 - ``find <gsd>/specs -name .lock -mmin +120 -delete``, run alongside ``lock run`` with a fast
   heartbeat: every refresh gives the lock a new mtime, so find never deletes a live lock, while
   it does delete a stale one (aged with ``os.utime``).
