@@ -3,14 +3,20 @@
 The record's bytes are fixed (old and new writers share them), so the rest of what we know about
 an owner travels in one extended attribute of the lock file, ``user.mahabharatha.owner``, set on
 the file's descriptor *before* the file is linked (or renamed) to ``.lock``: a reader sees the
-record and its details together or not at all, and they can never disagree. The value is compact
-JSON (at most ``MAX_DETAILS_BYTES``)::
+record and its details together or not at all, and they can never disagree. The value is packed
+binary, little-endian (``DETAILS_LAYOUT``), then text::
 
-    {"v": 1, "boot": "<boot id>", "ns": <pid namespace inode>, "start": <ticks>,
-     "pgid": <process group>, "gstart": <ticks>, "host": "<host name>", "cmd": "<command>"}
+    version (1 byte, 1) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
+    | host (UTF-8) [ | NUL | cmd (UTF-8) ]
 
-* ``boot``: ``/proc/sys/kernel/random/boot_id``; ``ns``: the inode of ``/proc/self/ns/pid`` of
-  the writer (the namespace in which the recorded pid number means something);
+Unknown numbers are 0. Small on purpose: ext4 keeps an attribute of up to ``INLINE_BYTES`` in
+the inode itself; a larger one costs a disk block per lock, which made an acquire-release
+cycle four times slower. So the host name is cut to fit there; only ``lock run``, which holds
+its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
+
+* ``boot``: the first 8 bytes of ``/proc/sys/kernel/random/boot_id`` (64 bits tell boots
+  apart); ``ns``: the inode of our ``/proc/self/ns/pid``, the namespace in which the recorded
+  pid number means something;
 * ``start``: the owner's start time in clock ticks after boot (``/proc/<pid>/stat`` field 22):
   exact and cheap, where psutil's ``create_time`` is a float rebuilt from it;
 * ``pgid`` and ``gstart``: the owner's process group when it took the lock, and the start time of
@@ -25,24 +31,26 @@ Judging a pid needs the judge's own boot and PID namespace in the details (``jud
 from __future__ import annotations
 
 import errno
-import json
 import os
 import socket
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Final, TypeVar
-
-_T = TypeVar("_T")
+from typing import Final
 
 XATTR_NAME: Final = "user.mahabharatha.owner"
-MAX_DETAILS_BYTES: Final = 1024
-"""The details are about 200 bytes; a longer value is not ours and is ignored (bounded reads)."""
+DETAILS_VERSION: Final = 1
+DETAILS_LAYOUT: Final = struct.Struct("<B8sIQIQ")
+"""version, boot id (8 bytes), PID namespace, start ticks, process group, group leader start."""
+INLINE_BYTES: Final = 52
+"""The largest value of this name that ext4 (256-byte inodes) keeps inside the inode."""
+MAX_DETAILS_BYTES: Final = 512
+"""With ``lock run``'s command; a longer value is not ours and is ignored (bounded reads)."""
 MAX_COMMAND_CHARS: Final = 256
 """The command is shown to people, never parsed: a long one is cut to keep the value bounded."""
 MAX_STAT_BYTES: Final = 4096
 """``/proc/<pid>/stat`` is one line of about 300 bytes even with a 15-character comm."""
-DETAILS_VERSION: Final = 1
 
 # What a file system without (user) extended attributes, or one that is full, answers.
 _NO_XATTR_ERRNOS: Final = frozenset(
@@ -75,11 +83,13 @@ class ProcStat:
 
 @cache
 def this_boot() -> str | None:
-    """This boot's id (Linux); ``None`` elsewhere, and then no pid is ever judged dead."""
+    """This boot's id as recorded (16 hex digits, Linux); ``None`` elsewhere, and then no pid
+    is ever judged dead."""
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as source:
-            return source.read(64).decode("ascii").strip() or None
-    except (OSError, UnicodeDecodeError):
+            digits = source.read(64).decode("ascii").strip().replace("-", "")[:16]
+        return bytes.fromhex(digits).hex() if len(digits) == 16 else None
+    except (OSError, ValueError):
         return None
 
 
@@ -250,48 +260,47 @@ def _command_line(command: Sequence[str]) -> str:
 
 
 def _encode(details: OwnerDetails) -> bytes:
-    fields = {"v": DETAILS_VERSION, **{k: v for k, v in vars(details).items() if v is not None}}
-    raw = json.dumps(fields, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-    if len(raw) > MAX_DETAILS_BYTES:  # only a huge host name could do this: drop the extras
-        fields.pop("cmd", None)
-        fields.pop("host", None)
-        raw = json.dumps(fields, separators=(",", ":")).encode("ascii")
-    return raw
+    boot = bytes.fromhex((details.boot or "").replace("-", "")[:16].ljust(16, "0"))
+    head = DETAILS_LAYOUT.pack(
+        DETAILS_VERSION,
+        boot,
+        details.ns or 0,
+        details.start or 0,
+        details.pgid or 0,
+        details.gstart or 0,
+    )
+    host = (details.host or "").encode("utf-8", "replace")[: INLINE_BYTES - len(head)]
+    host = host.decode("utf-8", "ignore").encode()  # never cut a character in two
+    if details.cmd is None:
+        return head + host
+    return (head + host + b"\0" + details.cmd.encode("utf-8", "replace"))[:MAX_DETAILS_BYTES]
 
 
 def decode(raw: bytes | None) -> OwnerDetails | None:
     """The details in ``raw``; ``None`` for none, or for anything that is not our format."""
-    if not raw or len(raw) > MAX_DETAILS_BYTES:
+    if not raw or len(raw) > MAX_DETAILS_BYTES or len(raw) < DETAILS_LAYOUT.size:
         return None
-    try:
-        fields = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    version, boot, ns, start, pgid, gstart = DETAILS_LAYOUT.unpack_from(raw)
+    if version != DETAILS_VERSION:
         return None
-    if not isinstance(fields, dict) or fields.get("v") != DETAILS_VERSION:
-        return None
+    host, separator, cmd = raw[DETAILS_LAYOUT.size :].partition(b"\0")
     return OwnerDetails(
-        boot=_typed(fields.get("boot"), str),
-        ns=_typed(fields.get("ns"), int),
-        start=_typed(fields.get("start"), int),
-        pgid=_typed(fields.get("pgid"), int),
-        gstart=_typed(fields.get("gstart"), int),
-        host=_typed(fields.get("host"), str),
-        cmd=_typed(fields.get("cmd"), str),
+        boot=boot.hex() if any(boot) else None,
+        ns=ns or None,
+        start=start or None,
+        pgid=pgid or None,
+        gstart=gstart or None,
+        host=host.decode("utf-8", "replace") or None,
+        cmd=cmd.decode("utf-8", "replace") if separator else None,
     )
-
-
-def _typed(value: object, kind: type[_T]) -> _T | None:
-    if isinstance(value, bool) or not isinstance(value, kind):
-        return None
-    return value
 
 
 def judgeable(details: OwnerDetails | None) -> bool:
     """May this process judge the recorded pid? Only on its own boot, in its own namespace."""
     if details is None or details.boot is None or details.ns is None:
         return False
-    here = this_pid_namespace()
-    return here is not None and details.boot == this_boot() and details.ns == here
+    here, boot = this_pid_namespace(), this_boot()
+    return here is not None and boot is not None and details.boot == boot and details.ns == here
 
 
 # --------------------------------------------------------------------------- the attribute
