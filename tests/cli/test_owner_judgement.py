@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -102,7 +103,7 @@ def test_a_sigkilled_lock_run_takes_its_command_along_and_its_group_keeps_the_lo
         stdin=subprocess.PIPE,
     )  # fmt: skip  (its own session: lock run leads the group CMD stays in)
     cmd_pid, worker_pid = map(int, first.next_line().split())
-    os.kill(first.pid, 9)
+    os.kill(first.pid, signal.SIGKILL)
     first.proc.wait(timeout=SYNC_TIMEOUT)
 
     wait_gone(cmd_pid)  # the parent-death signal ended CMD with lock run
