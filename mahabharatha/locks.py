@@ -32,6 +32,7 @@ from time import gmtime, monotonic, sleep, strftime
 from types import TracebackType
 from typing import Any, Final, Self
 
+from mahabharatha import ownership
 from mahabharatha.commands import _utils
 from mahabharatha.commands._utils import (
     STALE_AFTER_SECONDS,
@@ -167,39 +168,67 @@ class Owner(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-ProcessFacts = tuple[bool, float | None]
-"""(running here, start time if known) of a pid."""
+ProcessFacts = tuple[bool, int | None]
+"""(alive here, start time in clock ticks after boot) of a pid, from ``/proc/<pid>/stat``."""
+
+OwnerDetails = ownership.OwnerDetails
 
 
 def _process_facts(pid: int) -> ProcessFacts:
-    import psutil  # imported here: most commands never ask, and the CLI starts faster
-
-    try:
-        process = psutil.Process(pid)
-        with process.oneshot():
-            if process.status() == psutil.STATUS_ZOMBIE:
-                return False, None
-            return True, process.create_time()
-    except psutil.NoSuchProcess:
+    """Is ``pid`` alive (any of its threads: a main thread that exited leaves a zombie leader
+    whose other threads run on), and when did it start?"""
+    stat = ownership.proc_stat(pid)
+    if stat is None or not ownership.is_alive(stat, pid):
         return False, None
-    except psutil.AccessDenied:
-        return True, None
+    return True, stat.start
 
 
-def _owner(facts: ProcessFacts, timestamp: float | None) -> Owner:
+def _started_after(started: int, timestamp: float) -> bool:
+    import psutil  # only on this rare path: keeps the CLI's cold start short
+
+    since_boot = started / os.sysconf("SC_CLK_TCK")
+    return psutil.boot_time() + since_boot > timestamp + CREATE_TIME_SLACK_SECONDS
+
+
+def _owner(facts: ProcessFacts, timestamp: float | None, details: OwnerDetails) -> Owner:
+    """The recorded pid's own fate (its group is asked separately)."""
     running, started = facts
     if not running:
         return Owner.NOT_RUNNING
-    if started is None or timestamp is None:
+    if started is None:
         return Owner.RUNNING
-    if started > timestamp + CREATE_TIME_SLACK_SECONDS:
+    if details.start is not None:  # exact: the owner's start time was recorded with the lock
+        return Owner.RUNNING if started == details.start else Owner.PID_REUSED
+    # The owner was not visible when the lock was written (``--pid`` of a gone process).
+    if timestamp is not None and _started_after(started, timestamp):
         return Owner.PID_REUSED  # this pid's process began after the lock was written
     return Owner.RUNNING
 
 
-def owner_liveness(pid: int | None, timestamp: float | None) -> Owner:
-    """Is the lock's owner alive on this host? Meaningless for locks from other hosts."""
-    return Owner.UNKNOWN if pid is None else _owner(_process_facts(pid), timestamp)
+def _judge(
+    pid: int, timestamp: float | None, details: OwnerDetails | None, facts: ProcessFacts
+) -> Owner:
+    """The owner judgement of the contract: only on our own boot and PID namespace; alive
+    while any process of the group it took the lock in is alive."""
+    if details is None or not ownership.judgeable(details):
+        return Owner.UNKNOWN  # another boot, namespace or host, or an older writer: age decides
+    verdict = _owner(facts, timestamp, details)
+    if verdict is Owner.RUNNING or details.pgid is None:
+        return verdict
+    # Race: a SIGKILLed ``lock run`` whose command (or its children) still works: not dead.
+    if ownership.group_has_live_member(details.pgid, details.gstart):
+        return Owner.RUNNING
+    return verdict
+
+
+def owner_liveness(
+    pid: int | None, timestamp: float | None, details: OwnerDetails | None = None
+) -> Owner:
+    """Is the lock's owner alive? ``unknown`` unless its ``details`` show our boot and PID
+    namespace (a pid means nothing on another host, boot or namespace)."""
+    if pid is None or not ownership.judgeable(details):
+        return Owner.UNKNOWN
+    return _judge(pid, timestamp, details, _process_facts(pid))
 
 
 @dataclass(frozen=True)
@@ -223,7 +252,8 @@ def _describe(
     snapshot: LockSnapshot,
     state: LockState,
     now: float,
-    liveness: Callable[[int | None, float | None], Owner] | None = owner_liveness,
+    liveness: Callable[[int | None, float | None, OwnerDetails | None], Owner]
+    | None = owner_liveness,
 ) -> LockInfo:
     record = snapshot.record
     pid, timestamp = record if record else (None, None)
@@ -238,7 +268,11 @@ def _describe(
         if state is LockState.ACTIVE and timestamp is not None
         else None
     )
-    owner = liveness(pid, timestamp) if liveness and pid is not None else Owner.UNKNOWN
+    owner = (
+        liveness(pid, timestamp, snapshot.owner_details)
+        if liveness and pid is not None
+        else Owner.UNKNOWN
+    )
     return LockInfo(feature, state.value, pid, timestamp, age, expires, owner.value)
 
 
@@ -313,17 +347,17 @@ def status(gsd_dir: str | os.PathLike[str] = GSD_DIR) -> list[LockInfo]:
 
 def _per_pid(
     facts_of: Callable[[int], ProcessFacts],
-) -> Callable[[int | None, float | None], Owner]:
+) -> Callable[[int | None, float | None, OwnerDetails | None], Owner]:
     """Ask the process table once per pid (many locks share few owners), judge each lock's
-    timestamp against the answer."""
+    details against the answer."""
     seen: dict[int, ProcessFacts] = {}
 
-    def liveness(pid: int | None, timestamp: float | None) -> Owner:
-        if pid is None:
+    def liveness(pid: int | None, timestamp: float | None, details: OwnerDetails | None) -> Owner:
+        if pid is None or not ownership.judgeable(details):
             return Owner.UNKNOWN
         if pid not in seen:
             seen[pid] = facts_of(pid)
-        return _owner(seen[pid], timestamp)
+        return _judge(pid, timestamp, details, seen[pid])
 
     return liveness
 
@@ -369,7 +403,8 @@ def _dead_owner_rule(snapshot: LockSnapshot, state: LockState) -> bool:
     record = snapshot.record
     if state is not LockState.ACTIVE or record is None:
         return False
-    return owner_liveness(*record) in (Owner.NOT_RUNNING, Owner.PID_REUSED)
+    verdict = owner_liveness(*record, snapshot.owner_details)
+    return verdict in (Owner.NOT_RUNNING, Owner.PID_REUSED)
 
 
 def _reclaim_reason(outcome: AcquireOutcome) -> str:
@@ -379,12 +414,17 @@ def _reclaim_reason(outcome: AcquireOutcome) -> str:
 
 
 def _try_once(
-    feature: str, gsd_dir: str | os.PathLike[str], pid: int, reclaim_dead: bool
+    feature: str,
+    gsd_dir: str | os.PathLike[str],
+    pid: int,
+    reclaim_dead: bool,
+    details: bytes | None = None,
 ) -> tuple[AcquireOutcome, float]:
     now = _utils.now()
+    rule = _dead_owner_rule if reclaim_dead else age_only
     with open_feature_dir(gsd_dir, feature, create=True) as dfd:
         assert dfd is not None
-        outcome = _utils.try_acquire(dfd, pid, now, _dead_owner_rule if reclaim_dead else age_only)
+        outcome = _utils.try_acquire(dfd, pid, now, rule, details)
     if outcome.replaced is not None:
         _audit(
             gsd_dir,
@@ -419,10 +459,12 @@ def acquire(
     timeout: float | None = 0.0,
     reclaim_dead: bool = False,
     on_wait: WaitCallback | None = None,
+    command: Sequence[str] | None = None,
 ) -> LockSnapshot:
     """Make ``pid`` (default: this process) the holder of ``feature``; return its lock.
 
     ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
+    ``command``: what the owner runs under the lock (``lock run``), kept in its owner details.
     Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held,
     ``ValueError`` for a bad name, pid or timeout (negative: unlike filelock, ``-1`` does not
     mean "for ever" here; pass ``None``), and ``OSError`` for trouble on disk.
@@ -430,10 +472,11 @@ def acquire(
     _validate_feature_name(feature)
     _valid_timeout(timeout)
     owner = os.getpid() if pid is None else _valid_pid(pid)
+    details = ownership.details_of(owner, command)
     deadline = None if timeout is None else monotonic() + max(0.0, timeout)
     delays = _backoff_delays()
     while True:
-        outcome, now = _try_once(feature, gsd_dir, owner, reclaim_dead)
+        outcome, now = _try_once(feature, gsd_dir, owner, reclaim_dead, details)
         if outcome.mine is not None:
             return outcome.mine
         info = _describe(feature, outcome.holder, outcome.state, now, liveness=None)
@@ -695,6 +738,7 @@ class FeatureLock:
         reclaim_dead: bool = False,
         heartbeat: float | None = HEARTBEAT_SECONDS,
         on_wait: WaitCallback | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         _validate_feature_name(feature)
         _valid_timeout(timeout)
@@ -705,6 +749,7 @@ class FeatureLock:
         self.reclaim_dead = reclaim_dead
         self.heartbeat = heartbeat
         self.on_wait = on_wait
+        self.command = command  # kept in the lock's owner details (``lock run``)
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
         self._mine: LockSnapshot | None = None
@@ -757,6 +802,7 @@ class FeatureLock:
             timeout=self.timeout,
             reclaim_dead=self.reclaim_dead,
             on_wait=self.on_wait,
+            command=self.command,
         )
         self._holder_process = os.getpid()
         self.lost = None

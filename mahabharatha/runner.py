@@ -158,11 +158,54 @@ def run_locked(
     return SIGNAL_EXIT_BASE - returncode if returncode < 0 else returncode
 
 
+PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
+PARENT_DEATH_SIGNAL: Final = signal.SIGKILL
+"""What CMD gets when ``lock run`` dies without ending it (SIGKILL, a crash): the same fate.
+A signal that ``lock run`` can handle is forwarded to CMD instead (see the module docstring)."""
+
+
+def _parent_death_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to kill the child when ``lock run`` dies; ``None``
+    where there is no ``prctl`` (CMD then outlives a SIGKILLed ``lock run``, and its process
+    group, recorded with the lock, keeps the lock alive meanwhile).
+
+    Fork safety: everything is resolved here, in the parent; the child only calls one C
+    function and two system calls, touching no Python lock (the import lock is held across the
+    fork by ``subprocess`` itself, and glibc's ``fork`` leaves ``malloc`` usable).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    getpid, getppid, kill, signum = os.getpid, os.getppid, os.kill, int(PARENT_DEATH_SIGNAL)
+
+    def die_with_parent() -> None:
+        # The signal comes when the thread that forked us ends: run_locked starts CMD from the
+        # thread that waits for it.
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        # Race: lock run died between fork and prctl; we were re-parented and no signal comes.
+        if getppid() != parent:
+            kill(getpid(), signum)
+
+    return die_with_parent
+
+
 def _start(
     relay: _SignalRelay, command: Sequence[str], stdout: IO[str] | None
 ) -> subprocess.Popen[bytes]:
     try:
-        child = subprocess.Popen(list(command), stdout=stdout)
+        # CMD stays in our process group (the group recorded with the lock): while any of it
+        # runs, the lock's owner is alive, even if ``lock run`` itself was SIGKILLed.
+        child = subprocess.Popen(
+            list(command),
+            stdout=stdout,
+            preexec_fn=_parent_death_hook(),
+        )
     except FileNotFoundError as error:
         raise CommandNotFoundError(error.errno, f"command not found: {command[0]}") from error
     except OSError as error:  # EACCES, EISDIR, ENOEXEC, ...: there, but not something to run

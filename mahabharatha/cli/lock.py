@@ -311,6 +311,7 @@ def run_command(
                     heartbeat=heartbeat,
                     reclaim_dead=reclaim_dead,
                     on_wait=line.callback,
+                    command=command,
                 )
                 # With --json our stdout is for the one document: the command's goes to stderr.
                 stdout = sys.stderr if as_json else None

@@ -33,11 +33,12 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic as _monotonic  # bound now: tests replace this module's ``time``
 from typing import Final
 
+from mahabharatha import ownership
 from mahabharatha.constants import GSD_DIR, STATE_DIR
 
 __all__ = [
@@ -131,6 +132,11 @@ _NOFOLLOW_READ: Final = (
 )  # O_NONBLOCK: a FIFO or device at the path must not hang the open
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
+_OWN_FDS: Final = (
+    "/proc/thread-self/fd" if os.path.isdir("/proc/thread-self/fd") else "/proc/self/fd"
+)
+"""Our descriptors by path. ``self`` is the main thread: once it has exited (``pthread_exit``)
+while other threads run, ``/proc/self/fd`` is gone and an unnamed lock could not be linked."""
 # O_NOFOLLOW reports a symlink as ELOOP on Linux and macOS, EMLINK on FreeBSD.
 _SYMLINK_ERRNOS: Final = frozenset({errno.ELOOP, errno.EMLINK})
 # Running out of descriptors or memory says nothing about the lock: surface it, never reclaim.
@@ -329,6 +335,13 @@ class LockSnapshot:
     content: bytes | None  # None: not readable (or not a file); a symlink holds its target
     mtime: float = 0.0
     read_errno: int | None = None  # why a regular file's bytes could not be read
+    # The owner details published with the record (``ownership``); not part of its identity.
+    owner: bytes | None = field(default=None, compare=False)
+
+    @property
+    def owner_details(self) -> ownership.OwnerDetails | None:
+        """The decoded owner details, ``None`` when unknown (no attribute, or not ours)."""
+        return ownership.decode(self.owner)
 
     @property
     def record(self) -> tuple[int, float] | None:
@@ -433,7 +446,9 @@ def _read_lock_once(dfd: int) -> LockSnapshot | None:
             if error.errno in _RESOURCE_ERRNOS:
                 raise
             return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
-        return LockSnapshot(EntryKind.FILE, _identity(info), content, info.st_mtime)
+        # The details of the very inode read, one more system call (ownership).
+        owner = ownership.read_attached(fd) if content else None
+        return LockSnapshot(EntryKind.FILE, _identity(info), content, info.st_mtime, owner=owner)
     finally:
         _close_quietly(fd)
 
@@ -707,32 +722,35 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _published(info: os.stat_result, record: bytes) -> LockSnapshot:
+def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> LockSnapshot:
     """The snapshot a reader will see of the lock we just wrote (same inode, same bytes)."""
-    return LockSnapshot(EntryKind.FILE, _identity(info), record, info.st_mtime)
+    return LockSnapshot(EntryKind.FILE, _identity(info), record, info.st_mtime, owner=owner)
 
 
-def _write_record(fd: int, record: bytes) -> os.stat_result:
-    """Write the record and return the file's facts; make it readable by all, whatever the umask.
+def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result:
+    """Write the record and its owner details; return the file's facts; make it readable by
+    all, whatever the umask.
 
     Another user who cannot read a lock must call it unreadable and may reclaim it, so a lock
     that the umask made private would be stolen from its live owner (race: cross-user reclaim).
     """
     _write_all(fd, record)
+    # Race: a reader must never see the record without its details: set them before the link.
+    ownership.attach(fd, owner)
     info = os.fstat(fd)
     if info.st_mode & LOCK_MODE != LOCK_MODE:
         os.fchmod(fd, LOCK_MODE)
     return info
 
 
-def _write_named_temp(dfd: int, record: bytes) -> tuple[str, os.stat_result]:
+def _write_named_temp(dfd: int, record: bytes, owner: bytes | None) -> tuple[str, os.stat_result]:
     """Write ``record`` into a new private temp file. Leaves nothing behind on error."""
     name = _temp_name()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, LOCK_MODE, dir_fd=dfd)
     try:
         try:
-            info = _write_record(fd, record)
+            info = _write_record(fd, record, owner)
         finally:
             os.close(fd)  # a close error (deferred write error) fails the temp too
     except BaseException:
@@ -761,14 +779,14 @@ def _close_quietly(fd: int) -> None:
 class _Tmpfile:
     """Whether ``O_TMPFILE`` + ``linkat`` through ``/proc/self/fd`` works here (learned once)."""
 
-    usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir("/proc/self/fd")
+    usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir(_OWN_FDS)
 
 
 class _NoTmpfileError(Exception):
     """This file system cannot make unnamed files."""
 
 
-def _publish_unnamed(dfd: int, record: bytes) -> LockSnapshot | None:
+def _publish_unnamed(dfd: int, record: bytes, owner: bytes | None) -> LockSnapshot | None:
     """Publish through a file with no name: a crash at any step leaves nothing behind."""
     try:
         fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, LOCK_MODE, dir_fd=dfd)
@@ -777,28 +795,32 @@ def _publish_unnamed(dfd: int, record: bytes) -> LockSnapshot | None:
             raise
         raise _NoTmpfileError from error
     try:
-        info = _write_record(fd, record)
+        info = _write_record(fd, record, owner)
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
-        os.link(f"/proc/self/fd/{fd}", LOCK_FILE_NAME, dst_dir_fd=dfd, follow_symlinks=True)
-        return _published(info, record)
+        os.link(f"{_OWN_FDS}/{fd}", LOCK_FILE_NAME, dst_dir_fd=dfd, follow_symlinks=True)
+        return _published(info, record, owner)
     except FileExistsError:
         return None
     finally:
         _close_quietly(fd)
 
 
-def _place_temp(dfd: int, record: bytes, place: Callable[[str], None]) -> os.stat_result:
+def _place_temp(
+    dfd: int, record: bytes, owner: bytes | None, place: Callable[[str], None]
+) -> os.stat_result:
     """Write ``record`` into a named temp and ``place`` it (link or rename it to ``.lock``)."""
     for _ in range(TEMP_ATTEMPTS - 1):
         # Race: a sweeper took our temp for debris (a clock step, another PID namespace)
         # before we placed it: write a new one.
         with suppress(FileNotFoundError):
-            return _place_temp_once(dfd, record, place)
-    return _place_temp_once(dfd, record, place)
+            return _place_temp_once(dfd, record, owner, place)
+    return _place_temp_once(dfd, record, owner, place)
 
 
-def _place_temp_once(dfd: int, record: bytes, place: Callable[[str], None]) -> os.stat_result:
-    name, info = _write_named_temp(dfd, record)
+def _place_temp_once(
+    dfd: int, record: bytes, owner: bytes | None, place: Callable[[str], None]
+) -> os.stat_result:
+    name, info = _write_named_temp(dfd, record, owner)
     try:
         place(name)
     finally:
@@ -806,32 +828,35 @@ def _place_temp_once(dfd: int, record: bytes, place: Callable[[str], None]) -> o
     return info
 
 
-def _publish_named(dfd: int, record: bytes) -> LockSnapshot | None:
+def _publish_named(dfd: int, record: bytes, owner: bytes | None) -> LockSnapshot | None:
     def link(name: str) -> None:
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
         os.link(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
 
     sweep_orphan_temps(dfd)  # named temps can be orphaned by a crash: keep them from piling up
     try:
-        return _published(_place_temp(dfd, record, link), record)
+        return _published(_place_temp(dfd, record, owner, link), record, owner)
     except FileExistsError:
         return None
 
 
-def _publish(dfd: int, record: bytes) -> LockSnapshot | None:
-    """Make ``.lock`` appear holding ``record``, whole; ``None`` when a lock already exists."""
+def _publish(dfd: int, record: bytes, owner: bytes | None = None) -> LockSnapshot | None:
+    """Make ``.lock`` appear holding ``record`` and its ``owner`` details, whole; ``None`` when
+    a lock already exists."""
     if _Tmpfile.usable:
         try:
-            return _publish_unnamed(dfd, record)
+            return _publish_unnamed(dfd, record, owner)
         except _NoTmpfileError:
             _Tmpfile.usable = False
-    return _publish_named(dfd, record)
+    return _publish_named(dfd, record, owner)
 
 
 def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | None:
     """Atomically swap ``.lock`` for ``record`` if it is still the holder's ``judged`` lock.
 
     Returns the new lock's snapshot, or ``None`` if the lock is no longer the one judged.
+    The owner details of ``judged`` are carried forward: the owner and its group are the ones
+    that took the lock.
     """
     with guard(dfd, wait=True):
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
@@ -842,7 +867,8 @@ def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockS
             # rename() swaps the whole file at once: readers see the old or the new record.
             os.rename(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
 
-        return _published(_place_temp(dfd, record, rename), record)
+        owner = judged.owner
+        return _published(_place_temp(dfd, record, owner, rename), record, owner)
 
 
 def orphan_temps(dfd: int, now: float) -> list[str]:
@@ -910,7 +936,7 @@ class _JudgedLockChangedError(Exception):
 
 
 def _reclaim(
-    dfd: int, judged: LockSnapshot, record: bytes, still: Reclaimable
+    dfd: int, judged: LockSnapshot, record: bytes, still: Reclaimable, owner: bytes | None
 ) -> LockSnapshot | None:
     """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
     with guard(dfd, wait=False) as taken:
@@ -920,17 +946,26 @@ def _reclaim(
             raise _JudgedLockChangedError
         sweep_orphan_temps(dfd)
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
-        return _publish(dfd, record)
+        return _publish(dfd, record, owner)
 
 
 def try_acquire(
-    dfd: int, pid: int, now: float, may_reclaim: MayReclaim = age_only
+    dfd: int,
+    pid: int,
+    now: float,
+    may_reclaim: MayReclaim = age_only,
+    owner: bytes | None = None,
 ) -> AcquireOutcome:
-    """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``."""
+    """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``.
+
+    ``owner``: the owner details to publish with the record (default: those of ``pid``).
+    """
     record = format_record(pid, now)
+    if owner is None:
+        owner = ownership.details_of(pid)
     holder, state = MISSING, LockState.FREE
     for _ in range(MAX_ROUNDS):
-        mine = _publish(dfd, record)
+        mine = _publish(dfd, record, owner)
         if mine is not None:
             return AcquireOutcome(mine)
         holder = read_lock(dfd)
@@ -943,7 +978,11 @@ def try_acquire(
             return AcquireOutcome(None, holder, state)
         try:
             won = _reclaim(
-                dfd, holder, record, lambda entry: may_reclaim(entry, judge_lock(entry, now))
+                dfd,
+                holder,
+                record,
+                lambda entry: may_reclaim(entry, judge_lock(entry, now)),
+                owner,
             )
         except _JudgedLockChangedError:
             continue  # Race: replaced since we read it; judge the new one.

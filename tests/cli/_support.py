@@ -24,6 +24,7 @@ from typing import Any, Final
 from typer.testing import CliRunner, Result
 
 from mahabharatha.cli import app
+from tests.support.owner_details import attach, details_for
 
 FEATURE: Final = "auth-flow"
 
@@ -49,14 +50,25 @@ def lock_path(gsd: Path, feature: str = FEATURE) -> Path:
 
 
 def write_lock(
-    gsd: Path, feature: str = FEATURE, content: str | None = None, **record: Any
+    gsd: Path,
+    feature: str = FEATURE,
+    content: str | None = None,
+    *,
+    details: bytes | None = None,
+    **record: Any,
 ) -> Path:
-    """Put ``content`` (or the record ``pid:timestamp``) at the feature's lock path."""
+    """Put ``content`` (or the record ``pid:timestamp``) at the feature's lock path.
+
+    A record gets the owner details this package would publish for its pid (or ``details``),
+    as a lock of this package has them; ``content`` is an older writer's and has none.
+    """
     path = lock_path(gsd, feature)
     path.parent.mkdir(parents=True, exist_ok=True)
     if content is None:
-        content = f"{record['pid']}:{record['timestamp']}"
-    path.write_text(content)
+        path.write_text(f"{record['pid']}:{record['timestamp']}")
+        attach(path, details or details_for(record["pid"]))
+    else:
+        path.write_text(content)
     return path
 
 

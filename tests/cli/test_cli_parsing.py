@@ -33,6 +33,7 @@ from tests.cli._support import (
     write_lock,
 )
 from tests.support.marks import needs_fifo, needs_symlinks
+from tests.support.owner_details import details_for
 
 ME: Final = os.getpid()
 OTHER: Final = 4_000_000
@@ -322,7 +323,9 @@ def crowded(gsd: Path, tmp_path: Path) -> dict[str, Path]:
     paths = {
         "active-feat": write_lock(gsd, "active-feat", pid=ME, **fresh()),
         "dead-owner": write_lock(gsd, "dead-owner", pid=gone, **fresh()),
-        "reused-pid": write_lock(gsd, "reused-pid", pid=ME, **fresh(-3600)),
+        "reused-pid": write_lock(
+            gsd, "reused-pid", pid=ME, details=details_for(ME, start=1, pgid=None), **fresh(-3600)
+        ),
         "stale-feat": write_lock(gsd, "stale-feat", pid=OTHER, **fresh(-STALE_AFTER_SECONDS - 5)),
         "corrupt-feat": write_lock(gsd, "corrupt-feat", content="7:1e9"),
         "old-empty": write_lock(gsd, "old-empty", content=""),

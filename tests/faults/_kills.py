@@ -131,6 +131,9 @@ def run_child(body: Callable[[], None], *, named: bool = False) -> Death:
     if pid == 0:  # the child: never returns into pytest
         code = 1
         try:
+            # A worker in its own process group, as a job-control shell starts one: the owner's
+            # group outlives it otherwise (pytest's), and its lock is rightly never "dead".
+            os.setpgid(0, 0)
             os.close(read_end)
             if named:
                 _utils._Tmpfile.usable = False

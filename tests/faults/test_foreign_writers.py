@@ -4,9 +4,10 @@
   a moment later. Caught between the two, its empty lock is "writing": this module's acquire
   says held, release and clean leave it, check says nothing is held yet. Then its record lands.
 - A shell writer, ``echo "$$:$(date +%s)" > .lock``: a valid record (whole seconds), respected
-  as an active lock; reclaimable once stale, or at once with ``reclaim_dead`` (the shell is
-  gone). ``>`` is not a lock: it overwrites ours, and the holder learns on its next refresh that
-  it lost (and never removes the shell's record). ``set -C`` (noclobber) makes it respect ours.
+  as an active lock; reclaimable once stale. Its owner is ``unknown`` (a shell publishes no
+  owner details), so ``reclaim_dead`` does not take it although the shell is gone. ``>`` is
+  not a lock: it overwrites ours, and the holder learns on its next refresh that it lost (and
+  never removes the shell's record). ``set -C`` (noclobber) makes it respect ours.
 - ``find <gsd>/specs -name .lock -mmin +120 -delete``, run alongside ``lock run`` with a fast
   heartbeat: every refresh gives the lock a new mtime, so find never deletes a live lock, while
   it does delete a stale one (aged with ``os.utime``).
@@ -144,7 +145,7 @@ def _shell(folder: Path, script: str) -> subprocess.CompletedProcess[str]:
 
 
 @bounded
-def test_a_shell_writers_lock_is_respected_as_active_and_reclaimed_once_its_owner_is_gone(
+def test_a_shell_writers_lock_is_respected_as_active_and_reclaimed_once_stale(
     gsd: Path,
 ) -> None:
     folder = gsd / "specs" / FEATURE
@@ -161,10 +162,13 @@ def test_a_shell_writers_lock_is_respected_as_active_and_reclaimed_once_its_owne
     assert not [e for e in locks.clean(gsd) if e.removed]
     assert entry_at(lock) == shells
     info = locks.inspect(FEATURE, gsd)
-    assert (info.state, info.owner) == ("active", "not-running")  # the shell has exited
+    # The shell has exited, but without owner details its pid proves nothing (contract).
+    assert (info.state, info.owner) == ("active", "unknown")
+    with pytest.raises(locks.LockHeldError):
+        locks.acquire(FEATURE, gsd, reclaim_dead=True)
     with clock_ahead(_utils.STALE_AFTER_SECONDS + 1):
         assert locks.inspect(FEATURE, gsd).state == "stale"
-    locks.acquire(FEATURE, gsd, reclaim_dead=True)  # the shell is provably gone
+        locks.acquire(FEATURE, gsd)
     assert record_pid(entry_at(lock).content) == os.getpid()
 
 

@@ -35,7 +35,7 @@ from typing import Any, Final
 import psutil  # noqa: F401  (imported before forking: children must not import it mid-count)
 import pytest
 
-from mahabharatha import locks
+from mahabharatha import locks, ownership
 from mahabharatha.commands import _utils
 from tests.faults._kills import (
     Expectation,
@@ -260,7 +260,9 @@ def test_a_kill_at_any_step_leaves_no_lock_or_a_whole_one_and_the_next_acquire_r
     assert not run.problems, "\n".join(run.problems[:20])
 
 
-def _create_then_write(dfd: int, record: bytes) -> _utils.LockSnapshot | None:
+def _create_then_write(
+    dfd: int, record: bytes, owner: bytes | None = None
+) -> _utils.LockSnapshot | None:
     """The old publish (``O_CREAT | O_EXCL``, then write): the lock has a name while empty."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
@@ -269,7 +271,7 @@ def _create_then_write(dfd: int, record: bytes) -> _utils.LockSnapshot | None:
         return None
     try:
         os.write(fd, record)
-        return _utils._published(os.fstat(fd), record)
+        return _utils._published(os.fstat(fd), record, owner)
     finally:
         os.close(fd)
 
@@ -323,6 +325,13 @@ def _reap_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+    # Race: SIGKILL is delivered asynchronously; CMD (not our child) may still be exiting, and
+    # while it lives the lock's owner group is rightly alive. Wait for the group to end.
+    deadline = time.monotonic() + 10.0  # a hang guard, not a speed limit
+    while ownership.group_has_live_member(proc.pid, None):
+        if time.monotonic() > deadline:
+            raise HarnessError("lock run's process group outlived SIGKILL")
+        os.sched_yield()
 
 
 @pytest.mark.timeout(TIMEOUT)
@@ -406,6 +415,7 @@ def _random_kill(gsd: Path, turn: int, rng: random.Random) -> tuple[list[str], s
     pid = os.fork()
     if pid == 0:
         try:
+            os.setpgid(0, 0)  # its own group, as a job-control shell starts a worker
             if named:
                 _utils._Tmpfile.usable = False
             body()

@@ -1,6 +1,8 @@
 """Skip conditions, declared once for the whole suite."""
 
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -10,3 +12,24 @@ needs_symlinks = pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs sy
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users or mounting needs root")
 not_root = pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
 posix_signals = pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
+
+
+def _unshare_pid_permitted() -> bool:
+    """Can this process start a child in a new PID namespace (root, or user namespaces)?"""
+    unshare = shutil.which("unshare")
+    if unshare is None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        probe = [unshare, "--pid", "--fork", "--mount-proc", "true"]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_pid_namespaces = pytest.mark.skipif(
+    not _unshare_pid_permitted(),
+    reason="unshare --pid --fork --mount-proc is not permitted here (root or user namespaces)",
+)
+needs_proc = pytest.mark.skipif(
+    not os.path.exists("/proc/self/stat"), reason="owner details need Linux's /proc"
+)

@@ -1,0 +1,332 @@
+"""Who owns a lock: the owner details published beside the ``pid:timestamp`` record.
+
+The record's bytes are fixed (old and new writers share them), so the rest of what we know about
+an owner travels in one extended attribute of the lock file, ``user.mahabharatha.owner``, set on
+the file's descriptor *before* the file is linked (or renamed) to ``.lock``: a reader sees the
+record and its details together or not at all, and they can never disagree. The value is packed
+binary, little-endian (``DETAILS_LAYOUT``), then text::
+
+    version (1 byte, 1) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
+    | host (UTF-8) [ | NUL | cmd (UTF-8) ]
+
+Unknown numbers are 0. Small on purpose: ext4 keeps an attribute of up to ``INLINE_BYTES`` in
+the inode itself; a larger one costs a disk block per lock, which made an acquire-release
+cycle four times slower. So the host name is cut to fit there; only ``lock run``, which holds
+its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
+
+* ``boot``: the first 8 bytes of ``/proc/sys/kernel/random/boot_id`` (64 bits tell boots
+  apart); ``ns``: the inode of our ``/proc/self/ns/pid``, the namespace in which the recorded
+  pid number means something;
+* ``start``: the owner's start time in clock ticks after boot (``/proc/<pid>/stat`` field 22):
+  exact and cheap, where psutil's ``create_time`` is a float rebuilt from it;
+* ``pgid`` and ``gstart``: the owner's process group when it took the lock, and the start time of
+  that group's leader if it was running (tells a reused group number apart);
+* ``host`` and, for ``lock run``, ``cmd`` (the command, cut to ``MAX_COMMAND_CHARS``): for people.
+
+Without the attribute (an older writer, a file system without extended attributes) the lock is
+valid and its owner details are unknown; nothing here ever makes a lock unreadable or corrupt.
+Judging a pid needs the judge's own boot and PID namespace in the details (``judgeable``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Final
+
+XATTR_NAME: Final = "user.mahabharatha.owner"
+"""One attribute for everything: set with one system call, in the inode on ext4 (user.*: no
+privilege needed)."""
+DETAILS_VERSION: Final = 1
+"""The first byte of the value: a layout we do not know is treated as no details at all."""
+DETAILS_LAYOUT: Final = struct.Struct("<B8sIQIQ")
+"""version, boot id (8 bytes), PID namespace, start ticks, process group, group leader start."""
+INLINE_BYTES: Final = 52
+"""The largest value of this name that ext4 (256-byte inodes) keeps inside the inode."""
+MAX_DETAILS_BYTES: Final = 512
+"""With ``lock run``'s command; a longer value is not ours and is ignored (bounded reads)."""
+MAX_COMMAND_CHARS: Final = 256
+"""The command is shown to people, never parsed: a long one is cut to keep the value bounded."""
+MAX_STAT_BYTES: Final = 4096
+"""``/proc/<pid>/stat`` is one line of about 300 bytes even with a 15-character comm."""
+
+# What a file system without (user) extended attributes, or one that is full, answers.
+_NO_XATTR_ERRNOS: Final = frozenset(
+    {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.E2BIG, errno.ENOSPC, errno.EDQUOT}
+)
+
+
+@dataclass(frozen=True)
+class OwnerDetails:
+    boot: str | None = None
+    ns: int | None = None
+    start: int | None = None
+    pgid: int | None = None
+    gstart: int | None = None
+    host: str | None = None
+    cmd: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The three fields of ``/proc/<pid>/stat`` the judgements need."""
+
+    state: str  # R, S, D, Z (zombie), X (dead), ...
+    pgrp: int
+    start: int  # clock ticks after boot
+
+
+# --------------------------------------------------------------------------- this host, this boot
+
+
+@cache
+def this_boot() -> str | None:
+    """This boot's id as recorded (16 hex digits, Linux); ``None`` elsewhere, and then no pid
+    is ever judged dead."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as source:
+            digits = source.read(64).decode("ascii").strip().replace("-", "")[:16]
+        return bytes.fromhex(digits).hex() if len(digits) == 16 else None
+    except (OSError, ValueError):
+        return None
+
+
+_OWN_PID_NS: Final = (
+    "/proc/thread-self/ns/pid" if os.path.exists("/proc/thread-self") else "/proc/self/ns/pid"
+)  # thread-self: works after the main thread exited (pthread_exit) while others run
+
+
+@cache
+def this_pid_namespace() -> int | None:
+    """Our PID namespace's inode, or ``None`` when ``/proc`` is not our namespace's.
+
+    ``unshare --pid --fork`` without ``--mount-proc`` leaves the host's ``/proc`` mounted: pid
+    numbers there are not ours, so nothing read from it may judge one of our pids.
+    """
+    try:
+        if int(os.readlink("/proc/self")) != os.getpid():
+            return None
+        return os.stat(_OWN_PID_NS).st_ino
+    except (OSError, ValueError):
+        return None
+
+
+def _forget_after_fork() -> None:
+    this_pid_namespace.cache_clear()  # a child of unshare(CLONE_NEWPID) lives in a new namespace
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+@cache
+def _host() -> str:
+    return socket.gethostname()
+
+
+# --------------------------------------------------------------------------- /proc
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """State, process group and start time of ``pid``; ``None`` when there is no such process."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, MAX_STAT_BYTES)
+    except OSError:
+        return None  # Race: the process was reaped between open and read
+    finally:
+        os.close(fd)
+    return _parse_stat(raw)
+
+
+def _parse_stat(raw: bytes) -> ProcStat | None:
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    _, _, rest = raw.rpartition(b")")
+    fields = rest.split()
+    try:
+        return ProcStat(fields[0].decode("ascii"), int(fields[2]), int(fields[19]))
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def has_live_thread(pid: int) -> bool:
+    """True when a thread of ``pid`` still runs although its main thread may have exited.
+
+    A process whose main thread called ``pthread_exit`` shows as a zombie while its other threads
+    work on: only its tasks tell.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        if not tid.isdigit():
+            continue
+        task = _task_stat(pid, int(tid))
+        if task is not None and task.state not in ("Z", "X"):
+            return True
+    return False
+
+
+def _task_stat(pid: int, tid: int) -> ProcStat | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as source:
+            return _parse_stat(source.read(MAX_STAT_BYTES))
+    except OSError:
+        return None  # Race: the thread ended since the listing
+
+
+def is_alive(stat: ProcStat | None, pid: int) -> bool:
+    """A process is alive while any of its threads runs (a zombie leader with live threads is)."""
+    if stat is None:
+        return False
+    return stat.state not in ("Z", "X") or has_live_thread(pid)
+
+
+def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
+    """Is any process of the group ``pgid`` (the one whose leader started at ``leader_start``)
+    still alive? Zombies waiting to be reaped do not count.
+
+    A group number is a pid: while any member lives the kernel never hands that number to a new
+    process, so a leader with another start time means the old group ended and the number was
+    reused (then the old group has no member left).
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False  # no process at all is in that group
+    except PermissionError:
+        pass  # members exist, owned by another user: look at them below
+    except OSError:
+        return True  # cannot tell: never call an owner dead on a failed look
+    leader = proc_stat(pgid)
+    if leader is not None and leader.pgrp == pgid:
+        if leader_start is not None and leader.start != leader_start:
+            return False  # Race: group ended and its number was reused by a new leader
+        if is_alive(leader, pgid):
+            return True
+    return _scan_for_member(pgid)
+
+
+def _scan_for_member(pgid: int) -> bool:
+    """Look through the process table for a live member of ``pgid`` (only on the rare path
+    where the owner itself is gone)."""
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True  # cannot tell: alive
+    for pid in pids:
+        stat = proc_stat(pid)
+        if stat is not None and stat.pgrp == pgid and is_alive(stat, pid):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def details_of(pid: int, command: Sequence[str] | None = None) -> bytes:
+    """The owner details to publish for ``pid`` (a process visible to us, or already gone)."""
+    if command is None and pid == os.getpid():
+        return _own_details(pid, os.getpgrp())  # the legacy hot path: computed once
+    return _encode(_collect(pid, command))
+
+
+@cache
+def _own_details(pid: int, pgrp: int) -> bytes:
+    # Keyed by pid and group: a forked child, or a setpgid(), gets its own details.
+    return _encode(_collect(pid, None))
+
+
+def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
+    cmd = None if command is None else _command_line(command)
+    owner = proc_stat(pid) if this_pid_namespace() is not None else None
+    if owner is None:  # gone already (or /proc is not ours): only boot and namespace are known
+        return OwnerDetails(this_boot(), this_pid_namespace(), host=_host(), cmd=cmd)
+    leader = owner if owner.pgrp == pid else proc_stat(owner.pgrp)
+    leader_start = leader.start if leader is not None and leader.pgrp == owner.pgrp else None
+    return OwnerDetails(
+        this_boot(), this_pid_namespace(), owner.start, owner.pgrp, leader_start, _host(), cmd
+    )
+
+
+def _command_line(command: Sequence[str]) -> str:
+    line = " ".join(command)
+    return line if len(line) <= MAX_COMMAND_CHARS else line[: MAX_COMMAND_CHARS - 3] + "..."
+
+
+def _encode(details: OwnerDetails) -> bytes:
+    boot = bytes.fromhex((details.boot or "").replace("-", "")[:16].ljust(16, "0"))
+    head = DETAILS_LAYOUT.pack(
+        DETAILS_VERSION,
+        boot,
+        details.ns or 0,
+        details.start or 0,
+        details.pgid or 0,
+        details.gstart or 0,
+    )
+    host = (details.host or "").encode("utf-8", "replace")[: INLINE_BYTES - len(head)]
+    host = host.decode("utf-8", "ignore").encode()  # never cut a character in two
+    if details.cmd is None:
+        return head + host
+    return (head + host + b"\0" + details.cmd.encode("utf-8", "replace"))[:MAX_DETAILS_BYTES]
+
+
+def decode(raw: bytes | None) -> OwnerDetails | None:
+    """The details in ``raw``; ``None`` for none, or for anything that is not our format."""
+    if not raw or len(raw) > MAX_DETAILS_BYTES or len(raw) < DETAILS_LAYOUT.size:
+        return None
+    version, boot, ns, start, pgid, gstart = DETAILS_LAYOUT.unpack_from(raw)
+    if version != DETAILS_VERSION:
+        return None
+    host, separator, cmd = raw[DETAILS_LAYOUT.size :].partition(b"\0")
+    return OwnerDetails(
+        boot=boot.hex() if any(boot) else None,
+        ns=ns or None,
+        start=start or None,
+        pgid=pgid or None,
+        gstart=gstart or None,
+        host=host.decode("utf-8", "replace") or None,
+        cmd=cmd.decode("utf-8", "replace") if separator else None,
+    )
+
+
+def judgeable(details: OwnerDetails | None) -> bool:
+    """May this process judge the recorded pid? Only on its own boot, in its own namespace."""
+    if details is None or details.boot is None or details.ns is None:
+        return False
+    here, boot = this_pid_namespace(), this_boot()
+    return here is not None and boot is not None and details.boot == boot and details.ns == here
+
+
+# --------------------------------------------------------------------------- the attribute
+
+
+def attach(fd: int, raw: bytes | None) -> bytes | None:
+    """Set the details on the not-yet-published file ``fd``; what was attached (``None``: this
+    file system keeps no extended attributes, so the lock's owner details will be unknown)."""
+    if not raw:
+        return None
+    try:
+        os.setxattr(fd, XATTR_NAME, raw)
+    except OSError as error:
+        if error.errno not in _NO_XATTR_ERRNOS:
+            raise
+        return None
+    return raw
+
+
+def read_attached(fd: int) -> bytes | None:
+    """The details on the file ``fd`` that was just read; ``None`` when there are none."""
+    try:
+        raw = os.getxattr(fd, XATTR_NAME)
+    except OSError:
+        return None  # none, no support, or a failed look: unknown details are always safe
+    return raw if len(raw) <= MAX_DETAILS_BYTES else None
