@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import errno
 import fcntl
+import io
 import math
 import os
 import re
@@ -34,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PosixPath
 from time import monotonic as _monotonic  # bound now: tests replace this module's ``time``
 from typing import Final
 
@@ -194,29 +195,56 @@ def format_record(pid: int, timestamp: float) -> bytes:
 # --------------------------------------------------------------------------- bounded reads
 
 
-def _is_small_regular_file(path: Path) -> bool:
-    """True when ``path`` itself (not a link's target) is a regular file of at most 4 KiB."""
-    fd = os.open(path, _NOFOLLOW_READ)
+def _read_small_regular_file(path: Path) -> bytes | None:
+    """The bytes of ``path`` itself (not a link's target) if it is a regular file of at most
+    ``MAX_READ_BYTES``, read through the very descriptor that was checked; else ``None``."""
+    fd = os.open(path, _NOFOLLOW_READ)  # no-follow, non-blocking: a link or FIFO cannot fool us
     try:
         info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
+            return None
+        # Race: the entry may be swapped for a FIFO or a link right now, or the file may grow;
+        # we read this descriptor, never the name again, and at most one byte too many.
+        data = _read_bounded(fd, info.st_size)
     finally:
-        os.close(fd)
-    return stat.S_ISREG(info.st_mode) and info.st_size <= MAX_READ_BYTES
+        _close_quietly(fd)
+    return None if len(data) > MAX_READ_BYTES else data
+
+
+class _CheckedFile(PosixPath):
+    """``path`` as ``Path.read_text`` sees it, its ``open`` serving the bytes already read
+    through the checked descriptor: the decoding (and any test that patches ``read_text``)
+    goes through ``Path.read_text`` as the old module did, while the name is never re-opened."""
+
+    _data: bytes
+
+    def open(  # type: ignore[override]  # (text mode only: all read_text asks for)
+        self,
+        mode: str = "r",
+        buffering: int = -1,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+    ) -> io.TextIOWrapper:
+        raw = io.BytesIO(self._data)
+        return io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline=newline)
 
 
 def _safe_read_text(path: Path) -> str | None:
     """Stripped text of a small regular file, or ``None`` when it cannot or should not be read.
 
-    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused (through a
-    no-follow, non-blocking descriptor) before ``Path.read_text`` reads the file by name, as the
-    existing callers and tests expect. Residual race: a process that swaps the file for a FIFO
-    between the check and the read could stall it (design/lockfile-hardening.md, section 5).
-    Lock files are never read this way.
+    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused through one
+    no-follow, non-blocking descriptor, and what is read is read through that descriptor
+    (bounded), whatever another process does to the name meanwhile; ``Path.read_text`` then
+    decodes it, as the existing callers and tests expect. Lock files are never read this way.
     """
     try:
-        if not _is_small_regular_file(path):
+        data = _read_small_regular_file(Path(path))
+        if data is None:
             return None
-        return Path(path).read_text(encoding="utf-8").strip()
+        checked = _CheckedFile(path)
+        checked._data = data
+        return checked.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
 
