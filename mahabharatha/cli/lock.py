@@ -89,8 +89,9 @@ def release(
 
 
 def _is_held(info: LockInfo) -> bool:
-    # A fresh empty lock is being written by an older writer: acquire would fail, so: held.
-    return info.state in ("active", "writing")
+    # A fresh empty lock is being written by an older writer, and a busy one could not be read
+    # just now (a kernel lease on it): acquire would fail on either, so: held.
+    return info.state in ("active", "writing", "busy")
 
 
 @app.command()

@@ -50,6 +50,7 @@ __all__ = [
     "AcquireOutcome",
     "EntryKind",
     "GuardBusyError",
+    "LockBusyError",
     "LockSnapshot",
     "LockState",
     "Reclaimable",
@@ -110,6 +111,10 @@ so a storm of changes makes us answer "held" rather than spin."""
 TEMP_ORPHAN_SECONDS: Final = 60.0
 """A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
 
+READ_WAIT_SECONDS: Final = 0.5
+"""How long a look at a lock retries a read that failed for a passing reason (a kernel lease or
+mandatory lock on the file, a signal) before it answers "busy": as long as a guard wait."""
+
 READ_ATTEMPTS: Final = 3
 """Looks at an entry that keeps changing between open, lstat and readlink before we give up."""
 
@@ -136,6 +141,11 @@ _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
 _SYMLINK_ERRNOS: Final = frozenset({errno.ELOOP, errno.EMLINK})
 # Running out of descriptors or memory says nothing about the lock: surface it, never reclaim.
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+# A read refused for a moment (a kernel lease or a mandatory lock on the file, a signal) says
+# nothing about the lock either: retry, then call it busy (held), never unreadable.
+_BUSY_ERRNOS: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
+# The only lasting reasons a regular file cannot be read by us: it is unreadable (reclaimable).
+_DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
 # A feature folder we cannot enter (or that is not a real folder) holds no lock we can see.
 _NO_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, *_SYMLINK_ERRNOS})
 # Kernels or file systems without O_TMPFILE answer with one of these.
@@ -307,6 +317,18 @@ class GuardBusyError(OSError):
     """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
 
 
+class LockBusyError(OSError):
+    """The lock could not be read just now (a kernel lease or a mandatory lock on it): it was
+    neither judged nor touched. Try again."""
+
+
+def _busy_error(snapshot: LockSnapshot) -> LockBusyError:
+    code = snapshot.read_errno or errno.EWOULDBLOCK
+    return LockBusyError(
+        code, f"the lock cannot be read just now ({os.strerror(code)}); try again", LOCK_FILE_NAME
+    )
+
+
 class EntryKind(enum.Enum):
     MISSING = "missing"
     FILE = "file"
@@ -323,6 +345,7 @@ class LockState(enum.Enum):
     WRITING = "writing"
     UNREADABLE = "unreadable"
     NOT_A_FILE = "not-a-file"
+    BUSY = "busy"  # a file whose read failed for a passing reason: held, never judged
 
 
 RECLAIMABLE: Final = frozenset(
@@ -394,8 +417,18 @@ def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot | None:
         raw = target.encode("utf-8", "surrogateescape")
         return LockSnapshot(EntryKind.SYMLINK, _identity(info), raw, info.st_mtime)
     if stat.S_ISREG(info.st_mode):
-        return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
+        return _unopened_file(info, why)
     return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
+
+
+def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None:
+    """A regular file whose open failed with ``why``: unreadable only for a lasting reason."""
+    if why in _DENIED_ERRNOS or why in _BUSY_ERRNOS:  # unreadable for good, or busy for now
+        return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
+    if why in _SYMLINK_ERRNOS or why == errno.ENXIO:
+        return None  # Race: the link or socket we failed to open was replaced by a file
+    code = why or errno.EIO  # anything else (an I/O error) is an error, never a judgement
+    raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
 
 
 def _read_bounded(fd: int, size: int) -> bytes:
@@ -412,7 +445,27 @@ def _read_bounded(fd: int, size: int) -> bytes:
 
 
 def read_lock(dfd: int) -> LockSnapshot:
-    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``."""
+    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``.
+
+    A read refused for a passing reason (a kernel lease, a mandatory lock, a signal) is tried
+    again, yielding the CPU (never sleeping), for at most ``READ_WAIT_SECONDS``; if it is still
+    refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
+    """
+    snapshot = _look(dfd)
+    if not _is_busy(snapshot):
+        return snapshot
+    deadline = _monotonic() + READ_WAIT_SECONDS
+    while _is_busy(snapshot) and _monotonic() < deadline:
+        os.sched_yield()  # Race: a lease holder is giving its lease up; look again
+        snapshot = _look(dfd)
+    return snapshot
+
+
+def _is_busy(snapshot: LockSnapshot) -> bool:
+    return snapshot.content is None and snapshot.read_errno in _BUSY_ERRNOS
+
+
+def _look(dfd: int) -> LockSnapshot:
     for _ in range(READ_ATTEMPTS - 1):
         snapshot = _read_lock_once(dfd)
         if snapshot is not None:
@@ -440,8 +493,8 @@ def _read_lock_once(dfd: int) -> LockSnapshot | None:
         try:
             content = _read_bounded(fd, info.st_size)
         except OSError as error:
-            if error.errno in _RESOURCE_ERRNOS:
-                raise
+            if error.errno not in _DENIED_ERRNOS and error.errno not in _BUSY_ERRNOS:
+                raise  # out of memory, an I/O error: an error, never a judgement of the lock
             return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
         return LockSnapshot(EntryKind.FILE, _identity(info), content, info.st_mtime)
     finally:
@@ -454,6 +507,8 @@ def judge_lock(snapshot: LockSnapshot, now: float) -> LockState:
         return LockState.FREE
     if snapshot.kind is not EntryKind.FILE:
         return LockState.NOT_A_FILE
+    if _is_busy(snapshot):
+        return LockState.BUSY  # refused for a passing reason: says nothing about the lock
     if snapshot.content is None or snapshot.text is None:
         return LockState.UNREADABLE
     if not snapshot.content:
@@ -614,22 +669,22 @@ def _try_guard(dfd: int) -> bool:
 class guard:
     """Hold the feature folder's ``flock`` (the guard); ``taken`` is False if it was busy.
 
-    Without ``wait`` a busy guard means another process is reclaiming or releasing this very
-    lock right now. With ``wait`` we spin (yielding the CPU, never sleeping) for at most
-    ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``.
+    With ``wait`` we spin (yielding the CPU, never sleeping) for at most
+    ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``. With ``until`` (a ``monotonic``
+    time) we spin until then and ``taken`` says whether we got it. With neither we try once.
     """
 
     __slots__ = ("dfd", "taken")
 
-    def __init__(self, dfd: int, *, wait: bool) -> None:
+    def __init__(self, dfd: int, *, wait: bool, until: float | None = None) -> None:
         self.dfd = dfd
         self.taken = _try_guard(dfd)
-        if not self.taken and wait:
-            deadline = _monotonic() + GUARD_WAIT_SECONDS
+        if not self.taken and (wait or until is not None):
+            deadline = _monotonic() + GUARD_WAIT_SECONDS if until is None else until
             while not self.taken and _monotonic() < deadline:
-                os.sched_yield()
+                os.sched_yield()  # Race: its holder is mid-removal for a few system calls
                 self.taken = _try_guard(dfd)
-            if not self.taken:
+            if not self.taken and wait:
                 raise GuardBusyError(errno.EWOULDBLOCK, "feature folder stayed busy; try again")
 
     def __enter__(self) -> bool:
@@ -920,15 +975,18 @@ class _JudgedLockChangedError(Exception):
 
 
 def _reclaim(
-    dfd: int, judged: LockSnapshot, record: bytes, still: Reclaimable
+    dfd: int, judged: LockSnapshot, record: bytes, still: Reclaimable, deadline: float
 ) -> LockSnapshot | None:
     """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
-    with guard(dfd, wait=False) as taken:
+    # Race: another process is removing this very lock right now (its owner's release, a
+    # clean, another reclaim): wait for it to finish, as a release would, then judge again.
+    # Only a guard kept past the deadline (a foreign flock on our folder) answers "held".
+    with guard(dfd, wait=False, until=deadline) as taken:
         if not taken:
-            return None  # Race: another process is reclaiming this very lock right now.
+            return None
+        sweep_orphan_temps(dfd)  # first: debris is never a reason to stop half-way
         if not remove_if_unchanged(dfd, judged, still):
             raise _JudgedLockChangedError
-        sweep_orphan_temps(dfd)
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
         return _publish(dfd, record)
 
@@ -939,6 +997,7 @@ def try_acquire(
     """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``."""
     record = format_record(pid, now)
     holder, state = MISSING, LockState.FREE
+    deadline: float | None = None  # one guard wait per call, however many rounds
     for _ in range(MAX_ROUNDS):
         mine = _publish(dfd, record)
         if mine is not None:
@@ -951,9 +1010,15 @@ def try_acquire(
             raise UnsafeLockPathError(errno.EISDIR, "a directory is in the way, not a lock file")
         if not may_reclaim(holder, state):
             return AcquireOutcome(None, holder, state)
+        if deadline is None:
+            deadline = _monotonic() + GUARD_WAIT_SECONDS
         try:
             won = _reclaim(
-                dfd, holder, record, lambda entry: may_reclaim(entry, judge_lock(entry, now))
+                dfd,
+                holder,
+                record,
+                lambda entry: may_reclaim(entry, judge_lock(entry, now)),
+                deadline,
             )
         except _JudgedLockChangedError:
             continue  # Race: replaced since we read it; judge the new one.
@@ -980,6 +1045,8 @@ def release_at(
         state = judge_lock(snapshot, now)
         if state is LockState.FREE:
             return ReleaseOutcome.NOTHING, snapshot
+        if state is LockState.BUSY:
+            raise _busy_error(snapshot)  # whose it is cannot be told now: never removed
         if snapshot.kind is EntryKind.DIRECTORY or state is LockState.WRITING:
             return ReleaseOutcome.LEFT, snapshot
         record = snapshot.record
@@ -1018,7 +1085,11 @@ def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float 
         return None
     now = time.time()
     record = snapshot.record
-    if judge_lock(snapshot, now) is not LockState.ACTIVE or record is None:
+    state = judge_lock(snapshot, now)
+    if state is LockState.BUSY:
+        # Not free, and whose it is cannot be told: an error, never None (which says "free").
+        raise _naming(_busy_error(snapshot), _folder(gsd_dir, feature))
+    if state is not LockState.ACTIVE or record is None:
         return None
     pid, timestamp = record
     return {"pid": pid, "timestamp": timestamp, "age_seconds": max(0.0, now - timestamp)}
