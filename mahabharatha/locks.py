@@ -55,6 +55,7 @@ __all__ = [
     "HEARTBEAT_SECONDS",
     "CleanedEntry",
     "FeatureLock",
+    "FeatureProblem",
     "LockError",
     "LockHeldError",
     "LockInfo",
@@ -260,15 +261,55 @@ def _feature_names(gsd_dir: str | os.PathLike[str]) -> list[str]:
     return [feature for feature, _ in _utils.scan_locks(gsd_dir, read=False)]
 
 
-def status(gsd_dir: str | os.PathLike[str] = GSD_DIR) -> list[LockInfo]:
-    """Every feature folder under ``<gsd>/specs`` that has a ``.lock`` entry, by name."""
+@dataclass(frozen=True)
+class FeatureProblem:
+    """A feature that ``status``, ``clean`` or ``claim`` had to skip (the others were done).
+
+    ``error`` names the full path it was about (``path``)."""
+
+    feature: str
+    path: str
+    error: OSError
+
+
+class _Problems:
+    """Where a maintenance call puts the features it skipped: the caller's list, or (for a
+    caller that gave none) its own, whose first problem is raised once the rest is done."""
+
+    def __init__(self, gsd_dir: str | os.PathLike[str], sink: list[FeatureProblem] | None) -> None:
+        self.gsd_dir = gsd_dir
+        self.raise_first = sink is None
+        self.found: list[FeatureProblem] = [] if sink is None else sink
+
+    def add(self, feature: str, error: OSError) -> None:
+        path = error.filename or feature_dir_path(self.gsd_dir, feature)
+        self.found.append(FeatureProblem(feature, str(path), error))
+
+    def settle(self) -> None:
+        if self.raise_first and self.found:
+            raise self.found[0].error
+
+
+def status(
+    gsd_dir: str | os.PathLike[str] = GSD_DIR,
+    *,
+    problems: list[FeatureProblem] | None = None,
+) -> list[LockInfo]:
+    """Every feature folder under ``<gsd>/specs`` that has a ``.lock`` entry, by name.
+
+    A folder that cannot be looked into is skipped and added to ``problems`` (without that
+    list, its error is raised after the scan).
+    """
     now = _utils.now()
     liveness = _per_pid(_process_facts)
-    return [
+    skipped = _Problems(gsd_dir, problems)
+    infos = [
         _describe(feature, snapshot, judge_lock(snapshot, now), now, liveness)
-        for feature, snapshot in _utils.scan_locks(gsd_dir)
+        for feature, snapshot in _utils.scan_locks(gsd_dir, on_error=skipped.add)
         if snapshot.kind is not EntryKind.MISSING
     ]
+    skipped.settle()
+    return infos
 
 
 def _per_pid(
@@ -415,19 +456,28 @@ def claim(
     *,
     pid: int | None = None,
     reclaim_dead: bool = False,
+    problems: list[FeatureProblem] | None = None,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
-    Workers claiming at once never get the same feature: each try is a full acquire.
+    Workers claiming at once never get the same feature: each try is a full acquire. A feature
+    whose try fails with an OS error (a folder we may not enter) is skipped and added to
+    ``problems``; without that list, the first such error is raised when nothing was claimed.
     """
     candidates = list(features) if features else _feature_names(gsd_dir)
     for feature in candidates:
         _validate_feature_name(feature)
     owner = os.getpid() if pid is None else _valid_pid(pid)
+    skipped = _Problems(gsd_dir, problems)
     for feature in candidates:
-        outcome, _ = _try_once(feature, gsd_dir, owner, reclaim_dead)
+        try:
+            outcome, _ = _try_once(feature, gsd_dir, owner, reclaim_dead)
+        except OSError as error:
+            skipped.add(feature, error)
+            continue
         if outcome.acquired:
             return feature
+    skipped.settle()
     return None
 
 
@@ -648,17 +698,26 @@ def clean(
     dry_run: bool = False,
     reclaim_dead: bool = False,
     features: Iterable[str] | None = None,
+    problems: list[FeatureProblem] | None = None,
 ) -> list[CleanedEntry]:
     """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live locks.
 
-    Each removal re-checks, under the folder's guard, that the entry is the one judged.
+    Each removal re-checks, under the folder's guard, that the entry is the one judged. A
+    feature folder (or an entry in it) that fails with an OS error is skipped and added to
+    ``problems``, and the other features are cleaned all the same; without that list, the
+    first such error is raised at the end.
     """
     rule = _dead_owner_rule if reclaim_dead else age_only
     cleaned: list[CleanedEntry] = []
+    skipped = _Problems(gsd_dir, problems)
     for feature in features if features is not None else _feature_names(gsd_dir):
-        with open_feature_dir(gsd_dir, feature, create=False) as dfd:
-            if dfd is not None:
-                cleaned += _clean_folder(gsd_dir, feature, dfd, rule, dry_run)
+        try:
+            with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+                if dfd is not None:
+                    _clean_folder(gsd_dir, feature, dfd, rule, dry_run, cleaned, skipped)
+        except OSError as error:
+            skipped.add(feature, error)
+    skipped.settle()
     return cleaned
 
 
@@ -668,10 +727,13 @@ def _clean_folder(
     dfd: int,
     rule: _utils.MayReclaim,
     dry_run: bool,
-) -> list[CleanedEntry]:
+    found: list[CleanedEntry],
+    skipped: _Problems,
+) -> None:
+    """Clean one folder, adding to ``found`` as it goes (an error later in the folder must not
+    lose what was already removed)."""
     folder = feature_dir_path(gsd_dir, feature)
     now = _utils.now()
-    found: list[CleanedEntry] = []
 
     def cleanable(entry: LockSnapshot) -> bool:
         return rule(entry, judge_lock(entry, now))
@@ -695,11 +757,16 @@ def _clean_folder(
     for name in temps:
         removed = False
         if not dry_run:
-            with suppress(FileNotFoundError):
+            try:
                 os.unlink(name, dir_fd=dfd)
                 removed = True
+            except FileNotFoundError:
+                pass  # Race: its writer linked or renamed it, or another clean removed it
+            except OSError as error:
+                path = str(folder / name)
+                skipped.add(feature, type(error)(error.errno, error.strerror, path))
+                continue
         found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
-    return found
 
 
 def _remove_judged(dfd: int, snapshot: LockSnapshot, still: _utils.Reclaimable) -> bool:

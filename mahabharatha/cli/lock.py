@@ -13,6 +13,7 @@ from mahabharatha.cli._output import (
     DEFAULT_GSD_DIR,
     EXIT_HELD,
     EXIT_OK,
+    EXIT_OS_ERROR,
     EXIT_TEMPFAIL,
     GsdDirOption,
     JsonOption,
@@ -20,10 +21,13 @@ from mahabharatha.cli._output import (
     ReclaimDeadOption,
     Result,
     default_owner,
+    problem_fields,
+    problem_warnings,
     respond,
+    sentence,
 )
 from mahabharatha.cli._render import WaitingLine, status_table
-from mahabharatha.locks import LockHeldError, LockInfo
+from mahabharatha.locks import FeatureProblem, LockHeldError, LockInfo
 
 app = typer.Typer(
     help="Feature locks: one session per feature, across shells and worker pools.",
@@ -127,12 +131,33 @@ def claim(
     document: dict[str, Any] = {"feature": None, "pid": owner, "claimed": False}
 
     def action() -> Result:
-        won = locks.claim(features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead)
+        problems: list[FeatureProblem] = []
+        won = locks.claim(
+            features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead, problems=problems
+        )
+        found = {**document, "problems": [problem_fields(p) for p in problems]}
+        if won is None and problems:
+            # Some feature could not even be tried: "none free" would be a guess. One sentence
+            # (the first problem); the JSON lists them all.
+            more = len(problems) - 1
+            message = sentence(problems[0].error) + (
+                f" (and {more} other feature(s) could not be tried)" if more else ""
+            )
+            return Result(EXIT_OS_ERROR, found, message=message)
         if won is None:
-            return Result(EXIT_HELD, document, message="no free feature to claim")
-        return Result(EXIT_OK, {**document, "feature": won, "claimed": True}, won)
+            return Result(EXIT_HELD, found, message="no free feature to claim")
+        claimed = {**found, "feature": won, "claimed": True}
+        return Result(EXIT_OK, claimed, won, warnings=problem_warnings(problems))
 
     respond(as_json, document, action)
+
+
+def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
+    """A feature folder status could not look into, as one more entry of its list: every key
+    of a lock (unknown), state ``error``, and the ``error`` sentence naming the full path."""
+    unknown = dict.fromkeys(("pid", "timestamp", "age_seconds", "expires_in_seconds"))
+    fields = problem_fields(problem)
+    return {**unknown, "feature": problem.feature, "state": "error", "owner": "unknown", **fields}
 
 
 @app.command()
@@ -143,8 +168,16 @@ def status(
     """List every feature lock with its state, owner, age and time left."""
 
     def action() -> Result:
-        infos = locks.status(gsd_dir)
-        return Result(EXIT_OK, [i.to_dict() for i in infos], show=lambda: status_table(infos))
+        problems: list[FeatureProblem] = []
+        infos = locks.status(gsd_dir, problems=problems)
+        listed = [i.to_dict() for i in infos] + [_problem_entry(p) for p in problems]
+        listed.sort(key=lambda entry: str(entry["feature"]))
+        return Result(
+            EXIT_OK,
+            listed,
+            show=lambda: status_table(infos),
+            warnings=problem_warnings(problems),
+        )
 
     respond(as_json, {}, action)
 
@@ -162,7 +195,10 @@ def clean(
     document: dict[str, Any] = {"dry_run": dry_run, "entries": []}
 
     def action() -> Result:
-        entries = locks.clean(gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead)
+        problems: list[FeatureProblem] = []
+        entries = locks.clean(
+            gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
+        )
         verb = "would remove" if dry_run else "removed"
         lines = [f"{verb} {e.path} ({e.state})" for e in entries if e.removed or dry_run]
         lines += [
@@ -170,8 +206,13 @@ def clean(
             for e in entries
             if not e.removed and not dry_run
         ]
-        text = "\n".join(lines) or "nothing to clean"
-        return Result(EXIT_OK, {**document, "entries": [e.to_dict() for e in entries]}, text)
+        text = "\n".join(lines) or ("nothing to clean" if not problems else None)
+        found = {
+            **document,
+            "entries": [e.to_dict() for e in entries],
+            "problems": [problem_fields(p) for p in problems],
+        }
+        return Result(EXIT_OK, found, text, warnings=problem_warnings(problems))
 
     respond(as_json, document, action)
 

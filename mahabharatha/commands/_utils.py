@@ -616,17 +616,24 @@ def _open_dir_nofollow(folder: str, *, create: bool, refuse: bool) -> int | None
     return dfd
 
 
+FolderError = Callable[[str, OSError], None]
+"""Told of a feature folder a scan could not look into (the error names its full path)."""
+
+
 def scan_locks(
-    gsd_dir: str | os.PathLike[str], *, read: bool = True
+    gsd_dir: str | os.PathLike[str], *, read: bool = True, on_error: FolderError | None = None
 ) -> Iterator[tuple[str, LockSnapshot]]:
     """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
 
     One descriptor of ``specs`` serves the whole scan; each feature folder is opened relative
     to it without following a link (a symlinked feature folder is skipped, as it is refused
     everywhere). With ``read=False`` only the names are listed (snapshots are ``MISSING``).
+    A folder that cannot be looked into (no permission) raises, or with ``on_error`` is
+    reported to it and skipped: one odd folder does not hide the others.
     """
+    specs_path = os.path.join(os.fspath(gsd_dir), "specs")
     try:
-        specs = os.open(os.path.join(os.fspath(gsd_dir), "specs"), os.O_RDONLY | os.O_DIRECTORY)
+        specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)
     except (FileNotFoundError, NotADirectoryError):
         return
     try:
@@ -637,20 +644,35 @@ def scan_locks(
                 if entry.is_dir(follow_symlinks=False) and is_valid_feature_name(entry.name)
             )
         for name in names:
-            yield name, _look_in(specs, name) if read else MISSING
+            if not read:
+                yield name, MISSING
+                continue
+            try:
+                snapshot = _look_in(specs, name, os.path.join(specs_path, name))
+            except OSError as error:
+                if on_error is None:
+                    raise
+                on_error(name, error)
+                continue
+            yield name, snapshot
     finally:
         os.close(specs)
 
 
-def _look_in(specs: int, feature: str) -> LockSnapshot:
+def _look_in(specs: int, feature: str, folder: str) -> LockSnapshot:
     try:
         dfd = os.open(feature, _DIR_FLAGS, dir_fd=specs)
     except OSError as error:
         if error.errno in _NO_FOLDER_ERRNOS:  # Race: removed or swapped for a link since listed
             return MISSING
-        raise
+        raise type(error)(error.errno, error.strerror, folder) from error  # the full path
     try:
         return read_lock(dfd)
+    except OSError as error:
+        named = _naming(error, folder)
+        if named is error:
+            raise
+        raise named from error
     finally:
         _close_quietly(dfd)
 
@@ -918,24 +940,37 @@ def orphan_temps(dfd: int, now: float) -> list[str]:
 
 
 def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
+    """A regular file (we never make anything else under a temp name: a folder, link or FIFO
+    so named is someone else's, left alone) whose writer is gone or that is too old."""
     try:
         info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return False
+    if not stat.S_ISREG(info.st_mode):
+        return False
     if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS:
         return True
+    match = _TEMP_RE.fullmatch(name)
+    if match is None:
+        return False
+    pid = int(match[1])
+    if not 1 <= pid <= MAX_PID:
+        return True  # no process can have this pid, so no writer is behind this name
     import psutil  # only on this rare path: keeps the CLI's cold start short
 
-    match = _TEMP_RE.fullmatch(name)
-    return match is not None and not psutil.pid_exists(int(match[1]))
+    return not psutil.pid_exists(pid)
 
 
 def sweep_orphan_temps(dfd: int, now: float | None = None) -> list[str]:
-    """Remove orphan temp files and return their names.
+    """Remove orphan temp files and return their names; best effort, never raises an OS error
+    (debris left now is swept next time; the caller's own work must not fail for it).
 
     Removing a live writer's temp is harmless too: its link or rename then fails and it retries.
     """
-    removed = orphan_temps(dfd, time.time() if now is None else now)
+    try:
+        removed = orphan_temps(dfd, time.time() if now is None else now)
+    except OSError:
+        return []
     for name in removed:
         _unlink_quietly(dfd, name)
     return removed

@@ -21,8 +21,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
-from typer.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from mahabharatha.cli import app
 
