@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
@@ -123,6 +124,8 @@ def shared_gsd() -> Iterator[Path]:
         os.chmod(gsd / "specs" / "A", 0)  # no one but root may read or enter it
         yield gsd
     finally:
+        with suppress(FileNotFoundError):
+            os.chmod(gsd / "specs" / "A", 0o755)  # an owner who is not root must open it up
         shutil.rmtree(top)
 
 
