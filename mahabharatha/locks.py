@@ -57,6 +57,7 @@ __all__ = [
     "HEARTBEAT_SECONDS",
     "CleanedEntry",
     "FeatureLock",
+    "FeatureProblem",
     "LockError",
     "LockHeldError",
     "LockInfo",
@@ -334,15 +335,55 @@ def _feature_names(gsd_dir: str | os.PathLike[str]) -> list[str]:
     return [feature for feature, _ in _utils.scan_locks(gsd_dir, read=False)]
 
 
-def status(gsd_dir: str | os.PathLike[str] = GSD_DIR) -> list[LockInfo]:
-    """Every feature folder under ``<gsd>/specs`` that has a ``.lock`` entry, by name."""
+@dataclass(frozen=True)
+class FeatureProblem:
+    """A feature that ``status``, ``clean`` or ``claim`` had to skip (the others were done).
+
+    ``error`` names the full path it was about (``path``)."""
+
+    feature: str
+    path: str
+    error: OSError
+
+
+class _Problems:
+    """Where a maintenance call puts the features it skipped: the caller's list, or (for a
+    caller that gave none) its own, whose first problem is raised once the rest is done."""
+
+    def __init__(self, gsd_dir: str | os.PathLike[str], sink: list[FeatureProblem] | None) -> None:
+        self.gsd_dir = gsd_dir
+        self.raise_first = sink is None
+        self.found: list[FeatureProblem] = [] if sink is None else sink
+
+    def add(self, feature: str, error: OSError) -> None:
+        path = error.filename or feature_dir_path(self.gsd_dir, feature)
+        self.found.append(FeatureProblem(feature, str(path), error))
+
+    def settle(self) -> None:
+        if self.raise_first and self.found:
+            raise self.found[0].error
+
+
+def status(
+    gsd_dir: str | os.PathLike[str] = GSD_DIR,
+    *,
+    problems: list[FeatureProblem] | None = None,
+) -> list[LockInfo]:
+    """Every feature folder under ``<gsd>/specs`` that has a ``.lock`` entry, by name.
+
+    A folder that cannot be looked into is skipped and added to ``problems`` (without that
+    list, its error is raised after the scan).
+    """
     now = _utils.now()
     liveness = _per_pid(_process_facts)
-    return [
+    skipped = _Problems(gsd_dir, problems)
+    infos = [
         _describe(feature, snapshot, judge_lock(snapshot, now), now, liveness)
-        for feature, snapshot in _utils.scan_locks(gsd_dir)
+        for feature, snapshot in _utils.scan_locks(gsd_dir, on_error=skipped.add)
         if snapshot.kind is not EntryKind.MISSING
     ]
+    skipped.settle()
+    return infos
 
 
 def _per_pid(
@@ -514,26 +555,45 @@ def claim(
     pid: int | None = None,
     reclaim_dead: bool = False,
     include_done: bool = False,
+    problems: list[FeatureProblem] | None = None,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
     Workers claiming at once never get the same feature: each try is a full acquire. A feature
     marked done (:func:`done`) is never returned unless ``include_done``: the marker is looked
-    for again once the lock is held, and a done feature's lock is given straight back.
+    for again once the lock is held, and a done feature's lock is given straight back. A feature
+    whose try fails with an OS error (a folder we may not enter) is skipped and added to
+    ``problems``; without that list, the first such error is raised when nothing was claimed.
     """
     candidates = list(features) if features else _feature_names(gsd_dir)
     for feature in candidates:
         _validate_feature_name(feature)
     owner = os.getpid() if pid is None else _valid_pid(pid)
+    skipped = _Problems(gsd_dir, problems)
     for feature in candidates:
-        if not include_done and is_done(feature, gsd_dir):
-            continue  # cheap: most done features are skipped without touching their lock
-        outcome, _ = _try_once(feature, gsd_dir, owner, reclaim_dead)
-        if outcome.mine is None:
-            continue
-        if include_done or not _give_back_if_done(feature, gsd_dir, outcome.mine):
-            return feature
+        try:
+            if _claim_one(feature, gsd_dir, owner, reclaim_dead, include_done):
+                return feature
+        except OSError as error:
+            skipped.add(feature, error)
+    skipped.settle()
     return None
+
+
+def _claim_one(
+    feature: str,
+    gsd_dir: str | os.PathLike[str],
+    owner: int,
+    reclaim_dead: bool,
+    include_done: bool,
+) -> bool:
+    """Try to make ``owner`` the holder of ``feature`` unless it is done; True if it now is."""
+    if not include_done and is_done(feature, gsd_dir):
+        return False  # cheap: most done features are skipped without touching their lock
+    outcome, _ = _try_once(feature, gsd_dir, owner, reclaim_dead)
+    if outcome.mine is None:
+        return False
+    return include_done or not _give_back_if_done(feature, gsd_dir, outcome.mine)
 
 
 # --------------------------------------------------------------------------- done features
@@ -652,12 +712,23 @@ def _unlocked_info(feature: str, gsd_dir: str | os.PathLike[str]) -> LockInfo:
     return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN.value)
 
 
-def survey(gsd_dir: str | os.PathLike[str] = GSD_DIR) -> list[LockInfo]:
+def survey(
+    gsd_dir: str | os.PathLike[str] = GSD_DIR, *, problems: list[FeatureProblem] | None = None
+) -> list[LockInfo]:
     """Every feature folder, by name: its lock as :func:`status` lists it, or state ``done``
-    (a completion marker and no lock) or ``free`` (neither)."""
-    locked = {info.feature: info for info in status(gsd_dir)}
-    names = set(_feature_names(gsd_dir)) | set(locked)
-    return [locked.get(name) or _unlocked_info(name, gsd_dir) for name in sorted(names)]
+    (a completion marker and no lock) or ``free`` (neither). Folders that cannot be looked
+    into are skipped and reported as :func:`status` does."""
+    skipped = _Problems(gsd_dir, problems)
+    locked = {info.feature: info for info in status(gsd_dir, problems=skipped.found)}
+    unseen = set(_feature_names(gsd_dir)) - set(locked) - {p.feature for p in skipped.found}
+    infos = list(locked.values())
+    for name in unseen:
+        try:
+            infos.append(_unlocked_info(name, gsd_dir))
+        except OSError as error:
+            skipped.add(name, error)
+    skipped.settle()
+    return sorted(infos, key=lambda info: info.feature)
 
 
 # --------------------------------------------------------------------------- releasing
@@ -910,17 +981,26 @@ def clean(
     dry_run: bool = False,
     reclaim_dead: bool = False,
     features: Iterable[str] | None = None,
+    problems: list[FeatureProblem] | None = None,
 ) -> list[CleanedEntry]:
     """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live locks.
 
-    Each removal re-checks, under the folder's guard, that the entry is the one judged.
+    Each removal re-checks, under the folder's guard, that the entry is the one judged. A
+    feature folder (or an entry in it) that fails with an OS error is skipped and added to
+    ``problems``, and the other features are cleaned all the same; without that list, the
+    first such error is raised at the end.
     """
     rule = _dead_owner_rule if reclaim_dead else age_only
     cleaned: list[CleanedEntry] = []
+    skipped = _Problems(gsd_dir, problems)
     for feature in features if features is not None else _feature_names(gsd_dir):
-        with open_feature_dir(gsd_dir, feature, create=False) as dfd:
-            if dfd is not None:
-                cleaned += _clean_folder(gsd_dir, feature, dfd, rule, dry_run)
+        try:
+            with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+                if dfd is not None:
+                    _clean_folder(gsd_dir, feature, dfd, rule, dry_run, cleaned, skipped)
+        except OSError as error:
+            skipped.add(feature, error)
+    skipped.settle()
     return cleaned
 
 
@@ -930,10 +1010,13 @@ def _clean_folder(
     dfd: int,
     rule: _utils.MayReclaim,
     dry_run: bool,
-) -> list[CleanedEntry]:
+    found: list[CleanedEntry],
+    skipped: _Problems,
+) -> None:
+    """Clean one folder, adding to ``found`` as it goes (an error later in the folder must not
+    lose what was already removed)."""
     folder = feature_dir_path(gsd_dir, feature)
     now = _utils.now()
-    found: list[CleanedEntry] = []
 
     def cleanable(entry: LockSnapshot) -> bool:
         return rule(entry, judge_lock(entry, now))
@@ -957,11 +1040,16 @@ def _clean_folder(
     for name in temps:
         removed = False
         if not dry_run:
-            with suppress(FileNotFoundError):
+            try:
                 os.unlink(name, dir_fd=dfd)
                 removed = True
+            except FileNotFoundError:
+                pass  # Race: its writer linked or renamed it, or another clean removed it
+            except OSError as error:
+                path = str(folder / name)
+                skipped.add(feature, type(error)(error.errno, error.strerror, path))
+                continue
         found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
-    return found
 
 
 def _remove_judged(dfd: int, snapshot: LockSnapshot, still: _utils.Reclaimable) -> bool:

@@ -234,20 +234,23 @@ top:
     }
     CP;
 
-    /* ======================= _reclaim(dfd, judged, record) ======================= */
-    /* with guard(dfd, wait=False) as taken: if not taken -> None -> "held" */
-    atomic {
-        if
+    /* ======================= _reclaim(dfd, judged, record, deadline) ======================= */
+    /* with guard(dfd, wait=False, until=deadline) as taken: a busy guard is waited for (a
+     * remover is mid-removal), until a deadline 0.5 s after the call's first wait; only then
+     * "not taken -> None -> held". The wait blocks here until the guard is free; the bound is
+     * a nondeterministic give-up that is enabled only while the guard is busy. */
+    if
 #ifndef MUT_NO_GUARD
-        :: guard == 0 -> guard = me + 1
+    :: atomic { guard == 0 -> guard = me + 1 }
 #else
-        :: true -> skip                              /* MUTANT: reclaim without the guard */
+    :: atomic { true -> skip }                       /* MUTANT: reclaim without the guard */
 #endif
-        :: else ->
-            printf("P%d _reclaim: guard busy -> held\n", me);
-            jino[me] = 0; goto gave_up
-        fi
-    }
+    :: atomic {
+           guard != 0 ->                             /* the deadline passed: "held" */
+           printf("P%d _reclaim: guard busy past the deadline -> held\n", me);
+           jino[me] = 0; goto gave_up
+       }
+    fi;
     CPG;
     /* remove_if_unchanged: read_lock(dfd).same_entry(judged), under the guard */
 #ifndef MUT_NO_RECHECK

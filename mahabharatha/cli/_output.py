@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, NoReturn
 
 import typer
 
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.locks import (
+    FeatureProblem,
     LockError,
     LockHeldError,
     LockInfo,
@@ -103,6 +104,7 @@ class Result:
     text: str | None = None  # for stdout
     message: str | None = None  # for stderr (a sentence about a failure)
     show: Callable[[], None] | None = None  # a richer picture for a person (a table)
+    warnings: list[str] = field(default_factory=list)  # for stderr, whatever the exit code
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -147,6 +149,16 @@ Advice = str | Callable[[LockHeldError], str | None] | None
 """What ends the sentence about a held lock: fixed text, or chosen from the error."""
 
 
+def problem_fields(problem: FeatureProblem) -> dict[str, Any]:
+    """A skipped feature in JSON: which, where, and the sentence of what went wrong."""
+    return {"feature": problem.feature, "path": problem.path, "error": sentence(problem.error)}
+
+
+def problem_warnings(problems: list[FeatureProblem]) -> list[str]:
+    """One stderr line per skipped feature (the sentence names its full path)."""
+    return [f"skipped {p.feature}: {sentence(p.error)}" for p in problems]
+
+
 def emit(result: Result, as_json: bool) -> NoReturn:
     if as_json:
         document = result.document
@@ -157,6 +169,8 @@ def emit(result: Result, as_json: bool) -> NoReturn:
         result.show()
     elif result.text:
         typer.echo(result.text)
+    for warning in result.warnings:
+        typer.echo(f"mahabharatha: {warning}", err=True)
     if result.message:
         typer.echo(f"mahabharatha: {result.message}", err=True)
     raise typer.Exit(result.code)

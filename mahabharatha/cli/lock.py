@@ -13,6 +13,7 @@ from mahabharatha.cli._output import (
     DEFAULT_GSD_DIR,
     EXIT_HELD,
     EXIT_OK,
+    EXIT_OS_ERROR,
     EXIT_TEMPFAIL,
     RECLAIM_DEAD_ADVICE,
     GsdDirOption,
@@ -23,13 +24,16 @@ from mahabharatha.cli._output import (
     Result,
     WaitOption,
     default_owner,
+    problem_fields,
+    problem_warnings,
     respond,
+    sentence,
     wait_seconds,
     what_to_do,
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
 from mahabharatha.commands._utils import is_valid_feature_name
-from mahabharatha.locks import LockHeldError, LockInfo
+from mahabharatha.locks import FeatureProblem, LockHeldError, LockInfo
 
 app = typer.Typer(
     help="Feature locks: one session per feature, across shells and worker pools.",
@@ -128,8 +132,9 @@ def _release_advice(busy: LockHeldError) -> str:
 
 
 def _is_held(info: LockInfo) -> bool:
-    # A fresh empty lock is being written by an older writer: acquire would fail, so: held.
-    return info.state in ("active", "writing")
+    # A fresh empty lock is being written by an older writer, and a busy one could not be read
+    # just now (a kernel lease on it): acquire would fail on either, so: held.
+    return info.state in ("active", "writing", "busy")
 
 
 @app.command()
@@ -196,14 +201,38 @@ def claim(
     def action() -> Result:
         if not features:
             _require_gsd_dir(gsd_dir)
+        problems: list[FeatureProblem] = []
         won = locks.claim(
-            features, gsd_dir, pid=owner, reclaim_dead=reclaim_dead, include_done=include_done
+            features,
+            gsd_dir,
+            pid=owner,
+            reclaim_dead=reclaim_dead,
+            include_done=include_done,
+            problems=problems,
         )
+        found = {**document, "problems": [problem_fields(p) for p in problems]}
+        if won is None and problems:
+            # Some feature could not even be tried: "none free" would be a guess. One sentence
+            # (the first problem); the JSON lists them all.
+            more = len(problems) - 1
+            message = sentence(problems[0].error) + (
+                f" (and {more} other feature(s) could not be tried)" if more else ""
+            )
+            return Result(EXIT_OS_ERROR, found, message=message)
         if won is None:
-            return Result(EXIT_HELD, document, message="no free feature to claim")
-        return Result(EXIT_OK, {**document, "feature": won, "claimed": True}, won)
+            return Result(EXIT_HELD, found, message="no free feature to claim")
+        claimed = {**found, "feature": won, "claimed": True}
+        return Result(EXIT_OK, claimed, won, warnings=problem_warnings(problems))
 
     respond(as_json, document, action)
+
+
+def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
+    """A feature folder status could not look into, as one more entry of its list: every key
+    of a lock (unknown), state ``error``, and the ``error`` sentence naming the full path."""
+    unknown = dict.fromkeys(("pid", "timestamp", "age_seconds", "expires_in_seconds"))
+    fields = problem_fields(problem)
+    return {**unknown, "feature": problem.feature, "state": "error", "owner": "unknown", **fields}
 
 
 @app.command()
@@ -220,15 +249,19 @@ def status(
 
     def action() -> Result:
         _require_gsd_dir(gsd_dir)
+        problems: list[FeatureProblem] = []
         if as_json and not show_all:  # the summary needs every folder; JSON alone does not
-            infos = locks.status(gsd_dir)
-            return Result(EXIT_OK, [i.to_dict() for i in infos])
-        every = locks.survey(gsd_dir)
-        infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
+            every = infos = locks.status(gsd_dir, problems=problems)
+        else:
+            every = locks.survey(gsd_dir, problems=problems)
+            infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
+        listed = [i.to_dict() for i in infos] + [_problem_entry(p) for p in problems]
+        listed.sort(key=lambda entry: str(entry["feature"]))
         return Result(
             EXIT_OK,
-            [i.to_dict() for i in infos],
+            listed,
             show=lambda: status_table(infos, summary(every)),
+            warnings=problem_warnings(problems),
         )
 
     respond(as_json, {}, action)
@@ -248,7 +281,10 @@ def clean(
 
     def action() -> Result:
         _require_gsd_dir(gsd_dir)
-        entries = locks.clean(gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead)
+        problems: list[FeatureProblem] = []
+        entries = locks.clean(
+            gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
+        )
         verb = "would remove" if dry_run else "removed"
         lines = [f"{verb} {e.path} ({_why(e)})" for e in entries if e.removed or dry_run]
         lines += [
@@ -256,8 +292,13 @@ def clean(
             for e in entries
             if not e.removed and not dry_run
         ]
-        text = "\n".join(lines) or "nothing to clean"
-        return Result(EXIT_OK, {**document, "entries": [e.to_dict() for e in entries]}, text)
+        text = "\n".join(lines) or ("nothing to clean" if not problems else None)
+        found = {
+            **document,
+            "entries": [e.to_dict() for e in entries],
+            "problems": [problem_fields(p) for p in problems],
+        }
+        return Result(EXIT_OK, found, text, warnings=problem_warnings(problems))
 
     respond(as_json, document, action)
 

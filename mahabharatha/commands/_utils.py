@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import errno
 import fcntl
+import io
 import math
 import os
 import re
@@ -34,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PosixPath
 from time import monotonic as _monotonic  # bound now: tests replace this module's ``time``
 from typing import Final
 
@@ -50,6 +51,7 @@ __all__ = [
     "AcquireOutcome",
     "EntryKind",
     "GuardBusyError",
+    "LockBusyError",
     "LockSnapshot",
     "LockState",
     "Reclaimable",
@@ -110,6 +112,10 @@ so a storm of changes makes us answer "held" rather than spin."""
 TEMP_ORPHAN_SECONDS: Final = 60.0
 """A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
 
+READ_WAIT_SECONDS: Final = 0.5
+"""How long a look at a lock retries a read that failed for a passing reason (a kernel lease or
+mandatory lock on the file, a signal) before it answers "busy": as long as a guard wait."""
+
 READ_ATTEMPTS: Final = 3
 """Looks at an entry that keeps changing between open, lstat and readlink before we give up."""
 
@@ -141,6 +147,11 @@ while other threads run, ``/proc/self/fd`` is gone and an unnamed lock could not
 _SYMLINK_ERRNOS: Final = frozenset({errno.ELOOP, errno.EMLINK})
 # Running out of descriptors or memory says nothing about the lock: surface it, never reclaim.
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+# A read refused for a moment (a kernel lease or a mandatory lock on the file, a signal) says
+# nothing about the lock either: retry, then call it busy (held), never unreadable.
+_BUSY_ERRNOS: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
+# The only lasting reasons a regular file cannot be read by us: it is unreadable (reclaimable).
+_DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
 # A feature folder we cannot enter (or that is not a real folder) holds no lock we can see.
 _NO_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, *_SYMLINK_ERRNOS})
 # Kernels or file systems without O_TMPFILE answer with one of these.
@@ -218,29 +229,56 @@ def format_record(pid: int, timestamp: float) -> bytes:
 # --------------------------------------------------------------------------- bounded reads
 
 
-def _is_small_regular_file(path: Path) -> bool:
-    """True when ``path`` itself (not a link's target) is a regular file of at most 4 KiB."""
-    fd = os.open(path, _NOFOLLOW_READ)
+def _read_small_regular_file(path: Path) -> bytes | None:
+    """The bytes of ``path`` itself (not a link's target) if it is a regular file of at most
+    ``MAX_READ_BYTES``, read through the very descriptor that was checked; else ``None``."""
+    fd = os.open(path, _NOFOLLOW_READ)  # no-follow, non-blocking: a link or FIFO cannot fool us
     try:
         info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
+            return None
+        # Race: the entry may be swapped for a FIFO or a link right now, or the file may grow;
+        # we read this descriptor, never the name again, and at most one byte too many.
+        data = _read_bounded(fd, info.st_size)
     finally:
-        os.close(fd)
-    return stat.S_ISREG(info.st_mode) and info.st_size <= MAX_READ_BYTES
+        _close_quietly(fd)
+    return None if len(data) > MAX_READ_BYTES else data
+
+
+class _CheckedFile(PosixPath):
+    """``path`` as ``Path.read_text`` sees it, its ``open`` serving the bytes already read
+    through the checked descriptor: the decoding (and any test that patches ``read_text``)
+    goes through ``Path.read_text`` as the old module did, while the name is never re-opened."""
+
+    _data: bytes
+
+    def open(  # type: ignore[override]  # (text mode only: all read_text asks for)
+        self,
+        mode: str = "r",
+        buffering: int = -1,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+    ) -> io.TextIOWrapper:
+        raw = io.BytesIO(self._data)
+        return io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline=newline)
 
 
 def _safe_read_text(path: Path) -> str | None:
     """Stripped text of a small regular file, or ``None`` when it cannot or should not be read.
 
-    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused (through a
-    no-follow, non-blocking descriptor) before ``Path.read_text`` reads the file by name, as the
-    existing callers and tests expect. Residual race: a process that swaps the file for a FIFO
-    between the check and the read could stall it (design/lockfile-hardening.md, section 5).
-    Lock files are never read this way.
+    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused through one
+    no-follow, non-blocking descriptor, and what is read is read through that descriptor
+    (bounded), whatever another process does to the name meanwhile; ``Path.read_text`` then
+    decodes it, as the existing callers and tests expect. Lock files are never read this way.
     """
     try:
-        if not _is_small_regular_file(path):
+        data = _read_small_regular_file(Path(path))
+        if data is None:
             return None
-        return Path(path).read_text(encoding="utf-8").strip()
+        checked = _CheckedFile(path)
+        checked._data = data
+        return checked.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -303,6 +341,18 @@ class GuardBusyError(OSError):
     """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
 
 
+class LockBusyError(OSError):
+    """The lock could not be read just now (a kernel lease or a mandatory lock on it): it was
+    neither judged nor touched. Try again."""
+
+
+def _busy_error(snapshot: LockSnapshot) -> LockBusyError:
+    code = snapshot.read_errno or errno.EWOULDBLOCK
+    return LockBusyError(
+        code, f"the lock cannot be read just now ({os.strerror(code)}); try again", LOCK_FILE_NAME
+    )
+
+
 class EntryKind(enum.Enum):
     MISSING = "missing"
     FILE = "file"
@@ -319,6 +369,7 @@ class LockState(enum.Enum):
     WRITING = "writing"
     UNREADABLE = "unreadable"
     NOT_A_FILE = "not-a-file"
+    BUSY = "busy"  # a file whose read failed for a passing reason: held, never judged
 
 
 RECLAIMABLE: Final = frozenset(
@@ -397,8 +448,18 @@ def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot | None:
         raw = target.encode("utf-8", "surrogateescape")
         return LockSnapshot(EntryKind.SYMLINK, _identity(info), raw, info.st_mtime)
     if stat.S_ISREG(info.st_mode):
-        return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
+        return _unopened_file(info, why)
     return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
+
+
+def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None:
+    """A regular file whose open failed with ``why``: unreadable only for a lasting reason."""
+    if why in _DENIED_ERRNOS or why in _BUSY_ERRNOS:  # unreadable for good, or busy for now
+        return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
+    if why in _SYMLINK_ERRNOS or why == errno.ENXIO:
+        return None  # Race: the link or socket we failed to open was replaced by a file
+    code = why or errno.EIO  # anything else (an I/O error) is an error, never a judgement
+    raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
 
 
 def _read_bounded(fd: int, size: int) -> bytes:
@@ -415,7 +476,27 @@ def _read_bounded(fd: int, size: int) -> bytes:
 
 
 def read_lock(dfd: int) -> LockSnapshot:
-    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``."""
+    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``.
+
+    A read refused for a passing reason (a kernel lease, a mandatory lock, a signal) is tried
+    again, yielding the CPU (never sleeping), for at most ``READ_WAIT_SECONDS``; if it is still
+    refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
+    """
+    snapshot = _look(dfd)
+    if not _is_busy(snapshot):
+        return snapshot
+    deadline = _monotonic() + READ_WAIT_SECONDS
+    while _is_busy(snapshot) and _monotonic() < deadline:
+        os.sched_yield()  # Race: a lease holder is giving its lease up; look again
+        snapshot = _look(dfd)
+    return snapshot
+
+
+def _is_busy(snapshot: LockSnapshot) -> bool:
+    return snapshot.content is None and snapshot.read_errno in _BUSY_ERRNOS
+
+
+def _look(dfd: int) -> LockSnapshot:
     for _ in range(READ_ATTEMPTS - 1):
         snapshot = _read_lock_once(dfd)
         if snapshot is not None:
@@ -443,8 +524,8 @@ def _read_lock_once(dfd: int) -> LockSnapshot | None:
         try:
             content = _read_bounded(fd, info.st_size)
         except OSError as error:
-            if error.errno in _RESOURCE_ERRNOS:
-                raise
+            if error.errno not in _DENIED_ERRNOS and error.errno not in _BUSY_ERRNOS:
+                raise  # out of memory, an I/O error: an error, never a judgement of the lock
             return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
         # The details of the very inode read, one more system call (ownership).
         owner = ownership.read_attached(fd) if content else None
@@ -459,6 +540,8 @@ def judge_lock(snapshot: LockSnapshot, now: float) -> LockState:
         return LockState.FREE
     if snapshot.kind is not EntryKind.FILE:
         return LockState.NOT_A_FILE
+    if _is_busy(snapshot):
+        return LockState.BUSY  # refused for a passing reason: says nothing about the lock
     if snapshot.content is None or snapshot.text is None:
         return LockState.UNREADABLE
     if not snapshot.content:
@@ -566,17 +649,24 @@ def _open_dir_nofollow(folder: str, *, create: bool, refuse: bool) -> int | None
     return dfd
 
 
+FolderError = Callable[[str, OSError], None]
+"""Told of a feature folder a scan could not look into (the error names its full path)."""
+
+
 def scan_locks(
-    gsd_dir: str | os.PathLike[str], *, read: bool = True
+    gsd_dir: str | os.PathLike[str], *, read: bool = True, on_error: FolderError | None = None
 ) -> Iterator[tuple[str, LockSnapshot]]:
     """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
 
     One descriptor of ``specs`` serves the whole scan; each feature folder is opened relative
     to it without following a link (a symlinked feature folder is skipped, as it is refused
     everywhere). With ``read=False`` only the names are listed (snapshots are ``MISSING``).
+    A folder that cannot be looked into (no permission) raises, or with ``on_error`` is
+    reported to it and skipped: one odd folder does not hide the others.
     """
+    specs_path = os.path.join(os.fspath(gsd_dir), "specs")
     try:
-        specs = os.open(os.path.join(os.fspath(gsd_dir), "specs"), os.O_RDONLY | os.O_DIRECTORY)
+        specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)
     except (FileNotFoundError, NotADirectoryError):
         return
     try:
@@ -587,20 +677,35 @@ def scan_locks(
                 if entry.is_dir(follow_symlinks=False) and is_valid_feature_name(entry.name)
             )
         for name in names:
-            yield name, _look_in(specs, name) if read else MISSING
+            if not read:
+                yield name, MISSING
+                continue
+            try:
+                snapshot = _look_in(specs, name, os.path.join(specs_path, name))
+            except OSError as error:
+                if on_error is None:
+                    raise
+                on_error(name, error)
+                continue
+            yield name, snapshot
     finally:
         os.close(specs)
 
 
-def _look_in(specs: int, feature: str) -> LockSnapshot:
+def _look_in(specs: int, feature: str, folder: str) -> LockSnapshot:
     try:
         dfd = os.open(feature, _DIR_FLAGS, dir_fd=specs)
     except OSError as error:
         if error.errno in _NO_FOLDER_ERRNOS:  # Race: removed or swapped for a link since listed
             return MISSING
-        raise
+        raise type(error)(error.errno, error.strerror, folder) from error  # the full path
     try:
         return read_lock(dfd)
+    except OSError as error:
+        named = _naming(error, folder)
+        if named is error:
+            raise
+        raise named from error
     finally:
         _close_quietly(dfd)
 
@@ -619,22 +724,22 @@ def _try_guard(dfd: int) -> bool:
 class guard:
     """Hold the feature folder's ``flock`` (the guard); ``taken`` is False if it was busy.
 
-    Without ``wait`` a busy guard means another process is reclaiming or releasing this very
-    lock right now. With ``wait`` we spin (yielding the CPU, never sleeping) for at most
-    ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``.
+    With ``wait`` we spin (yielding the CPU, never sleeping) for at most
+    ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``. With ``until`` (a ``monotonic``
+    time) we spin until then and ``taken`` says whether we got it. With neither we try once.
     """
 
     __slots__ = ("dfd", "taken")
 
-    def __init__(self, dfd: int, *, wait: bool) -> None:
+    def __init__(self, dfd: int, *, wait: bool, until: float | None = None) -> None:
         self.dfd = dfd
         self.taken = _try_guard(dfd)
-        if not self.taken and wait:
-            deadline = _monotonic() + GUARD_WAIT_SECONDS
+        if not self.taken and (wait or until is not None):
+            deadline = _monotonic() + GUARD_WAIT_SECONDS if until is None else until
             while not self.taken and _monotonic() < deadline:
-                os.sched_yield()
+                os.sched_yield()  # Race: its holder is mid-removal for a few system calls
                 self.taken = _try_guard(dfd)
-            if not self.taken:
+            if not self.taken and wait:
                 raise GuardBusyError(errno.EWOULDBLOCK, "feature folder stayed busy; try again")
 
     def __enter__(self) -> bool:
@@ -879,24 +984,37 @@ def orphan_temps(dfd: int, now: float) -> list[str]:
 
 
 def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
+    """A regular file (we never make anything else under a temp name: a folder, link or FIFO
+    so named is someone else's, left alone) whose writer is gone or that is too old."""
     try:
         info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return False
+    if not stat.S_ISREG(info.st_mode):
+        return False
     if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS:
         return True
+    match = _TEMP_RE.fullmatch(name)
+    if match is None:
+        return False
+    pid = int(match[1])
+    if not 1 <= pid <= MAX_PID:
+        return True  # no process can have this pid, so no writer is behind this name
     import psutil  # only on this rare path: keeps the CLI's cold start short
 
-    match = _TEMP_RE.fullmatch(name)
-    return match is not None and not psutil.pid_exists(int(match[1]))
+    return not psutil.pid_exists(pid)
 
 
 def sweep_orphan_temps(dfd: int, now: float | None = None) -> list[str]:
-    """Remove orphan temp files and return their names.
+    """Remove orphan temp files and return their names; best effort, never raises an OS error
+    (debris left now is swept next time; the caller's own work must not fail for it).
 
     Removing a live writer's temp is harmless too: its link or rename then fails and it retries.
     """
-    removed = orphan_temps(dfd, time.time() if now is None else now)
+    try:
+        removed = orphan_temps(dfd, time.time() if now is None else now)
+    except OSError:
+        return []
     for name in removed:
         _unlink_quietly(dfd, name)
     return removed
@@ -936,15 +1054,23 @@ class _JudgedLockChangedError(Exception):
 
 
 def _reclaim(
-    dfd: int, judged: LockSnapshot, record: bytes, still: Reclaimable, owner: bytes | None
+    dfd: int,
+    judged: LockSnapshot,
+    record: bytes,
+    still: Reclaimable,
+    owner: bytes | None,
+    deadline: float,
 ) -> LockSnapshot | None:
     """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
-    with guard(dfd, wait=False) as taken:
+    # Race: another process is removing this very lock right now (its owner's release, a
+    # clean, another reclaim): wait for it to finish, as a release would, then judge again.
+    # Only a guard kept past the deadline (a foreign flock on our folder) answers "held".
+    with guard(dfd, wait=False, until=deadline) as taken:
         if not taken:
-            return None  # Race: another process is reclaiming this very lock right now.
+            return None
+        sweep_orphan_temps(dfd)  # first: debris is never a reason to stop half-way
         if not remove_if_unchanged(dfd, judged, still):
             raise _JudgedLockChangedError
-        sweep_orphan_temps(dfd)
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
         return _publish(dfd, record, owner)
 
@@ -964,6 +1090,7 @@ def try_acquire(
     if owner is None:
         owner = ownership.details_of(pid)
     holder, state = MISSING, LockState.FREE
+    deadline: float | None = None  # one guard wait per call, however many rounds
     for _ in range(MAX_ROUNDS):
         mine = _publish(dfd, record, owner)
         if mine is not None:
@@ -976,6 +1103,8 @@ def try_acquire(
             raise UnsafeLockPathError(errno.EISDIR, "a directory is in the way, not a lock file")
         if not may_reclaim(holder, state):
             return AcquireOutcome(None, holder, state)
+        if deadline is None:
+            deadline = _monotonic() + GUARD_WAIT_SECONDS
         try:
             won = _reclaim(
                 dfd,
@@ -983,6 +1112,7 @@ def try_acquire(
                 record,
                 lambda entry: may_reclaim(entry, judge_lock(entry, now)),
                 owner,
+                deadline,
             )
         except _JudgedLockChangedError:
             continue  # Race: replaced since we read it; judge the new one.
@@ -1009,6 +1139,8 @@ def release_at(
         state = judge_lock(snapshot, now)
         if state is LockState.FREE:
             return ReleaseOutcome.NOTHING, snapshot
+        if state is LockState.BUSY:
+            raise _busy_error(snapshot)  # whose it is cannot be told now: never removed
         if snapshot.kind is EntryKind.DIRECTORY or state is LockState.WRITING:
             return ReleaseOutcome.LEFT, snapshot
         record = snapshot.record
@@ -1047,7 +1179,11 @@ def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float 
         return None
     now = time.time()
     record = snapshot.record
-    if judge_lock(snapshot, now) is not LockState.ACTIVE or record is None:
+    state = judge_lock(snapshot, now)
+    if state is LockState.BUSY:
+        # Not free, and whose it is cannot be told: an error, never None (which says "free").
+        raise _naming(_busy_error(snapshot), _folder(gsd_dir, feature))
+    if state is not LockState.ACTIVE or record is None:
         return None
     pid, timestamp = record
     return {"pid": pid, "timestamp": timestamp, "age_seconds": max(0.0, now - timestamp)}

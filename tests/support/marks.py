@@ -33,3 +33,37 @@ needs_pid_namespaces = pytest.mark.skipif(
 needs_proc = pytest.mark.skipif(
     not os.path.exists("/proc/self/stat"), reason="owner details need Linux's /proc"
 )
+
+
+def _leases_work() -> bool:
+    """May this process take a kernel write lease (``F_SETLEASE``) on a file it owns here?"""
+    import fcntl
+    import tempfile
+
+    lease = getattr(fcntl, "F_SETLEASE", None)
+    try:
+        with open("/proc/sys/fs/lease-break-time") as setting:
+            long_enough = int(setting.read()) >= 10  # the test needs the lease to last seconds
+    except (OSError, ValueError):
+        return False
+    if lease is None or not long_enough:
+        return False
+    handle, name = tempfile.mkstemp()
+    os.close(handle)  # a write lease needs the file open nowhere else
+    try:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            fcntl.fcntl(fd, lease, fcntl.F_WRLCK)
+            fcntl.fcntl(fd, lease, fcntl.F_UNLCK)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    finally:
+        os.unlink(name)
+    return True
+
+
+needs_leases = pytest.mark.skipif(
+    not _leases_work(), reason="needs kernel leases (F_SETLEASE) lasting at least 10 s"
+)

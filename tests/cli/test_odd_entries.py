@@ -1,0 +1,206 @@
+"""No entry name and no odd folder breaks anything beyond itself (issue items 6 and 10).
+
+* A temp-like name whose pid no process can have (``.lock.2147483648.0.tmp``) beside a stale
+  lock: psutil's ``pid_exists`` overflowed on it, half-way through a reclaim.
+* A directory named like a temp file: ``lock clean`` failed on it for ever.
+* A feature folder the caller may not read: ``status``, ``clean`` and ``claim`` failed for every
+  feature. Now each skips that folder, reports it (full path) on stderr and in the JSON, and does
+  the rest; ``status`` and ``clean`` exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, Final
+
+import psutil  # noqa: F401  (imported before a child drops to uid 65534, who may not read it)
+import pytest
+
+from mahabharatha import locks
+from mahabharatha.commands import _utils
+from tests.cli._support import invoke, lock_path, one_document, write_lock
+from tests.faults._kills import run_child
+
+HUGE_PID_TEMP: Final = ".lock.2147483648.0.tmp"
+STALE: Final = 7200.0 + 600
+
+
+def _stale_lock(gsd: Path, feature: str) -> Path:
+    return write_lock(gsd, feature, pid=4242, timestamp=_utils.now() - STALE)
+
+
+@pytest.fixture(params=["unnamed", "named"])
+def publish_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways of publishing: ``O_TMPFILE``, and the named-temp fallback that sweeps first."""
+    if request.param == "named":
+        monkeypatch.setattr(_utils._Tmpfile, "usable", False)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("name", [HUGE_PID_TEMP, ".lock." + "9" * 200 + ".0.tmp"])
+def test_a_temp_name_no_pid_can_have_never_crashes_a_reclaim(
+    gsd: Path, publish_path: str, name: str
+) -> None:
+    """Fails before the fix: ``acquire_feature_lock`` raised ``OverflowError`` after removing the
+    stale lock, leaving no lock at all."""
+    lock = _stale_lock(gsd, "feat")
+    (lock.parent / name).write_text("debris")
+
+    assert _utils.acquire_feature_lock("feat", str(gsd)) is True
+
+    assert lock.read_text().startswith(f"{os.getpid()}:")
+    assert not (lock.parent / name).exists(), "no writer can have that pid: it is debris"
+
+
+def test_lock_acquire_json_over_a_stale_lock_beside_a_huge_pid_temp(gsd: Path) -> None:
+    """Fails before the fix: a 75-line traceback, exit 1, no JSON, and no lock."""
+    lock = _stale_lock(gsd, "feat")
+    (lock.parent / HUGE_PID_TEMP).write_text("debris")
+
+    result = invoke("lock", "acquire", "feat", "--gsd-dir", gsd, "--json", "--pid", 777)
+
+    assert result.exit_code == 0, result.output
+    assert one_document(result.stdout)["acquired"] is True
+    assert lock.read_text().startswith("777:")
+
+
+def test_lock_clean_beside_a_huge_pid_temp(gsd: Path) -> None:
+    """Fails before the fix: ``OverflowError`` (exit 3 or a traceback), nothing cleaned."""
+    lock = _stale_lock(gsd, "feat")
+    (lock.parent / HUGE_PID_TEMP).write_text("debris")
+
+    result = invoke("lock", "clean", "--gsd-dir", gsd, "--json")
+
+    assert result.exit_code == 0, result.output
+    paths = {entry["path"] for entry in one_document(result.stdout)["entries"]}
+    assert paths == {str(lock), str(lock.parent / HUGE_PID_TEMP)}
+    assert os.listdir(lock.parent) == []
+
+
+def test_a_directory_named_like_a_temp_does_not_stop_clean(gsd: Path) -> None:
+    """Fails before the fix: clean removed A's stale lock, then failed to unlink the directory
+    (exit 3, its JSON without the entry it had removed), and B was never cleaned."""
+    stale_a = _stale_lock(gsd, "A")
+    odd = stale_a.parent / ".lock.999999.ab.tmp"
+    odd.mkdir()
+    (odd / "inside").write_text("someone's file")
+    stale_b = _stale_lock(gsd, "B")
+
+    result = invoke("lock", "clean", "--gsd-dir", gsd, "--json")
+
+    assert result.exit_code == 0, result.output
+    entries = one_document(result.stdout)["entries"]
+    assert {(e["path"], e["removed"]) for e in entries} == {
+        (str(stale_a), True),
+        (str(stale_b), True),
+    }
+    assert (odd / "inside").read_text() == "someone's file", "not ours: left alone"
+    assert invoke("lock", "clean", "--gsd-dir", gsd).exit_code == 0, "and again: still fine"
+
+
+# ------------------------------------------------------------------- a folder we may not read
+
+
+@pytest.fixture
+def shared_gsd() -> Iterator[Path]:
+    """A gsd folder every user may use: A is closed to everyone but root, B has a stale lock,
+    C is free."""
+    top = Path(tempfile.mkdtemp(prefix="mahabharatha-odd-"))
+    os.chmod(top, 0o755)
+    gsd = top / "gsd"
+    try:
+        for name in ("A", "B", "C"):
+            (gsd / "specs" / name).mkdir(parents=True)
+        _stale_lock(gsd, "B")
+        for folder in (gsd, gsd / "specs", gsd / "specs" / "B", gsd / "specs" / "C"):
+            os.chmod(folder, 0o777)
+        os.chmod(gsd / "specs" / "A", 0)  # no one but root may read or enter it
+        yield gsd
+    finally:
+        with suppress(FileNotFoundError):
+            os.chmod(gsd / "specs" / "A", 0o755)  # an owner who is not root must open it up
+        shutil.rmtree(top)
+
+
+def _unprivileged(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``body`` in a child that may not read folder A: uid 65534 when we are root (root
+    ignores permissions), else ourselves (the mode-0 folder is closed to its owner too)."""
+    out = Path(tempfile.mkdtemp(prefix="mahabharatha-report-"))
+    os.chmod(out, 0o777)
+
+    def child() -> None:
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+        try:
+            report = body()
+        except BaseException:
+            report = {"harness": traceback.format_exc()}
+        (out / "report.json").write_text(json.dumps(report))
+
+    try:
+        run_child(child)
+        report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    finally:
+        shutil.rmtree(out)
+    assert "harness" not in report, report["harness"]
+    return report
+
+
+def _cli(*args: object) -> dict[str, Any]:
+    result = invoke(*args)
+    return {"code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr}
+
+
+@pytest.mark.parametrize("command", ["status", "clean", "claim"])
+def test_a_folder_the_caller_may_not_read_is_reported_and_the_rest_is_done(
+    shared_gsd: Path, command: str
+) -> None:
+    """Fails before the fix: each command exited 3 with ``Permission denied: A``."""
+    folder_a = str(shared_gsd / "specs" / "A")
+    lock_b = lock_path(shared_gsd, "B")
+    report = _unprivileged(
+        lambda: (
+            _cli("lock", command, "--gsd-dir", shared_gsd, "--json", "--pid", 777)
+            if command == "claim"
+            else _cli("lock", command, "--gsd-dir", shared_gsd, "--json")
+        )
+    )
+    document = json.loads(report["stdout"])
+    assert folder_a in report["stderr"] and "Permission denied" in report["stderr"], report
+    assert report["code"] == 0, report
+    if command == "status":
+        by_feature = {entry["feature"]: entry for entry in document}
+        assert by_feature["B"]["state"] == "stale"
+        assert by_feature["A"]["state"] == "error" and folder_a in by_feature["A"]["error"]
+    elif command == "clean":
+        assert [(e["path"], e["removed"]) for e in document["entries"]] == [(str(lock_b), True)]
+        assert [p["path"] for p in document["problems"]] == [folder_a]
+        assert not lock_b.exists()
+    else:
+        assert (document["feature"], document["claimed"]) == ("B", True)
+        assert [p["path"] for p in document["problems"]] == [folder_a]
+        assert lock_b.read_text().startswith("777:")
+
+
+def test_claim_exits_3_when_nothing_was_claimed_and_a_folder_could_not_be_tried(
+    shared_gsd: Path,
+) -> None:
+    """B and C are held; A cannot be tried: "none free" would be a guess, so: an error, with
+    every skipped folder in ``problems``. Fails before the fix: no ``problems`` in the JSON."""
+    for name in ("B", "C"):
+        lock_path(shared_gsd, name).unlink(missing_ok=True)
+        locks.acquire(name, shared_gsd, pid=os.getpid())
+    report = _unprivileged(lambda: _cli("lock", "claim", "--gsd-dir", shared_gsd, "--json"))
+    document = json.loads(report["stdout"])
+    assert report["code"] == 3, report
+    assert document["claimed"] is False and "error" in document
+    assert [p["path"] for p in document["problems"]] == [str(shared_gsd / "specs" / "A")]
