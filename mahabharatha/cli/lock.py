@@ -20,10 +20,11 @@ from mahabharatha.cli._output import (
     ReclaimDeadOption,
     Result,
     default_owner,
+    exit_code_for,
     respond,
 )
 from mahabharatha.cli._render import WaitingLine, status_table
-from mahabharatha.locks import LockHeldError, LockInfo
+from mahabharatha.locks import AlreadyHeldError, LockHeldError, LockInfo, LockLostError
 
 app = typer.Typer(
     help="Feature locks: one session per feature, across shells and worker pools.",
@@ -193,11 +194,22 @@ def run_command(
         typer.Option("--heartbeat", min=0.01, max=60, help="Seconds between lock refreshes."),
     ] = locks.HEARTBEAT_SECONDS,
     reclaim_dead: ReclaimDeadOption = False,
+    on_lost: Annotated[
+        runner.OnLost,
+        typer.Option(
+            "--on-lost",
+            help=(
+                "If the lock is lost while CMD runs: 'terminate' sends CMD SIGTERM (SIGKILL "
+                "after a grace) and exits 76; 'warn' keeps CMD running and exits with its code."
+            ),
+        ),
+    ] = runner.OnLost.TERMINATE,
 ) -> None:
     """Hold FEATURE while CMD runs (kept fresh), release it after; exit with CMD's code.
 
     The lock records this process (it lives as long as CMD). A busy lock is waited for
-    without limit unless --timeout bounds it (--timeout 0 tries once).
+    without limit unless --timeout bounds it (--timeout 0 tries once). A lock lost while CMD
+    runs stops CMD and exits 76, unless --on-lost warn.
     """
     document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
 
@@ -214,7 +226,16 @@ def run_command(
         try:
             # With --json our stdout is for the one document: the command's goes to stderr.
             stdout = sys.stderr if as_json else None
-            code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
+            code = runner.run_locked(
+                holder,
+                command,
+                stdout,
+                on_acquired=line.erase,
+                on_lost=on_lost,
+                notify_lost=lambda lost: _warn_lost(lost, on_lost),
+            )
+        except AlreadyHeldError as mine:
+            return Result(EXIT_HELD, {**document, "holder": mine.info.to_dict()}, message=str(mine))
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
             return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run (see --timeout)")
@@ -222,7 +243,24 @@ def run_command(
             return Result(stop.exit_code, document, message=str(stop))
         except runner.CommandNotFoundError as missing:
             return Result(runner.EXIT_NOT_FOUND, document, message=missing.strerror)
-        lost = f"the lock on {feature!r} was taken away while CMD ran" if holder.lost else None
-        return Result(code, {**document, "exit_code": code}, message=lost)
+        if holder.lost is not None:
+            return _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
+        return Result(code, {**document, "exit_code": code})
 
     respond(as_json, document, action)
+
+
+def _warn_lost(lost: LockLostError, on_lost: runner.OnLost) -> None:
+    """Said on stderr the moment the heartbeat finds the lock lost, while CMD still runs."""
+    then = "stopping CMD" if on_lost is runner.OnLost.TERMINATE else "CMD keeps running"
+    typer.echo(f"mahabharatha: {lost}; {then} (--on-lost {on_lost.value})", err=True)
+
+
+def _lost_result(
+    lost: LockLostError, on_lost: runner.OnLost, document: dict[str, Any], code: int
+) -> Result:
+    """The lost-lock rule: exit 76 (or CMD's code with --on-lost warn), ``error: lost``."""
+    document = {**document, "error": "lost", "reason": lost.reason}
+    if on_lost is runner.OnLost.WARN:
+        return Result(code, document)
+    return Result(exit_code_for(lost), document, message=f"{lost}; CMD was stopped")
