@@ -404,10 +404,10 @@ def _try_once(
     return outcome, now
 
 
-def _held_by(outcome: AcquireOutcome, owner: int) -> bool:
-    """Is the active lock that stopped us the would-be owner's own (judged by the pid)?"""
+def _held_by(outcome: AcquireOutcome, callers: set[int]) -> bool:
+    """Is the active lock that stopped us the caller's own (judged by the pid)?"""
     record = outcome.holder.record
-    return outcome.state is LockState.ACTIVE and record is not None and record[0] == owner
+    return outcome.state is LockState.ACTIVE and record is not None and record[0] in callers
 
 
 @contextmanager
@@ -488,17 +488,21 @@ def acquire(
     timeout: float | None = 0.0,
     reclaim_dead: bool = False,
     on_wait: WaitCallback | None = None,
+    caller_pids: Iterable[int] = (),
 ) -> LockSnapshot:
     """Make ``pid`` (default: this process) the holder of ``feature``; return its lock.
 
     ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
     Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held, and
-    :class:`AlreadyHeldError` at once when ``pid`` itself holds it (not reentrant, no waiting).
+    :class:`AlreadyHeldError` at once when ``pid`` itself holds it, or one of ``caller_pids``
+    (``lock run`` records itself, but the shell that called it is the caller too): not
+    reentrant, and never waiting for itself.
     An acquire interrupted by a signal (``KeyboardInterrupt``) never leaves its lock behind.
     """
     _validate_feature_name(feature)
     owner = os.getpid() if pid is None else _valid_pid(pid)
     timeout = _valid_seconds("timeout", timeout)
+    callers = {owner, *caller_pids}
     deadline = None if timeout is None else monotonic() + timeout
     delays = _backoff_delays()
     while True:
@@ -506,7 +510,7 @@ def acquire(
         if outcome.mine is not None:
             return outcome.mine
         info = _describe(feature, outcome.holder, outcome.state, now, liveness=None)
-        if _held_by(outcome, owner):
+        if _held_by(outcome, callers):
             raise AlreadyHeldError(info)  # waiting would wait for ourselves
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:
@@ -633,6 +637,7 @@ class FeatureLock:
         heartbeat: float | None = HEARTBEAT_SECONDS,
         on_wait: WaitCallback | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
+        caller_pids: Iterable[int] = (),
     ) -> None:
         _validate_feature_name(feature)
         self.feature = feature
@@ -643,6 +648,7 @@ class FeatureLock:
         self.heartbeat = _valid_seconds("heartbeat", heartbeat)
         self.on_wait = on_wait
         self.on_lost = on_lost
+        self.caller_pids = tuple(caller_pids)
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
         self._mine: LockSnapshot | None = None
@@ -653,13 +659,13 @@ class FeatureLock:
         _LIVE_LOCKS.add(self)
 
     def _forget_after_fork(self) -> None:
-        """In a freshly forked child (one thread, run by ``os.register_at_fork``): the lock is
-        the parent's, and the mutex may have been held by the heartbeat thread at the fork."""
+        """In a freshly forked child (one thread, run by ``os.register_at_fork``): the mutex
+        may have been held by the heartbeat thread, which does not exist here. (The lock itself
+        is the parent's: ``_holder_process`` keeps the child's hands off it.)"""
         # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._beat = None
-        self._mine = None
 
     @property
     def held(self) -> bool:
@@ -691,6 +697,7 @@ class FeatureLock:
             timeout=self.timeout,
             reclaim_dead=self.reclaim_dead,
             on_wait=self.on_wait,
+            caller_pids=self.caller_pids,
         )
         try:
             self.lost = None

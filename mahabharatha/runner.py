@@ -207,9 +207,13 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     try:
         reader = _SenderReader(relay)
-    except BaseException:
+    except BaseException as error:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        raise
+        if not isinstance(error, RuntimeError):
+            raise
+        # "can't start new thread": go on without senders (the heartbeat will say it cannot).
+        yield
+        return
     try:
         yield
     finally:
@@ -259,14 +263,24 @@ class _LossWatch:
                 self._act_on(child, error)
 
     def _act_on(self, child: _Child, error: LockLostError) -> None:
-        self._acting = threading.Thread(
+        acting = threading.Thread(
             target=self._act, args=(child, error), name="lock-run-lost", daemon=True
         )
-        self._acting.start()
+        try:
+            acting.start()
+        except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
+            self._notify(error)
+            if self.policy is OnLost.TERMINATE:
+                child.send(signal.SIGTERM)
+            return
+        self._acting = acting
 
-    def _act(self, child: _Child, error: LockLostError) -> None:
+    def _notify(self, error: LockLostError) -> None:
         if self.notify is not None:
             self.notify(error)
+
+    def _act(self, child: _Child, error: LockLostError) -> None:
+        self._notify(error)
         if self.policy is OnLost.WARN:
             return
         child.send(signal.SIGTERM)

@@ -222,6 +222,7 @@ def run_command(
             heartbeat=heartbeat,
             reclaim_dead=reclaim_dead,
             on_wait=line.callback,
+            caller_pids=(os.getppid(),),  # the shell that ran us: its lock is "yours" too
         )
         try:
             # With --json our stdout is for the one document: the command's goes to stderr.
