@@ -248,6 +248,18 @@ class _LossWatch:
         self._ended = threading.Event()
         self._acting: threading.Thread | None = None
 
+    def also_telling(
+        self, caller: Callable[[LockLostError], None] | None
+    ) -> Callable[[LockLostError], None]:
+        """``FeatureLock.on_lost`` for the run: the caller's own callback, then this watch."""
+
+        def lost(error: LockLostError) -> None:
+            if caller is not None:
+                caller(error)
+            self.lost(error)
+
+        return lost
+
     def lost(self, error: LockLostError) -> None:
         """``FeatureLock.on_lost``: runs in the heartbeat thread."""
         with self._mutex:
@@ -329,9 +341,10 @@ def run_locked(
     """
     relay = _SignalRelay()
     watch = _LossWatch(on_lost, notify_lost)
+    told = lock.on_lost
     with _relaying(relay), _senders_known(relay):
         lock.on_wait, on_wait = relay.waiting(lock.on_wait), lock.on_wait
-        lock.on_lost = watch.lost
+        lock.on_lost = watch.also_telling(told)
         try:
             lock.acquire()
         finally:
@@ -350,6 +363,7 @@ def run_locked(
                 child.close()
         finally:
             lock.release()
+            lock.on_lost = told
     return SIGNAL_EXIT_BASE - returncode if returncode < 0 else returncode
 
 
