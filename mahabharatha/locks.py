@@ -503,7 +503,7 @@ def acquire(
     owner = os.getpid() if pid is None else _valid_pid(pid)
     timeout = _valid_seconds("timeout", timeout)
     callers = {owner, *caller_pids}
-    deadline = None if timeout is None else monotonic() + timeout
+    deadline = None if timeout is None else monotonic() + max(0.0, timeout)
     delays = _backoff_delays()
     while True:
         outcome, now = _try_uninterrupted(feature, gsd_dir, owner, reclaim_dead)
@@ -522,15 +522,13 @@ def acquire(
 
 
 def _valid_seconds(name: str, value: float | None) -> float | None:
-    """A duration given by a caller: ``None`` or a finite number of seconds, never negative.
+    """A duration given by a caller: ``None`` or a finite number of seconds.
 
     ``nan`` passes every ``<`` and ``>`` check (a heartbeat of ``nan`` busy-loops) and ``inf``
     means "for ever", which ``None`` already says: both are refused as bad input.
     """
-    if value is None:
-        return None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"Invalid {name}: {value!r} (must be a finite number of seconds >= 0)")
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"Invalid {name}: {value!r} (must be a finite number of seconds)")
     return value
 
 
@@ -646,6 +644,8 @@ class FeatureLock:
         self.timeout = _valid_seconds("timeout", timeout)
         self.reclaim_dead = reclaim_dead
         self.heartbeat = _valid_seconds("heartbeat", heartbeat)
+        if self.heartbeat is not None and self.heartbeat < 0:  # it would refresh in a busy loop
+            raise ValueError(f"Invalid heartbeat: {heartbeat!r} (must be >= 0; 0 or None: none)")
         self.on_wait = on_wait
         self.on_lost = on_lost
         self.caller_pids = tuple(caller_pids)
