@@ -150,8 +150,8 @@ class LockLostError(LockError):
 
     def __init__(self, feature: str, reason: str | None = None) -> None:
         self.feature = feature
-        self.reason = reason or f"the lock on {feature!r} was removed or replaced by another owner"
-        super().__init__(f"the lock on {feature!r} is no longer ours: {self.reason}")
+        self.reason = reason or "it was removed or replaced by another owner"
+        super().__init__(f"lost the lock on {feature!r}: {self.reason}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.feature, self.reason))
@@ -436,8 +436,8 @@ def _signals_deferred() -> Iterator[None]:
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-    for signum in caught:
-        saved[signum](signum, None)  # may raise: the caller's frame knows what it holds by now
+        for signum in caught:
+            saved[signum](signum, None)  # may raise: the caller's frame knows what it holds now
 
 
 def _try_uninterrupted(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
@@ -213,6 +214,12 @@ def run_command(
     """
     document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
 
+    told: list[LockLostError] = []  # losses already reported on stderr, as they happened
+
+    def tell(lost: LockLostError) -> None:
+        _warn_lost(lost, on_lost)
+        told.append(lost)
+
     def action() -> Result:
         line = WaitingLine()
         holder = locks.FeatureLock(
@@ -233,7 +240,7 @@ def run_command(
                 stdout,
                 on_acquired=line.erase,
                 on_lost=on_lost,
-                notify_lost=lambda lost: _warn_lost(lost, on_lost),
+                notify_lost=tell,
             )
         except AlreadyHeldError as mine:
             return Result(EXIT_HELD, {**document, "holder": mine.info.to_dict()}, message=str(mine))
@@ -245,7 +252,8 @@ def run_command(
         except runner.CommandNotFoundError as missing:
             return Result(runner.EXIT_NOT_FOUND, document, message=missing.strerror)
         if holder.lost is not None:
-            return _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
+            result = _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
+            return replace(result, message=None) if told else result  # said once is enough
         return Result(code, {**document, "exit_code": code})
 
     respond(as_json, document, action)
