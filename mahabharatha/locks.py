@@ -20,12 +20,15 @@ from __future__ import annotations
 import enum
 import errno
 import json
+import math
 import os
 import random
+import signal
 import stat
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from time import gmtime, monotonic, sleep, strftime
@@ -55,9 +58,11 @@ __all__ = [
     "AUDIT_LOG_NAME",
     "COMPLETED_MARKER_NAME",
     "HEARTBEAT_SECONDS",
+    "AlreadyHeldError",
     "CleanedEntry",
     "FeatureLock",
     "FeatureProblem",
+    "HeartbeatStartError",
     "LockError",
     "LockHeldError",
     "LockInfo",
@@ -106,6 +111,18 @@ COMPLETED_MARKER_NAME: Final = ".completed"
 """A finished feature's marker in its folder (an ISO-8601 time, like the repository's other
 sentinels ``.started`` and ``.plan-complete``): ``claim`` never hands such a feature out."""
 
+DEFERRED_SIGNALS: Final[tuple[int, ...]] = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGALRM,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+"""Signals whose Python handlers may raise (KeyboardInterrupt, a caller's own exception): held
+back while a lock is being published, so an interrupted acquire never strands its lock."""
+
 
 # --------------------------------------------------------------------------- errors
 
@@ -148,15 +165,39 @@ class NotHeldError(LockError):
         return (type(self), (self.feature, self.pid))
 
 
+class AlreadyHeldError(LockHeldError):
+    """The would-be owner already holds the feature (same pid): waiting would wait for itself."""
+
+    def __init__(self, info: LockInfo) -> None:
+        super().__init__(info)
+        self.args = (f"feature {info.feature!r} is already held by you (pid {info.pid})",)
+
+
 class LockLostError(LockError):
     """A holder found its lock gone or replaced (forced release, or it went stale)."""
 
-    def __init__(self, feature: str) -> None:
+    def __init__(self, feature: str, reason: str | None = None) -> None:
         self.feature = feature
-        super().__init__(f"the lock on {feature!r} is no longer ours")
+        self.reason = reason or "it was removed or replaced by another owner"
+        super().__init__(f"lost the lock on {feature!r}: {self.reason}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature,))
+        return (type(self), (self.feature, self.reason))
+
+
+class HeartbeatStartError(LockError):
+    """The heartbeat thread could not start (no threads left); the lock just taken was released."""
+
+    def __init__(self, feature: str, cause: str) -> None:
+        self.feature = feature
+        self.cause = cause
+        super().__init__(
+            f"could not start the heartbeat that keeps the lock on {feature!r} fresh ({cause}); "
+            "the lock was released"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.feature, self.cause))
 
 
 # --------------------------------------------------------------------------- facts about locks
@@ -421,11 +462,17 @@ def _audit(gsd_dir: str | os.PathLike[str], action: str, feature: str, **facts: 
     with suppress(OSError):
         fd = os.open(Path(gsd_dir) / AUDIT_LOG_NAME, flags, 0o644)
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):  # a log file, not a FIFO or a device
+            if _is_own_log(os.fstat(fd)):
                 # O_APPEND: concurrent writers' lines never interleave (one small write each).
                 os.write(fd, line)
         finally:
             os.close(fd)
+
+
+def _is_own_log(info: os.stat_result) -> bool:
+    """A log file of its own: not a FIFO or a device, and not a hard link to a file elsewhere
+    (``ln outside.txt <gsd>/lock-audit.jsonl`` would make us append to ``outside.txt``)."""
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
 
 
 def _old_record(snapshot: LockSnapshot | None) -> str | None:
@@ -478,6 +525,72 @@ def _try_once(
     return outcome, now
 
 
+def _held_by(outcome: AcquireOutcome, callers: set[int]) -> bool:
+    """Is the active lock that stopped us the caller's own (judged by the pid)?"""
+    record = outcome.holder.record
+    return outcome.state is LockState.ACTIVE and record is not None and record[0] in callers
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold back the Python handlers of :data:`DEFERRED_SIGNALS` for the block, then run them.
+
+    Only the main thread runs Python signal handlers, so only there can a ``KeyboardInterrupt``
+    land between the ``link()`` that publishes our lock and the return that hands it over.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def remember(signum: int, _frame: object) -> None:
+        caught.append(signum)
+
+    saved: dict[int, Any] = {}
+    signum: int
+    try:
+        for signum in DEFERRED_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):  # SIG_DFL / SIG_IGN raise nothing in Python: leave them be
+                saved[signum] = signal.signal(signum, remember)
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        for signum in caught:
+            saved[signum](signum, None)  # may raise: the caller's frame knows what it holds now
+
+
+def _try_uninterrupted(
+    feature: str,
+    gsd_dir: str | os.PathLike[str],
+    pid: int,
+    reclaim_dead: bool,
+    details: bytes | None = None,
+) -> tuple[AcquireOutcome, float]:
+    """One try whose lock, if it took one, is either returned or removed again, even when a
+    signal handler raises: it never stays on disk unknown to the caller."""
+    outcome: AcquireOutcome | None = None
+    try:
+        with _signals_deferred():
+            # Race: Ctrl-C right after link() published our lock: deferred to the end of this
+            # block, by when ``outcome`` knows the exact lock to take back.
+            outcome, now = _try_once(feature, gsd_dir, pid, reclaim_dead, details)
+    except BaseException:
+        if outcome is not None and outcome.mine is not None:
+            with _signals_deferred():  # a second Ctrl-C must not cut the take-back short
+                _release_exactly(gsd_dir, feature, outcome.mine)
+        raise
+    return outcome, now
+
+
+def _release_exactly(gsd_dir: str | os.PathLike[str], feature: str, mine: LockSnapshot) -> None:
+    """Remove the very lock ``mine`` if it is still on disk; any other lock stays."""
+    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+        if dfd is not None:
+            _utils.release_mine(dfd, mine)
+
+
 def _backoff_delays() -> Iterator[float]:
     """Exponential backoff with jitter: 2 ms, 4 ms, ... 25 ms; 250 ms once the wait is long."""
     started = monotonic()
@@ -501,26 +614,35 @@ def acquire(
     reclaim_dead: bool = False,
     on_wait: WaitCallback | None = None,
     command: Sequence[str] | None = None,
+    caller_pids: Iterable[int] = (),
 ) -> LockSnapshot:
     """Make ``pid`` (default: this process) the holder of ``feature``; return its lock.
 
     ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
     ``command``: what the owner runs under the lock (``lock run``), kept in its owner details.
     Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held,
-    ``ValueError`` for a bad name, pid or timeout (negative: unlike filelock, ``-1`` does not
-    mean "for ever" here; pass ``None``), and ``OSError`` for trouble on disk.
+    :class:`AlreadyHeldError` at once when ``pid`` itself holds it, or one of ``caller_pids``
+    (``lock run`` records itself, but the shell that called it is the caller too): not
+    reentrant, and never waiting for itself. ``ValueError`` for a bad name, pid or timeout
+    (negative, ``nan`` or ``inf``: unlike filelock, ``-1`` does not mean "for ever" here; pass
+    ``None``), and ``OSError`` for trouble on disk. An acquire interrupted by a signal
+    (``KeyboardInterrupt``) never leaves its lock behind.
     """
     _validate_feature_name(feature)
     _valid_timeout(timeout)
     owner = os.getpid() if pid is None else _valid_pid(pid)
+    timeout = _valid_seconds("timeout", timeout)
     details = ownership.details_of(owner, command)
+    callers = {owner, *caller_pids}
     deadline = None if timeout is None else monotonic() + max(0.0, timeout)
     delays = _backoff_delays()
     while True:
-        outcome, now = _try_once(feature, gsd_dir, owner, reclaim_dead, details)
+        outcome, now = _try_uninterrupted(feature, gsd_dir, owner, reclaim_dead, details)
         if outcome.mine is not None:
             return outcome.mine
         info = _describe(feature, outcome.holder, outcome.state, now, liveness=None)
+        if _held_by(outcome, callers):
+            raise AlreadyHeldError(info)  # waiting would wait for ourselves
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:
             # The answer judges the owner as status and check do (the polls above skip it:
@@ -540,6 +662,17 @@ def _valid_timeout(timeout: float | None) -> None:
         raise ValueError(
             f"Invalid timeout: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
         )
+
+
+def _valid_seconds(name: str, value: float | None) -> float | None:
+    """A duration given by a caller: ``None`` or a finite number of seconds.
+
+    ``nan`` passes every ``<`` and ``>`` check (a heartbeat of ``nan`` busy-loops) and ``inf``
+    means "for ever", which ``None`` already says: both are refused as bad input.
+    """
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"Invalid {name}: {value!r} (must be a finite number of seconds)")
+    return value
 
 
 def _valid_pid(pid: int) -> int:
@@ -787,10 +920,16 @@ class FeatureLock:
     """Hold a feature lock for a block, keeping it fresh with a background heartbeat.
 
     ``timeout``: seconds to wait for a busy lock; 0 tries once, ``None`` (the default) waits
-    for ever; a negative value is refused with ``ValueError`` (``-1`` is not "for ever").
-    ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the owner to
-    record (default: this process). ``reclaim_dead``: also take over a lock whose owner is
-    provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
+    for ever; a negative, ``nan`` or infinite value is refused with ``ValueError`` (``-1`` is
+    not "for ever"). ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the
+    owner to record (default: this process). ``reclaim_dead``: also take over a lock whose owner
+    is provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
+    If the lock is taken away (``release --force``), or refreshes keep failing until it turned
+    stale, the heartbeat stops, :attr:`lost` is set and ``on_lost`` is called (from the
+    heartbeat thread); :meth:`refresh` raises :class:`LockLostError`.
+
+    Fork-safe: a child forked from the holder forgets the lock (it is the parent's) and gets a
+    fresh mutex, so it never waits on one the heartbeat thread held at the fork.
 
     Attributes:
         lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
@@ -810,17 +949,23 @@ class FeatureLock:
         heartbeat: float | None = HEARTBEAT_SECONDS,
         on_wait: WaitCallback | None = None,
         command: Sequence[str] | None = None,
+        on_lost: Callable[[LockLostError], None] | None = None,
+        caller_pids: Iterable[int] = (),
     ) -> None:
         _validate_feature_name(feature)
         _valid_timeout(timeout)
         self.feature = feature
         self.gsd_dir = gsd_dir
         self.pid = os.getpid() if pid is None else _valid_pid(pid)
-        self.timeout = timeout
+        self.timeout = _valid_seconds("timeout", timeout)
         self.reclaim_dead = reclaim_dead
-        self.heartbeat = heartbeat
+        self.heartbeat = _valid_seconds("heartbeat", heartbeat)
+        if self.heartbeat is not None and self.heartbeat < 0:  # it would refresh in a busy loop
+            raise ValueError(f"Invalid heartbeat: {heartbeat!r} (must be >= 0; 0 or None: none)")
         self.on_wait = on_wait
         self.command = command  # kept in the lock's owner details (``lock run``)
+        self.on_lost = on_lost
+        self.caller_pids = tuple(caller_pids)
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
         self._mine: LockSnapshot | None = None
@@ -828,6 +973,16 @@ class FeatureLock:
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        _LIVE_LOCKS.add(self)
+
+    def _forget_after_fork(self) -> None:
+        """In a freshly forked child (one thread, run by ``os.register_at_fork``): the mutex
+        may have been held by the heartbeat thread, which does not exist here. (The lock itself
+        is the parent's: ``_holder_process`` keeps the child's hands off it.)"""
+        # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._beat = None
 
     @property
     def held(self) -> bool:
@@ -866,6 +1021,7 @@ class FeatureLock:
         """
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
+        self._holder_process = os.getpid()
         self._mine = acquire(
             self.feature,
             self.gsd_dir,
@@ -874,16 +1030,29 @@ class FeatureLock:
             reclaim_dead=self.reclaim_dead,
             on_wait=self.on_wait,
             command=self.command,
+            caller_pids=self.caller_pids,
         )
-        self._holder_process = os.getpid()
-        self.lost = None
-        if self.heartbeat:
-            self._stop.clear()
-            self._beat = threading.Thread(
-                target=self._beat_loop, name=f"lock-heartbeat-{self.feature}", daemon=True
-            )
-            self._beat.start()
+        try:
+            self.lost = None
+            self._start_heartbeat()
+        except BaseException:
+            # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
+            self.release()
+            raise
         return self
+
+    def _start_heartbeat(self) -> None:
+        if not self.heartbeat:
+            return
+        self._stop.clear()
+        self._beat = threading.Thread(
+            target=self._beat_loop, name=f"lock-heartbeat-{self.feature}", daemon=True
+        )
+        try:
+            self._beat.start()
+        except RuntimeError as error:  # "can't start new thread": a process or memory limit
+            self._beat = None
+            raise HeartbeatStartError(self.feature, str(error)) from error
 
     def _forget_if_forked(self) -> None:
         """In a child forked from the holder, this object's lock is the parent's: never touch it."""
@@ -913,15 +1082,28 @@ class FeatureLock:
             try:
                 self.refresh()
             except LockLostError as error:
-                self.lost = error
+                self._declare_lost(error)
                 return
             except OSError as error:
                 # A transient failure (busy guard, full disk): retry sooner, and keep the error
                 # where the holder can see it; ``held`` turns False if the lock expires meanwhile.
                 self.heartbeat_error = error
                 interval = max(self.heartbeat / 4, 0.01)
+                if self._expired():
+                    reason = f"refreshes failed until the lock turned stale ({error})"
+                    self._declare_lost(LockLostError(self.feature, reason))
+                    return
                 continue
             self.heartbeat_error, interval = None, self.heartbeat
+
+    def _expired(self) -> bool:
+        expires = self.expires_at
+        return expires is not None and _utils.now() > expires
+
+    def _declare_lost(self, error: LockLostError) -> None:
+        self.lost = error
+        if self.on_lost is not None:
+            self.on_lost(error)
 
     def release(self) -> None:
         """Stop the heartbeat and remove our lock (only if it is still exactly ours).
@@ -956,6 +1138,18 @@ class FeatureLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+_LIVE_LOCKS: Final[weakref.WeakSet[FeatureLock]] = weakref.WeakSet()
+"""Every FeatureLock alive in this process, for the fork hook below (weak: no leak)."""
+
+
+def _forget_locks_after_fork() -> None:
+    for lock in list(_LIVE_LOCKS):
+        lock._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_locks_after_fork)
 
 
 # --------------------------------------------------------------------------- cleaning

@@ -8,8 +8,16 @@ when we are interrupted. SIGINT, SIGTERM and SIGHUP are handled from *before* th
   lock operation, so it cannot strand a half-taken lock); one that arrives after the lock is
   taken but before the command starts releases the lock, and the command never starts;
 * while the command starts, a signal is remembered and sent to it as soon as it exists;
-* while it runs, a signal is forwarded to it (a Ctrl-C at a terminal already reached it,
-  since it shares our foreground process group, so it is not sent twice).
+* while it runs, a signal is forwarded to it, except one the kernel sent to our whole
+  foreground process group (a Ctrl-C at the terminal): that one reached it already, and a second
+  SIGINT would hurt many programs. To tell the two apart, the signals are kept blocked and taken
+  with ``sigwaitinfo`` by a reader thread, which sees who sent each (``si_code``): ``kill`` sends
+  ``SI_USER``, a terminal ``SI_KERNEL``. The Python handlers stay installed for the moment the
+  command is being started (the mask is lifted then, so the command does not inherit it).
+
+If the lock is lost while the command runs (the heartbeat finds it removed or replaced, or
+refreshes failed until it turned stale), the command gets SIGTERM, then SIGKILL after
+:data:`LOST_KILL_GRACE_SECONDS` (``OnLost.TERMINATE``), or keeps running (``OnLost.WARN``).
 """
 
 from __future__ import annotations
@@ -19,17 +27,32 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import FrameType
 from typing import IO, Final
 
-from mahabharatha.locks import FeatureLock, LockInfo, WaitCallback
+from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 
 FORWARDED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SIGNAL_EXIT_BASE: Final = 128  # a process killed by signal N exits 128 + N, as shells report it
 EXIT_NOT_FOUND: Final = 127  # the shell's "command not found"
 EXIT_CANNOT_EXECUTE: Final = 126  # the shell's "found, but cannot be executed" (permission, format)
+SI_KERNEL: Final = 0x80
+"""``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
+LOST_KILL_GRACE_SECONDS: Final = 10.0
+"""After SIGTERM for a lost lock, CMD may take this long to stop cleanly before SIGKILL: long
+enough to flush and exit, short enough that two holders do not work side by side for long."""
+_READ_SENDERS: Final = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
+"""Can we learn who sent a signal (Linux and most POSIX systems; not macOS)?"""
+
+
+class OnLost(enum.StrEnum):
+    """What ``lock run`` does to CMD when its lock is lost while CMD runs."""
+
+    TERMINATE = "terminate"  # SIGTERM, then SIGKILL after the grace; exit 76
+    WARN = "warn"  # keep CMD running, warn; exit with CMD's code
 
 
 class Interrupted(Exception):
@@ -66,22 +89,60 @@ class _Phase(enum.Enum):
     RUNNING = "running"
 
 
+class _Child:
+    """The running command, signalled through a pidfd where there is one."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self._pidfd: int | None = None
+        with suppress(AttributeError, OSError):  # no pidfd (old kernel, not Linux): by pid
+            # Race: only our wait() reaps CMD, and it has not run yet, so this is CMD's pidfd;
+            # later signals through it can never reach a process that reused CMD's pid.
+            self._pidfd = os.pidfd_open(popen.pid)
+
+    def send(self, signum: int) -> None:
+        """Signal the command unless it has exited."""
+        if self._pidfd is None:
+            if self.popen.poll() is None:
+                self.popen.send_signal(signum)
+            return
+        with suppress(ProcessLookupError):  # it exited (maybe not yet reaped)
+            signal.pidfd_send_signal(self._pidfd, signum)
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
 class _SignalRelay:
     """Decides what a signal does in each phase (see the module docstring)."""
 
     def __init__(self) -> None:
         self.phase = _Phase.PREPARING
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: _Child | None = None
         self.pending: int | None = None
+        # Reentrant: the Python handler may run in the main thread while it holds this lock.
+        self._mutex = threading.RLock()
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
-        if self.phase is _Phase.RUNNING:
-            self._forward(signum)
-        else:
-            # Race: a signal before the child exists; acted on at the next safe point.
-            self.pending = signum
+        """The Python handler: it does not know who sent the signal."""
+        self.deliver(signum, from_kernel=None)
+
+    def deliver(self, signum: int, *, from_kernel: bool | None) -> None:
+        """Act on a signal; ``from_kernel``: sent by the kernel (None: not known)."""
+        with self._mutex:
+            if self.phase is _Phase.RUNNING:
+                self._forward(signum, from_kernel)
+            else:
+                # Race: a signal before the child exists; acted on at the next safe point.
+                self.pending = signum
 
     def raise_if_pending(self) -> None:
+        if _READ_SENDERS:
+            # Blocked signals meant for this thread (raise(), a pthread_kill) wait here.
+            while (info := signal.sigtimedwait(FORWARDED_SIGNALS, 0)) is not None:
+                self.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
         if self.pending is not None:
             raise Interrupted(self.pending)
 
@@ -95,24 +156,172 @@ class _SignalRelay:
 
         return check_then_report
 
-    def started(self, child: subprocess.Popen[bytes]) -> None:
-        self.child, self.phase = child, _Phase.RUNNING
-        if self.pending is not None:
-            self._forward(self.pending)
+    def started(self, child: _Child) -> None:
+        with self._mutex:
+            self.child, self.phase = child, _Phase.RUNNING
+            if self.pending is not None:
+                child.send(self.pending)  # it did not exist when the signal came: send it now
 
-    def _forward(self, signum: int) -> None:
-        if signum == signal.SIGINT and _child_got_it_from_terminal():
+    def _forward(self, signum: int, from_kernel: bool | None) -> None:
+        if self.child is None:
             return
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+        if _child_got_it_too(signum, from_kernel, self.child.popen.pid):
+            return
+        self.child.send(signum)
 
 
-def _child_got_it_from_terminal() -> bool:
-    """Ctrl-C at a terminal reaches the whole foreground group, the child included."""
+def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> bool:
+    """Did the kernel send this signal to our whole foreground group, the child included (a
+    Ctrl-C at the terminal)? Then forwarding it would deliver it twice. ``kill`` reaches only us.
+
+    Without the sender (``from_kernel`` None), a SIGINT in the foreground is taken for a Ctrl-C.
+    """
+    if from_kernel is False or (from_kernel is None and signum != signal.SIGINT):
+        return False
     try:
-        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+        foreground = os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+        return foreground and os.getpgid(child_pid) == os.getpgrp()
     except (OSError, ValueError):
         return False
+
+
+class _SenderReader:
+    """Takes the blocked forwarded signals with ``sigwaitinfo`` (which tells who sent each) in
+    a thread of its own, and hands them to the relay."""
+
+    def __init__(self, relay: _SignalRelay) -> None:
+        self._relay = relay
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="lock-run-signals", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            info = signal.sigwaitinfo(FORWARDED_SIGNALS)
+            if self._stopping:
+                return
+            self._relay.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._thread.ident is not None:
+            # Wakes the reader (a signal for its thread alone); it sees ``_stopping`` and ends.
+            signal.pthread_kill(self._thread.ident, signal.SIGHUP)
+        self._thread.join()
+
+
+@contextmanager
+def _senders_known(relay: _SignalRelay) -> Iterator[None]:
+    """Block the forwarded signals in this thread (and in the threads it starts from now on:
+    the heartbeat, the loss watch) and read them with their senders. On leaving, signals that
+    came meanwhile reach the Python handler when the mask is lifted."""
+    if not _READ_SENDERS:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+    try:
+        reader = _SenderReader(relay)
+    except BaseException as error:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if not isinstance(error, RuntimeError):
+            raise
+        # "can't start new thread": go on without senders (the heartbeat will say it cannot).
+        yield
+        return
+    try:
+        yield
+    finally:
+        reader.stop()
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextmanager
+def _unmasked() -> Iterator[None]:
+    """Lift the block while CMD is started: a child inherits the signal mask across exec, and
+    CMD must get its signals. Meanwhile a signal reaches the Python handler (the relay)."""
+    if not _READ_SENDERS:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _LossWatch:
+    """Applies the lost-lock rule to the command: called by the heartbeat when the lock is lost,
+    it acts in a thread of its own (the grace must not hold up anyone)."""
+
+    def __init__(self, policy: OnLost, notify: Callable[[LockLostError], None] | None) -> None:
+        self.policy = policy
+        self.notify = notify
+        self._mutex = threading.Lock()
+        self._child: _Child | None = None
+        self._lost: LockLostError | None = None
+        self._ended = threading.Event()
+        self._acting: threading.Thread | None = None
+
+    def also_telling(
+        self, caller: Callable[[LockLostError], None] | None
+    ) -> Callable[[LockLostError], None]:
+        """``FeatureLock.on_lost`` for the run: the caller's own callback, then this watch."""
+
+        def lost(error: LockLostError) -> None:
+            if caller is not None:
+                caller(error)
+            self.lost(error)
+
+        return lost
+
+    def lost(self, error: LockLostError) -> None:
+        """``FeatureLock.on_lost``: runs in the heartbeat thread."""
+        with self._mutex:
+            # Race: lost before CMD started: ``started`` acts on it instead.
+            self._lost, child = error, self._child
+            if child is not None:
+                self._act_on(child, error)
+
+    def started(self, child: _Child) -> None:
+        with self._mutex:
+            self._child, error = child, self._lost
+            if error is not None:
+                self._act_on(child, error)
+
+    def _act_on(self, child: _Child, error: LockLostError) -> None:
+        acting = threading.Thread(
+            target=self._act, args=(child, error), name="lock-run-lost", daemon=True
+        )
+        try:
+            acting.start()
+        except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
+            self._notify(error)
+            if self.policy is OnLost.TERMINATE:
+                child.send(signal.SIGTERM)
+            return
+        self._acting = acting
+
+    def _notify(self, error: LockLostError) -> None:
+        if self.notify is not None:
+            self.notify(error)
+
+    def _act(self, child: _Child, error: LockLostError) -> None:
+        self._notify(error)
+        if self.policy is OnLost.WARN:
+            return
+        child.send(signal.SIGTERM)
+        if not self._ended.wait(LOST_KILL_GRACE_SECONDS):
+            child.send(signal.SIGKILL)
+
+    def ended(self) -> None:
+        """CMD has exited (and been reaped): stop waiting out the grace."""
+        self._ended.set()
+        with self._mutex:
+            # Race: a loss found after CMD ended must not signal it (its pidfd is closed next).
+            self._child = None
+            acting = self._acting
+        if acting is not None:
+            acting.join()
 
 
 @contextmanager
@@ -130,10 +339,15 @@ def run_locked(
     command: Sequence[str],
     stdout: IO[str] | None = None,
     on_acquired: Callable[[], None] | None = None,
+    *,
+    on_lost: OnLost = OnLost.TERMINATE,
+    notify_lost: Callable[[LockLostError], None] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
 
-    ``on_acquired`` is called once the lock is ours, before the command starts.
+    ``on_acquired`` is called once the lock is ours, before the command starts. When the lock
+    is lost while the command runs, ``lock.lost`` says why afterwards, ``notify_lost`` is called
+    at once, and ``on_lost`` says what happens to the command.
 
     Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
     :class:`Interrupted` when a signal arrives before the command started, and
@@ -141,8 +355,11 @@ def run_locked(
     :class:`CommandStartError`) when the command cannot be started (lock released).
     """
     relay = _SignalRelay()
-    with _relaying(relay):
+    watch = _LossWatch(on_lost, notify_lost)
+    told = lock.on_lost
+    with _relaying(relay), _senders_known(relay):
         lock.on_wait, on_wait = relay.waiting(lock.on_wait), lock.on_wait
+        lock.on_lost = watch.also_telling(told)
         try:
             lock.acquire()
         finally:
@@ -151,10 +368,17 @@ def run_locked(
             if on_acquired is not None:
                 on_acquired()
             relay.raise_if_pending()
-            child = _start(relay, command, stdout)
-            returncode = child.wait()
+            with _unmasked():
+                child = _start(relay, command, stdout)
+            watch.started(child)
+            try:
+                returncode = child.popen.wait()
+            finally:
+                watch.ended()
+                child.close()
         finally:
             lock.release()
+            lock.on_lost = told
     return SIGNAL_EXIT_BASE - returncode if returncode < 0 else returncode
 
 
@@ -195,9 +419,7 @@ def _parent_death_hook() -> Callable[[], None] | None:
     return die_with_parent
 
 
-def _start(
-    relay: _SignalRelay, command: Sequence[str], stdout: IO[str] | None
-) -> subprocess.Popen[bytes]:
+def _start(relay: _SignalRelay, command: Sequence[str], stdout: IO[str] | None) -> _Child:
     try:
         # CMD stays in our process group (the group recorded with the lock): while any of it
         # runs, the lock's owner is alive, even if ``lock run`` itself was SIGKILLed.
@@ -213,5 +435,6 @@ def _start(
         raise CommandNotExecutableError(
             error.errno, f"cannot execute {command[0]}: {why}"
         ) from error
-    relay.started(child)
-    return child
+    started = _Child(child)
+    relay.started(started)
+    return started

@@ -17,10 +17,12 @@ import typer
 
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.locks import (
+    AlreadyHeldError,
     FeatureProblem,
     LockError,
     LockHeldError,
     LockInfo,
+    LockLostError,
     LockTimeoutError,
     NotHeldError,
     owner_is_gone,
@@ -31,6 +33,7 @@ EXIT_HELD: Final = 1  # held by another / none free / nothing detected
 EXIT_BAD_INPUT: Final = 2
 EXIT_OS_ERROR: Final = 3
 EXIT_TEMPFAIL: Final = 75  # sysexits.h EX_TEMPFAIL: busy, try again later
+EXIT_LOST: Final = 76  # lock run: the lock was lost while CMD ran (sysexits.h EX_PROTOCOL)
 EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 GsdDirOption = Annotated[
@@ -111,6 +114,8 @@ def exit_code_for(error: BaseException) -> int:
     """The exit code of a failure: the only mapping from errors to codes."""
     if isinstance(error, LockHeldError | NotHeldError):
         return EXIT_HELD
+    if isinstance(error, LockLostError):
+        return EXIT_LOST
     if isinstance(error, ValueError):
         return EXIT_BAD_INPUT
     if isinstance(error, OSError | LockError):
@@ -162,7 +167,12 @@ def problem_warnings(problems: list[FeatureProblem]) -> list[str]:
 def emit(result: Result, as_json: bool) -> NoReturn:
     if as_json:
         document = result.document
-        if result.message and isinstance(document, dict) and result.code != EXIT_OK:
+        if (
+            result.message
+            and isinstance(document, dict)
+            and result.code != EXIT_OK
+            and "error" not in document  # a command may name its error itself ("lost")
+        ):
             document = {**document, "error": result.message}
         typer.echo(json.dumps(document, sort_keys=True))
     elif result.show is not None:
@@ -197,6 +207,7 @@ def respond(
         if isinstance(error, LockHeldError):
             extra = holder_fields(error.info)
             told = advice(error) if callable(advice) else advice
-            message = f"{message}; {told}" if told else message
+            if told and not isinstance(error, AlreadyHeldError):  # no one else to wait for
+                message = f"{message}; {told}"
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
     emit(result, as_json)

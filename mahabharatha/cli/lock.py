@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
@@ -24,6 +25,7 @@ from mahabharatha.cli._output import (
     Result,
     WaitOption,
     default_owner,
+    exit_code_for,
     problem_fields,
     problem_warnings,
     respond,
@@ -33,7 +35,13 @@ from mahabharatha.cli._output import (
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
 from mahabharatha.commands._utils import is_valid_feature_name
-from mahabharatha.locks import FeatureProblem, LockHeldError, LockInfo
+from mahabharatha.locks import (
+    AlreadyHeldError,
+    FeatureProblem,
+    LockHeldError,
+    LockInfo,
+    LockLostError,
+)
 
 app = typer.Typer(
     help="Feature locks: one session per feature, across shells and worker pools.",
@@ -332,15 +340,32 @@ def run_command(
         ),
     ] = locks.HEARTBEAT_SECONDS,
     reclaim_dead: ReclaimDeadOption = False,
+    on_lost: Annotated[
+        runner.OnLost,
+        typer.Option(
+            "--on-lost",
+            help=(
+                "If the lock is lost while CMD runs: 'terminate' sends CMD SIGTERM (SIGKILL "
+                "after a grace) and exits 76; 'warn' keeps CMD running and exits with its code."
+            ),
+        ),
+    ] = runner.OnLost.TERMINATE,
 ) -> None:
     """Hold FEATURE while CMD runs (kept fresh), release it after; exit with CMD's code.
 
     The lock records this process (it lives as long as CMD). A busy lock is waited for
     without limit unless --timeout (or --wait) SECONDS bounds it (exit 75 then); -n or
-    --timeout 0 tries once.
+    --timeout 0 tries once. A lock lost while CMD runs stops CMD and exits 76, unless
+    --on-lost warn.
     """
     timeout = wait_seconds(wait, nonblock, default=None)
     document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
+
+    told: list[LockLostError] = []  # losses already reported on stderr, as they happened
+
+    def tell(lost: LockLostError) -> None:
+        _warn_lost(lost, on_lost)
+        told.append(lost)
 
     def action() -> Result:
         try:
@@ -353,10 +378,20 @@ def run_command(
                     reclaim_dead=reclaim_dead,
                     on_wait=line.callback,
                     command=command,
+                    caller_pids=(os.getppid(),),  # the shell that ran us: its lock is "yours" too
                 )
                 # With --json our stdout is for the one document: the command's goes to stderr.
                 stdout = sys.stderr if as_json else None
-                code = runner.run_locked(holder, command, stdout, on_acquired=line.erase)
+                code = runner.run_locked(
+                    holder,
+                    command,
+                    stdout,
+                    on_acquired=line.erase,
+                    on_lost=on_lost,
+                    notify_lost=tell,
+                )
+        except AlreadyHeldError as mine:
+            return Result(EXIT_HELD, {**document, "holder": mine.info.to_dict()}, message=str(mine))
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
             return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run: {_run_advice(busy)}")
@@ -364,8 +399,10 @@ def run_command(
             return Result(stop.exit_code, document, message=str(stop))
         except runner.CommandStartError as unstarted:
             return Result(unstarted.exit_code, document, message=unstarted.strerror)
-        lost = f"the lock on {feature!r} was taken away while CMD ran" if holder.lost else None
-        return Result(code, {**document, "exit_code": code}, message=lost)
+        if holder.lost is not None:
+            result = _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
+            return replace(result, message=None) if told else result  # said once is enough
+        return Result(code, {**document, "exit_code": code})
 
     respond(as_json, document, action)
 
@@ -421,3 +458,19 @@ def _run_advice(busy: LockHeldError) -> str:
     if isinstance(busy, locks.LockTimeoutError):
         return "still held when --timeout ran out; ask its owner, or try again later"
     return "--timeout SECONDS waits for it (none: waits for as long as it takes)"
+
+
+def _warn_lost(lost: LockLostError, on_lost: runner.OnLost) -> None:
+    """Said on stderr the moment the heartbeat finds the lock lost, while CMD still runs."""
+    then = "stopping CMD" if on_lost is runner.OnLost.TERMINATE else "CMD keeps running"
+    typer.echo(f"mahabharatha: {lost}; {then} (--on-lost {on_lost.value})", err=True)
+
+
+def _lost_result(
+    lost: LockLostError, on_lost: runner.OnLost, document: dict[str, Any], code: int
+) -> Result:
+    """The lost-lock rule: exit 76 (or CMD's code with --on-lost warn), ``error: lost``."""
+    document = {**document, "error": "lost", "reason": lost.reason}
+    if on_lost is runner.OnLost.WARN:
+        return Result(code, document)
+    return Result(exit_code_for(lost), document, message=f"{lost}; CMD was stopped")

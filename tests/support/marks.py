@@ -67,3 +67,7 @@ def _leases_work() -> bool:
 needs_leases = pytest.mark.skipif(
     not _leases_work(), reason="needs kernel leases (F_SETLEASE) lasting at least 10 s"
 )
+needs_prlimit = pytest.mark.skipif(
+    shutil.which("prlimit") is None or (os.geteuid() == 0 and shutil.which("setpriv") is None),
+    reason="needs prlimit (and setpriv when run as root) to limit processes",
+)

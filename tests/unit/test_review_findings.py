@@ -138,7 +138,7 @@ def _cli(*args: object) -> list[str]:
 
 
 def test_ctrl_c_during_a_json_wait_still_prints_one_document(gsd: Path) -> None:
-    locks.acquire(FEATURE, gsd, pid=os.getpid())
+    locks.acquire(FEATURE, gsd, pid=1)  # another owner: the CLI (our child) must wait for it
     terminal, secondary = pty.openpty()  # stderr at a terminal: the waiting line is the handshake
     waiter = subprocess.Popen(
         _cli("lock", "acquire", FEATURE, "--gsd-dir", gsd, "--wait", 30, "--json"),
