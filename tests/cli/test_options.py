@@ -13,18 +13,21 @@ from mahabharatha.commands._utils import now
 from tests.cli._support import FEATURE, invoke, lock_path, one_document, one_sentence, write_lock
 
 ME = os.getpid()
+HOLDER = 1
+"""A live process that is neither this test process nor its parent (an in-process ``lock run``
+would be the holder itself: "already held by you")."""
 
 
 @pytest.fixture
 def held(gsd: Path) -> Path:
-    """FEATURE held by this live test process."""
-    return write_lock(gsd, pid=ME, timestamp=now())
+    """FEATURE held by another live process."""
+    return write_lock(gsd, pid=HOLDER, timestamp=now())
 
 
 @pytest.mark.parametrize("spelling", ["--wait", "--timeout", "-w"])
 def test_acquire_takes_every_name_of_the_wait(gsd: Path, held: Path, spelling: str) -> None:
     """Fails before the fix: acquire knew only --wait (--timeout and -w were usage errors)."""
-    result = invoke("lock", "acquire", FEATURE, "--gsd-dir", gsd, "--pid", 1, spelling, "0.05")
+    result = invoke("lock", "acquire", FEATURE, "--gsd-dir", gsd, "--pid", ME, spelling, "0.05")
     assert result.exit_code == 1
     assert "still held after the wait" in one_sentence(result.stderr)
 
@@ -39,7 +42,7 @@ def test_run_takes_every_name_of_the_wait(gsd: Path, held: Path, spelling: str) 
 
 @pytest.mark.parametrize(
     ("argv", "code"),
-    [(["acquire", FEATURE, "--pid", "1"], 1), (["run", FEATURE], 75)],
+    [(["acquire", FEATURE, "--pid", str(ME)], 1), (["run", FEATURE], 75)],
     ids=["acquire", "run"],
 )
 def test_n_tries_once_like_flock(gsd: Path, held: Path, argv: list[str], code: int) -> None:
