@@ -17,7 +17,6 @@ folder in the way) stays an :class:`OSError`.
 
 from __future__ import annotations
 
-import enum
 import errno
 import json
 import math
@@ -29,13 +28,27 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from time import gmtime, monotonic, sleep, strftime
 from types import TracebackType
 from typing import Any, Final, Self
 
 from mahabharatha import ownership
+from mahabharatha.backends.base import (
+    AlreadyHeldError,
+    CleanedEntry,
+    FeatureProblem,
+    HeartbeatStartError,
+    LockError,
+    LockHeldError,
+    LockInfo,
+    LockLostError,
+    LockTimeoutError,
+    NotHeldError,
+    NotOwnerError,
+    Owner,
+    owner_is_gone,
+)
 from mahabharatha.commands import _utils
 from mahabharatha.commands._utils import (
     STALE_AFTER_SECONDS,
@@ -127,87 +140,7 @@ back while a lock is being published, so an interrupted acquire never strands it
 # --------------------------------------------------------------------------- errors
 
 
-class LockError(Exception):
-    """Base of the errors this layer raises about locks (OS errors stay ``OSError``)."""
-
-
-class LockHeldError(LockError):
-    """Someone else holds the feature; carries what is known about the holder."""
-
-    def __init__(self, info: LockInfo) -> None:
-        self.info = info
-        super().__init__(describe_holder(info))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.info,))
-
-
-class LockTimeoutError(LockHeldError, TimeoutError):
-    """The feature stayed held for the whole wait."""
-
-
-class NotOwnerError(LockHeldError):
-    """Release was asked for a lock another owner holds; it was left intact."""
-
-
-class NotHeldError(LockError):
-    """``done`` was asked by a caller that does not hold the feature's lock: nothing written."""
-
-    def __init__(self, feature: str, pid: int) -> None:
-        self.feature = feature
-        self.pid = pid
-        super().__init__(
-            f"feature {feature!r} is not locked by pid {pid}: nothing marked done "
-            "(claim or acquire it first, or pass the holder's --pid)"
-        )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature, self.pid))
-
-
-class AlreadyHeldError(LockHeldError):
-    """The would-be owner already holds the feature (same pid): waiting would wait for itself."""
-
-    def __init__(self, info: LockInfo) -> None:
-        super().__init__(info)
-        self.args = (f"feature {info.feature!r} is already held by you (pid {info.pid})",)
-
-
-class LockLostError(LockError):
-    """A holder found its lock gone or replaced (forced release, or it went stale)."""
-
-    def __init__(self, feature: str, reason: str | None = None) -> None:
-        self.feature = feature
-        self.reason = reason or "it was removed or replaced by another owner"
-        super().__init__(f"lost the lock on {feature!r}: {self.reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature, self.reason))
-
-
-class HeartbeatStartError(LockError):
-    """The heartbeat thread could not start (no threads left); the lock just taken was released."""
-
-    def __init__(self, feature: str, cause: str) -> None:
-        self.feature = feature
-        self.cause = cause
-        super().__init__(
-            f"could not start the heartbeat that keeps the lock on {feature!r} fresh ({cause}); "
-            "the lock was released"
-        )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature, self.cause))
-
-
 # --------------------------------------------------------------------------- facts about locks
-
-
-class Owner(enum.StrEnum):
-    RUNNING = "running"
-    NOT_RUNNING = "not-running"
-    PID_REUSED = "pid-reused"
-    UNKNOWN = "unknown"
 
 
 ProcessFacts = tuple[bool, int | None]
@@ -273,22 +206,6 @@ def owner_liveness(
     return _judge(pid, timestamp, details, _process_facts(pid))
 
 
-@dataclass(frozen=True)
-class LockInfo:
-    """One feature lock as a person or a JSON reader sees it."""
-
-    feature: str
-    state: str
-    pid: int | None
-    timestamp: float | None
-    age_seconds: float | None
-    expires_in_seconds: float | None
-    owner: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _describe(
     feature: str,
     snapshot: LockSnapshot,
@@ -318,44 +235,6 @@ def _describe(
     return LockInfo(feature, state.value, pid, timestamp, age, expires, owner.value)
 
 
-_GONE: Final = {
-    Owner.NOT_RUNNING.value: ", which is not running",
-    Owner.PID_REUSED.value: ", which is not running (its pid now belongs to a newer process)",
-}
-"""How :func:`describe_holder` says that a lock's owner is provably gone on this host."""
-
-
-def owner_is_gone(info: LockInfo) -> bool:
-    """Is the lock's owner provably gone on this host (``--reclaim-dead`` would take it)?"""
-    return info.owner in _GONE
-
-
-def describe_holder(info: LockInfo) -> str:
-    """Who holds a lock, whether it is still running, since when and until when (the caller
-    adds what to do about it)."""
-    if info.pid is None:
-        return f"feature {info.feature!r} is locked ({info.state})"
-    age = _duration(info.age_seconds or 0.0)
-    expiry = (
-        f", expires in {_duration(info.expires_in_seconds)}"
-        if info.expires_in_seconds is not None
-        else ""
-    )
-    gone = _GONE.get(info.owner, "")
-    return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"
-
-
-def _duration(seconds: float) -> str:
-    whole = int(seconds)
-    if whole < 60:
-        return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.1f}s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
 def inspect(feature: str, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> LockInfo:
     """The lock on ``feature``: state ``free`` when there is none.
 
@@ -374,17 +253,6 @@ def inspect(feature: str, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> LockInfo
 def _feature_names(gsd_dir: str | os.PathLike[str]) -> list[str]:
     """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted."""
     return [feature for feature, _ in _utils.scan_locks(gsd_dir, read=False)]
-
-
-@dataclass(frozen=True)
-class FeatureProblem:
-    """A feature that ``status``, ``clean`` or ``claim`` had to skip (the others were done).
-
-    ``error`` names the full path it was about (``path``)."""
-
-    feature: str
-    path: str
-    error: OSError
 
 
 class _Problems:
@@ -1153,20 +1021,6 @@ os.register_at_fork(after_in_child=_forget_locks_after_fork)
 
 
 # --------------------------------------------------------------------------- cleaning
-
-
-@dataclass(frozen=True)
-class CleanedEntry:
-    """Something ``clean`` removed (or, in a dry run, would remove)."""
-
-    feature: str
-    path: str
-    kind: str  # "lock" or "temp"
-    state: str
-    removed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def clean(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from time import monotonic
 from typing import Final, Self
 
-from mahabharatha.locks import LockInfo, describe_holder
+from mahabharatha.backends.base import LockInfo, describe_holder
 
 
 def _seconds(value: float | None) -> str:

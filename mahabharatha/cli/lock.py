@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from mahabharatha import locks, runner
+from mahabharatha.backends.base import describe_holder
 from mahabharatha.cli._output import (
     DEFAULT_GSD_DIR,
     EXIT_HELD,
@@ -173,7 +174,7 @@ def _require_gsd_dir(gsd_dir: str) -> None:
 
 
 def _held_text(info: LockInfo) -> str:
-    said = locks.describe_holder(info)
+    said = describe_holder(info)
     return f"{said}; {RECLAIM_DEAD_ADVICE}" if locks.owner_is_gone(info) else said
 
 

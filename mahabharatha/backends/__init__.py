@@ -1,0 +1,1 @@
+"""Where locks live: the folder (the default) or PostgreSQL, behind one interface (``base``)."""

@@ -1,0 +1,360 @@
+"""The seam between the lock layer and where locks live: one typed interface, many backends.
+
+:mod:`mahabharatha.locks`, :mod:`mahabharatha.runner` and the CLI talk to a :class:`LockBackend`
+only. A backend keeps, for each feature, at most one lock held by one owner, and answers the
+operations below; waiting, heartbeats, signals and messages are the lock layer's, the same for
+every backend. Backends: the folder (``backends/files.py``, the default, nothing to run) and
+PostgreSQL (``backends/postgres.py``, for workers on several hosts). What each guarantees, side
+by side: ``design/backends.md``.
+
+Also here, because every layer shares them: the facts about a lock (:class:`LockInfo`), the
+errors (one base, :class:`LockError`; OS trouble stays ``OSError``) and how a holder is
+described to a person.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Protocol
+
+__all__ = [
+    "AcquireResult",
+    "AlreadyHeldError",
+    "BackendError",
+    "CleanedEntry",
+    "FeatureProblem",
+    "HeartbeatStartError",
+    "Held",
+    "LockBackend",
+    "LockError",
+    "LockHeldError",
+    "LockInfo",
+    "LockLostError",
+    "LockTimeoutError",
+    "NotHeldError",
+    "NotOwnerError",
+    "Owner",
+    "Requester",
+    "UnsupportedError",
+    "describe_holder",
+    "format_duration",
+    "owner_is_gone",
+]
+
+
+# --------------------------------------------------------------------------- facts about locks
+
+
+class Owner(enum.StrEnum):
+    RUNNING = "running"
+    NOT_RUNNING = "not-running"
+    PID_REUSED = "pid-reused"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """One feature lock as a person or a JSON reader sees it."""
+
+    feature: str
+    state: str
+    pid: int | None
+    timestamp: float | None
+    age_seconds: float | None
+    expires_in_seconds: float | None
+    owner: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FeatureProblem:
+    """A feature that ``status``, ``clean`` or ``claim`` had to skip (the others were done).
+
+    ``error`` names the full path it was about (``path``)."""
+
+    feature: str
+    path: str
+    error: OSError
+
+
+@dataclass(frozen=True)
+class CleanedEntry:
+    """Something ``clean`` removed (or, in a dry run, would remove)."""
+
+    feature: str
+    path: str
+    kind: str  # "lock" or "temp"
+    state: str
+    removed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_GONE: Final = {
+    Owner.NOT_RUNNING.value: ", which is not running",
+    Owner.PID_REUSED.value: ", which is not running (its pid now belongs to a newer process)",
+}
+"""How :func:`describe_holder` says that a lock's owner is provably gone on this host."""
+
+
+def owner_is_gone(info: LockInfo) -> bool:
+    """Is the lock's owner provably gone on this host (``--reclaim-dead`` would take it)?"""
+    return info.owner in _GONE
+
+
+def describe_holder(info: LockInfo) -> str:
+    """Who holds a lock, whether it is still running, since when and until when (the caller
+    adds what to do about it)."""
+    if info.pid is None:
+        return f"feature {info.feature!r} is locked ({info.state})"
+    age = format_duration(info.age_seconds or 0.0)
+    expiry = (
+        f", expires in {format_duration(info.expires_in_seconds)}"
+        if info.expires_in_seconds is not None
+        else ""
+    )
+    gone = _GONE.get(info.owner, "")
+    return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people read it: ``0.4s``, ``42s``, ``3m07s``, ``1h59m``."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.1f}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class LockError(Exception):
+    """Base of the errors this layer raises about locks (OS errors stay ``OSError``)."""
+
+
+class LockHeldError(LockError):
+    """Someone else holds the feature; carries what is known about the holder."""
+
+    def __init__(self, info: LockInfo) -> None:
+        self.info = info
+        super().__init__(describe_holder(info))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.info,))
+
+
+class LockTimeoutError(LockHeldError, TimeoutError):
+    """The feature stayed held for the whole wait."""
+
+
+class NotOwnerError(LockHeldError):
+    """Release was asked for a lock another owner holds; it was left intact."""
+
+
+class NotHeldError(LockError):
+    """``done`` was asked by a caller that does not hold the feature's lock: nothing written."""
+
+    def __init__(self, feature: str, pid: int) -> None:
+        self.feature = feature
+        self.pid = pid
+        super().__init__(
+            f"feature {feature!r} is not locked by pid {pid}: nothing marked done "
+            "(claim or acquire it first, or pass the holder's --pid)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.feature, self.pid))
+
+
+class AlreadyHeldError(LockHeldError):
+    """The would-be owner already holds the feature (same pid): waiting would wait for itself."""
+
+    def __init__(self, info: LockInfo) -> None:
+        super().__init__(info)
+        self.args = (f"feature {info.feature!r} is already held by you (pid {info.pid})",)
+
+
+class LockLostError(LockError):
+    """A holder found its lock gone or replaced (forced release, or it went stale)."""
+
+    def __init__(self, feature: str, reason: str | None = None) -> None:
+        self.feature = feature
+        self.reason = reason or "it was removed or replaced by another owner"
+        super().__init__(f"lost the lock on {feature!r}: {self.reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.feature, self.reason))
+
+
+class HeartbeatStartError(LockError):
+    """The heartbeat thread could not start (no threads left); the lock just taken was released."""
+
+    def __init__(self, feature: str, cause: str) -> None:
+        self.feature = feature
+        self.cause = cause
+        super().__init__(
+            f"could not start the heartbeat that keeps the lock on {feature!r} fresh ({cause}); "
+            "the lock was released"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.feature, self.cause))
+
+
+class UnsupportedError(LockError):
+    """The backend cannot do what was asked (fencing tokens or a chosen lease on files)."""
+
+
+class BackendError(OSError):
+    """The place where locks live cannot be reached or used (a server down, a login refused, a
+    connection lost). Its message names the place (never a password); the CLI exits 3."""
+
+
+# --------------------------------------------------------------------------- the seam
+
+
+@dataclass(frozen=True)
+class Requester:
+    """Who asks for a lock: the owner pid to record, and its owner details (packed by
+    :mod:`mahabharatha.ownership`; ``None``: unknown)."""
+
+    pid: int
+    details: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """One acquisition, as its holder keeps it: enough to refresh or release exactly it.
+
+    ``token``: the fencing token (PostgreSQL: larger than every earlier one of the feature;
+    files: ``None``). ``expires_at``: epoch seconds by the backend's clock, as last known.
+    ``handle``: the backend's own record of the acquisition (files: the lock's snapshot).
+    """
+
+    feature: str
+    pid: int
+    timestamp: float
+    expires_at: float
+    token: int | None = None
+    handle: Any = None
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    """How one try ended: ``held`` when it won; otherwise ``holder`` is who stopped it.
+
+    ``replaced`` is what the try reclaimed to win (a stale, corrupt or dead owner's lock), for
+    the audit trail: the old holder's facts and why it could be taken (``reason``)."""
+
+    held: Held | None
+    holder: LockInfo | None = None
+    replaced: LockInfo | None = None
+    reason: str | None = None
+
+
+class LockBackend(Protocol):
+    """Where locks live. Every method answers at once (none waits for a busy lock); the lock
+    layer waits, refreshes and reports. Feature names are already validated."""
+
+    kind: str
+    """``"file"`` or ``"postgresql"``: for messages and JSON."""
+
+    supports_tokens: bool
+    """Fencing tokens (``verify``, ``Held.token``) and a lease chosen per lock."""
+
+    def where(self) -> str:
+        """Where the locks are, for people: a folder, or ``host:port/database`` (no password)."""
+        ...
+
+    def close(self) -> None: ...
+
+    def try_acquire(
+        self,
+        feature: str,
+        requester: Requester,
+        *,
+        reclaim_dead: bool = False,
+        lease: float | None = None,
+    ) -> AcquireResult:
+        """One attempt: publish the lock, reclaiming a stale or corrupt one (and, with
+        ``reclaim_dead``, one whose owner is provably gone). ``lease`` (seconds; ``None``: the
+        backend's default, 2 h) raises :class:`UnsupportedError` where it cannot be chosen."""
+        ...
+
+    def refresh(self, held: Held) -> Held:
+        """Renew exactly this acquisition (new timestamp / lease); :class:`LockLostError`
+        when it is no longer the holder's."""
+        ...
+
+    def release_held(self, held: Held) -> bool:
+        """Remove exactly this acquisition; False if it was already gone (never another's)."""
+        ...
+
+    def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
+        """Remove ``pid``'s lock on ``feature`` (CLI release): True if removed, False if there
+        was none; :class:`NotOwnerError` for another owner's, unless ``force``."""
+        ...
+
+    def inspect(self, feature: str) -> LockInfo:
+        """The lock on ``feature`` (state ``free`` when none)."""
+        ...
+
+    def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
+        """Every lock, by feature name."""
+        ...
+
+    def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
+        """Every feature (``feature_names`` and every lock), free and done ones too."""
+        ...
+
+    def feature_names(self) -> list[str]:
+        """The features a bare ``claim`` offers, by name (the local ``specs`` folders)."""
+        ...
+
+    def clean(
+        self,
+        *,
+        dry_run: bool = False,
+        reclaim_dead: bool = False,
+        problems: list[FeatureProblem] | None = None,
+    ) -> list[CleanedEntry]:
+        """Remove stale and corrupt locks (and debris); active ones stay."""
+        ...
+
+    def is_done(self, feature: str) -> bool: ...
+
+    def done(self, feature: str, pid: int) -> str:
+        """Mark ``feature`` done, then release ``pid``'s lock on it; the time written.
+        :class:`NotHeldError` (nothing written) when ``pid`` does not hold it."""
+        ...
+
+    def reopen(self, feature: str) -> bool:
+        """Remove the done mark; True if there was one."""
+        ...
+
+    def verify(self, feature: str, token: int) -> bool:
+        """Is ``token`` the current holder's? :class:`UnsupportedError` without tokens."""
+        ...
+
+
+STATES: Final[Sequence[str]] = (
+    "free",
+    "active",
+    "stale",
+    "corrupt",
+    "writing",
+    "unreadable",
+    "not-a-file",
+    "busy",
+    "done",
+)
+"""Every ``state`` a :class:`LockInfo` can have (``error`` is the CLI's, for a skipped folder)."""
