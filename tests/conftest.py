@@ -1,0 +1,50 @@
+"""Suite-wide fixtures: the PostgreSQL server that the PostgreSQL tests share.
+
+Any test that uses ``pg_server`` is marked ``postgres``. Without PostgreSQL (or psycopg) those
+tests skip with a reason saying what to install; with ``MAHABHARATHA_REQUIRE_POSTGRES=1`` (CI) a
+skipped ``postgres`` test is a failure instead, so CI can never pass without having run them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support import postgres
+
+
+def _required() -> bool:
+    return os.environ.get(postgres.REQUIRE_ENV) == "1"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[postgres.PgServer]:
+    """One PostgreSQL server for the whole session (started on first use, stopped at the end)."""
+    missing = postgres.client_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    server = postgres.start_server()
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+        server.cleanup()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "pg_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _required() and item.get_closest_marker("postgres") is not None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"{postgres.REQUIRE_ENV}=1 but this PostgreSQL test skipped: {reason}"
