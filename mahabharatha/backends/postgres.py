@@ -19,7 +19,7 @@ import secrets
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -225,7 +225,7 @@ WHERE namespace = %(ns)s AND feature = %(feature)s AND done_at IS NOT NULL RETUR
 
 _CLEAN: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}
-WHERE namespace = %(ns)s AND pid IS NOT NULL
+WHERE namespace = %(ns)s AND pid IS NOT NULL AND feature = ANY(%(features)s::text[])
     AND (expires_at < now() OR token = ANY(%(judged)s::bigint[]))
 RETURNING feature, {_NOTIFY}"""
 
@@ -742,8 +742,12 @@ class PostgresBackend:
         dry_run: bool = False,
         reclaim_dead: bool = False,
         problems: list[FeatureProblem] | None = None,
+        features: Iterable[str] | None = None,
     ) -> list[CleanedEntry]:
         rows = [_Row(*row) for row in self._rows(_SELECT_HELD, self._params())]
+        if features is not None:
+            wanted = set(features)
+            rows = [row for row in rows if row.feature in wanted]
         judged = [
             row.token
             for row in rows
@@ -760,7 +764,9 @@ class PostgresBackend:
                 for row in rows
                 if self._info(row).state == "stale" or row.token in judged
             ]
-        removed = self._rows(_CLEAN, self._params(judged=judged))
+        removed = self._rows(
+            _CLEAN, self._params(judged=judged, features=[row.feature for row in rows])
+        )
         states = {row.feature: self._info(row).state for row in rows}
         return [
             CleanedEntry(feature, self._path(feature), "lock", states.get(feature, "stale"), True)
