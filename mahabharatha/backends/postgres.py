@@ -473,7 +473,10 @@ class PostgresBackend:
                 if created:
                     raise self._error(error) from None
                 created = True
-                self._create_schema()
+                try:
+                    self._create_schema()
+                except psycopg.Error as cause:
+                    raise self._error(cause) from None
             except pg_errors._WaitTimeout as error:
                 self._drop_connection()  # Race: an answer may still come; the state is unknown
                 raise self._error(error) from None
@@ -500,9 +503,19 @@ class PostgresBackend:
         """Create the tables (idempotent); the schema version. Needs DDL rights once; afterwards
         the role that uses them needs only SELECT, INSERT, UPDATE, DELETE (and USAGE on the
         token sequence)."""
-        self._run(lambda conn: self._create_schema_on(conn))
-        version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]
+        version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]  # first use creates the tables
+        if version is None or version < SCHEMA_VERSION:
+            self._run(lambda conn: self._create_schema_on(conn))
+            version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]
+        elif version > SCHEMA_VERSION:
+            raise self._newer_schema(int(version))
         return int(version)
+
+    def _newer_schema(self, version: int) -> BackendError:
+        return BackendError(
+            f"lock server {self._server} (PostgreSQL): its lock tables have schema version "
+            f"{version}, newer than this mahabharatha knows ({SCHEMA_VERSION}): upgrade it"
+        )
 
     def _create_schema(self) -> None:
         self._create_schema_on(self._connection())
@@ -514,10 +527,7 @@ class PostgresBackend:
             found = conn.execute(_SCHEMA_VERSION_QUERY).fetchone()
         version = found[0] if found else None
         if version is not None and version > SCHEMA_VERSION:
-            raise BackendError(
-                f"lock server {self._server} (PostgreSQL): its lock tables have schema version "
-                f"{version}, newer than this mahabharatha knows ({SCHEMA_VERSION}): upgrade it"
-            )
+            raise self._newer_schema(int(version))
 
     # ------------------------------------------------------------------ taking
 
