@@ -71,3 +71,22 @@ needs_prlimit = pytest.mark.skipif(
     shutil.which("prlimit") is None or (os.geteuid() == 0 and shutil.which("setpriv") is None),
     reason="needs prlimit (and setpriv when run as root) to limit processes",
 )
+
+
+def _unshare_hosts_permitted() -> bool:
+    """Can this process start a simulated host: new UTS (host name) and PID namespaces?"""
+    unshare = shutil.which("unshare")
+    if unshare is None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        probe = [unshare, "--uts", "--pid", "--fork", "--mount-proc", "hostname", "probe-host"]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_simulated_hosts = pytest.mark.skipif(
+    not _unshare_hosts_permitted(),
+    reason="unshare --uts --pid --fork --mount-proc is not permitted here (needs root or user "
+    "namespaces): cannot simulate other hosts",
+)
