@@ -44,11 +44,19 @@ START_TIMEOUT_SECONDS: Final = 60
 """pg_ctl -w waits this long for the server to accept connections (a busy 2-core machine)."""
 
 
+BINDIR_ENV: Final = "MAHABHARATHA_PG_BINDIR"
+"""Where the server binaries are, when not on PATH or in Debian's /usr/lib/postgresql/*/bin."""
+
+
 def server_bindir() -> Path | None:
     """The folder with initdb, pg_ctl and postgres, or None when PostgreSQL is not installed."""
-    found = shutil.which("pg_ctl")
-    candidates = [str(Path(found).resolve().parent)] if found else []
-    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    chosen = os.environ.get(BINDIR_ENV)
+    if chosen is not None:
+        candidates = [chosen]
+    else:
+        found = shutil.which("pg_ctl")
+        candidates = [str(Path(found).resolve().parent)] if found else []
+        candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
     for folder in candidates:
         if all(os.access(Path(folder, tool), os.X_OK) for tool in ("initdb", "pg_ctl", "postgres")):
             return Path(folder)
