@@ -407,7 +407,8 @@ class PostgresBackend:
         self._conn: _Connection | None = None
         self._listener: psycopg.Connection[Any] | None = None
         self._host = socket.gethostname()
-        self._ensured: set[str] = set()  # feature lists whose rows exist (rows are never deleted)
+        # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
+        self._ensured: dict[str, bool] = {}
 
     @classmethod
     def from_url(
@@ -629,14 +630,19 @@ class PostgresBackend:
             row = self._run(self._claim_statement(params, features))[0]
             missing, taken = row[0], row[1:]
             if taken[0] is not None:
-                self._ensured.add(names)
+                self._remember_rows(names, features)
                 reason = "owner judged gone" if params["judged"] else "expired"
                 return self._won(taken, requester, params, reason=reason)
             if not missing:
-                self._ensured.add(names)
+                self._remember_rows(names, features)
                 return None
             self._rows_ensured(params)
         return None
+
+    def _remember_rows(self, names: str, features: Sequence[str]) -> None:
+        if names not in self._ensured:
+            pairs = itertools.pairwise(features)
+            self._ensured[names] = all(before < after for before, after in pairs)
 
     # A claim is never prepared: PostgreSQL's generic plan for a prepared claim cannot see the
     # feature list and was 30x slower over 1,000 features. The short statements gain from it.
@@ -645,9 +651,7 @@ class PostgresBackend:
     ) -> Callable[[_Connection], list[tuple[Any, ...]]]:
         """The claim to run: the lean sorted one when it fits, else the checked one; always the
         checked one on a retry (it puts our own lost attempt first)."""
-        lean = params["names"] in self._ensured and all(
-            before < after for before, after in itertools.pairwise(features)
-        )
+        lean = self._ensured.get(params["names"], False)
         tries = iter([_CLAIM_SORTED if lean else _CLAIM_CHECKED])
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
