@@ -26,17 +26,15 @@ def pg_server() -> Iterator[postgres.PgServer]:
     missing = postgres.client_missing()
     if missing is not None:
         pytest.skip(missing)
-    server = postgres.start_server()
-    try:
-        yield server
-    finally:
-        server.stop("immediate")
-        server.cleanup()
+    yield postgres.shared_server()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "pg_server" in getattr(item, "fixturenames", ()):
+        callspec = getattr(item, "callspec", None)
+        kind = callspec.params.get("kind") if callspec is not None else None
+        on_postgres = getattr(kind, "id", None) == "postgres"  # the conformance suite's
+        if on_postgres or "pg_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
 
 

@@ -12,6 +12,7 @@ database ``mh`` where the lock tables live.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import os
@@ -271,3 +272,27 @@ def expire(server: PgServer, namespace: str, feature: str) -> None:
         namespace,
         feature,
     )
+
+
+_SHARED: dict[str, PgServer] = {}
+"""The session's one server, started on first use by any test (fixture or conformance kind)."""
+
+
+def shared_server() -> PgServer:
+    """The test session's server: started on first call, stopped when the session's process
+    exits (never by a forked child, which shares the object)."""
+    if "server" not in _SHARED:
+        missing = client_missing()
+        if missing is not None:
+            raise RuntimeError(missing)
+        started = start_server()
+        owner = os.getpid()
+
+        def stop() -> None:
+            if os.getpid() == owner:
+                started.stop("immediate")
+                started.cleanup()
+
+        atexit.register(stop)
+        _SHARED["server"] = started
+    return _SHARED["server"]
