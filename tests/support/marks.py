@@ -71,3 +71,10 @@ needs_prlimit = pytest.mark.skipif(
     shutil.which("prlimit") is None or (os.geteuid() == 0 and shutil.which("setpriv") is None),
     reason="needs prlimit (and setpriv when run as root) to limit processes",
 )
+
+PID_NAMESPACES_PERMITTED = _unshare_pid_permitted()
+LEASES_WORK = _leases_work()
+lacks_pid_namespaces_or_leases = pytest.mark.skipif(
+    PID_NAMESPACES_PERMITTED and LEASES_WORK,
+    reason="PID namespaces and kernel leases are permitted here: the full variant runs instead",
+)
