@@ -391,6 +391,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
         """A status loop with the same per-lock answers, built from the same primitives: the
         folder opened relative to one ``specs`` descriptor (no pathlib, no context manager),
         liveness cached per pid, each record parsed once."""
+        from mahabharatha.backends import files
         from mahabharatha.commands import _utils
 
         now = _utils.now()
@@ -413,7 +414,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
                     os.close(dfd)
                 if snapshot.kind is not _utils.EntryKind.MISSING:
                     state = _utils.judge_lock(snapshot, now)
-                    infos.append(locks._describe(name, snapshot, state, now, liveness))
+                    infos.append(files.describe_snapshot(name, snapshot, state, now, liveness))
         finally:
             os.close(specs)
         if len(infos) != locks_count:

@@ -15,7 +15,7 @@ described to a person.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Protocol
 
@@ -326,8 +326,10 @@ class LockBackend(Protocol):
         dry_run: bool = False,
         reclaim_dead: bool = False,
         problems: list[FeatureProblem] | None = None,
+        features: Iterable[str] | None = None,
     ) -> list[CleanedEntry]:
-        """Remove stale and corrupt locks (and debris); active ones stay."""
+        """Remove stale and corrupt locks (and debris); active ones stay. ``features``: only
+        these (``None``: every feature)."""
         ...
 
     def is_done(self, feature: str) -> bool: ...

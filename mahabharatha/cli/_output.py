@@ -15,6 +15,8 @@ from typing import Annotated, Any, Final, NoReturn
 
 import typer
 
+from mahabharatha.backends import open_backend
+from mahabharatha.backends.base import LockBackend
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.locks import (
     AlreadyHeldError,
@@ -35,6 +37,24 @@ EXIT_OS_ERROR: Final = 3
 EXIT_TEMPFAIL: Final = 75  # sysexits.h EX_TEMPFAIL: busy, try again later
 EXIT_LOST: Final = 76  # lock run: the lock was lost while CMD ran (sysexits.h EX_PROTOCOL)
 EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report a Ctrl-C
+
+
+def backend_for(gsd_dir: str) -> LockBackend:
+    """The one place a command gets the backend its locks live in: today the folder backend
+    of ``--gsd-dir``. It is closed when the command ends."""
+    backend = open_backend(None, gsd_dir)
+    _OPENED.append(backend)
+    return backend
+
+
+_OPENED: Final[list[LockBackend]] = []
+"""The backends opened by the running command: :func:`respond` closes them when it is done."""
+
+
+def _close_opened() -> None:
+    while _OPENED:
+        _OPENED.pop().close()
+
 
 GsdDirOption = Annotated[
     str,
@@ -210,4 +230,6 @@ def respond(
             if told and not isinstance(error, AlreadyHeldError):  # no one else to wait for
                 message = f"{message}; {told}"
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
+    finally:
+        _close_opened()
     emit(result, as_json)

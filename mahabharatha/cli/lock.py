@@ -25,6 +25,7 @@ from mahabharatha.cli._output import (
     ReclaimDeadOption,
     Result,
     WaitOption,
+    backend_for,
     default_owner,
     exit_code_for,
     problem_fields,
@@ -100,6 +101,7 @@ def acquire(
             locks.acquire(
                 feature,
                 gsd_dir,
+                backend=backend_for(gsd_dir),
                 pid=owner,
                 timeout=timeout,
                 reclaim_dead=reclaim_dead,
@@ -127,7 +129,7 @@ def release(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "released": False}
 
     def action() -> Result:
-        removed = locks.release(feature, gsd_dir, pid=owner, force=force)
+        removed = locks.release(feature, backend=backend_for(gsd_dir), pid=owner, force=force)
         text = f"released {feature}" if removed else f"{feature} was not locked"
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
@@ -155,7 +157,7 @@ def check(
     """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held."""
 
     def action() -> Result:
-        info = locks.inspect(feature, gsd_dir)
+        info = locks.inspect(feature, backend=backend_for(gsd_dir))
         held = _is_held(info)
         text = _held_text(info) if held else _free_text(info)
         return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
@@ -213,7 +215,7 @@ def claim(
         problems: list[FeatureProblem] = []
         won = locks.claim(
             features,
-            gsd_dir,
+            backend=backend_for(gsd_dir),
             pid=owner,
             reclaim_dead=reclaim_dead,
             include_done=include_done,
@@ -260,9 +262,9 @@ def status(
         _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         if as_json and not show_all:  # the summary needs every folder; JSON alone does not
-            every = infos = locks.status(gsd_dir, problems=problems)
+            every = infos = locks.status(backend=backend_for(gsd_dir), problems=problems)
         else:
-            every = locks.survey(gsd_dir, problems=problems)
+            every = locks.survey(backend=backend_for(gsd_dir), problems=problems)
             infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
         listed = [i.to_dict() for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
@@ -292,7 +294,10 @@ def clean(
         _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         entries = locks.clean(
-            gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
+            backend=backend_for(gsd_dir),
+            dry_run=dry_run,
+            reclaim_dead=reclaim_dead,
+            problems=problems,
         )
         verb = "would remove" if dry_run else "removed"
         lines = [f"{verb} {e.path} ({_why(e)})" for e in entries if e.removed or dry_run]
@@ -374,6 +379,7 @@ def run_command(
                 holder = locks.FeatureLock(
                     feature,
                     gsd_dir,
+                    backend=backend_for(gsd_dir),
                     timeout=timeout,
                     heartbeat=heartbeat,
                     reclaim_dead=reclaim_dead,
@@ -426,7 +432,7 @@ def done(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "done": False}
 
     def action() -> Result:
-        stamp = locks.done(feature, gsd_dir, pid=owner)
+        stamp = locks.done(feature, backend=backend_for(gsd_dir), pid=owner)
         return Result(
             EXIT_OK,
             {**document, "done": True, "completed_at": stamp},
@@ -446,7 +452,7 @@ def reopen(
     document: dict[str, Any] = {"feature": feature, "reopened": False}
 
     def action() -> Result:
-        removed = locks.reopen(feature, gsd_dir)
+        removed = locks.reopen(feature, backend=backend_for(gsd_dir))
         text = f"reopened {feature}" if removed else f"{feature} was not marked done"
         return Result(EXIT_OK, {**document, "reopened": removed}, text)
 
