@@ -103,7 +103,8 @@ def test_claim_looks_for_the_marker_again_once_it_holds_the_lock(
     folders(gsd, "a")
     locks.acquire("a", gsd, pid=ME)
     locks.done("a", gsd, pid=ME)
-    monkeypatch.setattr(locks, "is_done", lambda *_args, **_kwargs: False)  # the first look misses it
+    # The first look misses it:
+    monkeypatch.setattr(locks, "is_done", lambda *_args, **_kwargs: False)
     assert locks.claim(None, gsd, pid=ME) is None
     assert not lock_path(gsd, "a").exists()  # the lock taken to look was given back
 
