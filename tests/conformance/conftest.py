@@ -44,7 +44,14 @@ def register(kind: BackendKind) -> None:
     BACKENDS.append(kind)
 
 
-@pytest.fixture(params=BACKENDS, ids=lambda kind: kind.id)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses a backend runs once per :data:`BACKENDS` entry (read at collection,
+    so a kind registered by any module imported before then takes part)."""
+    if "kind" in metafunc.fixturenames:
+        metafunc.parametrize("kind", BACKENDS, ids=[k.id for k in BACKENDS], indirect=True)
+
+
+@pytest.fixture
 def kind(request: pytest.FixtureRequest) -> BackendKind:
     chosen: BackendKind = request.param
     if chosen.skip:
