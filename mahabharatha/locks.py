@@ -48,6 +48,7 @@ from mahabharatha.backends.base import (
     NotOwnerError,
     Owner,
     Requester,
+    State,
     owner_is_gone,
 )
 from mahabharatha.backends.files import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, FileBackend
@@ -186,7 +187,7 @@ def _try_once(
 
 def _held_by(holder: LockInfo | None, callers: set[int]) -> bool:
     """Is the active lock that stopped us the caller's own (judged by the pid)?"""
-    return holder is not None and holder.state == "active" and holder.pid in callers
+    return holder is not None and holder.state is State.ACTIVE and holder.pid in callers
 
 
 @contextmanager

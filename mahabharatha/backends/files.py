@@ -31,6 +31,7 @@ from mahabharatha.backends.base import (
     NotOwnerError,
     Owner,
     Requester,
+    State,
     UnsupportedError,
 )
 from mahabharatha.backends.liveness import Liveness, owner_liveness, per_pid
@@ -94,7 +95,7 @@ def describe_snapshot(
         if liveness and pid is not None
         else Owner.UNKNOWN
     )
-    return LockInfo(feature, state.value, pid, timestamp, age, expires, owner.value)
+    return LockInfo(feature, State(state.value), pid, timestamp, age, expires, owner)
 
 
 def _held(feature: str, mine: LockSnapshot) -> Held:
@@ -362,8 +363,8 @@ class FileBackend:
         return infos
 
     def _unlocked_info(self, feature: str) -> LockInfo:
-        state = "done" if self.is_done(feature) else "free"
-        return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN.value)
+        state = State.DONE if self.is_done(feature) else State.FREE
+        return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN)
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         skipped = _Problems(self.gsd_dir, problems)

@@ -142,12 +142,6 @@ def _release_advice(busy: LockHeldError) -> str:
     return "--force removes it anyway; lock clean once stale"
 
 
-def _is_held(info: LockInfo) -> bool:
-    # A fresh empty lock is being written by an older writer, and a busy one could not be read
-    # just now (a kernel lease on it): acquire would fail on either, so: held.
-    return info.state in ("active", "writing", "busy")
-
-
 @app.command()
 def check(
     feature: FeatureArg,
@@ -158,7 +152,7 @@ def check(
 
     def action() -> Result:
         info = locks.inspect(feature, backend=backend_for(gsd_dir))
-        held = _is_held(info)
+        held = info.held
         text = _held_text(info) if held else _free_text(info)
         return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
 
