@@ -13,10 +13,6 @@ from mahabharatha import locks, runner
 from mahabharatha.backends.base import describe_holder
 from mahabharatha.cli._output import (
     DEFAULT_GSD_DIR,
-    EXIT_HELD,
-    EXIT_OK,
-    EXIT_OS_ERROR,
-    EXIT_TEMPFAIL,
     RECLAIM_DEAD_ADVICE,
     GsdDirOption,
     JsonOption,
@@ -37,6 +33,7 @@ from mahabharatha.cli._output import (
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
 from mahabharatha.commands._utils import is_valid_feature_name
+from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR
 from mahabharatha.locks import (
     AlreadyHeldError,
     FeatureProblem,
@@ -392,14 +389,17 @@ def run_command(
                     notify_lost=tell,
                 )
         except AlreadyHeldError as mine:
-            return Result(EXIT_HELD, {**document, "holder": mine.info.to_dict()}, message=str(mine))
+            code = exit_code_for(mine, before_run=True)
+            return Result(code, {**document, "holder": mine.info.to_dict()}, message=str(mine))
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
-            return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run: {_run_advice(busy)}")
+            said = f"{busy}; not run: {_run_advice(busy)}"
+            return Result(exit_code_for(busy, before_run=True), held, message=said)
         except runner.Interrupted as stop:
-            return Result(stop.exit_code, document, message=str(stop))
+            return Result(exit_code_for(stop, before_run=True), document, message=str(stop))
         except runner.CommandStartError as unstarted:
-            return Result(unstarted.exit_code, document, message=unstarted.strerror)
+            code = exit_code_for(unstarted, before_run=True)
+            return Result(code, document, message=unstarted.strerror)
         if holder.lost is not None:
             result = _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
             return replace(result, message=None) if told else result  # said once is enough
