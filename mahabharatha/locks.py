@@ -512,6 +512,7 @@ class FeatureLock:
         self.on_wait = on_wait
         self.command = command  # kept in the lock's owner details (``lock run``)
         self.on_lost = on_lost
+        self._lost_override: Callable[[LockLostError], None] | None = None  # this hold's
         self.caller_pids = tuple(caller_pids)
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
@@ -556,8 +557,16 @@ class FeatureLock:
             f"pid={self.pid} {state}>"
         )
 
-    def acquire(self) -> Self:
+    def acquire(
+        self,
+        *,
+        on_wait: WaitCallback | None = None,
+        on_lost: Callable[[LockLostError], None] | None = None,
+    ) -> Self:
         """Take the lock (waiting as ``timeout`` says) and start the heartbeat; return self.
+
+        ``on_wait`` and ``on_lost``, when given, replace the object's own for this acquisition
+        only (a caller such as ``lock run`` adds its own checks without rewriting the object).
 
         Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
         when a wait ran out), :class:`LockError` when this object already holds it,
@@ -568,13 +577,14 @@ class FeatureLock:
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
         self._holder_process = os.getpid()
+        self._lost_override = on_lost
         self._mine = acquire(
             self.feature,
             self.gsd_dir,
             pid=self.pid,
             timeout=self.timeout,
             reclaim_dead=self.reclaim_dead,
-            on_wait=self.on_wait,
+            on_wait=self.on_wait if on_wait is None else on_wait,
             command=self.command,
             caller_pids=self.caller_pids,
             backend=self.backend,
@@ -645,8 +655,9 @@ class FeatureLock:
 
     def _declare_lost(self, error: LockLostError) -> None:
         self.lost = error
-        if self.on_lost is not None:
-            self.on_lost(error)
+        tell = self.on_lost if self._lost_override is None else self._lost_override
+        if tell is not None:
+            tell(error)
 
     def release(self) -> None:
         """Stop the heartbeat and remove our lock (only if it is still exactly ours).

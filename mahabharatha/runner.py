@@ -351,14 +351,8 @@ def run_locked(
     """
     relay = _SignalRelay()
     watch = _LossWatch(on_lost, notify_lost)
-    told = lock.on_lost
     with _relaying(relay), _senders_known(relay):
-        lock.on_wait, on_wait = relay.waiting(lock.on_wait), lock.on_wait
-        lock.on_lost = watch.also_telling(told)
-        try:
-            lock.acquire()
-        finally:
-            lock.on_wait = on_wait
+        lock.acquire(on_wait=relay.waiting(lock.on_wait), on_lost=watch.also_telling(lock.on_lost))
         try:
             if on_acquired is not None:
                 on_acquired()
@@ -373,7 +367,6 @@ def run_locked(
                 child.close()
         finally:
             lock.release()
-            lock.on_lost = told
     return shell_status(returncode)
 
 

@@ -822,9 +822,14 @@ def is_temp_name(name: str) -> bool:
 
 
 def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``; ``EIO`` when the file system accepts nothing (a write of 0 bytes
+    would otherwise be retried for ever)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        written = os.write(fd, view)
+        if written == 0:
+            raise OSError(errno.EIO, "the file system accepted no bytes")
+        view = view[written:]
 
 
 def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> LockSnapshot:
