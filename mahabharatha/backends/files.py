@@ -481,10 +481,7 @@ class FileBackend:
             removed = False
             if not dry_run:
                 try:
-                    os.unlink(name, dir_fd=dfd)
-                    removed = True
-                except FileNotFoundError:
-                    pass  # Race: its writer linked or renamed it, or another clean removed it
+                    removed = _utils.remove_orphan_temp(dfd, name)
                 except OSError as error:
                     path = str(folder / name)
                     skipped.add(feature, type(error)(error.errno, error.strerror, path))
@@ -493,14 +490,6 @@ class FileBackend:
 
 
 def _remove_judged(dfd: int, snapshot: LockSnapshot, still: _utils.Reclaimable) -> bool:
-    if snapshot.kind is not EntryKind.DIRECTORY:
-        return _utils.remove_judged(dfd, snapshot, still)
-    with _utils.guard(dfd, wait=True):
-        # Only an empty directory goes: clean never deletes what someone put inside one.
-        if not read_lock(dfd).same_entry(snapshot):
-            return False
-        try:
-            os.rmdir(_utils.LOCK_FILE_NAME, dir_fd=dfd)
-        except OSError:
-            return False
-        return True
+    if snapshot.kind is EntryKind.DIRECTORY:
+        return _utils.remove_judged_dir(dfd, snapshot)
+    return _utils.remove_judged(dfd, snapshot, still)

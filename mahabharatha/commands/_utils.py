@@ -76,6 +76,8 @@ __all__ = [
     "release_mine",
     "remove_if_unchanged",
     "remove_judged",
+    "remove_judged_dir",
+    "remove_orphan_temp",
     "replace_if_unchanged",
     "scan_locks",
     "sweep_orphan_temps",
@@ -808,6 +810,30 @@ def remove_judged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
     """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable."""
     with guard(dfd, wait=True):
         return remove_if_unchanged(dfd, judged, still)
+
+
+def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
+    """Take the guard and remove a directory standing at ``.lock`` if it is still exactly
+    ``judged`` and empty (clean never deletes what someone put inside one)."""
+    with guard(dfd, wait=True):
+        # Race: replaced since it was judged (a file published after a rmdir elsewhere).
+        if not read_lock(dfd).same_entry(judged):
+            return False
+        try:
+            os.rmdir(LOCK_FILE_NAME, dir_fd=dfd)
+        except OSError:
+            return False
+        return True
+
+
+def remove_orphan_temp(dfd: int, name: str) -> bool:
+    """Remove the temp file ``name`` (listed by :func:`orphan_temps`); False if it is gone
+    already. Other OS errors are raised (the caller names the path)."""
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return False  # Race: its writer linked or renamed it, or another clean removed it
+    return True
 
 
 # --------------------------------------------------------------------------- publishing
