@@ -379,7 +379,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
     def with_liveness(make: Callable[[], Callable[..., Any]] | None) -> Callable[[], None]:
         def call() -> None:
             stand_in = make() if make else (lambda _p, _t: locks.Owner.UNKNOWN)
-            locks.owner_liveness = stand_in  # measurement only: restored below
+            locks.owner_liveness = stand_in  # type: ignore[assignment]  # measurement only
             try:
                 locks.status(tree)
             finally:
@@ -414,7 +414,9 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
                     os.close(dfd)
                 if snapshot.kind is not _utils.EntryKind.MISSING:
                     state = _utils.judge_lock(snapshot, now)
-                    infos.append(files.describe_snapshot(name, snapshot, state, now, liveness))
+                    infos.append(
+                        files.describe_snapshot(name, snapshot, state, now, liveness)  # type: ignore[arg-type]
+                    )
         finally:
             os.close(specs)
         if len(infos) != locks_count:

@@ -148,7 +148,7 @@ def test_status_all_lists_free_and_done_folders_with_a_summary(gsd: Path) -> Non
 
 def _worker(gsd: str, log: str, barrier: object) -> None:
     """Claim, record, mark done, until nothing is left (a pool worker without the build)."""
-    barrier.wait(SYNC_TIMEOUT)  # type: ignore[attr-defined]
+    barrier.wait(SYNC_TIMEOUT)  # type: ignore[attr-defined,unused-ignore]
     me = os.getpid()
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     while (feature := locks.claim(None, gsd, pid=me)) is not None:

@@ -33,7 +33,8 @@ bounded = pytest.mark.timeout(10)
 @pytest.fixture(params=["mahabharatha.commands._utils", "mahabharatha.commands.status"])
 def detect_feature(request: pytest.FixtureRequest) -> Callable[[], str | None]:
     """``detect_feature`` as imported from either module that offers it."""
-    return importlib.import_module(request.param).detect_feature
+    found: Callable[[], str | None] = importlib.import_module(request.param).detect_feature
+    return found
 
 
 @pytest.fixture

@@ -35,15 +35,16 @@ def test_lock_info_holds_enums_and_json_shows_their_values(gsd: str) -> None:
     assert info.held
     shown = json.loads(json.dumps(info.to_dict()))
     assert (shown["state"], shown["owner"]) == ("active", "running")
-    given = LockInfo("feat", "writing", None, None, None, None, "unknown")  # a backend's strings
+    # A backend may give plain strings; they become the members.
+    given = LockInfo("feat", "writing", None, None, None, None, "unknown")  # type: ignore[arg-type]
     assert given.state is State.WRITING and given.held
-    assert not LockInfo("feat", "stale", 1, 0.0, 1.0, None, "unknown").held
+    assert not LockInfo("feat", State.STALE, 1, 0.0, 1.0, None, Owner.UNKNOWN).held
 
 
 def test_every_exit_code_of_lock_run_comes_from_exit_code_for() -> None:
     """Fails before the fix: ``exit_code_for`` knew none of 75, 126, 127 or 128+n (the run
     command and the error classes each held their own)."""
-    busy = locks.LockHeldError(LockInfo("f", "active", 1, 0.0, 0.0, 1.0, "running"))
+    busy = locks.LockHeldError(LockInfo("f", State.ACTIVE, 1, 0.0, 0.0, 1.0, Owner.RUNNING))
     mine = locks.AlreadyHeldError(busy.info)
     assert exit_code_for(busy, before_run=True) == 75
     assert exit_code_for(busy) == 1
