@@ -98,10 +98,9 @@ def describe_snapshot(
     return LockInfo(feature, State(state.value), pid, timestamp, age, expires, owner)
 
 
-def _held(feature: str, mine: LockSnapshot) -> Held:
-    record = mine.record
-    assert record is not None  # our own lock: we wrote its record
-    pid, timestamp = record
+def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
+    """Our acquisition of the lock ``mine`` whose record we wrote as ``pid:timestamp`` (the
+    record is ``repr`` of the float, so reading it back would give these very values)."""
     return Held(feature, pid, timestamp, timestamp + STALE_AFTER_SECONDS, None, mine)
 
 
@@ -286,15 +285,17 @@ class FileBackend:
                 new_owner=requester.pid,
                 reason=reason,
             )
-        return AcquireResult(_held(feature, outcome.mine), None, replaced, reason)
+        held = _held(feature, requester.pid, now, outcome.mine)
+        return AcquireResult(held, None, replaced, reason)
 
     def refresh(self, held: Held) -> Held:
-        record = _utils.format_record(held.pid, _utils.now())
+        now = _utils.now()
+        record = _utils.format_record(held.pid, now)
         with open_feature_dir(self.gsd_dir, held.feature, create=False) as dfd:
             fresh = None if dfd is None else _utils.replace_if_unchanged(dfd, held.handle, record)
         if fresh is None:
             raise LockLostError(held.feature)
-        return _held(held.feature, fresh)
+        return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held) -> bool:
         with open_feature_dir(self.gsd_dir, held.feature, create=False) as dfd:
