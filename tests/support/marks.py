@@ -72,6 +72,12 @@ needs_prlimit = pytest.mark.skipif(
     reason="needs prlimit (and setpriv when run as root) to limit processes",
 )
 
+PID_NAMESPACES_PERMITTED = _unshare_pid_permitted()
+LEASES_WORK = _leases_work()
+lacks_pid_namespaces_or_leases = pytest.mark.skipif(
+    PID_NAMESPACES_PERMITTED and LEASES_WORK,
+    reason="PID namespaces and kernel leases are permitted here: the full variant runs instead",
+)
 
 def _unshare_hosts_permitted() -> bool:
     """Can this process start a simulated host: new UTS (host name) and PID namespaces?"""

@@ -1,0 +1,670 @@
+"""A storm of every judgement at once: never two commands in the protected section (issue 9).
+
+Real CLI processes compete for one feature ``F`` (and claimers for ``F``, ``G``, ``H``):
+
+* host runners: ``lock run F --reclaim-dead --timeout T -- CMD``, each in its own session (as a
+  job-control shell starts a job: its group is the one recorded with the lock);
+* PID-namespace runners: the same inside ``unshare --pid --fork --mount-proc`` (where
+  permitted), judging host locks they cannot see and holding locks the host cannot judge;
+* claimers: a worker runs ``lock claim --reclaim-dead F G H``, works on the feature it got, then
+  ``lock release`` it, or ``lock done`` + ``lock reopen``;
+* a killer that SIGKILLs host runners, claimer workers and the ``unshare`` parents of namespace
+  runners at random moments (seeded: the seed is in the report);
+* a lease holder that now and then keeps a kernel write lease on a ``.lock`` for up to 1.4 s,
+  ignoring the break signal, so that every reader gets ``EWOULDBLOCK`` for longer than the 0.5 s
+  a read is retried: the lock must be judged ``busy`` (held), never reclaimed.
+
+CMD proves exclusion with a detector it cannot fool: it takes a non-blocking ``flock`` on an
+occupancy file of the feature and forks a child that keeps that descriptor for the whole work,
+so the occupancy lasts exactly as long as any process of the command runs. A failed ``flock``
+is an overlap: it writes a marker file. A SIGKILLed runner takes CMD with it (parent-death
+signal), but CMD's child works on in the runner's process group: the lock must stay alive until
+it ends (the group rule). Claimer workers use the same detector for the feature they claimed.
+Enter and leave lines with pids and monotonic times go to a log for the report.
+
+Invariants: no overlap marker; and after every process is reaped (the storm runs under a
+conductor that is a child subreaper, so orphaned grandchildren and orphaned namespace runners
+are reaped too) and ``lock clean --reclaim-dead`` has run, no ``.lock`` and no temp file is
+left. What may legitimately remain: the feature folders, the audit log, and a ``.completed``
+marker of a claimer killed between ``done`` and ``reopen``. The killer never SIGKILLs a
+namespace runner itself: a holder in a PID namespace that has died leaves a lock nobody here may
+judge (contract: only age frees it, after 2 h), and the storm would stop; it kills their
+``unshare`` parents instead, which orphans them. The lease holder leases only locks of its own
+namespace for the same reason: ``lock run``'s final release gives up after 0.5 s of a busy read
+(exit 3) and leaves its lock, which only ``--reclaim-dead`` in the owner's namespace recovers.
+
+Size: ``MAHABHARATHA_STRESS`` host runs of ``lock run`` (default ``DEFAULT_RUNS``, about 15 s on
+two loaded cores), a third as many in PID namespaces; claimers go on while runs remain. Pin the
+randomness with ``MAHABHARATHA_STORM_SEED`` (the report printed with ``-s`` names the seed).
+Synchronisation is by process exits, pipes and pidfds; the only sleeps are the randomness
+(killer and lease delays) and the commands' work.
+
+Two answers the storm tolerates, found with it (availability, not exclusion): a namespace
+runner exits 1 "already held by you (pid 1)" while an orphaned runner of *another* namespace,
+also pid 1 there, holds ``F`` (the caller check compares bare pids); and claimers pass
+``--pid`` because the default owner, the CLI's parent, is whoever adopted the CLI when the
+worker was killed before the CLI looked (here the conductor; elsewhere init): that lock's owner
+never dies, so only age would free it.
+
+Fails with a weaker rule, shown by hand in a scratch copy of the package with an environment
+switch (not committed), at the default size: judging the owner by its pid alone (no
+process-group rule) gave overlaps with seeds 1 and 2 (CMD's child still worked when another
+runner reclaimed the lock); judging pids of another PID namespace gave 8 and 16 overlaps with
+seeds 1 and 2 (namespace runners took live host locks); calling a busy read ``unreadable`` gave
+an overlap with seed 2 but not with seeds 1 and 3 (a leased live lock was reclaimed each time,
+but its command had often finished by then; ``tests/concurrency/test_passing_read_errors.py``
+catches that weakening every time). The lease holder prefers fresh locks to make it likelier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from tests.support.marks import (
+    lacks_pid_namespaces_or_leases,
+    needs_leases,
+    needs_pid_namespaces,
+    needs_proc,
+)
+
+DEFAULT_RUNS: Final = 18
+"""Host ``lock run`` invocations when MAHABHARATHA_STRESS is unset: about 15 s on two loaded
+cores (plus a third as many in PID namespaces)."""
+
+FEATURE: Final = "F"
+CLAIMED: Final = ("F", "G", "H")
+"""Claimers compete with the runners for F, and among themselves for G and H."""
+
+RUN_TIMEOUT_ARG: Final = 6.0
+"""``lock run --timeout``: long enough to wait out a few holders, short enough to move on."""
+
+PROCESS_GUARD: Final = 60.0
+"""Hang guard for one child process (a lock run waits at most RUN_TIMEOUT_ARG plus its work)."""
+
+STORM_GUARD: Final = 150.0
+"""Hang guard for the whole storm inside the conductor; pytest's timeout is above it."""
+
+WORK_SECONDS: Final = (0.05, 0.6)
+LONG_WORK_SECONDS: Final = (1.0, 2.0)
+LONG_WORK_SHARE: Final = 0.2
+"""How long a command (and so its child) works: mostly short, sometimes long, so that a lease or
+a kill often comes while the child still has a second of work left."""
+
+KILL_DELAY: Final = (0.2, 1.8)
+"""About one kill a second among the few processes running: about a third of runs die."""
+LEASE_PAUSE: Final = (0.02, 0.3)
+LEASE_HOLD: Final = (0.4, 1.4)
+"""Longer than the 0.5 s a reader retries a refused read, often: then it must judge ``busy``."""
+
+COMMAND: Final = r"""
+import fcntl, os, sys, time
+occupancy, log, marks, label, work = sys.argv[1:6]
+def note(event):
+    with open(log, "a") as out:
+        out.write(f"{event} {label} {os.getpid()} {time.monotonic():.6f}\n")
+fd = os.open(occupancy, os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:  # another command of this feature still runs: two holders
+    with open(os.path.join(marks, f"overlap-{os.getpid()}"), "w") as out:
+        out.write(label)
+    note("overlap")
+    sys.exit(3)
+note("enter")
+child = os.fork()
+if child == 0:  # keeps the occupancy (inherited descriptor) for the whole work
+    time.sleep(float(work))
+    note("leave")
+    os._exit(0)
+os.close(fd)
+os.waitpid(child, 0)
+"""
+"""CMD of ``lock run``: argv occupancy-file log marks-dir label work-seconds."""
+
+CLAIMER: Final = r"""
+import fcntl, os, subprocess, sys, time
+gsd, occupancy_dir, log, marks, label, work, finish, *features = sys.argv[1:]
+def cli(*args):
+    argv = [sys.executable, "-m", "mahabharatha", "lock", *args, "--gsd-dir", gsd]
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+def note(event, feature):
+    with open(log, "a") as out:
+        out.write(f"{event} {label}:{feature} {os.getpid()} {time.monotonic():.6f}\n")
+# --pid: the default owner (our parent) would be whoever adopts the CLI if we die meanwhile
+claimed = cli("claim", "--reclaim-dead", "--pid", str(os.getpid()), *features)
+if claimed.returncode != 0:
+    print("none", claimed.returncode)
+    sys.exit(0)
+feature = claimed.stdout.strip()
+fd = os.open(os.path.join(occupancy_dir, feature), os.O_RDWR | os.O_CREAT, 0o644)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    with open(os.path.join(marks, f"overlap-{os.getpid()}"), "w") as out:
+        out.write(f"{label}:{feature}")
+    note("overlap", feature)
+    sys.exit(3)
+note("enter", feature)
+time.sleep(float(work))
+note("leave", feature)
+os.close(fd)
+if finish == "done":
+    ended = cli("done", feature, "--pid", str(os.getpid()))
+    cli("reopen", feature)
+else:
+    ended = cli("release", feature, "--pid", str(os.getpid()))
+print(feature, ended.returncode)
+"""
+"""A claimer worker (its own session): claim, work under the occupancy flock, release or done."""
+
+LEASER: Final = r"""
+import fcntl, os, random, select, signal, sys, time
+from mahabharatha import ownership
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # the lease-break notice would end us
+gsd, seed, pause_lo, pause_hi, hold_lo, hold_hi, *features = sys.argv[1:]
+rng = random.Random(seed)
+ours = ownership.this_pid_namespace()
+def stopped(delay):  # the conductor closes our stdin to stop us
+    ready, _, _ = select.select([sys.stdin], [], [], delay)
+    return bool(ready)
+taken = 0
+while not stopped(rng.uniform(float(pause_lo), float(pause_hi))):
+    path = os.path.join(gsd, "specs", rng.choice(features), ".lock")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        continue
+    try:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except OSError:  # open elsewhere at this moment
+            continue
+        details = ownership.decode(ownership.read_attached(fd))
+        try:  # a fresh lock: its command has just started and works on under our lease
+            fresh = time.time() - float(os.read(fd, 100).split(b":")[1]) < 0.5
+        except (OSError, ValueError, IndexError):
+            fresh = False
+        if details is not None and details.ns == ours and (fresh or rng.random() < 0.3):
+            taken += 1
+            stopped(rng.uniform(float(hold_lo), float(hold_hi)))
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    finally:
+        os.close(fd)
+print(taken)
+"""
+"""The lease holder: argv gsd seed pause-range hold-range features; prints leases taken."""
+
+PR_SET_CHILD_SUBREAPER: Final = 36  # <linux/prctl.h>
+
+
+def storm_runs() -> int:
+    raw = os.environ.get("MAHABHARATHA_STRESS", "").strip()
+    if not raw:
+        return DEFAULT_RUNS
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"MAHABHARATHA_STRESS must be a positive integer, not {raw!r}")
+    return value
+
+
+def storm_seed() -> int:
+    raw = os.environ.get("MAHABHARATHA_STORM_SEED", "").strip()
+    return int(raw) if raw else random.SystemRandom().randrange(1 << 32)
+
+
+@dataclass
+class Plan:
+    root: Path
+    seed: int
+    runs: int
+    host_runners: int
+    ns_runners: int
+    claimers: int
+    leases: bool
+
+    @property
+    def gsd(self) -> Path:
+        return self.root / "gsd"
+
+    @property
+    def occupancy(self) -> Path:
+        return self.root / "occupancy"
+
+    @property
+    def marks(self) -> Path:
+        return self.root / "overlaps"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "occupancy.log"
+
+    @property
+    def errors(self) -> Path:
+        return self.root / "stderr"
+
+
+def work_seconds(rng: random.Random) -> str:
+    span = LONG_WORK_SECONDS if rng.random() < LONG_WORK_SHARE else WORK_SECONDS
+    return f"{rng.uniform(*span):.3f}"
+
+
+def cli_argv(*args: object) -> list[str]:
+    return [sys.executable, "-m", "mahabharatha", *(str(arg) for arg in args)]
+
+
+# --------------------------------------------------------------------------- the conductor
+
+
+@dataclass
+class Victims:
+    """Processes the killer may SIGKILL, by pidfd (a reaped pid is never signalled)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pidfds: dict[int, tuple[str, int]] = field(default_factory=dict)
+    groups: list[int] = field(default_factory=list)
+    kills: Counter[str] = field(default_factory=Counter)
+
+    def add(self, proc: subprocess.Popen[bytes], kind: str) -> None:
+        with self.lock:
+            self.groups.append(proc.pid)
+            # Race: the child may already have exited, but it is not reaped before we remove it.
+            self.pidfds[proc.pid] = (kind, os.pidfd_open(proc.pid))
+
+    def remove(self, proc: subprocess.Popen[bytes]) -> None:
+        with self.lock:
+            # Race: the killer holds this lock while it signals, so it never uses a closed fd.
+            _, pidfd = self.pidfds.pop(proc.pid)
+            os.close(pidfd)
+
+    def kill_one(self, rng: random.Random) -> None:
+        with self.lock:
+            if not self.pidfds:
+                return
+            pid = rng.choice(sorted(self.pidfds))
+            kind, pidfd = self.pidfds[pid]
+            with contextlib.suppress(ProcessLookupError):  # it has just exited
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                self.kills[kind] += 1
+
+
+class Conductor:
+    """Runs the storm in a process of its own that is a child subreaper, and reaps everything."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.victims = Victims()
+        self.budget_lock = threading.Lock()
+        self.runs = {False: plan.runs, True: max(1, plan.runs // 3)}
+        self.runs_done = threading.Event()
+        self.stop_killing = threading.Event()
+        self.outcomes: Counter[str] = Counter()
+        self.outcome_lock = threading.Lock()
+        self.deadline = time.monotonic() + STORM_GUARD
+        self.hung: list[str] = []
+        self.errors: list[str] = []
+        threading.excepthook = self.on_thread_error  # (this process is the conductor's own)
+
+    def on_thread_error(self, args: threading.ExceptHookArgs) -> None:
+        self.errors.append(f"{args.thread.name if args.thread else '?'}: {args.exc_value!r}")
+
+    def more(self, in_namespace: bool) -> bool:
+        """Take one run of the budget: ``plan.runs`` host runs, a third as many in namespaces."""
+        with self.budget_lock:
+            if self.runs[in_namespace] <= 0:
+                return False
+            self.runs[in_namespace] -= 1
+            return True
+
+    def tally(self, kind: str, code: int | None) -> None:
+        with self.outcome_lock:
+            self.outcomes[f"{kind} exit {code}"] += 1
+
+    def spawn(self, argv: list[str], kind: str, label: str) -> subprocess.Popen[bytes]:
+        errors = (self.plan.errors / f"{label}.txt").open("wb")
+        with errors:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.plan.root,
+                stdin=subprocess.DEVNULL,
+                stdout=errors,
+                stderr=errors,
+                start_new_session=True,  # its own group: the one its lock records
+            )
+        self.victims.add(proc, kind)
+        return proc
+
+    def finish(self, proc: subprocess.Popen[bytes], kind: str, label: str) -> None:
+        try:
+            code: int | None = proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.hung.append(label)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+        self.victims.remove(proc)
+        self.tally(kind, code)
+
+    # ------------------------------------------------------------------ the parties
+
+    def runner(self, index: int, in_namespace: bool) -> None:
+        rng = random.Random(f"{self.plan.seed}-runner-{index}")
+        kind = "ns-runner" if in_namespace else "runner"
+        number = 0
+        while self.more(in_namespace):
+            number += 1
+            label = f"{kind}-{index}-{number}"
+            command = [
+                sys.executable, "-c", COMMAND,
+                self.plan.occupancy / FEATURE, self.plan.log, self.plan.marks, label,
+                work_seconds(rng),
+            ]  # fmt: skip
+            argv = cli_argv(
+                "lock", "run", FEATURE, "--gsd-dir", self.plan.gsd, "--reclaim-dead",
+                "--timeout", RUN_TIMEOUT_ARG, "--", *command,
+            )  # fmt: skip
+            if in_namespace:  # no --kill-child: killing unshare orphans the namespace runner
+                argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
+            self.finish(self.spawn(argv, kind, label), kind, label)
+
+    def claimer(self, index: int) -> None:
+        rng = random.Random(f"{self.plan.seed}-claimer-{index}")
+        number = 0
+        while not self.runs_done.is_set() and time.monotonic() < self.deadline:
+            number += 1
+            label = f"claimer-{index}-{number}"
+            argv = [
+                sys.executable, "-c", CLAIMER, self.plan.gsd, self.plan.occupancy,
+                self.plan.log, self.plan.marks, label, work_seconds(rng),
+                "done" if rng.random() < 0.25 else "release", *rng.sample(CLAIMED, 3),
+            ]  # fmt: skip
+            self.finish(self.spawn([str(a) for a in argv], "claimer", label), "claimer", label)
+
+    def killer(self) -> None:
+        rng = random.Random(f"{self.plan.seed}-killer")
+        while not self.stop_killing.wait(rng.uniform(*KILL_DELAY)):  # the randomness
+            self.victims.kill_one(rng)
+
+    def lease_holder(self) -> subprocess.Popen[bytes]:
+        argv = [
+            sys.executable, "-c", LEASER, self.plan.gsd, f"{self.plan.seed}-leases",
+            *LEASE_PAUSE, *LEASE_HOLD, *CLAIMED,
+        ]  # fmt: skip
+        with (self.plan.errors / "leaser.txt").open("wb") as errors:
+            return subprocess.Popen(
+                [str(a) for a in argv],
+                cwd=self.plan.root,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                start_new_session=True,
+            )
+
+    # ------------------------------------------------------------------ the storm
+
+    def run(self) -> dict[str, Any]:
+        plan = self.plan
+        for folder in (plan.gsd / "specs", plan.occupancy, plan.marks, plan.errors):
+            folder.mkdir(parents=True)
+        for feature in CLAIMED:
+            (plan.gsd / "specs" / feature).mkdir()
+        leaser = self.lease_holder() if plan.leases else None
+        started = time.monotonic()
+        self.play()
+        leases = self.stop_lease_holder(leaser)
+        orphans = self.reap_orphans()
+        storm_seconds = time.monotonic() - started
+        return {
+            "seed": plan.seed,
+            "conductor": os.getpid(),
+            "runs": plan.runs,
+            "seconds": round(storm_seconds, 1),
+            "outcomes": dict(sorted(self.outcomes.items())),
+            "kills": dict(self.victims.kills),
+            "leases": leases,
+            "orphans_reaped": orphans,
+            "hung": self.hung,
+            "errors": self.errors,
+            **self.verdict(),
+        }
+
+    def play(self) -> None:
+        """Every party at once; returns when the runs are spent and every party has stopped."""
+        plan = self.plan
+        runners = [(i, False) for i in range(plan.host_runners)]
+        runners += [(i, True) for i in range(plan.ns_runners)]
+        runner_threads = [threading.Thread(target=self.runner, args=args) for args in runners]
+        claimers = [threading.Thread(target=self.claimer, args=(i,)) for i in range(plan.claimers)]
+        killer = threading.Thread(target=self.killer)
+        for thread in [*runner_threads, *claimers, killer]:
+            thread.start()
+        for thread in runner_threads:
+            thread.join()
+        self.runs_done.set()
+        for thread in claimers:
+            thread.join()
+        self.stop_killing.set()
+        killer.join()
+
+    def stop_lease_holder(self, leaser: subprocess.Popen[bytes] | None) -> int | None:
+        if leaser is None:
+            return None
+        try:
+            out, _ = leaser.communicate(timeout=PROCESS_GUARD)  # closes its stdin: it stops
+        except subprocess.TimeoutExpired:
+            self.hung.append("lease holder")
+            leaser.kill()
+            out, _ = leaser.communicate()
+        return int(out) if out.strip().isdigit() else None
+
+    def reap_orphans(self) -> int:
+        """Wait for every orphan we adopted (commands' children, orphaned namespace runners) to
+        end, then reap it; past the guard, kill every group we started."""
+        reaped = 0
+        killed = False
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return reaped
+            if pid:
+                reaped += 1
+                continue
+            if time.monotonic() > self.deadline and not killed:
+                self.hung.append("orphans")
+                for group in self.victims.groups:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(group, signal.SIGKILL)
+                killed = True
+            self.wait_for_a_child(max(0.1, self.deadline - time.monotonic()))
+
+    @staticmethod
+    def wait_for_a_child(timeout: float) -> None:
+        pidfds = []
+        for pid in children_of(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                pidfds.append(os.pidfd_open(pid))
+        try:
+            if pidfds:  # Race: one may have ended since waitpid; select returns at once then
+                select.select(pidfds, [], [], timeout)
+        finally:
+            for pidfd in pidfds:
+                os.close(pidfd)
+
+    def verdict(self) -> dict[str, Any]:
+        plan = self.plan
+        overlaps = sorted(f"{p.name}: {p.read_text()}" for p in plan.marks.iterdir())
+        events = plan.log.read_text().splitlines() if plan.log.exists() else []
+        cleaned = subprocess.run(
+            cli_argv("lock", "clean", "--reclaim-dead", "--gsd-dir", plan.gsd, "--json"),
+            cwd=plan.root, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=PROCESS_GUARD, check=False,
+        )  # fmt: skip
+        left = sorted(
+            f"{path.relative_to(plan.gsd)}: {path.read_bytes()[:80]!r}"
+            for path in (plan.gsd / "specs").glob("*/*")
+            if path.name != ".completed"
+        )
+        audit = plan.gsd / "lock-audit.jsonl"
+        reasons = Counter(
+            f"{entry['action']}:{entry.get('reason')}"
+            for entry in map(json.loads, audit.read_text().splitlines() if audit.exists() else [])
+        )
+        return {
+            "overlaps": overlaps,
+            "entered": sum(1 for e in events if e.startswith("enter ")),
+            "most_at_once": most_at_once(events),
+            "cleaned": cleaned.stdout.strip(),
+            "clean_exit": cleaned.returncode,
+            "left": left,
+            "audit": dict(sorted(reasons.items())),
+        }
+
+
+def children_of(parent: int) -> list[int]:
+    """Our children (adopted orphans included), from ``/proc/<pid>/stat``'s parent field."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{name}/stat").read_bytes()
+        except OSError:
+            continue  # Race: it ended since the listing
+        fields = raw.rpartition(b")")[2].split()
+        if len(fields) > 1 and int(fields[1]) == parent:
+            found.append(int(name))
+    return found
+
+
+def most_at_once(events: list[str]) -> dict[str, int]:
+    """From the log, per feature: the most sections that were open at one time, counting only
+    sections whose leave is logged (a killed claimer logs none; its flock ended with it)."""
+    spans: dict[tuple[str, str], list[float]] = {}
+    for line in events:
+        event, label, _, moment = line.split()
+        feature = label.split(":")[1] if ":" in label else FEATURE
+        if event in ("enter", "leave"):  # a label is one run or one claim
+            spans.setdefault((feature, label), []).append(float(moment))
+    most: Counter[str] = Counter()
+    inside: Counter[str] = Counter()
+    edges = sorted(
+        (moment, step, feature)
+        for (feature, _), times in spans.items()
+        if len(times) == 2
+        for moment, step in ((min(times), 1), (max(times), -1))
+    )
+    for _, step, feature in edges:  # at one moment, a leave (-1) counts before an enter
+        inside[feature] += step
+        most[feature] = max(most[feature], inside[feature])
+    return dict(sorted(most.items()))
+
+
+def conduct(plan: Plan) -> dict[str, Any]:
+    """Run the storm in a forked conductor that adopts orphans; its report (JSON over a pipe)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the conductor: never returns into pytest
+        code = 1
+        try:
+            os.close(read_end)
+            os.setpgid(0, 0)
+            import ctypes
+
+            if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+            report = Conductor(plan).run()
+            os.write(write_end, json.dumps(report).encode())
+            code = 0
+        except BaseException as error:
+            os.write(write_end, json.dumps({"conductor_error": repr(error)}).encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        chunks = []
+        while chunk := os.read(read_end, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    return dict(json.loads(b"".join(chunks) or b"{}"))
+
+
+# --------------------------------------------------------------------------- the tests
+
+
+def _storm(tmp_path: Path, *, namespaces: bool, leases: bool) -> None:
+    plan = Plan(
+        root=tmp_path,
+        seed=storm_seed(),
+        runs=storm_runs(),
+        host_runners=2,
+        ns_runners=1 if namespaces else 0,
+        claimers=1,
+        leases=leases,
+    )
+    report = conduct(plan)
+    shown = json.dumps(report, indent=1)
+    print(f"judgement storm report:\n{shown}")
+    assert "conductor_error" not in report, shown
+    assert not report["hung"] and not report["errors"], f"the storm broke down:\n{shown}"
+    storm = report["entered"] >= 1 and sum(report["kills"].values()) >= 1
+    assert storm and (report["leases"] or not leases), f"not much of a storm:\n{shown}"
+    assert report["overlaps"] == [], f"two commands at once (seed {plan.seed}):\n{shown}"
+    assert report["clean_exit"] == 0 and report["left"] == [], f"left behind:\n{shown}"
+
+
+pytestmark = [needs_proc, pytest.mark.stress, pytest.mark.timeout(STORM_GUARD + 60)]
+
+
+@needs_pid_namespaces
+@needs_leases
+def test_judgement_storm_never_runs_two_commands_at_once(tmp_path: Path) -> None:
+    """Runners (host and PID-namespace), claimers, SIGKILLs and kernel leases together."""
+    _storm(tmp_path, namespaces=True, leases=True)
+
+
+@lacks_pid_namespaces_or_leases
+def test_judgement_storm_with_what_this_machine_permits(tmp_path: Path) -> None:
+    """Where PID namespaces or leases are not permitted, the storm without them."""
+    from tests.support.marks import LEASES_WORK, PID_NAMESPACES_PERMITTED
+
+    _storm(tmp_path, namespaces=PID_NAMESPACES_PERMITTED, leases=LEASES_WORK)
+
+
+def test_the_detector_sees_two_commands_at_once(tmp_path: Path) -> None:
+    """The overlap detector itself: a command that enters while the section is occupied (here
+    by the test, holding the occupancy flock) reports the overlap."""
+    for folder in ("occupancy", "overlaps"):
+        (tmp_path / folder).mkdir()
+    occupancy = tmp_path / "occupancy" / FEATURE
+    argv = [
+        sys.executable, "-c", COMMAND, occupancy, tmp_path / "occupancy.log",
+        tmp_path / "overlaps", "second", "0",
+    ]  # fmt: skip
+    with open(occupancy, "wb") as first:
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        second = subprocess.run([str(a) for a in argv], timeout=PROCESS_GUARD, check=False)
+    assert second.returncode == 3
+    assert [p.read_text() for p in (tmp_path / "overlaps").iterdir()] == ["second"]
+    alone = subprocess.run([str(a) for a in argv], timeout=PROCESS_GUARD, check=False)
+    assert alone.returncode == 0
