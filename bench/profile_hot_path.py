@@ -379,7 +379,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
     def with_liveness(make: Callable[[], Callable[..., Any]] | None) -> Callable[[], None]:
         def call() -> None:
             stand_in = make() if make else (lambda _p, _t: locks.Owner.UNKNOWN)
-            locks.owner_liveness = stand_in  # measurement only: restored below
+            locks.owner_liveness = stand_in  # type: ignore[assignment]  # measurement only
             try:
                 locks.status(tree)
             finally:
@@ -391,6 +391,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
         """A status loop with the same per-lock answers, built from the same primitives: the
         folder opened relative to one ``specs`` descriptor (no pathlib, no context manager),
         liveness cached per pid, each record parsed once."""
+        from mahabharatha.backends import files
         from mahabharatha.commands import _utils
 
         now = _utils.now()
@@ -413,7 +414,9 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
                     os.close(dfd)
                 if snapshot.kind is not _utils.EntryKind.MISSING:
                     state = _utils.judge_lock(snapshot, now)
-                    infos.append(locks._describe(name, snapshot, state, now, liveness))
+                    infos.append(
+                        files.describe_snapshot(name, snapshot, state, now, liveness)  # type: ignore[arg-type]
+                    )
         finally:
             os.close(specs)
         if len(infos) != locks_count:

@@ -33,12 +33,10 @@ from contextlib import contextmanager, suppress
 from types import FrameType
 from typing import IO, Final
 
+from mahabharatha.exits import killed_by, shell_status
 from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 
 FORWARDED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-SIGNAL_EXIT_BASE: Final = 128  # a process killed by signal N exits 128 + N, as shells report it
-EXIT_NOT_FOUND: Final = 127  # the shell's "command not found"
-EXIT_CANNOT_EXECUTE: Final = 126  # the shell's "found, but cannot be executed" (permission, format)
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
 LOST_KILL_GRACE_SECONDS: Final = 10.0
@@ -64,19 +62,16 @@ class Interrupted(Exception):
 
     @property
     def exit_code(self) -> int:
-        return SIGNAL_EXIT_BASE + self.signum
+        """What a shell would report (the CLI's ``exit_code_for`` says the same)."""
+        return killed_by(self.signum)
 
 
 class CommandStartError(OSError):
-    """The command could not be started; nothing ran. ``exit_code`` is what a shell would say."""
-
-    exit_code: int = EXIT_CANNOT_EXECUTE
+    """The command could not be started; nothing ran (exit 126 or 127, as a shell would)."""
 
 
 class CommandNotFoundError(CommandStartError, FileNotFoundError):
     """The command to run does not exist (exit 127, like a shell)."""
-
-    exit_code = EXIT_NOT_FOUND
 
 
 class CommandNotExecutableError(CommandStartError, PermissionError):
@@ -356,14 +351,8 @@ def run_locked(
     """
     relay = _SignalRelay()
     watch = _LossWatch(on_lost, notify_lost)
-    told = lock.on_lost
     with _relaying(relay), _senders_known(relay):
-        lock.on_wait, on_wait = relay.waiting(lock.on_wait), lock.on_wait
-        lock.on_lost = watch.also_telling(told)
-        try:
-            lock.acquire()
-        finally:
-            lock.on_wait = on_wait
+        lock.acquire(on_wait=relay.waiting(lock.on_wait), on_lost=watch.also_telling(lock.on_lost))
         try:
             if on_acquired is not None:
                 on_acquired()
@@ -378,8 +367,7 @@ def run_locked(
                 child.close()
         finally:
             lock.release()
-            lock.on_lost = told
-    return SIGNAL_EXIT_BASE - returncode if returncode < 0 else returncode
+    return shell_status(returncode)
 
 
 PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>

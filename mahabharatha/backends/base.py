@@ -15,11 +15,12 @@ described to a person.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Protocol
 
 __all__ = [
+    "HELD_STATES",
     "AcquireResult",
     "AlreadyHeldError",
     "BackendError",
@@ -37,6 +38,7 @@ __all__ = [
     "NotOwnerError",
     "Owner",
     "Requester",
+    "State",
     "UnsupportedError",
     "describe_holder",
     "format_duration",
@@ -54,17 +56,49 @@ class Owner(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
+class State(enum.StrEnum):
+    """A lock's state as :class:`LockInfo` reports it (a ``str``: JSON and text show the value)."""
+
+    FREE = "free"
+    ACTIVE = "active"
+    STALE = "stale"
+    CORRUPT = "corrupt"
+    WRITING = "writing"
+    UNREADABLE = "unreadable"
+    NOT_A_FILE = "not-a-file"
+    BUSY = "busy"
+    DONE = "done"
+
+
+HELD_STATES: Final = frozenset({State.ACTIVE, State.WRITING, State.BUSY})
+"""States in which an acquire would fail: a live lock, one being written, one that cannot be
+read just now (a kernel lease on it)."""
+
+
 @dataclass(frozen=True)
 class LockInfo:
-    """One feature lock as a person or a JSON reader sees it."""
+    """One feature lock as a person or a JSON reader sees it.
+
+    ``state`` and ``owner`` are :class:`State` and :class:`Owner` (``str`` enums; a plain
+    string given by a backend is turned into its member)."""
 
     feature: str
-    state: str
+    state: State
     pid: int | None
     timestamp: float | None
     age_seconds: float | None
     expires_in_seconds: float | None
-    owner: str
+    owner: Owner
+
+    def __post_init__(self) -> None:
+        # frozen: set through object; a backend may pass "active" or State.ACTIVE alike.
+        object.__setattr__(self, "state", State(self.state))
+        object.__setattr__(self, "owner", Owner(self.owner))
+
+    @property
+    def held(self) -> bool:
+        """Would an acquire fail on it (someone holds it, or its lock cannot be judged now)?"""
+        return self.state in HELD_STATES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,8 +130,8 @@ class CleanedEntry:
 
 
 _GONE: Final = {
-    Owner.NOT_RUNNING.value: ", which is not running",
-    Owner.PID_REUSED.value: ", which is not running (its pid now belongs to a newer process)",
+    Owner.NOT_RUNNING: ", which is not running",
+    Owner.PID_REUSED: ", which is not running (its pid now belongs to a newer process)",
 }
 """How :func:`describe_holder` says that a lock's owner is provably gone on this host."""
 
@@ -326,8 +360,10 @@ class LockBackend(Protocol):
         dry_run: bool = False,
         reclaim_dead: bool = False,
         problems: list[FeatureProblem] | None = None,
+        features: Iterable[str] | None = None,
     ) -> list[CleanedEntry]:
-        """Remove stale and corrupt locks (and debris); active ones stay."""
+        """Remove stale and corrupt locks (and debris); active ones stay. ``features``: only
+        these (``None``: every feature)."""
         ...
 
     def is_done(self, feature: str) -> bool: ...
@@ -346,15 +382,5 @@ class LockBackend(Protocol):
         ...
 
 
-STATES: Final[Sequence[str]] = (
-    "free",
-    "active",
-    "stale",
-    "corrupt",
-    "writing",
-    "unreadable",
-    "not-a-file",
-    "busy",
-    "done",
-)
+STATES: Final[Sequence[str]] = tuple(State)
 """Every ``state`` a :class:`LockInfo` can have (``error`` is the CLI's, for a skipped folder)."""

@@ -15,7 +15,22 @@ from typing import Annotated, Any, Final, NoReturn
 
 import typer
 
+from mahabharatha import runner
+from mahabharatha.backends import open_backend
+from mahabharatha.backends.base import LockBackend
 from mahabharatha.constants import GSD_DIR
+from mahabharatha.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_EXECUTE,
+    EXIT_HELD,
+    EXIT_INTERRUPTED,
+    EXIT_LOST,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_OS_ERROR,
+    EXIT_TEMPFAIL,
+    killed_by,
+)
 from mahabharatha.locks import (
     AlreadyHeldError,
     FeatureProblem,
@@ -28,13 +43,23 @@ from mahabharatha.locks import (
     owner_is_gone,
 )
 
-EXIT_OK: Final = 0
-EXIT_HELD: Final = 1  # held by another / none free / nothing detected
-EXIT_BAD_INPUT: Final = 2
-EXIT_OS_ERROR: Final = 3
-EXIT_TEMPFAIL: Final = 75  # sysexits.h EX_TEMPFAIL: busy, try again later
-EXIT_LOST: Final = 76  # lock run: the lock was lost while CMD ran (sysexits.h EX_PROTOCOL)
-EXIT_INTERRUPTED: Final = 130  # 128 + SIGINT, as shells report a Ctrl-C
+
+def backend_for(gsd_dir: str) -> LockBackend:
+    """The one place a command gets the backend its locks live in: today the folder backend
+    of ``--gsd-dir``. It is closed when the command ends."""
+    backend = open_backend(None, gsd_dir)
+    _OPENED.append(backend)
+    return backend
+
+
+_OPENED: Final[list[LockBackend]] = []
+"""The backends opened by the running command: :func:`respond` closes them when it is done."""
+
+
+def _close_opened() -> None:
+    while _OPENED:
+        _OPENED.pop().close()
+
 
 GsdDirOption = Annotated[
     str,
@@ -110,8 +135,21 @@ class Result:
     warnings: list[str] = field(default_factory=list)  # for stderr, whatever the exit code
 
 
-def exit_code_for(error: BaseException) -> int:
-    """The exit code of a failure: the only mapping from errors to codes."""
+def exit_code_for(error: BaseException, *, before_run: bool = False) -> int:
+    """The exit code of a failure: the only mapping from errors to codes.
+
+    ``before_run``: ``lock run`` failed before its command started; a busy lock is then "try
+    again later" (75), an interrupt or a command that cannot start is what a shell would say.
+    """
+    if before_run:
+        if isinstance(error, runner.Interrupted):
+            return killed_by(error.signum)
+        if isinstance(error, runner.CommandNotFoundError):
+            return EXIT_NOT_FOUND
+        if isinstance(error, runner.CommandStartError):
+            return EXIT_CANNOT_EXECUTE
+        if isinstance(error, LockHeldError) and not isinstance(error, AlreadyHeldError):
+            return EXIT_TEMPFAIL
     if isinstance(error, LockHeldError | NotHeldError):
         return EXIT_HELD
     if isinstance(error, LockLostError):
@@ -210,4 +248,6 @@ def respond(
             if told and not isinstance(error, AlreadyHeldError):  # no one else to wait for
                 message = f"{message}; {told}"
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
+    finally:
+        _close_opened()
     emit(result, as_json)

@@ -10,8 +10,6 @@ import typer
 
 from mahabharatha.cli._output import (
     DEFAULT_GSD_DIR,
-    EXIT_HELD,
-    EXIT_OK,
     JsonOption,
     Result,
     respond,
@@ -19,6 +17,7 @@ from mahabharatha.cli._output import (
 from mahabharatha.commands import _utils
 from mahabharatha.commands._utils import detect_feature
 from mahabharatha.constants import STATE_DIR
+from mahabharatha.exits import EXIT_HELD, EXIT_OK
 
 app = typer.Typer(help="The feature being worked on.", no_args_is_help=True)
 

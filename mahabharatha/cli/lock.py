@@ -13,10 +13,6 @@ from mahabharatha import locks, runner
 from mahabharatha.backends.base import describe_holder
 from mahabharatha.cli._output import (
     DEFAULT_GSD_DIR,
-    EXIT_HELD,
-    EXIT_OK,
-    EXIT_OS_ERROR,
-    EXIT_TEMPFAIL,
     RECLAIM_DEAD_ADVICE,
     GsdDirOption,
     JsonOption,
@@ -25,6 +21,7 @@ from mahabharatha.cli._output import (
     ReclaimDeadOption,
     Result,
     WaitOption,
+    backend_for,
     default_owner,
     exit_code_for,
     problem_fields,
@@ -36,6 +33,7 @@ from mahabharatha.cli._output import (
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
 from mahabharatha.commands._utils import is_valid_feature_name
+from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR
 from mahabharatha.locks import (
     AlreadyHeldError,
     FeatureProblem,
@@ -100,6 +98,7 @@ def acquire(
             locks.acquire(
                 feature,
                 gsd_dir,
+                backend=backend_for(gsd_dir),
                 pid=owner,
                 timeout=timeout,
                 reclaim_dead=reclaim_dead,
@@ -127,7 +126,7 @@ def release(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "released": False}
 
     def action() -> Result:
-        removed = locks.release(feature, gsd_dir, pid=owner, force=force)
+        removed = locks.release(feature, backend=backend_for(gsd_dir), pid=owner, force=force)
         text = f"released {feature}" if removed else f"{feature} was not locked"
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
@@ -140,12 +139,6 @@ def _release_advice(busy: LockHeldError) -> str:
     return "--force removes it anyway; lock clean once stale"
 
 
-def _is_held(info: LockInfo) -> bool:
-    # A fresh empty lock is being written by an older writer, and a busy one could not be read
-    # just now (a kernel lease on it): acquire would fail on either, so: held.
-    return info.state in ("active", "writing", "busy")
-
-
 @app.command()
 def check(
     feature: FeatureArg,
@@ -155,8 +148,8 @@ def check(
     """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held."""
 
     def action() -> Result:
-        info = locks.inspect(feature, gsd_dir)
-        held = _is_held(info)
+        info = locks.inspect(feature, backend=backend_for(gsd_dir))
+        held = info.held
         text = _held_text(info) if held else _free_text(info)
         return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
 
@@ -213,7 +206,7 @@ def claim(
         problems: list[FeatureProblem] = []
         won = locks.claim(
             features,
-            gsd_dir,
+            backend=backend_for(gsd_dir),
             pid=owner,
             reclaim_dead=reclaim_dead,
             include_done=include_done,
@@ -260,9 +253,9 @@ def status(
         _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         if as_json and not show_all:  # the summary needs every folder; JSON alone does not
-            every = infos = locks.status(gsd_dir, problems=problems)
+            every = infos = locks.status(backend=backend_for(gsd_dir), problems=problems)
         else:
-            every = locks.survey(gsd_dir, problems=problems)
+            every = locks.survey(backend=backend_for(gsd_dir), problems=problems)
             infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
         listed = [i.to_dict() for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
@@ -292,7 +285,10 @@ def clean(
         _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         entries = locks.clean(
-            gsd_dir, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
+            backend=backend_for(gsd_dir),
+            dry_run=dry_run,
+            reclaim_dead=reclaim_dead,
+            problems=problems,
         )
         verb = "would remove" if dry_run else "removed"
         lines = [f"{verb} {e.path} ({_why(e)})" for e in entries if e.removed or dry_run]
@@ -374,6 +370,7 @@ def run_command(
                 holder = locks.FeatureLock(
                     feature,
                     gsd_dir,
+                    backend=backend_for(gsd_dir),
                     timeout=timeout,
                     heartbeat=heartbeat,
                     reclaim_dead=reclaim_dead,
@@ -392,14 +389,17 @@ def run_command(
                     notify_lost=tell,
                 )
         except AlreadyHeldError as mine:
-            return Result(EXIT_HELD, {**document, "holder": mine.info.to_dict()}, message=str(mine))
+            code = exit_code_for(mine, before_run=True)
+            return Result(code, {**document, "holder": mine.info.to_dict()}, message=str(mine))
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
-            return Result(EXIT_TEMPFAIL, held, message=f"{busy}; not run: {_run_advice(busy)}")
+            said = f"{busy}; not run: {_run_advice(busy)}"
+            return Result(exit_code_for(busy, before_run=True), held, message=said)
         except runner.Interrupted as stop:
-            return Result(stop.exit_code, document, message=str(stop))
+            return Result(exit_code_for(stop, before_run=True), document, message=str(stop))
         except runner.CommandStartError as unstarted:
-            return Result(unstarted.exit_code, document, message=unstarted.strerror)
+            code = exit_code_for(unstarted, before_run=True)
+            return Result(code, document, message=unstarted.strerror)
         if holder.lost is not None:
             result = _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
             return replace(result, message=None) if told else result  # said once is enough
@@ -426,7 +426,7 @@ def done(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "done": False}
 
     def action() -> Result:
-        stamp = locks.done(feature, gsd_dir, pid=owner)
+        stamp = locks.done(feature, backend=backend_for(gsd_dir), pid=owner)
         return Result(
             EXIT_OK,
             {**document, "done": True, "completed_at": stamp},
@@ -446,7 +446,7 @@ def reopen(
     document: dict[str, Any] = {"feature": feature, "reopened": False}
 
     def action() -> Result:
-        removed = locks.reopen(feature, gsd_dir)
+        removed = locks.reopen(feature, backend=backend_for(gsd_dir))
         text = f"reopened {feature}" if removed else f"{feature} was not marked done"
         return Result(EXIT_OK, {**document, "reopened": removed}, text)
 

@@ -76,6 +76,8 @@ __all__ = [
     "release_mine",
     "remove_if_unchanged",
     "remove_judged",
+    "remove_judged_dir",
+    "remove_orphan_temp",
     "replace_if_unchanged",
     "scan_locks",
     "sweep_orphan_temps",
@@ -810,6 +812,30 @@ def remove_judged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
         return remove_if_unchanged(dfd, judged, still)
 
 
+def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
+    """Take the guard and remove a directory standing at ``.lock`` if it is still exactly
+    ``judged`` and empty (clean never deletes what someone put inside one)."""
+    with guard(dfd, wait=True):
+        # Race: replaced since it was judged (a file published after a rmdir elsewhere).
+        if not read_lock(dfd).same_entry(judged):
+            return False
+        try:
+            os.rmdir(LOCK_FILE_NAME, dir_fd=dfd)
+        except OSError:
+            return False
+        return True
+
+
+def remove_orphan_temp(dfd: int, name: str) -> bool:
+    """Remove the temp file ``name`` (listed by :func:`orphan_temps`); False if it is gone
+    already. Other OS errors are raised (the caller names the path)."""
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        return False  # Race: its writer linked or renamed it, or another clean removed it
+    return True
+
+
 # --------------------------------------------------------------------------- publishing
 
 
@@ -822,9 +848,14 @@ def is_temp_name(name: str) -> bool:
 
 
 def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``; ``EIO`` when the file system accepts nothing (a write of 0 bytes
+    would otherwise be retried for ever)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        written = os.write(fd, view)
+        if written == 0:
+            raise OSError(errno.EIO, "the file system accepted no bytes")
+        view = view[written:]
 
 
 def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> LockSnapshot:

@@ -103,7 +103,8 @@ def test_claim_looks_for_the_marker_again_once_it_holds_the_lock(
     folders(gsd, "a")
     locks.acquire("a", gsd, pid=ME)
     locks.done("a", gsd, pid=ME)
-    monkeypatch.setattr(locks, "is_done", lambda *_args: False)  # the first look misses it
+    # The first look misses it:
+    monkeypatch.setattr(locks, "is_done", lambda *_args, **_kwargs: False)
     assert locks.claim(None, gsd, pid=ME) is None
     assert not lock_path(gsd, "a").exists()  # the lock taken to look was given back
 
@@ -147,7 +148,7 @@ def test_status_all_lists_free_and_done_folders_with_a_summary(gsd: Path) -> Non
 
 def _worker(gsd: str, log: str, barrier: object) -> None:
     """Claim, record, mark done, until nothing is left (a pool worker without the build)."""
-    barrier.wait(SYNC_TIMEOUT)  # type: ignore[attr-defined]
+    barrier.wait(SYNC_TIMEOUT)  # type: ignore[attr-defined,unused-ignore]
     me = os.getpid()
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     while (feature := locks.claim(None, gsd, pid=me)) is not None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +32,10 @@ def lock_of_a_dead_process(gsd: Path, feature: str = FEATURE) -> None:
     )
 
 
-COMMANDS_THAT_REPORT_THE_HOLDER = {
+HolderOf = Callable[[Any], Any]
+"""Where a command's JSON document keeps the holder."""
+
+COMMANDS_THAT_REPORT_THE_HOLDER: dict[str, tuple[list[Any], HolderOf]] = {
     "acquire": (["lock", "acquire", FEATURE, "--pid", ME], lambda doc: doc["holder"]),
     "run": (["lock", "run", FEATURE, "--timeout", "0"], lambda doc: doc["holder"]),
     "check": (["lock", "check", FEATURE], lambda doc: doc),

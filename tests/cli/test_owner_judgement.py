@@ -230,19 +230,19 @@ def test_a_judge_in_another_pid_namespace_never_takes_a_live_hosts_lock(
     """Fails before the fix: inside a new PID namespace the host's pid does not exist, so it
     was judged ``not-running`` and ``acquire --reclaim-dead`` took the live host's lock."""
     if how == "feature-lock":
-        held: Child | locks.FeatureLock = locks.FeatureLock(FEATURE, gsd, heartbeat=None)
-        held.acquire()
+        holder = locks.FeatureLock(FEATURE, gsd, heartbeat=None)
+        held: Child | locks.FeatureLock = holder.acquire()
         owner = os.getpid()
     else:
-        held = spawn(
+        child: Child = spawn(
             cli_argv(
                 "lock", "run", FEATURE, "--gsd-dir", gsd, "--",
                 sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read(1)",
             ),
             stdin=subprocess.PIPE,
         )  # fmt: skip
-        assert held.next_line() == "ready"
-        owner = held.pid
+        assert child.next_line() == "ready"
+        owner, held = child.pid, child
     try:
         status = _in_new_pid_namespace("lock", "status", "--gsd-dir", gsd, "--json", cwd=tmp_path)
         [document] = one_document(status.stdout)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from mahabharatha.backends.base import State
 from mahabharatha.cli import _render
-from mahabharatha.locks import LockInfo
+from mahabharatha.locks import LockInfo, Owner
 from tests.cli._support import (
     FEATURE,
     SYNC_TIMEOUT,
@@ -25,7 +26,7 @@ from tests.cli._support import (
 )
 from tests.support.marks import posix_signals
 
-HOLDER = LockInfo(FEATURE, "active", 4242, time.time(), 1.0, 7199.0, "running")
+HOLDER = LockInfo(FEATURE, State.ACTIVE, 4242, time.time(), 1.0, 7199.0, Owner.RUNNING)
 ERASE = "\r\x1b[K"
 
 

@@ -151,9 +151,9 @@ def run_child(body: Callable[[], None], *, named: bool = False) -> Death:
         os.close(read_end)
         _, status = os.waitpid(pid, 0)
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    death = Death(pid, killed, code, report.decode("utf-8", "replace"))
-    if not killed and code != 0:
+    exited = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    death = Death(pid, killed, exited, report.decode("utf-8", "replace"))
+    if not killed and exited != 0:
         raise HarnessError(f"child {pid} failed (status {status}):\n{death.report}")
     return death
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Final
@@ -69,7 +70,7 @@ def _old_writer(gsd: Path, created: Event, attempted: Event) -> None:
 
 
 @pytest.fixture
-def old_writer(gsd: Path) -> Iterator[tuple[multiprocessing.Process, Event, Event]]:
+def old_writer(gsd: Path) -> Iterator[tuple[BaseProcess, Event, Event]]:
     created, attempted = CTX.Event(), CTX.Event()
     proc = CTX.Process(target=_old_writer, args=(gsd, created, attempted), daemon=True)
     proc.start()

@@ -17,6 +17,7 @@ import pytest
 
 from mahabharatha.commands._utils import _parse_lock_content, _safe_read_text
 from tests.support.marks import needs_fifo, needs_symlinks
+from tests.support.reads import fail_read_text
 from tests.unit.conftest import NOW
 
 """The fixed value the mocked module clock returns."""
@@ -33,7 +34,8 @@ bounded = pytest.mark.timeout(10)
 @pytest.fixture(params=["mahabharatha.commands._utils", "mahabharatha.commands.status"])
 def detect_feature(request: pytest.FixtureRequest) -> Callable[[], str | None]:
     """``detect_feature`` as imported from either module that offers it."""
-    return importlib.import_module(request.param).detect_feature
+    found: Callable[[], str | None] = importlib.import_module(request.param).detect_feature
+    return found
 
 
 @pytest.fixture
@@ -64,18 +66,6 @@ def add_state_files(root: Path, stems: list[str]) -> None:
 
 def json_files(*stems: str) -> list[str]:
     return [f"{stem}.json" for stem in stems]
-
-
-def fail_read_text(monkeypatch: pytest.MonkeyPatch, file_name: str, exc: Exception) -> None:
-    """Make ``Path.read_text`` raise ``exc`` for files named ``file_name`` (as the old tests do)."""
-    original = Path.read_text
-
-    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
-        if self.name == file_name:
-            raise exc
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", read_text)
 
 
 UNICODE_ERROR = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")

@@ -144,7 +144,8 @@ def test_a_feature_lock_refuses_durations_that_are_not_finite(
 ) -> None:
     """Fails before the fix: both were accepted (a heartbeat of nan busy-loops)."""
     with pytest.raises(ValueError, match=f"Invalid {option}"):
-        locks.FeatureLock(FEATURE, gsd, **{option: value})
+        given: dict[str, Any] = {option: value}
+        locks.FeatureLock(FEATURE, gsd, **given)
 
 
 @pytest.mark.parametrize("value", NOT_FINITE, ids=["nan", "inf", "-inf"])

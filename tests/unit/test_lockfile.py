@@ -23,6 +23,7 @@ from mahabharatha.commands._utils import (
     release_feature_lock,
 )
 from tests.support.marks import needs_fifo, needs_symlinks, not_root
+from tests.support.reads import fail_read_text
 from tests.unit.conftest import NOW, UTILS
 
 """The fixed value the mocked module clock returns."""
@@ -63,18 +64,6 @@ def age_file(path: Path, seconds: float) -> None:
     """Set the mtime of ``path`` to ``seconds`` ago on the real clock."""
     then = time.time() - seconds
     os.utime(path, (then, then))
-
-
-def fail_read_text(monkeypatch: pytest.MonkeyPatch, file_name: str, exc: Exception) -> None:
-    """Make ``Path.read_text`` raise ``exc`` for files named ``file_name`` (as the old tests do)."""
-    original = Path.read_text
-
-    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
-        if self.name == file_name:
-            raise exc
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", read_text)
 
 
 CORRUPT_CONTENTS = [

@@ -93,7 +93,7 @@ def test_a_symlink_that_changes_during_a_look_is_never_an_error(
             lock.unlink()
             if becomes == "a file":
                 lock.write_text("garbage")
-        return real_readlink(path, *args, **kwargs)
+        return str(real_readlink(path, *args, **kwargs))
 
     monkeypatch.setattr(_utils.os, "readlink", readlink_after_a_change)
     assert _utils.check_feature_lock(FEATURE, str(gsd)) is None

@@ -53,8 +53,8 @@ def test_a_signal_between_taking_the_lock_and_starting_releases_it(
     marker = tmp_path / "ran"
     real_acquire = locks.FeatureLock.acquire
 
-    def acquire_then_signalled(self: locks.FeatureLock) -> locks.FeatureLock:
-        taken = real_acquire(self)
+    def acquire_then_signalled(self: locks.FeatureLock, **callbacks: Any) -> locks.FeatureLock:
+        taken = real_acquire(self, **callbacks)
         signal.raise_signal(signal.SIGHUP)
         return taken
 

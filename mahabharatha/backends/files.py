@@ -1,0 +1,495 @@
+"""The folder backend: each feature's lock is a ``.lock`` file in ``<gsd>/specs/<feature>/``.
+
+The default backend, nothing to run. Every read, publish, reclaim, refresh and removal goes
+through the hardened protocol of :mod:`mahabharatha.commands._utils` (called through the module,
+so its clock and its test seams are the ones used); this module adds what a lock layer needs on
+top: an explicit owner pid with its owner details, the ``--reclaim-dead`` judgement, the audit
+trail, listings, clean-up and the ``.completed`` marker. No fencing tokens, no chosen lease:
+the lease is the contract's fixed 2 hours.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterable
+from contextlib import suppress
+from pathlib import Path
+from time import gmtime, strftime
+from typing import Any, Final
+
+from mahabharatha.backends.base import (
+    AcquireResult,
+    CleanedEntry,
+    FeatureProblem,
+    Held,
+    LockInfo,
+    LockLostError,
+    NotHeldError,
+    NotOwnerError,
+    Owner,
+    Requester,
+    State,
+    UnsupportedError,
+)
+from mahabharatha.backends.liveness import Liveness, owner_liveness, per_pid
+from mahabharatha.commands import _utils
+from mahabharatha.commands._utils import (
+    STALE_AFTER_SECONDS,
+    EntryKind,
+    LockSnapshot,
+    LockState,
+    ReleaseOutcome,
+    UnsafeLockPathError,
+    age_only,
+    feature_dir_path,
+    judge_lock,
+    open_feature_dir,
+    read_lock,
+)
+from mahabharatha.constants import GSD_DIR
+
+__all__ = [
+    "AUDIT_LOG_NAME",
+    "COMPLETED_MARKER_NAME",
+    "FileBackend",
+    "describe_snapshot",
+]
+
+AUDIT_LOG_NAME: Final = "lock-audit.jsonl"
+"""One JSON line per reclaim, forced release and clean, in the gsd folder."""
+
+COMPLETED_MARKER_NAME: Final = ".completed"
+"""A finished feature's marker in its folder (an ISO-8601 time, like the repository's other
+sentinels ``.started`` and ``.plan-complete``): ``claim`` never hands such a feature out."""
+
+
+# --------------------------------------------------------------------------- facts about locks
+
+
+def describe_snapshot(
+    feature: str,
+    snapshot: LockSnapshot,
+    state: LockState,
+    now: float,
+    liveness: Liveness | None = owner_liveness,
+) -> LockInfo:
+    """A lock as :class:`LockInfo` says it (``liveness`` None: owner ``unknown``, unasked)."""
+    record = snapshot.record
+    pid, timestamp = record if record else (None, None)
+    if timestamp is not None:
+        age: float | None = max(0.0, now - timestamp)
+    elif snapshot.kind is EntryKind.MISSING:
+        age = None
+    else:
+        age = max(0.0, now - snapshot.mtime)
+    expires = (
+        max(0.0, STALE_AFTER_SECONDS - (now - timestamp))
+        if state is LockState.ACTIVE and timestamp is not None
+        else None
+    )
+    owner = (
+        liveness(pid, timestamp, snapshot.owner_details)
+        if liveness and pid is not None
+        else Owner.UNKNOWN
+    )
+    return LockInfo(feature, State(state.value), pid, timestamp, age, expires, owner)
+
+
+def _held(feature: str, mine: LockSnapshot) -> Held:
+    record = mine.record
+    assert record is not None  # our own lock: we wrote its record
+    pid, timestamp = record
+    return Held(feature, pid, timestamp, timestamp + STALE_AFTER_SECONDS, None, mine)
+
+
+class _Problems:
+    """Where a maintenance call puts the features it skipped: the caller's list, or (for a
+    caller that gave none) its own, whose first problem is raised once the rest is done."""
+
+    def __init__(self, gsd_dir: str | os.PathLike[str], sink: list[FeatureProblem] | None) -> None:
+        self.gsd_dir = gsd_dir
+        self.raise_first = sink is None
+        self.found: list[FeatureProblem] = [] if sink is None else sink
+
+    def add(self, feature: str, error: OSError) -> None:
+        path = error.filename or feature_dir_path(self.gsd_dir, feature)
+        self.found.append(FeatureProblem(feature, str(path), error))
+
+    def settle(self) -> None:
+        if self.raise_first and self.found:
+            raise self.found[0].error
+
+
+# --------------------------------------------------------------------------- the audit trail
+
+
+def _audit(gsd_dir: str | os.PathLike[str], action: str, feature: str, **facts: Any) -> None:
+    """Append one JSON line; a lock operation never fails because its log could not be written."""
+    entry = {
+        "time": _utils.now(),
+        "feature": feature,
+        "action": action,
+        "by_pid": os.getpid(),
+        **facts,
+    }
+    line = (json.dumps(entry, sort_keys=True) + "\n").encode()
+    # O_NONBLOCK: a FIFO put at the log's path must not hang the open (no reader: ENXIO).
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with suppress(OSError):
+        fd = os.open(Path(gsd_dir) / AUDIT_LOG_NAME, flags, 0o644)
+        try:
+            if _is_own_log(os.fstat(fd)):
+                # O_APPEND: concurrent writers' lines never interleave (one small write each).
+                os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def _is_own_log(info: os.stat_result) -> bool:
+    """A log file of its own: not a FIFO or a device, and not a hard link to a file elsewhere
+    (``ln outside.txt <gsd>/lock-audit.jsonl`` would make us append to ``outside.txt``)."""
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+
+
+def _old_record(snapshot: LockSnapshot | None) -> str | None:
+    if snapshot is None or snapshot.content is None:
+        return None
+    return snapshot.content[:200].decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------- reclaim rules
+
+
+def _dead_owner_rule(snapshot: LockSnapshot, state: LockState) -> bool:
+    """``--reclaim-dead``: also reclaim an active lock whose owner is provably gone here."""
+    if age_only(snapshot, state):
+        return True
+    record = snapshot.record
+    if state is not LockState.ACTIVE or record is None:
+        return False
+    verdict = owner_liveness(*record, snapshot.owner_details)
+    return verdict in (Owner.NOT_RUNNING, Owner.PID_REUSED)
+
+
+def _reclaim_reason(state: LockState | None) -> str:
+    if state is LockState.ACTIVE:
+        return "owner-dead"
+    return state.value if state else "unknown"
+
+
+def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> UnsafeLockPathError:
+    path = feature_dir_path(gsd_dir, feature) / _utils.LOCK_FILE_NAME
+    return UnsafeLockPathError(
+        errno.EISDIR, f"{path}: a directory is in the way, not a lock file", str(path)
+    )
+
+
+# --------------------------------------------------------------------------- done markers
+
+
+def _marker_present(dfd: int) -> bool:
+    """Is there a completion marker (a regular file, not followed if a link) in the folder?"""
+    try:
+        info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode)
+
+
+def _iso_time(epoch: float) -> str:
+    # time.strftime, not datetime: the CLI's cold start pays for every module it imports.
+    whole = int(epoch)
+    return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(whole))
+
+
+def _publish_marker(dfd: int, text: str) -> None:
+    """Write ``text`` to a private temp in the folder, then rename it to the marker at once.
+
+    Everything is relative to the folder's descriptor (opened without following a link), the
+    temp is created ``O_EXCL | O_NOFOLLOW`` and ``rename`` replaces a link at the marker's name
+    rather than following it: nothing is ever written through a symlink. A reader sees no
+    marker or a whole one, never a half-written one.
+    """
+    temp = f"{COMPLETED_MARKER_NAME}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, _utils.LOCK_MODE, dir_fd=dfd)
+    try:
+        try:
+            _utils._write_all(fd, text.encode())
+            os.fchmod(fd, _utils.LOCK_MODE)  # readable by every worker, whatever the umask
+        finally:
+            os.close(fd)
+        os.rename(temp, COMPLETED_MARKER_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(temp, dir_fd=dfd)
+        raise
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+class FileBackend:
+    """Locks as ``.lock`` files under ``<gsd>/specs``: the :class:`LockBackend` of one folder."""
+
+    kind: str = "file"
+    supports_tokens: bool = False
+
+    def __init__(self, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> None:
+        self.gsd_dir = gsd_dir
+
+    def __repr__(self) -> str:
+        return f"FileBackend({os.fspath(self.gsd_dir)!r})"
+
+    def where(self) -> str:
+        return os.fspath(self.gsd_dir)
+
+    def close(self) -> None:
+        """Nothing to close: every call opens and closes what it needs."""
+
+    # ----------------------------------------------------------------- acquiring and holding
+
+    def try_acquire(
+        self,
+        feature: str,
+        requester: Requester,
+        *,
+        reclaim_dead: bool = False,
+        lease: float | None = None,
+    ) -> AcquireResult:
+        if lease is not None:
+            raise UnsupportedError(
+                "the file backend has a fixed lease of 2 hours; a lease cannot be chosen"
+            )
+        now = _utils.now()
+        rule = _dead_owner_rule if reclaim_dead else age_only
+        with open_feature_dir(self.gsd_dir, feature, create=True) as dfd:
+            assert dfd is not None
+            outcome = _utils.try_acquire(dfd, requester.pid, now, rule, requester.details)
+        if outcome.mine is None:
+            holder = describe_snapshot(feature, outcome.holder, outcome.state, now, None)
+            return AcquireResult(None, holder)
+        reason = None
+        replaced = None
+        if outcome.replaced is not None:
+            reason = _reclaim_reason(outcome.replaced_state)
+            state = outcome.replaced_state or LockState.CORRUPT
+            replaced = describe_snapshot(feature, outcome.replaced, state, now, None)
+            _audit(
+                self.gsd_dir,
+                "reclaim",
+                feature,
+                old_record=_old_record(outcome.replaced),
+                new_owner=requester.pid,
+                reason=reason,
+            )
+        return AcquireResult(_held(feature, outcome.mine), None, replaced, reason)
+
+    def refresh(self, held: Held) -> Held:
+        record = _utils.format_record(held.pid, _utils.now())
+        with open_feature_dir(self.gsd_dir, held.feature, create=False) as dfd:
+            fresh = None if dfd is None else _utils.replace_if_unchanged(dfd, held.handle, record)
+        if fresh is None:
+            raise LockLostError(held.feature)
+        return _held(held.feature, fresh)
+
+    def release_held(self, held: Held) -> bool:
+        with open_feature_dir(self.gsd_dir, held.feature, create=False) as dfd:
+            return dfd is not None and _utils.release_mine(dfd, held.handle)
+
+    def verify(self, feature: str, token: int) -> bool:
+        raise UnsupportedError("the file backend has no fencing tokens")
+
+    # ----------------------------------------------------------------- releasing
+
+    def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
+        with open_feature_dir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+            if dfd is None:
+                return False
+            now = _utils.now()
+            outcome, snapshot = _utils.release_at(dfd, pid, now, force=force)
+        if outcome is ReleaseOutcome.NOTHING:
+            return False
+        if outcome is ReleaseOutcome.RELEASED:
+            record = snapshot.record
+            if record is None or record[0] != pid:
+                action = "forced-release" if record else "release-cleanup"
+                _audit(
+                    self.gsd_dir,
+                    action,
+                    feature,
+                    old_record=_old_record(snapshot),
+                    new_owner=None,
+                    reason=judge_lock(snapshot, now).value,
+                )
+            return True
+        if snapshot.kind is EntryKind.DIRECTORY:
+            raise _directory_in_the_way(self.gsd_dir, feature)
+        raise NotOwnerError(describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now))
+
+    # ----------------------------------------------------------------- looking
+
+    def inspect(self, feature: str) -> LockInfo:
+        """Raises ``UnsafeLockPathError`` when a symlink or a file stands where the feature
+        folder should be, or a directory where the lock should be: acquire would fail there
+        too."""
+        with open_feature_dir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+            snapshot = _utils.MISSING if dfd is None else read_lock(dfd)
+        if snapshot.kind is EntryKind.DIRECTORY:
+            raise _directory_in_the_way(self.gsd_dir, feature)
+        now = _utils.now()
+        return describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now)
+
+    def feature_names(self) -> list[str]:
+        """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted."""
+        return [feature for feature, _ in _utils.scan_locks(self.gsd_dir, read=False)]
+
+    def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
+        """Every feature folder that has a ``.lock`` entry, by name. A folder that cannot be
+        looked into is skipped and added to ``problems`` (without that list, its error is
+        raised after the scan)."""
+        now = _utils.now()
+        liveness = per_pid()
+        skipped = _Problems(self.gsd_dir, problems)
+        infos = [
+            describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now, liveness)
+            for feature, snapshot in _utils.scan_locks(self.gsd_dir, on_error=skipped.add)
+            if snapshot.kind is not EntryKind.MISSING
+        ]
+        skipped.settle()
+        return infos
+
+    def _unlocked_info(self, feature: str) -> LockInfo:
+        state = State.DONE if self.is_done(feature) else State.FREE
+        return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN)
+
+    def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
+        skipped = _Problems(self.gsd_dir, problems)
+        locked = {info.feature: info for info in self.status(problems=skipped.found)}
+        unseen = set(self.feature_names()) - set(locked) - {p.feature for p in skipped.found}
+        infos = list(locked.values())
+        for name in unseen:
+            try:
+                infos.append(self._unlocked_info(name))
+            except OSError as error:
+                skipped.add(name, error)
+        skipped.settle()
+        return sorted(infos, key=lambda info: info.feature)
+
+    # ----------------------------------------------------------------- done features
+
+    def is_done(self, feature: str) -> bool:
+        with open_feature_dir(self.gsd_dir, feature, create=False) as dfd:
+            return dfd is not None and _marker_present(dfd)
+
+    def done(self, feature: str, pid: int) -> str:
+        with open_feature_dir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+            if dfd is None:
+                raise NotHeldError(feature, pid)
+            now = _utils.now()
+            with _utils.guard(dfd, wait=True):
+                # Under the guard no reclaim, clean or release can remove the lock: the marker
+                # is written only while the caller really holds it.
+                mine = read_lock(dfd)
+                record = mine.record
+                if record is None or record[0] != pid:
+                    state = judge_lock(mine, now)
+                    if record is None or state is LockState.FREE:
+                        raise NotHeldError(feature, pid)
+                    raise NotOwnerError(describe_snapshot(feature, mine, state, now))
+                stamp = _iso_time(now)
+                # Race: marker first, release second. A claimer that wins the lock after our
+                # release is sure to see the marker, so a finished feature is never built again.
+                _publish_marker(dfd, stamp + "\n")
+            _utils.release_mine(dfd, mine)
+        return stamp
+
+    def reopen(self, feature: str) -> bool:
+        with open_feature_dir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+            if dfd is None:
+                return False
+            try:
+                os.unlink(COMPLETED_MARKER_NAME, dir_fd=dfd)  # the entry itself, never a target
+            except FileNotFoundError:
+                return False
+        return True
+
+    # ----------------------------------------------------------------- cleaning
+
+    def clean(
+        self,
+        *,
+        dry_run: bool = False,
+        reclaim_dead: bool = False,
+        problems: list[FeatureProblem] | None = None,
+        features: Iterable[str] | None = None,
+    ) -> list[CleanedEntry]:
+        """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live
+        locks. Each removal re-checks, under the folder's guard, that the entry is the one
+        judged. A folder (or an entry in it) that fails with an OS error is skipped and added
+        to ``problems``; without that list, the first such error is raised at the end."""
+        rule = _dead_owner_rule if reclaim_dead else age_only
+        cleaned: list[CleanedEntry] = []
+        skipped = _Problems(self.gsd_dir, problems)
+        for feature in features if features is not None else self.feature_names():
+            try:
+                with open_feature_dir(self.gsd_dir, feature, create=False) as dfd:
+                    if dfd is not None:
+                        self._clean_folder(feature, dfd, rule, dry_run, cleaned, skipped)
+            except OSError as error:
+                skipped.add(feature, error)
+        skipped.settle()
+        return cleaned
+
+    def _clean_folder(
+        self,
+        feature: str,
+        dfd: int,
+        rule: _utils.MayReclaim,
+        dry_run: bool,
+        found: list[CleanedEntry],
+        skipped: _Problems,
+    ) -> None:
+        """Clean one folder, adding to ``found`` as it goes (an error later in the folder must
+        not lose what was already removed)."""
+        folder = feature_dir_path(self.gsd_dir, feature)
+        now = _utils.now()
+
+        def cleanable(entry: LockSnapshot) -> bool:
+            return rule(entry, judge_lock(entry, now))
+
+        snapshot = read_lock(dfd)
+        state = judge_lock(snapshot, now)
+        if cleanable(snapshot):
+            removed = not dry_run and _remove_judged(dfd, snapshot, cleanable)
+            lock_path = str(folder / _utils.LOCK_FILE_NAME)
+            found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
+            if removed:
+                _audit(
+                    self.gsd_dir,
+                    "clean",
+                    feature,
+                    old_record=_old_record(snapshot),
+                    new_owner=None,
+                    reason="owner-dead" if state is LockState.ACTIVE else state.value,
+                )
+        temps = _utils.orphan_temps(dfd, now)
+        for name in temps:
+            removed = False
+            if not dry_run:
+                try:
+                    removed = _utils.remove_orphan_temp(dfd, name)
+                except OSError as error:
+                    path = str(folder / name)
+                    skipped.add(feature, type(error)(error.errno, error.strerror, path))
+                    continue
+            found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
+
+
+def _remove_judged(dfd: int, snapshot: LockSnapshot, still: _utils.Reclaimable) -> bool:
+    if snapshot.kind is EntryKind.DIRECTORY:
+        return _utils.remove_judged_dir(dfd, snapshot)
+    return _utils.remove_judged(dfd, snapshot, still)
