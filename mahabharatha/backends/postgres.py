@@ -384,6 +384,8 @@ class PostgresBackend:
 
     kind = "postgresql"
     supports_tokens = True
+    run_lease = RUN_LEASE_SECONDS
+    """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless given."""
 
     def __init__(
         self,
@@ -753,6 +755,8 @@ class PostgresBackend:
             age_seconds=max(0.0, row.now - row.refreshed),
             expires_in_seconds=max(0.0, row.expires - row.now) if state == "active" else None,
             owner=self._judge(row),
+            host=row.host,
+            token=row.token,
         )
 
     def _judge(self, row: _Row) -> Owner:
@@ -783,11 +787,14 @@ class PostgresBackend:
         return [self._info(_Row(*row)) for row in self._rows(_SELECT_HELD, self._params())]
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
+        names = self.feature_names()
+        local = set(names)
         infos = {
             row.feature: self._info(row)
             for row in (_Row(*found) for found in self._rows(_SELECT_ALL, self._params()))
+            if row.pid is not None or row.done or row.feature in local  # not a bare old row
         }
-        for name in self.feature_names():
+        for name in names:
             infos.setdefault(name, _unlocked(name, "free"))
         return [infos[name] for name in sorted(infos)]
 
