@@ -25,7 +25,7 @@ import signal
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from time import monotonic, sleep
 from types import TracebackType
 from typing import Any, Final, Self
@@ -769,6 +769,14 @@ class FeatureLock:
             self._forget_if_forked()
             mine = self._mine
             if mine is None:
+                return
+            if self.lost is not None:
+                # Lost already (its lease ran out while the backend was unreachable): taking
+                # back what may be left is best effort, and a failure to reach the backend is
+                # not this release's news (the loss was reported).
+                with suppress(OSError):
+                    self.backend.release_held(mine)
+                self._mine = None
                 return
             # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
             self.backend.release_held(mine)
