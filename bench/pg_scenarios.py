@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from bench.scenarios import (
     CTX,
@@ -51,6 +51,43 @@ WAIT_SLICE_SECONDS = 0.25
 missed, never faster (the issue's bound)."""
 BARE_FLOOR_TABLE = "bench_floor"
 BARE_CLAIM_TABLE = "bench_claims"
+
+
+PG_CYCLES: Final = 1000
+"""Acquire + release pairs per round of scenario 7 (two round trips each: about 0.3 s)."""
+PG_STORM_ROUNDS: Final = 3
+PG_STORM_FEATURES: Final = 1000
+PG_STORM_WORKERS: Final = 8
+
+
+def runners(rounds: int, handoffs: int, cli_runs: int) -> dict[str, Callable[[Path], Scenario]]:
+    """Scenarios 7-10 for ``bench/run.py``; the server starts on the first one run, and stops
+    when the benchmark exits. Without PostgreSQL each raises, saying what to install."""
+
+    def on_server(run: Callable[[Any, Path], Scenario]) -> Callable[[Path], Scenario]:
+        def wrapped(work: Path) -> Scenario:
+            from tests.support import postgres
+
+            return run(postgres.shared_server(), work)
+
+        return wrapped
+
+    small = rounds <= 2  # --tiny: proves the scenarios run, not speed
+    return {
+        "pg-uncontended": on_server(
+            lambda pg, _w: uncontended(pg, rounds=rounds, cycles=20 if small else PG_CYCLES)
+        ),
+        "pg-storm": on_server(
+            lambda pg, _w: storm(
+                pg,
+                rounds=1 if small else PG_STORM_ROUNDS,
+                features=40 if small else PG_STORM_FEATURES,
+                workers=PG_STORM_WORKERS,
+            )
+        ),
+        "pg-handoff": on_server(lambda pg, _w: handoff(pg, handoffs=handoffs)),
+        "pg-cli": on_server(lambda pg, w: cli(pg, w, runs=cli_runs)),
+    }
 
 
 @contextmanager
