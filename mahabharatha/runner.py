@@ -36,6 +36,17 @@ from typing import IO, Final
 from mahabharatha.exits import killed_by, shell_status
 from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 
+__all__ = [
+    "LOST_KILL_GRACE_SECONDS",
+    "CommandNotExecutableError",
+    "CommandNotFoundError",
+    "CommandStartError",
+    "Interrupted",
+    "OnLost",
+    "run_locked",
+]
+
+
 FORWARDED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""

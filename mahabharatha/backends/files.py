@@ -41,12 +41,12 @@ from mahabharatha.commands._utils import (
     EntryKind,
     LockSnapshot,
     LockState,
+    OpenFeatureDir,
     ReleaseOutcome,
     UnsafeLockPathError,
     age_only,
     feature_dir_path,
     judge_lock,
-    open_feature_dir,
     read_lock,
 )
 from mahabharatha.constants import GSD_DIR
@@ -98,10 +98,9 @@ def describe_snapshot(
     return LockInfo(feature, State(state.value), pid, timestamp, age, expires, owner)
 
 
-def _held(feature: str, mine: LockSnapshot) -> Held:
-    record = mine.record
-    assert record is not None  # our own lock: we wrote its record
-    pid, timestamp = record
+def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
+    """Our acquisition of the lock ``mine`` whose record we wrote as ``pid:timestamp`` (the
+    record is ``repr`` of the float, so reading it back would give these very values)."""
     return Held(feature, pid, timestamp, timestamp + STALE_AFTER_SECONDS, None, mine)
 
 
@@ -266,7 +265,7 @@ class FileBackend:
             )
         now = _utils.now()
         rule = _dead_owner_rule if reclaim_dead else age_only
-        with open_feature_dir(self.gsd_dir, feature, create=True) as dfd:
+        with OpenFeatureDir(self.gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
             outcome = _utils.try_acquire(dfd, requester.pid, now, rule, requester.details)
         if outcome.mine is None:
@@ -286,18 +285,20 @@ class FileBackend:
                 new_owner=requester.pid,
                 reason=reason,
             )
-        return AcquireResult(_held(feature, outcome.mine), None, replaced, reason)
+        held = _held(feature, requester.pid, now, outcome.mine)
+        return AcquireResult(held, None, replaced, reason)
 
     def refresh(self, held: Held) -> Held:
-        record = _utils.format_record(held.pid, _utils.now())
-        with open_feature_dir(self.gsd_dir, held.feature, create=False) as dfd:
+        now = _utils.now()
+        record = _utils.format_record(held.pid, now)
+        with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             fresh = None if dfd is None else _utils.replace_if_unchanged(dfd, held.handle, record)
         if fresh is None:
             raise LockLostError(held.feature)
-        return _held(held.feature, fresh)
+        return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held) -> bool:
-        with open_feature_dir(self.gsd_dir, held.feature, create=False) as dfd:
+        with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             return dfd is not None and _utils.release_mine(dfd, held.handle)
 
     def verify(self, feature: str, token: int) -> bool:
@@ -306,7 +307,7 @@ class FileBackend:
     # ----------------------------------------------------------------- releasing
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
-        with open_feature_dir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+        with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 return False
             now = _utils.now()
@@ -336,7 +337,7 @@ class FileBackend:
         """Raises ``UnsafeLockPathError`` when a symlink or a file stands where the feature
         folder should be, or a directory where the lock should be: acquire would fail there
         too."""
-        with open_feature_dir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+        with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             snapshot = _utils.MISSING if dfd is None else read_lock(dfd)
         if snapshot.kind is EntryKind.DIRECTORY:
             raise _directory_in_the_way(self.gsd_dir, feature)
@@ -382,15 +383,15 @@ class FileBackend:
     # ----------------------------------------------------------------- done features
 
     def is_done(self, feature: str) -> bool:
-        with open_feature_dir(self.gsd_dir, feature, create=False) as dfd:
+        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             return dfd is not None and _marker_present(dfd)
 
     def done(self, feature: str, pid: int) -> str:
-        with open_feature_dir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+        with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 raise NotHeldError(feature, pid)
             now = _utils.now()
-            with _utils.guard(dfd, wait=True):
+            with _utils.Guard(dfd, wait=True):
                 # Under the guard no reclaim, clean or release can remove the lock: the marker
                 # is written only while the caller really holds it.
                 mine = read_lock(dfd)
@@ -408,7 +409,7 @@ class FileBackend:
         return stamp
 
     def reopen(self, feature: str) -> bool:
-        with open_feature_dir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+        with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 return False
             try:
@@ -436,7 +437,7 @@ class FileBackend:
         skipped = _Problems(self.gsd_dir, problems)
         for feature in features if features is not None else self.feature_names():
             try:
-                with open_feature_dir(self.gsd_dir, feature, create=False) as dfd:
+                with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
                     if dfd is not None:
                         self._clean_folder(feature, dfd, rule, dry_run, cleaned, skipped)
             except OSError as error:

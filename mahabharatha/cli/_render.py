@@ -9,6 +9,12 @@ from typing import Final, Self
 
 from mahabharatha.backends.base import LockInfo, describe_holder
 
+__all__ = [
+    "WaitingLine",
+    "status_table",
+    "summary",
+]
+
 
 def _seconds(value: float | None) -> str:
     if value is None:

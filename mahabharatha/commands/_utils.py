@@ -47,13 +47,17 @@ __all__ = [
     "LOCK_FILE_NAME",
     "MAX_PID",
     "MAX_READ_BYTES",
+    "MISSING",
     "STALE_AFTER_SECONDS",
     "AcquireOutcome",
     "EntryKind",
+    "Guard",
     "GuardBusyError",
     "LockBusyError",
     "LockSnapshot",
     "LockState",
+    "MayReclaim",
+    "OpenFeatureDir",
     "Reclaimable",
     "ReleaseOutcome",
     "UnsafeLockPathError",
@@ -583,17 +587,18 @@ def _make_feature_dir(folder: str) -> None:
         raise _refuse_folder(folder, error) from error
 
 
-class open_feature_dir:
-    """``with open_feature_dir(gsd, feature, create=...) as dfd``: a descriptor of
+class OpenFeatureDir:
+    """``with OpenFeatureDir(gsd, feature, create=...) as dfd``: a descriptor of
     ``specs/<feature>`` opened without following a link, or ``None`` when there is no usable
     folder (with ``create`` a missing folder is made and a refused one raises instead).
 
     Every later step works relative to this descriptor, so swapping the folder for a symlink
     mid-call (race: folder replaced by a link) cannot redirect a write. OS errors raised inside
-    the block are re-raised naming the file they were about.
+    the block are re-raised naming the file they were about. The folder is opened on entering
+    the block (never in the constructor: an object made without ``with`` holds nothing).
     """
 
-    __slots__ = ("dfd", "folder")
+    __slots__ = ("create", "dfd", "folder", "refuse")
 
     def __init__(
         self,
@@ -604,9 +609,12 @@ class open_feature_dir:
         refuse: bool = False,
     ) -> None:
         self.folder = _folder(gsd_dir, feature)
-        self.dfd = _open_dir_nofollow(self.folder, create=create, refuse=refuse or create)
+        self.create = create
+        self.refuse = refuse or create
+        self.dfd: int | None = None
 
     def __enter__(self) -> int | None:
+        self.dfd = _open_dir_nofollow(self.folder, create=self.create, refuse=self.refuse)
         return self.dfd
 
     def __exit__(
@@ -614,6 +622,7 @@ class open_feature_dir:
     ) -> None:
         if self.dfd is not None:
             _close_quietly(self.dfd)
+            self.dfd = None
         if isinstance(error, OSError):
             named = _naming(error, self.folder)
             if named is not error:
@@ -723,28 +732,33 @@ def _try_guard(dfd: int) -> bool:
     return True
 
 
-class guard:
-    """Hold the feature folder's ``flock`` (the guard); ``taken`` is False if it was busy.
+class Guard:
+    """Hold the feature folder's ``flock`` (the guard) for a ``with`` block, which gets True,
+    or False if it was busy. Taken on entering the block, never in the constructor.
 
     With ``wait`` we spin (yielding the CPU, never sleeping) for at most
     ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``. With ``until`` (a ``monotonic``
-    time) we spin until then and ``taken`` says whether we got it. With neither we try once.
+    time) we spin until then and the block learns whether we got it. With neither we try once.
     """
 
-    __slots__ = ("dfd", "taken")
+    __slots__ = ("dfd", "taken", "until", "wait")
 
     def __init__(self, dfd: int, *, wait: bool, until: float | None = None) -> None:
         self.dfd = dfd
+        self.wait = wait
+        self.until = until
+        self.taken = False
+
+    def __enter__(self) -> bool:
+        dfd = self.dfd
         self.taken = _try_guard(dfd)
-        if not self.taken and (wait or until is not None):
-            deadline = _monotonic() + GUARD_WAIT_SECONDS if until is None else until
+        if not self.taken and (self.wait or self.until is not None):
+            deadline = _monotonic() + GUARD_WAIT_SECONDS if self.until is None else self.until
             while not self.taken and _monotonic() < deadline:
                 os.sched_yield()  # Race: its holder is mid-removal for a few system calls
                 self.taken = _try_guard(dfd)
-            if not self.taken and wait:
+            if not self.taken and self.wait:
                 raise GuardBusyError(errno.EWOULDBLOCK, "feature folder stayed busy; try again")
-
-    def __enter__(self) -> bool:
         return self.taken
 
     def __exit__(self, *_exc: object) -> None:
@@ -753,6 +767,12 @@ class guard:
                 fcntl.flock(self.dfd, fcntl.LOCK_UN)
             except OSError:  # closing the folder's descriptor lets go of it anyway
                 pass
+
+
+guard = Guard
+"""The guard's older, lower-case name (kept for callers of the legacy module)."""
+open_feature_dir = OpenFeatureDir
+"""The descriptor's older, lower-case name (kept for callers of the legacy module)."""
 
 
 def _unlink_lock(dfd: int) -> None:
@@ -798,7 +818,7 @@ def _still_mine(dfd: int, mine: LockSnapshot) -> bool:
 
 def release_mine(dfd: int, mine: LockSnapshot) -> bool:
     """Remove the holder's own lock ``mine`` if it is still there; False if it is not."""
-    with guard(dfd, wait=True):
+    with Guard(dfd, wait=True):
         # Race: forced release + new owner since our last refresh: never remove theirs.
         if not _still_mine(dfd, mine):
             return False
@@ -808,14 +828,14 @@ def release_mine(dfd: int, mine: LockSnapshot) -> bool:
 
 def remove_judged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
     """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable."""
-    with guard(dfd, wait=True):
+    with Guard(dfd, wait=True):
         return remove_if_unchanged(dfd, judged, still)
 
 
 def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
     """Take the guard and remove a directory standing at ``.lock`` if it is still exactly
     ``judged`` and empty (clean never deletes what someone put inside one)."""
-    with guard(dfd, wait=True):
+    with Guard(dfd, wait=True):
         # Race: replaced since it was judged (a file published after a rmdir elsewhere).
         if not read_lock(dfd).same_entry(judged):
             return False
@@ -994,7 +1014,7 @@ def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockS
     The owner details of ``judged`` are carried forward: the owner and its group are the ones
     that took the lock.
     """
-    with guard(dfd, wait=True):
+    with Guard(dfd, wait=True):
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
         if not _still_mine(dfd, judged):
             return None
@@ -1096,7 +1116,7 @@ def _reclaim(
     # Race: another process is removing this very lock right now (its owner's release, a
     # clean, another reclaim): wait for it to finish, as a release would, then judge again.
     # Only a guard kept past the deadline (a foreign flock on our folder) answers "held".
-    with guard(dfd, wait=False, until=deadline) as taken:
+    with Guard(dfd, wait=False, until=deadline) as taken:
         if not taken:
             return None
         sweep_orphan_temps(dfd)  # first: debris is never a reason to stop half-way
@@ -1164,7 +1184,7 @@ def release_at(
     dfd: int, pid: int, now: float, *, force: bool = False
 ) -> tuple[ReleaseOutcome, LockSnapshot]:
     """Remove the lock if ``pid`` owns it (or it is corrupt, or ``force``), under the guard."""
-    with guard(dfd, wait=True):
+    with Guard(dfd, wait=True):
         # Under the guard nobody else can remove or replace .lock: judge and unlink are one step.
         snapshot = read_lock(dfd)
         state = judge_lock(snapshot, now)
@@ -1185,7 +1205,7 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
     """Claim ``feature`` for this process. False when someone else holds it (or just won it)."""
     _validate_feature_name(feature)
     try:
-        with open_feature_dir(gsd_dir, feature, create=True) as dfd:
+        with OpenFeatureDir(gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
             return try_acquire(dfd, os.getpid(), time.time()).acquired
     except FileExistsError:
@@ -1195,7 +1215,7 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
 def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
     """Remove this process's lock on ``feature`` (and a corrupt one); leave anyone else's."""
     _validate_feature_name(feature)
-    with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+    with OpenFeatureDir(gsd_dir, feature, create=False) as dfd:
         if dfd is not None:
             release_at(dfd, os.getpid(), time.time())
 
@@ -1204,7 +1224,7 @@ def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float 
     """``{"pid", "timestamp", "age_seconds"}`` of an active lock on ``feature``, else ``None``."""
     _validate_feature_name(feature)
     try:
-        with open_feature_dir(gsd_dir, feature, create=False) as dfd:
+        with OpenFeatureDir(gsd_dir, feature, create=False) as dfd:
             snapshot = MISSING if dfd is None else read_lock(dfd)
     except PermissionError:
         return None

@@ -5,6 +5,7 @@ fails."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -94,3 +95,34 @@ def test_a_write_that_accepts_no_bytes_fails_with_eio(
     finally:
         monkeypatch.undo()
         os.close(fd)
+
+
+def test_the_guard_and_the_folder_descriptor_do_their_work_only_inside_with(gsd: str) -> None:
+    """Fails before the fix: ``guard(...)`` took the flock and ``open_feature_dir(...)`` opened
+    the folder in the constructor, so an object made without ``with`` leaked both."""
+    os.makedirs(os.path.join(gsd, "specs", "feat"))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    unused = _utils.OpenFeatureDir(gsd, "feat", create=False)
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # nothing opened yet
+    with unused as dfd:
+        assert dfd is not None
+        other = os.open(os.path.join(gsd, "specs", "feat"), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _utils.Guard(dfd, wait=False)  # made, never entered: must hold nothing
+            assert _utils.Guard(other, wait=False).__enter__() is True  # so another takes it
+            fcntl.flock(other, fcntl.LOCK_UN)
+            with _utils.Guard(dfd, wait=False) as taken:
+                assert taken
+                assert not fcntl_try(other)  # held now, inside the block
+        finally:
+            os.close(other)
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # closed on leaving
+
+
+def fcntl_try(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
