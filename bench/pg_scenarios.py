@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from bench.scenarios import (
     CTX,
@@ -51,6 +51,47 @@ WAIT_SLICE_SECONDS = 0.25
 missed, never faster (the issue's bound)."""
 BARE_FLOOR_TABLE = "bench_floor"
 BARE_CLAIM_TABLE = "bench_claims"
+
+
+PG_CYCLES: Final = 1000
+"""Acquire + release pairs per round of scenario 7 (two round trips each: about 0.3 s)."""
+PG_STORM_ROUNDS: Final = 3
+PG_STORM_FEATURES: Final = 1000
+PG_STORM_WORKERS: Final = 8
+
+
+def runners(rounds: int, handoffs: int, cli_runs: int) -> dict[str, Callable[[Path], Scenario]]:
+    """Scenarios 7-10 for ``bench/run.py``; the server starts on the first one run, and stops
+    when the benchmark exits. Without PostgreSQL each raises, saying what to install."""
+
+    def on_server(run: Callable[[Any, Path], Scenario]) -> Callable[[Path], Scenario]:
+        def wrapped(work: Path) -> Scenario:
+            from tests.support import postgres
+
+            return run(postgres.shared_server(), work)
+
+        return wrapped
+
+    from tests.support import postgres
+
+    if postgres.client_missing() is not None:
+        return {}  # run.py leaves them out, saying why
+    small = rounds <= 2  # --tiny: proves the scenarios run, not speed
+    return {
+        "pg-uncontended": on_server(
+            lambda pg, _w: uncontended(pg, rounds=rounds, cycles=20 if small else PG_CYCLES)
+        ),
+        "pg-storm": on_server(
+            lambda pg, _w: storm(
+                pg,
+                rounds=1 if small else PG_STORM_ROUNDS,
+                features=40 if small else PG_STORM_FEATURES,
+                workers=PG_STORM_WORKERS,
+            )
+        ),
+        "pg-handoff": on_server(lambda pg, _w: handoff(pg, handoffs=handoffs)),
+        "pg-cli": on_server(lambda pg, w: cli(pg, w, runs=cli_runs)),
+    }
 
 
 @contextmanager
@@ -86,7 +127,7 @@ def _me() -> Any:
 # --------------------------------------------------------------------------- (7) uncontended
 
 
-def _ours_cycle(url: str) -> Callable[[], None]:
+def _ours_cycle(url: str) -> tuple[Callable[[], None], Callable[[], None]]:
     backend = _backend(url, "bench-uncontended")
     me = _me()
 
@@ -96,10 +137,10 @@ def _ours_cycle(url: str) -> Callable[[], None]:
             raise RuntimeError("uncontended acquire failed")
         backend.release_held(held)
 
-    return cycle
+    return cycle, backend.close
 
 
-def _floor_cycle(url: str) -> Callable[[], None]:
+def _floor_cycle(url: str) -> tuple[Callable[[], None], Callable[[], None]]:
     import psycopg
 
     conn = psycopg.connect(url, autocommit=True)
@@ -115,12 +156,13 @@ def _floor_cycle(url: str) -> Callable[[], None]:
             raise RuntimeError("floor insert failed")
         conn.execute(delete, ("bench", "feature"))
 
-    return cycle
+    return cycle, conn.close
 
 
 def uncontended(pg: Any, *, rounds: int, cycles: int) -> Scenario:
     url = pg.url()
-    runs = {"pg-floor": _floor_cycle(url), "pg-ours": _ours_cycle(url)}
+    made = {"pg-floor": _floor_cycle(url), "pg-ours": _ours_cycle(url)}
+    runs = {key: cycle for key, (cycle, _close) in made.items()}
     labels = {
         "pg-floor": ("bare INSERT ON CONFLICT DO NOTHING + DELETE", "floor"),
         "pg-ours": ("PostgresBackend try_acquire + release_held", "ours"),
@@ -136,6 +178,8 @@ def uncontended(pg: Any, *, rounds: int, cycles: int) -> Scenario:
             for _ in range(cycles):
                 runs[key]()
             samples[key].append(cycles / (time.perf_counter() - start))
+    for _cycle, close in made.values():
+        close()
     rows: list[Row] = []
     for key, (label, group) in labels.items():
         value = statistics.median(samples[key])
@@ -181,6 +225,7 @@ def _claim_worker(
             began = time.perf_counter()
             while (won := backend.try_claim(names, me)) is not None:
                 claimed.append(won.held.feature)
+            backend.close()
         else:
             bare = psycopg.connect(url, autocommit=True)
             claim = (
@@ -192,6 +237,7 @@ def _claim_worker(
             began = time.perf_counter()
             while found := bare.execute(claim, (os.getpid(), namespace, namespace)).fetchall():
                 claimed.append(found[0][0])
+            bare.close()
         conn.send((began, time.perf_counter(), claimed))
     except BaseException:
         _send_failure(conn)
@@ -283,6 +329,7 @@ def _handoff_waiter(conn: Connection, url: str) -> None:
             conn.send(acquired)
             backend.release_held(held)
             conn.send("released")
+        backend.close()
         conn.send(polls)
     except BaseException:
         _send_failure(conn)

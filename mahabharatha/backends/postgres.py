@@ -48,6 +48,7 @@ from mahabharatha.backends.base import (
     NotOwnerError,
     Owner,
     Requester,
+    State,
 )
 
 __all__ = [
@@ -383,6 +384,8 @@ class PostgresBackend:
 
     kind = "postgresql"
     supports_tokens = True
+    run_lease = RUN_LEASE_SECONDS
+    """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless given."""
 
     def __init__(
         self,
@@ -746,18 +749,20 @@ class PostgresBackend:
         state = state or ("active" if active else "stale")
         return LockInfo(
             feature=row.feature,
-            state=state,
+            state=State(state),
             pid=row.pid,
             timestamp=row.refreshed,
             age_seconds=max(0.0, row.now - row.refreshed),
             expires_in_seconds=max(0.0, row.expires - row.now) if state == "active" else None,
-            owner=self._judge(row).value,
+            owner=self._judge(row),
+            host=row.host,
+            token=row.token,
         )
 
     def _judge(self, row: _Row) -> Owner:
         """The owner judgement of the file backend (only on this boot and PID namespace), with
         the lock's time moved onto this host's clock."""
-        from mahabharatha.locks import owner_liveness
+        from mahabharatha.backends.liveness import owner_liveness
 
         if row.pid is None or row.refreshed is None:
             return Owner.UNKNOWN
@@ -782,19 +787,22 @@ class PostgresBackend:
         return [self._info(_Row(*row)) for row in self._rows(_SELECT_HELD, self._params())]
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
+        names = self.feature_names()
+        local = set(names)
         infos = {
             row.feature: self._info(row)
             for row in (_Row(*found) for found in self._rows(_SELECT_ALL, self._params()))
+            if row.pid is not None or row.done or row.feature in local  # not a bare old row
         }
-        for name in self.feature_names():
+        for name in names:
             infos.setdefault(name, _unlocked(name, "free"))
         return [infos[name] for name in sorted(infos)]
 
     def feature_names(self) -> list[str]:
-        from mahabharatha.locks import _feature_names
+        from mahabharatha.backends.files import FileBackend
 
         try:
-            return _feature_names(self.gsd_dir)
+            return FileBackend(self.gsd_dir).feature_names()
         except FileNotFoundError:
             return []
 
@@ -851,6 +859,9 @@ class PostgresBackend:
 
         found = self._run(run, retry=False)  # repeated after a lost answer, it would say "not held"
         if not found:
+            holder = self._row(feature)
+            if holder is not None and holder.pid is not None:
+                raise NotOwnerError(self._info(holder))
             raise NotHeldError(feature, pid)
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][1]))
 
@@ -900,7 +911,7 @@ def _clock_shift(server_now: float) -> float:
 
 
 def _unlocked(feature: str, state: str) -> LockInfo:
-    return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN.value)
+    return LockInfo(feature, State(state), None, None, None, None, Owner.UNKNOWN)
 
 
 @dataclass(frozen=True)

@@ -97,8 +97,10 @@ def test_claim_takes_the_first_free_in_order_and_never_a_done_one(backend: Any) 
 
 
 def test_done_needs_the_holder(backend: Any) -> None:
-    backend.try_acquire("feat", Requester(1))
     with pytest.raises(NotHeldError):
+        backend.done("feat", 2)
+    backend.try_acquire("feat", Requester(1))
+    with pytest.raises(NotOwnerError):
         backend.done("feat", 2)
     assert not backend.is_done("feat")
     assert backend.inspect("feat").pid == 1
