@@ -79,6 +79,7 @@ lacks_pid_namespaces_or_leases = pytest.mark.skipif(
     reason="PID namespaces and kernel leases are permitted here: the full variant runs instead",
 )
 
+
 def _unshare_hosts_permitted() -> bool:
     """Can this process start a simulated host: new UTS (host name) and PID namespaces?"""
     unshare = shutil.which("unshare")
