@@ -197,3 +197,32 @@ def test_namespace_derivation_and_its_absence(tmp_path: Any, monkeypatch: Any) -
     assert backend.namespace == "example.org/team/app"
     monkeypatch.setenv("MAHABHARATHA_LOCK_NAMESPACE", "chosen")
     assert PostgresBackend.from_url("postgresql:///x", gsd_dir=str(repo)).namespace == "chosen"
+
+
+def _dead_requester() -> Requester:
+    """An owner that ran on this boot and in this PID namespace, and is gone."""
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return Requester(gone.pid, ownership.details_of(gone.pid))
+
+
+def test_claim_reclaim_dead_takes_a_gone_owners_feature_in_order(backend: Any) -> None:
+    dead = _dead_requester()
+    backend.try_acquire("a", dead)
+    backend.try_acquire("b", Requester(os.getpid(), ownership.details_of(os.getpid())))
+    assert backend.try_claim(["a", "b", "c"], me()).held.feature == "c"
+    backend.release("c", os.getpid())
+    taken = backend.try_claim(["a", "b", "c"], me(), reclaim_dead=True)
+    assert taken.held.feature == "a" and taken.replaced.pid == dead.pid
+
+
+def test_clean_reclaim_dead_removes_only_a_gone_owners_lock(backend: Any) -> None:
+    dead = _dead_requester()
+    backend.try_acquire("gone", dead)
+    backend.try_acquire("live", me())
+    assert backend.clean() == []  # age alone: both active
+    removed = backend.clean(reclaim_dead=True)
+    assert [(entry.feature, entry.removed) for entry in removed] == [("gone", True)]
+    assert backend.inspect("live").state == "active"
