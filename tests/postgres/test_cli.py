@@ -232,3 +232,35 @@ def test_lock_run_loses_its_lock_when_the_lease_runs_out_unreachable(
             run.communicate()
     assert run.returncode == 76, err
     assert json.loads(out)["error"] == "lost"
+
+
+def test_a_taken_over_holders_token_no_longer_verifies(
+    where: dict[str, Any], pg_server: PgServer, namespace: str
+) -> None:
+    from tests.support.postgres import expire
+
+    cwd, opts = where["cwd"], where["opts"]
+    old = json.loads(cli("lock", "acquire", "alpha", *opts, "--json", cwd=cwd).stdout)["token"]
+    expire(pg_server, namespace, "alpha")  # its lease ran out, by the server's clock
+    new = cli("lock", "acquire", "alpha", *opts, "--pid", "1", "--json", cwd=cwd)
+    assert new.returncode == 0 and json.loads(new.stdout)["token"] > old
+    assert cli("lock", "verify", "alpha", "--token", str(old), *opts, cwd=cwd).returncode == 1
+
+
+def test_a_password_in_the_url_is_never_printed(
+    where: dict[str, Any], pg_server: PgServer, namespace: str
+) -> None:
+    url = pg_server.url(tcp=True, password=APP_PASSWORD)
+    opts = ["--backend", url, "--namespace", namespace]
+    cwd = where["cwd"]
+    outputs = [
+        cli("lock", "acquire", "alpha", *opts, "--json", cwd=cwd),
+        cli("lock", "acquire", "alpha", *opts, "--pid", "1", cwd=cwd),  # held: names holder
+        cli("lock", "check", "alpha", *opts, "--json", cwd=cwd),
+        cli("lock", "status", "--all", *opts, cwd=cwd),
+        cli("lock", "init", *opts, "--json", cwd=cwd),
+        cli("lock", "acquire", "--help", cwd=cwd, env={"MAHABHARATHA_LOCK_URL": url}),
+    ]
+    assert [done.returncode for done in outputs] == [0, 1, 1, 0, 0, 0]
+    for done in outputs:
+        assert APP_PASSWORD not in done.stdout + done.stderr
