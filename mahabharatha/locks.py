@@ -22,6 +22,7 @@ import math
 import os
 import random
 import signal
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -191,8 +192,11 @@ def _try_once(
 
 
 def _held_by(holder: LockInfo | None, callers: set[int]) -> bool:
-    """Is the active lock that stopped us the caller's own (judged by the pid)?"""
-    return holder is not None and holder.state is State.ACTIVE and holder.pid in callers
+    """Is the active lock that stopped us the caller's own (judged by the pid, and by the host
+    where the backend records one: the same pid on another host is someone else)?"""
+    if holder is None or holder.state is not State.ACTIVE or holder.pid not in callers:
+        return False
+    return holder.host is None or holder.host == socket.gethostname()
 
 
 @contextmanager

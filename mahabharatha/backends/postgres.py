@@ -568,13 +568,11 @@ class PostgresBackend:
         seconds = DEFAULT_LEASE_SECONDS if lease is None else lease
         if not math.isfinite(seconds) or seconds <= 0:
             raise ValueError(f"a lease must be a positive number of seconds, not {seconds}")
-        details = requester.details
-        decoded = ownership.decode(details)
         return self._params(
             feature=feature,
             pid=requester.pid,
-            details=details,
-            host=(decoded.host if decoded and decoded.host else self._host),
+            details=requester.details,
+            host=self._host,  # the requester runs here (details keep only a cut host name)
             attempt=secrets.token_bytes(16),
             lease=float(seconds),
             judged=[],

@@ -226,3 +226,23 @@ def test_clean_reclaim_dead_removes_only_a_gone_owners_lock(backend: Any) -> Non
     removed = backend.clean(reclaim_dead=True)
     assert [(entry.feature, entry.removed) for entry in removed] == [("gone", True)]
     assert backend.inspect("live").state == "active"
+
+
+def test_the_same_pid_on_another_host_is_someone_else(make_backend: Callable[..., Any]) -> None:
+    """Fails before the fix: the lock layer took a holder with the caller's pid for the caller
+    itself ("already held by you", and ``lock run`` gave up instead of waiting), though it ran
+    on another host (containers reuse small pids all the time)."""
+    from mahabharatha import locks
+    from mahabharatha.backends.base import AlreadyHeldError, LockHeldError
+
+    there, here = make_backend(), make_backend()
+    there._host = "another-host"  # a second machine: its backend records its own host name
+    there.try_acquire("feat", Requester(os.getpid()))
+    with pytest.raises(LockHeldError) as stopped:
+        locks.acquire("feat", backend=here, pid=os.getpid(), timeout=0)
+    assert not isinstance(stopped.value, AlreadyHeldError)
+    assert stopped.value.info.host == "another-host"
+    there.release("feat", os.getpid())
+    here.try_acquire("feat", Requester(os.getpid()))
+    with pytest.raises(AlreadyHeldError):  # on this host it is the caller's own
+        locks.acquire("feat", backend=here, pid=os.getpid(), timeout=0)
