@@ -169,7 +169,9 @@ def targets(results: Results) -> list[dict[str, Any]]:
                 f"p99 {mine['p99_ms']:.1f} ms",
             )
         )
-    return found
+    from bench import pg_scenarios  # the four PostgreSQL targets of issue 12
+
+    return found + pg_scenarios.targets(results, _row, _target)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -205,7 +207,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _scenario_lines(scenario: Scenario) -> list[str]:
-    kind = scenario["id"]
+    kind = scenario.get("kind", scenario["id"])  # the PostgreSQL scenarios reuse these tables
     floor = scenario.get("floor")
     out = [f"## ({scenario['number']}) {scenario['title']}", ""]
     sizes = ", ".join(f"{k} {v}" for k, v in scenario["sizes"].items())

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: import this work tree's bench and mahabharatha
     sys.path.insert(0, str(ROOT))
 
-from bench import machine, report, scenarios  # noqa: E402
+from bench import machine, pg_scenarios, report, scenarios  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,12 @@ SCENARIO_NUMBERS = {
     4: "status",
     5: "cli",
     6: "handoff",
+    7: "pg-uncontended",
+    8: "pg-storm",
+    9: "pg-handoff",
+    10: "pg-cli",
 }
+"""7-10: PostgreSQL (bench/pg_scenarios.py), against a server the benchmark starts itself."""
 
 
 def _runners(sizes: Sizes) -> dict[str, Callable[[Path], dict[str, Any]]]:
@@ -83,6 +88,7 @@ def _runners(sizes: Sizes) -> dict[str, Callable[[Path], dict[str, Any]]]:
         ),
         "cli": lambda w: scenarios.cli(w, runs=sizes.cli_runs),
         "handoff": lambda w: scenarios.handoff(w, handoffs=sizes.handoffs),
+        **pg_scenarios.runners(sizes.uncontended_rounds, sizes.handoffs, sizes.cli_runs),
     }
 
 
@@ -109,7 +115,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "its file system is what is measured",
     )
     parser.add_argument(
-        "--only", default="", help="comma-separated scenario numbers (1-6) to run; default all"
+        "--only", default="", help="comma-separated scenario numbers (1-10) to run; default all"
     )
     return parser.parse_args(argv)
 
@@ -140,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     began = time.perf_counter()
     try:
         runners = _runners(sizes)
+        if any(name not in runners for name in wanted):
+            print("[bench] PostgreSQL not installed: scenarios 7-10 left out", file=sys.stderr)
+            wanted = [name for name in wanted if name in runners]
         for name in wanted:
             print(
                 f"[bench] ({list(SCENARIO_NUMBERS.values()).index(name) + 1}) {name} ...",

@@ -22,10 +22,11 @@ import math
 import os
 import random
 import signal
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from time import monotonic, sleep
 from types import TracebackType
 from typing import Any, Final, Self
@@ -81,6 +82,7 @@ __all__ = [
     "WaitCallback",
     "acquire",
     "claim",
+    "claim_held",
     "clean",
     "done",
     "inspect",
@@ -181,13 +183,20 @@ def _try_once(
     pid: int,
     reclaim_dead: bool,
     details: bytes | None = None,
+    lease: float | None = None,
 ) -> AcquireResult:
-    return backend.try_acquire(feature, Requester(pid, details), reclaim_dead=reclaim_dead)
+    requester = Requester(pid, details)
+    if lease is None:  # the seam's default: a backend that cannot choose a lease never sees one
+        return backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead)
+    return backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease)
 
 
 def _held_by(holder: LockInfo | None, callers: set[int]) -> bool:
-    """Is the active lock that stopped us the caller's own (judged by the pid)?"""
-    return holder is not None and holder.state is State.ACTIVE and holder.pid in callers
+    """Is the active lock that stopped us the caller's own (judged by the pid, and by the host
+    where the backend records one: the same pid on another host is someone else)?"""
+    if holder is None or holder.state is not State.ACTIVE or holder.pid not in callers:
+        return False
+    return holder.host is None or holder.host == socket.gethostname()
 
 
 @contextmanager
@@ -226,6 +235,7 @@ def _try_uninterrupted(
     pid: int,
     reclaim_dead: bool,
     details: bytes | None = None,
+    lease: float | None = None,
 ) -> AcquireResult:
     """One try whose lock, if it took one, is either returned or removed again, even when a
     signal handler raises: it never stays held unknown to the caller."""
@@ -234,7 +244,7 @@ def _try_uninterrupted(
         with _signals_deferred():
             # Race: Ctrl-C right after link() published our lock: deferred to the end of this
             # block, by when ``outcome`` knows the exact lock to take back.
-            outcome = _try_once(backend, feature, pid, reclaim_dead, details)
+            outcome = _try_once(backend, feature, pid, reclaim_dead, details, lease)
     except BaseException:
         if outcome is not None and outcome.held is not None:
             with _signals_deferred():  # a second Ctrl-C must not cut the take-back short
@@ -270,8 +280,12 @@ def acquire(
     command: Sequence[str] | None = None,
     caller_pids: Iterable[int] = (),
     backend: LockBackend | None = None,
+    lease: float | None = None,
 ) -> Held:
     """Make ``pid`` (default: this process) the holder of ``feature``; return the acquisition.
+
+    ``lease``: seconds the lock lasts unless refreshed, where the backend lets it be chosen
+    (PostgreSQL; default 2 h); ``UnsupportedError`` on files, whose lease is fixed.
 
     ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
     ``command``: what the owner runs under the lock (``lock run``), kept in its owner details.
@@ -293,7 +307,7 @@ def acquire(
     deadline = None if timeout is None else monotonic() + max(0.0, timeout)
     delays = _backoff_delays()
     while True:
-        outcome = _try_uninterrupted(store, feature, owner, reclaim_dead, details)
+        outcome = _try_uninterrupted(store, feature, owner, reclaim_dead, details, lease)
         if outcome.held is not None:
             return outcome.held
         info = outcome.holder
@@ -306,7 +320,28 @@ def acquire(
         if on_wait is not None:
             on_wait(info, left)
         delay = next(delays)
-        sleep(delay if left is None else min(delay, left))
+        _pause(store, feature, delay if left is None else min(delay, left), left)
+
+
+LEASE_REFRESHES: Final = 3
+"""A holder with a chosen lease (PostgreSQL) refreshes at least 3 times per lease: two
+refreshes may fail (a server restart, a lost connection) before the lock is in danger."""
+
+WAKE_UP_SLICE_SECONDS: Final = 0.25
+"""A backend that wakes waiters on release (PostgreSQL's LISTEN/NOTIFY) is waited on for at most
+this long between tries: the poll rate when a wake-up is missed, never faster."""
+
+
+def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
+    """Between two tries: sleep ``delay`` (backoff), or, where the backend wakes waiters on a
+    release, wait for that (at most a slice, or what is left of the wait)."""
+    wait_for_release = getattr(backend, "wait_for_release", None)
+    if wait_for_release is None:
+        sleep(delay)
+        return
+    wait_for_release(
+        feature, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
+    )
 
 
 def _backoff_delays() -> Iterator[float]:
@@ -354,6 +389,7 @@ def claim(
     include_done: bool = False,
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | None = None,
+    lease: float | None = None,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
@@ -362,17 +398,57 @@ def claim(
     for again once the lock is held, and a done feature's lock is given straight back. A feature
     whose try fails with an OS error (a folder we may not enter) is skipped and added to
     ``problems``; without that list, the first such error is raised when nothing was claimed.
+    ``lease`` as for :func:`acquire`. :func:`claim_held` returns the acquisition itself.
     """
+    held = claim_held(
+        features,
+        gsd_dir,
+        pid=pid,
+        reclaim_dead=reclaim_dead,
+        include_done=include_done,
+        problems=problems,
+        backend=backend,
+        lease=lease,
+    )
+    return None if held is None else held.feature
+
+
+def claim_held(
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    pid: int | None = None,
+    reclaim_dead: bool = False,
+    include_done: bool = False,
+    problems: list[FeatureProblem] | None = None,
+    backend: LockBackend | None = None,
+    lease: float | None = None,
+) -> Held | None:
+    """:func:`claim`, answering the acquisition (its feature, and its token where the backend
+    gives tokens). A backend that claims in one step (``try_claim``: PostgreSQL, one statement)
+    is asked once; otherwise each candidate is tried in turn."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     for feature in candidates:
         _validate_feature_name(feature)
     owner = _owner_pid(pid)
+    try_claim = getattr(store, "try_claim", None)
+    if try_claim is not None:
+        details = ownership.details_of(owner)
+        won: AcquireResult | None = try_claim(
+            candidates,
+            Requester(owner, details),
+            reclaim_dead=reclaim_dead,
+            lease=lease,
+            include_done=include_done,
+        )
+        return None if won is None else won.held
     found: list[FeatureProblem] = [] if problems is None else problems
     for feature in candidates:
         try:
-            if _claim_one(store, feature, gsd_dir, owner, reclaim_dead, include_done):
-                return feature
+            held = _claim_one(store, feature, gsd_dir, owner, reclaim_dead, include_done, lease)
+            if held is not None:
+                return held
         except OSError as error:
             found.append(FeatureProblem(feature, str(error.filename or store.where()), error))
     if problems is None and found:
@@ -387,20 +463,21 @@ def _claim_one(
     owner: int,
     reclaim_dead: bool,
     include_done: bool,
-) -> bool:
-    """Try to make ``owner`` the holder of ``feature`` unless it is done; True if it now is."""
+    lease: float | None = None,
+) -> Held | None:
+    """Try to make ``owner`` the holder of ``feature`` unless it is done; the acquisition."""
     if not include_done and is_done(feature, gsd_dir, backend=backend):
-        return False  # cheap: most done features are skipped without touching their lock
-    outcome = _try_once(backend, feature, owner, reclaim_dead)
+        return None  # cheap: most done features are skipped without touching their lock
+    outcome = _try_once(backend, feature, owner, reclaim_dead, lease=lease)
     if outcome.held is None:
-        return False
+        return None
     # Race: a worker marked the feature done and released it between our first look and our
     # acquire. ``done`` publishes the marker before it releases, so now that we hold the lock
     # the marker is certainly visible if the feature was finished: give the lock back.
     if include_done or not backend.is_done(feature):
-        return True
+        return outcome.held
     backend.release_held(outcome.held)
-    return False
+    return None
 
 
 # --------------------------------------------------------------------------- done features
@@ -497,6 +574,7 @@ class FeatureLock:
         on_lost: Callable[[LockLostError], None] | None = None,
         caller_pids: Iterable[int] = (),
         backend: LockBackend | None = None,
+        lease: float | None = None,
     ) -> None:
         _validate_feature_name(feature)
         _valid_timeout(timeout)
@@ -509,6 +587,9 @@ class FeatureLock:
         self.heartbeat = _valid_seconds("heartbeat", heartbeat)
         if self.heartbeat is not None and self.heartbeat < 0:  # it would refresh in a busy loop
             raise ValueError(f"Invalid heartbeat: {heartbeat!r} (must be >= 0; 0 or None: none)")
+        self.lease = self._chosen_lease(_valid_seconds("lease", lease))
+        if self.lease is not None and self.heartbeat:  # refresh 3 times a lease: 2 may fail
+            self.heartbeat = min(self.heartbeat, self.lease / LEASE_REFRESHES)
         self.on_wait = on_wait
         self.command = command  # kept in the lock's owner details (``lock run``)
         self.on_lost = on_lost
@@ -522,6 +603,22 @@ class FeatureLock:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         _LIVE_LOCKS.add(self)
+
+    def _chosen_lease(self, lease: float | None) -> float | None:
+        """The lease of this holder: the one given, else the backend's lease for a holder that
+        refreshes (PostgreSQL: ``run_lease``), else none (files: fixed at 2 h)."""
+        if lease is not None and lease <= 0:
+            raise ValueError(f"Invalid lease: {lease!r} (must be a positive number of seconds)")
+        if lease is not None:
+            return lease
+        default: float | None = getattr(self.backend, "run_lease", None)
+        return default
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of our acquisition (None: not held, or files: no tokens)."""
+        mine = self._mine
+        return None if mine is None else mine.token
 
     def _forget_after_fork(self) -> None:
         """In a freshly forked child (one thread, run by ``os.register_at_fork``): the mutex
@@ -588,6 +685,7 @@ class FeatureLock:
             command=self.command,
             caller_pids=self.caller_pids,
             backend=self.backend,
+            lease=self.lease,
         )
         try:
             self.lost = None
@@ -675,6 +773,14 @@ class FeatureLock:
             self._forget_if_forked()
             mine = self._mine
             if mine is None:
+                return
+            if self.lost is not None:
+                # Lost already (its lease ran out while the backend was unreachable): taking
+                # back what may be left is best effort, and a failure to reach the backend is
+                # not this release's news (the loss was reported).
+                with suppress(OSError):
+                    self.backend.release_held(mine)
+                self._mine = None
                 return
             # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
             self.backend.release_held(mine)

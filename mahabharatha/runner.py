@@ -369,7 +369,7 @@ def run_locked(
                 on_acquired()
             relay.raise_if_pending()
             with _unmasked():
-                child = _start(relay, command, stdout)
+                child = _start(relay, command, stdout, _token_env(lock.token))
             watch.started(child)
             try:
                 returncode = child.popen.wait()
@@ -418,7 +418,22 @@ def _parent_death_hook() -> Callable[[], None] | None:
     return die_with_parent
 
 
-def _start(relay: _SignalRelay, command: Sequence[str], stdout: IO[str] | None) -> _Child:
+TOKEN_ENV: Final = "MAHABHARATHA_LOCK_TOKEN"
+"""CMD's copy of the lock's fencing token (backends with tokens): a resource that checks it
+(``lock verify FEATURE --token N``) refuses a holder whose lock was taken over."""
+
+
+def _token_env(token: int | None) -> dict[str, str] | None:
+    """CMD's environment: ours, plus the token when there is one (None: inherit ours)."""
+    return None if token is None else {**os.environ, TOKEN_ENV: str(token)}
+
+
+def _start(
+    relay: _SignalRelay,
+    command: Sequence[str],
+    stdout: IO[str] | None,
+    env: dict[str, str] | None = None,
+) -> _Child:
     try:
         # CMD stays in our process group (the group recorded with the lock): while any of it
         # runs, the lock's owner is alive, even if ``lock run`` itself was SIGKILLed.
@@ -426,6 +441,7 @@ def _start(relay: _SignalRelay, command: Sequence[str], stdout: IO[str] | None) 
             list(command),
             stdout=stdout,
             preexec_fn=_parent_death_hook(),
+            env=env,
         )
     except FileNotFoundError as error:
         raise CommandNotFoundError(error.errno, f"command not found: {command[0]}") from error

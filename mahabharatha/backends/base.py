@@ -89,6 +89,10 @@ class LockInfo:
     age_seconds: float | None
     expires_in_seconds: float | None
     owner: Owner
+    host: str | None = None
+    """The holder's host where the backend records it (PostgreSQL); files: None."""
+    token: int | None = None
+    """The holder's fencing token where the backend has them (PostgreSQL); files: None."""
 
     def __post_init__(self) -> None:
         # frozen: set through object; a backend may pass "active" or State.ACTIVE alike.

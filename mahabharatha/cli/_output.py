@@ -8,6 +8,7 @@ from :func:`exit_code_for`, the one place errors become exit codes.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import typer
 
 from mahabharatha import runner
 from mahabharatha.backends import open_backend
-from mahabharatha.backends.base import LockBackend
+from mahabharatha.backends.base import LockBackend, UnsupportedError
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
@@ -43,13 +44,107 @@ from mahabharatha.locks import (
     owner_is_gone,
 )
 
+URL_ENV: Final = "MAHABHARATHA_LOCK_URL"
+NAMESPACE_ENV: Final = "MAHABHARATHA_LOCK_NAMESPACE"
+CONNECT_TIMEOUT_SECONDS: Final = 5.0
+"""How long a command waits for a lock server (the PostgreSQL backend's own default too)."""
 
-def backend_for(gsd_dir: str) -> LockBackend:
-    """The one place a command gets the backend its locks live in: today the folder backend
-    of ``--gsd-dir``. It is closed when the command ends."""
-    backend = open_backend(None, gsd_dir)
+
+@dataclass(frozen=True)
+class Place:
+    """Where a command's locks live: ``--backend`` (or ``MAHABHARATHA_LOCK_URL``; none: the
+    folder of ``--gsd-dir``), ``--namespace`` (or ``MAHABHARATHA_LOCK_NAMESPACE``) and
+    ``--connect-timeout``. Read from the environment here, never by typer: a URL's password
+    must never be shown in ``--help``."""
+
+    url: str | None = None
+    namespace: str | None = None
+    connect_timeout: float = CONNECT_TIMEOUT_SECONDS
+
+    @classmethod
+    def of(cls, url: str | None, namespace: str | None, connect_timeout: float) -> Place:
+        chosen = url or os.environ.get(URL_ENV) or None
+        named = namespace or os.environ.get(NAMESPACE_ENV) or None
+        return cls(chosen, named, connect_timeout)
+
+
+FILES: Final = Place()
+"""The folder backend of ``--gsd-dir`` (no URL)."""
+
+
+def backend_for(gsd_dir: str, place: Place = FILES) -> LockBackend:
+    """The one place a command gets the backend its locks live in: the folder of ``--gsd-dir``,
+    or the server ``place`` names. It is closed when the command ends. A missing driver or
+    namespace is bad input (exit 2, saying what to do)."""
+    if place.url is None:
+        backend = open_backend(None, gsd_dir)
+    else:
+        try:
+            backend = open_backend(
+                place.url,
+                gsd_dir,
+                namespace=place.namespace,
+                connect_timeout=place.connect_timeout,
+            )
+        except RuntimeError as missing:  # PostgreSQL support not installed
+            raise ValueError(str(missing)) from None
     _OPENED.append(backend)
     return backend
+
+
+def _finite_seconds(value: float | None) -> float | None:
+    """Every numeric option refuses nan and inf (bad input, exit 2)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number of seconds")
+    return value
+
+
+BackendOption = Annotated[
+    str | None,
+    typer.Option(
+        "--backend",
+        metavar="URL",
+        show_default=False,
+        help=(
+            "Where locks live: a postgresql:// URL (libpq syntax; PGPASSWORD, ~/.pgpass work). "
+            f"Default: ${URL_ENV}, else the folder --gsd-dir."
+        ),
+    ),
+]
+NamespaceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--namespace",
+        metavar="NAME",
+        help=(
+            f"PostgreSQL: whose locks these are (default: ${NAMESPACE_ENV}, else the "
+            "repository's origin remote)."
+        ),
+    ),
+]
+ConnectTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--connect-timeout",
+        metavar="SECONDS",
+        min=0.1,
+        callback=_finite_seconds,
+        help="PostgreSQL: give up on an unreachable or silent server after SECONDS (exit 3).",
+    ),
+]
+LeaseOption = Annotated[
+    float | None,
+    typer.Option(
+        "--lease",
+        metavar="SECONDS",
+        min=1,
+        callback=_finite_seconds,
+        help=(
+            "PostgreSQL: the lock expires SECONDS after its last refresh by the server's clock "
+            "(acquire, claim: 2 h; run: 60 s, refreshed every 20 s). Files: fixed at 2 h."
+        ),
+    ),
+]
 
 
 _OPENED: Final[list[LockBackend]] = []
@@ -154,8 +249,8 @@ def exit_code_for(error: BaseException, *, before_run: bool = False) -> int:
         return EXIT_HELD
     if isinstance(error, LockLostError):
         return EXIT_LOST
-    if isinstance(error, ValueError):
-        return EXIT_BAD_INPUT
+    if isinstance(error, ValueError | UnsupportedError):
+        return EXIT_BAD_INPUT  # a lease or token asked of a backend that has none: bad input
     if isinstance(error, OSError | LockError):
         return EXIT_OS_ERROR
     raise error

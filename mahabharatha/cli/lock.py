@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import replace
 from typing import Annotated, Any
@@ -10,14 +11,20 @@ from typing import Annotated, Any
 import typer
 
 from mahabharatha import locks, runner
-from mahabharatha.backends.base import describe_holder
+from mahabharatha.backends.base import Held, LockBackend, UnsupportedError, describe_holder
 from mahabharatha.cli._output import (
+    CONNECT_TIMEOUT_SECONDS,
     DEFAULT_GSD_DIR,
     RECLAIM_DEAD_ADVICE,
+    BackendOption,
+    ConnectTimeoutOption,
     GsdDirOption,
     JsonOption,
+    LeaseOption,
+    NamespaceOption,
     NonblockOption,
     PidOption,
+    Place,
     ReclaimDeadOption,
     Result,
     WaitOption,
@@ -32,7 +39,7 @@ from mahabharatha.cli._output import (
     what_to_do,
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
-from mahabharatha.commands._utils import is_valid_feature_name
+from mahabharatha.commands._utils import _validate_feature_name, is_valid_feature_name
 from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR
 from mahabharatha.locks import (
     AlreadyHeldError,
@@ -80,10 +87,14 @@ def acquire(
     feature: FeatureArg,
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     pid: PidOption = None,
     wait: WaitOption = None,
     nonblock: NonblockOption = False,
     reclaim_dead: ReclaimDeadOption = False,
+    lease: LeaseOption = None,
 ) -> None:
     """Claim FEATURE for the calling shell or worker (or --pid). Exit 1 if someone holds it.
 
@@ -91,22 +102,29 @@ def acquire(
     """
     timeout = wait_seconds(wait, nonblock, default=0.0)
     owner = default_owner(pid)
-    document: dict[str, Any] = {"feature": feature, "pid": owner, "acquired": False}
+    document: dict[str, Any] = {
+        "feature": feature,
+        "pid": owner,
+        "acquired": False,
+        "host": None,
+        "token": None,
+    }
 
     def action() -> Result:
+        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
         with WaitingLine() as line:
-            locks.acquire(
+            held = locks.acquire(
                 feature,
                 gsd_dir,
-                backend=backend_for(gsd_dir),
+                backend=store,
                 pid=owner,
                 timeout=timeout,
                 reclaim_dead=reclaim_dead,
                 on_wait=line.callback,
+                lease=lease,
             )
-        return Result(
-            EXIT_OK, {**document, "acquired": True}, f"acquired {feature} for pid {owner}"
-        )
+        found = {**document, "acquired": True, **_held_fields(store, held)}
+        return Result(EXIT_OK, found, f"acquired {feature} for pid {owner}")
 
     respond(as_json, document, action, advice=what_to_do)
 
@@ -116,6 +134,9 @@ def release(
     feature: FeatureArg,
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     pid: PidOption = None,
     force: Annotated[
         bool, typer.Option("--force", help="Remove the lock even if another owner holds it.")
@@ -126,7 +147,12 @@ def release(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "released": False}
 
     def action() -> Result:
-        removed = locks.release(feature, backend=backend_for(gsd_dir), pid=owner, force=force)
+        removed = locks.release(
+            feature,
+            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
+            pid=owner,
+            force=force,
+        )
         text = f"released {feature}" if removed else f"{feature} was not locked"
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
@@ -144,11 +170,16 @@ def check(
     feature: FeatureArg,
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
 ) -> None:
     """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held."""
 
     def action() -> Result:
-        info = locks.inspect(feature, backend=backend_for(gsd_dir))
+        info = locks.inspect(
+            feature, backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        )
         held = info.held
         text = _held_text(info) if held else _free_text(info)
         return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
@@ -189,29 +220,42 @@ def claim(
     ] = None,
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     pid: PidOption = None,
     reclaim_dead: ReclaimDeadOption = False,
     include_done: Annotated[
         bool,
         typer.Option("--include-done", help="Also claim features marked done (lock done)."),
     ] = False,
+    lease: LeaseOption = None,
 ) -> None:
     """Claim the first free feature that is not done and print its name; exit 1 if none is."""
     owner = default_owner(pid)
-    document: dict[str, Any] = {"feature": None, "pid": owner, "claimed": False}
+    document: dict[str, Any] = {
+        "feature": None,
+        "pid": owner,
+        "claimed": False,
+        "host": None,
+        "token": None,
+    }
 
     def action() -> Result:
         if not features:
             _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
-        won = locks.claim(
+        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        held = locks.claim_held(
             features,
-            backend=backend_for(gsd_dir),
+            backend=store,
             pid=owner,
             reclaim_dead=reclaim_dead,
             include_done=include_done,
             problems=problems,
+            lease=lease,
         )
+        won = None if held is None else held.feature
         found = {**document, "problems": [problem_fields(p) for p in problems]}
         if won is None and problems:
             # Some feature could not even be tried: "none free" would be a guess. One sentence
@@ -223,7 +267,8 @@ def claim(
             return Result(EXIT_OS_ERROR, found, message=message)
         if won is None:
             return Result(EXIT_HELD, found, message="no free feature to claim")
-        claimed = {**found, "feature": won, "claimed": True}
+        assert held is not None
+        claimed = {**found, "feature": won, "claimed": True, **_held_fields(store, held)}
         return Result(EXIT_OK, claimed, won, warnings=problem_warnings(problems))
 
     respond(as_json, document, action)
@@ -241,6 +286,9 @@ def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
 def status(
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     show_all: Annotated[
         bool,
         typer.Option("--all", help="Also list feature folders that are free or done."),
@@ -250,12 +298,20 @@ def status(
     feature folder, free and done ones too), then a one-line summary."""
 
     def action() -> Result:
-        _require_gsd_dir(gsd_dir)
+        place = Place.of(backend_url, namespace, connect_timeout)
+        if place.url is None:  # the server keeps the locks: no folder needed to list them
+            _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         if as_json and not show_all:  # the summary needs every folder; JSON alone does not
-            every = infos = locks.status(backend=backend_for(gsd_dir), problems=problems)
+            every = infos = locks.status(
+                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
+                problems=problems,
+            )
         else:
-            every = locks.survey(backend=backend_for(gsd_dir), problems=problems)
+            every = locks.survey(
+                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
+                problems=problems,
+            )
             infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
         listed = [i.to_dict() for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
@@ -273,6 +329,9 @@ def status(
 def clean(
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")
     ] = False,
@@ -282,10 +341,11 @@ def clean(
     document: dict[str, Any] = {"dry_run": dry_run, "entries": []}
 
     def action() -> Result:
-        _require_gsd_dir(gsd_dir)
+        if Place.of(backend_url, namespace, connect_timeout).url is None:
+            _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         entries = locks.clean(
-            backend=backend_for(gsd_dir),
+            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
             dry_run=dry_run,
             reclaim_dead=reclaim_dead,
             problems=problems,
@@ -324,6 +384,9 @@ def run_command(
     ],
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     wait: WaitOption = None,
     nonblock: NonblockOption = False,
     heartbeat: Annotated[
@@ -333,9 +396,10 @@ def run_command(
             min=0.01,
             max=60,
             metavar="SECONDS",
-            help="Seconds between lock refreshes.",
+            help="Seconds between lock refreshes (with a --lease: at most a third of it).",
         ),
     ] = locks.HEARTBEAT_SECONDS,
+    lease: LeaseOption = None,
     reclaim_dead: ReclaimDeadOption = False,
     on_lost: Annotated[
         runner.OnLost,
@@ -356,7 +420,13 @@ def run_command(
     --on-lost warn.
     """
     timeout = wait_seconds(wait, nonblock, default=None)
-    document: dict[str, Any] = {"feature": feature, "pid": os.getpid(), "exit_code": None}
+    document: dict[str, Any] = {
+        "feature": feature,
+        "pid": os.getpid(),
+        "exit_code": None,
+        "host": None,
+        "token": None,
+    }
 
     told: list[LockLostError] = []  # losses already reported on stderr, as they happened
 
@@ -370,13 +440,14 @@ def run_command(
                 holder = locks.FeatureLock(
                     feature,
                     gsd_dir,
-                    backend=backend_for(gsd_dir),
+                    backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
                     timeout=timeout,
                     heartbeat=heartbeat,
                     reclaim_dead=reclaim_dead,
                     on_wait=line.callback,
                     command=command,
                     caller_pids=(os.getppid(),),  # the shell that ran us: its lock is "yours" too
+                    lease=lease,
                 )
                 # With --json our stdout is for the one document: the command's goes to stderr.
                 stdout = sys.stderr if as_json else None
@@ -384,7 +455,7 @@ def run_command(
                     holder,
                     command,
                     stdout,
-                    on_acquired=line.erase,
+                    on_acquired=lambda: _acquired(line, holder, document),
                     on_lost=on_lost,
                     notify_lost=tell,
                 )
@@ -416,6 +487,9 @@ def done(
     feature: FeatureArg,
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     pid: PidOption = None,
 ) -> None:
     """Mark FEATURE done and release it (the holder only); claim never hands it out again.
@@ -426,7 +500,11 @@ def done(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "done": False}
 
     def action() -> Result:
-        stamp = locks.done(feature, backend=backend_for(gsd_dir), pid=owner)
+        stamp = locks.done(
+            feature,
+            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
+            pid=owner,
+        )
         return Result(
             EXIT_OK,
             {**document, "done": True, "completed_at": stamp},
@@ -441,12 +519,17 @@ def reopen(
     feature: FeatureArg,
     gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
     as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
 ) -> None:
     """Remove FEATURE's done marker so that claim hands it out again (a lock stays as it is)."""
     document: dict[str, Any] = {"feature": feature, "reopened": False}
 
     def action() -> Result:
-        removed = locks.reopen(feature, backend=backend_for(gsd_dir))
+        removed = locks.reopen(
+            feature, backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        )
         text = f"reopened {feature}" if removed else f"{feature} was not marked done"
         return Result(EXIT_OK, {**document, "reopened": removed}, text)
 
@@ -475,3 +558,81 @@ def _lost_result(
     if on_lost is runner.OnLost.WARN:
         return Result(code, document)
     return Result(exit_code_for(lost), document, message=f"{lost}; CMD was stopped")
+
+
+# --------------------------------------------------------------------------- across hosts
+
+
+def _held_fields(store: LockBackend, held: Held) -> dict[str, Any]:
+    """``host`` and ``token`` of a lock just taken (files: no tokens, null)."""
+    host = socket.gethostname() if store.supports_tokens else None
+    return {"host": host, "token": held.token}
+
+
+def _acquired(line: WaitingLine, holder: locks.FeatureLock, document: dict[str, Any]) -> None:
+    """``lock run`` holds its lock: erase the waiting line, note the token for the JSON."""
+    line.erase()
+    host = socket.gethostname() if holder.backend.supports_tokens else None
+    document.update(host=host, token=holder.token)
+
+
+@app.command()
+def init(
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+) -> None:
+    """Create the lock tables on the --backend server (once, as a role that may create tables;
+    afterwards SELECT, INSERT, UPDATE, DELETE suffice). The folder backend needs nothing."""
+    document: dict[str, Any] = {"backend": "file", "schema_version": None}
+
+    def action() -> Result:
+        place = Place.of(backend_url, namespace or "-", connect_timeout)  # tables: every namespace
+        store = backend_for(gsd_dir, place)
+        setup = getattr(store, "init", None)
+        if setup is None:
+            return Result(EXIT_OK, document, "the folder backend needs no set-up")
+        version = setup()
+        done = {"backend": store.kind, "schema_version": version}
+        return Result(EXIT_OK, done, f"lock tables ready on {store.where()} (schema {version})")
+
+    respond(as_json, document, action)
+
+
+@app.command()
+def verify(
+    feature: FeatureArg,
+    token: Annotated[
+        int,
+        typer.Option(
+            "--token",
+            metavar="N",
+            help="The fencing token to check (lock run: $MAHABHARATHA_LOCK_TOKEN).",
+        ),
+    ],
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+) -> None:
+    """Exit 0 while N is the token of FEATURE's current holder, 1 otherwise (a taken-over or
+    expired lock); 2 on the folder backend, which has no tokens."""
+    document: dict[str, Any] = {"feature": feature, "token": token, "current": False}
+
+    def action() -> Result:
+        _validate_feature_name(feature)
+        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        if not store.supports_tokens:
+            raise UnsupportedError(
+                f"the {store.kind} backend has no fencing tokens: lock verify needs --backend "
+                "postgresql://..."
+            )
+        current = store.verify(feature, token)
+        said = "is" if current else "is not"
+        text = f"token {token} {said} the current holder's of {feature}"
+        return Result(EXIT_OK if current else EXIT_HELD, {**document, "current": current}, text)
+
+    respond(as_json, document, action)

@@ -35,7 +35,17 @@ RUN_TIMEOUT: Final = 20.0
 """Longest a single CLI subprocess may take."""
 
 STATUS_KEYS: Final = frozenset(
-    {"feature", "state", "pid", "timestamp", "age_seconds", "expires_in_seconds", "owner"}
+    {
+        "feature",
+        "state",
+        "pid",
+        "timestamp",
+        "age_seconds",
+        "expires_in_seconds",
+        "owner",
+        "host",  # the holder's host and fencing token: null on files (PostgreSQL has them)
+        "token",
+    }
 )
 """The keys of one lock as ``lock status --json`` and ``lock check --json`` print it."""
 

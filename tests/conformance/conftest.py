@@ -82,3 +82,6 @@ def add_features(gsd: Path, *names: str) -> None:
     """The feature folders a bare ``claim`` and ``survey`` offer (``specs/<name>``)."""
     for name in names:
         os.makedirs(gsd / "specs" / name, exist_ok=True)
+
+
+from tests.conformance import postgres_kind  # noqa: E402, F401  (registers PostgreSQL)

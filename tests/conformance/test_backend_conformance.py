@@ -165,6 +165,8 @@ def test_status_lists_locks_and_survey_every_feature(backend: LockBackend, gsd: 
         "age_seconds",
         "expires_in_seconds",
         "owner",
+        "host",
+        "token",
     }
     surveyed = backend.survey()
     assert [(i.feature, i.state) for i in surveyed] == [

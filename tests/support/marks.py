@@ -78,3 +78,22 @@ lacks_pid_namespaces_or_leases = pytest.mark.skipif(
     PID_NAMESPACES_PERMITTED and LEASES_WORK,
     reason="PID namespaces and kernel leases are permitted here: the full variant runs instead",
 )
+
+
+def _unshare_hosts_permitted() -> bool:
+    """Can this process start a simulated host: new UTS (host name) and PID namespaces?"""
+    unshare = shutil.which("unshare")
+    if unshare is None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        probe = [unshare, "--uts", "--pid", "--fork", "--mount-proc", "hostname", "probe-host"]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_simulated_hosts = pytest.mark.skipif(
+    not _unshare_hosts_permitted(),
+    reason="unshare --uts --pid --fork --mount-proc is not permitted here (needs root or user "
+    "namespaces): cannot simulate other hosts",
+)

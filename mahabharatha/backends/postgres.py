@@ -1,0 +1,920 @@
+"""Locks across hosts: a lease table in PostgreSQL (psycopg 3), behind :class:`LockBackend`.
+
+Imported only for a ``postgresql://`` or ``postgres://`` URL: nothing else in the package imports
+psycopg. One row per (namespace, feature) in ``mahabharatha_locks`` is that feature's lock, its
+done mark and its token history (a released row stays, with no holder: its next holder's token is
+drawn while the row is locked, so tokens of a feature only ever grow). Every operation is one
+statement (claim: two when it first meets features the table has no row for); every expiry is
+judged by the server's clock (``now()``), never the client's. The design, the statements and what
+a network partition does: ``design/postgres.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.conninfo import conninfo_to_dict
+except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
+    raise ImportError(
+        "a postgresql:// lock URL needs psycopg: pip install 'mahabharatha[postgres]'"
+    ) from missing
+
+import itertools
+
+from mahabharatha import ownership
+from mahabharatha.backends.base import (
+    AcquireResult,
+    BackendError,
+    CleanedEntry,
+    FeatureProblem,
+    Held,
+    LockInfo,
+    LockLostError,
+    NotHeldError,
+    NotOwnerError,
+    Owner,
+    Requester,
+    State,
+)
+
+__all__ = [
+    "CONNECT_TIMEOUT_SECONDS",
+    "DEFAULT_LEASE_SECONDS",
+    "RUN_LEASE_SECONDS",
+    "SCHEMA_VERSION",
+    "PostgresBackend",
+    "derive_namespace",
+]
+
+SCHEMA_VERSION: Final = 1
+"""The tables' layout; ``mahabharatha_schema`` records it (a newer one is refused, never
+rewritten)."""
+DEFAULT_LEASE_SECONDS: Final = 7200.0
+"""acquire and claim: their owner (a shell, a worker script) cannot refresh, so the 2 hours of
+the file backend."""
+RUN_LEASE_SECONDS: Final = 60.0
+"""``lock run`` and ``FeatureLock`` refresh every third of it: a dead host's lock is free again
+within a minute, and a heartbeat may miss twice (a server restart, a lost connection) first."""
+CONNECT_TIMEOUT_SECONDS: Final = 5.0
+"""How long a command waits for the server (to connect, and for any one answer)."""
+MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
+"""libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
+NOTIFY_CHANNEL: Final = "mahabharatha_release"
+"""One channel for every release; the payload names the namespace and feature."""
+MAX_CLAIM_ROUNDS: Final = 4
+"""A claim statement finds rows missing at most once per new feature list; a few rounds bound it."""
+
+_T = TypeVar("_T")
+
+# --------------------------------------------------------------------------- the statements
+# Every value is a parameter; no input is ever spliced into SQL text.
+
+_SCHEMA_DDL: Final = (
+    "SELECT pg_advisory_xact_lock(7243016210)",  # Race: two first uses creating the tables at once
+    "CREATE TABLE IF NOT EXISTS mahabharatha_schema (version integer PRIMARY KEY)",
+    "CREATE SEQUENCE IF NOT EXISTS mahabharatha_lock_token AS bigint",
+    """CREATE TABLE IF NOT EXISTS mahabharatha_locks (
+        namespace text NOT NULL,
+        feature text COLLATE "C" NOT NULL,
+        pid integer,
+        details bytea,
+        host text,
+        attempt bytea,
+        lease interval,
+        acquired_at timestamptz,
+        refreshed_at timestamptz,
+        expires_at timestamptz,
+        token bigint,
+        done_at timestamptz,
+        prev_pid integer,
+        prev_details bytea,
+        prev_refreshed_at timestamptz,
+        prev_expires_at timestamptz,
+        PRIMARY KEY (namespace, feature)
+    )""",
+    "INSERT INTO mahabharatha_schema (version) VALUES (1) ON CONFLICT DO NOTHING",
+)
+
+_EPOCHS: Final = """extract(epoch FROM refreshed_at)::float8,
+    extract(epoch FROM expires_at)::float8, extract(epoch FROM now())::float8"""
+
+_TAKE_SET: Final = """pid = %(pid)s, details = %(details)s, host = %(host)s, attempt = %(attempt)s,
+    lease = make_interval(secs => %(lease)s), acquired_at = now(), refreshed_at = now(),
+    expires_at = now() + make_interval(secs => %(lease)s),
+    token = nextval('mahabharatha_lock_token'),
+    prev_pid = l.pid, prev_details = l.details, prev_refreshed_at = l.refreshed_at,
+    prev_expires_at = l.expires_at"""
+"""Taking a row: the new holder, a token drawn while the row is locked (so larger than every
+token the row had), and the old holder kept for the audit trail (``replaced``)."""
+
+_TAKEABLE: Final = """(l.pid IS NULL OR l.expires_at < now() OR l.token = ANY(%(judged)s::bigint[])
+    OR l.attempt = %(attempt)s)"""
+"""Free, expired by the server's clock, judged dead by the client (exactly that token), or our
+own attempt whose answer a lost connection swallowed."""
+
+_RETURNING: Final = f"""l.feature, l.token, {_EPOCHS}, prev_pid, prev_details,
+    extract(epoch FROM prev_refreshed_at)::float8, extract(epoch FROM prev_expires_at)::float8"""
+
+_ACQUIRE: Final = f"""
+INSERT INTO mahabharatha_locks AS l
+    (namespace, feature, pid, details, host, attempt, lease, acquired_at, refreshed_at,
+     expires_at, token)
+VALUES (%(ns)s, %(feature)s, %(pid)s, %(details)s, %(host)s, %(attempt)s,
+    make_interval(secs => %(lease)s), now(), now(), now() + make_interval(secs => %(lease)s),
+    nextval('mahabharatha_lock_token'))
+ON CONFLICT (namespace, feature) DO UPDATE SET {_TAKE_SET}
+WHERE {_TAKEABLE}
+RETURNING {_RETURNING}"""
+
+_WANTED: Final = """wanted AS (
+    SELECT w.feature, w.ord
+    FROM unnest(string_to_array(%(names)s, E'\\n')) WITH ORDINALITY AS w(feature, ord)
+)"""
+"""The names travel as one text joined by newlines (no valid feature name has one): psycopg
+adapts a 1,000-element list parameter in over a millisecond, a text in microseconds."""
+
+_CLAIM_CHECKED: Final = f"""
+WITH {_WANTED}, missing AS (
+    SELECT count(*) AS n FROM wanted w WHERE NOT EXISTS (
+        SELECT FROM mahabharatha_locks m WHERE m.namespace = %(ns)s AND m.feature = w.feature)
+), pick AS (
+    SELECT l.namespace, l.feature FROM mahabharatha_locks l JOIN wanted w USING (feature)
+    WHERE l.namespace = %(ns)s AND (SELECT n FROM missing) = 0 AND {_TAKEABLE}
+        AND (%(include_done)s OR l.done_at IS NULL OR l.attempt = %(attempt)s)
+    ORDER BY l.attempt IS NOT DISTINCT FROM %(attempt)s DESC, w.ord
+    LIMIT 1
+    FOR UPDATE OF l SKIP LOCKED
+), taken AS (
+    UPDATE mahabharatha_locks l SET {_TAKE_SET}
+    FROM pick WHERE l.namespace = pick.namespace AND l.feature = pick.feature
+    RETURNING {_RETURNING}
+)
+SELECT (SELECT n FROM missing), taken.* FROM (VALUES (1)) AS one LEFT JOIN taken ON true"""
+"""The first takeable feature in the given order, in one statement. ``FOR UPDATE SKIP LOCKED``:
+a row another claimer is taking at this moment is passed over, not waited for; the row's
+conditions are checked again on its latest version once locked (a feature just marked done by
+its holder is never handed out). Rows must exist for that: when some are missing nothing is
+taken and the caller creates them (``_ENSURE_ROWS``), once. Our own earlier attempt (an answer
+lost with its connection) comes first: a retry never takes a second feature."""
+
+_CLAIM_SORTED: Final = f"""
+WITH pick AS (
+    SELECT l.namespace, l.feature FROM mahabharatha_locks l
+    WHERE l.namespace = %(ns)s AND l.feature = ANY(string_to_array(%(names)s, E'\\n'))
+        AND {_TAKEABLE} AND (%(include_done)s OR l.done_at IS NULL)
+    ORDER BY l.feature
+    LIMIT 1
+    FOR UPDATE OF l SKIP LOCKED
+), taken AS (
+    UPDATE mahabharatha_locks l SET {_TAKE_SET}
+    FROM pick WHERE l.namespace = pick.namespace AND l.feature = pick.feature
+    RETURNING {_RETURNING}
+)
+SELECT 0, taken.* FROM (VALUES (1)) AS one LEFT JOIN taken ON true"""
+"""The hot path of a worker pool: names in sorted order (a bare ``claim``: every feature folder
+by name) whose rows this process has seen exist. The primary key's order is the names' (the
+column is ``COLLATE "C"``), so the scan walks the index and stops at the first takeable row."""
+
+_ENSURE_ROWS: Final = """
+INSERT INTO mahabharatha_locks (namespace, feature)
+SELECT %(ns)s, w.feature FROM unnest(string_to_array(%(names)s, E'\\n')) AS w(feature)
+ORDER BY w.feature
+ON CONFLICT DO NOTHING"""
+"""Rows with no holder for features never locked before (sorted: concurrent claimers insert in
+one order and cannot deadlock)."""
+
+_NOTIFY: Final = f"pg_notify('{NOTIFY_CHANNEL}', json_build_array(namespace, feature)::text)"
+
+_LET_GO: Final = "pid = NULL, details = NULL, host = NULL, attempt = NULL"
+
+_RELEASE_HELD: Final = f"""
+UPDATE mahabharatha_locks SET {_LET_GO}
+WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
+RETURNING {_NOTIFY}"""
+
+_RELEASE_PID: Final = f"""
+UPDATE mahabharatha_locks SET {_LET_GO}
+WHERE namespace = %(ns)s AND feature = %(feature)s AND pid IS NOT NULL
+    AND (%(force)s OR (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s))
+RETURNING {_NOTIFY}"""
+
+_REFRESH: Final = f"""
+UPDATE mahabharatha_locks SET refreshed_at = now(), expires_at = now() + lease
+WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
+    AND expires_at >= now()
+RETURNING {_EPOCHS}"""
+"""Only an unexpired lock is renewed: once its lease has run out by the server's clock it is
+lost, even if nobody took it yet (the lost-lock rule)."""
+
+_DONE: Final = f"""
+UPDATE mahabharatha_locks SET {_LET_GO}, done_at = now()
+WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
+    AND host IS NOT DISTINCT FROM %(host)s
+RETURNING {_NOTIFY}, extract(epoch FROM done_at)::float8"""
+"""Mark done and release in one statement: both or neither."""
+
+_SELECT_ROWS: Final = f"""
+SELECT feature, pid, details, host, token, done_at IS NOT NULL, {_EPOCHS}
+FROM mahabharatha_locks WHERE namespace = %(ns)s"""
+
+_SELECT_ONE: Final = _SELECT_ROWS + " AND feature = %(feature)s"
+_SELECT_HELD: Final = _SELECT_ROWS + ' AND pid IS NOT NULL ORDER BY feature COLLATE "C"'
+_SELECT_WANTED: Final = (
+    _SELECT_ROWS + " AND pid IS NOT NULL AND feature = ANY(%(features)s::text[])"
+)
+_SELECT_ALL: Final = _SELECT_ROWS + ' ORDER BY feature COLLATE "C"'
+
+_VERIFY: Final = """
+SELECT EXISTS (SELECT FROM mahabharatha_locks WHERE namespace = %(ns)s AND feature = %(feature)s
+    AND token = %(token)s AND pid IS NOT NULL AND expires_at >= now())"""
+
+_IS_DONE: Final = """
+SELECT EXISTS (SELECT FROM mahabharatha_locks WHERE namespace = %(ns)s AND feature = %(feature)s
+    AND done_at IS NOT NULL)"""
+
+_REOPEN: Final = """
+UPDATE mahabharatha_locks SET done_at = NULL
+WHERE namespace = %(ns)s AND feature = %(feature)s AND done_at IS NOT NULL RETURNING 1"""
+
+_CLEAN: Final = f"""
+UPDATE mahabharatha_locks SET {_LET_GO}
+WHERE namespace = %(ns)s AND pid IS NOT NULL AND feature = ANY(%(features)s::text[])
+    AND (expires_at < now() OR token = ANY(%(judged)s::bigint[]))
+RETURNING feature, {_NOTIFY}"""
+
+_SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha_schema"
+
+
+# --------------------------------------------------------------------------- connections
+
+
+class _Connection(psycopg.Connection[Any]):
+    """A connection whose every wait for the server ends within ``deadline`` seconds: a server
+    that accepted the connection and then froze (SIGSTOP, a dead host behind a live link)
+    answers nothing, and TCP alone would wait for minutes."""
+
+    deadline: float = CONNECT_TIMEOUT_SECONDS
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        return super().wait(gen, interval=interval, timeout=timeout or self.deadline)
+
+
+@dataclass(frozen=True)
+class _Server:
+    """Where the server is, for messages: never the password."""
+
+    host: str
+    port: str
+    database: str
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}/{self.database}"
+
+
+def _server_of(url: str) -> _Server:
+    """host, port and database of ``url`` as libpq would use them (its defaults and PG*
+    variables), for messages only."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.Error as error:
+        raise ValueError(f"not a valid PostgreSQL URL: {_first_line(error)}") from None
+    env = os.environ
+    host = str(given.get("host") or env.get("PGHOST") or "localhost")
+    port = str(given.get("port") or env.get("PGPORT") or "5432")
+    user = str(given.get("user") or env.get("PGUSER") or _login_name())
+    database = str(given.get("dbname") or env.get("PGDATABASE") or user)
+    return _Server(host, port, database)
+
+
+def _login_name() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return "postgres"
+
+
+def _password_of(url: str) -> str | None:
+    try:
+        value = conninfo_to_dict(url).get("password")
+    except psycopg.Error:
+        return None
+    return str(value) if value else os.environ.get("PGPASSWORD") or None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0].strip() if text else type(error).__name__
+
+
+# --------------------------------------------------------------------------- namespaces
+
+_SCP_LIKE: Final = re.compile(r"^(?:[^@/]+@)?([^:/]+):(?!//)(.*)$")
+_URL_LIKE: Final = re.compile(r"^[a-z][a-z0-9+.-]*://(?:[^@/]*@)?([^/:]+)(?::\d+)?/?(.*)$", re.I)
+
+
+def normalise_remote(url: str) -> str | None:
+    """``git@github.com:org/repo.git`` and ``https://github.com/org/repo`` are one repository:
+    ``github.com/org/repo`` (host lower-cased, no user, port, scheme or ``.git``)."""
+    text = url.strip()
+    match = _URL_LIKE.match(text) or _SCP_LIKE.match(text)
+    if match is None:
+        path, host = text, ""  # a local path: the path itself names the repository
+    else:
+        host, path = match.group(1).lower(), match.group(2)
+    path = path.strip("/")
+    path = path.removesuffix(".git").rstrip("/")
+    name = f"{host}/{path}" if host else path
+    return name or None
+
+
+def derive_namespace(where: str | os.PathLike[str] | None = None) -> str | None:
+    """The namespace of the repository at ``where`` (its ``origin`` remote), or None."""
+    folder = os.fspath(where) if where is not None else os.getcwd()
+    while folder and not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        done = subprocess.run(
+            ["git", "-C", folder or ".", "config", "--get", "remote.origin.url"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return normalise_remote(done.stdout)
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+@dataclass(frozen=True)
+class _Row:
+    feature: str
+    pid: int | None
+    details: bytes | None
+    host: str | None
+    token: int | None
+    done: bool
+    refreshed: float | None
+    expires: float | None
+    now: float
+
+
+class PostgresBackend:
+    """Locks in PostgreSQL, keyed by (namespace, feature); see the module's docstring."""
+
+    kind = "postgresql"
+    supports_tokens = True
+    run_lease = RUN_LEASE_SECONDS
+    """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless given."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str,
+        gsd_dir: str | os.PathLike[str] = ".gsd",
+        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+    ) -> None:
+        if not namespace:
+            raise ValueError("the lock namespace must not be empty")
+        if not math.isfinite(connect_timeout) or connect_timeout <= 0:
+            raise ValueError(
+                f"connect timeout must be a positive number of seconds, not {connect_timeout}"
+            )
+        self._url = url
+        self._server = _server_of(url)
+        self._password = _password_of(url)
+        self.namespace = namespace
+        self.gsd_dir = gsd_dir
+        self.connect_timeout = connect_timeout
+        self._conn: _Connection | None = None
+        self._listener: psycopg.Connection[Any] | None = None
+        self._host = socket.gethostname()
+        # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
+        self._ensured: dict[str, bool] = {}
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        gsd_dir: str | os.PathLike[str] = ".gsd",
+        namespace: str | None = None,
+        connect_timeout: float | None = None,
+    ) -> PostgresBackend:
+        """The backend for ``url``; the namespace from ``namespace``, else
+        ``MAHABHARATHA_LOCK_NAMESPACE``, else the repository's ``origin`` remote (ValueError
+        when there is none: the caller says to pass ``--namespace``)."""
+        chosen = namespace or os.environ.get("MAHABHARATHA_LOCK_NAMESPACE") or None
+        if chosen is None:
+            chosen = derive_namespace(gsd_dir)
+        if chosen is None:
+            raise ValueError(
+                "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
+                "none could be derived because this folder's repository has no 'origin' remote"
+            )
+        timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
+        return cls(url, namespace=chosen, gsd_dir=gsd_dir, connect_timeout=timeout)
+
+    # ------------------------------------------------------------------ people
+
+    def where(self) -> str:
+        return str(self._server)
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self.where()!r}, namespace={self.namespace!r})"
+
+    # ------------------------------------------------------------------ connection
+
+    def _connect_timeout_arg(self) -> int:
+        return max(MIN_CONNECT_TIMEOUT_SECONDS, math.ceil(self.connect_timeout))
+
+    def _connection(self) -> _Connection:
+        if self._conn is None or self._conn.closed:
+            conn = _Connection.connect(
+                self._url,
+                autocommit=True,
+                connect_timeout=self._connect_timeout_arg(),
+                application_name="mahabharatha",
+            )
+            conn.deadline = self.connect_timeout
+            self._conn = conn
+        return self._conn
+
+    def close(self) -> None:
+        for conn in (self._conn, self._listener):
+            if conn is not None:
+                with suppress(psycopg.Error, OSError):
+                    conn.close()
+        self._conn = self._listener = None
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with suppress(psycopg.Error, OSError):
+                self._conn.close()
+        self._conn = None
+
+    def _error(self, error: BaseException) -> BackendError:
+        """One sentence naming the server (never the password) for what went wrong."""
+        if isinstance(error, pg_errors._WaitTimeout) or "timeout expired" in str(error):
+            reason = f"no answer within {self.connect_timeout:g} s"
+        elif isinstance(error, pg_errors.InsufficientPrivilege):
+            reason = (
+                f"permission denied ({_first_line(error)}); run 'mahabharatha lock init' as the "
+                "tables' owner and grant this role SELECT, INSERT, UPDATE, DELETE"
+            )
+        else:
+            reason = _first_line(error)
+        if self._password:
+            reason = reason.replace(self._password, "***")
+        return BackendError(f"lock server {self._server} (PostgreSQL): {reason}")
+
+    def _run(self, operation: Callable[[_Connection], _T], *, retry: bool = True) -> _T:
+        """Run ``operation`` on the warm connection. A connection found lost (a server restart,
+        ``pg_terminate_backend``) is replaced and the operation run once more when it is safe to
+        repeat (``retry``: every statement here is, by token or by attempt id); a missing table
+        is created (first use); anything else is a :class:`BackendError`."""
+        attempts = 2 if retry else 1
+        created = False
+        for attempt in range(attempts + 1):
+            fresh = self._conn is None or self._conn.closed
+            try:
+                return operation(self._connection())
+            except pg_errors.UndefinedTable as error:
+                if created:
+                    raise self._error(error) from None
+                created = True
+                try:
+                    self._create_schema()
+                except psycopg.Error as cause:
+                    raise self._error(cause) from None
+            except pg_errors._WaitTimeout as error:
+                self._drop_connection()  # Race: an answer may still come; the state is unknown
+                raise self._error(error) from None
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                self._drop_connection()
+                if fresh or attempt + 1 >= attempts:
+                    raise self._error(error) from None
+            except psycopg.Error as error:
+                raise self._error(error) from None
+        raise BackendError(f"lock server {self._server} (PostgreSQL): the tables could not be used")
+
+    def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            return conn.execute(query, params).fetchall()
+
+        return self._run(run)
+
+    def _params(self, **values: Any) -> dict[str, Any]:
+        return {"ns": self.namespace, **values}
+
+    # ------------------------------------------------------------------ schema
+
+    def init(self) -> int:
+        """Create the tables (idempotent); the schema version. Needs DDL rights once; afterwards
+        the role that uses them needs only SELECT, INSERT, UPDATE, DELETE (and USAGE on the
+        token sequence)."""
+        version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]  # first use creates the tables
+        if version is None or version < SCHEMA_VERSION:
+            self._run(lambda conn: self._create_schema_on(conn))
+            version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]
+        elif version > SCHEMA_VERSION:
+            raise self._newer_schema(int(version))
+        return int(version)
+
+    def _newer_schema(self, version: int) -> BackendError:
+        return BackendError(
+            f"lock server {self._server} (PostgreSQL): its lock tables have schema version "
+            f"{version}, newer than this mahabharatha knows ({SCHEMA_VERSION}): upgrade it"
+        )
+
+    def _create_schema(self) -> None:
+        self._create_schema_on(self._connection())
+
+    def _create_schema_on(self, conn: _Connection) -> None:
+        with conn.transaction():
+            for statement in _SCHEMA_DDL:
+                conn.execute(statement)
+            found = conn.execute(_SCHEMA_VERSION_QUERY).fetchone()
+        version = found[0] if found else None
+        if version is not None and version > SCHEMA_VERSION:
+            raise self._newer_schema(int(version))
+
+    # ------------------------------------------------------------------ taking
+
+    def _take_params(
+        self, feature: str | None, requester: Requester, lease: float | None
+    ) -> dict[str, Any]:
+        seconds = DEFAULT_LEASE_SECONDS if lease is None else lease
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"a lease must be a positive number of seconds, not {seconds}")
+        return self._params(
+            feature=feature,
+            pid=requester.pid,
+            details=requester.details,
+            host=self._host,  # the requester runs here (details keep only a cut host name)
+            attempt=secrets.token_bytes(16),
+            lease=float(seconds),
+            judged=[],
+        )
+
+    def try_acquire(
+        self,
+        feature: str,
+        requester: Requester,
+        *,
+        reclaim_dead: bool = False,
+        lease: float | None = None,
+    ) -> AcquireResult:
+        params = self._take_params(feature, requester, lease)
+        holder: _Row | None = None
+        for _ in range(MAX_CLAIM_ROUNDS):
+            taken = self._rows(_ACQUIRE, params)
+            if taken:
+                return self._won(taken[0], requester, params, reason="expired")
+            holder = self._row(feature)
+            if holder is not None and holder.pid is not None:
+                break  # Race: otherwise it was released between the two statements: try again
+        if holder is None or holder.pid is None:
+            return AcquireResult(None, holder=self.inspect(feature))
+        info = self._info(holder)
+        if reclaim_dead and info.owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value):
+            params["judged"] = [holder.token]
+            taken = self._rows(_ACQUIRE, params)
+            if taken:
+                return self._won(taken[0], requester, params, reason=f"owner {info.owner}")
+            holder = self._row(feature)
+            info = self._info(holder) if holder is not None and holder.pid is not None else info
+        return AcquireResult(None, holder=info)
+
+    def try_claim(
+        self,
+        features: Sequence[str],
+        requester: Requester,
+        *,
+        reclaim_dead: bool = False,
+        lease: float | None = None,
+        include_done: bool = False,
+    ) -> AcquireResult | None:
+        """Take the first takeable of ``features`` in their order (one statement); None when
+        every one is held (or done, unless ``include_done``)."""
+        if not features:
+            return None
+        if any("\n" in name for name in features):
+            raise ValueError("a feature name cannot hold a line break")
+        params = self._take_params(None, requester, lease)
+        names = "\n".join(features)
+        params.update(names=names, include_done=include_done)
+        if reclaim_dead:
+            params["judged"] = self._judged_dead(features)
+        for _ in range(MAX_CLAIM_ROUNDS):
+            row = self._run(self._claim_statement(params, features))[0]
+            missing, taken = row[0], row[1:]
+            if taken[0] is not None:
+                self._remember_rows(names, features)
+                reason = "owner judged gone" if params["judged"] else "expired"
+                return self._won(taken, requester, params, reason=reason)
+            if not missing:
+                self._remember_rows(names, features)
+                return None
+            self._rows_ensured(params)
+        return None
+
+    def _remember_rows(self, names: str, features: Sequence[str]) -> None:
+        if names not in self._ensured:
+            pairs = itertools.pairwise(features)
+            self._ensured[names] = all(before < after for before, after in pairs)
+
+    # A claim is never prepared: PostgreSQL's generic plan for a prepared claim cannot see the
+    # feature list and was 30x slower over 1,000 features. The short statements gain from it.
+    def _claim_statement(
+        self, params: dict[str, Any], features: Sequence[str]
+    ) -> Callable[[_Connection], list[tuple[Any, ...]]]:
+        """The claim to run: the lean sorted one when it fits, else the checked one; always the
+        checked one on a retry (it puts our own lost attempt first)."""
+        lean = self._ensured.get(params["names"], False)
+        tries = iter([_CLAIM_SORTED if lean else _CLAIM_CHECKED])
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            statement = next(tries, _CLAIM_CHECKED)
+            return conn.execute(statement, params, prepare=False).fetchall()
+
+        return run
+
+    def _rows_ensured(self, params: dict[str, Any]) -> None:
+        def run(conn: _Connection) -> None:
+            conn.execute(_ENSURE_ROWS, params)
+
+        self._run(run)
+
+    def _judged_dead(self, features: Sequence[str]) -> list[int]:
+        """Tokens of the held locks among ``features`` whose owner is provably gone here."""
+        rows = [
+            _Row(*row) for row in self._rows(_SELECT_WANTED, self._params(features=list(features)))
+        ]
+        return [
+            row.token
+            for row in rows
+            if row.token is not None
+            and self._info(row).owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value)
+        ]
+
+    def _won(
+        self, row: Sequence[Any], requester: Requester, params: dict[str, Any], *, reason: str
+    ) -> AcquireResult:
+        feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
+        shift = _clock_shift(now)
+        held = Held(
+            feature=feature,
+            pid=requester.pid,
+            timestamp=refreshed + shift,
+            expires_at=expires + shift,
+            token=int(token),
+            handle=_Handle(params["lease"], params["attempt"]),
+        )
+        replaced = None
+        if prev_pid is not None and prev_ts is not None:
+            state = "stale" if prev_exp is not None and prev_exp < now else "active"
+            old = _Row(feature, prev_pid, prev_details, None, None, False, prev_ts, prev_exp, now)
+            replaced = self._info(old, state=state)
+            if replaced.owner != Owner.UNKNOWN.value and state == "active":
+                reason = f"owner {replaced.owner}"
+        return AcquireResult(held, replaced=replaced, reason=reason if replaced else None)
+
+    # ------------------------------------------------------------------ holding
+
+    def refresh(self, held: Held) -> Held:
+        found = self._rows(_REFRESH, self._params(feature=held.feature, token=held.token))
+        if not found:
+            raise LockLostError(held.feature, "its lease ran out, or it was released or taken over")
+        refreshed, expires, now = found[0]
+        shift = _clock_shift(now)
+        return Held(
+            held.feature,
+            held.pid,
+            refreshed + shift,
+            expires + shift,
+            held.token,
+            held.handle,
+        )
+
+    def release_held(self, held: Held) -> bool:
+        return bool(self._rows(_RELEASE_HELD, self._params(feature=held.feature, token=held.token)))
+
+    def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
+        params = self._params(feature=feature, pid=pid, host=self._host, force=force)
+        if self._rows(_RELEASE_PID, params):
+            return True
+        holder = self._row(feature)
+        if holder is None or holder.pid is None:
+            return False
+        raise NotOwnerError(self._info(holder))
+
+    def verify(self, feature: str, token: int) -> bool:
+        return bool(self._rows(_VERIFY, self._params(feature=feature, token=token))[0][0])
+
+    # ------------------------------------------------------------------ looking
+
+    def _row(self, feature: str) -> _Row | None:
+        found = self._rows(_SELECT_ONE, self._params(feature=feature))
+        return _Row(*found[0]) if found else None
+
+    def _info(self, row: _Row, *, state: str | None = None) -> LockInfo:
+        if row.pid is None:
+            return _unlocked(row.feature, state or ("done" if row.done else "free"))
+        assert row.refreshed is not None and row.expires is not None
+        active = row.expires >= row.now
+        state = state or ("active" if active else "stale")
+        return LockInfo(
+            feature=row.feature,
+            state=State(state),
+            pid=row.pid,
+            timestamp=row.refreshed,
+            age_seconds=max(0.0, row.now - row.refreshed),
+            expires_in_seconds=max(0.0, row.expires - row.now) if state == "active" else None,
+            owner=self._judge(row),
+            host=row.host,
+            token=row.token,
+        )
+
+    def _judge(self, row: _Row) -> Owner:
+        """The owner judgement of the file backend (only on this boot and PID namespace), with
+        the lock's time moved onto this host's clock."""
+        from mahabharatha.backends.liveness import owner_liveness
+
+        if row.pid is None or row.refreshed is None:
+            return Owner.UNKNOWN
+        details = ownership.decode(row.details)
+        return owner_liveness(row.pid, row.refreshed + _clock_shift(row.now), details)
+
+    def host_of(self, feature: str) -> tuple[str | None, int | None]:
+        """The holder's host and token (for JSON), (None, None) when free."""
+        row = self._row(feature)
+        if row is None or row.pid is None:
+            return None, None
+        return row.host, row.token
+
+    def inspect(self, feature: str) -> LockInfo:
+        row = self._row(feature)
+        if row is None:
+            return _unlocked(feature, "free")
+        info = self._info(row)
+        return info if info.state != "done" else _unlocked(feature, "free")
+
+    def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
+        return [self._info(_Row(*row)) for row in self._rows(_SELECT_HELD, self._params())]
+
+    def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
+        names = self.feature_names()
+        local = set(names)
+        infos = {
+            row.feature: self._info(row)
+            for row in (_Row(*found) for found in self._rows(_SELECT_ALL, self._params()))
+            if row.pid is not None or row.done or row.feature in local  # not a bare old row
+        }
+        for name in names:
+            infos.setdefault(name, _unlocked(name, "free"))
+        return [infos[name] for name in sorted(infos)]
+
+    def feature_names(self) -> list[str]:
+        from mahabharatha.backends.files import FileBackend
+
+        try:
+            return FileBackend(self.gsd_dir).feature_names()
+        except FileNotFoundError:
+            return []
+
+    # ------------------------------------------------------------------ maintenance
+
+    def clean(
+        self,
+        *,
+        dry_run: bool = False,
+        reclaim_dead: bool = False,
+        problems: list[FeatureProblem] | None = None,
+        features: Iterable[str] | None = None,
+    ) -> list[CleanedEntry]:
+        rows = [_Row(*row) for row in self._rows(_SELECT_HELD, self._params())]
+        if features is not None:
+            wanted = set(features)
+            rows = [row for row in rows if row.feature in wanted]
+        judged = [
+            row.token
+            for row in rows
+            if reclaim_dead
+            and row.token is not None
+            and self._info(row).state == "active"
+            and self._info(row).owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value)
+        ]
+        if dry_run:
+            return [
+                CleanedEntry(
+                    row.feature, self._path(row.feature), "lock", self._info(row).state, False
+                )
+                for row in rows
+                if self._info(row).state == "stale" or row.token in judged
+            ]
+        removed = self._rows(
+            _CLEAN, self._params(judged=judged, features=[row.feature for row in rows])
+        )
+        states = {row.feature: self._info(row).state for row in rows}
+        return [
+            CleanedEntry(feature, self._path(feature), "lock", states.get(feature, "stale"), True)
+            for feature, _ in sorted(removed)
+        ]
+
+    def _path(self, feature: str) -> str:
+        return f"{self._server}#{self.namespace}/{feature}"
+
+    def is_done(self, feature: str) -> bool:
+        return bool(self._rows(_IS_DONE, self._params(feature=feature))[0][0])
+
+    def done(self, feature: str, pid: int) -> str:
+        params = self._params(feature=feature, pid=pid, host=self._host)
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            return conn.execute(_DONE, params).fetchall()
+
+        found = self._run(run, retry=False)  # repeated after a lost answer, it would say "not held"
+        if not found:
+            holder = self._row(feature)
+            if holder is not None and holder.pid is not None:
+                raise NotOwnerError(self._info(holder))
+            raise NotHeldError(feature, pid)
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][1]))
+
+    def reopen(self, feature: str) -> bool:
+        return bool(self._rows(_REOPEN, self._params(feature=feature)))
+
+    # ------------------------------------------------------------------ waiting
+
+    def wait_for_release(self, feature: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a release of ``feature`` (LISTEN/NOTIFY): True
+        when one came (or when this is the first call, which only starts listening: the caller
+        tries again, and any release after that wakes it)."""
+        if self._listener is None or self._listener.closed:
+            try:
+                self._listener = psycopg.Connection.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=self._connect_timeout_arg(),
+                    application_name="mahabharatha-wait",
+                )
+                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            except psycopg.Error as error:
+                self._listener = None
+                raise self._error(error) from None
+            return True
+        wanted = [self.namespace, feature]
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                for note in self._listener.notifies(timeout=left):
+                    with suppress(ValueError):
+                        if json.loads(note.payload) == wanted:
+                            return True
+        except psycopg.Error as error:
+            with suppress(psycopg.Error, OSError):
+                self._listener.close()
+            self._listener = None
+            raise self._error(error) from None
+        return False
+
+
+def _clock_shift(server_now: float) -> float:
+    """What to add to a server time to read it on this host's clock: ``Held`` times are
+    compared with ``time.time()`` by the lock layer, and a client clock hours wrong must judge
+    nothing differently (only durations measured by the server count)."""
+    return time.time() - server_now
+
+
+def _unlocked(feature: str, state: str) -> LockInfo:
+    return LockInfo(feature, State(state), None, None, None, None, Owner.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class _Handle:
+    """What a PostgreSQL acquisition keeps besides its token."""
+
+    lease: float
+    attempt: bytes

@@ -1,0 +1,142 @@
+"""Passwords never shown; names stored verbatim (no SQL is built from input); a role with only
+SELECT, INSERT, UPDATE and DELETE works once the tables exist.
+
+Fails before this change: there was no PostgreSQL backend at all."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from mahabharatha.backends.base import BackendError, Requester
+from tests.support.postgres import APP_PASSWORD, PgServer, admin_execute
+
+
+def _shown(error: BaseException) -> str:
+    return f"{error} {error!r} {error.args!r} {error.__cause__!r} {error.__context__!r}"
+
+
+def test_password_never_appears_in_errors(
+    make_backend: Callable[..., Any], pg_server: PgServer
+) -> None:
+    right = pg_server.url(tcp=True, password=APP_PASSWORD)
+    wrong_password = "Wr0ng-'pass\"word"
+    wrong = pg_server.url(tcp=True, password=wrong_password)
+    good = make_backend(url=right)
+    assert good.try_acquire("feat", Requester(1)).held is not None
+    assert APP_PASSWORD not in f"{good!r} {good.where()}"
+    refused = make_backend(url=wrong)
+    with pytest.raises(BackendError) as login:
+        refused.inspect("feat")
+    assert wrong_password not in _shown(login.value)
+    assert f"127.0.0.1:{pg_server.port}/mh" in str(login.value)
+    pg_server.stop()
+    try:
+        down = make_backend(url=right)
+        with pytest.raises(BackendError) as unreachable:
+            down.inspect("feat")
+    finally:
+        pg_server.start()
+    assert APP_PASSWORD not in _shown(unreachable.value)
+    assert APP_PASSWORD not in pg_server.log.read_text(errors="replace")
+
+
+def test_password_from_pgpassword_is_never_shown(
+    make_backend: Callable[..., Any], pg_server: PgServer, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("PGPASSWORD", "env-Secret-pw")
+    backend = make_backend(url=pg_server.url(tcp=True))
+    with pytest.raises(BackendError) as refused:
+        backend.inspect("feat")
+    assert "env-Secret-pw" not in _shown(refused.value)
+    monkeypatch.setenv("PGPASSWORD", APP_PASSWORD)
+    assert make_backend(url=pg_server.url(tcp=True)).inspect("feat").state == "free"
+
+
+ODD = [
+    "it's",
+    'say "hi"',
+    "back\\slash\\\\",
+    "x'); DROP TABLE mahabharatha_locks; --",
+    "%(ns)s %s {}",
+    "ünïcødé ✓",
+]
+
+
+@pytest.mark.parametrize("name", ODD)
+def test_odd_names_are_stored_and_shown_verbatim(
+    make_backend: Callable[..., Any], pg_server: PgServer, name: str
+) -> None:
+    backend = make_backend(namespace=name)
+    held = backend.try_acquire(name, Requester(1)).held
+    assert [info.feature for info in backend.status()] == [name]
+    assert backend.inspect(name).pid == 1 and backend.verify(name, held.token)
+    assert backend.try_claim([name, "plain"], Requester(2)).held.feature == "plain"
+    stored = admin_execute(
+        pg_server, "SELECT namespace FROM mahabharatha_locks WHERE feature = %s", name
+    )
+    assert stored == [(name,)]
+
+
+@pytest.fixture
+def dml_only(pg_server: PgServer) -> Iterator[str]:
+    """A database whose tables were made by ``init`` as their owner, and a role that may only
+    read and write rows there (no CREATE anywhere): its URL."""
+    from mahabharatha.backends.postgres import PostgresBackend
+
+    admin_execute(pg_server, "CREATE DATABASE mh_dml_db")
+    admin_execute(pg_server, "CREATE ROLE mh_dml LOGIN")
+    owner = PostgresBackend(pg_server.url(role="mh_admin", database="mh_dml_db"), namespace="n")
+    assert owner.init() == 1
+    owner.close()
+    import psycopg
+
+    with psycopg.connect(
+        pg_server.url(role="mh_admin", database="mh_dml_db"), autocommit=True
+    ) as admin:
+        admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        admin.execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON mahabharatha_locks, mahabharatha_schema"
+            " TO mh_dml"
+        )
+        admin.execute("GRANT USAGE ON SEQUENCE mahabharatha_lock_token TO mh_dml")
+    try:
+        yield pg_server.url(role="mh_dml", database="mh_dml_db")
+    finally:
+        admin_execute(pg_server, "DROP DATABASE mh_dml_db WITH (FORCE)")
+        admin_execute(pg_server, "DROP ROLE mh_dml")
+
+
+def test_a_role_with_only_dml_works_after_init(
+    make_backend: Callable[..., Any], dml_only: str
+) -> None:
+    backend = make_backend(url=dml_only)
+    mine = Requester(os.getpid())
+    held = backend.try_acquire("feat", mine, lease=60).held
+    backend.refresh(held)
+    assert backend.verify("feat", held.token)
+    claimed = backend.try_claim(["a", "b"], mine).held
+    backend.done(claimed.feature, os.getpid())
+    assert backend.reopen(claimed.feature)
+    assert [info.feature for info in backend.status()] == ["feat"]
+    backend.clean()
+    assert backend.release_held(held)
+    assert backend.init() == 1  # nothing to create: no DDL right needed
+
+
+def test_without_the_tables_a_dml_role_is_told_what_to_do(
+    make_backend: Callable[..., Any], pg_server: PgServer
+) -> None:
+    admin_execute(pg_server, "CREATE DATABASE mh_empty_db")
+    admin_execute(pg_server, "CREATE ROLE mh_reader LOGIN")
+    try:
+        backend = make_backend(url=pg_server.url(role="mh_reader", database="mh_empty_db"))
+        with pytest.raises(BackendError, match="lock init"):
+            backend.inspect("feat")
+        backend.close()
+    finally:
+        admin_execute(pg_server, "DROP DATABASE mh_empty_db WITH (FORCE)")
+        admin_execute(pg_server, "DROP ROLE mh_reader")
