@@ -18,9 +18,9 @@ folder in the way) stays an :class:`OSError`.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``signal``)
 import math
 import os
-import random
 import signal
 import threading
 import weakref
@@ -119,6 +119,11 @@ DEFERRED_SIGNALS: Final[tuple[int, ...]] = (
 """Signals whose Python handlers may raise (KeyboardInterrupt, a caller's own exception): held
 back while a lock is being published, so an interrupted acquire never strands its lock."""
 
+# The C functions under ``signal``: its wrappers turn every answer into an enum, nine enum
+# lookups per acquire (one raising and catching ValueError), a quarter of an uncontended cycle.
+_get_handler: Final[Callable[[int], Any]] = _signal.getsignal
+_set_handler: Final[Callable[[int, Any], Any]] = _signal.signal
+
 GsdDir = str | os.PathLike[str]
 
 
@@ -209,13 +214,13 @@ def _signals_deferred() -> Iterator[None]:
     signum: int
     try:
         for signum in DEFERRED_SIGNALS:
-            handler = signal.getsignal(signum)
+            handler = _get_handler(signum)
             if callable(handler):  # SIG_DFL / SIG_IGN raise nothing in Python: leave them be
-                saved[signum] = signal.signal(signum, remember)
+                saved[signum] = _set_handler(signum, remember)
         yield
     finally:
         for signum, handler in saved.items():
-            signal.signal(signum, handler)
+            _set_handler(signum, handler)
         for signum in caught:
             saved[signum](signum, None)  # may raise: the caller's frame knows what it holds now
 
@@ -311,6 +316,8 @@ def acquire(
 
 def _backoff_delays() -> Iterator[float]:
     """Exponential backoff with jitter: 2 ms, 4 ms, ... 25 ms; 250 ms once the wait is long."""
+    import random  # only a waiter needs it: keeps it out of every CLI call's cold start
+
     started = monotonic()
     ceiling = BACKOFF_FIRST_SECONDS
     while True:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 __all__ = [
     "HELD_STATES",
@@ -256,10 +256,12 @@ class BackendError(OSError):
 # --------------------------------------------------------------------------- the seam
 
 
-@dataclass(frozen=True)
-class Requester:
+class Requester(NamedTuple):
     """Who asks for a lock: the owner pid to record, and its owner details (packed by
-    :mod:`mahabharatha.ownership`; ``None``: unknown)."""
+    :mod:`mahabharatha.ownership`; ``None``: unknown).
+
+    This and :class:`AcquireResult` are named tuples, not dataclasses: made on every try, and
+    a ``@dataclass`` class costs the CLI's cold start four times as much to define."""
 
     pid: int
     details: bytes | None = None
@@ -282,8 +284,7 @@ class Held:
     handle: Any = None
 
 
-@dataclass(frozen=True)
-class AcquireResult:
+class AcquireResult(NamedTuple):
     """How one try ended: ``held`` when it won; otherwise ``holder`` is who stopped it.
 
     ``replaced`` is what the try reclaimed to win (a stale, corrupt or dead owner's lock), for

@@ -11,7 +11,6 @@ the lease is the contract's fixed 2 hours.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from collections.abc import Iterable
@@ -134,6 +133,8 @@ def _audit(gsd_dir: str | os.PathLike[str], action: str, feature: str, **facts: 
         "by_pid": os.getpid(),
         **facts,
     }
+    import json  # only a reclaim, forced release or clean writes a line: not every cold start
+
     line = (json.dumps(entry, sort_keys=True) + "\n").encode()
     # O_NONBLOCK: a FIFO put at the log's path must not hang the open (no reader: ENXIO).
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

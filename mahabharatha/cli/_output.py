@@ -7,7 +7,6 @@ from :func:`exit_code_for`, the one place errors become exit codes.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -212,6 +211,8 @@ def emit(result: Result, as_json: bool) -> NoReturn:
             and "error" not in document  # a command may name its error itself ("lost")
         ):
             document = {**document, "error": result.message}
+        import json  # only --json needs it: kept out of every other call's cold start
+
         typer.echo(json.dumps(document, sort_keys=True))
     elif result.show is not None:
         result.show()
