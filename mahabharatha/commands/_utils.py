@@ -34,7 +34,6 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
-from dataclasses import dataclass, field
 from pathlib import Path, PosixPath
 from time import monotonic as _monotonic  # bound now: tests replace this module's ``time``
 from typing import Final, NamedTuple
@@ -383,17 +382,56 @@ RECLAIMABLE: Final = frozenset(
 )
 
 
-@dataclass(frozen=True)
 class LockSnapshot:
-    """What one read of ``.lock`` saw. Two snapshots of one unchanged entry compare equal."""
+    """What one read of ``.lock`` saw. Two snapshots of one unchanged entry compare equal.
+
+    Read-only by convention (never changed after it is made). A plain class with slots, not a
+    frozen dataclass: one is made on every read, and the dataclass costs every CLI call half a
+    millisecond to define and every read six ``object.__setattr__`` calls to fill."""
+
+    __slots__ = ("_record", "content", "identity", "kind", "mtime", "owner", "read_errno")
 
     kind: EntryKind
     identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
     content: bytes | None  # None: not readable (or not a file); a symlink holds its target
-    mtime: float = 0.0
-    read_errno: int | None = None  # why a regular file's bytes could not be read
-    # The owner details published with the record (``ownership``); not part of its identity.
-    owner: bytes | None = field(default=None, compare=False)
+    mtime: float
+    read_errno: int | None  # why a regular file's bytes could not be read
+    owner: bytes | None  # the owner details published with the record; not its identity
+
+    def __init__(
+        self,
+        kind: EntryKind,
+        identity: tuple[int, int] | None,
+        content: bytes | None,
+        mtime: float = 0.0,
+        read_errno: int | None = None,
+        owner: bytes | None = None,
+    ) -> None:
+        self.kind = kind
+        self.identity = identity
+        self.content = content
+        self.mtime = mtime
+        self.read_errno = read_errno
+        self.owner = owner
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.kind, self.identity, self.content, self.mtime, self.read_errno)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, LockSnapshot)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}={getattr(self, name)!r}"
+            for name in ("kind", "identity", "content", "mtime", "read_errno", "owner")
+        )
+        return f"LockSnapshot({fields})"
 
     @property
     def owner_details(self) -> ownership.OwnerDetails | None:
@@ -403,12 +441,14 @@ class LockSnapshot:
     @property
     def record(self) -> tuple[int, float] | None:
         """The parsed record (parsed once per snapshot: judging and describing both ask)."""
-        cache = self.__dict__
-        if "_record" not in cache:  # (a frozen dataclass: the cache lives beside the fields)
+        try:
+            return self._record
+        except AttributeError:
             text = self.text
-            cache["_record"] = None if text is None else _parse_lock_content(text)
-        record: tuple[int, float] | None = cache["_record"]
-        return record
+            self._record: tuple[int, float] | None = (
+                None if text is None else _parse_lock_content(text)
+            )
+            return self._record
 
     @property
     def text(self) -> str | None:
