@@ -250,27 +250,27 @@ def python_pieces(gsd: str, dfd: int, record: bytes, cycles: int, rounds: int) -
     now = time.time()
 
     def open_feature_dir_nop() -> None:
-        with _utils.open_feature_dir(gsd, FEATURE, create=False):
+        with _utils.OpenFeatureDir(gsd, FEATURE, create=False):
             pass
 
     def guard_pair() -> None:
-        with _utils.guard(dfd, wait=True):
+        with _utils.Guard(dfd, wait=True):
             pass
 
     pieces = _interleaved(
         {
             "feature_dir_path (pathlib, 2 joins)": lambda: _utils.feature_dir_path(gsd, FEATURE),
             "os.path.join equivalent": lambda: os.path.join(gsd, "specs", FEATURE),
-            "open_feature_dir enter+exit (incl. open+close)": open_feature_dir_nop,
-            "guard enter+exit (incl. flock EX+UN)": guard_pair,
+            "OpenFeatureDir enter+exit (incl. open+close)": open_feature_dir_nop,
+            "Guard enter+exit (incl. flock EX+UN)": guard_pair,
             "_validate_feature_name": lambda: _utils._validate_feature_name(FEATURE),
             "format_record": lambda: _utils.format_record(os.getpid(), now),
-            "LockSnapshot(...) (frozen dataclass)": lambda: _utils.LockSnapshot(
+            "LockSnapshot(...) (slotted class)": lambda: _utils.LockSnapshot(
                 _utils.EntryKind.FILE, (1, 2), record, 1.0
             ),
             "AcquireOutcome(mine)": lambda: _utils.AcquireOutcome(snapshot),
             "judge_lock (decode + regex + float)": lambda: _utils.judge_lock(snapshot, now),
-            "snapshot.record": lambda: snapshot.record,
+            "snapshot.record_at(now)": lambda: snapshot.record_at(now),
         },
         cycles * 3,
         rounds,

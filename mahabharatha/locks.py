@@ -54,8 +54,9 @@ from mahabharatha.backends.base import (
 from mahabharatha.backends.files import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, FileBackend
 from mahabharatha.backends.liveness import CREATE_TIME_SLACK_SECONDS, owner_liveness
 from mahabharatha.commands import _utils
-from mahabharatha.commands._utils import UnsafeLockPathError, _validate_feature_name
 from mahabharatha.constants import GSD_DIR
+from mahabharatha.lockfile import MAX_PID, UnsafeLockPathError
+from mahabharatha.lockfile import validate_feature_name as _validate_feature_name
 
 __all__ = [
     "AUDIT_LOG_NAME",
@@ -347,8 +348,8 @@ def _valid_seconds(name: str, value: float | None) -> float | None:
 
 
 def _valid_pid(pid: int) -> int:
-    if not 1 <= pid <= _utils.MAX_PID:
-        raise ValueError(f"Invalid pid: {pid} (must be 1 to {_utils.MAX_PID})")
+    if not 1 <= pid <= MAX_PID:
+        raise ValueError(f"Invalid pid: {pid} (must be 1 to {MAX_PID})")
     return pid
 
 
