@@ -51,14 +51,11 @@ from mahabharatha import ownership
 
 __all__ = [
     "EMPTY_LOCK_GRACE_SECONDS",
-    "FUTURE_SKEW_SECONDS",
-    "GUARD_WAIT_SECONDS",
     "LOCK_FILE_NAME",
     "LOCK_MODE",
     "MAX_PID",
     "MAX_READ_BYTES",
     "MISSING",
-    "NAME_RULE",
     "NOFOLLOW_READ",
     "STALE_AFTER_SECONDS",
     "TEMP_ORPHAN_SECONDS",
@@ -74,7 +71,6 @@ __all__ = [
     "OpenFeatureDir",
     "Reclaimable",
     "ReleaseOutcome",
-    "TmpfileSwitch",
     "UnsafeLockPathError",
     "age_only",
     "busy_error",

@@ -37,6 +37,24 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Final, NamedTuple
 
+__all__ = [
+    "INLINE_BYTES",
+    "MAX_COMMAND_CHARS",
+    "MAX_DETAILS_BYTES",
+    "XATTR_NAME",
+    "OwnerDetails",
+    "attach",
+    "decode",
+    "details_of",
+    "group_has_live_member",
+    "is_alive",
+    "judgeable",
+    "proc_stat",
+    "read_attached",
+    "this_boot",
+    "this_pid_namespace",
+]
+
 XATTR_NAME: Final = "user.mahabharatha.owner"
 """One attribute for everything: set with one system call, in the inode on ext4 (user.*: no
 privilege needed)."""

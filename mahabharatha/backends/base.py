@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final, NamedTuple, Protocol
 
 __all__ = [
-    "HELD_STATES",
     "AcquireResult",
     "AlreadyHeldError",
     "BackendError",

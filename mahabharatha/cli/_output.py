@@ -42,6 +42,27 @@ from mahabharatha.locks import (
     owner_is_gone,
 )
 
+__all__ = [
+    "DEFAULT_GSD_DIR",
+    "RECLAIM_DEAD_ADVICE",
+    "GsdDirOption",
+    "JsonOption",
+    "NonblockOption",
+    "PidOption",
+    "ReclaimDeadOption",
+    "Result",
+    "WaitOption",
+    "backend_for",
+    "default_owner",
+    "exit_code_for",
+    "problem_fields",
+    "problem_warnings",
+    "respond",
+    "sentence",
+    "wait_seconds",
+    "what_to_do",
+]
+
 
 def backend_for(gsd_dir: str) -> LockBackend:
     """The one place a command gets the backend its locks live in: today the folder backend
