@@ -99,6 +99,7 @@ __all__ = [
     "sweep_orphan_temps",
     "try_acquire",
     "validate_feature_name",
+    "with_name",
     "write_all",
 ]
 
@@ -496,6 +497,11 @@ def _read_lock_once(dfd: int) -> LockSnapshot | None:
         # The details of the very inode read, one more system call (ownership).
         owner = ownership.read_attached(fd) if content else None
         return LockSnapshot(EntryKind.FILE, _identity(info), content, info.st_mtime, owner=owner)
+    except OSError as error:
+        named = with_name(error, LOCK_FILE_NAME)  # fstat or read of the lock's descriptor
+        if named is error:
+            raise
+        raise named from error
     finally:
         close_quietly(fd)
 
@@ -552,7 +558,8 @@ class OpenFeatureDir:
 
     Every later step works relative to this descriptor, so swapping the folder for a symlink
     mid-call (race: folder replaced by a link) cannot redirect a write. OS errors raised inside
-    the block are re-raised naming the file they were about. The folder is opened on entering
+    the block that name a file relative to it are re-raised naming its full path
+    (:func:`named_error`). The folder is opened on entering
     the block (never in the constructor: an object made without ``with`` holds nothing).
     """
 
@@ -587,13 +594,24 @@ class OpenFeatureDir:
                 raise named from error
 
 
-def named_error(error: OSError, folder: str) -> OSError:
-    """The same error, naming the file it was about: system calls relative to the folder's
-    descriptor report a bare name (``.lock``, a temp), ``.`` or ``/proc/self/fd/N``."""
-    name = None if error.filename is None else str(error.filename)
-    if error.errno is None or (name and os.sep in name and not name.startswith("/proc/")):
+def with_name(error: OSError, name: str) -> OSError:
+    """``error`` naming ``name`` (relative to the folder) if it named no file: a call on a
+    file descriptor (``write``, ``fstat``, ``flock``) reports none, so the step that made it
+    says which file it was about, where it raises."""
+    if error.filename is not None or error.errno is None:
         return error
-    bare = name if name and name != "." and not name.startswith("/proc/") else LOCK_FILE_NAME
+    return type(error)(error.errno, error.strerror, name)
+
+
+def named_error(error: OSError, folder: str) -> OSError:
+    """The same error, naming the full path of the file it was about. Only an error that names
+    a file relative to the folder's descriptor is rewritten: a bare name (``.lock``, a temp),
+    ``.`` or ``/proc/self/fd/N`` (both: the unnamed lock being published). An error that names
+    no file is left as it is, never guessed at (the protocol names its own: :func:`with_name`)."""
+    name = None if error.filename is None else str(error.filename)
+    if error.errno is None or name is None or (os.sep in name and not name.startswith("/proc/")):
+        return error
+    bare = name if name != "." and not name.startswith("/proc/") else LOCK_FILE_NAME
     path = os.path.join(folder, bare)
     detail = error.strerror or str(error)
     return type(error)(error.errno, f"{path}: {detail}", path)
@@ -687,6 +705,8 @@ def _try_guard(dfd: int) -> bool:
         fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError as error:  # the guard of .lock could not be taken (ENOLCK, ...)
+        raise with_name(error, LOCK_FILE_NAME) from error
     return True
 
 
@@ -716,7 +736,9 @@ class Guard:
                 os.sched_yield()  # Race: its holder is mid-removal for a few system calls
                 self.taken = _try_guard(dfd)
             if not self.taken and self.wait:
-                raise GuardBusyError(errno.EWOULDBLOCK, "feature folder stayed busy; try again")
+                raise GuardBusyError(
+                    errno.EWOULDBLOCK, "feature folder stayed busy; try again", LOCK_FILE_NAME
+                )
         return self.taken
 
     def __exit__(self, *_exc: object) -> None:
@@ -842,12 +864,18 @@ def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result
     Another user who cannot read a lock must call it unreadable and may reclaim it, so a lock
     that the umask made private would be stolen from its live owner (race: cross-user reclaim).
     """
-    write_all(fd, record)
-    # Race: a reader must never see the record without its details: set them before the link.
-    ownership.attach(fd, owner)
-    info = os.fstat(fd)
-    if info.st_mode & LOCK_MODE != LOCK_MODE:
-        os.fchmod(fd, LOCK_MODE)
+    try:
+        write_all(fd, record)
+        # Race: a reader must never see the record without its details: set them before link.
+        ownership.attach(fd, owner)
+        info = os.fstat(fd)
+        if info.st_mode & LOCK_MODE != LOCK_MODE:
+            os.fchmod(fd, LOCK_MODE)
+    except OSError as error:
+        named = with_name(error, LOCK_FILE_NAME)  # the lock being written, not yet linked
+        if named is error:
+            raise
+        raise named from error
     return info
 
 
@@ -861,9 +889,11 @@ def _write_named_temp(dfd: int, record: bytes, owner: bytes | None) -> tuple[str
             info = _write_record(fd, record, owner)
         finally:
             os.close(fd)  # a close error (deferred write error) fails the temp too
-    except BaseException:
+    except BaseException as error:
         _unlink_quietly(dfd, name)
-        raise
+        if not isinstance(error, OSError) or with_name(error, LOCK_FILE_NAME) is error:
+            raise
+        raise with_name(error, LOCK_FILE_NAME) from error  # the close of the lock being written
     return name, info
 
 
@@ -1113,7 +1143,9 @@ def try_acquire(
         if state is LockState.FREE:
             continue  # Race: released between our link and our read; publish again.
         if holder.kind is EntryKind.DIRECTORY:
-            raise UnsafeLockPathError(errno.EISDIR, "a directory is in the way, not a lock file")
+            raise UnsafeLockPathError(
+                errno.EISDIR, "a directory is in the way, not a lock file", LOCK_FILE_NAME
+            )
         if not may_reclaim(holder, state):
             return AcquireOutcome(None, holder, state)
         if deadline is None:

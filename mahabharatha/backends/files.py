@@ -224,10 +224,12 @@ def _publish_marker(dfd: int, text: str) -> None:
         finally:
             os.close(fd)
         os.rename(temp, COMPLETED_MARKER_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
+    except BaseException as error:
         with suppress(OSError):
             os.unlink(temp, dir_fd=dfd)
-        raise
+        if not isinstance(error, OSError) or lockfile.with_name(error, temp) is error:
+            raise
+        raise lockfile.with_name(error, temp) from error  # a write, fchmod or close of the temp
 
 
 # --------------------------------------------------------------------------- the backend
