@@ -129,18 +129,19 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         os.close(dfd)
         release_calls(os.open(folder, DIR_FLAGS))
 
+    from mahabharatha import lockfile
     from mahabharatha.commands import _utils
 
     def lean() -> None:
         """Ours from the same primitives (``try_acquire``, ``release_at``), minus the pathlib
         path and the context manager around the folder descriptor."""
-        _utils._validate_feature_name(FEATURE)
+        lockfile.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
             _utils.try_acquire(dfd, os.getpid(), time.time())
         finally:
             os.close(dfd)
-        _utils._validate_feature_name(FEATURE)
+        lockfile.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
             _utils.release_at(dfd, os.getpid(), time.time())
@@ -244,6 +245,7 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
 def python_pieces(gsd: str, dfd: int, record: bytes, cycles: int, rounds: int) -> str:
     """The Python-only steps of one legacy cycle, each timed alone (no system call inside,
     except where named)."""
+    from mahabharatha import lockfile
     from mahabharatha.commands import _utils
 
     snapshot = _utils.LockSnapshot(_utils.EntryKind.FILE, (1, 2), record, 1.0)
@@ -263,7 +265,7 @@ def python_pieces(gsd: str, dfd: int, record: bytes, cycles: int, rounds: int) -
             "os.path.join equivalent": lambda: os.path.join(gsd, "specs", FEATURE),
             "OpenFeatureDir enter+exit (incl. open+close)": open_feature_dir_nop,
             "Guard enter+exit (incl. flock EX+UN)": guard_pair,
-            "_validate_feature_name": lambda: _utils._validate_feature_name(FEATURE),
+            "validate_feature_name": lambda: lockfile.validate_feature_name(FEATURE),
             "format_record": lambda: _utils.format_record(os.getpid(), now),
             "LockSnapshot(...) (slotted class)": lambda: _utils.LockSnapshot(
                 _utils.EntryKind.FILE, (1, 2), record, 1.0
@@ -339,7 +341,7 @@ def profile_sections(work: Path, cycles: int, locks_count: int) -> str:
     )
 
 
-def _per_pid_liveness() -> Callable[[int | None, float | None], Any]:
+def _per_pid_liveness() -> Callable[[int | None, float | None, Any], Any]:
     """What a per-pid cache would cost: ask psutil once per pid, compare start times in Python
     (the rule of ``owner_liveness``, same answers)."""
     import psutil
@@ -348,7 +350,7 @@ def _per_pid_liveness() -> Callable[[int | None, float | None], Any]:
 
     seen: dict[int, tuple[bool, float] | None] = {}
 
-    def liveness(pid: int | None, timestamp: float | None) -> Any:
+    def liveness(pid: int | None, timestamp: float | None, _details: Any = None) -> Any:
         if pid is None:
             return locks.Owner.UNKNOWN
         if pid not in seen:
@@ -414,9 +416,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
                     os.close(dfd)
                 if snapshot.kind is not _utils.EntryKind.MISSING:
                     state = _utils.judge_lock(snapshot, now)
-                    infos.append(
-                        files.describe_snapshot(name, snapshot, state, now, liveness)  # type: ignore[arg-type]
-                    )
+                    infos.append(files.describe_snapshot(name, snapshot, state, now, liveness))
         finally:
             os.close(specs)
         if len(infos) != locks_count:
