@@ -25,7 +25,6 @@ import signal
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from time import monotonic, sleep
 from types import TracebackType
 from typing import Any, Final, Self
@@ -196,34 +195,42 @@ def _held_by(holder: LockInfo | None, callers: set[int]) -> bool:
     return holder is not None and holder.state is State.ACTIVE and holder.pid in callers
 
 
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold back the Python handlers of :data:`DEFERRED_SIGNALS` for the block, then run them.
+class _SignalsDeferred:
+    """``with _SignalsDeferred():`` holds back the Python handlers of :data:`DEFERRED_SIGNALS`
+    for the block, then runs them (a class, not a ``@contextmanager``: it wraps every try).
 
     Only the main thread runs Python signal handlers, so only there can a ``KeyboardInterrupt``
     land between the ``link()`` that publishes our lock and the return that hands it over.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
 
-    def remember(signum: int, _frame: object) -> None:
-        caught.append(signum)
+    __slots__ = ("caught", "saved")
 
-    saved: dict[int, Any] = {}
-    signum: int
-    try:
-        for signum in DEFERRED_SIGNALS:
-            handler = _get_handler(signum)
-            if callable(handler):  # SIG_DFL / SIG_IGN raise nothing in Python: leave them be
-                saved[signum] = _set_handler(signum, remember)
-        yield
-    finally:
-        for signum, handler in saved.items():
+    def __init__(self) -> None:
+        self.caught: list[int] = []
+        self.saved: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        caught = self.caught
+
+        def remember(signum: int, _frame: object) -> None:
+            caught.append(signum)
+
+        try:
+            for signum in DEFERRED_SIGNALS:
+                handler = _get_handler(signum)
+                if callable(handler):  # SIG_DFL / SIG_IGN raise nothing in Python: leave them
+                    self.saved[signum] = _set_handler(signum, remember)
+        except BaseException:
+            self.__exit__()  # put back the handlers already replaced
+            raise
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, handler in self.saved.items():
             _set_handler(signum, handler)
-        for signum in caught:
-            saved[signum](signum, None)  # may raise: the caller's frame knows what it holds now
+        for signum in self.caught:
+            self.saved[signum](signum, None)  # may raise: the caller's frame knows what it holds
 
 
 def _try_uninterrupted(
@@ -237,13 +244,13 @@ def _try_uninterrupted(
     signal handler raises: it never stays held unknown to the caller."""
     outcome: AcquireResult | None = None
     try:
-        with _signals_deferred():
+        with _SignalsDeferred():
             # Race: Ctrl-C right after link() published our lock: deferred to the end of this
             # block, by when ``outcome`` knows the exact lock to take back.
             outcome = _try_once(backend, feature, pid, reclaim_dead, details)
     except BaseException:
         if outcome is not None and outcome.held is not None:
-            with _signals_deferred():  # a second Ctrl-C must not cut the take-back short
+            with _SignalsDeferred():  # a second Ctrl-C must not cut the take-back short
                 backend.release_held(outcome.held)
         raise
     return outcome
