@@ -129,18 +129,19 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         os.close(dfd)
         release_calls(os.open(folder, DIR_FLAGS))
 
+    from mahabharatha import lockfile
     from mahabharatha.commands import _utils
 
     def lean() -> None:
         """Ours from the same primitives (``try_acquire``, ``release_at``), minus the pathlib
         path and the context manager around the folder descriptor."""
-        _utils._validate_feature_name(FEATURE)
+        lockfile.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
             _utils.try_acquire(dfd, os.getpid(), time.time())
         finally:
             os.close(dfd)
-        _utils._validate_feature_name(FEATURE)
+        lockfile.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
             _utils.release_at(dfd, os.getpid(), time.time())
@@ -244,33 +245,34 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
 def python_pieces(gsd: str, dfd: int, record: bytes, cycles: int, rounds: int) -> str:
     """The Python-only steps of one legacy cycle, each timed alone (no system call inside,
     except where named)."""
+    from mahabharatha import lockfile
     from mahabharatha.commands import _utils
 
     snapshot = _utils.LockSnapshot(_utils.EntryKind.FILE, (1, 2), record, 1.0)
     now = time.time()
 
     def open_feature_dir_nop() -> None:
-        with _utils.open_feature_dir(gsd, FEATURE, create=False):
+        with _utils.OpenFeatureDir(gsd, FEATURE, create=False):
             pass
 
     def guard_pair() -> None:
-        with _utils.guard(dfd, wait=True):
+        with _utils.Guard(dfd, wait=True):
             pass
 
     pieces = _interleaved(
         {
             "feature_dir_path (pathlib, 2 joins)": lambda: _utils.feature_dir_path(gsd, FEATURE),
             "os.path.join equivalent": lambda: os.path.join(gsd, "specs", FEATURE),
-            "open_feature_dir enter+exit (incl. open+close)": open_feature_dir_nop,
-            "guard enter+exit (incl. flock EX+UN)": guard_pair,
-            "_validate_feature_name": lambda: _utils._validate_feature_name(FEATURE),
+            "OpenFeatureDir enter+exit (incl. open+close)": open_feature_dir_nop,
+            "Guard enter+exit (incl. flock EX+UN)": guard_pair,
+            "validate_feature_name": lambda: lockfile.validate_feature_name(FEATURE),
             "format_record": lambda: _utils.format_record(os.getpid(), now),
-            "LockSnapshot(...) (frozen dataclass)": lambda: _utils.LockSnapshot(
+            "LockSnapshot(...) (slotted class)": lambda: _utils.LockSnapshot(
                 _utils.EntryKind.FILE, (1, 2), record, 1.0
             ),
             "AcquireOutcome(mine)": lambda: _utils.AcquireOutcome(snapshot),
             "judge_lock (decode + regex + float)": lambda: _utils.judge_lock(snapshot, now),
-            "snapshot.record": lambda: snapshot.record,
+            "snapshot.record_at(now)": lambda: snapshot.record_at(now),
         },
         cycles * 3,
         rounds,
@@ -339,7 +341,7 @@ def profile_sections(work: Path, cycles: int, locks_count: int) -> str:
     )
 
 
-def _per_pid_liveness() -> Callable[[int | None, float | None], Any]:
+def _per_pid_liveness() -> Callable[[int | None, float | None, Any], Any]:
     """What a per-pid cache would cost: ask psutil once per pid, compare start times in Python
     (the rule of ``owner_liveness``, same answers)."""
     import psutil
@@ -348,7 +350,7 @@ def _per_pid_liveness() -> Callable[[int | None, float | None], Any]:
 
     seen: dict[int, tuple[bool, float] | None] = {}
 
-    def liveness(pid: int | None, timestamp: float | None) -> Any:
+    def liveness(pid: int | None, timestamp: float | None, _details: Any = None) -> Any:
         if pid is None:
             return locks.Owner.UNKNOWN
         if pid not in seen:
@@ -414,9 +416,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
                     os.close(dfd)
                 if snapshot.kind is not _utils.EntryKind.MISSING:
                     state = _utils.judge_lock(snapshot, now)
-                    infos.append(
-                        files.describe_snapshot(name, snapshot, state, now, liveness)  # type: ignore[arg-type]
-                    )
+                    infos.append(files.describe_snapshot(name, snapshot, state, now, liveness))
         finally:
             os.close(specs)
         if len(infos) != locks_count:

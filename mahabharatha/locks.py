@@ -18,15 +18,15 @@ folder in the way) stays an :class:`OSError`.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``signal``)
 import math
 import os
-import random
 import signal
 import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from time import monotonic, sleep
 from types import TracebackType
 from typing import Any, Final, Self
@@ -55,8 +55,9 @@ from mahabharatha.backends.base import (
 from mahabharatha.backends.files import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, FileBackend
 from mahabharatha.backends.liveness import CREATE_TIME_SLACK_SECONDS, owner_liveness
 from mahabharatha.commands import _utils
-from mahabharatha.commands._utils import UnsafeLockPathError, _validate_feature_name
 from mahabharatha.constants import GSD_DIR
+from mahabharatha.lockfile import MAX_PID, UnsafeLockPathError
+from mahabharatha.lockfile import validate_feature_name as _validate_feature_name
 
 __all__ = [
     "AUDIT_LOG_NAME",
@@ -120,6 +121,11 @@ DEFERRED_SIGNALS: Final[tuple[int, ...]] = (
 )
 """Signals whose Python handlers may raise (KeyboardInterrupt, a caller's own exception): held
 back while a lock is being published, so an interrupted acquire never strands its lock."""
+
+# The C functions under ``signal``: its wrappers turn every answer into an enum, nine enum
+# lookups per acquire (one raising and catching ValueError), a quarter of an uncontended cycle.
+_get_handler: Final[Callable[[int], Any]] = _signal.getsignal
+_set_handler: Final[Callable[[int, Any], Any]] = _signal.signal
 
 GsdDir = str | os.PathLike[str]
 
@@ -199,34 +205,42 @@ def _held_by(holder: LockInfo | None, callers: set[int]) -> bool:
     return holder.host is None or holder.host == socket.gethostname()
 
 
-@contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold back the Python handlers of :data:`DEFERRED_SIGNALS` for the block, then run them.
+class _SignalsDeferred:
+    """``with _SignalsDeferred():`` holds back the Python handlers of :data:`DEFERRED_SIGNALS`
+    for the block, then runs them (a class, not a ``@contextmanager``: it wraps every try).
 
     Only the main thread runs Python signal handlers, so only there can a ``KeyboardInterrupt``
     land between the ``link()`` that publishes our lock and the return that hands it over.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
 
-    def remember(signum: int, _frame: object) -> None:
-        caught.append(signum)
+    __slots__ = ("caught", "saved")
 
-    saved: dict[int, Any] = {}
-    signum: int
-    try:
-        for signum in DEFERRED_SIGNALS:
-            handler = signal.getsignal(signum)
-            if callable(handler):  # SIG_DFL / SIG_IGN raise nothing in Python: leave them be
-                saved[signum] = signal.signal(signum, remember)
-        yield
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-        for signum in caught:
-            saved[signum](signum, None)  # may raise: the caller's frame knows what it holds now
+    def __init__(self) -> None:
+        self.caught: list[int] = []
+        self.saved: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        caught = self.caught
+
+        def remember(signum: int, _frame: object) -> None:
+            caught.append(signum)
+
+        try:
+            for signum in DEFERRED_SIGNALS:
+                handler = _get_handler(signum)
+                if callable(handler):  # SIG_DFL / SIG_IGN raise nothing in Python: leave them
+                    self.saved[signum] = _set_handler(signum, remember)
+        except BaseException:
+            self.__exit__()  # put back the handlers already replaced
+            raise
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, handler in self.saved.items():
+            _set_handler(signum, handler)
+        for signum in self.caught:
+            self.saved[signum](signum, None)  # may raise: the caller's frame knows what it holds
 
 
 def _try_uninterrupted(
@@ -241,13 +255,13 @@ def _try_uninterrupted(
     signal handler raises: it never stays held unknown to the caller."""
     outcome: AcquireResult | None = None
     try:
-        with _signals_deferred():
+        with _SignalsDeferred():
             # Race: Ctrl-C right after link() published our lock: deferred to the end of this
             # block, by when ``outcome`` knows the exact lock to take back.
             outcome = _try_once(backend, feature, pid, reclaim_dead, details, lease)
     except BaseException:
         if outcome is not None and outcome.held is not None:
-            with _signals_deferred():  # a second Ctrl-C must not cut the take-back short
+            with _SignalsDeferred():  # a second Ctrl-C must not cut the take-back short
                 backend.release_held(outcome.held)
         raise
     return outcome
@@ -346,6 +360,8 @@ def _pause(backend: LockBackend, feature: str, delay: float, left: float | None)
 
 def _backoff_delays() -> Iterator[float]:
     """Exponential backoff with jitter: 2 ms, 4 ms, ... 25 ms; 250 ms once the wait is long."""
+    import random  # only a waiter needs it: keeps it out of every CLI call's cold start
+
     started = monotonic()
     ceiling = BACKOFF_FIRST_SECONDS
     while True:
@@ -375,8 +391,8 @@ def _valid_seconds(name: str, value: float | None) -> float | None:
 
 
 def _valid_pid(pid: int) -> int:
-    if not 1 <= pid <= _utils.MAX_PID:
-        raise ValueError(f"Invalid pid: {pid} (must be 1 to {_utils.MAX_PID})")
+    if not 1 <= pid <= MAX_PID:
+        raise ValueError(f"Invalid pid: {pid} (must be 1 to {MAX_PID})")
     return pid
 
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 __all__ = [
-    "HELD_STATES",
     "AcquireResult",
     "AlreadyHeldError",
     "BackendError",
@@ -108,19 +107,18 @@ class LockInfo:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class FeatureProblem:
+class FeatureProblem(NamedTuple):
     """A feature that ``status``, ``clean`` or ``claim`` had to skip (the others were done).
 
-    ``error`` names the full path it was about (``path``)."""
+    ``error`` names the full path it was about (``path``). Plain records are named tuples
+    here: a ``@dataclass`` class costs every CLI call half a millisecond to define."""
 
     feature: str
     path: str
     error: OSError
 
 
-@dataclass(frozen=True)
-class CleanedEntry:
+class CleanedEntry(NamedTuple):
     """Something ``clean`` removed (or, in a dry run, would remove)."""
 
     feature: str
@@ -130,7 +128,7 @@ class CleanedEntry:
     removed: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
 
 _GONE: Final = {
@@ -260,17 +258,19 @@ class BackendError(OSError):
 # --------------------------------------------------------------------------- the seam
 
 
-@dataclass(frozen=True)
-class Requester:
+class Requester(NamedTuple):
     """Who asks for a lock: the owner pid to record, and its owner details (packed by
-    :mod:`mahabharatha.ownership`; ``None``: unknown)."""
+    :mod:`mahabharatha.ownership`; ``None``: unknown).
+
+    The seam's records (this, :class:`Held`, :class:`AcquireResult`) are named tuples, not
+    dataclasses: made on every try, and a ``@dataclass`` class costs the CLI's cold start four
+    times as much to define."""
 
     pid: int
     details: bytes | None = None
 
 
-@dataclass(frozen=True)
-class Held:
+class Held(NamedTuple):
     """One acquisition, as its holder keeps it: enough to refresh or release exactly it.
 
     ``token``: the fencing token (PostgreSQL: larger than every earlier one of the feature;
@@ -286,8 +286,7 @@ class Held:
     handle: Any = None
 
 
-@dataclass(frozen=True)
-class AcquireResult:
+class AcquireResult(NamedTuple):
     """How one try ended: ``held`` when it won; otherwise ``holder`` is who stopped it.
 
     ``replaced`` is what the try reclaimed to win (a stale, corrupt or dead owner's lock), for

@@ -1,17 +1,16 @@
 """The folder backend: each feature's lock is a ``.lock`` file in ``<gsd>/specs/<feature>/``.
 
 The default backend, nothing to run. Every read, publish, reclaim, refresh and removal goes
-through the hardened protocol of :mod:`mahabharatha.commands._utils` (called through the module,
-so its clock and its test seams are the ones used); this module adds what a lock layer needs on
-top: an explicit owner pid with its owner details, the ``--reclaim-dead`` judgement, the audit
-trail, listings, clean-up and the ``.completed`` marker. No fencing tokens, no chosen lease:
-the lease is the contract's fixed 2 hours.
+through the hardened protocol of :mod:`mahabharatha.lockfile` (the clock of every decision is
+:func:`mahabharatha.commands._utils.now`, the contract's clock seam); this module adds what a
+lock layer needs on top: an explicit owner pid with its owner details, the ``--reclaim-dead``
+judgement, the audit trail, listings, clean-up and the ``.completed`` marker. No fencing
+tokens, no chosen lease: the lease is the contract's fixed 2 hours.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from pathlib import Path
 from time import gmtime, strftime
 from typing import Any, Final
 
+from mahabharatha import lockfile
 from mahabharatha.backends.base import (
     AcquireResult,
     CleanedEntry,
@@ -36,7 +36,8 @@ from mahabharatha.backends.base import (
 )
 from mahabharatha.backends.liveness import Liveness, owner_liveness, per_pid
 from mahabharatha.commands import _utils
-from mahabharatha.commands._utils import (
+from mahabharatha.constants import GSD_DIR
+from mahabharatha.lockfile import (
     STALE_AFTER_SECONDS,
     EntryKind,
     LockSnapshot,
@@ -49,7 +50,6 @@ from mahabharatha.commands._utils import (
     judge_lock,
     read_lock,
 )
-from mahabharatha.constants import GSD_DIR
 
 __all__ = [
     "AUDIT_LOG_NAME",
@@ -77,7 +77,7 @@ def describe_snapshot(
     liveness: Liveness | None = owner_liveness,
 ) -> LockInfo:
     """A lock as :class:`LockInfo` says it (``liveness`` None: owner ``unknown``, unasked)."""
-    record = snapshot.record
+    record = snapshot.record_at(now)
     pid, timestamp = record if record else (None, None)
     if timestamp is not None:
         age: float | None = max(0.0, now - timestamp)
@@ -134,6 +134,8 @@ def _audit(gsd_dir: str | os.PathLike[str], action: str, feature: str, **facts: 
         "by_pid": os.getpid(),
         **facts,
     }
+    import json  # only a reclaim, forced release or clean writes a line: not every cold start
+
     line = (json.dumps(entry, sort_keys=True) + "\n").encode()
     # O_NONBLOCK: a FIFO put at the log's path must not hang the open (no reader: ENXIO).
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -180,7 +182,7 @@ def _reclaim_reason(state: LockState | None) -> str:
 
 
 def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> UnsafeLockPathError:
-    path = feature_dir_path(gsd_dir, feature) / _utils.LOCK_FILE_NAME
+    path = feature_dir_path(gsd_dir, feature) / lockfile.LOCK_FILE_NAME
     return UnsafeLockPathError(
         errno.EISDIR, f"{path}: a directory is in the way, not a lock file", str(path)
     )
@@ -214,18 +216,20 @@ def _publish_marker(dfd: int, text: str) -> None:
     """
     temp = f"{COMPLETED_MARKER_NAME}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(temp, flags, _utils.LOCK_MODE, dir_fd=dfd)
+    fd = os.open(temp, flags, lockfile.LOCK_MODE, dir_fd=dfd)
     try:
         try:
-            _utils._write_all(fd, text.encode())
-            os.fchmod(fd, _utils.LOCK_MODE)  # readable by every worker, whatever the umask
+            lockfile.write_all(fd, text.encode())
+            os.fchmod(fd, lockfile.LOCK_MODE)  # readable by every worker, whatever the umask
         finally:
             os.close(fd)
         os.rename(temp, COMPLETED_MARKER_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
+    except BaseException as error:
         with suppress(OSError):
             os.unlink(temp, dir_fd=dfd)
-        raise
+        if not isinstance(error, OSError) or lockfile.with_name(error, temp) is error:
+            raise
+        raise lockfile.with_name(error, temp) from error  # a write, fchmod or close of the temp
 
 
 # --------------------------------------------------------------------------- the backend
@@ -267,7 +271,7 @@ class FileBackend:
         rule = _dead_owner_rule if reclaim_dead else age_only
         with OpenFeatureDir(self.gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
-            outcome = _utils.try_acquire(dfd, requester.pid, now, rule, requester.details)
+            outcome = lockfile.try_acquire(dfd, requester.pid, now, rule, requester.details)
         if outcome.mine is None:
             holder = describe_snapshot(feature, outcome.holder, outcome.state, now, None)
             return AcquireResult(None, holder)
@@ -290,16 +294,16 @@ class FileBackend:
 
     def refresh(self, held: Held) -> Held:
         now = _utils.now()
-        record = _utils.format_record(held.pid, now)
+        record = lockfile.format_record(held.pid, now)
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            fresh = None if dfd is None else _utils.replace_if_unchanged(dfd, held.handle, record)
+            fresh = None if dfd is None else lockfile.replace_if_unchanged(dfd, held.handle, record)
         if fresh is None:
             raise LockLostError(held.feature)
         return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held) -> bool:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            return dfd is not None and _utils.release_mine(dfd, held.handle)
+            return dfd is not None and lockfile.release_mine(dfd, held.handle)
 
     def verify(self, feature: str, token: int) -> bool:
         raise UnsupportedError("the file backend has no fencing tokens")
@@ -311,11 +315,11 @@ class FileBackend:
             if dfd is None:
                 return False
             now = _utils.now()
-            outcome, snapshot = _utils.release_at(dfd, pid, now, force=force)
+            outcome, snapshot = lockfile.release_at(dfd, pid, now, force=force)
         if outcome is ReleaseOutcome.NOTHING:
             return False
         if outcome is ReleaseOutcome.RELEASED:
-            record = snapshot.record
+            record = snapshot.record_at(now)
             if record is None or record[0] != pid:
                 action = "forced-release" if record else "release-cleanup"
                 _audit(
@@ -338,7 +342,7 @@ class FileBackend:
         folder should be, or a directory where the lock should be: acquire would fail there
         too."""
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
-            snapshot = _utils.MISSING if dfd is None else read_lock(dfd)
+            snapshot = lockfile.MISSING if dfd is None else read_lock(dfd)
         if snapshot.kind is EntryKind.DIRECTORY:
             raise _directory_in_the_way(self.gsd_dir, feature)
         now = _utils.now()
@@ -346,7 +350,7 @@ class FileBackend:
 
     def feature_names(self) -> list[str]:
         """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted."""
-        return [feature for feature, _ in _utils.scan_locks(self.gsd_dir, read=False)]
+        return [feature for feature, _ in lockfile.scan_locks(self.gsd_dir, read=False)]
 
     def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         """Every feature folder that has a ``.lock`` entry, by name. A folder that cannot be
@@ -357,7 +361,7 @@ class FileBackend:
         skipped = _Problems(self.gsd_dir, problems)
         infos = [
             describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now, liveness)
-            for feature, snapshot in _utils.scan_locks(self.gsd_dir, on_error=skipped.add)
+            for feature, snapshot in lockfile.scan_locks(self.gsd_dir, on_error=skipped.add)
             if snapshot.kind is not EntryKind.MISSING
         ]
         skipped.settle()
@@ -391,11 +395,11 @@ class FileBackend:
             if dfd is None:
                 raise NotHeldError(feature, pid)
             now = _utils.now()
-            with _utils.Guard(dfd, wait=True):
+            with lockfile.Guard(dfd, wait=True):
                 # Under the guard no reclaim, clean or release can remove the lock: the marker
                 # is written only while the caller really holds it.
                 mine = read_lock(dfd)
-                record = mine.record
+                record = mine.record_at(now)
                 if record is None or record[0] != pid:
                     state = judge_lock(mine, now)
                     if record is None or state is LockState.FREE:
@@ -405,7 +409,7 @@ class FileBackend:
                 # Race: marker first, release second. A claimer that wins the lock after our
                 # release is sure to see the marker, so a finished feature is never built again.
                 _publish_marker(dfd, stamp + "\n")
-            _utils.release_mine(dfd, mine)
+            lockfile.release_mine(dfd, mine)
         return stamp
 
     def reopen(self, feature: str) -> bool:
@@ -449,7 +453,7 @@ class FileBackend:
         self,
         feature: str,
         dfd: int,
-        rule: _utils.MayReclaim,
+        rule: lockfile.MayReclaim,
         dry_run: bool,
         found: list[CleanedEntry],
         skipped: _Problems,
@@ -466,7 +470,7 @@ class FileBackend:
         state = judge_lock(snapshot, now)
         if cleanable(snapshot):
             removed = not dry_run and _remove_judged(dfd, snapshot, cleanable)
-            lock_path = str(folder / _utils.LOCK_FILE_NAME)
+            lock_path = str(folder / lockfile.LOCK_FILE_NAME)
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
                 _audit(
@@ -477,12 +481,12 @@ class FileBackend:
                     new_owner=None,
                     reason="owner-dead" if state is LockState.ACTIVE else state.value,
                 )
-        temps = _utils.orphan_temps(dfd, now)
+        temps = lockfile.orphan_temps(dfd, now)
         for name in temps:
             removed = False
             if not dry_run:
                 try:
-                    removed = _utils.remove_orphan_temp(dfd, name)
+                    removed = lockfile.remove_orphan_temp(dfd, name)
                 except OSError as error:
                     path = str(folder / name)
                     skipped.add(feature, type(error)(error.errno, error.strerror, path))
@@ -490,7 +494,7 @@ class FileBackend:
             found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
 
 
-def _remove_judged(dfd: int, snapshot: LockSnapshot, still: _utils.Reclaimable) -> bool:
+def _remove_judged(dfd: int, snapshot: LockSnapshot, still: lockfile.Reclaimable) -> bool:
     if snapshot.kind is EntryKind.DIRECTORY:
-        return _utils.remove_judged_dir(dfd, snapshot)
-    return _utils.remove_judged(dfd, snapshot, still)
+        return lockfile.remove_judged_dir(dfd, snapshot)
+    return lockfile.remove_judged(dfd, snapshot, still)

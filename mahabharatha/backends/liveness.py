@@ -16,10 +16,8 @@ from mahabharatha.backends.base import Owner
 __all__ = [
     "CREATE_TIME_SLACK_SECONDS",
     "Liveness",
-    "OwnerDetails",
     "owner_liveness",
     "per_pid",
-    "process_facts",
 ]
 
 CREATE_TIME_SLACK_SECONDS: Final = 1.0

@@ -7,7 +7,6 @@ from :func:`exit_code_for`, the one place errors become exit codes.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -43,6 +42,27 @@ from mahabharatha.locks import (
     NotHeldError,
     owner_is_gone,
 )
+
+__all__ = [
+    "DEFAULT_GSD_DIR",
+    "RECLAIM_DEAD_ADVICE",
+    "GsdDirOption",
+    "JsonOption",
+    "NonblockOption",
+    "PidOption",
+    "ReclaimDeadOption",
+    "Result",
+    "WaitOption",
+    "backend_for",
+    "default_owner",
+    "exit_code_for",
+    "problem_fields",
+    "problem_warnings",
+    "respond",
+    "sentence",
+    "wait_seconds",
+    "what_to_do",
+]
 
 URL_ENV: Final = "MAHABHARATHA_LOCK_URL"
 NAMESPACE_ENV: Final = "MAHABHARATHA_LOCK_NAMESPACE"
@@ -307,6 +327,8 @@ def emit(result: Result, as_json: bool) -> NoReturn:
             and "error" not in document  # a command may name its error itself ("lost")
         ):
             document = {**document, "error": result.message}
+        import json  # only --json needs it: kept out of every other call's cold start
+
         typer.echo(json.dumps(document, sort_keys=True))
     elif result.show is not None:
         result.show()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from time import monotonic
 from typing import Final, Self
 
-from mahabharatha.backends.base import LockInfo, describe_holder
+from mahabharatha.backends.base import LockInfo, describe_holder, format_duration
 
 __all__ = [
     "WaitingLine",
@@ -17,11 +17,8 @@ __all__ = [
 
 
 def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    minutes, seconds = divmod(int(value), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+    """A duration in the one format every message uses (``format_duration``); ``-``: none."""
+    return "-" if value is None else format_duration(value)
 
 
 def summary(infos: list[LockInfo]) -> str:

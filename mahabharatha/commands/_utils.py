@@ -1,225 +1,97 @@
-"""Feature detection and the hardened ``pid:timestamp`` feature lock.
+"""The legacy face: the contract's feature-lock functions and feature detection.
 
-A feature ``F`` is claimed by the file ``<gsd>/specs/F/.lock`` holding ``"{pid}:{time}"``.
+``acquire_feature_lock``, ``release_feature_lock`` and ``check_feature_lock`` keep the
+contract's signatures and answers (bools, ``None``, ``ValueError``); ``detect_feature`` finds the
+feature being worked on. The lock protocol itself (publish, judge, reclaim, release, refresh)
+is :mod:`mahabharatha.lockfile`, which reads no clock: each function here reads
+``time.time()`` of this module once and passes it down, and :func:`now` is the clock of the lock
+layer too (tests replace ``time`` here, the contract's one clock seam).
 
-Protocol (the long form, with the reasoning, is ``design/lockfile-hardening.md``):
-
-* **publish**: the record is written into a file that has no name yet (``O_TMPFILE``; elsewhere a
-  private temp file) and then ``link()``-ed to ``.lock``. ``link`` fails when ``.lock`` exists, so
-  exactly one publisher wins and nobody ever sees an empty or half-written lock.
-* **judge**: a lock is read through one no-follow, non-blocking open of at most ``MAX_READ_BYTES``;
-  its *identity* is its inode and its bytes (an inode reused with the very same bytes is the
-  same lock for every judgement we make).
-* **reclaim / release / refresh** change or remove an existing ``.lock`` only while holding the
-  *guard*, an ``flock`` on the feature folder itself, and only after re-reading the lock under
-  the guard and finding the very entry they judged. ``publish`` needs no guard (``link`` cannot
-  replace anything), so the only way ``.lock`` ever changes is under the guard.
-
-Invariants: at most one live lock per feature; no process removes or replaces a lock other than
-the one it judged; every call answers within a bounded time; nothing is followed through a link.
-
-The clock is read only through ``time.time()`` of this module (tests replace ``time`` here).
+The protocol's names are re-exported here for the callers that know them by this module.
 """
 
 from __future__ import annotations
 
-import enum
-import errno
-import fcntl
 import io
-import math
 import os
-import re
 import stat
 import time
-from collections.abc import Callable, Iterator
-from contextlib import suppress
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path, PosixPath
-from time import monotonic as _monotonic  # bound now: tests replace this module's ``time``
 from typing import Final
 
-from mahabharatha import ownership
 from mahabharatha.constants import GSD_DIR, STATE_DIR
+from mahabharatha.lockfile import (
+    LOCK_FILE_NAME,
+    MAX_PID,
+    MAX_READ_BYTES,
+    MISSING,
+    NOFOLLOW_READ,
+    STALE_AFTER_SECONDS,
+    AcquireOutcome,
+    EntryKind,
+    Guard,
+    GuardBusyError,
+    LockSnapshot,
+    LockState,
+    OpenFeatureDir,
+    age_only,
+    busy_error,
+    close_quietly,
+    feature_dir_path,
+    folder_path,
+    format_record,
+    is_temp_name,
+    is_valid_feature_name,
+    judge_lock,
+    named_error,
+    parse_record,
+    read_bounded,
+    read_lock,
+    release_at,
+    shown_name,
+    try_acquire,
+    validate_feature_name,
+)
 
 __all__ = [
-    "EMPTY_LOCK_GRACE_SECONDS",
+    "CURRENT_FEATURE_FILE",
+    "FEATURE_ENV_VAR",
     "LOCK_FILE_NAME",
     "MAX_PID",
     "MAX_READ_BYTES",
-    "MISSING",
     "STALE_AFTER_SECONDS",
     "AcquireOutcome",
     "EntryKind",
     "Guard",
     "GuardBusyError",
-    "LockBusyError",
     "LockSnapshot",
     "LockState",
-    "MayReclaim",
     "OpenFeatureDir",
-    "Reclaimable",
-    "ReleaseOutcome",
-    "UnsafeLockPathError",
     "acquire_feature_lock",
     "age_only",
     "check_feature_lock",
     "detect_feature",
     "feature_dir_path",
     "format_record",
-    "guard",
     "is_temp_name",
     "is_valid_feature_name",
     "judge_lock",
     "now",
-    "open_feature_dir",
-    "orphan_temps",
     "read_lock",
     "release_at",
     "release_feature_lock",
-    "release_mine",
-    "remove_if_unchanged",
-    "remove_judged",
-    "remove_judged_dir",
-    "remove_orphan_temp",
-    "replace_if_unchanged",
-    "scan_locks",
-    "sweep_orphan_temps",
     "try_acquire",
 ]
 
-STALE_AFTER_SECONDS: Final = 7200.0
-"""A lock older than this (strictly) is stale: its holder is presumed gone."""
-
-MAX_PID: Final = 4_194_304
-"""Linux's ``PID_MAX_LIMIT``: no process can have a larger pid."""
-
-FUTURE_SKEW_SECONDS: Final = 86400.0
-"""A timestamp up to a day ahead is clock skew between hosts; beyond that it is garbage."""
-
-EMPTY_LOCK_GRACE_SECONDS: Final = 2.0
-"""Old writers create ``.lock`` empty and fill it a moment later: an empty lock this young is
-being written, not corrupt."""
-
-MAX_READ_BYTES: Final = 4096
-"""A record is about 30 bytes; we never read more than this from any file we judge."""
-
-MAX_NAME_BYTES: Final = 255
-"""``NAME_MAX`` on Linux and macOS: a longer feature name cannot be a folder."""
-
-GUARD_WAIT_SECONDS: Final = 0.5
-"""How long a release or refresh waits for the guard. Holders keep it for a few system calls;
-only a foreign process that ``flock``s our folder could keep it longer, and then we give up."""
-
-MAX_ROUNDS: Final = 8
-"""Bound on judge-and-retry rounds: each round ends because another process changed the lock,
-so a storm of changes makes us answer "held" rather than spin."""
-
-TEMP_ORPHAN_SECONDS: Final = 60.0
-"""A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
-
-READ_WAIT_SECONDS: Final = 0.5
-"""How long a look at a lock retries a read that failed for a passing reason (a kernel lease or
-mandatory lock on the file, a signal) before it answers "busy": as long as a guard wait."""
-
-READ_ATTEMPTS: Final = 3
-"""Looks at an entry that keeps changing between open, lstat and readlink before we give up."""
-
-TEMP_ATTEMPTS: Final = 3
-"""A named temp can be swept as debris before we link it; we write a new one this often."""
-
-LOCK_MODE: Final = 0o644
-"""Locks are readable by everyone who shares the folder: an unreadable lock is reclaimable."""
-
-LOCK_FILE_NAME: Final = ".lock"
 CURRENT_FEATURE_FILE: Final = ".current-feature"
 FEATURE_ENV_VAR: Final = "MAHABHARATHA_FEATURE"
 
-_TEMP_RE: Final = re.compile(r"\.lock\.([0-9]+)\.[0-9a-f]+\.tmp", re.ASCII)
-_FEATURE_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
-_RECORD_RE: Final = re.compile(r"([0-9]+):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
-
-_NOFOLLOW_READ: Final = (
-    os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-)  # O_NONBLOCK: a FIFO or device at the path must not hang the open
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
-_OWN_FDS: Final = (
-    "/proc/thread-self/fd" if os.path.isdir("/proc/thread-self/fd") else "/proc/self/fd"
-)
-"""Our descriptors by path. ``self`` is the main thread: once it has exited (``pthread_exit``)
-while other threads run, ``/proc/self/fd`` is gone and an unnamed lock could not be linked."""
-# O_NOFOLLOW reports a symlink as ELOOP on Linux and macOS, EMLINK on FreeBSD.
-_SYMLINK_ERRNOS: Final = frozenset({errno.ELOOP, errno.EMLINK})
-# Running out of descriptors or memory says nothing about the lock: surface it, never reclaim.
-_RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
-# A read refused for a moment (a kernel lease or a mandatory lock on the file, a signal) says
-# nothing about the lock either: retry, then call it busy (held), never unreadable.
-_BUSY_ERRNOS: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
-# The only lasting reasons a regular file cannot be read by us: it is unreadable (reclaimable).
-_DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
-# A feature folder we cannot enter (or that is not a real folder) holds no lock we can see.
-_NO_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, *_SYMLINK_ERRNOS})
-# Kernels or file systems without O_TMPFILE answer with one of these.
-_NO_TMPFILE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
+_validate_feature_name = validate_feature_name  # the contract tests' name for it
+_shown_name = shown_name
 
 
-# --------------------------------------------------------------------------- names and records
-
-
-def _validate_feature_name(feature: str) -> None:
-    """Raise ``ValueError`` unless ``feature`` is a safe single path component."""
-    if (
-        not isinstance(feature, str)
-        or not feature
-        or ".." in feature
-        or "/" in feature
-        or "\\" in feature
-        or _FEATURE_NAME_RE.fullmatch(feature) is None
-        or len(feature.encode()) > MAX_NAME_BYTES
-    ):
-        raise ValueError(f"Invalid feature name: {_shown_name(feature)}: {NAME_RULE}")
-
-
-NAME_RULE: Final = (
-    "a feature name is a letter or digit, then letters, digits, '.', '_' or '-' "
-    "(no '..'), at most 255 bytes"
-)
-"""What a refused name is told it may be."""
-
-SHOWN_NAME_CHARS: Final = 40
-"""A refused name is echoed up to this many characters: enough to spot it, never a wall."""
-
-
-def _shown_name(feature: object) -> str:
-    if not isinstance(feature, str):
-        return f"{type(feature).__name__} {repr(feature)[:SHOWN_NAME_CHARS]}"
-    if len(feature) <= SHOWN_NAME_CHARS:
-        return repr(feature)
-    return f"{feature[:SHOWN_NAME_CHARS]!r}... ({len(feature)} characters)"
-
-
-def is_valid_feature_name(feature: str) -> bool:
-    try:
-        _validate_feature_name(feature)
-    except ValueError:
-        return False
-    return True
-
-
-def _parse_lock_content(content: str) -> tuple[int, float] | None:
-    """Parse ``pid:timestamp``; ``None`` unless well formed and within bounds."""
-    if not isinstance(content, str) or len(content) > MAX_READ_BYTES:
-        return None
-    match = _RECORD_RE.fullmatch(content.strip())
-    if match is None:
-        return None
-    pid, ts = int(match[1]), float(match[2])
-    if not 1 <= pid <= MAX_PID:
-        return None
-    if not math.isfinite(ts) or not 0 < ts <= time.time() + FUTURE_SKEW_SECONDS:
-        return None
-    return pid, ts
+# --------------------------------------------------------------------------- the clock
 
 
 def now() -> float:
@@ -227,9 +99,12 @@ def now() -> float:
     return float(time.time())
 
 
-def format_record(pid: int, timestamp: float) -> bytes:
-    """The bytes of a lock record, as every writer of this module writes them."""
-    return f"{pid}:{timestamp}".encode("ascii")
+def _parse_lock_content(content: str) -> tuple[int, float] | None:
+    """Parse ``pid:timestamp``; ``None`` unless well formed and within bounds (by this
+    module's clock)."""
+    if not isinstance(content, str):
+        return None
+    return parse_record(content, time.time())
 
 
 # --------------------------------------------------------------------------- bounded reads
@@ -238,16 +113,16 @@ def format_record(pid: int, timestamp: float) -> bytes:
 def _read_small_regular_file(path: Path) -> bytes | None:
     """The bytes of ``path`` itself (not a link's target) if it is a regular file of at most
     ``MAX_READ_BYTES``, read through the very descriptor that was checked; else ``None``."""
-    fd = os.open(path, _NOFOLLOW_READ)  # no-follow, non-blocking: a link or FIFO cannot fool us
+    fd = os.open(path, NOFOLLOW_READ)  # no-follow, non-blocking: a link or FIFO cannot fool us
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
             return None
         # Race: the entry may be swapped for a FIFO or a link right now, or the file may grow;
         # we read this descriptor, never the name again, and at most one byte too many.
-        data = _read_bounded(fd, info.st_size)
+        data = read_bounded(fd, info.st_size)
     finally:
-        _close_quietly(fd)
+        close_quietly(fd)
     return None if len(data) > MAX_READ_BYTES else data
 
 
@@ -336,869 +211,7 @@ def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- lock entries
-
-
-class UnsafeLockPathError(OSError):
-    """Something other than a lock, or a folder we refuse to follow, stands in the lock's way."""
-
-
-class GuardBusyError(OSError):
-    """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
-
-
-class LockBusyError(OSError):
-    """The lock could not be read just now (a kernel lease or a mandatory lock on it): it was
-    neither judged nor touched. Try again."""
-
-
-def _busy_error(snapshot: LockSnapshot) -> LockBusyError:
-    code = snapshot.read_errno or errno.EWOULDBLOCK
-    return LockBusyError(
-        code, f"the lock cannot be read just now ({os.strerror(code)}); try again", LOCK_FILE_NAME
-    )
-
-
-class EntryKind(enum.Enum):
-    MISSING = "missing"
-    FILE = "file"
-    SYMLINK = "symlink"
-    SPECIAL = "special"  # FIFO, socket or device
-    DIRECTORY = "directory"
-
-
-class LockState(enum.Enum):
-    FREE = "free"
-    ACTIVE = "active"
-    STALE = "stale"
-    CORRUPT = "corrupt"
-    WRITING = "writing"
-    UNREADABLE = "unreadable"
-    NOT_A_FILE = "not-a-file"
-    BUSY = "busy"  # a file whose read failed for a passing reason: held, never judged
-
-
-RECLAIMABLE: Final = frozenset(
-    {LockState.STALE, LockState.CORRUPT, LockState.UNREADABLE, LockState.NOT_A_FILE}
-)
-
-
-@dataclass(frozen=True)
-class LockSnapshot:
-    """What one read of ``.lock`` saw. Two snapshots of one unchanged entry compare equal."""
-
-    kind: EntryKind
-    identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
-    content: bytes | None  # None: not readable (or not a file); a symlink holds its target
-    mtime: float = 0.0
-    read_errno: int | None = None  # why a regular file's bytes could not be read
-    # The owner details published with the record (``ownership``); not part of its identity.
-    owner: bytes | None = field(default=None, compare=False)
-
-    @property
-    def owner_details(self) -> ownership.OwnerDetails | None:
-        """The decoded owner details, ``None`` when unknown (no attribute, or not ours)."""
-        return ownership.decode(self.owner)
-
-    @property
-    def record(self) -> tuple[int, float] | None:
-        """The parsed record (parsed once per snapshot: judging and describing both ask)."""
-        cache = self.__dict__
-        if "_record" not in cache:  # (a frozen dataclass: the cache lives beside the fields)
-            text = self.text
-            cache["_record"] = None if text is None else _parse_lock_content(text)
-        record: tuple[int, float] | None = cache["_record"]
-        return record
-
-    @property
-    def text(self) -> str | None:
-        if self.kind is not EntryKind.FILE or self.content is None:
-            return None
-        try:
-            return self.content.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-
-    def same_entry(self, other: LockSnapshot) -> bool:
-        """The very entry ``other`` saw: same kind, inode and bytes. Where the bytes say nothing
-        (an empty or unreadable file, a FIFO), the mtime must match too: an inode number is
-        reused at once, and an old writer's new empty lock must not pass for the one judged."""
-        if (self.kind, self.identity, self.content) != (other.kind, other.identity, other.content):
-            return False
-        return bool(self.content) or self.mtime == other.mtime
-
-
-MISSING: Final = LockSnapshot(EntryKind.MISSING, None, None)
-
-
-def _identity(info: os.stat_result) -> tuple[int, int]:
-    return (info.st_dev, info.st_ino)
-
-
-def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot | None:
-    """Describe ``.lock`` by ``lstat`` when it cannot be opened (a link, a socket, no access).
-
-    ``None``: the entry changed under us (race: removed or replaced between two looks).
-    """
-    try:
-        info = os.stat(LOCK_FILE_NAME, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return MISSING
-    if stat.S_ISLNK(info.st_mode):
-        try:
-            target = os.readlink(LOCK_FILE_NAME, dir_fd=dfd)
-        except (FileNotFoundError, OSError) as error:
-            if error.errno not in (errno.ENOENT, errno.EINVAL):
-                raise
-            return None  # Race: the link was removed, or replaced by something else
-        raw = target.encode("utf-8", "surrogateescape")
-        return LockSnapshot(EntryKind.SYMLINK, _identity(info), raw, info.st_mtime)
-    if stat.S_ISREG(info.st_mode):
-        return _unopened_file(info, why)
-    return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
-
-
-def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None:
-    """A regular file whose open failed with ``why``: unreadable only for a lasting reason."""
-    if why in _DENIED_ERRNOS or why in _BUSY_ERRNOS:  # unreadable for good, or busy for now
-        return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
-    if why in _SYMLINK_ERRNOS or why == errno.ENXIO:
-        return None  # Race: the link or socket we failed to open was replaced by a file
-    code = why or errno.EIO  # anything else (an I/O error) is an error, never a judgement
-    raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
-
-
-def _read_bounded(fd: int, size: int) -> bytes:
-    """Read at most ``MAX_READ_BYTES + 1`` bytes (one more than allowed tells "too big" apart);
-    ``size`` from ``fstat`` lets a lock be read with one system call."""
-    want = MAX_READ_BYTES + 1
-    data = os.read(fd, want)
-    while data and len(data) < min(size, want):  # a short read before the end: read on
-        more = os.read(fd, want - len(data))
-        if not more:
-            break
-        data += more
-    return data
-
-
-def read_lock(dfd: int) -> LockSnapshot:
-    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``.
-
-    A read refused for a passing reason (a kernel lease, a mandatory lock, a signal) is tried
-    again, yielding the CPU (never sleeping), for at most ``READ_WAIT_SECONDS``; if it is still
-    refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
-    """
-    snapshot = _look(dfd)
-    if not _is_busy(snapshot):
-        return snapshot
-    deadline = _monotonic() + READ_WAIT_SECONDS
-    while _is_busy(snapshot) and _monotonic() < deadline:
-        os.sched_yield()  # Race: a lease holder is giving its lease up; look again
-        snapshot = _look(dfd)
-    return snapshot
-
-
-def _is_busy(snapshot: LockSnapshot) -> bool:
-    return snapshot.content is None and snapshot.read_errno in _BUSY_ERRNOS
-
-
-def _look(dfd: int) -> LockSnapshot:
-    for _ in range(READ_ATTEMPTS - 1):
-        snapshot = _read_lock_once(dfd)
-        if snapshot is not None:
-            return snapshot
-    # Race: the entry keeps changing under us; report what cannot be read rather than spin.
-    return _read_lock_once(dfd) or LockSnapshot(EntryKind.SPECIAL, None, None)
-
-
-def _read_lock_once(dfd: int) -> LockSnapshot | None:
-    try:
-        fd = os.open(LOCK_FILE_NAME, _NOFOLLOW_READ, dir_fd=dfd)
-    except FileNotFoundError:
-        return MISSING
-    except OSError as error:
-        if error.errno in _RESOURCE_ERRNOS:
-            raise
-        # A link (ELOOP), a socket (ENXIO), no access (EACCES): described by lstat instead.
-        return _snapshot_without_opening(dfd, error.errno)
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            return LockSnapshot(EntryKind.DIRECTORY, _identity(info), None, info.st_mtime)
-        if not stat.S_ISREG(info.st_mode):  # FIFO or device: never read from it
-            return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
-        try:
-            content = _read_bounded(fd, info.st_size)
-        except OSError as error:
-            if error.errno not in _DENIED_ERRNOS and error.errno not in _BUSY_ERRNOS:
-                raise  # out of memory, an I/O error: an error, never a judgement of the lock
-            return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
-        # The details of the very inode read, one more system call (ownership).
-        owner = ownership.read_attached(fd) if content else None
-        return LockSnapshot(EntryKind.FILE, _identity(info), content, info.st_mtime, owner=owner)
-    finally:
-        _close_quietly(fd)
-
-
-def judge_lock(snapshot: LockSnapshot, now: float) -> LockState:
-    """The state of a lock as seen in ``snapshot`` at time ``now`` (age decides, nothing else)."""
-    if snapshot.kind is EntryKind.MISSING:
-        return LockState.FREE
-    if snapshot.kind is not EntryKind.FILE:
-        return LockState.NOT_A_FILE
-    if _is_busy(snapshot):
-        return LockState.BUSY  # refused for a passing reason: says nothing about the lock
-    if snapshot.content is None or snapshot.text is None:
-        return LockState.UNREADABLE
-    if not snapshot.content:
-        # An old writer's lock between its create and its write (race: create-then-write).
-        fresh = abs(now - snapshot.mtime) < EMPTY_LOCK_GRACE_SECONDS
-        return LockState.WRITING if fresh else LockState.CORRUPT
-    record = snapshot.record
-    if record is None:
-        return LockState.CORRUPT
-    return LockState.STALE if now - record[1] > STALE_AFTER_SECONDS else LockState.ACTIVE
-
-
-# --------------------------------------------------------------------------- the feature folder
-
-
-def feature_dir_path(gsd_dir: str | os.PathLike[str], feature: str) -> Path:
-    return Path(gsd_dir) / "specs" / feature
-
-
-def _folder(gsd_dir: str | os.PathLike[str], feature: str) -> str:
-    # A plain string: building a Path costs more than the system call it names (hot path).
-    return f"{os.fspath(gsd_dir)}/specs/{feature}"
-
-
-def _refuse_folder(folder: str, error: OSError) -> UnsafeLockPathError:
-    return UnsafeLockPathError(
-        error.errno or errno.ENOTDIR,
-        f"feature folder {folder} is a symlink or not a folder; refusing to follow it",
-        folder,
-    )
-
-
-def _make_feature_dir(folder: str) -> None:
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except FileExistsError as error:  # a dangling link or a file where the folder should be
-        raise _refuse_folder(folder, error) from error
-
-
-class OpenFeatureDir:
-    """``with OpenFeatureDir(gsd, feature, create=...) as dfd``: a descriptor of
-    ``specs/<feature>`` opened without following a link, or ``None`` when there is no usable
-    folder (with ``create`` a missing folder is made and a refused one raises instead).
-
-    Every later step works relative to this descriptor, so swapping the folder for a symlink
-    mid-call (race: folder replaced by a link) cannot redirect a write. OS errors raised inside
-    the block are re-raised naming the file they were about. The folder is opened on entering
-    the block (never in the constructor: an object made without ``with`` holds nothing).
-    """
-
-    __slots__ = ("create", "dfd", "folder", "refuse")
-
-    def __init__(
-        self,
-        gsd_dir: str | os.PathLike[str],
-        feature: str,
-        *,
-        create: bool,
-        refuse: bool = False,
-    ) -> None:
-        self.folder = _folder(gsd_dir, feature)
-        self.create = create
-        self.refuse = refuse or create
-        self.dfd: int | None = None
-
-    def __enter__(self) -> int | None:
-        self.dfd = _open_dir_nofollow(self.folder, create=self.create, refuse=self.refuse)
-        return self.dfd
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: object
-    ) -> None:
-        if self.dfd is not None:
-            _close_quietly(self.dfd)
-            self.dfd = None
-        if isinstance(error, OSError):
-            named = _naming(error, self.folder)
-            if named is not error:
-                raise named from error
-
-
-def _naming(error: OSError, folder: str) -> OSError:
-    """The same error, naming the file it was about: system calls relative to the folder's
-    descriptor report a bare name (``.lock``, a temp), ``.`` or ``/proc/self/fd/N``."""
-    name = None if error.filename is None else str(error.filename)
-    if error.errno is None or (name and os.sep in name and not name.startswith("/proc/")):
-        return error
-    bare = name if name and name != "." and not name.startswith("/proc/") else LOCK_FILE_NAME
-    path = os.path.join(folder, bare)
-    detail = error.strerror or str(error)
-    return type(error)(error.errno, f"{path}: {detail}", path)
-
-
-def _open_dir_nofollow(folder: str, *, create: bool, refuse: bool) -> int | None:
-    try:
-        return os.open(folder, _DIR_FLAGS)
-    except FileNotFoundError:
-        if not create:
-            return None
-    except OSError as error:
-        if error.errno not in _NO_FOLDER_ERRNOS:
-            raise
-        if refuse:
-            raise _refuse_folder(folder, error) from error
-        return None
-    _make_feature_dir(folder)  # first lock of this feature: make its folder, then open it
-    dfd = _open_dir_nofollow(folder, create=False, refuse=True)
-    if dfd is None:  # Race: the folder was removed or swapped for a link just after mkdir.
-        raise _refuse_folder(folder, OSError(errno.ENOENT, "vanished"))
-    return dfd
-
-
-FolderError = Callable[[str, OSError], None]
-"""Told of a feature folder a scan could not look into (the error names its full path)."""
-
-
-def scan_locks(
-    gsd_dir: str | os.PathLike[str], *, read: bool = True, on_error: FolderError | None = None
-) -> Iterator[tuple[str, LockSnapshot]]:
-    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
-
-    One descriptor of ``specs`` serves the whole scan; each feature folder is opened relative
-    to it without following a link (a symlinked feature folder is skipped, as it is refused
-    everywhere). With ``read=False`` only the names are listed (snapshots are ``MISSING``).
-    A folder that cannot be looked into (no permission) raises, or with ``on_error`` is
-    reported to it and skipped: one odd folder does not hide the others.
-    """
-    specs_path = os.path.join(os.fspath(gsd_dir), "specs")
-    try:
-        specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    try:
-        with os.scandir(specs) as entries:
-            names = sorted(
-                entry.name
-                for entry in entries
-                if entry.is_dir(follow_symlinks=False) and is_valid_feature_name(entry.name)
-            )
-        for name in names:
-            if not read:
-                yield name, MISSING
-                continue
-            try:
-                snapshot = _look_in(specs, name, os.path.join(specs_path, name))
-            except OSError as error:
-                if on_error is None:
-                    raise
-                on_error(name, error)
-                continue
-            yield name, snapshot
-    finally:
-        os.close(specs)
-
-
-def _look_in(specs: int, feature: str, folder: str) -> LockSnapshot:
-    try:
-        dfd = os.open(feature, _DIR_FLAGS, dir_fd=specs)
-    except OSError as error:
-        if error.errno in _NO_FOLDER_ERRNOS:  # Race: removed or swapped for a link since listed
-            return MISSING
-        raise type(error)(error.errno, error.strerror, folder) from error  # the full path
-    try:
-        return read_lock(dfd)
-    except OSError as error:
-        named = _naming(error, folder)
-        if named is error:
-            raise
-        raise named from error
-    finally:
-        _close_quietly(dfd)
-
-
-# --------------------------------------------------------------------------- the guard
-
-
-def _try_guard(dfd: int) -> bool:
-    try:
-        fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-class Guard:
-    """Hold the feature folder's ``flock`` (the guard) for a ``with`` block, which gets True,
-    or False if it was busy. Taken on entering the block, never in the constructor.
-
-    With ``wait`` we spin (yielding the CPU, never sleeping) for at most
-    ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``. With ``until`` (a ``monotonic``
-    time) we spin until then and the block learns whether we got it. With neither we try once.
-    """
-
-    __slots__ = ("dfd", "taken", "until", "wait")
-
-    def __init__(self, dfd: int, *, wait: bool, until: float | None = None) -> None:
-        self.dfd = dfd
-        self.wait = wait
-        self.until = until
-        self.taken = False
-
-    def __enter__(self) -> bool:
-        dfd = self.dfd
-        self.taken = _try_guard(dfd)
-        if not self.taken and (self.wait or self.until is not None):
-            deadline = _monotonic() + GUARD_WAIT_SECONDS if self.until is None else self.until
-            while not self.taken and _monotonic() < deadline:
-                os.sched_yield()  # Race: its holder is mid-removal for a few system calls
-                self.taken = _try_guard(dfd)
-            if not self.taken and self.wait:
-                raise GuardBusyError(errno.EWOULDBLOCK, "feature folder stayed busy; try again")
-        return self.taken
-
-    def __exit__(self, *_exc: object) -> None:
-        if self.taken:
-            try:  # noqa: SIM105  (suppress() costs a microsecond on every release)
-                fcntl.flock(self.dfd, fcntl.LOCK_UN)
-            except OSError:  # closing the folder's descriptor lets go of it anyway
-                pass
-
-
-guard = Guard
-"""The guard's older, lower-case name (kept for callers of the legacy module)."""
-open_feature_dir = OpenFeatureDir
-"""The descriptor's older, lower-case name (kept for callers of the legacy module)."""
-
-
-def _unlink_lock(dfd: int) -> None:
-    # unlinkat removes the entry itself: a symlink goes, its target is never touched.
-    os.unlink(LOCK_FILE_NAME, dir_fd=dfd)
-
-
-Reclaimable = Callable[[LockSnapshot], bool]
-"""Whether an entry, read under the guard, may be removed (the caller's judgement, again)."""
-
-
-def remove_if_unchanged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
-    """Remove ``.lock`` if it is still the entry ``judged`` and ``still`` judges it removable;
-    the caller holds the guard."""
-    # Race: the lock was replaced (or, being an old writer's, filled in) between the caller's
-    # read and now: re-read and judge it again under the guard.
-    current = read_lock(dfd)
-    if not current.same_entry(judged) or not still(current):
-        return False
-    with suppress(FileNotFoundError):  # only an old-style writer, unguarded, could beat us here
-        _unlink_lock(dfd)
-    return True
-
-
-def _still_mine(dfd: int, mine: LockSnapshot) -> bool:
-    """Is ``.lock`` still the holder's own lock ``mine``? The caller holds the guard.
-
-    Raises the read error when our own inode cannot be read just now (a ``chmod``, an I/O
-    error): we cannot tell, so we say why instead of giving the lock up.
-    """
-    current = read_lock(dfd)
-    if current.same_entry(mine):
-        return True
-    if (
-        current.kind is EntryKind.FILE
-        and current.content is None
-        and current.identity == mine.identity
-    ):
-        code = current.read_errno or errno.EIO
-        raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
-    return False
-
-
-def release_mine(dfd: int, mine: LockSnapshot) -> bool:
-    """Remove the holder's own lock ``mine`` if it is still there; False if it is not."""
-    with Guard(dfd, wait=True):
-        # Race: forced release + new owner since our last refresh: never remove theirs.
-        if not _still_mine(dfd, mine):
-            return False
-        _unlink_lock(dfd)
-        return True
-
-
-def remove_judged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
-    """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable."""
-    with Guard(dfd, wait=True):
-        return remove_if_unchanged(dfd, judged, still)
-
-
-def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
-    """Take the guard and remove a directory standing at ``.lock`` if it is still exactly
-    ``judged`` and empty (clean never deletes what someone put inside one)."""
-    with Guard(dfd, wait=True):
-        # Race: replaced since it was judged (a file published after a rmdir elsewhere).
-        if not read_lock(dfd).same_entry(judged):
-            return False
-        try:
-            os.rmdir(LOCK_FILE_NAME, dir_fd=dfd)
-        except OSError:
-            return False
-        return True
-
-
-def remove_orphan_temp(dfd: int, name: str) -> bool:
-    """Remove the temp file ``name`` (listed by :func:`orphan_temps`); False if it is gone
-    already. Other OS errors are raised (the caller names the path)."""
-    try:
-        os.unlink(name, dir_fd=dfd)
-    except FileNotFoundError:
-        return False  # Race: its writer linked or renamed it, or another clean removed it
-    return True
-
-
-# --------------------------------------------------------------------------- publishing
-
-
-def _temp_name() -> str:
-    return f".lock.{os.getpid()}.{os.urandom(8).hex()}.tmp"
-
-
-def is_temp_name(name: str) -> bool:
-    return _TEMP_RE.fullmatch(name) is not None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data``; ``EIO`` when the file system accepts nothing (a write of 0 bytes
-    would otherwise be retried for ever)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written == 0:
-            raise OSError(errno.EIO, "the file system accepted no bytes")
-        view = view[written:]
-
-
-def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> LockSnapshot:
-    """The snapshot a reader will see of the lock we just wrote (same inode, same bytes)."""
-    return LockSnapshot(EntryKind.FILE, _identity(info), record, info.st_mtime, owner=owner)
-
-
-def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result:
-    """Write the record and its owner details; return the file's facts; make it readable by
-    all, whatever the umask.
-
-    Another user who cannot read a lock must call it unreadable and may reclaim it, so a lock
-    that the umask made private would be stolen from its live owner (race: cross-user reclaim).
-    """
-    _write_all(fd, record)
-    # Race: a reader must never see the record without its details: set them before the link.
-    ownership.attach(fd, owner)
-    info = os.fstat(fd)
-    if info.st_mode & LOCK_MODE != LOCK_MODE:
-        os.fchmod(fd, LOCK_MODE)
-    return info
-
-
-def _write_named_temp(dfd: int, record: bytes, owner: bytes | None) -> tuple[str, os.stat_result]:
-    """Write ``record`` into a new private temp file. Leaves nothing behind on error."""
-    name = _temp_name()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(name, flags, LOCK_MODE, dir_fd=dfd)
-    try:
-        try:
-            info = _write_record(fd, record, owner)
-        finally:
-            os.close(fd)  # a close error (deferred write error) fails the temp too
-    except BaseException:
-        _unlink_quietly(dfd, name)
-        raise
-    return name, info
-
-
-def _unlink_quietly(dfd: int, name: str) -> None:
-    """Remove a temp name as clean-up. Failing to is not the caller's failure: the lock is
-    already published (or the real error is being raised), and debris is swept later."""
-    try:  # noqa: SIM105  (suppress() costs a microsecond on every acquire)
-        os.unlink(name, dir_fd=dfd)
-    except OSError:
-        pass
-
-
-def _close_quietly(fd: int) -> None:
-    """Close after the work is done; on Linux the descriptor is gone even when close fails."""
-    try:  # noqa: SIM105  (suppress() costs a microsecond on every acquire)
-        os.close(fd)
-    except OSError:
-        pass
-
-
-class _Tmpfile:
-    """Whether ``O_TMPFILE`` + ``linkat`` through ``/proc/self/fd`` works here (learned once)."""
-
-    usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir(_OWN_FDS)
-
-
-class _NoTmpfileError(Exception):
-    """This file system cannot make unnamed files."""
-
-
-def _publish_unnamed(dfd: int, record: bytes, owner: bytes | None) -> LockSnapshot | None:
-    """Publish through a file with no name: a crash at any step leaves nothing behind."""
-    try:
-        fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, LOCK_MODE, dir_fd=dfd)
-    except OSError as error:
-        if error.errno not in _NO_TMPFILE_ERRNOS:
-            raise
-        raise _NoTmpfileError from error
-    try:
-        info = _write_record(fd, record, owner)
-        # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
-        os.link(f"{_OWN_FDS}/{fd}", LOCK_FILE_NAME, dst_dir_fd=dfd, follow_symlinks=True)
-        return _published(info, record, owner)
-    except FileExistsError:
-        return None
-    finally:
-        _close_quietly(fd)
-
-
-def _place_temp(
-    dfd: int, record: bytes, owner: bytes | None, place: Callable[[str], None]
-) -> os.stat_result:
-    """Write ``record`` into a named temp and ``place`` it (link or rename it to ``.lock``)."""
-    for _ in range(TEMP_ATTEMPTS - 1):
-        # Race: a sweeper took our temp for debris (a clock step, another PID namespace)
-        # before we placed it: write a new one.
-        with suppress(FileNotFoundError):
-            return _place_temp_once(dfd, record, owner, place)
-    return _place_temp_once(dfd, record, owner, place)
-
-
-def _place_temp_once(
-    dfd: int, record: bytes, owner: bytes | None, place: Callable[[str], None]
-) -> os.stat_result:
-    name, info = _write_named_temp(dfd, record, owner)
-    try:
-        place(name)
-    finally:
-        _unlink_quietly(dfd, name)  # after a link the temp name goes; after a rename it is gone
-    return info
-
-
-def _publish_named(dfd: int, record: bytes, owner: bytes | None) -> LockSnapshot | None:
-    def link(name: str) -> None:
-        # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
-        os.link(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-
-    sweep_orphan_temps(dfd)  # named temps can be orphaned by a crash: keep them from piling up
-    try:
-        return _published(_place_temp(dfd, record, owner, link), record, owner)
-    except FileExistsError:
-        return None
-
-
-def _publish(dfd: int, record: bytes, owner: bytes | None = None) -> LockSnapshot | None:
-    """Make ``.lock`` appear holding ``record`` and its ``owner`` details, whole; ``None`` when
-    a lock already exists."""
-    if _Tmpfile.usable:
-        try:
-            return _publish_unnamed(dfd, record, owner)
-        except _NoTmpfileError:
-            _Tmpfile.usable = False
-    return _publish_named(dfd, record, owner)
-
-
-def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | None:
-    """Atomically swap ``.lock`` for ``record`` if it is still the holder's ``judged`` lock.
-
-    Returns the new lock's snapshot, or ``None`` if the lock is no longer the one judged.
-    The owner details of ``judged`` are carried forward: the owner and its group are the ones
-    that took the lock.
-    """
-    with Guard(dfd, wait=True):
-        # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
-        if not _still_mine(dfd, judged):
-            return None
-
-        def rename(name: str) -> None:
-            # rename() swaps the whole file at once: readers see the old or the new record.
-            os.rename(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
-
-        owner = judged.owner
-        return _published(_place_temp(dfd, record, owner, rename), record, owner)
-
-
-def orphan_temps(dfd: int, now: float) -> list[str]:
-    """Temp files in the folder whose writer died, or that are too old to be in use."""
-    with os.scandir(dfd) as entries:
-        names = [entry.name for entry in entries if _TEMP_RE.fullmatch(entry.name)]
-    return [name for name in names if _temp_is_orphan(dfd, name, now)]
-
-
-def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
-    """A regular file (we never make anything else under a temp name: a folder, link or FIFO
-    so named is someone else's, left alone) whose writer is gone or that is too old."""
-    try:
-        info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISREG(info.st_mode):
-        return False
-    if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS:
-        return True
-    match = _TEMP_RE.fullmatch(name)
-    if match is None:
-        return False
-    pid = int(match[1])
-    if not 1 <= pid <= MAX_PID:
-        return True  # no process can have this pid, so no writer is behind this name
-    import psutil  # only on this rare path: keeps the CLI's cold start short
-
-    return not psutil.pid_exists(pid)
-
-
-def sweep_orphan_temps(dfd: int, now: float | None = None) -> list[str]:
-    """Remove orphan temp files and return their names; best effort, never raises an OS error
-    (debris left now is swept next time; the caller's own work must not fail for it).
-
-    Removing a live writer's temp is harmless too: its link or rename then fails and it retries.
-    """
-    try:
-        removed = orphan_temps(dfd, time.time() if now is None else now)
-    except OSError:
-        return []
-    for name in removed:
-        _unlink_quietly(dfd, name)
-    return removed
-
-
-# --------------------------------------------------------------------------- acquire and release
-
-
-@dataclass(frozen=True)
-class AcquireOutcome:
-    """How an attempt ended: ``mine`` is our new lock; otherwise ``holder`` stopped us.
-
-    ``replaced`` is the stale, corrupt or foreign entry we reclaimed to get it, if any.
-    """
-
-    mine: LockSnapshot | None
-    holder: LockSnapshot = MISSING
-    state: LockState = LockState.FREE
-    replaced: LockSnapshot | None = None
-    replaced_state: LockState | None = None
-
-    @property
-    def acquired(self) -> bool:
-        return self.mine is not None
-
-
-MayReclaim = Callable[[LockSnapshot, LockState], bool]
-
-
-def age_only(_snapshot: LockSnapshot, state: LockState) -> bool:
-    """The default reclaim rule: only age, corruption or a non-lock entry frees a lock."""
-    return state in RECLAIMABLE
-
-
-class _JudgedLockChangedError(Exception):
-    """The lock is no longer the one judged: judge the new one."""
-
-
-def _reclaim(
-    dfd: int,
-    judged: LockSnapshot,
-    record: bytes,
-    still: Reclaimable,
-    owner: bytes | None,
-    deadline: float,
-) -> LockSnapshot | None:
-    """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
-    # Race: another process is removing this very lock right now (its owner's release, a
-    # clean, another reclaim): wait for it to finish, as a release would, then judge again.
-    # Only a guard kept past the deadline (a foreign flock on our folder) answers "held".
-    with Guard(dfd, wait=False, until=deadline) as taken:
-        if not taken:
-            return None
-        sweep_orphan_temps(dfd)  # first: debris is never a reason to stop half-way
-        if not remove_if_unchanged(dfd, judged, still):
-            raise _JudgedLockChangedError
-        # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
-        return _publish(dfd, record, owner)
-
-
-def try_acquire(
-    dfd: int,
-    pid: int,
-    now: float,
-    may_reclaim: MayReclaim = age_only,
-    owner: bytes | None = None,
-) -> AcquireOutcome:
-    """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``.
-
-    ``owner``: the owner details to publish with the record (default: those of ``pid``).
-    """
-    record = format_record(pid, now)
-    if owner is None:
-        owner = ownership.details_of(pid)
-    holder, state = MISSING, LockState.FREE
-    deadline: float | None = None  # one guard wait per call, however many rounds
-    for _ in range(MAX_ROUNDS):
-        mine = _publish(dfd, record, owner)
-        if mine is not None:
-            return AcquireOutcome(mine)
-        holder = read_lock(dfd)
-        state = judge_lock(holder, now)
-        if state is LockState.FREE:
-            continue  # Race: released between our link and our read; publish again.
-        if holder.kind is EntryKind.DIRECTORY:
-            raise UnsafeLockPathError(errno.EISDIR, "a directory is in the way, not a lock file")
-        if not may_reclaim(holder, state):
-            return AcquireOutcome(None, holder, state)
-        if deadline is None:
-            deadline = _monotonic() + GUARD_WAIT_SECONDS
-        try:
-            won = _reclaim(
-                dfd,
-                holder,
-                record,
-                lambda entry: may_reclaim(entry, judge_lock(entry, now)),
-                owner,
-                deadline,
-            )
-        except _JudgedLockChangedError:
-            continue  # Race: replaced since we read it; judge the new one.
-        if won is None:
-            return AcquireOutcome(None, holder, state)
-        return AcquireOutcome(won, replaced=holder, replaced_state=state)
-    return AcquireOutcome(None, holder, state)
-
-
-class ReleaseOutcome(enum.Enum):
-    RELEASED = "released"
-    NOTHING = "nothing to release"
-    NOT_OWNER = "held by another owner"
-    LEFT = "not a lock this call may remove"
-
-
-def release_at(
-    dfd: int, pid: int, now: float, *, force: bool = False
-) -> tuple[ReleaseOutcome, LockSnapshot]:
-    """Remove the lock if ``pid`` owns it (or it is corrupt, or ``force``), under the guard."""
-    with Guard(dfd, wait=True):
-        # Under the guard nobody else can remove or replace .lock: judge and unlink are one step.
-        snapshot = read_lock(dfd)
-        state = judge_lock(snapshot, now)
-        if state is LockState.FREE:
-            return ReleaseOutcome.NOTHING, snapshot
-        if state is LockState.BUSY:
-            raise _busy_error(snapshot)  # whose it is cannot be told now: never removed
-        if snapshot.kind is EntryKind.DIRECTORY or state is LockState.WRITING:
-            return ReleaseOutcome.LEFT, snapshot
-        record = snapshot.record
-        if record is not None and record[0] != pid and not force:
-            return ReleaseOutcome.NOT_OWNER, snapshot
-        _unlink_lock(dfd)
-        return ReleaseOutcome.RELEASED, snapshot
+# --------------------------------------------------------------------------- the legacy functions
 
 
 def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
@@ -1229,11 +242,11 @@ def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float 
     except PermissionError:
         return None
     now = time.time()
-    record = snapshot.record
     state = judge_lock(snapshot, now)
+    record = snapshot.record_at(now)
     if state is LockState.BUSY:
         # Not free, and whose it is cannot be told: an error, never None (which says "free").
-        raise _naming(_busy_error(snapshot), _folder(gsd_dir, feature))
+        raise named_error(busy_error(snapshot), folder_path(gsd_dir, feature))
     if state is not LockState.ACTIVE or record is None:
         return None
     pid, timestamp = record

@@ -23,7 +23,7 @@ from typing import Any, Final
 import psutil  # noqa: F401  (imported before a child drops to uid 65534, who may not read it)
 import pytest
 
-from mahabharatha import locks
+from mahabharatha import lockfile, locks
 from mahabharatha.commands import _utils
 from tests.cli._support import invoke, lock_path, one_document, write_lock
 from tests.faults._kills import run_child
@@ -40,7 +40,7 @@ def _stale_lock(gsd: Path, feature: str) -> Path:
 def publish_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways of publishing: ``O_TMPFILE``, and the named-temp fallback that sweeps first."""
     if request.param == "named":
-        monkeypatch.setattr(_utils._Tmpfile, "usable", False)
+        monkeypatch.setattr(lockfile.TMPFILE, "usable", False)
     return str(request.param)
 
 

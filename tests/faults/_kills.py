@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from typing import Any, Final
 from unittest import mock
 
-from mahabharatha import locks
+from mahabharatha import lockfile, locks
 from mahabharatha.commands import _utils
 
 STALE_AFTER_SECONDS: Final = 7200.0
@@ -99,7 +99,7 @@ def live_record(pid: int) -> bytes:
 @contextmanager
 def publish_mode(named: bool) -> Iterator[None]:
     """``named``: the fallback publish through a named temp file (no ``O_TMPFILE``)."""
-    with mock.patch.object(_utils._Tmpfile, "usable", _utils._Tmpfile.usable and not named):
+    with mock.patch.object(lockfile.TMPFILE, "usable", lockfile.TMPFILE.usable and not named):
         yield
 
 
@@ -136,7 +136,7 @@ def run_child(body: Callable[[], None], *, named: bool = False) -> Death:
             os.setpgid(0, 0)
             os.close(read_end)
             if named:
-                _utils._Tmpfile.usable = False
+                lockfile.TMPFILE.usable = False
             body()
             code = 0
         except BaseException:

@@ -1,7 +1,8 @@
-"""Fault points: every system call ``mahabharatha.commands._utils`` makes, counted and hookable.
+"""Fault points: every system call the lock protocol (``mahabharatha.lockfile``) makes, counted
+and hookable.
 
-``instrumented(hook)`` replaces the listed functions on the module objects ``_utils`` calls them
-through (``_utils.os`` and ``_utils.fcntl``, which are the process-wide ``os`` and ``fcntl``), so
+``instrumented(hook)`` replaces the listed functions on the module objects the protocol calls them
+through (the process-wide ``os`` and ``fcntl`` modules, which ``mahabharatha.lockfile`` uses), so
 the N-th system call of an operation can be traced, failed with an injected ``OSError`` or turned
 into a SIGKILL of the calling process. The functions are restored when the block ends. Kill
 hooks are only ever installed in a forked child (the parent must never kill itself); fault hooks
@@ -10,6 +11,7 @@ run in-process for the length of one library call.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 import signal
@@ -20,22 +22,20 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Final
 
-from mahabharatha.commands import _utils
-
 SYSCALLS: Final = (
-    (_utils.os, "open"),
-    (_utils.os, "read"),
-    (_utils.os, "write"),
-    (_utils.os, "close"),
-    (_utils.os, "fstat"),
-    (_utils.os, "stat"),
-    (_utils.os, "link"),
-    (_utils.os, "unlink"),
-    (_utils.os, "rename"),
-    (_utils.os, "mkdir"),
-    (_utils.os, "scandir"),
-    (_utils.os, "readlink"),
-    (_utils.fcntl, "flock"),
+    (os, "open"),
+    (os, "read"),
+    (os, "write"),
+    (os, "close"),
+    (os, "fstat"),
+    (os, "stat"),
+    (os, "link"),
+    (os, "unlink"),
+    (os, "rename"),
+    (os, "mkdir"),
+    (os, "scandir"),
+    (os, "readlink"),
+    (fcntl, "flock"),
 )
 """What the lock code asks of the kernel: the brief's list (open, write, link, unlink, rename,
 close, flock, read, fstat) plus the stat, mkdir, scandir and readlink of its slower paths."""

@@ -30,7 +30,7 @@ from typing import Any, Final
 import psutil  # noqa: F401  (loaded before a child drops to a uid that cannot read it)
 import pytest
 
-from mahabharatha import locks
+from mahabharatha import lockfile, locks
 from mahabharatha.commands import _utils
 from tests.cli._support import invoke
 from tests.faults._kills import (
@@ -309,7 +309,7 @@ def _inject(gsd: Path, op: Op, call: Call, code: int) -> None:
         if call.name == "unlink" and _is_temp(call):
             # The temp's own removal failed: it stays until it is an orphan (60 s old, or its
             # writer gone), and then any clean or reclaim sweeps it.
-            with clock_ahead(_utils.TEMP_ORPHAN_SECONDS + 1):
+            with clock_ahead(lockfile.TEMP_ORPHAN_SECONDS + 1):
                 locks.clean(gsd, features=[FEATURE])
             debris = set(temps(gsd)) - before
         assert not debris, f"{fault}: temp files left: {debris}"

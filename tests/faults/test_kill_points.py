@@ -35,7 +35,7 @@ from typing import Any, Final
 import psutil  # noqa: F401  (imported before forking: children must not import it mid-count)
 import pytest
 
-from mahabharatha import locks, ownership
+from mahabharatha import lockfile, locks, ownership
 from mahabharatha.commands import _utils
 from tests.faults._kills import (
     Expectation,
@@ -261,8 +261,8 @@ def test_a_kill_at_any_step_leaves_no_lock_or_a_whole_one_and_the_next_acquire_r
 
 
 def _create_then_write(
-    dfd: int, record: bytes, owner: bytes | None = None
-) -> _utils.LockSnapshot | None:
+    dfd: int, record: bytes, now: float, owner: bytes | None = None
+) -> lockfile.LockSnapshot | None:
     """The old publish (``O_CREAT | O_EXCL``, then write): the lock has a name while empty."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
@@ -271,13 +271,17 @@ def _create_then_write(
         return None
     try:
         os.write(fd, record)
-        return _utils._published(os.fstat(fd), record, owner)
+        info = os.fstat(fd)
+        identity = (info.st_dev, info.st_ino)
+        return lockfile.LockSnapshot(
+            lockfile.EntryKind.FILE, identity, record, info.st_mtime, owner=owner
+        )
     finally:
         os.close(fd)
 
 
 def _sabotage_publish() -> None:
-    _utils._publish = _create_then_write  # in the forked child only
+    lockfile.publish = _create_then_write  # in the forked child only
 
 
 @pytest.mark.timeout(TIMEOUT)
@@ -417,7 +421,7 @@ def _random_kill(gsd: Path, turn: int, rng: random.Random) -> tuple[list[str], s
         try:
             os.setpgid(0, 0)  # its own group, as a job-control shell starts a worker
             if named:
-                _utils._Tmpfile.usable = False
+                lockfile.TMPFILE.usable = False
             body()
         finally:
             os._exit(1)

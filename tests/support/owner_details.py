@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ def details_for(pid: int, **overrides: Any) -> bytes:
     """The details this package would publish for ``pid``, with ``overrides`` (``boot``,
     ``ns``, ``start``, ``pgid``, ...) replaced."""
     collected = ownership._collect(pid, None)
-    return ownership._encode(dataclasses.replace(collected, **overrides))
+    return ownership._encode(collected._replace(**overrides))
 
 
 def attach(path: Path, raw: bytes) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import locks
+from mahabharatha import lockfile, locks
 from mahabharatha.commands import _utils
 
 pytestmark = pytest.mark.timeout(60)
@@ -292,7 +292,7 @@ def test_refreshes_failing_until_the_lease_ends_count_as_a_lost_lock(
             raise OSError(28, "No space left on device")
 
         later = time.time() + _utils.STALE_AFTER_SECONDS + 60
-        monkeypatch.setattr(locks._utils, "replace_if_unchanged", disk_full)
+        monkeypatch.setattr(lockfile, "replace_if_unchanged", disk_full)
         monkeypatch.setattr(locks._utils, "now", lambda: later)  # the lease has passed
         assert told.wait(HANG_GUARD_SECONDS), "the loss was never reported"
         assert holder.lost is not None

@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 
-from mahabharatha import locks
+from mahabharatha import lockfile, locks
 from mahabharatha.commands import _utils
 from mahabharatha.commands._utils import acquire_feature_lock
 from tests.support.marks import needs_root
@@ -40,9 +40,9 @@ def private_umask() -> Iterator[None]:
 
 @pytest.fixture(params=[True, False], ids=["unnamed-temp", "named-temp"])
 def publish_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    if request.param and not _utils._Tmpfile.usable:
+    if request.param and not lockfile.TMPFILE.usable:
         pytest.skip("no O_TMPFILE here")
-    monkeypatch.setattr(_utils._Tmpfile, "usable", request.param)
+    monkeypatch.setattr(lockfile.TMPFILE, "usable", request.param)
     return bool(request.param)
 
 
@@ -54,13 +54,13 @@ def test_a_lock_written_under_a_private_umask_is_readable_by_everyone(
     gsd: str, private_umask: None, publish_path: bool
 ) -> None:
     assert acquire_feature_lock("feat", gsd)
-    assert stat.S_IMODE(lock_file(gsd).stat().st_mode) == _utils.LOCK_MODE
+    assert stat.S_IMODE(lock_file(gsd).stat().st_mode) == lockfile.LOCK_MODE
 
 
 def test_a_refreshed_lock_stays_readable_by_everyone(gsd: str, private_umask: None) -> None:
     with locks.FeatureLock("feat", gsd, timeout=0, heartbeat=None) as held:
         held.refresh()
-        assert stat.S_IMODE(lock_file(gsd).stat().st_mode) == _utils.LOCK_MODE
+        assert stat.S_IMODE(lock_file(gsd).stat().st_mode) == lockfile.LOCK_MODE
 
 
 def _acquire_as_nobody(gsd: str) -> int:
@@ -99,7 +99,7 @@ def test_another_user_cannot_take_a_live_lock_written_under_a_private_umask(
 def test_a_temp_swept_before_it_is_linked_is_written_again(
     gsd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_utils._Tmpfile, "usable", False)
+    monkeypatch.setattr(lockfile.TMPFILE, "usable", False)
     real_link = os.link
     swept: list[str] = []
 
@@ -136,7 +136,7 @@ def test_a_holder_that_stops_refreshing_is_no_longer_held_once_stale(
 def test_a_failing_heartbeat_is_reported_and_retried(
     gsd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_replace = _utils.replace_if_unchanged
+    real_replace = lockfile.replace_if_unchanged
     calls: list[int] = []
     recovered = threading.Event()
 
@@ -148,7 +148,7 @@ def test_a_failing_heartbeat_is_reported_and_retried(
         recovered.set()
         return result
 
-    monkeypatch.setattr(_utils, "replace_if_unchanged", full_disk_once)
+    monkeypatch.setattr(lockfile, "replace_if_unchanged", full_disk_once)
     with locks.FeatureLock("feat", gsd, timeout=0, heartbeat=0.02) as holder:
         assert recovered.wait(10)
         assert holder.held

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import locks, runner
+from mahabharatha import lockfile, locks, runner
 from mahabharatha.backends.base import LockInfo, Owner, State
 from mahabharatha.cli._output import exit_code_for
 from mahabharatha.commands import _utils
@@ -90,7 +90,7 @@ def test_a_write_that_accepts_no_bytes_fails_with_eio(
     try:
         monkeypatch.setattr(_utils.os, "write", accepts_nothing)
         with pytest.raises(OSError) as failed:
-            _utils._write_all(fd, b"1234:1.0")
+            lockfile.write_all(fd, b"1234:1.0")
         assert failed.value.errno == errno.EIO
     finally:
         monkeypatch.undo()

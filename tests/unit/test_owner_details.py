@@ -14,7 +14,7 @@ from typing import Final
 
 import pytest
 
-from mahabharatha import locks, ownership
+from mahabharatha import lockfile, locks, ownership
 from mahabharatha.commands import _utils
 from tests.support.marks import needs_proc
 from tests.support.owner_details import attach, attached, details_for
@@ -81,7 +81,7 @@ def test_every_lock_of_this_package_carries_its_owners_details(
 ) -> None:
     """Fails before the fix: a lock had no owner details at all."""
     if named:
-        monkeypatch.setattr(_utils._Tmpfile, "usable", False)
+        monkeypatch.setattr(lockfile.TMPFILE, "usable", False)
     assert _utils.acquire_feature_lock(FEATURE, str(gsd))
     me = ownership.proc_stat(os.getpid())
     assert me is not None
