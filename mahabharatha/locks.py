@@ -22,7 +22,6 @@ import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``si
 import math
 import os
 import signal
-import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -202,7 +201,7 @@ def _held_by(holder: LockInfo | None, callers: set[int]) -> bool:
     where the backend records one: the same pid on another host is someone else)?"""
     if holder is None or holder.state is not State.ACTIVE or holder.pid not in callers:
         return False
-    return holder.host is None or holder.host == socket.gethostname()
+    return holder.host is None or holder.host == ownership.host_name()
 
 
 class _SignalsDeferred:

@@ -47,6 +47,7 @@ __all__ = [
     "decode",
     "details_of",
     "group_has_live_member",
+    "host_name",
     "is_alive",
     "judgeable",
     "proc_stat",
@@ -142,7 +143,8 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @cache
-def _host() -> str:
+def host_name() -> str:
+    """This host's name (what ``socket.gethostname()`` answers), the one every layer compares."""
     # uname's node name is what socket.gethostname() answers on Linux and macOS, without the
     # socket module (2 ms of the CLI's cold start).
     return os.uname().nodename
@@ -269,11 +271,11 @@ def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
     cmd = None if command is None else _command_line(command)
     owner = proc_stat(pid) if this_pid_namespace() is not None else None
     if owner is None:  # gone already (or /proc is not ours): only boot and namespace are known
-        return OwnerDetails(this_boot(), this_pid_namespace(), host=_host(), cmd=cmd)
+        return OwnerDetails(this_boot(), this_pid_namespace(), host=host_name(), cmd=cmd)
     leader = owner if owner.pgrp == pid else proc_stat(owner.pgrp)
     leader_start = leader.start if leader is not None and leader.pgrp == owner.pgrp else None
     return OwnerDetails(
-        this_boot(), this_pid_namespace(), owner.start, owner.pgrp, leader_start, _host(), cmd
+        this_boot(), this_pid_namespace(), owner.start, owner.pgrp, leader_start, host_name(), cmd
     )
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
 
-from mahabharatha import locks, runner
+from mahabharatha import locks, ownership, runner
 from mahabharatha.backends.base import Held, LockBackend, UnsupportedError, describe_holder
 from mahabharatha.cli._output import (
     CONNECT_TIMEOUT_SECONDS,
@@ -565,14 +564,14 @@ def _lost_result(
 
 def _held_fields(store: LockBackend, held: Held) -> dict[str, Any]:
     """``host`` and ``token`` of a lock just taken (files: no tokens, null)."""
-    host = socket.gethostname() if store.supports_tokens else None
+    host = ownership.host_name() if store.supports_tokens else None
     return {"host": host, "token": held.token}
 
 
 def _acquired(line: WaitingLine, holder: locks.FeatureLock, document: dict[str, Any]) -> None:
     """``lock run`` holds its lock: erase the waiting line, note the token for the JSON."""
     line.erase()
-    host = socket.gethostname() if holder.backend.supports_tokens else None
+    host = ownership.host_name() if holder.backend.supports_tokens else None
     document.update(host=host, token=holder.token)
 
 
