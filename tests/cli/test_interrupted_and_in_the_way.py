@@ -18,19 +18,10 @@ from pathlib import Path
 import pytest
 
 from mahabharatha import locks
+from tests.support.folders import FEATURE, one_feature_gsd
 
 pytestmark = pytest.mark.timeout(30)
-FEATURE = "feat"
-
-
-@pytest.fixture
-def gsd(tmp_path: Path) -> Path:
-    (tmp_path / "gsd" / "specs" / FEATURE).mkdir(parents=True)
-    return tmp_path / "gsd"
-
-
-def lock_of(gsd: Path) -> Path:
-    return gsd / "specs" / FEATURE / ".lock"
+gsd = pytest.fixture(one_feature_gsd, name="gsd")
 
 
 def _cli(*args: object) -> list[str]:

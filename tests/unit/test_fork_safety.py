@@ -9,19 +9,10 @@ from pathlib import Path
 import pytest
 
 from mahabharatha import locks
+from tests.support.folders import FEATURE, lock_of, one_feature_gsd
 
 pytestmark = pytest.mark.timeout(30)
-FEATURE = "feat"
-
-
-@pytest.fixture
-def gsd(tmp_path: Path) -> Path:
-    (tmp_path / "gsd" / "specs" / FEATURE).mkdir(parents=True)
-    return tmp_path / "gsd"
-
-
-def lock_of(gsd: Path) -> Path:
-    return gsd / "specs" / FEATURE / ".lock"
+gsd = pytest.fixture(one_feature_gsd, name="gsd")
 
 
 def test_a_child_forked_from_a_holder_never_releases_its_parents_lock(gsd: Path) -> None:

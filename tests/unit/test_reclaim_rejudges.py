@@ -12,20 +12,11 @@ import pytest
 
 from mahabharatha import lockfile
 from mahabharatha.commands import _utils
+from tests.support.folders import FEATURE, lock_of, one_feature_gsd
 from tests.support.marks import needs_symlinks
 
 pytestmark = pytest.mark.timeout(30)
-FEATURE = "feat"
-
-
-@pytest.fixture
-def gsd(tmp_path: Path) -> Path:
-    (tmp_path / "gsd" / "specs" / FEATURE).mkdir(parents=True)
-    return tmp_path / "gsd"
-
-
-def lock_of(gsd: Path) -> Path:
-    return gsd / "specs" / FEATURE / ".lock"
+gsd = pytest.fixture(one_feature_gsd, name="gsd")
 
 
 def test_a_reclaim_never_removes_an_old_writers_fresh_empty_lock_in_the_judged_inode(
