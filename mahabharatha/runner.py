@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from types import FrameType
 from typing import IO, Final
 
@@ -346,12 +346,15 @@ def run_locked(
     stdout: IO[str] | None = None,
     on_acquired: Callable[[], None] | None = None,
     *,
+    waiting: AbstractContextManager[object] | None = None,
     on_lost: OnLost = OnLost.TERMINATE,
     notify_lost: Callable[[LockLostError], None] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
 
-    ``on_acquired`` is called once the lock is ours, before the command starts. When the lock
+    ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
+    is gone before the command's output or any error. ``on_acquired`` is called once the lock
+    is ours, before the command starts. When the lock
     is lost while the command runs, ``lock.lost`` says why afterwards, ``notify_lost`` is called
     at once, and ``on_lost`` says what happens to the command.
 
@@ -363,7 +366,10 @@ def run_locked(
     relay = _SignalRelay()
     watch = _LossWatch(on_lost, notify_lost)
     with _relaying(relay), _senders_known(relay):
-        lock.acquire(on_wait=relay.waiting(lock.on_wait), on_lost=watch.also_telling(lock.on_lost))
+        with waiting if waiting is not None else nullcontext():
+            lock.acquire(
+                on_wait=relay.waiting(lock.on_wait), on_lost=watch.also_telling(lock.on_lost)
+            )
         try:
             if on_acquired is not None:
                 on_acquired()

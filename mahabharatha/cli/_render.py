@@ -100,7 +100,8 @@ class WaitingLine:
 
     Leaving the block erases the line, whatever ends the wait (the lock, an error, Ctrl-C), so
     no answer or error is ever glued onto it. Not a terminal: says nothing (``callback`` is
-    None). ``erase`` may also be called earlier (before a command's own output starts).
+    None). ``lock run`` hands the line to ``run_locked``, which enters it around the wait only,
+    so it is gone before the command's own output starts.
     """
 
     def __init__(self) -> None:
@@ -123,9 +124,9 @@ class WaitingLine:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.erase()
+        self._erase()
 
-    def erase(self) -> None:
+    def _erase(self) -> None:
         """Remove the waiting line (the answer, or the command's output, takes its place)."""
         if self._shown:
             sys.stderr.write("\r\x1b[K")

@@ -435,29 +435,30 @@ def run_command(
 
     def action() -> Result:
         try:
-            with WaitingLine() as line:
-                holder = locks.FeatureLock(
-                    feature,
-                    gsd_dir,
-                    backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-                    timeout=timeout,
-                    heartbeat=heartbeat,
-                    reclaim_dead=reclaim_dead,
-                    on_wait=line.callback,
-                    command=command,
-                    caller_pids=(os.getppid(),),  # the shell that ran us: its lock is "yours" too
-                    lease=lease,
-                )
-                # With --json our stdout is for the one document: the command's goes to stderr.
-                stdout = sys.stderr if as_json else None
-                code = runner.run_locked(
-                    holder,
-                    command,
-                    stdout,
-                    on_acquired=lambda: _acquired(line, holder, document),
-                    on_lost=on_lost,
-                    notify_lost=tell,
-                )
+            line = WaitingLine()  # entered by run_locked around the wait only
+            holder = locks.FeatureLock(
+                feature,
+                gsd_dir,
+                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
+                timeout=timeout,
+                heartbeat=heartbeat,
+                reclaim_dead=reclaim_dead,
+                on_wait=line.callback,
+                command=command,
+                caller_pids=(os.getppid(),),  # the shell that ran us: its lock is "yours" too
+                lease=lease,
+            )
+            # With --json our stdout is for the one document: the command's goes to stderr.
+            stdout = sys.stderr if as_json else None
+            code = runner.run_locked(
+                holder,
+                command,
+                stdout,
+                on_acquired=lambda: _note_holder(holder, document),
+                waiting=line,
+                on_lost=on_lost,
+                notify_lost=tell,
+            )
         except AlreadyHeldError as mine:
             code = exit_code_for(mine, before_run=True)
             return Result(code, {**document, "holder": mine.info.to_dict()}, message=str(mine))
@@ -568,9 +569,8 @@ def _held_fields(store: LockBackend, held: Held) -> dict[str, Any]:
     return {"host": host, "token": held.token}
 
 
-def _acquired(line: WaitingLine, holder: locks.FeatureLock, document: dict[str, Any]) -> None:
-    """``lock run`` holds its lock: erase the waiting line, note the token for the JSON."""
-    line.erase()
+def _note_holder(holder: locks.FeatureLock, document: dict[str, Any]) -> None:
+    """``lock run`` holds its lock: note the host and token for the JSON."""
     host = ownership.host_name() if holder.backend.supports_tokens else None
     document.update(host=host, token=holder.token)
 

@@ -125,6 +125,22 @@ def test_the_waiting_line_is_erased_before_the_error(
     assert _error_follows_an_erase(output), repr(output)
 
 
+def test_the_waiting_line_is_gone_before_the_commands_output(tmp_path: Path, gsd: Path) -> None:
+    """``lock run`` waits at a terminal, the holder lets go, CMD writes to the same terminal:
+    CMD's first words follow an erase, never the waiting line (``run_locked`` enters the line
+    around the wait only)."""
+    lock = write_lock(gsd, pid=1, timestamp=time.time())  # someone else's: lock run waits
+    argv = cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--timeout", "20")
+    terminal = _Pty([*argv, "--", "sh", "-c", "echo from-cmd >&2"], tmp_path)
+    terminal.read_until(b"\rwaiting: ")  # handshake: it is waiting now
+    lock.unlink()  # the holder lets go
+    terminal.read_until(None)
+    assert terminal.close() == 0
+    output = terminal.seen.decode()
+    before, found, _ = output.partition("from-cmd")
+    assert found and before.endswith(ERASE), repr(output)
+
+
 @posix_signals
 @pytest.mark.parametrize(
     "argv",
