@@ -25,6 +25,7 @@ import pytest
 from mahabharatha import locks
 from tests.concurrency._harness import (
     CTX,
+    SYNC_TIMEOUT,
     TEST_TIMEOUT,
     HarnessError,
     Team,
@@ -41,6 +42,8 @@ FEATURE: Final = "race-feat"
 TAKER_PID: Final = 4_000_001
 """The pid the taker records: no process has it (above the default pid_max)."""
 READS: Final = 50
+REFRESHES: Final = 200
+"""Racing refreshes per trial (the old design's first one holds its race window open)."""
 
 IMPLEMENTATIONS: Final = [
     pytest.param("new", id="new"),
@@ -93,16 +96,22 @@ def _refresh_once(impl: str, held: locks.FeatureLock, path: Path, window: Any | 
 
 
 def _refresh_until_taken(impl: str, held: locks.FeatureLock, path: Path, sync: Any) -> bool:
-    """Refresh while the taker acts, then once more after it has: True if the loss was seen."""
+    """Refresh while the taker acts, then once more after it has: True if the loss was seen.
+
+    The racing refreshes are bounded (``REFRESHES``): an unbounded loop would keep the folder's
+    guard so busy that, on a loaded machine, the taker's own release could not get it in time.
+    """
     window, taken = sync[3], sync[4]
-    first = True
-    # Race: refreshes run while the taker force-releases and re-takes the lock.
-    while not taken.is_set():
-        if not _refresh_once(impl, held, path, window if first else None):
+    for attempt in range(REFRESHES):
+        # Race: refreshes run while the taker force-releases and re-takes the lock.
+        if taken.is_set():
+            break
+        if not _refresh_once(impl, held, path, window if attempt == 0 else None):
             return True
-        first = False
+    if not taken.wait(SYNC_TIMEOUT):
+        raise HarnessError("the taker never took the lock over")
     # The takeover is complete: this refresh must report it, however the two were scheduled.
-    return not _refresh_once(impl, held, path, window if first else None)
+    return not _refresh_once(impl, held, path, None)
 
 
 def _holder(impl: str, gsd: Path, total: int, sync: Any, lost: Any) -> None:
