@@ -16,7 +16,6 @@ __all__ = [
     "EXIT_OK",
     "EXIT_OS_ERROR",
     "EXIT_TEMPFAIL",
-    "SIGNAL_EXIT_BASE",
     "killed_by",
     "shell_status",
 ]
