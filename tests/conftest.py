@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: the PostgreSQL server that the PostgreSQL tests share.
+"""Suite-wide set-up: the PostgreSQL server that the PostgreSQL tests share, and a SIGINT that
+reaches the CLI processes the tests start.
 
 Any test that uses ``pg_server`` is marked ``postgres``. Without PostgreSQL (or psycopg) those
 tests skip with a reason saying what to install; with ``MAHABHARATHA_REQUIRE_POSTGRES=1`` (CI) a
@@ -8,11 +9,21 @@ skipped ``postgres`` test is a failure instead, so CI can never pass without hav
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Generator, Iterator
 
 import pytest
 
 from tests.support import postgres
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A shell without job control starts background commands with SIGINT ignored, and every
+    child inherits that: the CLI processes of the Ctrl-C tests would ignore their SIGINT and
+    wait for ever (seen when the suite ran as `script &`). Give the suite the default handler;
+    its children then start with SIGINT at its default, as from a terminal."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _required() -> bool:

@@ -45,7 +45,8 @@ def test_ctrl_c_during_a_json_wait_still_prints_one_document(gsd: Path) -> None:
         waiter.send_signal(signal.SIGINT)
         out, _ = waiter.communicate(timeout=30)
     finally:
-        waiter.kill()
+        waiter.kill()  # (a no-op when it has ended)
+        waiter.wait()  # always reaped, also when the test failed
         os.close(terminal)
     assert waiter.returncode == 130
     document = json.loads(out)
