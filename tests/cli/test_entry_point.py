@@ -1,0 +1,83 @@
+"""The entry point builds only the command it is asked for, and that changes nothing a user sees.
+
+``main()`` hands typer an app cut down to the one command on the command line (a cold start then
+skips building the other fourteen). These tests hold the cut-down app to the whole one: the same
+help, the same usage errors, the same exit codes; and the whole app wherever a call names no
+single command (group help, typos, root options, completion).
+"""
+
+from __future__ import annotations
+
+import pytest
+import typer
+import typer.main
+from typer.testing import CliRunner
+
+from mahabharatha.cli import app, app_for
+
+
+def _calls() -> list[tuple[str, str]]:
+    """Every ``group command`` pair the whole app has, as typer names them."""
+    whole = typer.main.get_group(app)
+    return [
+        (name, command)
+        for name, group in sorted(whole.commands.items())
+        if isinstance(group, typer.core.TyperGroup)
+        for command in sorted(group.commands)
+    ]
+
+
+def _command_counts() -> dict[str | None, int]:
+    return {
+        g.name: len(g.typer_instance.registered_commands)
+        for g in app.registered_groups
+        if g.typer_instance is not None
+    }
+
+
+CALLS = _calls()
+
+TAILS = {
+    "help": ["--help"],
+    "missing-arguments": [],
+    "unknown-option": ["--no-such-option"],
+}
+"""What follows the command: its help, a usage error, an option it does not have."""
+
+
+@pytest.mark.parametrize("tail", TAILS.values(), ids=TAILS.keys())
+@pytest.mark.parametrize(("group", "command"), CALLS, ids=[f"{g}-{c}" for g, c in CALLS])
+def test_a_command_built_alone_answers_as_in_the_whole_app(
+    group: str, command: str, tail: list[str]
+) -> None:
+    argv = [group, command, *tail]
+    whole = CliRunner().invoke(app, argv)
+    alone = CliRunner().invoke(app_for(argv), argv)
+    assert (alone.exit_code, alone.output) == (whole.exit_code, whole.output)
+    assert "Traceback" not in alone.output
+
+
+@pytest.mark.parametrize(("group", "command"), CALLS, ids=[f"{g}-{c}" for g, c in CALLS])
+def test_only_the_called_command_is_built(group: str, command: str) -> None:
+    root = typer.main.get_group(app_for([group, command, "x"]))
+    assert list(root.commands) == [group]
+    built = root.commands[group]
+    assert isinstance(built, typer.core.TyperGroup)
+    assert list(built.commands) == [command]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["lock"], ["lock", "--help"], ["lock", "chek", "x"], ["--version"], ["nope", "check"]],
+    ids=["nothing", "group", "group-help", "typo", "root-option", "no-such-group"],
+)
+def test_a_call_naming_no_single_command_gets_the_whole_app(argv: list[str]) -> None:
+    assert app_for(argv) is app
+
+
+def test_cutting_down_leaves_the_whole_app_as_it_was() -> None:
+    before = _command_counts()
+    for group, command in CALLS:
+        app_for([group, command])
+    assert _command_counts() == before
+    assert len(CALLS) == sum(before.values())
