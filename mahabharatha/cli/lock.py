@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
@@ -473,7 +472,7 @@ def run_command(
             return Result(code, document, message=unstarted.strerror)
         if holder.lost is not None:
             result = _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
-            return replace(result, message=None) if told else result  # said once is enough
+            return result._replace(message=None) if told else result  # said once is enough
         return Result(code, {**document, "exit_code": code})
 
     respond(as_json, document, action)
