@@ -5,6 +5,7 @@ Commands parse their arguments, call :mod:`mahabharatha.locks`, and hand the res
 """
 
 import copy
+import gc
 import sys
 from collections.abc import Sequence
 from typing import Annotated
@@ -86,7 +87,15 @@ def _command_name(command: typer.models.CommandInfo) -> str:
 
 
 def main() -> None:
-    """Console-script entry point: the command named on the command line, built alone."""
+    """Console-script entry point: the command named on the command line, built alone.
+
+    Start-up leaves some 10^5 objects that live until the process ends (modules, classes,
+    typer's and click's objects). ``gc.freeze`` moves them out of the collector's sight, so
+    neither a later collection nor the final one at exit walks them again: about 10 ms of a
+    cold call, more than all of our own imports. What the command makes afterwards is
+    collected as usual (``lock run`` may run for hours).
+    """
+    gc.freeze()
     app_for(sys.argv[1:])()
 
 
