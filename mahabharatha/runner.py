@@ -40,6 +40,7 @@ from time import monotonic
 from types import FrameType
 from typing import IO, Final
 
+from mahabharatha.backends.base import format_duration
 from mahabharatha.exits import killed_by, shell_status
 from mahabharatha.lockfile import LockBusyError
 from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
@@ -462,6 +463,17 @@ def lease_break_seconds() -> float:
         return DEFAULT_LEASE_BREAK_SECONDS
 
 
+def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
+    """The release's answer when a lease outlasted the wait: the lock stays, and how it goes."""
+    where = f"{busy.filename}: " if busy.filename else ""
+    return LockBusyError(
+        busy.errno,
+        f"{where}still under another process's kernel lease after {format_duration(waited)}; "
+        "the lock stays until it is stale, or until --reclaim-dead takes it",
+        busy.filename,
+    )
+
+
 def _release_after_leases(
     lock: FeatureLock,
     relay: _SignalRelay,
@@ -477,7 +489,7 @@ def _release_after_leases(
         try:
             lock.release()
             return
-        except LockBusyError:
+        except LockBusyError as busy:
             # Race: another process took a lease on our lock file (Samba, a backup tool); the
             # kernel breaks it after lease-break-time, so the release waits for that.
             now = monotonic()
@@ -487,7 +499,7 @@ def _release_after_leases(
                 if on_release_wait is not None:
                     on_release_wait(bound)
             if now >= deadline:
-                raise
+                raise _left_under_lease(busy, bound) from None
         signum = relay.signalled_within(min(pause, deadline - now))
         if signum is not None:
             code = None if status is None else shell_status(status)

@@ -178,3 +178,43 @@ def test_a_signal_ends_the_wait_for_a_lease_at_once(
     assert last.startswith(f"mahabharatha: interrupted by {signum.name} while waiting"), last
     assert read_record(lock_path(gsd))[0] == runner.pid, "left behind, never half-removed"
     assert leaser.wait() == 0
+
+
+SHORT_BOUND_CLI: Final = (
+    "import sys\n"
+    "from mahabharatha import runner\n"
+    "runner.lease_break_seconds = lambda: 0.0  # a kernel that breaks leases at once ...\n"
+    "runner.LEASE_BREAK_MARGIN_SECONDS = 1.0  # ... but a lease holder that keeps it\n"
+    "from mahabharatha.cli import main\n"
+    "main()\n"
+)
+"""The CLI with the wait for a lease bounded at 1 s: what happens when a lease outlasts it."""
+
+
+@needs_leases
+def test_a_lease_that_outlasts_the_bound_leaves_the_lock_with_one_sentence(
+    gsd: Path, spawn: Any
+) -> None:
+    """The wait is bounded: a lease still there after lease-break-time + margin (here 0 + 1 s:
+    this lease holder is not broken by the kernel) ends it with exit 3 and one sentence, the
+    lock left (never removed unread). A guard of the new wait's bound: before the fix the
+    release gave up without waiting (also exit 3, but with no waiting line)."""
+    runner = spawn(
+        [PY, "-c", SHORT_BOUND_CLI,
+         *("lock", "run", FEATURE, "--gsd-dir", gsd, "--heartbeat", "60"),
+         *("--", PY, "-c", HOLD_CMD)],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    assert runner.next_line() == "ready"
+    leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
+    assert leaser.next_line() == "leased"
+    runner.send("x")
+    assert "waiting up to 1s " in runner.next_line("stderr")
+    code = runner.wait(timeout=SYNC_TIMEOUT)
+    leaser.send("x")
+    assert leaser.next_line() == "unleased"
+    assert code == 3, runner.stderr
+    last = runner.stderr.strip().splitlines()[-1]
+    assert last.startswith("mahabharatha: ") and ".lock: still under another" in last, last
+    assert read_record(lock_path(gsd))[0] == runner.pid, "left behind, never removed unread"
+    assert leaser.wait() == 0
