@@ -775,7 +775,8 @@ def _still_mine(dfd: int, mine: LockSnapshot) -> bool:
     """Is ``.lock`` still the holder's own lock ``mine``? The caller holds the guard.
 
     Raises the read error when our own inode cannot be read just now (a ``chmod``, an I/O
-    error): we cannot tell, so we say why instead of giving the lock up.
+    error): we cannot tell, so we say why instead of giving the lock up. A read refused for a
+    passing reason (a kernel lease) is :class:`LockBusyError`: a caller may wait it out.
     """
     current = read_lock(dfd)
     if current.same_entry(mine):
@@ -785,6 +786,8 @@ def _still_mine(dfd: int, mine: LockSnapshot) -> bool:
         and current.content is None
         and current.identity == mine.identity
     ):
+        if _is_busy(current):
+            raise busy_error(current)
         code = current.read_errno or errno.EIO
         raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
     return False

@@ -196,12 +196,19 @@ def _try_once(
     return backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease)
 
 
-def _held_by(holder: LockInfo | None, callers: set[int]) -> bool:
-    """Is the active lock that stopped us the caller's own (judged by the pid, and by the host
-    where the backend records one: the same pid on another host is someone else)?"""
+def _held_by(
+    holder: LockInfo | None, details: ownership.OwnerDetails | None, callers: set[int]
+) -> bool:
+    """Is the active lock that stopped us the caller's own? Its pid must be a caller's, its
+    host (where the backend records one) ours, and its owner details must show our boot and
+    our PID namespace: the same pid number in a container's namespace, or before a reboot,
+    is someone else. Without readable details we cannot tell, and say "not yours": a wrong
+    "busy" costs a wait, a wrong "yours" tells a caller it holds someone else's lock."""
     if holder is None or holder.state is not State.ACTIVE or holder.pid not in callers:
         return False
-    return holder.host is None or holder.host == ownership.host_name()
+    if holder.host is not None and holder.host != ownership.host_name():
+        return False
+    return ownership.judgeable(details)
 
 
 class _SignalsDeferred:
@@ -325,7 +332,7 @@ def acquire(
             return outcome.held
         info = outcome.holder
         assert info is not None  # a try that did not win names who stopped it
-        if _held_by(info, callers):
+        if _held_by(info, outcome.holder_details, callers):
             raise AlreadyHeldError(info)  # waiting would wait for ourselves
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:

@@ -15,6 +15,11 @@ when we are interrupted. SIGINT, SIGTERM and SIGHUP are handled from *before* th
   ``SI_USER``, a terminal ``SI_KERNEL``. The Python handlers stay installed for the moment the
   command is being started (the mask is lifted then, so the command does not inherit it).
 
+When the command has ended, the lock is released; a kernel lease on the lock file (another
+process's ``F_SETLEASE``) can refuse that for a while. The release then waits until the kernel
+breaks the lease (``/proc/sys/fs/lease-break-time``, plus a margin), says so on stderr, and a
+signal during that wait ends it at once, leaving the lock (:class:`ReleaseInterrupted`).
+
 If the lock is lost while the command runs (the heartbeat finds it removed or replaced, or
 refreshes failed until it turned stale), the command gets SIGTERM, then SIGKILL after
 :data:`LOST_KILL_GRACE_SECONDS` (``OnLost.TERMINATE``), or keeps running (``OnLost.WARN``).
@@ -30,10 +35,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from functools import cache
+from time import monotonic
 from types import FrameType
 from typing import IO, Final
 
+from mahabharatha.backends.base import format_duration
 from mahabharatha.exits import killed_by, shell_status
+from mahabharatha.lockfile import LockBusyError
 from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 
 __all__ = [
@@ -43,6 +52,8 @@ __all__ = [
     "CommandStartError",
     "Interrupted",
     "OnLost",
+    "ReleaseInterrupted",
+    "lease_break_seconds",
     "run_locked",
 ]
 
@@ -55,6 +66,17 @@ LOST_KILL_GRACE_SECONDS: Final = 10.0
 enough to flush and exit, short enough that two holders do not work side by side for long."""
 _READ_SENDERS: Final = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
 """Can we learn who sent a signal (Linux and most POSIX systems; not macOS)?"""
+LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
+DEFAULT_LEASE_BREAK_SECONDS: Final = 45.0
+"""The kernel's default lease-break time: assumed where the setting cannot be read."""
+LEASE_BREAK_MARGIN_SECONDS: Final = 5.0
+"""Waited beyond the lease-break time: the kernel times the break from the first refused open
+(ours, 0.5 s before we start counting, or another reader's) and may act a little late."""
+RELEASE_RETRY_FIRST_SECONDS: Final = 0.1
+RELEASE_RETRY_MAX_SECONDS: Final = 2.0
+"""Pauses between release tries under a lease (doubling): each try already spins 0.5 s on
+the refused read, so the wait costs a fifth of a CPU at most, and a lease given up is seen
+within about two seconds."""
 
 
 class OnLost(enum.StrEnum):
@@ -77,6 +99,26 @@ class Interrupted(Exception):
         return killed_by(self.signum)
 
 
+class ReleaseInterrupted(Exception):
+    """A signal ended the wait for a kernel lease on the lock file: the lock was left behind
+    (stale after 2 hours; ``--reclaim-dead`` takes it sooner once this process has exited)."""
+
+    def __init__(self, signum: int, feature: str, status: int | None) -> None:
+        self.signum = signum
+        self.feature = feature
+        self.status = status  # the command's exit status, when it ran
+        super().__init__(
+            f"interrupted by {signal.Signals(signum).name} while waiting for a kernel lease on "
+            f"the lock of {feature!r} to be broken: the lock stays until it is stale, or until "
+            "--reclaim-dead takes it"
+        )
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell would report for a process ended by this signal."""
+        return killed_by(self.signum)
+
+
 class CommandStartError(OSError):
     """The command could not be started; nothing ran (exit 126 or 127, as a shell would)."""
 
@@ -93,6 +135,7 @@ class CommandNotExecutableError(CommandStartError, PermissionError):
 class _Phase(enum.Enum):
     PREPARING = "preparing"  # waiting for the lock, or starting the command (pid not yet known)
     RUNNING = "running"
+    RELEASING = "releasing"  # the command is over: a signal ends a wait for the release
 
 
 class _Child:
@@ -128,6 +171,7 @@ class _SignalRelay:
         self.phase = _Phase.PREPARING
         self.child: _Child | None = None
         self.pending: int | None = None
+        self.woken = threading.Event()  # set with ``pending``: ends a wait at once
         # Reentrant: the Python handler may run in the main thread while it holds this lock.
         self._mutex = threading.RLock()
 
@@ -143,14 +187,30 @@ class _SignalRelay:
             else:
                 # Race: a signal before the child exists; acted on at the next safe point.
                 self.pending = signum
+                self.woken.set()
 
     def raise_if_pending(self) -> None:
+        self._take_own()
+        if self.pending is not None:
+            raise Interrupted(self.pending)
+
+    def _take_own(self) -> None:
         if _READ_SENDERS:
             # Blocked signals meant for this thread (raise(), a pthread_kill) wait here.
             while (info := signal.sigtimedwait(FORWARDED_SIGNALS, 0)) is not None:
                 self.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
-        if self.pending is not None:
-            raise Interrupted(self.pending)
+
+    def releasing(self) -> None:
+        """The command is over: from now on a signal (a new one) ends the release's wait."""
+        with self._mutex:
+            self.phase, self.pending = _Phase.RELEASING, None
+            self.woken.clear()
+
+    def signalled_within(self, seconds: float) -> int | None:
+        """Wait up to ``seconds`` for a signal; the one that came, if any."""
+        self.woken.wait(max(0.0, seconds))
+        self._take_own()
+        return self.pending
 
     def waiting(self, on_wait: WaitCallback | None) -> WaitCallback:
         """The lock's wait callback, made to end the wait once a signal has arrived."""
@@ -349,6 +409,7 @@ def run_locked(
     waiting: AbstractContextManager[object] | None = None,
     on_lost: OnLost = OnLost.TERMINATE,
     notify_lost: Callable[[LockLostError], None] | None = None,
+    on_release_wait: Callable[[float], None] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
 
@@ -356,15 +417,20 @@ def run_locked(
     is gone before the command's output or any error. ``on_acquired`` is called once the lock
     is ours, before the command starts. When the lock
     is lost while the command runs, ``lock.lost`` says why afterwards, ``notify_lost`` is called
-    at once, and ``on_lost`` says what happens to the command.
+    at once, and ``on_lost`` says what happens to the command. When a kernel lease keeps the
+    lock file from being read at the release, ``on_release_wait(seconds)`` is called once and
+    the release waits for the kernel to break the lease, at most that long.
 
     Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
     :class:`Interrupted` when a signal arrives before the command started, and
     :class:`CommandNotFoundError` or :class:`CommandNotExecutableError` (both
-    :class:`CommandStartError`) when the command cannot be started (lock released).
+    :class:`CommandStartError`) when the command cannot be started (lock released),
+    :class:`ReleaseInterrupted` when a signal ended the wait for a lease at the release, and
+    :class:`~mahabharatha.lockfile.LockBusyError` when the lease outlasted that wait.
     """
     relay = _SignalRelay()
     watch = _LossWatch(on_lost, notify_lost)
+    returncode: int | None = None
     with _relaying(relay), _senders_known(relay):
         with waiting if waiting is not None else nullcontext():
             lock.acquire(
@@ -383,8 +449,62 @@ def run_locked(
                 watch.ended()
                 child.close()
         finally:
-            lock.release()
+            _release_after_leases(lock, relay, on_release_wait, returncode)
     return shell_status(returncode)
+
+
+@cache
+def lease_break_seconds() -> float:
+    """How long the kernel lets a lease holder keep a file from others (read once)."""
+    try:
+        with open(LEASE_BREAK_SETTING, "rb") as setting:
+            return max(0.0, float(int(setting.read(32))))
+    except (OSError, ValueError):
+        return DEFAULT_LEASE_BREAK_SECONDS
+
+
+def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
+    """The release's answer when a lease outlasted the wait: the lock stays, and how it goes."""
+    where = f"{busy.filename}: " if busy.filename else ""
+    return LockBusyError(
+        busy.errno,
+        f"{where}still under another process's kernel lease after {format_duration(waited)}; "
+        "the lock stays until it is stale, or until --reclaim-dead takes it",
+        busy.filename,
+    )
+
+
+def _release_after_leases(
+    lock: FeatureLock,
+    relay: _SignalRelay,
+    on_release_wait: Callable[[float], None] | None,
+    status: int | None,
+) -> None:
+    """``lock.release()``; while a kernel lease refuses the read of the lock file, try again
+    until the kernel has broken the lease (bounded), unless a signal ends the wait first."""
+    relay.releasing()
+    deadline: float | None = None
+    pause = RELEASE_RETRY_FIRST_SECONDS
+    while True:
+        try:
+            lock.release()
+            return
+        except LockBusyError as busy:
+            # Race: another process took a lease on our lock file (Samba, a backup tool); the
+            # kernel breaks it after lease-break-time, so the release waits for that.
+            now = monotonic()
+            if deadline is None:
+                bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
+                deadline = now + bound
+                if on_release_wait is not None:
+                    on_release_wait(bound)
+            if now >= deadline:
+                raise _left_under_lease(busy, bound) from None
+        signum = relay.signalled_within(min(pause, deadline - now))
+        if signum is not None:
+            code = None if status is None else shell_status(status)
+            raise ReleaseInterrupted(signum, lock.feature, code) from None
+        pause = min(pause * 2, RELEASE_RETRY_MAX_SECONDS)
 
 
 PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>

@@ -17,7 +17,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from mahabharatha.ownership import OwnerDetails
 
 __all__ = [
     "AcquireResult",
@@ -296,6 +299,9 @@ class AcquireResult(NamedTuple):
     holder: LockInfo | None = None
     replaced: LockInfo | None = None
     reason: str | None = None
+    holder_details: OwnerDetails | None = None
+    """The owner details recorded with ``holder`` (``None``: none, or not our format): the
+    lock layer's "already held by you" needs the holder's boot and PID namespace."""
 
 
 class LockBackend(Protocol):

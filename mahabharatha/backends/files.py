@@ -274,7 +274,7 @@ class FileBackend:
             outcome = lockfile.try_acquire(dfd, requester.pid, now, rule, requester.details)
         if outcome.mine is None:
             holder = describe_snapshot(feature, outcome.holder, outcome.state, now, None)
-            return AcquireResult(None, holder)
+            return AcquireResult(None, holder, holder_details=outcome.holder.owner_details)
         reason = None
         replaced = None
         if outcome.replaced is not None:

@@ -603,9 +603,10 @@ class PostgresBackend:
             taken = self._rows(_ACQUIRE, params)
             if taken:
                 return self._won(taken[0], requester, params, reason=f"owner {info.owner}")
-            holder = self._row(feature)
-            info = self._info(holder) if holder is not None and holder.pid is not None else info
-        return AcquireResult(None, holder=info)
+            again = self._row(feature)
+            if again is not None and again.pid is not None:
+                holder, info = again, self._info(again)
+        return AcquireResult(None, holder=info, holder_details=ownership.decode(holder.details))
 
     def try_claim(
         self,

@@ -9,7 +9,13 @@ from typing import Annotated, Any
 import typer
 
 from mahabharatha import locks, ownership, runner
-from mahabharatha.backends.base import Held, LockBackend, UnsupportedError, describe_holder
+from mahabharatha.backends.base import (
+    Held,
+    LockBackend,
+    UnsupportedError,
+    describe_holder,
+    format_duration,
+)
 from mahabharatha.cli._output import (
     CONNECT_TIMEOUT_SECONDS,
     DEFAULT_GSD_DIR,
@@ -457,7 +463,11 @@ def run_command(
                 waiting=line,
                 on_lost=on_lost,
                 notify_lost=tell,
+                on_release_wait=lambda bound: _warn_release_wait(feature, bound),
             )
+        except runner.ReleaseInterrupted as stop:  # the command ran; its lock was left
+            stopped = {**document, "exit_code": stop.status}
+            return Result(stop.exit_code, stopped, message=str(stop))
         except AlreadyHeldError as mine:
             code = exit_code_for(mine, before_run=True)
             return Result(code, {**document, "holder": mine.info.to_dict()}, message=str(mine))
@@ -547,6 +557,16 @@ def _warn_lost(lost: LockLostError, on_lost: runner.OnLost) -> None:
     """Said on stderr the moment the heartbeat finds the lock lost, while CMD still runs."""
     then = "stopping CMD" if on_lost is runner.OnLost.TERMINATE else "CMD keeps running"
     typer.echo(f"mahabharatha: {lost}; {then} (--on-lost {on_lost.value})", err=True)
+
+
+def _warn_release_wait(feature: str, bound: float) -> None:
+    """Said on stderr when a kernel lease holds up ``lock run``'s release."""
+    typer.echo(
+        f"mahabharatha: another process holds a kernel lease on the lock of {feature!r}; "
+        f"waiting up to {format_duration(bound)} for the kernel to break it, then releasing "
+        "(Ctrl-C leaves the lock behind)",
+        err=True,
+    )
 
 
 def _lost_result(

@@ -30,8 +30,9 @@ marker of a claimer killed between ``done`` and ``reopen``. The killer never SIG
 namespace runner itself: a holder in a PID namespace that has died leaves a lock nobody here may
 judge (contract: only age frees it, after 2 h), and the storm would stop; it kills their
 ``unshare`` parents instead, which orphans them. The lease holder leases only locks of its own
-namespace for the same reason: ``lock run``'s final release gives up after 0.5 s of a busy read
-(exit 3) and leaves its lock, which only ``--reclaim-dead`` in the owner's namespace recovers.
+namespace for the same reason: ``lock run``'s final release gave up after 0.5 s of a busy read
+(exit 3) and left its lock, which only ``--reclaim-dead`` in the owner's namespace recovers (it
+now waits for the lease to be broken: ``tests/cli/test_storm_liveness.py``).
 
 Size: ``MAHABHARATHA_STRESS`` host runs of ``lock run`` (default ``DEFAULT_RUNS``, about 15 s on
 two loaded cores), a third as many in PID namespaces; claimers go on while runs remain. Pin the
@@ -40,8 +41,9 @@ Synchronisation is by process exits, pipes and pidfds; the only sleeps are the r
 (killer and lease delays) and the commands' work.
 
 Two answers the storm tolerates, found with it (availability, not exclusion): a namespace
-runner exits 1 "already held by you (pid 1)" while an orphaned runner of *another* namespace,
-also pid 1 there, holds ``F`` (the caller check compares bare pids); and claimers pass
+runner exited 1 "already held by you (pid 1)" while an orphaned runner of *another* namespace,
+also pid 1 there, held ``F`` (the caller check compared bare pids; fixed, see
+``tests/cli/test_storm_liveness.py``); and claimers pass
 ``--pid`` because the default owner, the CLI's parent, is whoever adopted the CLI when the
 worker was killed before the CLI looked (here the conductor; elsewhere init): that lock's owner
 never dies, so only age would free it.

@@ -237,12 +237,13 @@ def test_the_same_pid_on_another_host_is_someone_else(make_backend: Callable[...
 
     there, here = make_backend(), make_backend()
     there._host = "another-host"  # a second machine: its backend records its own host name
-    there.try_acquire("feat", Requester(os.getpid()))
+    mine = ownership.details_of(os.getpid())  # "yours" needs our boot and namespace recorded
+    there.try_acquire("feat", Requester(os.getpid(), mine))
     with pytest.raises(LockHeldError) as stopped:
         locks.acquire("feat", backend=here, pid=os.getpid(), timeout=0)
     assert not isinstance(stopped.value, AlreadyHeldError)
     assert stopped.value.info.host == "another-host"
     there.release("feat", os.getpid())
-    here.try_acquire("feat", Requester(os.getpid()))
+    here.try_acquire("feat", Requester(os.getpid(), mine))
     with pytest.raises(AlreadyHeldError):  # on this host it is the caller's own
         locks.acquire("feat", backend=here, pid=os.getpid(), timeout=0)

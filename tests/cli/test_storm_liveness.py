@@ -1,0 +1,220 @@
+"""Liveness answers the judgement storm found wrong (never two holders, but a wrong answer or a
+lock left behind), with real processes.
+
+* "already held by you" is said only of a lock whose owner details show the caller's boot and
+  PID namespace: the same pid number in another namespace (a container) is someone else.
+* ``lock run``'s final release waits for the kernel to break another process's lease on the
+  lock file (it gave up after 0.5 s and left the lock), saying so on stderr; a signal ends
+  that wait at once, without a traceback. The lease holder ignores the break signal (SIGIO)
+  and gives its lease up when the test writes to its stdin: the test never waits for the
+  kernel's lease-break time.
+
+Children synchronise through their output lines and stdin, never by sleeping, and are reaped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from mahabharatha.backends.base import format_duration
+from mahabharatha.exits import EXIT_TEMPFAIL
+from mahabharatha.runner import LEASE_BREAK_MARGIN_SECONDS, lease_break_seconds
+from tests.cli._support import (
+    FEATURE,
+    RUN_TIMEOUT,
+    SYNC_TIMEOUT,
+    assert_no_traceback,
+    child_env,
+    cli_argv,
+    lock_path,
+    read_record,
+    run_cli,
+    write_lock,
+)
+from tests.support.marks import needs_leases, needs_pid_namespaces, needs_proc
+
+PY: Final = sys.executable
+HOLD_CMD: Final = "import sys; print('ready', flush=True); sys.stdin.read(1)"
+"""A command that says it runs, then holds on until a byte arrives on its stdin."""
+
+
+def _in_new_pid_namespace(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """One CLI call as pid 1 of a PID namespace of its own."""
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", *cli_argv(*args)],
+        cwd=cwd,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    assert_no_traceback(done.stdout, done.stderr)
+    return done
+
+
+# --------------------------------------------------------------------------- held by you
+
+
+@needs_proc
+@needs_pid_namespaces
+def test_pid_1_of_another_namespace_is_not_you(tmp_path: Path, gsd: Path, spawn: Any) -> None:
+    """A ``lock run`` in one PID namespace (pid 1 there) holds the lock; a ``lock run`` in
+    another namespace (pid 1 there too) and an ``acquire --pid 1`` on the host (the host's
+    init) get the ordinary busy answer, not "already held by you".
+
+    Fails before the fix: both were told "already held by you (pid 1)" (exit 1 at once; the
+    runner did not even wait), because the caller check compared bare pids."""
+    holder = spawn(
+        ["unshare", "--pid", "--fork", "--mount-proc",
+         *cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--", PY, "-c", HOLD_CMD)],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    assert holder.next_line() == "ready"
+    assert read_record(lock_path(gsd))[0] == 1, "the namespace runner is pid 1 there"
+    try:
+        runner = _in_new_pid_namespace(
+            *("lock", "run", FEATURE, "--gsd-dir", gsd, "--timeout", "0"),
+            *("--", PY, "-c", "print('ran')"),
+            cwd=tmp_path,
+        )
+        host = run_cli("lock", "acquire", FEATURE, "--gsd-dir", gsd, "--pid", "1", cwd=tmp_path)
+    finally:
+        holder.send("x")
+        assert holder.wait() == 0, holder.stderr
+    assert "already held by you" not in runner.stderr + host.stderr, (runner, host)
+    assert runner.returncode == EXIT_TEMPFAIL, runner.stderr  # busy: "try again later"
+    assert "locked by pid 1" in runner.stderr and "not run" in runner.stderr, runner.stderr
+    assert "ran" not in runner.stdout
+    assert host.returncode == 1 and "locked by pid 1" in host.stderr, host.stderr
+    assert not lock_path(gsd).exists(), "the holder released its lock"
+
+
+def test_a_lock_without_owner_details_is_never_called_yours(tmp_path: Path, gsd: Path) -> None:
+    """A lock with the caller's pid but no owner details (an older writer, a shell, a file
+    system without extended attributes) may be another namespace's: the usual busy answer.
+
+    Fails before the fix: "already held by you" (the pid alone decided)."""
+    write_lock(gsd, content=f"{os.getpid()}:{time.time()}")  # content: no details
+    done = run_cli("lock", "acquire", FEATURE, "--gsd-dir", gsd, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "already held by you" not in done.stderr
+    assert f"locked by pid {os.getpid()}" in done.stderr, done.stderr
+
+
+# --------------------------------------------------------------------------- a lease at release
+
+LEASE_CMD: Final = (
+    "import fcntl, os, signal, sys\n"
+    "signal.signal(signal.SIGIO, signal.SIG_IGN)  # the break notice: keep the lease\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n"
+    "print('leased', flush=True)\n"
+    "sys.stdin.read(1)\n"
+    "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)\n"
+    "print('unleased', flush=True)\n"
+)
+"""Holds a write lease on the file it is given until a byte arrives on its stdin."""
+
+
+def _run_then_lease(gsd: Path, spawn: Any) -> tuple[Any, Any]:
+    """A ``lock run`` whose command has ended while another process holds a lease on the lock
+    file; returned once ``lock run`` has said it waits for the lease."""
+    runner = spawn(
+        cli_argv(
+            *("lock", "run", FEATURE, "--gsd-dir", gsd, "--heartbeat", "60"),
+            *("--", PY, "-c", HOLD_CMD),
+        ),
+        stdin=subprocess.PIPE,
+    )
+    assert runner.next_line() == "ready"
+    leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
+    assert leaser.next_line() == "leased"
+    runner.send("x")  # the command ends; the release meets the lease
+    said = runner.next_line("stderr")
+    bound = format_duration(lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS)
+    assert "kernel lease on the lock of" in said and f"waiting up to {bound} " in said, said
+    return runner, leaser
+
+
+@needs_leases
+def test_lock_run_releases_once_a_lease_on_its_lock_is_given_up(gsd: Path, spawn: Any) -> None:
+    """Fails before the fix: the release gave up after 0.5 s of refused reads (exit 3,
+    "<gsd>/specs/auth-flow/.lock: Resource temporarily unavailable" instead of the waiting
+    line), and the lock stayed behind."""
+    runner, leaser = _run_then_lease(gsd, spawn)
+    leaser.send("x")
+    assert leaser.next_line() == "unleased"
+    assert runner.wait() == 0, runner.stderr
+    assert not lock_path(gsd).exists(), "released once the lease was gone"
+    assert leaser.wait() == 0
+
+
+@needs_leases
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_wait_for_a_lease_at_once(
+    gsd: Path, spawn: Any, signum: signal.Signals
+) -> None:
+    """The wait is bounded by the lease-break time (45 s by default), but a Ctrl-C or SIGTERM
+    ends it now: one sentence, exit 128+N, and the lock (which could not be read) stays.
+
+    Fails before the fix: no waiting line came (the release gave up after 0.5 s, exit 3)."""
+    runner, leaser = _run_then_lease(gsd, spawn)
+    os.kill(runner.pid, signum)
+    code = runner.wait(timeout=SYNC_TIMEOUT)  # a hang-guard, below the lease-break bound
+    leaser.send("x")
+    assert leaser.next_line() == "unleased"
+    assert code == 128 + signum, runner.stderr
+    last = runner.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"mahabharatha: interrupted by {signum.name} while waiting"), last
+    assert read_record(lock_path(gsd))[0] == runner.pid, "left behind, never half-removed"
+    assert leaser.wait() == 0
+
+
+SHORT_BOUND_CLI: Final = (
+    "import sys\n"
+    "from mahabharatha import runner\n"
+    "runner.lease_break_seconds = lambda: 0.0  # a kernel that breaks leases at once ...\n"
+    "runner.LEASE_BREAK_MARGIN_SECONDS = 1.0  # ... but a lease holder that keeps it\n"
+    "from mahabharatha.cli import main\n"
+    "main()\n"
+)
+"""The CLI with the wait for a lease bounded at 1 s: what happens when a lease outlasts it."""
+
+
+@needs_leases
+def test_a_lease_that_outlasts_the_bound_leaves_the_lock_with_one_sentence(
+    gsd: Path, spawn: Any
+) -> None:
+    """The wait is bounded: a lease still there after lease-break-time + margin (here 0 + 1 s:
+    this lease holder is not broken by the kernel) ends it with exit 3 and one sentence, the
+    lock left (never removed unread). A guard of the new wait's bound: before the fix the
+    release gave up without waiting (also exit 3, but with no waiting line)."""
+    runner = spawn(
+        [PY, "-c", SHORT_BOUND_CLI,
+         *("lock", "run", FEATURE, "--gsd-dir", gsd, "--heartbeat", "60"),
+         *("--", PY, "-c", HOLD_CMD)],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    assert runner.next_line() == "ready"
+    leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
+    assert leaser.next_line() == "leased"
+    runner.send("x")
+    assert "waiting up to 1s " in runner.next_line("stderr")
+    code = runner.wait(timeout=SYNC_TIMEOUT)
+    leaser.send("x")
+    assert leaser.next_line() == "unleased"
+    assert code == 3, runner.stderr
+    last = runner.stderr.strip().splitlines()[-1]
+    assert last.startswith("mahabharatha: ") and ".lock: still under another" in last, last
+    assert read_record(lock_path(gsd))[0] == runner.pid, "left behind, never removed unread"
+    assert leaser.wait() == 0
