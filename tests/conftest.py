@@ -16,6 +16,8 @@ import pytest
 
 from tests.support import postgres
 
+pytest_plugins = ("tests.support.tally",)  # a collected test that reports no outcome fails the run
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """A shell without job control starts background commands with SIGINT ignored, and every

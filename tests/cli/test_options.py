@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,15 +16,28 @@ from mahabharatha.commands._utils import now
 from tests.cli._support import FEATURE, invoke, lock_path, one_document, one_sentence, write_lock
 
 ME = os.getpid()
-HOLDER = 1
-"""A live process that is neither this test process nor its parent (an in-process ``lock run``
-would be the holder itself: "already held by you")."""
 
 
 @pytest.fixture
-def held(gsd: Path) -> Path:
+def holder() -> Iterator[int]:
+    """A live process that is neither this test process nor its parent (an in-process ``lock run``
+    counts its parent as "you": "already held by you"), killed and reaped after the test.
+
+    Fails before the fix: the holder was pid 1, but a suite started as ``(pytest &)`` outlives
+    the shell that started it and is adopted by pid 1: its parent *is* pid 1, and the four
+    ``lock run`` cases below failed with "already held by you (pid 1)", in background runs only."""
+    waits_for_eof = [sys.executable, "-c", "import sys; sys.stdin.read()"]  # ends with us, too
+    with subprocess.Popen(waits_for_eof, stdin=subprocess.PIPE) as child:  # exit: close, reap
+        try:
+            yield child.pid
+        finally:
+            child.kill()
+
+
+@pytest.fixture
+def held(gsd: Path, holder: int) -> Path:
     """FEATURE held by another live process."""
-    return write_lock(gsd, pid=HOLDER, timestamp=now())
+    return write_lock(gsd, pid=holder, timestamp=now())
 
 
 @pytest.mark.parametrize("spelling", ["--wait", "--timeout", "-w"])
