@@ -23,6 +23,8 @@ TEXT: Final = "feat-a"
 BIG_BYTES: Final = 50 * 1024 * 1024
 DEFAULT_READS: Final = 3000
 """Reads per case by default (about a second); the racer swaps the entry all the while."""
+MAX_READS_FACTOR: Final = 10
+"""How far past ``reads`` the reader goes on when it has not yet seen both answers."""
 
 
 def _put_small(target: Path) -> None:
@@ -43,16 +45,25 @@ def _put_big_link(target: Path) -> None:
     os.replace(spare, target)
 
 
-def _racer(target: Path, put_other: Callable[[Path], None], stop: Any) -> None:
+def _racer(target: Path, put_other: Callable[[Path], None], started: Any, stop: Any) -> None:
+    put_other(target)
+    started.set()
     while not stop.is_set():
         _put_small(target)
         put_other(target)
 
 
-def _reader(target: Path, reads: int, report: Any) -> None:
-    texts = nones = wrong = 0
-    for _ in range(reads):
+def _reader(target: Path, reads: int, started: Any, report: Any) -> None:
+    """At least ``reads`` reads, and on until both answers were seen: under load the racer may
+    sit still for all of the first ``reads`` (a test of nothing), so the reader reads on,
+    up to ``MAX_READS_FACTOR`` times as many."""
+    texts = nones = wrong = done = 0
+    started.wait(SYNC_TIMEOUT)
+    while done < reads or not (texts and nones):
+        if done >= reads * MAX_READS_FACTOR:
+            break
         text = _utils._safe_read_text(target)
+        done += 1
         if text is None:
             nones += 1
         elif text == TEXT:
@@ -66,9 +77,10 @@ def _race(tmp_path: Path, put_other: Callable[[Path], None]) -> tuple[int, int, 
     """Run the racer and the reader; the reader's tally, or None if it never finished."""
     target = tmp_path / ".current-feature"
     _put_small(target)
-    stop, report = CTX.Event(), CTX.SimpleQueue()
-    racer = CTX.Process(target=_racer, args=(target, put_other, stop), daemon=True)
-    reader = CTX.Process(target=_reader, args=(target, trials(DEFAULT_READS), report), daemon=True)
+    started, stop, report = CTX.Event(), CTX.Event(), CTX.SimpleQueue()
+    racer = CTX.Process(target=_racer, args=(target, put_other, started, stop), daemon=True)
+    reads = trials(DEFAULT_READS)
+    reader = CTX.Process(target=_reader, args=(target, reads, started, report), daemon=True)
     racer.start()
     reader.start()
     try:
