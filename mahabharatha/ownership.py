@@ -341,8 +341,20 @@ def _started_otherwise(details: OwnerDetails, pid: int) -> bool:
     recorded: running, with another start time? A pid not running now cannot be told apart."""
     if details.start is None:
         return False
+    start = _own_start(pid) if pid == os.getpid() else _start_now(pid)
+    return start is not None and start != details.start
+
+
+def _start_now(pid: int) -> int | None:
     current = proc_stat(pid)
-    return current is not None and current.start != details.start
+    return None if current is None else current.start
+
+
+@cache
+def _own_start(pid: int) -> int | None:
+    # Keyed by pid: our start time never changes, and a forked child asks under its own pid
+    # (the legacy release's hot path reads /proc once per process, not once per release).
+    return _start_now(pid)
 
 
 def could_own(details: OwnerDetails | None, pid: int) -> bool:
