@@ -206,17 +206,17 @@ UPDATE mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
 RETURNING {_NOTIFY}"""
 
-_ZERO_BOOT: Final = "'\\x0000000000000000'::bytea"
-_ZERO_NS: Final = "'\\x00000000'::bytea"
+_ZERO_U64: Final = "'\\x0000000000000000'::bytea"  # an unknown boot or start time
+_ZERO_U32: Final = "'\\x00000000'::bytea"  # an unknown namespace
 _OWNER_COULD_BE: Final = f"""(NOT (details IS NOT NULL
         AND length(details) BETWEEN {ownership.DETAILS_LAYOUT.size}
             AND {ownership.MAX_DETAILS_BYTES}
         AND get_byte(details, 0) = {ownership.DETAILS_VERSION}
-        AND substring(details FROM 2 FOR 8) <> {_ZERO_BOOT}
-        AND substring(details FROM 10 FOR 4) <> {_ZERO_NS})
+        AND substring(details FROM 2 FOR 8) <> {_ZERO_U64}
+        AND substring(details FROM 10 FOR 4) <> {_ZERO_U32})
     OR (substring(details FROM 2 FOR 12) = %(place)s::bytea
         AND (%(start)s::bytea IS NULL
-            OR substring(details FROM 14 FOR 8) IN ({_ZERO_BOOT}, %(start)s::bytea))))"""
+            OR substring(details FROM 14 FOR 8) IN ({_ZERO_U64}, %(start)s::bytea))))"""
 """``ownership.could_own`` on the row's details, in the statement that removes the lock (judged
 and removed in one step): details of our format that record a boot and a PID namespace must
 record ours (``place``: ``ownership.place_key``, bytes 2-13; NULL when ours is unknown, and
