@@ -83,6 +83,7 @@ __all__ = [
     "judge_lock",
     "named_error",
     "orphan_temps",
+    "owned_by",
     "parse_record",
     "publish",
     "read_bounded",
@@ -1192,8 +1193,19 @@ def release_at(
             raise busy_error(snapshot)  # whose it is cannot be told now: never removed
         if snapshot.kind is EntryKind.DIRECTORY or state is LockState.WRITING:
             return ReleaseOutcome.LEFT, snapshot
-        record = snapshot.record_at(now)
-        if record is not None and record[0] != pid and not force:
+        # Another PID namespace (a container sharing the folder) may hold it under our owner's
+        # pid number: the owner details decide, judged here under the guard with the unlink.
+        if snapshot.record_at(now) is not None and not owned_by(snapshot, pid, now) and not force:
             return ReleaseOutcome.NOT_OWNER, snapshot
         _unlink_lock(dfd)
         return ReleaseOutcome.RELEASED, snapshot
+
+
+def owned_by(snapshot: LockSnapshot, pid: int, now: float) -> bool:
+    """Is ``snapshot`` a lock of ``pid``: its record names that pid, and its owner details
+    (when they record a boot and PID namespace) show ours and, when they record a start time,
+    the one ``pid`` runs with now? A lock without details is judged by its pid alone."""
+    record = snapshot.record_at(now)
+    if record is None or record[0] != pid:
+        return False
+    return ownership.could_own(snapshot.owner_details, pid)

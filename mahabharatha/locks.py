@@ -203,12 +203,14 @@ def _held_by(
     host (where the backend records one) ours, and its owner details must show our boot and
     our PID namespace: the same pid number in a container's namespace, or before a reboot,
     is someone else. Without readable details we cannot tell, and say "not yours": a wrong
-    "busy" costs a wait, a wrong "yours" tells a caller it holds someone else's lock."""
+    "busy" costs a wait, a wrong "yours" tells a caller it holds someone else's lock. Details
+    with a start time other than the one the caller's pid runs with now are a dead owner's
+    whose pid number was reused."""
     if holder is None or holder.state is not State.ACTIVE or holder.pid not in callers:
         return False
     if holder.host is not None and holder.host != ownership.host_name():
         return False
-    return ownership.judgeable(details)
+    return ownership.judgeable(details) and ownership.could_own(details, holder.pid)
 
 
 class _SignalsDeferred:

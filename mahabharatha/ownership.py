@@ -44,14 +44,17 @@ __all__ = [
     "XATTR_NAME",
     "OwnerDetails",
     "attach",
+    "could_own",
     "decode",
     "details_of",
     "group_has_live_member",
     "host_name",
     "is_alive",
     "judgeable",
+    "place_key",
     "proc_stat",
     "read_attached",
+    "start_key",
     "this_boot",
     "this_pid_namespace",
 ]
@@ -326,6 +329,69 @@ def judgeable(details: OwnerDetails | None) -> bool:
         return False
     here, boot = this_pid_namespace(), this_boot()
     return here is not None and boot is not None and details.boot == boot and details.ns == here
+
+
+def _records_place(details: OwnerDetails | None) -> bool:
+    """Do the details record both the owner's boot and its PID namespace?"""
+    return details is not None and details.boot is not None and details.ns is not None
+
+
+def _started_otherwise(details: OwnerDetails, pid: int) -> bool:
+    """Is ``pid`` now a process other than the owner the details (of our boot and namespace)
+    recorded: running, with another start time? A pid not running now cannot be told apart."""
+    if details.start is None:
+        return False
+    start = _own_start(pid) if pid == os.getpid() else _start_now(pid)
+    return start is not None and start != details.start
+
+
+def _start_now(pid: int) -> int | None:
+    current = proc_stat(pid)
+    return None if current is None else current.start
+
+
+@cache
+def _own_start(pid: int) -> int | None:
+    # Keyed by pid: our start time never changes, and a forked child asks under its own pid
+    # (the legacy release's hot path reads /proc once per process, not once per release).
+    return _start_now(pid)
+
+
+def could_own(details: OwnerDetails | None, pid: int) -> bool:
+    """May ``pid`` (a number in our PID namespace) be the owner these details record?
+
+    No when they record a boot and PID namespace that are not shown to be ours (another boot,
+    another namespace, or ours cannot be read): that pid number means another process there.
+    No when they record our boot and namespace and a start time, and ``pid`` runs now with
+    another one (the owner died and its number was reused). Yes otherwise: details missing
+    or partial (an older writer, no extended attributes) leave the pid alone to decide.
+    """
+    if not _records_place(details):
+        return True
+    assert details is not None  # _records_place says so
+    return judgeable(details) and not _started_otherwise(details, pid)
+
+
+def place_key() -> bytes | None:
+    """Our boot and PID namespace packed as in the details (their bytes after the version),
+    for a database to compare; ``None`` when either is unknown."""
+    boot, ns = this_boot(), this_pid_namespace()
+    if boot is None or ns is None:
+        return None
+    return bytes.fromhex(boot) + _NS_LAYOUT.pack(ns)
+
+
+def start_key(pid: int) -> bytes | None:
+    """``pid``'s start time packed as in the details (for a database to compare); ``None``
+    when it is not running or our ``/proc`` is not our namespace's."""
+    current = proc_stat(pid) if this_pid_namespace() is not None else None
+    return None if current is None else _START_LAYOUT.pack(current.start)
+
+
+_NS_LAYOUT: Final = struct.Struct("<I")
+"""The namespace field of ``DETAILS_LAYOUT``, alone."""
+_START_LAYOUT: Final = struct.Struct("<Q")
+"""The start-time field of ``DETAILS_LAYOUT``, alone."""
 
 
 # --------------------------------------------------------------------------- the attribute

@@ -320,7 +320,7 @@ class FileBackend:
             return False
         if outcome is ReleaseOutcome.RELEASED:
             record = snapshot.record_at(now)
-            if record is None or record[0] != pid:
+            if not lockfile.owned_by(snapshot, pid, now):
                 action = "forced-release" if record else "release-cleanup"
                 _audit(
                     self.gsd_dir,
@@ -400,7 +400,8 @@ class FileBackend:
                 # is written only while the caller really holds it.
                 mine = read_lock(dfd)
                 record = mine.record_at(now)
-                if record is None or record[0] != pid:
+                # Another PID namespace's holder with the same pid number is not the caller.
+                if not lockfile.owned_by(mine, pid, now):
                     state = judge_lock(mine, now)
                     if record is None or state is LockState.FREE:
                         raise NotHeldError(feature, pid)

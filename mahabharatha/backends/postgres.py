@@ -206,10 +206,29 @@ UPDATE mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
 RETURNING {_NOTIFY}"""
 
+_ZERO_U64: Final = "'\\x0000000000000000'::bytea"  # an unknown boot or start time
+_ZERO_U32: Final = "'\\x00000000'::bytea"  # an unknown namespace
+_OWNER_COULD_BE: Final = f"""(NOT (details IS NOT NULL
+        AND length(details) BETWEEN {ownership.DETAILS_LAYOUT.size}
+            AND {ownership.MAX_DETAILS_BYTES}
+        AND get_byte(details, 0) = {ownership.DETAILS_VERSION}
+        AND substring(details FROM 2 FOR 8) <> {_ZERO_U64}
+        AND substring(details FROM 10 FOR 4) <> {_ZERO_U32})
+    OR (substring(details FROM 2 FOR 12) = %(place)s::bytea
+        AND (%(start)s::bytea IS NULL
+            OR substring(details FROM 14 FOR 8) IN ({_ZERO_U64}, %(start)s::bytea))))"""
+"""``ownership.could_own`` on the row's details, in the statement that removes the lock (judged
+and removed in one step): details of our format that record a boot and a PID namespace must
+record ours (``place``: ``ownership.place_key``, bytes 2-13; NULL when ours is unknown, and
+then they never match) and, when they record a start time (bytes 14-21), the one the pid runs
+with now (``start``: ``ownership.start_key``; NULL when it is not running). Rows without such
+details keep the pid and host rule."""
+
 _RELEASE_PID: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid IS NOT NULL
-    AND (%(force)s OR (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s))
+    AND (%(force)s OR (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s
+        AND {_OWNER_COULD_BE}))
 RETURNING {_NOTIFY}"""
 
 _REFRESH: Final = f"""
@@ -223,7 +242,7 @@ lost, even if nobody took it yet (the lost-lock rule)."""
 _DONE: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}, done_at = now()
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
-    AND host IS NOT DISTINCT FROM %(host)s
+    AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE}
 RETURNING {_NOTIFY}, extract(epoch FROM done_at)::float8"""
 """Mark done and release in one statement: both or neither."""
 
@@ -723,7 +742,9 @@ class PostgresBackend:
         return bool(self._rows(_RELEASE_HELD, self._params(feature=held.feature, token=held.token)))
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
-        params = self._params(feature=feature, pid=pid, host=self._host, force=force)
+        params = self._params(
+            feature=feature, pid=pid, host=self._host, force=force, **_owner_keys(pid)
+        )
         if self._rows(_RELEASE_PID, params):
             return True
         holder = self._row(feature)
@@ -851,7 +872,7 @@ class PostgresBackend:
         return bool(self._rows(_IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int) -> str:
-        params = self._params(feature=feature, pid=pid, host=self._host)
+        params = self._params(feature=feature, pid=pid, host=self._host, **_owner_keys(pid))
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
             return conn.execute(_DONE, params).fetchall()
@@ -907,6 +928,11 @@ def _clock_shift(server_now: float) -> float:
     compared with ``time.time()`` by the lock layer, and a client clock hours wrong must judge
     nothing differently (only durations measured by the server count)."""
     return time.time() - server_now
+
+
+def _owner_keys(pid: int) -> dict[str, bytes | None]:
+    """The parameters of ``_OWNER_COULD_BE`` for an owner named by ``pid`` on this host."""
+    return {"place": ownership.place_key(), "start": ownership.start_key(pid)}
 
 
 def _unlocked(feature: str, state: str) -> LockInfo:
