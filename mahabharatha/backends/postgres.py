@@ -455,6 +455,8 @@ class PostgresBackend:
         self._ensured: dict[str, bool] = {}
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
+        self._raw: psycopg.RawCursor[Any] | None = None  # runs them, on the current connection
+        self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
 
     @classmethod
     def from_url(
@@ -503,6 +505,7 @@ class PostgresBackend:
             conn.deadline = self.connect_timeout
             self._conn = conn
             self._registered.clear()  # prepared statements live and die with their connection
+            self._raw = psycopg.RawCursor(conn)
         return self._conn
 
     def close(self) -> None:
@@ -664,9 +667,7 @@ class PostgresBackend:
         every one is held (or done, unless ``include_done``)."""
         if not features:
             return None
-        names = "\n".join(features)
-        if names.count("\n") != len(features) - 1:  # one pass in C, not a loop over names
-            raise ValueError("a feature name cannot hold a line break")
+        names = self._joined(features)
         params = self._take_params(None, requester, lease)
         params.update(names=names, include_done=include_done)
         if reclaim_dead:
@@ -683,6 +684,18 @@ class PostgresBackend:
             self._rows_ensured(params)
             self._remember_rows(names, features)  # every name has a row now: claim by reference
         return None
+
+    def _joined(self, features: Sequence[str]) -> str:
+        """The names as one text; a pool's loop passes the same list every time, and then the
+        same text object comes back (its hash, a dictionary key below, is computed once)."""
+        last_features, last_names = self._last_list
+        if features == last_features:  # names compared by identity first: no copy, no join
+            return last_names
+        names = "\n".join(features)
+        if names.count("\n") != len(features) - 1:  # one pass in C, not a loop over names
+            raise ValueError("a feature name cannot hold a line break")
+        self._last_list = (list(features), names)  # a copy: the caller may change its list
+        return names
 
     def _remember_rows(self, names: str, features: Sequence[str]) -> None:
         if names not in self._ensured:
@@ -709,8 +722,10 @@ class PostgresBackend:
             if registered and not retry:
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
                 values = [params[name] for name in _REGISTERED_PARAMS]
-                with psycopg.RawCursor(conn) as cursor:
-                    found = cursor.execute(statement, values, prepare=True).fetchall()
+                cursor = self._raw
+                if cursor is None or cursor.connection is not conn:
+                    cursor = self._raw = psycopg.RawCursor(conn)
+                found = cursor.execute(statement, values, prepare=True).fetchall()
                 return 0, (found[0] if found else None)
             row = conn.execute(first if not retry else _CLAIM_CHECKED, params, prepare=False)
             missing, *taken = row.fetchall()[0]

@@ -74,6 +74,17 @@ def test_a_list_that_changes_between_claims_is_claimed_by_its_own_order(backend:
     assert _claimed(backend, b) == "a07"
 
 
+def test_a_list_changed_in_place_is_read_again(backend: Any) -> None:
+    """A caller that edits its one list object between claims is claimed from by the list's
+    new content. Seen failing when the joined names were kept by the list's identity."""
+    names = [f"c{index}" for index in range(6)]
+    assert backend.try_claim(names, me()).held.feature == "c0"
+    del names[:3]
+    assert backend.try_claim(names, me()).held.feature == "c3"
+    names.insert(0, "c1")
+    assert backend.try_claim(names, me()).held.feature == "c1"
+
+
 def test_a_registered_claim_takes_expired_and_released_features_in_order(
     backend: Any, pg_server: PgServer, namespace: str
 ) -> None:
