@@ -4,9 +4,10 @@ Imported only for a ``postgresql://`` or ``postgres://`` URL: nothing else in th
 psycopg. One row per (namespace, feature) in ``mahabharatha_locks`` is that feature's lock, its
 done mark and its token history (a released row stays, with no holder: its next holder's token is
 drawn while the row is locked, so tokens of a feature only ever grow). Every operation is one
-statement (claim: two when it first meets features the table has no row for); every expiry is
-judged by the server's clock (``now()``), never the client's. The design, the statements and what
-a network partition does: ``design/postgres.md``.
+statement (claim: two when it first meets features the table has no row for; a list claimed from
+again is registered: prepared on the connection with the names written in, planned once); every
+expiry is judged by the server's clock (``now()``), never the client's. The design, the
+statements and what a network partition does: ``design/postgres.md``.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ statements of a list's size are built per connection)."""
 _T = TypeVar("_T")
 
 # --------------------------------------------------------------------------- the statements
-# Every value is a parameter; no input is ever spliced into SQL text.
+# Every value is a parameter, except a registered claim's namespace and names, which psycopg
+# quotes (``sql.Literal``); no input is ever spliced into SQL text by hand.
 
 _SCHEMA_DDL: Final = (
     "SELECT pg_advisory_xact_lock(7243016210)",  # Race: two first uses creating the tables at once

@@ -103,13 +103,15 @@ def test_a_registered_claim_takes_expired_and_released_features_in_order(
     assert [_claimed(backend, names) for _ in range(4)] == ["x3", "x4", "x5", None]
 
 
-def test_odd_names_survive_the_registered_statement(make_backend: Callable[..., Any]) -> None:
+def test_odd_names_survive_the_registered_statement(
+    make_backend: Callable[..., Any], namespace: str
+) -> None:
     """The list and the namespace are written into the registered statement by psycopg's
     quoting: quotes, backslashes, braces, commas, ``%(pid)s`` and ``$1`` stay names. Seen failing
     when they were written in between plain quotes (the statement broke at the first quote)."""
     odd = ["it's", 'say "hi"', "back\\slash", "{brace}", "a,b", "100%(pid)s", "$1", "wé"]
-    backend = make_backend(namespace="ns 'quoted' \\ $1 %s")
-    names = sorted(odd)
+    backend = make_backend(namespace=f"{namespace} 'quoted' \\ $1 %s")
+    names = sorted(f"registered {name}" for name in odd)  # names no other test stores
     taken = [_claimed(backend, names) for _ in range(len(names) + 1)]
     assert taken == [*names, None]
     assert len(_prepared_claims(backend)) == 1  # the registered path ran them
