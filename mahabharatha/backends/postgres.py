@@ -4,9 +4,10 @@ Imported only for a ``postgresql://`` or ``postgres://`` URL: nothing else in th
 psycopg. One row per (namespace, feature) in ``mahabharatha_locks`` is that feature's lock, its
 done mark and its token history (a released row stays, with no holder: its next holder's token is
 drawn while the row is locked, so tokens of a feature only ever grow). Every operation is one
-statement (claim: two when it first meets features the table has no row for); every expiry is
-judged by the server's clock (``now()``), never the client's. The design, the statements and what
-a network partition does: ``design/postgres.md``.
+statement (claim: two when it first meets features the table has no row for; a list claimed from
+again is registered: prepared on the connection with the names written in, planned once); every
+expiry is judged by the server's clock (``now()``), never the client's. The design, the
+statements and what a network partition does: ``design/postgres.md``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Final, TypeVar
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
 except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
     raise ImportError(
@@ -77,11 +79,16 @@ NOTIFY_CHANNEL: Final = "mahabharatha_release"
 """One channel for every release; the payload names the namespace and feature."""
 MAX_CLAIM_ROUNDS: Final = 4
 """A claim statement finds rows missing at most once per new feature list; a few rounds bound it."""
+MAX_REGISTERED_LISTS: Final = 8
+"""Feature lists a connection keeps a registered claim for: a pool claims from one list, and a
+list that changes often falls back to the statement that sends it (never more than this many
+statements of a list's size are built per connection)."""
 
 _T = TypeVar("_T")
 
 # --------------------------------------------------------------------------- the statements
-# Every value is a parameter; no input is ever spliced into SQL text.
+# Every value is a parameter, except a registered claim's namespace and names, which psycopg
+# quotes (``sql.Literal``); no input is ever spliced into SQL text by hand.
 
 _SCHEMA_DDL: Final = (
     "SELECT pg_advisory_xact_lock(7243016210)",  # Race: two first uses creating the tables at once
@@ -188,6 +195,42 @@ SELECT 0, taken.* FROM (VALUES (1)) AS one LEFT JOIN taken ON true"""
 """The hot path of a worker pool: names in sorted order (a bare ``claim``: every feature folder
 by name) whose rows this process has seen exist. The primary key's order is the names' (the
 column is ``COLLATE "C"``), so the scan walks the index and stops at the first takeable row."""
+
+_REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease")
+"""The parameters of a registered claim, in their ``$n`` order."""
+
+
+def _numbered(text: str, names: Sequence[str]) -> str:
+    """``text`` with its ``%(name)s`` parameters written ``$1``, ``$2``... in ``names``' order."""
+    for number, name in enumerate(names, start=1):
+        text = text.replace(f"%({name})s", f"${number}")
+    return text
+
+
+_CLAIM_REGISTERED: Final = _numbered(
+    f"""
+UPDATE mahabharatha_locks l SET {_TAKE_SET}
+WHERE l.namespace = {{ns}} AND l.feature = (
+    SELECT p.feature FROM mahabharatha_locks p
+    WHERE p.namespace = {{ns}} AND p.feature = ANY({{names}})
+        AND (p.pid IS NULL OR p.expires_at < now()){{not_done}}
+    ORDER BY p.feature
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED)
+RETURNING {_RETURNING}""",
+    _REGISTERED_PARAMS,
+)
+"""The claim of a registered list: ``_CLAIM_SORTED`` with the namespace and the names written
+into the statement (quoted by psycopg's ``sql.Literal``) and prepared on the connection, so the
+server parses and plans the 1,000 names once per connection, not once per claim. Every value
+that changes between claims (holder, attempt, lease) is a ``$n`` parameter of the SET list only,
+which no plan depends on: the server's plan cache then keeps one generic plan (its cost equals
+the custom plans' and saves their planning). It runs on a ``RawCursor``: psycopg passes the text
+as it is, where a ``%(name)s`` query of this size would be parsed again on every claim (psycopg
+caches that parse only for texts up to 4 kB). Takeable is free or expired: no judged tokens (a
+``--reclaim-dead`` claim sends its list) and no earlier attempt (a retry uses
+``_CLAIM_CHECKED``, which puts it first). An empty answer: nothing takeable (every row exists:
+the list is registered only after a claim saw them all)."""
 
 _ENSURE_ROWS: Final = """
 INSERT INTO mahabharatha_locks (namespace, feature)
@@ -431,6 +474,10 @@ class PostgresBackend:
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
+        # (names, include_done) -> the registered claim for it, built for the current connection
+        self._registered: dict[tuple[str, bool], bytes] = {}
+        self._raw: psycopg.RawCursor[Any] | None = None  # runs them, on the current connection
+        self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
 
     @classmethod
     def from_url(
@@ -478,6 +525,8 @@ class PostgresBackend:
             )
             conn.deadline = self.connect_timeout
             self._conn = conn
+            self._registered.clear()  # prepared statements live and die with their connection
+            self._raw = psycopg.RawCursor(conn)
         return self._conn
 
     def close(self) -> None:
@@ -640,17 +689,14 @@ class PostgresBackend:
         every one is held (or done, unless ``include_done``)."""
         if not features:
             return None
-        if any("\n" in name for name in features):
-            raise ValueError("a feature name cannot hold a line break")
+        names = self._joined(features)
         params = self._take_params(None, requester, lease)
-        names = "\n".join(features)
         params.update(names=names, include_done=include_done)
         if reclaim_dead:
             params["judged"] = self._judged_dead(features)
         for _ in range(MAX_CLAIM_ROUNDS):
-            row = self._run(self._claim_statement(params, features))[0]
-            missing, taken = row[0], row[1:]
-            if taken[0] is not None:
+            missing, taken = self._run(self._claim_statement(params, features))
+            if taken is not None:
                 self._remember_rows(names, features)
                 reason = "owner judged gone" if params["judged"] else "expired"
                 return self._won(taken, requester, params, reason=reason)
@@ -658,28 +704,72 @@ class PostgresBackend:
                 self._remember_rows(names, features)
                 return None
             self._rows_ensured(params)
+            self._remember_rows(names, features)  # every name has a row now: claim by reference
         return None
+
+    def _joined(self, features: Sequence[str]) -> str:
+        """The names as one text; a pool's loop passes the same list every time, and then the
+        same text object comes back (its hash, a dictionary key below, is computed once)."""
+        last_features, last_names = self._last_list
+        if features == last_features:  # names compared by identity first: no copy, no join
+            return last_names
+        names = "\n".join(features)
+        if names.count("\n") != len(features) - 1:  # one pass in C, not a loop over names
+            raise ValueError("a feature name cannot hold a line break")
+        self._last_list = (list(features), names)  # a copy: the caller may change its list
+        return names
 
     def _remember_rows(self, names: str, features: Sequence[str]) -> None:
         if names not in self._ensured:
             pairs = itertools.pairwise(features)
             self._ensured[names] = all(before < after for before, after in pairs)
 
-    # A claim is never prepared: PostgreSQL's generic plan for a prepared claim cannot see the
-    # feature list and was 30x slower over 1,000 features. The short statements gain from it.
+    # A claim that sends its list is never prepared: PostgreSQL's generic plan for it cannot
+    # see the feature list and was 30x slower over 1,000 features. A registered list is
+    # written into its statement instead, which is then prepared (``_CLAIM_REGISTERED``).
     def _claim_statement(
         self, params: dict[str, Any], features: Sequence[str]
-    ) -> Callable[[_Connection], list[tuple[Any, ...]]]:
-        """The claim to run: the lean sorted one when it fits, else the checked one; always the
-        checked one on a retry (it puts our own lost attempt first)."""
+    ) -> Callable[[_Connection], tuple[int, Sequence[Any] | None]]:
+        """The claim to run, answering (names without a row, the taken row or None): the
+        registered one for a sorted list whose rows this backend has seen, else the one that
+        sends the list (lean when sorted and seen); always the checked one on a retry (it puts
+        our own lost attempt first)."""
         lean = self._ensured.get(params["names"], False)
-        tries = iter([_CLAIM_SORTED if lean else _CLAIM_CHECKED])
+        registered = lean and not params["judged"]
+        first = _CLAIM_SORTED if lean else _CLAIM_CHECKED
+        calls = itertools.count()
 
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            statement = next(tries, _CLAIM_CHECKED)
-            return conn.execute(statement, params, prepare=False).fetchall()
+        def run(conn: _Connection) -> tuple[int, Sequence[Any] | None]:
+            retry = next(calls) > 0
+            if registered and not retry:
+                statement = self._registered_claim(conn, params["names"], params["include_done"])
+                values = [params[name] for name in _REGISTERED_PARAMS]
+                cursor = self._raw
+                if cursor is None or cursor.connection is not conn:
+                    cursor = self._raw = psycopg.RawCursor(conn)
+                found = cursor.execute(statement, values, prepare=True).fetchall()
+                return 0, (found[0] if found else None)
+            row = conn.execute(first if not retry else _CLAIM_CHECKED, params, prepare=False)
+            missing, *taken = row.fetchall()[0]
+            return missing, (taken if taken[0] is not None else None)
 
         return run
+
+    def _registered_claim(self, conn: _Connection, names: str, include_done: bool) -> bytes:
+        """The claim statement of this (sorted, rows seen) list on ``conn``, built once per
+        connection and list: psycopg prepares it on its first run, the server plans it once."""
+        key = (names, include_done)
+        statement = self._registered.get(key)
+        if statement is None:
+            if len(self._registered) >= MAX_REGISTERED_LISTS:
+                del self._registered[next(iter(self._registered))]  # the oldest list
+            text = _CLAIM_REGISTERED.format(
+                ns=sql.Literal(self.namespace).as_string(conn),
+                names=sql.Literal(names.split("\n")).as_string(conn),
+                not_done="" if include_done else " AND p.done_at IS NULL",
+            )
+            statement = self._registered[key] = text.encode(conn.info.encoding)
+        return statement
 
     def _rows_ensured(self, params: dict[str, Any]) -> None:
         def run(conn: _Connection) -> None:
