@@ -229,8 +229,9 @@ the custom plans' and saves their planning). It runs on a ``RawCursor``: psycopg
 as it is, where a ``%(name)s`` query of this size would be parsed again on every claim (psycopg
 caches that parse only for texts up to 4 kB). Takeable is free or expired: no judged tokens (a
 ``--reclaim-dead`` claim sends its list) and no earlier attempt (a retry uses
-``_CLAIM_CHECKED``, which puts it first). An empty answer: nothing takeable (every row exists:
-the list is registered only after a claim saw them all)."""
+``_CLAIM_CHECKED``, which puts it first). An empty answer: nothing takeable among the rows
+that exist; the caller then asks ``_CLAIM_CHECKED``, which also counts names without a row (the
+list is registered only after a claim saw them all, but rows can be deleted behind it)."""
 
 _ENSURE_ROWS: Final = """
 INSERT INTO mahabharatha_locks (namespace, feature)
@@ -699,6 +700,9 @@ class PostgresBackend:
                 reason = "owner judged gone" if params["judged"] else "expired"
                 return self._won(taken, requester, params, reason=reason)
             if not missing:
+                if self._ensured.get(names):  # a lean claim, which cannot see missing rows
+                    del self._ensured[names]  # Race: rows deleted since seen (a reset): count them
+                    continue
                 self._remember_rows(names, features)
                 return None
             self._rows_ensured(params)

@@ -1,5 +1,5 @@
-"""A review of the registered claim (``_CLAIM_REGISTERED``): two defects it had, each proven here
-by a test that failed on the code as merged (c89040d, 11c9cdc) and passes with the fix.
+"""A review of the registered claim (``_CLAIM_REGISTERED``): three defects it had, each proven
+here by a test that failed on the code as merged (c89040d, 11c9cdc) and passes with the fix.
 
 - Threads sharing one backend shared one ``RawCursor``: a claim's answer could be read by
   another thread's claim, or be wiped by it ("no result available"), and a feature taken in the
@@ -7,6 +7,8 @@ by a test that failed on the code as merged (c89040d, 11c9cdc) and passes with t
 - A list ascending by Python's order (code points) was taken as ascending by the server's
   ``COLLATE "C"`` (bytes in the database's encoding). In a database that is not UTF-8 the two
   differ, and the sorted and registered claims took the features out of the caller's order.
+- The lean claims trusted that rows once seen still exist: after the namespace's rows were
+  deleted, free features were answered "nothing takeable".
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 
 from mahabharatha import ownership
 from mahabharatha.backends.base import Requester
-from tests.support.postgres import ADMIN_USER, APP_USER, PgServer
+from tests.support.postgres import ADMIN_USER, APP_USER, PgServer, admin_execute
 
 SYNC_SECONDS = 30.0
 """A hang-guard for the events the two claimers wait on (never a timing of the test)."""
@@ -119,3 +121,18 @@ def test_a_database_not_in_utf8_claims_in_the_callers_order(
     plain = ["plain-a", "plain-b", "plain-c"]
     assert [backend.try_claim(plain, me()).held.feature for _ in plain] == plain
     assert backend._ensured["\n".join(plain)] is True  # ASCII names keep the fast path
+
+
+def test_rows_deleted_behind_a_registered_list_are_claimed_again(
+    backend: Any, pg_server: PgServer, namespace: str
+) -> None:
+    """The namespace's rows are deleted after the list was registered (an operator's reset, the
+    conformance suite's wipe; the role holds DELETE): its features are free, and the next claims
+    take them in order, not "nothing takeable". Fails before the fix: the registered (and the
+    sorted) claim trusted that the rows this backend once saw still exist and answered None
+    for a list of free features, so a pool's loop ended with all of them undone."""
+    names = ["gone-a", "gone-b", "gone-c"]
+    assert [backend.try_claim(names, me()).held.feature for _ in range(2)] == names[:2]
+    admin_execute(pg_server, "DELETE FROM mahabharatha_locks WHERE namespace = %s", namespace)
+    taken = [backend.try_claim(names, me()) for _ in range(len(names) + 1)]
+    assert [won and won.held.feature for won in taken] == [*names, None]
