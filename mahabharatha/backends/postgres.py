@@ -701,7 +701,9 @@ class PostgresBackend:
                 return self._won(taken, requester, params, reason=reason)
             if not missing:
                 if self._ensured.get(names):  # a lean claim, which cannot see missing rows
-                    del self._ensured[names]  # Race: rows deleted since seen (a reset): count them
+                    # Race: rows deleted since seen (a reset): the checked claim counts them;
+                    # pop, not del: another thread's claim may have dropped the entry already.
+                    self._ensured.pop(names, None)
                     continue
                 self._remember_rows(names, features)
                 return None
