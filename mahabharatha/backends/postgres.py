@@ -229,8 +229,9 @@ the custom plans' and saves their planning). It runs on a ``RawCursor``: psycopg
 as it is, where a ``%(name)s`` query of this size would be parsed again on every claim (psycopg
 caches that parse only for texts up to 4 kB). Takeable is free or expired: no judged tokens (a
 ``--reclaim-dead`` claim sends its list) and no earlier attempt (a retry uses
-``_CLAIM_CHECKED``, which puts it first). An empty answer: nothing takeable (every row exists:
-the list is registered only after a claim saw them all)."""
+``_CLAIM_CHECKED``, which puts it first). An empty answer: nothing takeable among the rows
+that exist; the caller then asks ``_CLAIM_CHECKED``, which also counts names without a row (the
+list is registered only after a claim saw them all, but rows can be deleted behind it)."""
 
 _ENSURE_ROWS: Final = """
 INSERT INTO mahabharatha_locks (namespace, feature)
@@ -476,7 +477,6 @@ class PostgresBackend:
         self._ensured: dict[str, bool] = {}
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
-        self._raw: psycopg.RawCursor[Any] | None = None  # runs them, on the current connection
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
 
     @classmethod
@@ -526,7 +526,6 @@ class PostgresBackend:
             conn.deadline = self.connect_timeout
             self._conn = conn
             self._registered.clear()  # prepared statements live and die with their connection
-            self._raw = psycopg.RawCursor(conn)
         return self._conn
 
     def close(self) -> None:
@@ -701,6 +700,11 @@ class PostgresBackend:
                 reason = "owner judged gone" if params["judged"] else "expired"
                 return self._won(taken, requester, params, reason=reason)
             if not missing:
+                if self._ensured.get(names):  # a lean claim, which cannot see missing rows
+                    # Race: rows deleted since seen (a reset): the checked claim counts them;
+                    # pop, not del: another thread's claim may have dropped the entry already.
+                    self._ensured.pop(names, None)
+                    continue
                 self._remember_rows(names, features)
                 return None
             self._rows_ensured(params)
@@ -722,7 +726,17 @@ class PostgresBackend:
     def _remember_rows(self, names: str, features: Sequence[str]) -> None:
         if names not in self._ensured:
             pairs = itertools.pairwise(features)
-            self._ensured[names] = all(before < after for before, after in pairs)
+            ascending = all(before < after for before, after in pairs)
+            self._ensured[names] = ascending and self._server_orders_like_python(features)
+
+    def _server_orders_like_python(self, features: Sequence[str]) -> bool:
+        """Does ``COLLATE "C"`` (bytes in the database's encoding) order ``features`` as Python
+        does (code points)? In UTF-8 always, and ASCII names are the same bytes in every server
+        encoding; in another (WIN1251: "€" is byte 88, "Б" is C1) the orders differ, and a list
+        sorted for Python must be claimed in its given order, not by ``ORDER BY feature``."""
+        conn = self._conn
+        encoding = None if conn is None else conn.info.parameter_status("server_encoding")
+        return encoding == "UTF8" or all(name.isascii() for name in features)
 
     # A claim that sends its list is never prepared: PostgreSQL's generic plan for it cannot
     # see the feature list and was 30x slower over 1,000 features. A registered list is
@@ -744,10 +758,10 @@ class PostgresBackend:
             if registered and not retry:
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
                 values = [params[name] for name in _REGISTERED_PARAMS]
-                cursor = self._raw
-                if cursor is None or cursor.connection is not conn:
-                    cursor = self._raw = psycopg.RawCursor(conn)
-                found = cursor.execute(statement, values, prepare=True).fetchall()
+                # Race: threads claiming on one backend: a cursor shared between them lets one
+                # thread's execute reset or replace the answer another has not read yet (2 us).
+                with psycopg.RawCursor(conn) as cursor:
+                    found = cursor.execute(statement, values, prepare=True).fetchall()
                 return 0, (found[0] if found else None)
             row = conn.execute(first if not retry else _CLAIM_CHECKED, params, prepare=False)
             missing, *taken = row.fetchall()[0]
