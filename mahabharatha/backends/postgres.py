@@ -1051,7 +1051,7 @@ def _acquire_values(params: dict[str, Any]) -> list[Any]:
     not as an empty array (psycopg adapts a list in about 1 µs, None in 0.1): ``token = ANY(NULL)``
     is NULL, which in ``_TAKEABLE``'s OR decides nothing, exactly as the empty array's false."""
     values = [params[name] for name in _ACQUIRE_PARAMS]
-    values[-1] = values[-1] or None
+    values[-1] = values[-1] or None  # "judged", the last of _ACQUIRE_PARAMS
     return values
 
 
