@@ -19,6 +19,7 @@ import re
 import secrets
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
@@ -489,6 +490,7 @@ class PostgresBackend:
         self._registered: dict[tuple[str, bool], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
         self._hot_cursor: psycopg.RawCursor[Any] | None = None  # runs acquire and release_held
+        self._hot_busy = threading.Lock()  # held from a statement on the kept cursor to its read
 
     @classmethod
     def from_url(
@@ -608,13 +610,23 @@ class PostgresBackend:
         ``_RELEASE_HELD_NUMBERED``), the uncontended cycle's two statements: on one cursor kept
         per connection (``conn.execute`` builds a cursor per call), prepared on first use
         (psycopg would send it unprepared five times first), answered in binary (no float or
-        integer text to print on the server and parse here). Same retries as :meth:`_run`."""
+        integer text to print on the server and parse here). Same retries as :meth:`_run`.
+        A thread that finds the kept cursor in use runs on a cursor of its own."""
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            cursor = self._hot_cursor
-            if cursor is None or cursor.connection is not conn:
-                cursor = self._hot_cursor = psycopg.RawCursor(conn)
-            return cursor.execute(statement, values, prepare=True, binary=True).fetchall()
+            # Race: two threads on one backend: a statement on a cursor replaces the answer the
+            # other has not read yet (it would read nothing, or the other's row). The kept
+            # cursor is one thread's from its statement to its read; others never wait for it.
+            if not self._hot_busy.acquire(blocking=False):
+                own = psycopg.RawCursor(conn)
+                return own.execute(statement, values, prepare=True, binary=True).fetchall()
+            try:
+                cursor = self._hot_cursor
+                if cursor is None or cursor.connection is not conn:
+                    cursor = self._hot_cursor = psycopg.RawCursor(conn)
+                return cursor.execute(statement, values, prepare=True, binary=True).fetchall()
+            finally:
+                self._hot_busy.release()
 
         return self._run(run)
 

@@ -12,8 +12,11 @@ docstring)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any, cast
+
+import pytest
 
 from mahabharatha import locks, ownership
 from mahabharatha.backends.base import Requester
@@ -141,3 +144,42 @@ def test_a_release_on_the_kept_cursor_still_wakes_a_waiter(
     assert not waiter.wait_for_release("wake", 0.05)  # nothing released yet
     assert holder.release_held(held)
     assert waiter.wait_for_release("wake", SYNC_TIMEOUT)
+
+
+def test_two_threads_acquiring_on_one_backend_each_read_their_own_answer(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thread A's acquire is held between its statement's answer and its read of that answer
+    (``RawCursor.fetchall``) while the main thread acquires another feature on the same backend:
+    each must be handed its own feature, and both stand held in the database. Fails before the
+    fix: both ran on the one cursor kept per connection; the main thread's acquire replaced the
+    answer A had not read, and A read nothing (its feature stood taken by no one for the lease)
+    or the main thread's row."""
+    import psycopg
+
+    answered, go_on = threading.Event(), threading.Event()
+    real_fetchall = psycopg.RawCursor.fetchall
+    acquirer_a: list[threading.Thread] = []
+
+    def fetchall_held_for_a(cursor: Any) -> Any:
+        if threading.current_thread() in acquirer_a and not answered.is_set():
+            answered.set()  # A's statement has run; its answer is not read yet
+            go_on.wait(SYNC_TIMEOUT)
+        return real_fetchall(cursor)
+
+    backend.release_held(backend.try_acquire("warm", me()).held)  # the kept cursor exists
+    monkeypatch.setattr(psycopg.RawCursor, "fetchall", fetchall_held_for_a)
+    got_a: list[Any] = []
+    thread = threading.Thread(target=lambda: got_a.append(backend.try_acquire("alpha", me())))
+    acquirer_a.append(thread)
+    thread.start()
+    try:
+        assert answered.wait(SYNC_TIMEOUT)
+        got_main = backend.try_acquire("beta", me())
+    finally:
+        go_on.set()
+        thread.join(SYNC_TIMEOUT)
+    assert not thread.is_alive()
+    assert got_main.held is not None and got_main.held.feature == "beta"
+    assert got_a[0].held is not None and got_a[0].held.feature == "alpha"
+    assert sorted(row.feature for row in backend.status()) == ["alpha", "beta"]
