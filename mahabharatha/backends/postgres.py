@@ -489,8 +489,9 @@ class PostgresBackend:
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
-        self._hot_cursor: psycopg.RawCursor[Any] | None = None  # runs acquire and release_held
-        self._hot_busy = threading.Lock()  # held from a statement on the kept cursor to its read
+        # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
+        self._kept_cursor: psycopg.RawCursor[Any] | None = None
+        self._kept_busy = threading.Lock()  # held from a statement on the kept cursor to its read
 
     @classmethod
     def from_url(
@@ -610,25 +611,31 @@ class PostgresBackend:
         ``_RELEASE_HELD_NUMBERED``), the uncontended cycle's two statements: on one cursor kept
         per connection (``conn.execute`` builds a cursor per call), prepared on first use
         (psycopg would send it unprepared five times first), answered in binary (no float or
-        integer text to print on the server and parse here). Same retries as :meth:`_run`.
-        A thread that finds the kept cursor in use runs on a cursor of its own."""
+        integer text to print on the server and parse here). Same retries as :meth:`_run`."""
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            # Race: two threads on one backend: a statement on a cursor replaces the answer the
-            # other has not read yet (it would read nothing, or the other's row). The kept
-            # cursor is one thread's from its statement to its read; others never wait for it.
-            if not self._hot_busy.acquire(blocking=False):
-                own = psycopg.RawCursor(conn)
-                return own.execute(statement, values, prepare=True, binary=True).fetchall()
-            try:
-                cursor = self._hot_cursor
-                if cursor is None or cursor.connection is not conn:
-                    cursor = self._hot_cursor = psycopg.RawCursor(conn)
-                return cursor.execute(statement, values, prepare=True, binary=True).fetchall()
-            finally:
-                self._hot_busy.release()
+            return self._on_kept_cursor(conn, statement, values, binary=True)
 
         return self._run(run)
+
+    def _on_kept_cursor(
+        self, conn: _Connection, statement: str | bytes, values: Sequence[Any], *, binary: bool
+    ) -> list[tuple[Any, ...]]:
+        """Run a prepared ``$n`` statement on the cursor kept per connection and read its rows
+        (a cursor made per call costs its result loaders again: ~8 % of a claim storm)."""
+        # Race: two threads on one backend: a statement on a cursor replaces the answer the
+        # other has not read yet (it would read nothing, or the other's row). The kept cursor
+        # is one thread's from its statement to its read; others never wait for it.
+        if not self._kept_busy.acquire(blocking=False):
+            with psycopg.RawCursor(conn) as own:
+                return own.execute(statement, values, prepare=True, binary=binary).fetchall()
+        try:
+            cursor = self._kept_cursor
+            if cursor is None or cursor.connection is not conn:
+                cursor = self._kept_cursor = psycopg.RawCursor(conn)
+            return cursor.execute(statement, values, prepare=True, binary=binary).fetchall()
+        finally:
+            self._kept_busy.release()
 
     def _params(self, **values: Any) -> dict[str, Any]:
         return {"ns": self.namespace, **values}
@@ -796,10 +803,7 @@ class PostgresBackend:
             if registered and not retry:
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
                 values = [params[name] for name in _REGISTERED_PARAMS]
-                # Race: threads claiming on one backend: a cursor shared between them lets one
-                # thread's execute reset or replace the answer another has not read yet (2 us).
-                with psycopg.RawCursor(conn) as cursor:
-                    found = cursor.execute(statement, values, prepare=True).fetchall()
+                found = self._on_kept_cursor(conn, statement, values, binary=False)
                 return 0, (found[0] if found else None)
             row = conn.execute(first if not retry else _CLAIM_CHECKED, params, prepare=False)
             missing, *taken = row.fetchall()[0]
