@@ -45,7 +45,8 @@ def process_facts(pid: int) -> ProcessFacts:
 def _started_after(started: int, timestamp: float) -> bool:
     import psutil  # only on this rare path: keeps the CLI's cold start short
 
-    since_boot = started / os.sysconf("SC_CLK_TCK")
+    # btime is shifted by our time namespace's offset like /proc's raw readings: add it back.
+    since_boot = (started + (ownership.boottime_offset_ticks() or 0)) / os.sysconf("SC_CLK_TCK")
     return psutil.boot_time() + since_boot > timestamp + CREATE_TIME_SLACK_SECONDS
 
 

@@ -97,3 +97,21 @@ needs_simulated_hosts = pytest.mark.skipif(
     reason="unshare --uts --pid --fork --mount-proc is not permitted here (needs root or user "
     "namespaces): cannot simulate other hosts",
 )
+
+
+def _unshare_time_permitted() -> bool:
+    """Can this process start a child in a new time namespace with a boot-time offset?"""
+    unshare = shutil.which("unshare")
+    if unshare is None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        probe = [unshare, "--time", "--boottime", "1", "true"]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_time_namespaces = pytest.mark.skipif(
+    not _unshare_time_permitted(),
+    reason="unshare --time --boottime is not permitted here (root or user namespaces)",
+)
