@@ -53,6 +53,7 @@ __all__ = [
     "host_name",
     "is_alive",
     "judgeable",
+    "pid_exists",
     "place_key",
     "proc_stat",
     "read_attached",
@@ -274,12 +275,13 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
     process, so a leader with another start time means the old group ended and the number was
     reused (then the old group has no member left).
     """
+    others_only = False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False  # no process at all is in that group
     except PermissionError:
-        pass  # members exist, owned by another user: look at them below
+        others_only = True  # members exist, every one another user's: look at them below
     except OSError:
         return True  # cannot tell: never call an owner dead on a failed look
     leader = proc_stat(pgid)
@@ -288,21 +290,41 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
             return False  # Race: group ended and its number was reused by a new leader
         if is_alive(leader, pgid):
             return True
-    return _scan_for_member(pgid)
+    return _scan_for_member(pgid, unseen_alive=others_only)
 
 
-def _scan_for_member(pgid: int) -> bool:
+def _scan_for_member(pgid: int, *, unseen_alive: bool = False) -> bool:
     """Look through the process table for a live member of ``pgid`` (only on the rare path
-    where the owner itself is gone)."""
+    where the owner itself is gone). ``unseen_alive``: ``killpg`` said members exist; if this
+    ``/proc`` shows none of them, not even a zombie, it hides them (``hidepid``): alive."""
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return True  # cannot tell: alive
+    seen = False
     for pid in pids:
         stat = proc_stat(pid)
-        if stat is not None and stat.pgrp == pgid and is_alive(stat, pid):
+        if stat is None or stat.pgrp != pgid:
+            continue
+        if is_alive(stat, pid):
             return True
-    return False
+        seen = True
+    # Race: /proc mounted hidepid=1/2 hides another user's live members from a judge.
+    return unseen_alive and not seen
+
+
+def pid_exists(pid: int) -> bool:
+    """Is there a process ``pid`` (a zombie too), whether or not ``/proc`` shows it? Only
+    ``ESRCH`` says no: a failed look never calls an owner dead."""
+    if pid <= 0:
+        return False  # kill(0) and kill(-1) would ask about groups, not about this pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, another user's
+    return True
 
 
 # --------------------------------------------------------------------------- encoding

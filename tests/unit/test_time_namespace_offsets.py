@@ -17,7 +17,8 @@ def test_whole_seconds_are_ticks() -> None:
 
 
 def test_the_clock_may_be_named_by_number() -> None:
-    assert ownership._boottime_ticks(["1 0 0", "7 -5 0"])  # CLOCK_BOOTTIME == -5 * os.sysconf("SC_CLK_TCK")
+    ticks = ownership._boottime_ticks(["1 0 0", "7 -5 0"])  # 7: CLOCK_BOOTTIME
+    assert ticks == -5 * os.sysconf("SC_CLK_TCK")
 
 
 def test_an_offset_between_ticks_cannot_be_compared() -> None:
