@@ -18,7 +18,8 @@ its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
   apart); ``ns``: the inode of our ``/proc/self/ns/pid``, the namespace in which the recorded
   pid number means something;
 * ``start``: the owner's start time in clock ticks after boot (``/proc/<pid>/stat`` field 22):
-  exact and cheap, where psutil's ``create_time`` is a float rebuilt from it;
+  exact and cheap, where psutil's ``create_time`` is a float rebuilt from it; kept as the
+  initial time namespace sees it (``boottime_offset_ticks``), whichever one the writer is in;
 * ``pgid`` and ``gstart``: the owner's process group when it took the lock, and the start time of
   that group's leader if it was running (tells a reused group number apart);
 * ``host`` and, for ``lock run``, ``cmd`` (the command, cut to ``MAX_COMMAND_CHARS``): for people.
@@ -44,6 +45,7 @@ __all__ = [
     "XATTR_NAME",
     "OwnerDetails",
     "attach",
+    "boottime_offset_ticks",
     "could_own",
     "decode",
     "details_of",
@@ -51,6 +53,7 @@ __all__ = [
     "host_name",
     "is_alive",
     "judgeable",
+    "pid_exists",
     "place_key",
     "proc_stat",
     "read_attached",
@@ -131,15 +134,60 @@ def this_pid_namespace() -> int | None:
     numbers there are not ours, so nothing read from it may judge one of our pids.
     """
     try:
-        if int(os.readlink("/proc/self")) != os.getpid():
-            return None
+        if int(os.readlink("/proc/self")) != os.getpid() or boottime_offset_ticks() is None:
+            return None  # the pids, or the start times, read here could not be compared
         return os.stat(_OWN_PID_NS).st_ino
     except (OSError, ValueError):
         return None
 
 
+_OWN_TIME_NS: Final = _OWN_PID_NS.replace("/pid", "/time")
+INITIAL_TIME_NS_INODE: Final = 0xEFFFFFFA
+"""The kernel's fixed inode of the initial time namespace (``PROC_TIME_INIT_INO``)."""
+
+
+@cache
+def boottime_offset_ticks() -> int | None:
+    """Our time namespace's boot-time offset in clock ticks: what ``/proc/<pid>/stat`` adds to
+    every start time we read (0 in the initial one); ``None`` when it cannot be known exactly.
+
+    Race: the same live process reads with another start time from another time namespace
+    (``unshare --time --boottime``); raw, a judge there would call a live owner's pid reused.
+    """
+    try:
+        active = os.stat(_OWN_TIME_NS).st_ino
+    except FileNotFoundError:
+        return 0  # a kernel without time namespaces: every reading is the initial one's
+    except OSError:
+        return None
+    if active == INITIAL_TIME_NS_INODE:
+        return 0
+    try:  # timens_offsets shows the namespace of our children: it must be ours too
+        if os.stat(_OWN_TIME_NS + "_for_children").st_ino != active:
+            return None
+        with open("/proc/self/timens_offsets", "rb") as source:
+            lines = source.read(MAX_STAT_BYTES).decode("ascii").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return _boottime_ticks(lines)
+
+
+def _boottime_ticks(lines: list[str]) -> int | None:
+    ticks_per_second = os.sysconf("SC_CLK_TCK")
+    nanoseconds_per_tick = 1_000_000_000 // ticks_per_second
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 3 and fields[0] in ("boottime", "7"):  # 7: CLOCK_BOOTTIME
+            seconds, nanoseconds = int(fields[1]), int(fields[2])
+            if nanoseconds % nanoseconds_per_tick:
+                return None  # the kernel rounds the sum: a tick either way could not be told
+            return seconds * ticks_per_second + nanoseconds // nanoseconds_per_tick
+    return None
+
+
 def _forget_after_fork() -> None:
     this_pid_namespace.cache_clear()  # a child of unshare(CLONE_NEWPID) lives in a new namespace
+    boottime_offset_ticks.cache_clear()  # and one of unshare(CLONE_NEWTIME) in a new time one
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -168,7 +216,11 @@ def proc_stat(pid: int) -> ProcStat | None:
         return None  # Race: the process was reaped between open and read
     finally:
         os.close(fd)
-    return _parse_stat(raw)
+    stat = _parse_stat(raw)
+    offset = boottime_offset_ticks()
+    if stat is None or not offset:
+        return stat
+    return stat._replace(start=stat.start - offset)  # as the initial time namespace sees it
 
 
 def _parse_stat(raw: bytes) -> ProcStat | None:
@@ -223,12 +275,13 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
     process, so a leader with another start time means the old group ended and the number was
     reused (then the old group has no member left).
     """
+    others_only = False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False  # no process at all is in that group
     except PermissionError:
-        pass  # members exist, owned by another user: look at them below
+        others_only = True  # members exist, every one another user's: look at them below
     except OSError:
         return True  # cannot tell: never call an owner dead on a failed look
     leader = proc_stat(pgid)
@@ -237,21 +290,41 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
             return False  # Race: group ended and its number was reused by a new leader
         if is_alive(leader, pgid):
             return True
-    return _scan_for_member(pgid)
+    return _scan_for_member(pgid, unseen_alive=others_only)
 
 
-def _scan_for_member(pgid: int) -> bool:
+def _scan_for_member(pgid: int, *, unseen_alive: bool = False) -> bool:
     """Look through the process table for a live member of ``pgid`` (only on the rare path
-    where the owner itself is gone)."""
+    where the owner itself is gone). ``unseen_alive``: ``killpg`` said members exist; if this
+    ``/proc`` shows none of them, not even a zombie, it hides them (``hidepid``): alive."""
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return True  # cannot tell: alive
+    seen = False
     for pid in pids:
         stat = proc_stat(pid)
-        if stat is not None and stat.pgrp == pgid and is_alive(stat, pid):
+        if stat is None or stat.pgrp != pgid:
+            continue
+        if is_alive(stat, pid):
             return True
-    return False
+        seen = True
+    # Race: /proc mounted hidepid=1/2 hides another user's live members from a judge.
+    return unseen_alive and not seen
+
+
+def pid_exists(pid: int) -> bool:
+    """Is there a process ``pid`` (a zombie too), whether or not ``/proc`` shows it? Only
+    ``ESRCH`` says no: a failed look never calls an owner dead."""
+    if pid <= 0:
+        return False  # kill(0) and kill(-1) would ask about groups, not about this pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, another user's
+    return True
 
 
 # --------------------------------------------------------------------------- encoding

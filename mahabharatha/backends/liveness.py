@@ -37,7 +37,11 @@ def process_facts(pid: int) -> ProcessFacts:
     """Is ``pid`` alive (any of its threads: a main thread that exited leaves a zombie leader
     whose other threads run on), and when did it start?"""
     stat = ownership.proc_stat(pid)
-    if stat is None or not ownership.is_alive(stat, pid):
+    if stat is None:
+        # Race: /proc hides another user's process (hidepid), or a read failed in passing:
+        # only "no such process" is gone; running with an unknown start time otherwise.
+        return ownership.pid_exists(pid), None
+    if not ownership.is_alive(stat, pid):
         return False, None
     return True, stat.start
 
@@ -45,7 +49,8 @@ def process_facts(pid: int) -> ProcessFacts:
 def _started_after(started: int, timestamp: float) -> bool:
     import psutil  # only on this rare path: keeps the CLI's cold start short
 
-    since_boot = started / os.sysconf("SC_CLK_TCK")
+    # btime is shifted by our time namespace's offset like /proc's raw readings: add it back.
+    since_boot = (started + (ownership.boottime_offset_ticks() or 0)) / os.sysconf("SC_CLK_TCK")
     return psutil.boot_time() + since_boot > timestamp + CREATE_TIME_SLACK_SECONDS
 
 

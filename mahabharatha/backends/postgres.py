@@ -492,6 +492,7 @@ class PostgresBackend:
         # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
         self._kept_cursor: psycopg.RawCursor[Any] | None = None
         self._kept_busy = threading.Lock()  # held from a statement on the kept cursor to its read
+        self._connecting = threading.Lock()  # one thread makes the shared connection
 
     @classmethod
     def from_url(
@@ -530,17 +531,23 @@ class PostgresBackend:
         return max(MIN_CONNECT_TIMEOUT_SECONDS, math.ceil(self.connect_timeout))
 
     def _connection(self) -> _Connection:
-        if self._conn is None or self._conn.closed:
-            conn = _Connection.connect(
-                self._url,
-                autocommit=True,
-                connect_timeout=self._connect_timeout_arg(),
-                application_name="mahabharatha",
-            )
-            conn.deadline = self.connect_timeout
-            self._conn = conn
-            self._registered.clear()  # prepared statements live and die with their connection
-        return self._conn
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        # Race: threads on one backend finding no connection at once each made one; all but
+        # the last stored were left open (a ResourceWarning, a server slot until collected).
+        with self._connecting:
+            if self._conn is None or self._conn.closed:
+                conn = _Connection.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=self._connect_timeout_arg(),
+                    application_name="mahabharatha",
+                )
+                conn.deadline = self.connect_timeout
+                self._conn = conn
+                self._registered.clear()  # prepared statements live and die with their connection
+            return self._conn
 
     def close(self) -> None:
         for conn in (self._conn, self._listener):
@@ -648,7 +655,10 @@ class PostgresBackend:
         token sequence)."""
         version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]  # first use creates the tables
         if version is None or version < SCHEMA_VERSION:
-            self._run(lambda conn: self._create_schema_on(conn))
+            try:
+                self._create_schema()
+            except psycopg.Error as cause:
+                raise self._error(cause) from None
             version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]
         elif version > SCHEMA_VERSION:
             raise self._newer_schema(int(version))
@@ -661,7 +671,17 @@ class PostgresBackend:
         )
 
     def _create_schema(self) -> None:
-        self._create_schema_on(self._connection())
+        # Race: other threads' statements on the shared connection would run inside this
+        # transaction (psycopg nests a second creation as a savepoint): a thread told "held"
+        # whose row is never committed. The tables are made on a connection of their own.
+        with _Connection.connect(
+            self._url,
+            autocommit=True,
+            connect_timeout=self._connect_timeout_arg(),
+            application_name="mahabharatha",
+        ) as conn:
+            conn.deadline = self.connect_timeout
+            self._create_schema_on(conn)
 
     def _create_schema_on(self, conn: _Connection) -> None:
         with conn.transaction():

@@ -97,3 +97,42 @@ needs_simulated_hosts = pytest.mark.skipif(
     reason="unshare --uts --pid --fork --mount-proc is not permitted here (needs root or user "
     "namespaces): cannot simulate other hosts",
 )
+
+
+def _unshare_time_permitted() -> bool:
+    """Can this process start a child in a new time namespace with a boot-time offset?"""
+    unshare = shutil.which("unshare")
+    if unshare is None or not sys.platform.startswith("linux"):
+        return False
+    try:
+        probe = [unshare, "--time", "--boottime", "1", "true"]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_time_namespaces = pytest.mark.skipif(
+    not _unshare_time_permitted(),
+    reason="unshare --time --boottime is not permitted here (root or user namespaces)",
+)
+
+
+def _hidepid_mount_permitted() -> bool:
+    """Can this process mount a ``/proc`` with ``hidepid=2`` in a new mount namespace and run a
+    command as ``nobody`` there (root, with ``unshare`` and ``setpriv``)?"""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if unshare is None or setpriv is None or os.geteuid() != 0:
+        return False
+    nobody = f"{setpriv} --reuid 65534 --regid 65534 --clear-groups true"
+    script = f"mount -t proc -o hidepid=2 proc /proc && {nobody}"
+    try:
+        probe = [unshare, "--mount", "sh", "-c", script]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+needs_hidepid = pytest.mark.skipif(
+    not _hidepid_mount_permitted(),
+    reason="needs root to mount a /proc with hidepid=2 (unshare --mount) and setpriv",
+)

@@ -1,0 +1,99 @@
+"""An owner this judge cannot see in ``/proc`` is not a dead one.
+
+With ``/proc`` mounted ``hidepid=2`` (``invisible``), another user's processes have no entry a
+judge can read: ``/proc/<pid>/stat`` of a live owner answered "no such process", the owner was
+called not running, ``killpg``'s ``EPERM`` ("members exist, not ours") led to a scan that saw
+none of them, and ``--reclaim-dead`` took the live lock: two holders. Now a pid ``/proc`` does
+not show is asked with ``kill(pid, 0)`` (only ``ESRCH`` is "gone"), and a group that ``killpg``
+says has members none of which this ``/proc`` shows is alive.
+
+Fails before the fix: the judge (``nobody`` under ``hidepid=2``) prints ``WON`` in both tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Final
+
+from tests.support.marks import needs_hidepid, needs_proc
+
+pytestmark = [needs_proc, needs_hidepid]
+
+ANSWER_SECONDS: Final = 30
+"""A hang guard only."""
+NOBODY: Final = "65534"
+
+HOLDER: Final = """
+import os, sys
+from mahabharatha import locks
+locks.acquire("feat", sys.argv[1])
+if sys.argv[2] == "orphan":  # the owner ends, its group's other member (the child) works on
+    if os.fork() == 0:
+        sys.stdin.readline()
+        os._exit(0)
+    print("held", flush=True)
+    os._exit(0)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+JUDGE: Final = """
+import sys
+from mahabharatha import locks
+try:
+    locks.acquire("feat", sys.argv[1], reclaim_dead=True)
+    print("WON")
+except locks.LockHeldError:
+    print("HELD")
+"""
+
+
+def _hidden_judge(gsd: Path) -> list[str]:
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    assert unshare is not None and setpriv is not None  # the mark says so
+    judge = f"{setpriv} --reuid {NOBODY} --regid {NOBODY} --clear-groups"
+    script = f'mount -t proc -o hidepid=2 proc /proc && exec {judge} "$0" -c "$1" "$2"'
+    return [unshare, "--mount", "sh", "-c", script, sys.executable, JUDGE, str(gsd)]
+
+
+def _judged_by_a_hidden_judge(mode: str) -> str:
+    gsd = Path(tempfile.mkdtemp(prefix="mahabharatha-hidden-"))  # pytest's tmp_path is 0700
+    try:
+        return _judged_in(gsd, mode)
+    finally:
+        shutil.rmtree(gsd)
+
+
+def _judged_in(gsd: Path, mode: str) -> str:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(gsd), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group: the judge's group is not the owner's
+    )
+    assert holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "held"  # synchronised by the pipe
+        if mode == "orphan":
+            holder.wait(timeout=ANSWER_SECONDS)  # the owner is gone; its child holds stdin
+        subprocess.run(["chmod", "-R", "a+rwX", str(gsd)], check=True)
+        done = subprocess.run(
+            _hidden_judge(gsd), capture_output=True, text=True, timeout=ANSWER_SECONDS
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+    finally:
+        holder.communicate("\n", timeout=ANSWER_SECONDS)  # the child reads it and exits
+
+
+def test_a_live_owner_hidden_by_hidepid_keeps_its_lock() -> None:
+    assert _judged_by_a_hidden_judge("owner") == "HELD"
+
+
+def test_a_group_member_hidden_by_hidepid_keeps_the_lock() -> None:
+    assert _judged_by_a_hidden_judge("orphan") == "HELD"
