@@ -538,16 +538,20 @@ class PostgresBackend:
         # the last stored were left open (a ResourceWarning, a server slot until collected).
         with self._connecting:
             if self._conn is None or self._conn.closed:
-                conn = _Connection.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=self._connect_timeout_arg(),
-                    application_name="mahabharatha",
-                )
-                conn.deadline = self.connect_timeout
-                self._conn = conn
+                self._conn = self._connect()
                 self._registered.clear()  # prepared statements live and die with their connection
             return self._conn
+
+    def _connect(self) -> _Connection:
+        """A new autocommit connection, its statements bounded by ``--connect-timeout``."""
+        conn = _Connection.connect(
+            self._url,
+            autocommit=True,
+            connect_timeout=self._connect_timeout_arg(),
+            application_name="mahabharatha",
+        )
+        conn.deadline = self.connect_timeout
+        return conn
 
     def close(self) -> None:
         for conn in (self._conn, self._listener):
@@ -674,13 +678,7 @@ class PostgresBackend:
         # Race: other threads' statements on the shared connection would run inside this
         # transaction (psycopg nests a second creation as a savepoint): a thread told "held"
         # whose row is never committed. The tables are made on a connection of their own.
-        with _Connection.connect(
-            self._url,
-            autocommit=True,
-            connect_timeout=self._connect_timeout_arg(),
-            application_name="mahabharatha",
-        ) as conn:
-            conn.deadline = self.connect_timeout
+        with self._connect() as conn:
             self._create_schema_on(conn)
 
     def _create_schema_on(self, conn: _Connection) -> None:
