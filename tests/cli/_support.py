@@ -169,6 +169,34 @@ def run_cli(
     return done
 
 
+UNSHARE_PID: Final = ("unshare", "--pid", "--fork", "--mount-proc")
+"""Run a command as pid 1 of a new PID namespace (with its own ``/proc``)."""
+
+HOLD_CMD: Final = "import sys; print('ready', flush=True); sys.stdin.read(1)"
+"""A command that says it runs, then holds on until a byte arrives on its stdin."""
+
+
+def run_in_new_pid_namespace(*argv: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """One command as pid 1 of a PID namespace of its own, run to its end."""
+    done = subprocess.run(
+        [*UNSHARE_PID, *(str(arg) for arg in argv)],
+        cwd=cwd,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,  # subprocess.run kills and reaps the child when it runs over
+        check=False,
+    )
+    assert_no_traceback(done.stdout, done.stderr)
+    return done
+
+
+def run_cli_in_new_pid_namespace(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """One CLI call as pid 1 of a PID namespace of its own."""
+    return run_in_new_pid_namespace(*cli_argv(*args), cwd=cwd)
+
+
 _EOF: Final = object()
 
 

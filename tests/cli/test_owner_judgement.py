@@ -28,6 +28,7 @@ from tests.cli._support import (
     one_document,
     read_record,
     run_cli,
+    run_cli_in_new_pid_namespace,
     wait_for,
 )
 from tests.support.marks import needs_pid_namespaces, needs_proc
@@ -215,13 +216,6 @@ def _leader_state(pid: int) -> str | None:
 # --------------------------------------------------------------------------- item 4
 
 
-def _in_new_pid_namespace(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
-    argv = ["unshare", "--pid", "--fork", "--mount-proc", *cli_argv(*args)]
-    return subprocess.run(
-        argv, cwd=cwd, capture_output=True, text=True, timeout=SYNC_TIMEOUT, check=False
-    )
-
-
 @needs_pid_namespaces
 @pytest.mark.parametrize("how", ["feature-lock", "lock-run"])
 def test_a_judge_in_another_pid_namespace_never_takes_a_live_hosts_lock(
@@ -244,10 +238,12 @@ def test_a_judge_in_another_pid_namespace_never_takes_a_live_hosts_lock(
         assert child.next_line() == "ready"
         owner, held = child.pid, child
     try:
-        status = _in_new_pid_namespace("lock", "status", "--gsd-dir", gsd, "--json", cwd=tmp_path)
+        status = run_cli_in_new_pid_namespace(
+            "lock", "status", "--gsd-dir", gsd, "--json", cwd=tmp_path
+        )
         [document] = one_document(status.stdout)
         assert (document["pid"], document["owner"]) == (owner, "unknown"), status.stderr
-        taken = _in_new_pid_namespace(  # --pid 1: our parent is outside the namespace
+        taken = run_cli_in_new_pid_namespace(  # --pid 1: our parent is outside the namespace
             "lock",
             "acquire",
             FEATURE,

@@ -20,23 +20,19 @@ from mahabharatha import ownership
 from mahabharatha.commands._utils import acquire_feature_lock, release_feature_lock
 from tests.cli._support import (
     FEATURE,
-    RUN_TIMEOUT,
-    assert_no_traceback,
-    child_env,
+    HOLD_CMD,
+    UNSHARE_PID,
     cli_argv,
     lock_path,
     read_record,
     run_cli,
+    run_in_new_pid_namespace,
     write_lock,
 )
 from tests.support.marks import needs_pid_namespaces, needs_proc
 from tests.support.owner_details import details_for
 
 PY: Final = sys.executable
-HOLD_CMD: Final = "import sys; print('ready', flush=True); sys.stdin.read(1)"
-"""A command that says it runs, then holds on until a byte arrives on its stdin."""
-UNSHARE: Final = ("unshare", "--pid", "--fork", "--mount-proc")
-"""Run a command as pid 1 of a new PID namespace (with its own ``/proc``)."""
 LEGACY_HOLD: Final = (
     "import sys; from mahabharatha.commands._utils import acquire_feature_lock as a; "
     "print(a(sys.argv[1], sys.argv[2]), flush=True); sys.stdin.read(1)"
@@ -49,26 +45,13 @@ LEGACY_RELEASE: Final = (
 """The legacy release of feature argv[1] in gsd argv[2]; prints its pid and its answer."""
 
 
-def _in_new_pid_namespace(*argv: object, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """One command as pid 1 of a PID namespace of its own, run to its end."""
-    done = subprocess.run(
-        [*UNSHARE, *(str(arg) for arg in argv)],
-        cwd=cwd,
-        env=child_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-        check=False,
-    )
-    assert_no_traceback(done.stdout, done.stderr)
-    return done
-
-
 def _holder_in_new_namespace(spawn: Any, gsd: Path) -> Any:
     """A ``lock run`` that is pid 1 of its own PID namespace, holding FEATURE until told."""
     holder = spawn(
-        [*UNSHARE, *cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--", PY, "-c", HOLD_CMD)],
+        [
+            *UNSHARE_PID,
+            *cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--", PY, "-c", HOLD_CMD),
+        ],
         stdin=subprocess.PIPE,
     )
     assert holder.next_line() == "ready"
@@ -122,11 +105,11 @@ def test_legacy_release_by_pid_1_of_another_namespace_leaves_the_lock(
 
     Fails before the fix: the second namespace's release removed the live lock (pid 1 == 1),
     and the host's acquire then won it: two holders."""
-    holder = spawn([*UNSHARE, PY, "-c", LEGACY_HOLD, FEATURE, str(gsd)], stdin=subprocess.PIPE)
+    holder = spawn([*UNSHARE_PID, PY, "-c", LEGACY_HOLD, FEATURE, str(gsd)], stdin=subprocess.PIPE)
     try:
         assert holder.next_line() == "True"
         assert read_record(lock_path(gsd))[0] == 1
-        other = _in_new_pid_namespace(PY, "-c", LEGACY_RELEASE, FEATURE, gsd, cwd=tmp_path)
+        other = run_in_new_pid_namespace(PY, "-c", LEGACY_RELEASE, FEATURE, gsd, cwd=tmp_path)
         assert other.returncode == 0 and other.stdout.split() == ["1", "None"], other
         assert lock_path(gsd).exists(), "pid 1 of another namespace released the live lock"
         assert acquire_feature_lock(FEATURE, str(gsd)) is False, "two holders"

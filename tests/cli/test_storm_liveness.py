@@ -29,37 +29,19 @@ from mahabharatha.exits import EXIT_TEMPFAIL
 from mahabharatha.runner import LEASE_BREAK_MARGIN_SECONDS, lease_break_seconds
 from tests.cli._support import (
     FEATURE,
-    RUN_TIMEOUT,
+    HOLD_CMD,
     SYNC_TIMEOUT,
-    assert_no_traceback,
-    child_env,
+    UNSHARE_PID,
     cli_argv,
     lock_path,
     read_record,
     run_cli,
+    run_cli_in_new_pid_namespace,
     write_lock,
 )
 from tests.support.marks import needs_leases, needs_pid_namespaces, needs_proc
 
 PY: Final = sys.executable
-HOLD_CMD: Final = "import sys; print('ready', flush=True); sys.stdin.read(1)"
-"""A command that says it runs, then holds on until a byte arrives on its stdin."""
-
-
-def _in_new_pid_namespace(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """One CLI call as pid 1 of a PID namespace of its own."""
-    done = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", *cli_argv(*args)],
-        cwd=cwd,
-        env=child_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-        check=False,
-    )
-    assert_no_traceback(done.stdout, done.stderr)
-    return done
 
 
 # --------------------------------------------------------------------------- held by you
@@ -75,14 +57,14 @@ def test_pid_1_of_another_namespace_is_not_you(tmp_path: Path, gsd: Path, spawn:
     Fails before the fix: both were told "already held by you (pid 1)" (exit 1 at once; the
     runner did not even wait), because the caller check compared bare pids."""
     holder = spawn(
-        ["unshare", "--pid", "--fork", "--mount-proc",
+        [*UNSHARE_PID,
          *cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--", PY, "-c", HOLD_CMD)],
         stdin=subprocess.PIPE,
     )  # fmt: skip
     assert holder.next_line() == "ready"
     assert read_record(lock_path(gsd))[0] == 1, "the namespace runner is pid 1 there"
     try:
-        runner = _in_new_pid_namespace(
+        runner = run_cli_in_new_pid_namespace(
             *("lock", "run", FEATURE, "--gsd-dir", gsd, "--timeout", "0"),
             *("--", PY, "-c", "print('ran')"),
             cwd=tmp_path,
