@@ -14,16 +14,25 @@ not_root = pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permi
 posix_signals = pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX signals")
 
 
-def _unshare_pid_permitted() -> bool:
-    """Can this process start a child in a new PID namespace (root, or user namespaces)?"""
+def _succeeds(argv: list[str]) -> bool:
+    """Does ``argv`` run and exit 0 here (within 10 s)?"""
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _unshare_permits(*args: str) -> bool:
+    """Does ``unshare ARGS...`` succeed here (Linux; root or user namespaces)?"""
     unshare = shutil.which("unshare")
     if unshare is None or not sys.platform.startswith("linux"):
         return False
-    try:
-        probe = [unshare, "--pid", "--fork", "--mount-proc", "true"]
-        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    return _succeeds([unshare, *args])
+
+
+def _unshare_pid_permitted() -> bool:
+    """Can this process start a child in a new PID namespace (root, or user namespaces)?"""
+    return _unshare_permits("--pid", "--fork", "--mount-proc", "true")
 
 
 needs_pid_namespaces = pytest.mark.skipif(
@@ -82,14 +91,7 @@ lacks_pid_namespaces_or_leases = pytest.mark.skipif(
 
 def _unshare_hosts_permitted() -> bool:
     """Can this process start a simulated host: new UTS (host name) and PID namespaces?"""
-    unshare = shutil.which("unshare")
-    if unshare is None or not sys.platform.startswith("linux"):
-        return False
-    try:
-        probe = [unshare, "--uts", "--pid", "--fork", "--mount-proc", "hostname", "probe-host"]
-        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    return _unshare_permits("--uts", "--pid", "--fork", "--mount-proc", "hostname", "probe-host")
 
 
 needs_simulated_hosts = pytest.mark.skipif(
@@ -101,14 +103,7 @@ needs_simulated_hosts = pytest.mark.skipif(
 
 def _unshare_time_permitted() -> bool:
     """Can this process start a child in a new time namespace with a boot-time offset?"""
-    unshare = shutil.which("unshare")
-    if unshare is None or not sys.platform.startswith("linux"):
-        return False
-    try:
-        probe = [unshare, "--time", "--boottime", "1", "true"]
-        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    return _unshare_permits("--time", "--boottime", "1", "true")
 
 
 needs_time_namespaces = pytest.mark.skipif(
@@ -125,11 +120,7 @@ def _hidepid_mount_permitted() -> bool:
         return False
     nobody = f"{setpriv} --reuid 65534 --regid 65534 --clear-groups true"
     script = f"mount -t proc -o hidepid=2 proc /proc && {nobody}"
-    try:
-        probe = [unshare, "--mount", "sh", "-c", script]
-        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+    return _succeeds([unshare, "--mount", "sh", "-c", script])
 
 
 needs_hidepid = pytest.mark.skipif(
