@@ -55,6 +55,19 @@ STALE_AFTER_SECONDS: Final = 7200
 RECORD_RE: Final = re.compile(r"[0-9]+:[0-9]+(?:\.[0-9]+)?")
 """A complete lock record, as the writers of both implementations produce it."""
 
+RECLAIM_DEAD_JUDGE: Final = """
+import sys
+from mahabharatha import locks
+try:
+    locks.acquire("feat", sys.argv[1], reclaim_dead=True)
+    print("WON")
+except locks.LockHeldError:
+    print("HELD")
+"""
+"""A script (``python -c``) that tries to take feature ``feat`` of gsd argv[1] with
+``reclaim_dead``: prints WON or HELD. Run where a judgement is attacked (another namespace,
+another user)."""
+
 MODULES: Final = {"new": "mahabharatha.commands._utils", "old": "tests.support.old_design"}
 
 stress: Final = pytest.mark.stress

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Final
 
+from tests.concurrency._harness import RECLAIM_DEAD_JUDGE
 from tests.support.marks import needs_hidepid, needs_proc
 
 pytestmark = [needs_proc, needs_hidepid]
@@ -41,23 +42,13 @@ print("held", flush=True)
 sys.stdin.readline()
 """
 
-JUDGE: Final = """
-import sys
-from mahabharatha import locks
-try:
-    locks.acquire("feat", sys.argv[1], reclaim_dead=True)
-    print("WON")
-except locks.LockHeldError:
-    print("HELD")
-"""
-
 
 def _hidden_judge(gsd: Path) -> list[str]:
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     assert unshare is not None and setpriv is not None  # the mark says so
     judge = f"{setpriv} --reuid {NOBODY} --regid {NOBODY} --clear-groups"
     script = f'mount -t proc -o hidepid=2 proc /proc && exec {judge} "$0" -c "$1" "$2"'
-    return [unshare, "--mount", "sh", "-c", script, sys.executable, JUDGE, str(gsd)]
+    return [unshare, "--mount", "sh", "-c", script, sys.executable, RECLAIM_DEAD_JUDGE, str(gsd)]
 
 
 def _judged_by_a_hidden_judge(mode: str) -> str:

@@ -20,6 +20,7 @@ from typing import Final
 
 import pytest
 
+from tests.concurrency._harness import RECLAIM_DEAD_JUDGE
 from tests.support.marks import needs_proc, needs_time_namespaces
 
 pytestmark = [needs_proc, needs_time_namespaces]
@@ -37,15 +38,6 @@ print("held", flush=True)
 sys.stdin.readline()
 """
 
-JUDGE: Final = """
-import sys
-from mahabharatha import locks
-try:
-    locks.acquire("feat", sys.argv[1], reclaim_dead=True)
-    print("WON")
-except locks.LockHeldError:
-    print("HELD")
-"""
 
 RELEASER: Final = """
 import sys
@@ -86,7 +78,7 @@ def test_reclaim_dead_across_time_namespaces_leaves_a_live_lock(
     tmp_path: Path, shifted: str
 ) -> None:
     holder_argv = _python(HOLDER, str(tmp_path))
-    judge_argv = _python(JUDGE, str(tmp_path))
+    judge_argv = _python(RECLAIM_DEAD_JUDGE, str(tmp_path))
     if shifted == "holder":
         holder_argv = _shifted(holder_argv)
     else:
