@@ -341,7 +341,7 @@ def profile_sections(work: Path, cycles: int, locks_count: int) -> str:
     )
 
 
-def _per_pid_liveness() -> Callable[[int | None, float | None, Any], Any]:
+def _per_pid_liveness() -> Callable[[int | None, float | None, Any, Any], Any]:
     """What a per-pid cache would cost: ask psutil once per pid, compare start times in Python
     (the rule of ``owner_liveness``, same answers)."""
     import psutil
@@ -350,7 +350,9 @@ def _per_pid_liveness() -> Callable[[int | None, float | None, Any], Any]:
 
     seen: dict[int, tuple[bool, float] | None] = {}
 
-    def liveness(pid: int | None, timestamp: float | None, _details: Any = None) -> Any:
+    def liveness(
+        pid: int | None, timestamp: float | None, _details: Any = None, _life: Any = None
+    ) -> Any:
         if pid is None:
             return locks.Owner.UNKNOWN
         if pid not in seen:

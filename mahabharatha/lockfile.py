@@ -47,7 +47,7 @@ from pathlib import Path
 from time import monotonic
 from typing import Final, NamedTuple
 
-from mahabharatha import ownership
+from mahabharatha import ownership, proof
 
 __all__ = [
     "EMPTY_LOCK_GRACE_SECONDS",
@@ -86,6 +86,7 @@ __all__ = [
     "owned_by",
     "parse_record",
     "publish",
+    "publish_proven",
     "read_bounded",
     "read_lock",
     "release_at",
@@ -306,7 +307,7 @@ class LockSnapshot:
     frozen dataclass: one is made on every read, and the dataclass costs every CLI call half a
     millisecond to define and every read six ``object.__setattr__`` calls to fill."""
 
-    __slots__ = ("_record", "content", "identity", "kind", "mtime", "owner", "read_errno")
+    __slots__ = ("_record", "content", "identity", "kind", "life", "mtime", "owner", "read_errno")
 
     kind: EntryKind
     identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
@@ -314,6 +315,7 @@ class LockSnapshot:
     mtime: float
     read_errno: int | None  # why a regular file's bytes could not be read
     owner: bytes | None  # the owner details published with the record; not its identity
+    life: proof.Life | None  # the folder's proof of life, when asked and the lock claims one
 
     def __init__(
         self,
@@ -330,6 +332,7 @@ class LockSnapshot:
         self.mtime = mtime
         self.read_errno = read_errno
         self.owner = owner
+        self.life = None
 
     def _key(self) -> tuple[object, ...]:
         return (self.kind, self.identity, self.content, self.mtime, self.read_errno)
@@ -443,20 +446,25 @@ def read_bounded(fd: int, size: int) -> bytes:
     return data
 
 
-def read_lock(dfd: int) -> LockSnapshot:
+def read_lock(dfd: int, *, life: bool = False) -> LockSnapshot:
     """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``.
 
     A read refused for a passing reason (a kernel lease, a mandatory lock, a signal) is tried
     again, yielding the CPU (never sleeping), for at most ``READ_WAIT_SECONDS``; if it is still
     refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
+    With ``life``, a lock whose details claim a proof of life gets the folder's answer
+    (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.proof`).
     """
     snapshot = _look(dfd)
-    if not _is_busy(snapshot):
-        return snapshot
-    deadline = monotonic() + READ_WAIT_SECONDS
-    while _is_busy(snapshot) and monotonic() < deadline:
-        os.sched_yield()  # Race: a lease holder is giving its lease up; look again
-        snapshot = _look(dfd)
+    if _is_busy(snapshot):
+        deadline = monotonic() + READ_WAIT_SECONDS
+        while _is_busy(snapshot) and monotonic() < deadline:
+            os.sched_yield()  # Race: a lease holder is giving its lease up; look again
+            snapshot = _look(dfd)
+    if life and ownership.claims_proof(snapshot.owner):
+        # Race: the proof is looked at after the read, so a proof let go before the read
+        # (its holder released, someone published anew) can only be judged with a newer lock.
+        snapshot.life = proof.life_of(dfd)
     return snapshot
 
 
@@ -642,7 +650,11 @@ FolderError = Callable[[str, OSError], None]
 
 
 def scan_locks(
-    gsd_dir: str | os.PathLike[str], *, read: bool = True, on_error: FolderError | None = None
+    gsd_dir: str | os.PathLike[str],
+    *,
+    read: bool = True,
+    on_error: FolderError | None = None,
+    life: bool = False,
 ) -> Iterator[tuple[str, LockSnapshot]]:
     """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
 
@@ -669,7 +681,7 @@ def scan_locks(
                 yield name, MISSING
                 continue
             try:
-                snapshot = _look_in(specs, name, os.path.join(specs_path, name))
+                snapshot = _look_in(specs, name, os.path.join(specs_path, name), life)
             except OSError as error:
                 if on_error is None:
                     raise
@@ -680,7 +692,7 @@ def scan_locks(
         os.close(specs)
 
 
-def _look_in(specs: int, feature: str, folder: str) -> LockSnapshot:
+def _look_in(specs: int, feature: str, folder: str, life: bool) -> LockSnapshot:
     try:
         dfd = os.open(feature, _DIR_FLAGS, dir_fd=specs)
     except OSError as error:
@@ -688,7 +700,7 @@ def _look_in(specs: int, feature: str, folder: str) -> LockSnapshot:
             return MISSING
         raise type(error)(error.errno, error.strerror, folder) from error  # the full path
     try:
-        return read_lock(dfd)
+        return read_lock(dfd, life=life)
     except OSError as error:
         named = named_error(error, folder)
         if named is error:
@@ -759,12 +771,15 @@ Reclaimable = Callable[[LockSnapshot], bool]
 """Whether an entry, read under the guard, may be removed (the caller's judgement, again)."""
 
 
-def remove_if_unchanged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
+def remove_if_unchanged(
+    dfd: int, judged: LockSnapshot, still: Reclaimable, *, life: bool = False
+) -> bool:
     """Remove ``.lock`` if it is still the entry ``judged`` and ``still`` judges it removable;
-    the caller holds the guard."""
+    the caller holds the guard. ``life``: the judgement needs the proof of life (looked at
+    again too: its holder may have taken it since)."""
     # Race: the lock was replaced (or, being an old writer's, filled in) between the caller's
     # read and now: re-read and judge it again under the guard.
-    current = read_lock(dfd)
+    current = read_lock(dfd, life=life)
     if not current.same_entry(judged) or not still(current):
         return False
     with suppress(FileNotFoundError):  # only an old-style writer, unguarded, could beat us here
@@ -804,10 +819,12 @@ def release_mine(dfd: int, mine: LockSnapshot) -> bool:
         return True
 
 
-def remove_judged(dfd: int, judged: LockSnapshot, still: Reclaimable) -> bool:
+def remove_judged(
+    dfd: int, judged: LockSnapshot, still: Reclaimable, *, life: bool = False
+) -> bool:
     """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable."""
     with Guard(dfd, wait=True):
-        return remove_if_unchanged(dfd, judged, still)
+        return remove_if_unchanged(dfd, judged, still, life=life)
 
 
 def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
@@ -1002,6 +1019,32 @@ def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> 
     return _publish_named(dfd, record, owner, now)
 
 
+def publish_proven(
+    dfd: int, record: bytes, now: float, owner: bytes | None, proof_fd: int | None
+) -> LockSnapshot | None:
+    """:func:`publish`, the publisher holding the folder's proof of life on ``proof_fd`` (a
+    descriptor of this folder that it keeps for as long as it holds the lock) from before the
+    try; the details say so only when the proof could be taken. ``proof_fd`` None: no proof."""
+    # Race: a judge looking at LIFE an instant before a winner takes it: PENDING comes first.
+    if proof_fd is None or not proof.hold_pending(proof_fd):
+        return publish(dfd, record, now, owner)
+    try:
+        mine = publish(dfd, record, now, ownership.with_proof(owner))
+    except BaseException:
+        with suppress(OSError):
+            proof.drop_pending(proof_fd)
+        raise
+    if mine is None:
+        # Race: judges wait while PENDING alone is held; a loser lets go of it at once.
+        with suppress(OSError):
+            proof.drop_pending(proof_fd)
+        return None
+    # A failure here leaves PENDING held, which judges also count as alive.
+    with suppress(OSError):
+        proof.hold_life(proof_fd)
+    return mine
+
+
 def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | None:
     """Atomically swap ``.lock`` for ``record`` if it is still the holder's ``judged`` lock.
 
@@ -1107,6 +1150,7 @@ def _reclaim(
     owner: bytes | None,
     deadline: float,
     now: float,
+    proof_fd: int | None = None,
 ) -> LockSnapshot | None:
     """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
     # Race: another process is removing this very lock right now (its owner's release, a
@@ -1116,10 +1160,10 @@ def _reclaim(
         if not taken:
             return None
         sweep_orphan_temps(dfd, now)  # first: debris is never a reason to stop half-way
-        if not remove_if_unchanged(dfd, judged, still):
+        if not remove_if_unchanged(dfd, judged, still, life=judged.life is not None):
             raise _JudgedLockChangedError
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
-        return publish(dfd, record, now, owner)
+        return publish_proven(dfd, record, now, owner, proof_fd)
 
 
 def try_acquire(
@@ -1128,21 +1172,26 @@ def try_acquire(
     now: float,
     may_reclaim: MayReclaim = age_only,
     owner: bytes | None = None,
+    proof_fd: int | None = None,
 ) -> AcquireOutcome:
     """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``.
 
     ``owner``: the owner details to publish with the record (default: those of ``pid``).
+    ``proof_fd``: a descriptor of this folder on which the holder (this process) keeps the
+    proof of life while it holds the lock (``None``: the lock carries no proof). A rule other
+    than :func:`age_only` judges owners, so it is given each lock's proof (``snapshot.life``).
     """
     record = format_record(pid, now)
     if owner is None:
         owner = ownership.details_of(pid)
+    judges_owners = may_reclaim is not age_only
     holder, state = MISSING, LockState.FREE
     deadline: float | None = None  # one guard wait per call, however many rounds
     for _ in range(MAX_ROUNDS):
-        mine = publish(dfd, record, now, owner)
+        mine = publish_proven(dfd, record, now, owner, proof_fd)
         if mine is not None:
             return AcquireOutcome(mine)
-        holder = read_lock(dfd)
+        holder = read_lock(dfd, life=judges_owners)
         state = judge_lock(holder, now)
         if state is LockState.FREE:
             continue  # Race: released between our link and our read; publish again.
@@ -1163,6 +1212,7 @@ def try_acquire(
                 owner,
                 deadline,
                 now,
+                proof_fd,
             )
         except _JudgedLockChangedError:
             continue  # Race: replaced since we read it; judge the new one.

@@ -57,6 +57,7 @@ from mahabharatha.commands import _utils
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.lockfile import MAX_PID, UnsafeLockPathError
 from mahabharatha.lockfile import validate_feature_name as _validate_feature_name
+from mahabharatha.proof import WorkProof
 
 __all__ = [
     "AUDIT_LOG_NAME",
@@ -334,7 +335,7 @@ def acquire(
             return outcome.held
         info = outcome.holder
         assert info is not None  # a try that did not win names who stopped it
-        if _held_by(info, outcome.holder_details, callers):
+        if outcome.holder_is_caller or _held_by(info, outcome.holder_details, callers):
             raise AlreadyHeldError(info)  # waiting would wait for ourselves
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:
@@ -808,6 +809,29 @@ class FeatureLock:
                 return
             # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
             self.backend.release_held(mine)
+            self._mine = None
+
+    def work_proof(self) -> WorkProof | None:
+        """A proof of life for work this holder starts (``lock run``'s command): pass its
+        ``fd`` to the child (``pass_fds``), then ``close_ours()``; the lock's owner then stays
+        alive while any process of that work holds it, even after this one died. ``None`` when
+        the lock carries no proof (not held here, another owner pid, a backend or file system
+        without one). Python's ``subprocess`` closes descriptors by default: work started
+        without it does not count."""
+        mine = self._mine
+        if mine is None or self._holder_process != os.getpid():
+            return None
+        make: Callable[[Held], WorkProof | None] | None = getattr(self.backend, "work_proof", None)
+        return None if make is None else make(mine)
+
+    def abandon(self) -> None:
+        """Stop the heartbeat and forget the lock without removing it: work that escaped us
+        still holds its proof of life, so the lock must stay held (it ages out after 2 h)."""
+        self._stop.set()
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join()
+        self._beat = None
+        with self._mutex:
             self._mine = None
 
     def __enter__(self) -> Self:

@@ -6,8 +6,10 @@ the file's descriptor *before* the file is linked (or renamed) to ``.lock``: a r
 record and its details together or not at all, and they can never disagree. The value is packed
 binary, little-endian (``DETAILS_LAYOUT``), then text::
 
-    version (1 byte, 1) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
-    | host (UTF-8) [ | NUL | cmd (UTF-8) ]
+    version (1 byte, 2) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
+    | flags (1 byte) | sid (u32) | host (UTF-8) [ | NUL | cmd (UTF-8) ]
+
+(Version 1, still read, had neither ``flags`` nor ``sid``; its first 33 bytes are the same.)
 
 Unknown numbers are 0. Small on purpose: ext4 keeps an attribute of up to ``INLINE_BYTES`` in
 the inode itself; a larger one costs a disk block per lock, which made an acquire-release
@@ -22,6 +24,11 @@ its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
   initial time namespace sees it (``boottime_offset_ticks``), whichever one the writer is in;
 * ``pgid`` and ``gstart``: the owner's process group when it took the lock, and the start time of
   that group's leader if it was running (tells a reused group number apart);
+* ``flags``: ``PROOF_FLAG`` when the holder holds the folder's proof of life
+  (:mod:`mahabharatha.proof`): then the kernel, not the pid, says whether it is alive;
+* ``sid``: the owner's session when it took the lock. A lock without a proof (a CLI ``acquire``
+  on behalf of its shell) stays alive while any process of that session lives: GNU ``timeout``
+  moves work to a group of its own, but not out of the session;
 * ``host`` and, for ``lock run``, ``cmd`` (the command, cut to ``MAX_COMMAND_CHARS``): for people.
 
 Without the attribute (an older writer, a file system without extended attributes) the lock is
@@ -42,10 +49,12 @@ __all__ = [
     "INLINE_BYTES",
     "MAX_COMMAND_CHARS",
     "MAX_DETAILS_BYTES",
+    "PROOF_FLAG",
     "XATTR_NAME",
     "OwnerDetails",
     "attach",
     "boottime_offset_ticks",
+    "claims_proof",
     "could_own",
     "decode",
     "details_of",
@@ -57,18 +66,27 @@ __all__ = [
     "place_key",
     "proc_stat",
     "read_attached",
+    "session_has_live_member",
     "start_key",
     "this_boot",
     "this_pid_namespace",
+    "with_proof",
 ]
 
 XATTR_NAME: Final = "user.mahabharatha.owner"
 """One attribute for everything: set with one system call, in the inode on ext4 (user.*: no
 privilege needed)."""
-DETAILS_VERSION: Final = 1
+DETAILS_VERSION: Final = 2
 """The first byte of the value: a layout we do not know is treated as no details at all."""
+DETAILS_VERSIONS: Final = (1, DETAILS_VERSION)
+"""The layouts we read (version 1 lacks the tail; the database's rule reads the head only)."""
 DETAILS_LAYOUT: Final = struct.Struct("<B8sIQIQ")
-"""version, boot id (8 bytes), PID namespace, start ticks, process group, group leader start."""
+"""The head every version shares: version, boot id (8 bytes), PID namespace, start ticks,
+process group, group leader start."""
+DETAILS_TAIL: Final = struct.Struct("<BI")
+"""Version 2's tail after the head: flags, session id."""
+PROOF_FLAG: Final = 0x01
+"""The holder holds the folder's proof of life (published with the lock, never added later)."""
 INLINE_BYTES: Final = 52
 """The largest value of this name that ext4 (256-byte inodes) keeps inside the inode."""
 MAX_DETAILS_BYTES: Final = 512
@@ -95,6 +113,8 @@ class OwnerDetails(NamedTuple):
     gstart: int | None = None
     host: str | None = None
     cmd: str | None = None
+    sid: int | None = None
+    proof: bool = False
 
 
 class ProcStat(NamedTuple):
@@ -104,6 +124,7 @@ class ProcStat(NamedTuple):
     state: str  # R, S, D, Z (zombie), X (dead), ...
     pgrp: int
     start: int  # clock ticks after boot
+    session: int = 0
 
 
 # --------------------------------------------------------------------------- this host, this boot
@@ -228,7 +249,7 @@ def _parse_stat(raw: bytes) -> ProcStat | None:
     _, _, rest = raw.rpartition(b")")
     fields = rest.split()
     try:
-        return ProcStat(fields[0].decode("ascii"), int(fields[2]), int(fields[19]))
+        return ProcStat(fields[0].decode("ascii"), int(fields[2]), int(fields[19]), int(fields[3]))
     except (IndexError, ValueError, UnicodeDecodeError):
         return None
 
@@ -293,6 +314,26 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
     return _scan_for_member(pgid, unseen_alive=others_only)
 
 
+def session_has_live_member(sid: int) -> bool:
+    """Is any process of the session ``sid`` still alive (zombies do not count)? Only on the
+    rare path where a proof-less lock's owner and its group are gone.
+
+    A session id is a pid: while any member lives the kernel never hands it to a new process.
+    A ``/proc`` that cannot be listed, or a look that fails, answers alive.
+    """
+    if sid <= 0:
+        return False
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True  # cannot tell: alive
+    for pid in pids:
+        stat = proc_stat(pid)
+        if stat is not None and stat.session == sid and is_alive(stat, pid):
+            return True
+    return False
+
+
 def _scan_for_member(pgid: int, *, unseen_alive: bool = False) -> bool:
     """Look through the process table for a live member of ``pgid`` (only on the rare path
     where the owner itself is gone). ``unseen_alive``: ``killpg`` said members exist; if this
@@ -333,14 +374,33 @@ def pid_exists(pid: int) -> bool:
 def details_of(pid: int, command: Sequence[str] | None = None) -> bytes:
     """The owner details to publish for ``pid`` (a process visible to us, or already gone)."""
     if command is None and pid == os.getpid():
-        return _own_details(pid, os.getpgrp())  # the legacy hot path: computed once
+        return _own_details(pid, os.getpgrp(), os.getsid(0))  # the legacy hot path: once
     return _encode(_collect(pid, command))
 
 
 @cache
-def _own_details(pid: int, pgrp: int) -> bytes:
-    # Keyed by pid and group: a forked child, or a setpgid(), gets its own details.
+def _own_details(pid: int, pgrp: int, sid: int) -> bytes:
+    # Keyed by pid, group and session: a forked child, a setpgid() or setsid() gets its own.
     return _encode(_collect(pid, None))
+
+
+def claims_proof(raw: bytes | None) -> bool:
+    """Do the packed details ``raw`` say that their holder holds the proof of life? (Read on
+    every judged lock: looks at two bytes instead of decoding.)"""
+    return (
+        raw is not None
+        and len(raw) >= _TAIL_END
+        and raw[0] == DETAILS_VERSION
+        and bool(raw[_FLAGS_AT] & PROOF_FLAG)
+    )
+
+
+def with_proof(raw: bytes | None) -> bytes | None:
+    """``raw`` (details of the current version) saying that the holder holds the proof of
+    life; anything else is returned as it is (no details: no proof can be claimed)."""
+    if not raw or len(raw) < _TAIL_END or raw[0] != DETAILS_VERSION:
+        return raw
+    return raw[:_FLAGS_AT] + bytes([raw[_FLAGS_AT] | PROOF_FLAG]) + raw[_FLAGS_AT + 1 :]
 
 
 def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
@@ -351,7 +411,14 @@ def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
     leader = owner if owner.pgrp == pid else proc_stat(owner.pgrp)
     leader_start = leader.start if leader is not None and leader.pgrp == owner.pgrp else None
     return OwnerDetails(
-        this_boot(), this_pid_namespace(), owner.start, owner.pgrp, leader_start, host_name(), cmd
+        this_boot(),
+        this_pid_namespace(),
+        owner.start,
+        owner.pgrp,
+        leader_start,
+        host_name(),
+        cmd,
+        owner.session or None,
     )
 
 
@@ -369,7 +436,7 @@ def _encode(details: OwnerDetails) -> bytes:
         details.start or 0,
         details.pgid or 0,
         details.gstart or 0,
-    )
+    ) + DETAILS_TAIL.pack(PROOF_FLAG if details.proof else 0, details.sid or 0)
     host = (details.host or "").encode("utf-8", "replace")[: INLINE_BYTES - len(head)]
     host = host.decode("utf-8", "ignore").encode()  # never cut a character in two
     if details.cmd is None:
@@ -382,9 +449,15 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
     if not raw or len(raw) > MAX_DETAILS_BYTES or len(raw) < DETAILS_LAYOUT.size:
         return None
     version, boot, ns, start, pgid, gstart = DETAILS_LAYOUT.unpack_from(raw)
-    if version != DETAILS_VERSION:
+    if version not in DETAILS_VERSIONS:
         return None
-    host, separator, cmd = raw[DETAILS_LAYOUT.size :].partition(b"\0")
+    flags, sid, text_at = 0, 0, DETAILS_LAYOUT.size
+    if version == DETAILS_VERSION:
+        if len(raw) < _TAIL_END:
+            return None
+        flags, sid = DETAILS_TAIL.unpack_from(raw, DETAILS_LAYOUT.size)
+        text_at = _TAIL_END
+    host, separator, cmd = raw[text_at:].partition(b"\0")
     return OwnerDetails(
         boot=boot.hex() if any(boot) else None,
         ns=ns or None,
@@ -393,6 +466,8 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
         gstart=gstart or None,
         host=host.decode("utf-8", "replace") or None,
         cmd=cmd.decode("utf-8", "replace") if separator else None,
+        sid=sid or None,
+        proof=bool(flags & PROOF_FLAG),
     )
 
 
@@ -461,6 +536,8 @@ def start_key(pid: int) -> bytes | None:
     return None if current is None else _START_LAYOUT.pack(current.start)
 
 
+_FLAGS_AT: Final = DETAILS_LAYOUT.size
+_TAIL_END: Final = DETAILS_LAYOUT.size + DETAILS_TAIL.size
 _NS_LAYOUT: Final = struct.Struct("<I")
 """The namespace field of ``DETAILS_LAYOUT``, alone."""
 _START_LAYOUT: Final = struct.Struct("<Q")

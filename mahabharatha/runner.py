@@ -23,6 +23,15 @@ signal during that wait ends it at once, leaving the lock (:class:`ReleaseInterr
 If the lock is lost while the command runs (the heartbeat finds it removed or replaced, or
 refreshes failed until it turned stale), the command gets SIGTERM, then SIGKILL after
 :data:`LOST_KILL_GRACE_SECONDS` (``OnLost.TERMINATE``), or keeps running (``OnLost.WARN``).
+
+**The command's tree.** CMD runs in a process group of its own (unless ``lock run`` is the
+foreground job of a terminal: then CMD shares its group, so that the terminal's Ctrl-C, Ctrl-Z
+and reads reach it as usual), and every signal forwarded to it goes to that whole group. CMD
+inherits a proof of life of its own (:class:`~mahabharatha.proof.WorkProof`), which its
+children inherit in turn. When CMD has ended, ``lock run`` releases only once no process holds
+that proof: it waits :data:`WORK_GRACE_SECONDS`, then SIGKILLs CMD's group, and if something
+that left the group (``setsid``, a daemon) still holds the proof, the lock is left held (its
+owner judged alive by that proof) and :class:`WorkLeftError` says so.
 """
 
 from __future__ import annotations
@@ -40,10 +49,12 @@ from time import monotonic
 from types import FrameType
 from typing import IO, Final
 
+from mahabharatha import ownership
 from mahabharatha.backends.base import format_duration
 from mahabharatha.exits import killed_by, shell_status
 from mahabharatha.lockfile import LockBusyError
 from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
+from mahabharatha.proof import WorkProof
 
 __all__ = [
     "LOST_KILL_GRACE_SECONDS",
@@ -53,6 +64,7 @@ __all__ = [
     "Interrupted",
     "OnLost",
     "ReleaseInterrupted",
+    "WorkLeftError",
     "lease_break_seconds",
     "run_locked",
 ]
@@ -66,6 +78,17 @@ LOST_KILL_GRACE_SECONDS: Final = 10.0
 enough to flush and exit, short enough that two holders do not work side by side for long."""
 _READ_SENDERS: Final = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
 """Can we learn who sent a signal (Linux and most POSIX systems; not macOS)?"""
+WORK_GRACE_SECONDS: Final = 5.0
+"""After CMD ended, what it left running (still holding its proof of life) gets this long to
+finish before its process group is SIGKILLed."""
+WORK_KILL_WAIT_SECONDS: Final = 2.0
+"""After that SIGKILL, how long the kernel gets to take the group's processes down."""
+WORK_POLL_SECONDS: Final = 0.02
+"""How often the proof is looked at while waiting for the work to end (one system call)."""
+PROOF_FD_ENV: Final = "MAHABHARATHA_LOCK_PROOF_FD"
+"""CMD's environment names the descriptor that carries its proof of life (for a CMD that
+starts work through Python's ``subprocess``, which closes descriptors by default:
+``pass_fds=[int(os.environ[...])]`` keeps that work counted)."""
 LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
 DEFAULT_LEASE_BREAK_SECONDS: Final = 45.0
 """The kernel's default lease-break time: assumed where the setting cannot be read."""
@@ -119,6 +142,20 @@ class ReleaseInterrupted(Exception):
         return killed_by(self.signum)
 
 
+class WorkLeftError(Exception):
+    """CMD has ended, but processes it started outside its process group still hold its proof
+    of life: the lock was left held (judged alive) until they end. ``status``: CMD's exit
+    code, as ``lock run`` reports it."""
+
+    def __init__(self, feature: str, status: int) -> None:
+        super().__init__(
+            f"the command's work left its process group and still runs; lock {feature!r} "
+            "stays held (its owner judged alive) until that work ends"
+        )
+        self.feature = feature
+        self.status = status
+
+
 class CommandStartError(OSError):
     """The command could not be started; nothing ran (exit 126 or 127, as a shell would)."""
 
@@ -139,10 +176,13 @@ class _Phase(enum.Enum):
 
 
 class _Child:
-    """The running command, signalled through a pidfd where there is one."""
+    """The running command, signalled through a pidfd where there is one; with ``own_group``
+    it leads a process group of its own, and signals go to that whole group."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], *, own_group: bool = False) -> None:
         self.popen = popen
+        self.own_group = own_group
+        self.start = _start_of(popen.pid) if own_group else None
         self._pidfd: int | None = None
         with suppress(AttributeError, OSError):  # no pidfd (old kernel, not Linux): by pid
             # Race: only our wait() reaps CMD, and it has not run yet, so this is CMD's pidfd;
@@ -150,13 +190,36 @@ class _Child:
             self._pidfd = os.pidfd_open(popen.pid)
 
     def send(self, signum: int) -> None:
-        """Signal the command unless it has exited."""
+        """Signal the command (its whole group when it leads one) unless it has exited."""
         if self._pidfd is None:
             if self.popen.poll() is None:
-                self.popen.send_signal(signum)
+                self._signal_by_pid(signum)
             return
         with suppress(ProcessLookupError):  # it exited (maybe not yet reaped)
-            signal.pidfd_send_signal(self._pidfd, signum)
+            signal.pidfd_send_signal(self._pidfd, 0 if self.own_group else signum)
+            if self.own_group:
+                # Race: CMD is not reaped (the pidfd said so), so its group's number is still
+                # CMD's and cannot belong to anyone else.
+                os.killpg(self.popen.pid, signum)
+
+    def _signal_by_pid(self, signum: int) -> None:
+        if self.own_group:
+            with suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signum)
+        else:
+            self.popen.send_signal(signum)
+
+    def kill_group(self) -> None:
+        """After CMD was reaped: SIGKILL what is left of its group (its work). The group's
+        number is checked against CMD's start time first: a group that ended and whose number
+        was reused is someone else's."""
+        if not self.own_group:
+            return
+        pgid = self.popen.pid
+        # Race: the group ended and its number went to a new leader: never signal that one.
+        if ownership.group_has_live_member(pgid, self.start):
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
 
     def close(self) -> None:
         if self._pidfd is not None:
@@ -390,6 +453,38 @@ class _LossWatch:
             acting.join()
 
 
+def _start_of(pid: int) -> int | None:
+    stat = ownership.proc_stat(pid)
+    return None if stat is None else stat.start
+
+
+def _in_terminal_foreground() -> bool:
+    """Is ``lock run`` the foreground job of its terminal (CMD then shares its group)?"""
+    try:
+        return os.isatty(sys.stdin.fileno()) and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False
+
+
+def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
+    """After CMD ended: wait (a grace, then SIGKILL to CMD's group) until nothing holds the
+    work's proof; True when something that left the group still holds it."""
+    if work is None or not work.running():
+        return False
+    deadline = monotonic() + WORK_GRACE_SECONDS
+    # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
+    while work.running() and monotonic() < deadline:
+        if relay.signalled_within(WORK_POLL_SECONDS) is not None:
+            break
+    if not work.running():
+        return False
+    child.kill_group()
+    deadline = monotonic() + WORK_KILL_WAIT_SECONDS
+    while work.running() and monotonic() < deadline:
+        relay.signalled_within(WORK_POLL_SECONDS)
+    return work.running()
+
+
 @contextmanager
 def _relaying(relay: _SignalRelay) -> Iterator[None]:
     previous = {sig: signal.signal(sig, relay) for sig in FORWARDED_SIGNALS}
@@ -436,19 +531,29 @@ def run_locked(
             lock.acquire(
                 on_wait=relay.waiting(lock.on_wait), on_lost=watch.also_telling(lock.on_lost)
             )
+        work: WorkProof | None = None
         try:
             if on_acquired is not None:
                 on_acquired()
             relay.raise_if_pending()
+            work = lock.work_proof()
             with _unmasked():
-                child = _start(relay, command, stdout, _token_env(lock.token))
+                child = _start(relay, command, stdout, _child_env(lock.token, work), work)
             watch.started(child)
             try:
                 returncode = child.popen.wait()
             finally:
                 watch.ended()
                 child.close()
+            relay.releasing()  # from here a signal cuts the wait for CMD's leftovers short
+            if _work_still_held(work, child, relay):
+                # Race: work that left CMD's group still runs: releasing now would let a
+                # second holder in beside it. Its proof keeps the lock held until it ends.
+                lock.abandon()
+                raise WorkLeftError(lock.feature, shell_status(returncode))
         finally:
+            if work is not None:
+                work.close()
             _release_after_leases(lock, relay, on_release_wait, returncode)
     return shell_status(returncode)
 
@@ -549,9 +654,15 @@ TOKEN_ENV: Final = "MAHABHARATHA_LOCK_TOKEN"
 (``lock verify FEATURE --token N``) refuses a holder whose lock was taken over."""
 
 
-def _token_env(token: int | None) -> dict[str, str] | None:
-    """CMD's environment: ours, plus the token when there is one (None: inherit ours)."""
-    return None if token is None else {**os.environ, TOKEN_ENV: str(token)}
+def _child_env(token: int | None, work: WorkProof | None) -> dict[str, str] | None:
+    """CMD's environment: ours, plus the token and the proof's descriptor when there are any
+    (None: inherit ours)."""
+    extra: dict[str, str] = {}
+    if token is not None:
+        extra[TOKEN_ENV] = str(token)
+    if work is not None and work.fd is not None:
+        extra[PROOF_FD_ENV] = str(work.fd)
+    return {**os.environ, **extra} if extra else None
 
 
 def _start(
@@ -559,15 +670,20 @@ def _start(
     command: Sequence[str],
     stdout: IO[str] | None,
     env: dict[str, str] | None = None,
+    work: WorkProof | None = None,
 ) -> _Child:
+    own_group = not _in_terminal_foreground()
+    passed = () if work is None or work.fd is None else (work.fd,)
     try:
-        # CMD stays in our process group (the group recorded with the lock): while any of it
-        # runs, the lock's owner is alive, even if ``lock run`` itself was SIGKILLed.
+        # CMD leads a group of its own (signals reach all of it), except as a terminal's
+        # foreground job; its proof of life goes with it and its children (pass_fds).
         child = subprocess.Popen(
             list(command),
             stdout=stdout,
             preexec_fn=_parent_death_hook(),
             env=env,
+            pass_fds=passed,
+            process_group=0 if own_group else None,
         )
     except FileNotFoundError as error:
         raise CommandNotFoundError(error.errno, f"command not found: {command[0]}") from error
@@ -576,6 +692,8 @@ def _start(
         raise CommandNotExecutableError(
             error.errno, f"cannot execute {command[0]}: {why}"
         ) from error
-    started = _Child(child)
+    if work is not None:
+        work.close_ours()  # Race: from now on only CMD's tree holds the work's proof
+    started = _Child(child, own_group=own_group)
     relay.started(started)
     return started

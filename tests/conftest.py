@@ -14,6 +14,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
+from mahabharatha import proof
 from tests.support import postgres
 
 pytest_plugins = ("tests.support.tally",)  # a collected test that reports no outcome fails the run
@@ -26,6 +27,15 @@ def pytest_configure(config: pytest.Config) -> None:
     its children then start with SIGINT at its default, as from a terminal."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def _no_proof_outlives_its_test() -> Iterator[None]:
+    """A lock a test took in this process and never released keeps a descriptor of its
+    folder open (its proof of life): close them all after each test, so that a test's tmpfs
+    can be unmounted and the next test starts with no proof held."""
+    yield
+    proof.let_go_of_all()
 
 
 def _required() -> bool:

@@ -53,6 +53,7 @@ __all__ = [
 
 class Owner(enum.StrEnum):
     RUNNING = "running"
+    WORK_RUNNING = "work-running"  # the owner pid is gone; its proof of life or group lives on
     NOT_RUNNING = "not-running"
     PID_REUSED = "pid-reused"
     UNKNOWN = "unknown"
@@ -139,6 +140,7 @@ _GONE: Final = {
     Owner.PID_REUSED: ", which is not running (its pid now belongs to a newer process)",
 }
 """How :func:`describe_holder` says that a lock's owner is provably gone on this host."""
+_WORKING: Final = ", which is not running, but its work still is"
 
 
 def owner_is_gone(info: LockInfo) -> bool:
@@ -157,7 +159,7 @@ def describe_holder(info: LockInfo) -> str:
         if info.expires_in_seconds is not None
         else ""
     )
-    gone = _GONE.get(info.owner, "")
+    gone = _GONE.get(info.owner, _WORKING if info.owner is Owner.WORK_RUNNING else "")
     return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"
 
 
@@ -302,6 +304,9 @@ class AcquireResult(NamedTuple):
     holder_details: OwnerDetails | None = None
     """The owner details recorded with ``holder`` (``None``: none, or not our format): the
     lock layer's "already held by you" needs the holder's boot and PID namespace."""
+    holder_is_caller: bool = False
+    """The backend knows the holder is the caller itself (files: this process holds the
+    folder's proof of life and the lock records its pid), details or not."""
 
 
 class LockBackend(Protocol):

@@ -19,7 +19,7 @@ from pathlib import Path
 from time import gmtime, strftime
 from typing import Any, Final
 
-from mahabharatha import lockfile
+from mahabharatha import lockfile, ownership, proof
 from mahabharatha.backends.base import (
     AcquireResult,
     CleanedEntry,
@@ -91,7 +91,7 @@ def describe_snapshot(
         else None
     )
     owner = (
-        liveness(pid, timestamp, snapshot.owner_details)
+        liveness(pid, timestamp, snapshot.owner_details, snapshot.life)
         if liveness and pid is not None
         else Owner.UNKNOWN
     )
@@ -171,7 +171,9 @@ def _dead_owner_rule(snapshot: LockSnapshot, state: LockState) -> bool:
     record = snapshot.record
     if state is not LockState.ACTIVE or record is None:
         return False
-    verdict = owner_liveness(*record, snapshot.owner_details)
+    if ownership.claims_proof(snapshot.owner) and snapshot.life is None:
+        return False  # a proof that was not looked at is never judged free
+    verdict = owner_liveness(*record, snapshot.owner_details, snapshot.life)
     return verdict in (Owner.NOT_RUNNING, Owner.PID_REUSED)
 
 
@@ -271,10 +273,24 @@ class FileBackend:
         rule = _dead_owner_rule if reclaim_dead else age_only
         with OpenFeatureDir(self.gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
-            outcome = lockfile.try_acquire(dfd, requester.pid, now, rule, requester.details)
+            # A lock taken for another pid (the CLI's caller) carries no proof: it would die
+            # with us. Ours does: a descriptor of the folder holds it while we hold the lock.
+            pledge = proof.Pledge(dfd, wanted=requester.pid == os.getpid())
+            with pledge as proof_fd:
+                outcome = lockfile.try_acquire(
+                    dfd, requester.pid, now, rule, requester.details, proof_fd
+                )
+                if outcome.mine is not None:
+                    pledge.keep()
+            mine_already = outcome.mine is None and proof.holds(dfd)
         if outcome.mine is None:
             holder = describe_snapshot(feature, outcome.holder, outcome.state, now, None)
-            return AcquireResult(None, holder, holder_details=outcome.holder.owner_details)
+            return AcquireResult(
+                None,
+                holder,
+                holder_details=outcome.holder.owner_details,
+                holder_is_caller=mine_already and holder.pid == requester.pid,
+            )
         reason = None
         replaced = None
         if outcome.replaced is not None:
@@ -297,13 +313,27 @@ class FileBackend:
         record = lockfile.format_record(held.pid, now)
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             fresh = None if dfd is None else lockfile.replace_if_unchanged(dfd, held.handle, record)
+            if fresh is None and dfd is not None:
+                proof.forget(dfd)  # not ours any more: our proof must not keep theirs alive
         if fresh is None:
             raise LockLostError(held.feature)
         return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held) -> bool:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            return dfd is not None and lockfile.release_mine(dfd, held.handle)
+            if dfd is None:
+                return False
+            released = lockfile.release_mine(dfd, held.handle)
+            proof.forget(dfd)
+            return released
+
+    def work_proof(self, held: Held) -> proof.WorkProof | None:
+        """The proof of life for the work ``held``'s holder starts (``lock run``'s command):
+        ``None`` when the holder holds no proof (another process's lock, no kernel support)."""
+        with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
+            if dfd is None or not proof.holds(dfd):
+                return None
+            return proof.WorkProof(dfd)
 
     def verify(self, feature: str, token: int) -> bool:
         raise UnsupportedError("the file backend has no fencing tokens")
@@ -316,6 +346,8 @@ class FileBackend:
                 return False
             now = _utils.now()
             outcome, snapshot = lockfile.release_at(dfd, pid, now, force=force)
+            if pid == os.getpid():
+                proof.forget(dfd)
         if outcome is ReleaseOutcome.NOTHING:
             return False
         if outcome is ReleaseOutcome.RELEASED:
@@ -342,7 +374,7 @@ class FileBackend:
         folder should be, or a directory where the lock should be: acquire would fail there
         too."""
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
-            snapshot = lockfile.MISSING if dfd is None else read_lock(dfd)
+            snapshot = lockfile.MISSING if dfd is None else read_lock(dfd, life=True)
         if snapshot.kind is EntryKind.DIRECTORY:
             raise _directory_in_the_way(self.gsd_dir, feature)
         now = _utils.now()
@@ -361,7 +393,9 @@ class FileBackend:
         skipped = _Problems(self.gsd_dir, problems)
         infos = [
             describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now, liveness)
-            for feature, snapshot in lockfile.scan_locks(self.gsd_dir, on_error=skipped.add)
+            for feature, snapshot in lockfile.scan_locks(
+                self.gsd_dir, on_error=skipped.add, life=True
+            )
             if snapshot.kind is not EntryKind.MISSING
         ]
         skipped.settle()
@@ -411,6 +445,8 @@ class FileBackend:
                 # release is sure to see the marker, so a finished feature is never built again.
                 _publish_marker(dfd, stamp + "\n")
             lockfile.release_mine(dfd, mine)
+            if pid == os.getpid():
+                proof.forget(dfd)
         return stamp
 
     def reopen(self, feature: str) -> bool:
@@ -467,10 +503,11 @@ class FileBackend:
         def cleanable(entry: LockSnapshot) -> bool:
             return rule(entry, judge_lock(entry, now))
 
-        snapshot = read_lock(dfd)
+        judges_owners = rule is not age_only
+        snapshot = read_lock(dfd, life=judges_owners)
         state = judge_lock(snapshot, now)
         if cleanable(snapshot):
-            removed = not dry_run and _remove_judged(dfd, snapshot, cleanable)
+            removed = not dry_run and _remove_judged(dfd, snapshot, cleanable, judges_owners)
             lock_path = str(folder / lockfile.LOCK_FILE_NAME)
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
@@ -495,7 +532,9 @@ class FileBackend:
             found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
 
 
-def _remove_judged(dfd: int, snapshot: LockSnapshot, still: lockfile.Reclaimable) -> bool:
+def _remove_judged(
+    dfd: int, snapshot: LockSnapshot, still: lockfile.Reclaimable, life: bool
+) -> bool:
     if snapshot.kind is EntryKind.DIRECTORY:
         return lockfile.remove_judged_dir(dfd, snapshot)
-    return lockfile.remove_judged(dfd, snapshot, still)
+    return lockfile.remove_judged(dfd, snapshot, still, life=life)

@@ -266,7 +266,7 @@ _ZERO_U32: Final = "'\\x00000000'::bytea"  # an unknown namespace
 _OWNER_COULD_BE: Final = f"""(NOT (details IS NOT NULL
         AND length(details) BETWEEN {ownership.DETAILS_LAYOUT.size}
             AND {ownership.MAX_DETAILS_BYTES}
-        AND get_byte(details, 0) = {ownership.DETAILS_VERSION}
+        AND get_byte(details, 0) IN {ownership.DETAILS_VERSIONS}
         AND substring(details FROM 2 FOR 8) <> {_ZERO_U64}
         AND substring(details FROM 10 FOR 4) <> {_ZERO_U32})
     OR (substring(details FROM 2 FOR 12) = %(place)s::bytea

@@ -468,6 +468,12 @@ def run_command(
         except runner.ReleaseInterrupted as stop:  # the command ran; its lock was left
             stopped = {**document, "exit_code": stop.status}
             return Result(stop.exit_code, stopped, message=str(stop))
+        except runner.WorkLeftError as left:  # the command ran; its escaped work keeps the lock
+            kept = {**document, "exit_code": left.status, "work_left": True}
+            if holder.lost is not None:
+                lost = _lost_result(holder.lost, on_lost, kept, left.status)
+                return lost._replace(message=f"{lost.message or holder.lost}; {left}")
+            return Result(left.status, kept, message=str(left))
         except AlreadyHeldError as mine:
             code = exit_code_for(mine, before_run=True)
             return Result(code, {**document, "holder": mine.info.to_dict()}, message=str(mine))

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path, PosixPath
 from typing import Final
 
+from mahabharatha import proof
 from mahabharatha.constants import GSD_DIR, STATE_DIR
 from mahabharatha.lockfile import (
     LOCK_FILE_NAME,
@@ -220,7 +221,13 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
     try:
         with OpenFeatureDir(gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
-            return try_acquire(dfd, os.getpid(), time.time()).acquired
+            # A descriptor of the folder holds our proof of life while we hold the lock.
+            pledge = proof.Pledge(dfd, wanted=True)
+            with pledge as proof_fd:
+                won = try_acquire(dfd, os.getpid(), time.time(), proof_fd=proof_fd).acquired
+                if won:
+                    pledge.keep()
+            return won
     except FileExistsError:
         return False  # Race: another process created the name first.
 
@@ -231,6 +238,7 @@ def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
     with OpenFeatureDir(gsd_dir, feature, create=False) as dfd:
         if dfd is not None:
             release_at(dfd, os.getpid(), time.time())
+            proof.forget(dfd)  # ours or not, this process holds the lock no more
 
 
 def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float | int] | None:

@@ -324,7 +324,11 @@ def crowded(gsd: Path, tmp_path: Path) -> dict[str, Path]:
         "active-feat": write_lock(gsd, "active-feat", pid=ME, **fresh()),
         "dead-owner": write_lock(gsd, "dead-owner", pid=gone, **fresh()),
         "reused-pid": write_lock(
-            gsd, "reused-pid", pid=ME, details=details_for(ME, start=1, pgid=None), **fresh(-3600)
+            gsd,
+            "reused-pid",
+            pid=ME,
+            details=details_for(ME, start=1, pgid=None, sid=None),
+            **fresh(-3600),
         ),
         "stale-feat": write_lock(gsd, "stale-feat", pid=OTHER, **fresh(-STALE_AFTER_SECONDS - 5)),
         "corrupt-feat": write_lock(gsd, "corrupt-feat", content="7:1e9"),

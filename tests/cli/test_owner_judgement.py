@@ -86,7 +86,8 @@ def test_a_sigkilled_lock_run_takes_its_command_along_and_its_group_keeps_the_lo
 ) -> None:
     """Fails before the fix: CMD outlived the SIGKILLed ``lock run`` (no parent-death signal),
     and ``lock run --reclaim-dead`` started its command at once because the recorded pid was
-    dead, while the first command's child was still going to write."""
+    dead, while the first command's child was still going to write. Since the proof of life
+    the owner is ``work-running`` (its pid is gone, the child holds the command's proof)."""
     out = tmp_path / "out.txt"
     first = spawn(
         cli_argv(
@@ -110,7 +111,7 @@ def test_a_sigkilled_lock_run_takes_its_command_along_and_its_group_keeps_the_lo
     wait_gone(cmd_pid)  # the parent-death signal ended CMD with lock run
     assert alive(worker_pid), "the command's own child was not meant to be killed"
     info = locks.inspect(FEATURE, gsd)
-    assert (info.state, info.owner) == ("active", "running"), info
+    assert (info.state, info.owner) == ("active", "work-running"), info
     blocked = _second_lock_run(tmp_path, gsd, out)
     assert blocked.returncode == EX_TEMPFAIL, blocked.stderr
     assert not out.exists(), "the second command ran while the first one's group worked"
@@ -140,13 +141,15 @@ def test_an_owner_whose_process_group_lives_on_is_not_dead(
     tmp_path: Path, gsd: Path, spawn: Any
 ) -> None:
     """Fails before the fix: only the recorded pid was asked, so the lock of an owner that died
-    while a process of its group still ran was judged ``not-running`` and reclaimed."""
+    while a process of its group still ran was judged ``not-running`` and reclaimed. The owner
+    led its group (``spawn`` starts it in a session of its own), so with the proof of life the
+    group still counts: ``work-running`` (never ``running`` for a dead pid)."""
     owner = spawn([sys.executable, "-c", HOLDS_THEN_DIES, FEATURE, gsd], stdin=subprocess.PIPE)
     sibling = int(owner.next_line())
     owner.proc.wait(timeout=SYNC_TIMEOUT)
     assert read_record(lock_path(gsd))[0] == owner.pid
 
-    assert locks.inspect(FEATURE, gsd).owner == "running"
+    assert locks.inspect(FEATURE, gsd).owner == "work-running"
     refused = run_cli("lock", "acquire", FEATURE, "--gsd-dir", gsd, "--reclaim-dead", cwd=tmp_path)
     assert refused.returncode == 1, refused.stderr
     with pytest.raises(locks.LockHeldError):
@@ -222,7 +225,8 @@ def test_a_judge_in_another_pid_namespace_never_takes_a_live_hosts_lock(
     tmp_path: Path, gsd: Path, spawn: Any, how: str
 ) -> None:
     """Fails before the fix: inside a new PID namespace the host's pid does not exist, so it
-    was judged ``not-running`` and ``acquire --reclaim-dead`` took the live host's lock."""
+    was judged ``not-running`` and ``acquire --reclaim-dead`` took the live host's lock. With
+    the proof of life the kernel answers across namespaces: ``running``, never taken."""
     if how == "feature-lock":
         holder = locks.FeatureLock(FEATURE, gsd, heartbeat=None)
         held: Child | locks.FeatureLock = holder.acquire()
@@ -242,7 +246,7 @@ def test_a_judge_in_another_pid_namespace_never_takes_a_live_hosts_lock(
             "lock", "status", "--gsd-dir", gsd, "--json", cwd=tmp_path
         )
         [document] = one_document(status.stdout)
-        assert (document["pid"], document["owner"]) == (owner, "unknown"), status.stderr
+        assert (document["pid"], document["owner"]) == (owner, "running"), status.stderr
         taken = run_cli_in_new_pid_namespace(  # --pid 1: our parent is outside the namespace
             "lock",
             "acquire",

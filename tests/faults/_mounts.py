@@ -9,6 +9,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mahabharatha import proof
+
 
 @dataclass(frozen=True)
 class Mounting:
@@ -62,5 +64,8 @@ class Tmpfs:
         )
 
     def unmount(self) -> None:
+        # A lock the test took in this process holds a descriptor of its folder (its proof
+        # of life) until released: let go of them, or the file system stays busy.
+        proof.let_go_of_all()
         subprocess.run(["umount", str(self.point)], check=True, capture_output=True, timeout=10)
         os.rmdir(self.point)

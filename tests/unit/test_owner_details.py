@@ -200,7 +200,7 @@ def test_a_reused_pid_is_told_by_its_exact_start_time(
     path = write_record(gsd, sleeper.pid)
     stat = ownership.proc_stat(sleeper.pid)
     assert stat is not None
-    attach(path, details_for(sleeper.pid, start=stat.start - 1, pgid=None))
+    attach(path, details_for(sleeper.pid, start=stat.start - 1, pgid=None, sid=None))
     assert locks.inspect(FEATURE, gsd).owner == "pid-reused"
     attach(path, details_for(sleeper.pid))
     assert locks.inspect(FEATURE, gsd).owner == "running"

@@ -1,0 +1,324 @@
+"""Proof of life: a fact the kernel keeps about whether a lock's holder (or its work) runs.
+
+A holder that is a process of ours holds a shared open-file-description lock (``F_OFD_SETLK``,
+``F_RDLCK``) on bytes of its feature *folder*, from before its ``.lock`` is published until it
+lets the lock go. The kernel drops such a lock the moment the last descriptor of that open file
+description is closed, and every process that inherits the descriptor (``fork``, or ``exec``
+with the descriptor passed on) holds it too. So "is the holder alive?" becomes "does any process
+still hold the folder's proof?": no pid, process group, PID namespace, start time or ``/proc``
+view enters it, and it holds across containers that share the folder (one kernel).
+
+The bytes (of the folder's lock space; a directory has no data, the ranges are only names):
+
+* ``LIFE_BYTE``: held by every holder, and by its work (``lock run`` passes it to CMD).
+* ``PENDING_BYTE``: held from *before* a publish is tried until the lock is let go. Without it a
+  judge could look at ``LIFE`` just before the winner of a publish takes it: a live lock judged
+  dead. A publisher that lost drops it at once, so a judge that sees ``PENDING`` alone waits a
+  moment (bounded) for it to settle.
+* ``WORK_BYTE``: held only by the descriptor ``lock run`` gives its command, so ``lock run`` can
+  tell whether anything it started still runs (its own descriptor does not hold this byte).
+
+The proof is on the folder, not on the ``.lock`` file, because a refresh replaces ``.lock``
+(``rename``): a child holding the old file's lock would no longer count. A folder is never
+replaced by us. A judge looks with ``F_OFD_GETLK`` (it takes nothing, so it never disturbs a
+holder); locks of the judge's own open file description are not reported, so every judgement
+goes through a descriptor that holds none (or only its own, which is then rightly ignored).
+
+Where the kernel has no open-file-description locks (not Linux, some network file systems) no
+proof is taken, the owner details say so, and the pid rules of :mod:`mahabharatha.ownership`
+apply. The long form: ``design/lockfile-hardening.md``, "Proof of life".
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import os
+import struct
+import threading
+from time import monotonic
+from typing import Final
+
+__all__ = [
+    "LIFE_BYTE",
+    "PENDING_BYTE",
+    "PENDING_WAIT_SECONDS",
+    "WORK_BYTE",
+    "Life",
+    "Pledge",
+    "WorkProof",
+    "drop_pending",
+    "forget",
+    "hold_life",
+    "hold_pending",
+    "holds",
+    "identity_of",
+    "keep",
+    "let_go_of_all",
+    "life_of",
+    "open_folder",
+    "supported",
+    "work_running",
+]
+
+LIFE_BYTE: Final = 0
+PENDING_BYTE: Final = 1
+WORK_BYTE: Final = 2
+PENDING_WAIT_SECONDS: Final = 0.1
+"""A publisher holds ``PENDING`` alone for a few system calls (one ``linkat``): a judge waits
+this long for it to settle, then counts the lock as alive (a stopped publisher: never judged)."""
+
+_OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", None)
+_OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", None)
+_FLOCK: Final = struct.Struct("hhqqi4x")
+"""``struct flock`` on Linux: type, whence, start, len, pid (and padding)."""
+_FLOCK_SIZE: Final = _FLOCK.size
+# What a file system (or kernel) without open-file-description locks answers.
+_UNSUPPORTED_ERRNOS: Final = frozenset(
+    {errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.ENOSYS}
+)
+
+
+_FOLDER_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class Life(enum.Enum):
+    """What the folder's proof says: someone holds it, nobody does, or it cannot be told."""
+
+    HELD = "held"
+    FREE = "free"
+    UNKNOWN = "unknown"
+
+
+def _lock_request(kind: int, start: int, length: int) -> bytes:
+    return _FLOCK.pack(kind, os.SEEK_SET, start, length, 0)
+
+
+def _set(fd: int, kind: int, start: int, length: int = 1) -> None:
+    assert _OFD_SETLK is not None
+    fcntl.fcntl(fd, _OFD_SETLK, _lock_request(kind, start, length))
+
+
+def _someone_holds(fd: int, start: int, length: int = 1) -> bool:
+    """Does another open file description hold a lock on these bytes of ``fd``'s file?"""
+    assert _OFD_GETLK is not None
+    answer = fcntl.fcntl(fd, _OFD_GETLK, _lock_request(fcntl.F_WRLCK, start, length))
+    return bool(_FLOCK.unpack(answer[:_FLOCK_SIZE])[0] != fcntl.F_UNLCK)
+
+
+def supported() -> bool:
+    """Does this kernel have open-file-description locks at all?"""
+    return _OFD_SETLK is not None and _OFD_GETLK is not None
+
+
+def hold_pending(fd: int) -> bool:
+    """Before a publish: hold ``PENDING`` on the folder ``fd``. False when this kernel or file
+    system has no such locks (the lock is then published without a proof)."""
+    if not supported():
+        return False
+    try:
+        _set(fd, fcntl.F_RDLCK, PENDING_BYTE)
+    except OSError as error:
+        if error.errno in _UNSUPPORTED_ERRNOS:
+            return False
+        raise
+    return True
+
+
+def hold_life(fd: int) -> None:
+    """After a won publish: hold ``LIFE`` too (``PENDING`` stays held until the lock goes)."""
+    # Race: a judge that saw LIFE free before this call sees PENDING held after it (see module).
+    _set(fd, fcntl.F_RDLCK, LIFE_BYTE, 2)
+
+
+def drop_pending(fd: int) -> None:
+    """After a lost publish: let ``PENDING`` go at once (judges wait while it is held)."""
+    _set(fd, fcntl.F_UNLCK, PENDING_BYTE)
+
+
+def life_of(fd: int) -> Life:
+    """Does anyone (another open file description than ``fd``'s) hold the folder's proof?
+
+    ``LIFE`` held: yes. Otherwise ``PENDING`` held means a publisher is between its try and its
+    ``LIFE`` (or lost and is letting go): look again for at most ``PENDING_WAIT_SECONDS``.
+    """
+    if not supported():
+        return Life.UNKNOWN
+    deadline: float | None = None
+    try:
+        while True:
+            # Race: LIFE first, PENDING second. A winner takes LIFE before it could ever drop
+            # PENDING, so "both free" cannot hide a lock published before this look.
+            if _someone_holds(fd, LIFE_BYTE):
+                return Life.HELD
+            if not _someone_holds(fd, PENDING_BYTE):
+                return Life.FREE
+            if deadline is None:
+                deadline = monotonic() + PENDING_WAIT_SECONDS
+            elif monotonic() >= deadline:
+                return Life.HELD  # a publisher stopped mid-publish: never judged dead
+            os.sched_yield()
+    except OSError as error:
+        if error.errno in _UNSUPPORTED_ERRNOS:
+            return Life.UNKNOWN
+        raise
+
+
+def work_running(fd: int) -> bool:
+    """Does any process still hold the ``WORK`` byte (the command's copy of the proof)?"""
+    if not supported():
+        return False
+    try:
+        return _someone_holds(fd, WORK_BYTE)
+    except OSError as error:
+        if error.errno in _UNSUPPORTED_ERRNOS:
+            return False
+        raise
+
+
+class WorkProof:
+    """The proof a holder hands to the work it starts: a new open file description of the
+    folder holding ``LIFE``, ``PENDING`` and ``WORK``. Pass :attr:`fd` to the child (for
+    example ``subprocess.Popen(..., pass_fds=[proof.fd])``), then :meth:`close_ours`: from then
+    on only the child's tree holds it, and :meth:`running` says whether any of it still does.
+    """
+
+    __slots__ = ("_watch", "fd")
+
+    def __init__(self, folder_fd: int) -> None:
+        # A new open of the same folder: its own open file description (dup would share ours).
+        self.fd: int | None = open_folder(folder_fd)
+        self._watch = open_folder(folder_fd)
+        try:
+            _set(self.fd, fcntl.F_RDLCK, LIFE_BYTE, 3)
+        except OSError:
+            self.close()
+            raise
+
+    def close_ours(self) -> None:
+        """Our copy goes; the child's copies keep the proof held while they run."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def running(self) -> bool:
+        """Does any process still hold the work's proof?"""
+        return work_running(self._watch)
+
+    def close(self) -> None:
+        self.close_ours()
+        if self._watch >= 0:
+            os.close(self._watch)
+            self._watch = -1
+
+
+# --------------------------------------------------------------------------- what we hold
+
+_HELD: dict[tuple[int, int], int] = {}
+"""This process's proofs: the folder's identity (``st_dev``, ``st_ino``) -> the descriptor that
+holds its ``LIFE`` and ``PENDING``. A forked child inherits the descriptors (and so keeps the
+proof held while it lives: it is the holder's work) but not the right to let them go."""
+_HELD_MUTEX: Final = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    _HELD.clear()  # the child's copies stay open (it is the holder's work) but are not its own
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def open_folder(folder_fd: int) -> int:
+    """A new descriptor of the folder ``folder_fd`` (its own open file description) to hold a
+    proof on. Never the descriptor that takes the folder's guard (``flock``): a proof is kept
+    open for as long as the lock is held, and a guard must end with its block."""
+    return os.open(".", _FOLDER_FLAGS, dir_fd=folder_fd)
+
+
+def identity_of(folder_fd: int) -> tuple[int, int]:
+    """The folder's identity, the key of :func:`keep` (asked before a publish: a failure then
+    leaves nothing behind, where one after it would leave a lock its holder never learnt of)."""
+    info = os.fstat(folder_fd)
+    return (info.st_dev, info.st_ino)
+
+
+_identity = identity_of
+
+
+class Pledge:
+    """``with Pledge(folder_fd, wanted) as fd``: a descriptor to publish a lock with a proof
+    on (``None`` when not ``wanted``); :meth:`keep` after a won publish keeps it as this
+    process's proof, otherwise the block closes it."""
+
+    __slots__ = ("fd", "identity")
+
+    def __init__(self, folder_fd: int, wanted: bool) -> None:
+        self.fd: int | None = None
+        self.identity: tuple[int, int] | None = None
+        if wanted:
+            fd = open_folder(folder_fd)
+            try:
+                # Before the publish: a failure here leaves nothing behind.
+                self.identity = identity_of(fd)
+            except BaseException:
+                _close_quietly(fd)
+                raise
+            self.fd = fd
+
+    def __enter__(self) -> int | None:
+        return self.fd
+
+    def keep(self) -> None:
+        """Our lock is published: the proof stays held until the lock is let go."""
+        if self.fd is not None and self.identity is not None:
+            keep(self.identity, self.fd)
+            self.fd = None
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.fd is not None:
+            _close_quietly(self.fd)
+            self.fd = None
+
+
+def keep(identity: tuple[int, int], fd: int) -> None:
+    """Remember the folder descriptor ``fd`` (holding the proof) as this process's proof for
+    the folder ``identity`` (any earlier one is closed: a process holds a feature's lock once)."""
+    with _HELD_MUTEX:
+        earlier = _HELD.pop(identity, None)
+        _HELD[identity] = fd
+    if earlier is not None and earlier != fd:
+        _close_quietly(earlier)
+
+
+def forget(folder_fd: int) -> None:
+    """This process no longer holds the lock of the folder ``folder_fd``: let go of its proof
+    (nothing if there is none; no system call when this process holds no proof at all)."""
+    if not _HELD:
+        return
+    with _HELD_MUTEX:
+        fd = _HELD.pop(_identity(folder_fd), None)
+    if fd is not None:
+        _close_quietly(fd)
+
+
+def let_go_of_all() -> None:
+    """Close every proof this process holds (its locks stay on disk, judged by their pids
+    and ages from now on): for a process that is done with locking, and for test isolation."""
+    with _HELD_MUTEX:
+        held = list(_HELD.values())
+        _HELD.clear()
+    for fd in held:
+        _close_quietly(fd)
+
+
+def holds(folder_fd: int) -> bool:
+    """Does this process hold a proof for the folder ``folder_fd``?"""
+    return bool(_HELD) and _identity(folder_fd) in _HELD
+
+
+def _close_quietly(fd: int) -> None:
+    try:  # noqa: SIM105  (a close error still frees the descriptor on Linux)
+        os.close(fd)
+    except OSError:
+        pass
