@@ -37,6 +37,7 @@ owner judged alive by that proof) and :class:`WorkLeftError` says so.
 from __future__ import annotations
 
 import enum
+import math
 import os
 import signal
 import subprocess
@@ -80,7 +81,8 @@ _READ_SENDERS: Final = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthre
 """Can we learn who sent a signal (Linux and most POSIX systems; not macOS)?"""
 WORK_GRACE_SECONDS: Final = 5.0
 """After CMD ended, what it left running (still holding its proof of life) gets this long to
-finish before its process group is SIGKILLed."""
+finish before its process group is SIGKILLed (``MAHABHARATHA_RUN_GRACE`` sets another)."""
+GRACE_ENV: Final = "MAHABHARATHA_RUN_GRACE"
 WORK_KILL_WAIT_SECONDS: Final = 2.0
 """After that SIGKILL, how long the kernel gets to take the group's processes down."""
 WORK_POLL_SECONDS: Final = 0.02
@@ -466,12 +468,23 @@ def _in_terminal_foreground() -> bool:
         return False
 
 
+def work_grace_seconds() -> float:
+    """The grace of CMD's leftovers: ``MAHABHARATHA_RUN_GRACE`` when it is a finite number of
+    seconds (at least 0), else :data:`WORK_GRACE_SECONDS`."""
+    raw = os.environ.get(GRACE_ENV, "")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return WORK_GRACE_SECONDS
+    return seconds if math.isfinite(seconds) and seconds >= 0 else WORK_GRACE_SECONDS
+
+
 def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
     """After CMD ended: wait (a grace, then SIGKILL to CMD's group) until nothing holds the
     work's proof; True when something that left the group still holds it."""
     if work is None or not work.running():
         return False
-    deadline = monotonic() + WORK_GRACE_SECONDS
+    deadline = monotonic() + work_grace_seconds()
     # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
     while work.running() and monotonic() < deadline:
         if relay.signalled_within(WORK_POLL_SECONDS) is not None:
@@ -520,8 +533,11 @@ def run_locked(
     :class:`Interrupted` when a signal arrives before the command started, and
     :class:`CommandNotFoundError` or :class:`CommandNotExecutableError` (both
     :class:`CommandStartError`) when the command cannot be started (lock released),
-    :class:`ReleaseInterrupted` when a signal ended the wait for a lease at the release, and
-    :class:`~mahabharatha.lockfile.LockBusyError` when the lease outlasted that wait.
+    :class:`ReleaseInterrupted` when a signal ended the wait for a lease at the release,
+    :class:`~mahabharatha.lockfile.LockBusyError` when the lease outlasted that wait,
+    :class:`~mahabharatha.locks.LockLostError` when the lock was lost before the command could
+    start (it never starts), and :class:`WorkLeftError` when the command ended but work it
+    started outside its group still holds its proof of life (the lock is left held).
     """
     relay = _SignalRelay()
     watch = _LossWatch(on_lost, notify_lost)
@@ -536,6 +552,8 @@ def run_locked(
             if on_acquired is not None:
                 on_acquired()
             relay.raise_if_pending()
+            if lock.lost is not None:
+                raise lock.lost  # Race: lost between the acquire and now: CMD never starts
             work = lock.work_proof()
             with _unmasked():
                 child = _start(relay, command, stdout, _child_env(lock.token, work), work)

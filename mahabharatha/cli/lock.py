@@ -486,6 +486,9 @@ def run_command(
         except runner.CommandStartError as unstarted:
             code = exit_code_for(unstarted, before_run=True)
             return Result(code, document, message=unstarted.strerror)
+        except LockLostError as lost:  # lost before CMD could start: it never ran
+            never = {**document, "error": "lost", "reason": lost.reason}
+            return Result(exit_code_for(lost), never, message=f"{lost}; CMD was not started")
         if holder.lost is not None:
             result = _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
             return result._replace(message=None) if told else result  # said once is enough
