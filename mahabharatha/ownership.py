@@ -41,7 +41,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Final, NamedTuple
 
@@ -406,8 +406,14 @@ def with_proof(raw: bytes | None) -> bytes | None:
 def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
     cmd = None if command is None else _command_line(command)
     owner = proc_stat(pid) if this_pid_namespace() is not None else None
-    if owner is None:  # gone already (or /proc is not ours): only boot and namespace are known
-        return OwnerDetails(this_boot(), this_pid_namespace(), host=host_name(), cmd=cmd)
+    if owner is None:  # gone, hidden (hidepid) or /proc is not ours: no start time known
+        # Race: a writer that cannot read its short-lived parent (hidepid=2, the CLI run as a
+        # service account through sudo or setpriv) still records the group and session the
+        # system calls tell: the worker's, which keep the lock alive after that parent exits.
+        group, session = _ask_kernel(os.getpgid, pid), _ask_kernel(os.getsid, pid)
+        return OwnerDetails(
+            this_boot(), this_pid_namespace(), host=host_name(), cmd=cmd, pgid=group, sid=session
+        )
     leader = owner if owner.pgrp == pid else proc_stat(owner.pgrp)
     leader_start = leader.start if leader is not None and leader.pgrp == owner.pgrp else None
     return OwnerDetails(
@@ -420,6 +426,16 @@ def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
         cmd,
         owner.session or None,
     )
+
+
+def _ask_kernel(question: Callable[[int], int], pid: int) -> int | None:
+    """``getpgid``/``getsid`` of ``pid``; ``None`` when it is gone (or another namespace's)."""
+    if this_pid_namespace() is None:
+        return None  # the number would be judged against another namespace's /proc
+    try:
+        return question(pid)
+    except OSError:
+        return None
 
 
 def _command_line(command: Sequence[str]) -> str:

@@ -232,9 +232,39 @@ def wait_seconds(wait: float | None, nonblock: bool, default: float | None) -> f
     return default if wait is None else wait
 
 
+_FIRST_PARENT: Final = os.getppid()
+"""Our parent when the CLI started: a reaper that adopts us later is not our caller."""
+
+
 def default_owner(pid: int | None) -> int:
     """The owner a CLI call records: ``--pid``, else the shell or worker that ran us."""
-    return os.getppid() if pid is None else pid
+    return calling_process() if pid is None else pid
+
+
+def calling_process() -> int:
+    """The process that ran us, refused when it is gone: a CLI whose caller died (a worker
+    shell SIGKILLed while its ``lock claim`` started) is adopted by pid 1 or a subreaper, which
+    never dies, and recording it would strand the feature for two hours."""
+    parent = os.getppid()
+    if parent == 1 or parent != _FIRST_PARENT or _adopted_by(parent):
+        raise typer.BadParameter(
+            f"the process that ran mahabharatha has exited (pid {parent} adopted this one and "
+            "is not its caller); pass --pid PID to name the owner"
+        )
+    return parent
+
+
+def _adopted_by(parent: int) -> bool:
+    """Is ``parent`` a reaper rather than our caller? A session is inherited at fork: unless
+    we lead a session of our own, the process that started us is in ours (a reaper that
+    adopted us, init or a subreaper, is in another one)."""
+    ours = os.getsid(0)
+    if ours == os.getpid():
+        return False  # started with setsid: our caller's session is not ours to compare
+    try:
+        return os.getsid(parent) != ours
+    except OSError:
+        return True  # Race: the parent is gone too, or cannot be asked: not a caller we know
 
 
 class Result(NamedTuple):

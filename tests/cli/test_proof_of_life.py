@@ -352,3 +352,48 @@ def test_a_lock_lost_before_cmd_starts_never_starts_it(tmp_path: Path, gsd: Path
     with pytest.raises(locks.LockLostError):
         runner.run_locked(holder, command, on_acquired=lose_it)
     assert not marker.exists(), "CMD started although the lock was already lost"
+
+
+# --------------------------------------------------------------------------- item 7
+
+
+ADOPTED: Final = """\
+import os, sys
+gone_first = sys.argv[1] == 'before-start'
+os.setsid()  # our session: the reaper that adopts the grandchild is in another one
+reader, writer = os.pipe()
+grandchild = os.fork()
+if grandchild:
+    os.read(reader, 1)  # the grandchild is ready for its parent (us) to go
+    os._exit(0)
+os.close(reader)
+caller = os.getppid()
+if not gone_first:
+    from mahabharatha.cli import _output  # the CLI starts while its caller still lives
+os.write(writer, b'x')
+while os.getppid() == caller:
+    os.sched_yield()  # until adopted by a reaper
+from mahabharatha.cli import _output
+try:
+    owner = _output.default_owner(None)
+except Exception as refusal:
+    print('refused', refusal, flush=True)
+else:
+    print('owner', owner, flush=True)
+"""
+"""A CLI whose caller dies (before it starts, or while it runs) and is adopted by a reaper."""
+
+
+@pytest.mark.parametrize("when", ["before-start", "while-running"])
+def test_a_cli_adopted_by_a_reaper_never_records_it_as_the_owner(tmp_path: Path, when: str) -> None:
+    """Fails before the fix: the CLI recorded its new parent (pid 1 or a subreaper, which
+    never dies) as the owner, and the feature stayed held for two hours."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", ADOPTED, when],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    out, _ = child.communicate(timeout=SYNC_TIMEOUT)  # EOF: the grandchild has ended too
+    assert out.startswith("refused "), out
+    assert "--pid" in out

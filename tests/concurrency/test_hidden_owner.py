@@ -88,3 +88,42 @@ def test_a_live_owner_hidden_by_hidepid_keeps_its_lock() -> None:
 
 def test_a_group_member_hidden_by_hidepid_keeps_the_lock() -> None:
     assert _judged_by_a_hidden_judge("orphan") == "HELD"
+
+
+def test_a_writer_that_cannot_see_its_short_lived_parent_records_the_workers_group() -> None:
+    """Issue 16, item 5. Fails before the fix: a root worker ran the CLI as ``nobody`` through
+    a short-lived parent; under ``hidepid=2`` the CLI could not read that parent's ``/proc``,
+    so the owner details carried no group and no session; the parent exited, the owner was
+    ``not-running``, and ``--reclaim-dead`` took the lock while the worker still worked.
+    Now the group and session come from ``getpgid``/``getsid``, which ``hidepid`` does not hide."""
+    from mahabharatha import locks
+
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    assert unshare is not None and setpriv is not None  # the mark says so
+    gsd = Path(tempfile.mkdtemp(prefix="mahabharatha-hidden-"))
+    subprocess.run(["chmod", "a+rwx", str(gsd)], check=True)
+    as_nobody = f"{setpriv} --reuid {NOBODY} --regid {NOBODY} --clear-groups"
+    cli = f"{as_nobody} {sys.executable} -m mahabharatha lock acquire feat --gsd-dir {gsd}"
+    # The worker (this shell, root) runs the CLI through a parent that exits right after it.
+    script = f"mount -t proc -o hidepid=2 proc /proc && sh -c '{cli}; true' && echo held && read x"
+    worker = subprocess.Popen(
+        [unshare, "--mount", "sh", "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the worker's own group and session, not the test's
+    )
+    assert worker.stdout is not None
+    try:
+        assert worker.stdout.readline().startswith("acquired feat")  # the CLI's answer
+        assert worker.stdout.readline().strip() == "held"  # the short-lived parent is gone
+        assert locks.inspect("feat", gsd).owner == "work-running"
+        try:
+            locks.acquire("feat", gsd, reclaim_dead=True)
+        except locks.LockHeldError:
+            pass
+        else:
+            raise AssertionError("--reclaim-dead took the lock while the worker still worked")
+    finally:
+        worker.communicate("\n", timeout=ANSWER_SECONDS)
+        shutil.rmtree(gsd)

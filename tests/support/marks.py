@@ -1,6 +1,7 @@
 """Skip conditions, declared once for the whole suite."""
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -113,12 +114,14 @@ needs_time_namespaces = pytest.mark.skipif(
 
 
 def _hidepid_mount_permitted() -> bool:
-    """Can this process mount a ``/proc`` with ``hidepid=2`` in a new mount namespace and run a
-    command as ``nobody`` there (root, with ``unshare`` and ``setpriv``)?"""
+    """Can this process mount a ``/proc`` with ``hidepid=2`` in a new mount namespace and run
+    this interpreter with this package as ``nobody`` there (root, with ``unshare`` and
+    ``setpriv``; a checkout or virtual environment in a 0700 folder fails the last part)?"""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if unshare is None or setpriv is None or os.geteuid() != 0:
         return False
-    nobody = f"{setpriv} --reuid 65534 --regid 65534 --clear-groups true"
+    imports = f"{shlex.quote(sys.executable)} -c 'import mahabharatha.locks'"
+    nobody = f"{setpriv} --reuid 65534 --regid 65534 --clear-groups {imports}"
     script = f"mount -t proc -o hidepid=2 proc /proc && {nobody}"
     return _succeeds([unshare, "--mount", "sh", "-c", script])
 
