@@ -24,7 +24,7 @@ done
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/lock-model.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-cp "$here/lock.pml" "$here/lock_broken.pml" "$work/"
+cp "$here/lock.pml" "$here/lock_broken.pml" "$here/proof.pml" "$work/"
 
 # run NAME EXPECT MODEL "SPIN_FLAGS" "CC_FLAGS" "PAN_FLAGS"
 #   EXPECT = pass: pan must report 0 errors and a complete search
@@ -88,6 +88,11 @@ lane1() {
     run broken-b             fail lock_broken.pml "-DONLY_B" "-DSAFETY -DBFS" ""
     run broken-a-no-window   fail lock_broken.pml "-DONLY_A -DATOMIC_CREATE -DATOMIC_READ" "-DSAFETY -DBFS" ""
     run broken-b-no-window   fail lock_broken.pml "-DONLY_B -DATOMIC_CREATE -DATOMIC_READ" "-DSAFETY -DBFS" ""
+    # the proof of life (proof.pml): holds; each mutant MUST fail
+    run proof-safety         pass proof.pml "-DROUNDS=3" "-DSAFETY" "-m100000"
+    run proof-pending-after-link fail proof.pml "-DMUT_PENDING_AFTER_LINK" "-DSAFETY -DBFS" ""
+    run proof-no-work-wait   fail proof.pml "-DMUT_NO_WORK_WAIT" "-DSAFETY -DBFS" ""
+    run proof-on-lockfile    fail proof.pml "-DMUT_PROOF_ON_LOCKFILE" "-DSAFETY -DBFS" ""
 }
 
 lane2() {
@@ -112,7 +117,8 @@ end=$(date +%s)
 
 order="lock-safety lock-safety-wide lock-live-c lock-live-c_dead
 lock-naive-exclusion mutant-no-recheck mutant-no-guard mutant-guard-kept mutant-guard-kept-live
-broken-a broken-b broken-a-no-window broken-b-no-window"
+broken-a broken-b broken-a-no-window broken-b-no-window
+proof-safety proof-pending-after-link proof-no-work-wait proof-on-lockfile"
 
 passed=0
 failed=0
