@@ -374,13 +374,14 @@ def pid_exists(pid: int) -> bool:
 def details_of(pid: int, command: Sequence[str] | None = None) -> bytes:
     """The owner details to publish for ``pid`` (a process visible to us, or already gone)."""
     if command is None and pid == os.getpid():
-        return _own_details(pid, os.getpgrp(), os.getsid(0))  # the legacy hot path: once
+        return _own_details(pid, os.getpgrp())  # the legacy hot path: computed once
     return _encode(_collect(pid, command))
 
 
 @cache
-def _own_details(pid: int, pgrp: int, sid: int) -> bytes:
-    # Keyed by pid, group and session: a forked child, a setpgid() or setsid() gets its own.
+def _own_details(pid: int, pgrp: int) -> bytes:
+    # Keyed by pid and group: a forked child, a setpgid() or a setsid() (which changes the
+    # group too) gets its own.
     return _encode(_collect(pid, None))
 
 

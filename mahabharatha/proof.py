@@ -220,10 +220,14 @@ _HELD: dict[tuple[int, int], int] = {}
 holds its ``LIFE`` and ``PENDING``. A forked child inherits the descriptors (and so keeps the
 proof held while it lives: it is the holder's work) but not the right to let them go."""
 _HELD_MUTEX: Final = threading.Lock()
+_PATHS: dict[str, tuple[int, int]] = {}
+"""The folder path each proof was taken under -> its identity: a release by the same path
+finds its proof without an ``fstat`` (the uncontended cycle's hot path)."""
 
 
 def _forget_after_fork() -> None:
     _HELD.clear()  # the child's copies stay open (it is the holder's work) but are not its own
+    _PATHS.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -251,11 +255,12 @@ class Pledge:
     on (``None`` when not ``wanted``); :meth:`keep` after a won publish keeps it as this
     process's proof, otherwise the block closes it."""
 
-    __slots__ = ("fd", "identity")
+    __slots__ = ("fd", "identity", "path")
 
-    def __init__(self, folder_fd: int, wanted: bool) -> None:
+    def __init__(self, folder_fd: int, wanted: bool, path: str | None = None) -> None:
         self.fd: int | None = None
         self.identity: tuple[int, int] | None = None
+        self.path = path
         if wanted:
             fd = open_folder(folder_fd)
             try:
@@ -272,7 +277,7 @@ class Pledge:
     def keep(self) -> None:
         """Our lock is published: the proof stays held until the lock is let go."""
         if self.fd is not None and self.identity is not None:
-            keep(self.identity, self.fd)
+            keep(self.identity, self.fd, self.path)
             self.fd = None
 
     def __exit__(self, *_exc: object) -> None:
@@ -281,23 +286,31 @@ class Pledge:
             self.fd = None
 
 
-def keep(identity: tuple[int, int], fd: int) -> None:
+def keep(identity: tuple[int, int], fd: int, path: str | None = None) -> None:
     """Remember the folder descriptor ``fd`` (holding the proof) as this process's proof for
-    the folder ``identity`` (any earlier one is closed: a process holds a feature's lock once)."""
+    the folder ``identity`` (any earlier one is closed: a process holds a feature's lock once),
+    found again by ``path`` (the folder's path as it was opened) too."""
     with _HELD_MUTEX:
         earlier = _HELD.pop(identity, None)
         _HELD[identity] = fd
+        if path is not None:
+            _PATHS[path] = identity
     if earlier is not None and earlier != fd:
         _close_quietly(earlier)
 
 
-def forget(folder_fd: int) -> None:
-    """This process no longer holds the lock of the folder ``folder_fd``: let go of its proof
-    (nothing if there is none; no system call when this process holds no proof at all)."""
+def forget(folder_fd: int, path: str | None = None) -> None:
+    """This process no longer holds the lock of the folder ``folder_fd`` (opened as ``path``):
+    let go of its proof (nothing if there is none; no system call when this process holds no
+    proof at all, or holds it under that very path)."""
     if not _HELD:
         return
+    known = None if path is None else _PATHS.pop(path, None)
+    # A folder replaced at that path since: its old proof goes too (its owner, this process,
+    # is alive and judged so by its exact process; never two holders).
+    identity = known if known is not None and known in _HELD else _identity(folder_fd)
     with _HELD_MUTEX:
-        fd = _HELD.pop(_identity(folder_fd), None)
+        fd = _HELD.pop(identity, None)
     if fd is not None:
         _close_quietly(fd)
 
@@ -308,6 +321,7 @@ def let_go_of_all() -> None:
     with _HELD_MUTEX:
         held = list(_HELD.values())
         _HELD.clear()
+        _PATHS.clear()
     for fd in held:
         _close_quietly(fd)
 

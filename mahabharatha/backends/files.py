@@ -275,7 +275,7 @@ class FileBackend:
             assert dfd is not None
             # A lock taken for another pid (the CLI's caller) carries no proof: it would die
             # with us. Ours does: a descriptor of the folder holds it while we hold the lock.
-            pledge = proof.Pledge(dfd, wanted=requester.pid == os.getpid())
+            pledge = proof.Pledge(dfd, requester.pid == os.getpid(), _folder(self.gsd_dir, feature))
             with pledge as proof_fd:
                 outcome = lockfile.try_acquire(
                     dfd, requester.pid, now, rule, requester.details, proof_fd
@@ -314,7 +314,8 @@ class FileBackend:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             fresh = None if dfd is None else lockfile.replace_if_unchanged(dfd, held.handle, record)
             if fresh is None and dfd is not None:
-                proof.forget(dfd)  # not ours any more: our proof must not keep theirs alive
+                # Not ours any more: our proof must not keep theirs alive.
+                proof.forget(dfd, _folder(self.gsd_dir, held.feature))
         if fresh is None:
             raise LockLostError(held.feature)
         return _held(held.feature, held.pid, now, fresh)
@@ -324,7 +325,7 @@ class FileBackend:
             if dfd is None:
                 return False
             released = lockfile.release_mine(dfd, held.handle)
-            proof.forget(dfd)
+            proof.forget(dfd, _folder(self.gsd_dir, held.feature))
             return released
 
     def work_proof(self, held: Held) -> proof.WorkProof | None:
@@ -347,7 +348,7 @@ class FileBackend:
             now = _utils.now()
             outcome, snapshot = lockfile.release_at(dfd, pid, now, force=force)
             if pid == os.getpid():
-                proof.forget(dfd)
+                proof.forget(dfd, _folder(self.gsd_dir, feature))
         if outcome is ReleaseOutcome.NOTHING:
             return False
         if outcome is ReleaseOutcome.RELEASED:
@@ -446,7 +447,7 @@ class FileBackend:
                 _publish_marker(dfd, stamp + "\n")
             lockfile.release_mine(dfd, mine)
             if pid == os.getpid():
-                proof.forget(dfd)
+                proof.forget(dfd, _folder(self.gsd_dir, feature))
         return stamp
 
     def reopen(self, feature: str) -> bool:
@@ -530,6 +531,11 @@ class FileBackend:
                     skipped.add(feature, type(error)(error.errno, error.strerror, path))
                     continue
             found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
+
+
+def _folder(gsd_dir: str | os.PathLike[str], feature: str) -> str:
+    """The feature folder's path as :class:`OpenFeatureDir` opens it (the proof's key)."""
+    return lockfile.folder_path(gsd_dir, feature)
 
 
 def _remove_judged(

@@ -222,7 +222,7 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
         with OpenFeatureDir(gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
             # A descriptor of the folder holds our proof of life while we hold the lock.
-            pledge = proof.Pledge(dfd, wanted=True)
+            pledge = proof.Pledge(dfd, True, folder_path(gsd_dir, feature))
             with pledge as proof_fd:
                 won = try_acquire(dfd, os.getpid(), time.time(), proof_fd=proof_fd).acquired
                 if won:
@@ -238,7 +238,8 @@ def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
     with OpenFeatureDir(gsd_dir, feature, create=False) as dfd:
         if dfd is not None:
             release_at(dfd, os.getpid(), time.time())
-            proof.forget(dfd)  # ours or not, this process holds the lock no more
+            # Ours or not, this process holds the lock no more.
+            proof.forget(dfd, folder_path(gsd_dir, feature))
 
 
 def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float | int] | None:
