@@ -34,9 +34,20 @@ namespace for the same reason: ``lock run``'s final release gave up after 0.5 s 
 (exit 3) and left its lock, which only ``--reclaim-dead`` in the owner's namespace recovers (it
 now waits for the lease to be broken: ``tests/cli/test_storm_liveness.py``).
 
+Issue 16 adds the ways work leaves a process group (``ESCAPES``): a command's child that
+calls ``setsid``, a relay of short-lived stages, CMD under GNU ``timeout``; and the killer sends
+SIGTERM (forwarded to CMD's group) as well as SIGKILL. The occupancy is held by the work
+itself, so an escaped child that still works while another runner enters is an overlap. A
+forced release is not part of the storm: it is an override, and its holder's command is
+stopped (TERM, a grace, KILL) while the next holder may already run. With the proof of life
+switched off by hand (``proof.supported()`` returning False, not committed) seeds 1 and 2 both
+gave overlaps (seed 1: more than six, among them plain, ``timeout``, ``setsid`` and relay runs);
+with it, none.
+
 Size: ``MAHABHARATHA_STRESS`` host runs of ``lock run`` (default ``DEFAULT_RUNS``, about 15 s on
 two loaded cores), a third as many in PID namespaces; claimers go on while runs remain. Pin the
-randomness with ``MAHABHARATHA_STORM_SEED`` (the report printed with ``-s`` names the seed).
+randomness with ``MAHABHARATHA_STORM_SEED`` (default: seed 1, the same storm every run; the
+report printed with ``-s`` names the seed).
 Synchronisation is by process exits, pipes and pidfds; the only sleeps are the randomness
 (killer and lease delays) and the commands' work.
 
@@ -116,7 +127,7 @@ LEASE_HOLD: Final = (0.4, 1.4)
 
 COMMAND: Final = r"""
 import fcntl, os, sys, time
-occupancy, log, marks, label, work = sys.argv[1:6]
+occupancy, log, marks, label, work, escape = sys.argv[1:7]
 def note(event):
     with open(log, "a") as out:
         out.write(f"{event} {label} {os.getpid()} {time.monotonic():.6f}\n")
@@ -131,13 +142,29 @@ except BlockingIOError:  # another command of this feature still runs: two holde
 note("enter")
 child = os.fork()
 if child == 0:  # keeps the occupancy (inherited descriptor) for the whole work
+    if escape == "setsid":  # the work leaves CMD's group and session
+        os.setsid()
+    stages = 3 if escape == "relay" else 0
+    for _ in range(stages):  # a relay: each stage starts the next in the background, exits
+        if os.fork():
+            os._exit(0)
     time.sleep(float(work))
     note("leave")
     os._exit(0)
 os.close(fd)
-os.waitpid(child, 0)
+if escape == "none":
+    os.waitpid(child, 0)
 """
-"""CMD of ``lock run``: argv occupancy-file log marks-dir label work-seconds."""
+"""CMD of ``lock run``: argv occupancy-file log marks-dir label work-seconds escape. With
+``escape`` other than ``none`` CMD does not wait for its child: the work goes on without it,
+in a session of its own (``setsid``) or as a relay of short-lived stages (``relay``)."""
+
+ESCAPES: Final = (("none", 0.4), ("setsid", 0.2), ("relay", 0.2), ("timeout", 0.2))
+"""How a run's work leaves (issue 16): not at all; ``setsid``; a relay; CMD under GNU
+``timeout`` (which moves it to a group of its own). Shares of the runs."""
+SIGTERM_SHARE: Final = 0.3
+"""Of the killer's signals to runners, this share is SIGTERM (forwarded to CMD's group, then
+``lock run`` waits for what is left of its work), the rest SIGKILL."""
 
 CLAIMER: Final = r"""
 import fcntl, os, subprocess, sys, time
@@ -225,9 +252,14 @@ def storm_runs() -> int:
     return value
 
 
+DEFAULT_SEED: Final = 1
+"""A fixed seed by default: every CI run plays the same storm (a weakened rule caught by one
+seed of three would otherwise come and go); ``MAHABHARATHA_STORM_SEED`` plays others."""
+
+
 def storm_seed() -> int:
     raw = os.environ.get("MAHABHARATHA_STORM_SEED", "").strip()
-    return int(raw) if raw else random.SystemRandom().randrange(1 << 32)
+    return int(raw) if raw else DEFAULT_SEED
 
 
 @dataclass
@@ -300,9 +332,10 @@ class Victims:
                 return
             pid = rng.choice(sorted(self.pidfds))
             kind, pidfd = self.pidfds[pid]
+            term = kind == "runner" and rng.random() < SIGTERM_SHARE
             with contextlib.suppress(ProcessLookupError):  # it has just exited
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                self.kills[kind] += 1
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM if term else signal.SIGKILL)
+                self.kills[f"{kind}-term" if term else kind] += 1
 
 
 class Conductor:
@@ -370,12 +403,15 @@ class Conductor:
         number = 0
         while self.more(in_namespace):
             number += 1
-            label = f"{kind}-{index}-{number}"
+            escape = rng.choices([e for e, _ in ESCAPES], [w for _, w in ESCAPES])[0]
+            label = f"{kind}-{index}-{number}-{escape}"
             command = [
                 sys.executable, "-c", COMMAND,
                 self.plan.occupancy / FEATURE, self.plan.log, self.plan.marks, label,
-                work_seconds(rng),
+                work_seconds(rng), "none" if escape == "timeout" else escape,
             ]  # fmt: skip
+            if escape == "timeout":
+                command = ["timeout", "60", *command]
             argv = cli_argv(
                 "lock", "run", FEATURE, "--gsd-dir", self.plan.gsd, "--reclaim-dead",
                 "--timeout", RUN_TIMEOUT_ARG, "--", *command,
@@ -661,7 +697,7 @@ def test_the_detector_sees_two_commands_at_once(tmp_path: Path) -> None:
     occupancy = tmp_path / "occupancy" / FEATURE
     argv = [
         sys.executable, "-c", COMMAND, occupancy, tmp_path / "occupancy.log",
-        tmp_path / "overlaps", "second", "0",
+        tmp_path / "overlaps", "second", "0", "none",
     ]  # fmt: skip
     with open(occupancy, "wb") as first:
         fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
