@@ -542,7 +542,8 @@ def feature_dir_path(gsd_dir: str | os.PathLike[str], feature: str) -> Path:
 
 def folder_path(gsd_dir: str | os.PathLike[str], feature: str) -> str:
     # A plain string: building a Path costs more than the system call it names (hot path).
-    return f"{os.fspath(gsd_dir)}/specs/{feature}"
+    # An empty gsd_dir is today's directory, as for pathlib and os.path.join (never "/specs").
+    return f"{os.fspath(gsd_dir) or '.'}/specs/{feature}"
 
 
 def _refuse_folder(folder: str, error: OSError) -> UnsafeLockPathError:
