@@ -151,6 +151,12 @@ def owner_is_gone(info: LockInfo) -> bool:
 def describe_holder(info: LockInfo) -> str:
     """Who holds a lock, whether it is still running, since when and until when (the caller
     adds what to do about it)."""
+    if info.state not in HELD_STATES and info.state is not State.FREE:
+        # A stale, corrupt or odd lock that stopped us: its folder's guard stayed busy.
+        return (
+            f"feature {info.feature!r} has a {info.state} lock that could not be taken: "
+            "another process holds its folder's guard (removing that lock, or stuck)"
+        )
     if info.pid is None:
         return f"feature {info.feature!r} is locked ({info.state})"
     age = format_duration(info.age_seconds or 0.0)

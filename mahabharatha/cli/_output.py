@@ -16,7 +16,7 @@ import typer
 
 from mahabharatha import runner
 from mahabharatha.backends import open_backend
-from mahabharatha.backends.base import LockBackend, UnsupportedError
+from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
@@ -326,6 +326,8 @@ def what_to_do(busy: LockHeldError) -> str:
     otherwise wait (never advised again once a wait has run out) or ask its owner."""
     if owner_is_gone(busy.info):
         return RECLAIM_DEAD_ADVICE
+    if busy.info.state not in HELD_STATES:
+        return "try again in a moment (nobody holds it; `lock check` says the same)"
     if isinstance(busy, LockTimeoutError):
         return "still held after the wait; ask its owner to release it, or try again later"
     return "wait for it with --wait SECONDS, or ask its owner"

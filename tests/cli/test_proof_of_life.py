@@ -12,6 +12,7 @@ stdin; every process a test starts is ended and reaped.
 from __future__ import annotations
 
 import errno
+import fcntl
 import multiprocessing
 import os
 import signal
@@ -397,3 +398,27 @@ def test_a_cli_adopted_by_a_reaper_never_records_it_as_the_owner(tmp_path: Path,
     out, _ = child.communicate(timeout=SYNC_TIMEOUT)  # EOF: the grandchild has ended too
     assert out.startswith("refused "), out
     assert "--pid" in out
+
+
+# --------------------------------------------------------------------------- item 13
+
+
+def test_a_stale_lock_under_a_busy_guard_is_not_called_held_by_its_owner(
+    tmp_path: Path, gsd: Path
+) -> None:
+    """Fails before the fix: while another process kept the folder's guard, ``acquire`` said
+    "locked by pid N ... ask its owner" about a stale lock that ``check`` called free."""
+    folder = gsd / "specs" / FEATURE
+    folder.mkdir(parents=True)
+    (folder / ".lock").write_text("4242:1000.5")  # stale for decades
+    guard = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # another process mid-removal, or stuck
+        refused = run_cli("lock", "acquire", FEATURE, "--gsd-dir", gsd, cwd=tmp_path)
+        checked = run_cli("lock", "check", FEATURE, "--gsd-dir", gsd, cwd=tmp_path)
+    finally:
+        os.close(guard)
+    assert refused.returncode == 1, refused.stderr
+    assert "stale lock that could not be taken" in refused.stderr, refused.stderr
+    assert "ask its owner" not in refused.stderr
+    assert checked.returncode == 0, checked.stderr
