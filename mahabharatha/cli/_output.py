@@ -232,8 +232,16 @@ def wait_seconds(wait: float | None, nonblock: bool, default: float | None) -> f
     return default if wait is None else wait
 
 
-_FIRST_PARENT: Final = os.getppid()
-"""Our parent when the CLI started: a reaper that adopts us later is not our caller."""
+_FIRST_PARENT: list[int] = [os.getppid()]
+"""Our parent when the CLI started (or this process was forked): a reaper that adopts us
+later is not our caller."""
+
+
+def _note_parent_after_fork() -> None:
+    _FIRST_PARENT[0] = os.getppid()  # a forked child (a test's, a pool's) starts here
+
+
+os.register_at_fork(after_in_child=_note_parent_after_fork)
 
 
 def default_owner(pid: int | None) -> int:
@@ -246,7 +254,7 @@ def calling_process() -> int:
     shell SIGKILLed while its ``lock claim`` started) is adopted by pid 1 or a subreaper, which
     never dies, and recording it would strand the feature for two hours."""
     parent = os.getppid()
-    if parent == 1 or parent != _FIRST_PARENT or _adopted_by(parent):
+    if parent == 1 or parent != _FIRST_PARENT[0] or _adopted_by(parent):
         raise typer.BadParameter(
             f"the process that ran mahabharatha has exited (pid {parent} adopted this one and "
             "is not its caller); pass --pid PID to name the owner"

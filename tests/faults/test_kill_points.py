@@ -35,7 +35,7 @@ from typing import Any, Final
 import psutil  # noqa: F401  (imported before forking: children must not import it mid-count)
 import pytest
 
-from mahabharatha import lockfile, locks, ownership
+from mahabharatha import lockfile, locks, ownership, proof
 from mahabharatha.commands import _utils
 from tests.faults._kills import (
     Expectation,
@@ -323,7 +323,7 @@ def _await_line(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> bytes:
     return proc.stdout.readline()
 
 
-def _reap_group(proc: subprocess.Popen[bytes]) -> None:
+def _reap_group(proc: subprocess.Popen[bytes], gsd: Path) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -336,6 +336,23 @@ def _reap_group(proc: subprocess.Popen[bytes]) -> None:
         if time.monotonic() > deadline:
             raise HarnessError("lock run's process group outlived SIGKILL")
         os.sched_yield()
+    # Race: CMD leads a group of its own and gets the parent-death signal asynchronously;
+    # while it lives its proof of life keeps the lock rightly alive. Wait for the proof.
+    while _proof_held(gsd):
+        if time.monotonic() > deadline:
+            raise HarnessError("lock run's command outlived its parent-death signal")
+        os.sched_yield()
+
+
+def _proof_held(gsd: Path) -> bool:
+    try:
+        folder = os.open(gsd / "specs" / FEATURE, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return False
+    try:
+        return proof.life_of(folder) is proof.Life.HELD
+    finally:
+        os.close(folder)
 
 
 @pytest.mark.timeout(TIMEOUT)
@@ -360,7 +377,7 @@ def test_lock_run_killed_mid_heartbeat_leaves_its_whole_lock_which_is_reclaimed(
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
         finally:
-            _reap_group(proc)
+            _reap_group(proc, gsd)
         TALLY.kills += 1
         expect = Expectation()
         if turn:
