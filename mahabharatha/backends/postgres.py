@@ -74,6 +74,14 @@ RUN_LEASE_SECONDS: Final = 60.0
 within a minute, and a heartbeat may miss twice (a server restart, a lost connection) first."""
 CONNECT_TIMEOUT_SECONDS: Final = 5.0
 """How long a command waits for the server (to connect, and for any one answer)."""
+CLIENT_ENCODING: Final = "UTF8"
+"""Always the package's choice: on a ``SQL_ASCII`` database (initdb's default under the C locale)
+the database's own makes psycopg answer ``bytes`` for text (a refresh that never matched its
+feature, ``check`` naming ``b'G-0'``)."""
+MAX_NAMESPACE_BYTES: Final = 200
+"""A namespace travels in every release's NOTIFY payload, which the server caps at 8,000 bytes
+(``payload string too long``: release, ``--force`` and ``done`` failed); 200 is plenty for a
+repository's ``host/org/repo``."""
 MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 """libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
@@ -332,6 +340,16 @@ RETURNING feature, {_NOTIFY}"""
 
 _SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha_schema"
 
+_SESSION_SET_UP: Final = """
+SELECT pg_is_in_recovery(), current_setting('transaction_read_only'),
+    set_config('synchronous_commit', 'on', false)"""
+"""Run once per connection. ``synchronous_commit`` pinned ``on`` (any role may set it): with
+``off`` on the server, database or role, a commit is acknowledged before its WAL is written,
+and a crash (any backend SIGKILLed: the server restarts) forgot acknowledged locks and rewound
+the token sequence (two holders, one token verifying for both). A standby, or a session that is
+read-only (``default_transaction_read_only``), is refused: it would answer reads such as
+``verify`` and ``check`` from a copy that may be behind the primary."""
+
 
 # --------------------------------------------------------------------------- connections
 
@@ -542,16 +560,42 @@ class PostgresBackend:
                 self._registered.clear()  # prepared statements live and die with their connection
             return self._conn
 
-    def _connect(self) -> _Connection:
-        """A new autocommit connection, its statements bounded by ``--connect-timeout``."""
+    def _connect(self, application_name: str = "mahabharatha") -> _Connection:
+        """A new autocommit connection, its statements bounded by ``--connect-timeout``, set
+        up by :meth:`_set_up_session` (durable commits, a primary's, text as ``str``)."""
         conn = _Connection.connect(
             self._url,
             autocommit=True,
             connect_timeout=self._connect_timeout_arg(),
-            application_name="mahabharatha",
+            application_name=application_name,
+            client_encoding=CLIENT_ENCODING,
         )
         conn.deadline = self.connect_timeout
+        try:
+            self._set_up_session(conn)
+        except BaseException:
+            with suppress(psycopg.Error, OSError):
+                conn.close()
+            raise
         return conn
+
+    def _set_up_session(self, conn: _Connection) -> None:
+        """Pin what the server's, database's or role's settings may not decide for us, and
+        refuse a session that cannot keep a lock: one round trip per connection."""
+        found = conn.execute(_SESSION_SET_UP, prepare=False).fetchone()
+        assert found is not None
+        in_recovery, read_only, _ = found
+        if in_recovery:
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): it is a standby (in recovery), which "
+                "cannot keep locks: point the lock URL at the primary"
+            )
+        if read_only == "on":
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): its sessions are read-only "
+                "(default_transaction_read_only is on for this server, database or role), "
+                "which cannot keep locks: point the lock URL at the primary, or turn it off"
+            )
 
     def close(self) -> None:
         for conn in (self._conn, self._listener):
@@ -1060,12 +1104,7 @@ class PostgresBackend:
         tries again, and any release after that wakes it)."""
         if self._listener is None or self._listener.closed:
             try:
-                self._listener = psycopg.Connection.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=self._connect_timeout_arg(),
-                    application_name="mahabharatha-wait",
-                )
+                self._listener = self._connect("mahabharatha-wait")
                 self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             except psycopg.Error as error:
                 self._listener = None

@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -102,6 +103,8 @@ class PgServer:
     base: Path
     port: int
     user: str | None
+    settings: dict[str, str] = field(default_factory=dict)
+    """Server settings (``-c name=value``) besides the suite's own, e.g. ``max_connections``."""
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -174,6 +177,7 @@ class PgServer:
             f"-k {self.socket_dir} -p {self.port} -h 127.0.0.1 -c fsync=off "
             "-c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB"
         )
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run(
             "pg_ctl",
             "-D",
@@ -224,15 +228,16 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def start_server() -> PgServer:
-    """initdb, start, create the roles; the caller stops and cleans up."""
+def start_server(settings: dict[str, str] | None = None) -> PgServer:
+    """initdb, start (with ``settings`` besides the suite's own), create the roles; the caller
+    stops and cleans up."""
     bindir = server_bindir()
     if bindir is None:
         raise RuntimeError(INSTALL_HINT)
     user = _server_user()
     # Under root: /tmp, where the server's user can reach the folder (TMPDIR may be private).
     base = Path(tempfile.mkdtemp(prefix="mh-pg-", dir="/tmp" if user else None))
-    server = PgServer(bindir, base, _free_port(), user)
+    server = PgServer(bindir, base, _free_port(), user, dict(settings or {}))
     try:
         server.init()
         server.start()
@@ -242,6 +247,58 @@ def start_server() -> PgServer:
         server.cleanup()
         raise
     return server
+
+
+@contextlib.contextmanager
+def private_server(settings: dict[str, str] | None = None) -> Iterator[PgServer]:
+    """A server of the test's own, configured with ``settings`` (for faults that would disturb
+    the shared one: crash restarts, server-wide settings); stopped and removed after."""
+    missing = client_missing()
+    if missing is not None:
+        import pytest
+
+        pytest.skip(missing)
+    server = start_server(settings)
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+        server.cleanup()
+
+
+def crash_restart(server: PgServer) -> None:
+    """SIGKILL one server process (the OOM killer's way): the postmaster ends every session,
+    drops shared memory (WAL not yet written with it) and recovers from the WAL on disk.
+    Returns once the server accepts connections again."""
+    import psycopg
+
+    witness = psycopg.connect(server.admin_url(), autocommit=True)
+    with psycopg.connect(server.admin_url(), autocommit=True) as victim:
+        found = victim.execute("SELECT pg_backend_pid()").fetchone()
+        assert found is not None
+        os.kill(int(found[0]), signal.SIGKILL)
+
+    def witness_ended() -> bool:  # the reset has begun: every session was ended
+        try:
+            witness.execute("SELECT 1")
+        except psycopg.Error:
+            return True
+        return False
+
+    try:
+        assert wait_until(witness_ended, timeout=START_TIMEOUT_SECONDS), "no crash reset"
+    finally:
+        witness.close()
+
+    def answers() -> bool:
+        try:
+            with psycopg.connect(server.admin_url(), autocommit=True, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
+
+    assert wait_until(answers, timeout=START_TIMEOUT_SECONDS), "no crash restart"
 
 
 def wait_until(predicate: object, timeout: float = 10.0) -> bool:

@@ -1,0 +1,161 @@
+"""Any server configuration (issue 17): what the server's, a database's or a role's settings
+would let the server forget or answer wrongly, the backend pins or refuses.
+
+Each test configures a real server as the item needs (the shared one where a database or role
+setting is enough, a private one for a crash restart) and says how it failed before."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+import pytest
+
+from mahabharatha import ownership
+from mahabharatha.backends.base import BackendError, Requester
+from tests.support.postgres import (
+    PgServer,
+    admin_execute,
+    crash_restart,
+    private_server,
+)
+
+
+def me() -> Requester:
+    return Requester(os.getpid(), ownership.details_of(os.getpid()))
+
+
+# --------------------------------------------------------------------------- durability
+
+WAL_WRITER_DELAY: Final = "10s"
+"""The longest the server allows: an asynchronous commit's WAL stays in shared memory (lost in
+a crash restart) until the WAL writer's next round, so the test's acquire-then-crash window
+(well under a second) almost never straddles one."""
+
+
+@pytest.fixture(scope="module")
+def lazy_server() -> Iterator[PgServer]:
+    """A private server where commits are not durable unless a session asks: the database's
+    ``synchronous_commit`` is off (a common tuning), and the WAL writer rarely runs."""
+    with private_server({"wal_writer_delay": WAL_WRITER_DELAY}) as server:
+        admin_execute(server, "ALTER DATABASE mh SET synchronous_commit = off")
+        yield server
+
+
+def _backend_on(server: PgServer, tmp_path: Any) -> Any:
+    from mahabharatha.backends.postgres import PostgresBackend
+
+    return PostgresBackend(
+        server.url(), namespace=f"ns-{uuid.uuid4().hex[:8]}", gsd_dir=str(tmp_path)
+    )
+
+
+def test_sessions_pin_synchronous_commit_whatever_the_database_says(
+    lazy_server: PgServer, tmp_path: Any
+) -> None:
+    """Failed before: the session kept the database's ``off``."""
+    backend = _backend_on(lazy_server, tmp_path)
+    try:
+        backend.inspect("feat")
+        setting = backend._connection().execute("SHOW synchronous_commit").fetchone()
+        assert setting == ("on",)
+    finally:
+        backend.close()
+
+
+def test_an_acknowledged_lock_and_its_token_survive_a_crash_restart(
+    lazy_server: PgServer, tmp_path: Any
+) -> None:
+    """Acquire (acknowledged), then a server process is SIGKILLed and the server recovers from
+    its WAL. Failed before: the row and the sequence's advance were gone; a second caller got
+    the lock, with a token not larger than the first's."""
+    first = _backend_on(lazy_server, tmp_path)
+    try:
+        first.init()
+        before = first.try_acquire("old", me()).held
+        assert first.release_held(before)
+        held = first.try_acquire("feat", me()).held
+        assert held is not None and held.token > before.token
+        crash_restart(lazy_server)
+        assert first.inspect("feat").pid == os.getpid()
+        assert first.verify("feat", held.token)
+        assert first.try_acquire("feat", Requester(1)).held is None
+        after = first.try_acquire("other", Requester(1)).held
+        assert after is not None and after.token > held.token
+    finally:
+        first.close()
+
+
+# --------------------------------------------------------------------------- a database of its own
+
+
+@pytest.fixture
+def database(pg_server: PgServer) -> Iterator[Callable[..., str]]:
+    """Make a throw-away database on the shared server (owned by the app role, with the given
+    ``CREATE DATABASE`` options and ``ALTER DATABASE ... SET`` settings); its URL."""
+    made: list[str] = []
+
+    def make(*, options: str = "", settings: dict[str, str] | None = None) -> str:
+        name = f"mh_{uuid.uuid4().hex[:10]}"
+        admin_execute(pg_server, f"CREATE DATABASE {name} OWNER mh_app {options}")
+        made.append(name)
+        for setting, value in (settings or {}).items():
+            admin_execute(pg_server, f"ALTER DATABASE {name} SET {setting} = {value}")
+        return pg_server.url(database=name)
+
+    yield make
+    for name in made:
+        admin_execute(pg_server, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_a_sql_ascii_database_answers_text(database: Callable[..., str], tmp_path: Any) -> None:
+    """initdb's default under the C locale. Failed before: psycopg answered ``bytes`` for text:
+    the refresh matched nothing (lost lock), status and check named ``b'feat'``."""
+    from mahabharatha.backends.postgres import PostgresBackend
+
+    url = database(options="ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    backend: Any = PostgresBackend(url, namespace="ns-ascii", gsd_dir=str(tmp_path))
+    try:
+        held = backend.try_acquire("feat", me(), lease=60).held
+        assert held is not None and held.feature == "feat"
+        assert backend.refresh(held).token == held.token
+        assert [info.feature for info in backend.status()] == ["feat"]
+        assert backend.inspect("feat").host == backend._host
+        claimed = backend.try_claim(["a", "b"], me()).held
+        assert claimed is not None and claimed.feature == "a"
+        assert backend.try_claim(["a", "b"], me()).held.feature == "b"  # the registered claim
+    finally:
+        backend.close()
+
+
+def test_a_read_only_database_is_refused_for_reads_too(
+    database: Callable[..., str], pg_server: PgServer, tmp_path: Any
+) -> None:
+    """Every session of the database is read-only (``default_transaction_read_only``, as on a
+    standby; a real hot standby is not started here: the same refusal answers it, by
+    ``pg_is_in_recovery()``). Failed before: ``verify`` of a token answered from it (exit 0) and
+    ``inspect`` named the holder; now every call is a BackendError naming the server."""
+    from mahabharatha.backends.postgres import PostgresBackend
+
+    url = database()
+    writer: Any = PostgresBackend(url, namespace="ns-ro", gsd_dir=str(tmp_path))
+    held = writer.try_acquire("feat", me()).held
+    writer.close()
+    name = url.rsplit("/", 1)[1]
+    admin_execute(pg_server, f"ALTER DATABASE {name} SET default_transaction_read_only = on")
+    reader = PostgresBackend(url, namespace="ns-ro", gsd_dir=str(tmp_path))
+    try:
+        for call in (
+            lambda: reader.verify("feat", held.token),
+            lambda: reader.inspect("feat"),
+            lambda: reader.status(),
+            lambda: reader.try_acquire("other", me()),
+        ):
+            with pytest.raises(BackendError) as refused:
+                call()
+            assert reader.where() in str(refused.value)
+            assert "read-only" in str(refused.value) and "primary" in str(refused.value)
+    finally:
+        reader.close()
