@@ -134,11 +134,13 @@ which since PostgreSQL 14 computes a ``numeric`` first: about 7 µs of server ti
 _TAKE_SET: Final = """pid = %(pid)s, details = %(details)s, host = %(host)s, attempt = %(attempt)s,
     lease = make_interval(secs => %(lease)s), acquired_at = now(), refreshed_at = now(),
     expires_at = now() + make_interval(secs => %(lease)s),
-    token = nextval('mahabharatha_lock_token'),
+    token = greatest(nextval('mahabharatha_lock_token'), l.token + 1),
     prev_pid = l.pid, prev_details = l.details, prev_refreshed_at = l.refreshed_at,
     prev_expires_at = l.expires_at"""
-"""Taking a row: the new holder, a token drawn while the row is locked (so larger than every
-token the row had), and the old holder kept for the audit trail (``replaced``)."""
+"""Taking a row: the new holder, a token drawn while the row is locked and never below the
+row's last one plus one (a sequence reset, or restored behind the table, would otherwise hand
+out a token a still-working old holder has: its ``verify`` passed), and the old holder kept for
+the audit trail (``replaced``)."""
 
 _TAKEABLE: Final = """(l.pid IS NULL OR l.expires_at < now() OR l.token = ANY(%(judged)s::bigint[])
     OR l.attempt = %(attempt)s)"""
@@ -339,6 +341,16 @@ WHERE namespace = %(ns)s AND pid IS NOT NULL AND feature = ANY(%(features)s::tex
 RETURNING feature, {_NOTIFY}"""
 
 _SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha_schema"
+
+_SEQUENCE_MISSING: Final = "SELECT to_regclass('mahabharatha_lock_token') IS NULL"
+_TABLE_EXISTS: Final = "SELECT to_regclass('mahabharatha_locks') IS NOT NULL"
+_ROWS_EXIST: Final = "SELECT EXISTS (SELECT FROM mahabharatha_locks)"
+_SEQUENCE_ABOVE_ROWS: Final = """
+SELECT setval('mahabharatha_lock_token', greatest(
+    (SELECT max(token) FROM mahabharatha_locks),
+    (SELECT last_value FROM mahabharatha_lock_token)))"""
+"""``lock init`` puts a sequence made again (dropped, or a table restored without it) above every
+token the rows hold."""
 
 _SESSION_SET_UP: Final = """
 SELECT pg_is_in_recovery(), current_setting('transaction_read_only'),
@@ -698,18 +710,19 @@ class PostgresBackend:
     # ------------------------------------------------------------------ schema
 
     def init(self) -> int:
-        """Create the tables (idempotent); the schema version. Needs DDL rights once; afterwards
-        the role that uses them needs only SELECT, INSERT, UPDATE, DELETE (and USAGE on the
-        token sequence)."""
+        """Create the tables (idempotent), or make the token sequence again when it was lost
+        (above every token in the rows); the schema version. Needs DDL rights then; otherwise
+        it runs no DDL, and the role that uses the tables needs only SELECT, INSERT, UPDATE,
+        DELETE (and USAGE on the token sequence)."""
         version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]  # first use creates the tables
-        if version is None or version < SCHEMA_VERSION:
+        if version is not None and version > SCHEMA_VERSION:
+            raise self._newer_schema(int(version))
+        if version is None or version < SCHEMA_VERSION or self._rows(_SEQUENCE_MISSING, {})[0][0]:
             try:
-                self._create_schema()
+                self._create_schema(repair=True)
             except psycopg.Error as cause:
                 raise self._error(cause) from None
             version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]
-        elif version > SCHEMA_VERSION:
-            raise self._newer_schema(int(version))
         return int(version)
 
     def _newer_schema(self, version: int) -> BackendError:
@@ -718,21 +731,43 @@ class PostgresBackend:
             f"{version}, newer than this mahabharatha knows ({SCHEMA_VERSION}): upgrade it"
         )
 
-    def _create_schema(self) -> None:
+    def _create_schema(self, *, repair: bool = False) -> None:
         # Race: other threads' statements on the shared connection would run inside this
         # transaction (psycopg nests a second creation as a savepoint): a thread told "held"
         # whose row is never committed. The tables are made on a connection of their own.
         with self._connect() as conn:
-            self._create_schema_on(conn)
+            self._create_schema_on(conn, repair=repair)
 
-    def _create_schema_on(self, conn: _Connection) -> None:
+    def _create_schema_on(self, conn: _Connection, *, repair: bool = False) -> None:
+        """First use (or ``lock init``: ``repair``) makes what is missing. A token sequence
+        missing next to rows is never made again silently at 1 (a reset sequence handed a new
+        holder an old holder's token): only ``lock init`` does, above the rows' tokens."""
+        advisory, *statements = _SCHEMA_DDL
         with conn.transaction():
-            for statement in _SCHEMA_DDL:
+            conn.execute(advisory)  # Race: two first uses creating the tables at once
+            if not repair and self._sequence_lost(conn):
+                raise BackendError(
+                    f"lock server {self._server} (PostgreSQL): the token sequence "
+                    "mahabharatha_lock_token is missing next to existing locks (dropped, or the "
+                    "table restored without it): run 'mahabharatha lock init' to make it again "
+                    "above every token given out"
+                )
+            for statement in statements:
                 conn.execute(statement)
+            if repair:
+                conn.execute(_SEQUENCE_ABOVE_ROWS)
             found = conn.execute(_SCHEMA_VERSION_QUERY).fetchone()
         version = found[0] if found else None
         if version is not None and version > SCHEMA_VERSION:
             raise self._newer_schema(int(version))
+
+    @staticmethod
+    def _sequence_lost(conn: _Connection) -> bool:
+        for query in (_SEQUENCE_MISSING, _TABLE_EXISTS, _ROWS_EXIST):
+            found = conn.execute(query).fetchone()
+            if not (found and found[0]):
+                return False
+        return True
 
     # ------------------------------------------------------------------ taking
 

@@ -159,3 +159,75 @@ def test_a_read_only_database_is_refused_for_reads_too(
             assert "read-only" in str(refused.value) and "primary" in str(refused.value)
     finally:
         reader.close()
+
+
+# --------------------------------------------------------------------------- the token sequence
+
+
+@pytest.fixture
+def own_tables(database: Callable[..., str], tmp_path: Any) -> Iterator[tuple[Any, str]]:
+    """A backend on a database of its own (its sequence can be reset without touching the
+    shared server's tokens), and that database's name."""
+    from mahabharatha.backends.postgres import PostgresBackend
+
+    url = database()
+    backend = PostgresBackend(url, namespace="ns-seq", gsd_dir=str(tmp_path))
+    yield backend, url.rsplit("/", 1)[1]
+    backend.close()
+
+
+def _in(pg_server: PgServer, name: str, statement: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_server.url(role="mh_admin", database=name), autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def test_a_features_tokens_grow_after_the_sequence_is_reset(
+    own_tables: tuple[Any, str], pg_server: PgServer
+) -> None:
+    """Failed before: after ``ALTER SEQUENCE ... RESTART`` the next holder got token 1 (an old
+    holder's, whose ``verify`` then passed), by acquire and by claim."""
+    backend, name = own_tables
+    for _ in range(5):
+        backend.release_held(backend.try_acquire("feat", me()).held)
+    last = backend.try_acquire("feat", me()).held
+    backend.release_held(last)
+    _in(pg_server, name, "ALTER SEQUENCE mahabharatha_lock_token RESTART WITH 1")
+    acquired = backend.try_acquire("feat", me()).held
+    assert acquired.token > last.token
+    backend.release_held(acquired)
+    _in(pg_server, name, "ALTER SEQUENCE mahabharatha_lock_token RESTART WITH 1")
+    claimed = backend.try_claim(["feat"], me()).held
+    assert claimed.feature == "feat" and claimed.token > acquired.token
+    backend.release_held(claimed)
+    _in(pg_server, name, "ALTER SEQUENCE mahabharatha_lock_token RESTART WITH 1")
+    registered = backend.try_claim(["feat"], me()).held  # the list's registered statement
+    assert registered.token > claimed.token
+
+
+def test_a_dropped_sequence_is_an_error_naming_lock_init_until_init_makes_it_again(
+    own_tables: tuple[Any, str], pg_server: PgServer
+) -> None:
+    """A dropped sequence (or ``pg_dump -t mahabharatha_locks`` restored without it). Failed
+    before: first use made it again at 1, silently, and handed out an old holder's token."""
+    backend, name = own_tables
+    old = backend.try_acquire("old", me()).held
+    for _ in range(3):
+        backend.release_held(backend.try_acquire("feat", me()).held)
+    _in(pg_server, name, "DROP SEQUENCE mahabharatha_lock_token")
+    with pytest.raises(BackendError) as refused:
+        backend.try_acquire("new", me())
+    assert "lock init" in str(refused.value) and backend.where() in str(refused.value)
+    assert admin_rows(pg_server, name, "SELECT to_regclass('mahabharatha_lock_token')") == [(None,)]
+    backend.init()
+    taken = backend.try_acquire("new", me()).held
+    assert taken.token > old.token  # above every token given out, not only the row's own
+    assert not backend.verify("old", taken.token)
+
+
+def admin_rows(pg_server: PgServer, name: str, query: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(pg_server.url(role="mh_admin", database=name), autocommit=True) as conn:
+        return conn.execute(query).fetchall()
