@@ -501,6 +501,11 @@ class PostgresBackend:
     ) -> None:
         if not namespace:
             raise ValueError("the lock namespace must not be empty")
+        if len(namespace.encode("utf-8", "surrogatepass")) > MAX_NAMESPACE_BYTES:
+            raise ValueError(
+                f"the lock namespace is {len(namespace.encode('utf-8', 'surrogatepass'))} bytes "
+                f"long; at most {MAX_NAMESPACE_BYTES} are allowed: pass a shorter --namespace"
+            )
         if not math.isfinite(connect_timeout) or connect_timeout <= 0:
             raise ValueError(
                 f"connect timeout must be a positive number of seconds, not {connect_timeout}"
