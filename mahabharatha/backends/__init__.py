@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from typing import Any, Final
 
 from mahabharatha.backends.base import LockBackend
@@ -15,6 +16,9 @@ __all__ = ["POSTGRES_EXTRA_HINT", "open_backend"]
 
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 """The URL schemes that name a PostgreSQL server (libpq accepts both)."""
+
+_SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,20})://")
+"""A URL's scheme, the only part of an unknown URL that a message repeats."""
 
 POSTGRES_EXTRA_HINT: Final = "pip install 'mahabharatha[postgres]'"
 """What to run when the PostgreSQL backend or its driver is not installed."""
@@ -33,7 +37,13 @@ def open_backend(
         return FileBackend(gsd_dir)
     if url.startswith(POSTGRES_SCHEMES):
         return _postgres(url, gsd_dir, **options)
-    raise ValueError(f"unknown lock backend URL (expected postgresql://...): {url.split(':')[0]}")
+    # Never the URL itself: a libpq key=value string ("host=db password=...") is all secret.
+    scheme = _SCHEME.match(url)
+    named = f" ({scheme.group(1)}://)" if scheme else ""
+    raise ValueError(
+        f"unknown lock backend URL{named}: expected a postgresql:// or postgres:// URL "
+        "(a libpq key=value string is not accepted)"
+    )
 
 
 def _postgres(url: str, gsd_dir: str | os.PathLike[str], **options: Any) -> LockBackend:

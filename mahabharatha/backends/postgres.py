@@ -389,19 +389,42 @@ class _Server:
         return f"{self.host}:{self.port}/{self.database}"
 
 
+_MUST_BE_ENCODED: Final = re.compile(r"[@/?#\[\] ]|%(?![0-9A-Fa-f]{2})")
+"""What a URL's user name and password may not hold as it is (RFC 3986 userinfo): an ``@`` made
+libpq read the password's end as the host (and print it), a ``%``, space or ``[`` made its
+parse error quote the password."""
+_QUOTED: Final = re.compile(r'".*"', re.S)
+
+
 def _server_of(url: str) -> _Server:
     """host, port and database of ``url`` as libpq would use them (its defaults and PG*
-    variables), for messages only."""
+    variables), for messages only. A URL that libpq cannot parse, or whose password libpq would
+    misread, is refused without a word of it (libpq's own error quotes the part it choked on)."""
+    _refuse_unencoded_userinfo(url)
     try:
         given = conninfo_to_dict(url)
     except psycopg.Error as error:
-        raise ValueError(f"not a valid PostgreSQL URL: {_first_line(error)}") from None
+        reason = _QUOTED.sub("(not shown)", _first_line(error))
+        raise ValueError(f"not a valid PostgreSQL URL: {reason}") from None
     env = os.environ
     host = str(given.get("host") or env.get("PGHOST") or "localhost")
     port = str(given.get("port") or env.get("PGPORT") or "5432")
     user = str(given.get("user") or env.get("PGUSER") or _login_name())
     database = str(given.get("dbname") or env.get("PGDATABASE") or user)
     return _Server(host, port, database)
+
+
+def _refuse_unencoded_userinfo(url: str) -> None:
+    """ValueError (never quoting the URL) when its user name or password holds a character
+    that must be percent-encoded there."""
+    rest = url.partition("://")[2]
+    before_query = rest.partition("?")[0]
+    userinfo = before_query.rpartition("@")[0]
+    if _MUST_BE_ENCODED.search(userinfo):
+        raise ValueError(
+            "not a valid PostgreSQL URL: its user name or password holds a character that must "
+            "be percent-encoded there (@ as %40, / as %2F, % as %25, a space as %20, [ as %5B)"
+        )
 
 
 def _login_name() -> str:
