@@ -622,6 +622,7 @@ class FeatureLock:
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
         self._mine: Held | None = None
+        self._deadline = 0.0  # ``_mine``'s expiry on the monotonic clock (``_with_deadline``)
         self._holder_process: int | None = None  # a forked child shares this object, not the lock
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
         self._stop = threading.Event()
@@ -659,8 +660,7 @@ class FeatureLock:
         process that took it, not a child forked from it)."""
         if self._holder_process != os.getpid():
             return False
-        expires = self.expires_at
-        return expires is not None and _utils.now() <= expires
+        return self.expires_at is not None and not self._expired()
 
     @property
     def expires_at(self) -> float | None:
@@ -699,17 +699,19 @@ class FeatureLock:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
         self._holder_process = os.getpid()
         self._lost_override = on_lost
-        self._mine = acquire(
-            self.feature,
-            self.gsd_dir,
-            pid=self.pid,
-            timeout=self.timeout,
-            reclaim_dead=self.reclaim_dead,
-            on_wait=self.on_wait if on_wait is None else on_wait,
-            command=self.command,
-            caller_pids=self.caller_pids,
-            backend=self.backend,
-            lease=self.lease,
+        self._mine = self._with_deadline(
+            acquire(
+                self.feature,
+                self.gsd_dir,
+                pid=self.pid,
+                timeout=self.timeout,
+                reclaim_dead=self.reclaim_dead,
+                on_wait=self.on_wait if on_wait is None else on_wait,
+                command=self.command,
+                caller_pids=self.caller_pids,
+                backend=self.backend,
+                lease=self.lease,
+            )
         )
         try:
             self.lost = None
@@ -745,7 +747,7 @@ class FeatureLock:
             if self._mine is None:
                 raise LockLostError(self.feature)
             try:
-                self._mine = self.backend.refresh(self._mine)
+                self._mine = self._with_deadline(self.backend.refresh(self._mine))
             except LockLostError:
                 self._mine = None
                 raise
@@ -771,9 +773,20 @@ class FeatureLock:
                 continue
             self.heartbeat_error, interval = None, self.heartbeat
 
+    def _with_deadline(self, mine: Held) -> Held:
+        """Keep ``mine``'s expiry also as a deadline on the monotonic clock, measured now."""
+        self._deadline = monotonic() + (mine.expires_at - _utils.now())
+        return mine
+
     def _expired(self) -> bool:
+        """Past the lease by the wall clock (what other holders judge by on files) or by the
+        monotonic clock. Race: a wall-clock step back during a partition kept the wall-clock
+        rule alone satisfied while the server had already given the lock to another holder
+        (CMD ran on beside it for as long as the step)."""
         expires = self.expires_at
-        return expires is not None and _utils.now() > expires
+        if expires is None:
+            return False
+        return _utils.now() > expires or monotonic() > self._deadline
 
     def _declare_lost(self, error: LockLostError) -> None:
         self.lost = error
