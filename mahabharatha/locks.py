@@ -5,7 +5,9 @@ backend of ``gsd_dir``, :mod:`mahabharatha.backends.files`) and adds what is the
 backend: an explicit owner pid (a CLI process records the shell that called it), waiting with
 backoff, a heartbeat that keeps a long-held lock fresh, signals held back while a lock is being
 published, and ``claim`` over many features. Every public function takes ``backend=`` (a
-:class:`LockBackend`); without one, it uses the folder backend of ``gsd_dir``.
+:class:`LockBackend`, or a lock server's URL); without one, it uses the server
+``MAHABHARATHA_LOCK_URL`` names, else the folder backend of ``gsd_dir`` (every entry point uses
+the same backend as the CLI: never files beside a server, two holders).
 
 Typical use::
 
@@ -31,6 +33,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from mahabharatha import ownership
+from mahabharatha.backends import lock_url, shared_backend
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -129,9 +132,14 @@ _set_handler: Final[Callable[[int, Any], Any]] = _signal.signal
 GsdDir = str | os.PathLike[str]
 
 
-def _backend(backend: LockBackend | None, gsd_dir: GsdDir) -> LockBackend:
-    """The backend to use: the caller's, or the folder backend of ``gsd_dir``."""
-    return FileBackend(gsd_dir) if backend is None else backend
+def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
+    """The backend to use: the caller's, or the one its URL names, or the server
+    ``MAHABHARATHA_LOCK_URL`` names, or the folder backend of ``gsd_dir``. A server's backend
+    is kept for the process (``shared_backend``: one warm connection, closed at exit)."""
+    if backend is not None and not isinstance(backend, str):
+        return backend
+    url = backend or lock_url()
+    return FileBackend(gsd_dir) if url is None else shared_backend(url, gsd_dir)
 
 
 def _owner_pid(pid: int | None) -> int:
@@ -142,7 +150,7 @@ def _owner_pid(pid: int | None) -> int:
 
 
 def inspect(
-    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | None = None
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
 ) -> LockInfo:
     """The lock on ``feature``: state ``free`` when there is none.
 
@@ -157,7 +165,7 @@ def status(
     gsd_dir: GsdDir = GSD_DIR,
     *,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
     """Every feature that has a lock entry, by name.
 
@@ -171,7 +179,7 @@ def survey(
     gsd_dir: GsdDir = GSD_DIR,
     *,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
     """Every feature, by name: its lock as :func:`status` lists it, or state ``done`` (a
     completion marker and no lock) or ``free`` (neither). Folders that cannot be looked into
@@ -301,7 +309,7 @@ def acquire(
     on_wait: WaitCallback | None = None,
     command: Sequence[str] | None = None,
     caller_pids: Iterable[int] = (),
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
     lease: float | None = None,
 ) -> Held:
     """Make ``pid`` (default: this process) the holder of ``feature``; return the acquisition.
@@ -412,7 +420,7 @@ def claim(
     reclaim_dead: bool = False,
     include_done: bool = False,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
     lease: float | None = None,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
@@ -445,7 +453,7 @@ def claim_held(
     reclaim_dead: bool = False,
     include_done: bool = False,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
     lease: float | None = None,
 ) -> Held | None:
     """:func:`claim`, answering the acquisition (its feature, and its token where the backend
@@ -507,7 +515,9 @@ def _claim_one(
 # --------------------------------------------------------------------------- done features
 
 
-def is_done(feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | None = None) -> bool:
+def is_done(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> bool:
     """Has ``feature`` been marked done (its folder holds a ``.completed`` marker)?"""
     _validate_feature_name(feature)
     return _backend(backend, gsd_dir).is_done(feature)
@@ -518,7 +528,7 @@ def done(
     gsd_dir: GsdDir = GSD_DIR,
     *,
     pid: int | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> str:
     """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the time
     written to the marker (ISO-8601, UTC).
@@ -531,7 +541,9 @@ def done(
     return _backend(backend, gsd_dir).done(feature, owner)
 
 
-def reopen(feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | None = None) -> bool:
+def reopen(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> bool:
     """Remove ``feature``'s completion marker so that ``claim`` hands it out again; True if
     there was one. A lock on the feature is left as it is."""
     _validate_feature_name(feature)
@@ -547,7 +559,7 @@ def release(
     *,
     pid: int | None = None,
     force: bool = False,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> bool:
     """Remove ``pid``'s lock on ``feature``; True if a lock was removed, False if none.
 
@@ -570,6 +582,7 @@ class FeatureLock:
     not "for ever"). ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the
     owner to record (default: this process). ``reclaim_dead``: also take over a lock whose owner
     is provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
+    ``url`` (or ``backend``): the lock server; default ``MAHABHARATHA_LOCK_URL``, else files.
     If the lock is taken away (``release --force``), or refreshes keep failing until it turned
     stale, the heartbeat stops, :attr:`lost` is set and ``on_lost`` is called (from the
     heartbeat thread); :meth:`refresh` raises :class:`LockLostError`.
@@ -597,14 +610,15 @@ class FeatureLock:
         command: Sequence[str] | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
         caller_pids: Iterable[int] = (),
-        backend: LockBackend | None = None,
+        backend: LockBackend | str | None = None,
         lease: float | None = None,
+        url: str | None = None,
     ) -> None:
         _validate_feature_name(feature)
         _valid_timeout(timeout)
         self.feature = feature
         self.gsd_dir = gsd_dir
-        self.backend = _backend(backend, gsd_dir)
+        self.backend = _backend(url if backend is None else backend, gsd_dir)
         self.pid = os.getpid() if pid is None else _valid_pid(pid)
         self.timeout = _valid_seconds("timeout", timeout)
         self.reclaim_dead = reclaim_dead
@@ -857,7 +871,7 @@ def clean(
     reclaim_dead: bool = False,
     features: Iterable[str] | None = None,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> list[CleanedEntry]:
     """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live locks.
 
