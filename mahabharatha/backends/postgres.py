@@ -86,6 +86,9 @@ MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 """libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
 """One channel for every release; the payload names the namespace and feature."""
+MAX_LOST_ANSWERS: Final = 2
+"""A statement whose connection was lost under it is run again at most twice: a warm connection
+found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
 MAX_CLAIM_ROUNDS: Final = 4
 """A claim statement finds rows missing at most once per new feature list; a few rounds bound it."""
 MAX_REGISTERED_LISTS: Final = 8
@@ -305,11 +308,14 @@ RETURNING {_EPOCHS}"""
 lost, even if nobody took it yet (the lost-lock rule)."""
 
 _DONE: Final = f"""
-UPDATE mahabharatha_locks SET {_LET_GO}, done_at = now()
-WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
-    AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE}
+UPDATE mahabharatha_locks SET pid = NULL, details = NULL, host = NULL, attempt = %(attempt)s,
+    done_at = CASE WHEN pid IS NULL THEN done_at ELSE now() END
+WHERE namespace = %(ns)s AND feature = %(feature)s AND (
+    (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE})
+    OR (pid IS NULL AND done_at IS NOT NULL AND attempt = %(attempt)s))
 RETURNING {_NOTIFY}, date_part('epoch', done_at)"""
-"""Mark done and release in one statement: both or neither."""
+"""Mark done and release in one statement: both or neither. The row keeps the call's attempt
+id: a retry after a lost answer finds its own done mark (and answers it), never "not held"."""
 
 _SELECT_ROWS: Final = f"""
 SELECT feature, pid, details, host, token, done_at IS NOT NULL, {_EPOCHS}
@@ -374,7 +380,9 @@ class _Connection(psycopg.Connection[Any]):
     deadline: float = CONNECT_TIMEOUT_SECONDS
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        return super().wait(gen, interval=interval, timeout=timeout or self.deadline)
+        # A caller's own timeout (notifies: what is left of a wait, possibly 0) stands as given.
+        chosen = self.deadline if timeout is None else timeout
+        return super().wait(gen, interval=interval, timeout=chosen)
 
 
 @dataclass(frozen=True)
@@ -540,7 +548,7 @@ class PostgresBackend:
         self.gsd_dir = gsd_dir
         self.connect_timeout = connect_timeout
         self._conn: _Connection | None = None
-        self._listener: psycopg.Connection[Any] | None = None
+        self._listener: _Connection | None = None
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
@@ -666,16 +674,22 @@ class PostgresBackend:
         return BackendError(f"lock server {self._server} (PostgreSQL): {reason}")
 
     def _run(self, operation: Callable[[_Connection], _T], *, retry: bool = True) -> _T:
-        """Run ``operation`` on the warm connection. A connection found lost (a server restart,
-        ``pg_terminate_backend``) is replaced and the operation run once more when it is safe to
-        repeat (``retry``: every statement here is, by token or by attempt id); a missing table
-        is created (first use); anything else is a :class:`BackendError`."""
-        attempts = 2 if retry else 1
+        """Run ``operation`` on the warm connection. A connection lost under it (a server
+        restart, ``pg_terminate_backend``, ``idle_session_timeout``, a reset after the server
+        committed) is replaced and the operation run again, also when the connection was a
+        fresh one, up to ``MAX_LOST_ANSWERS`` times (``retry``: every statement here is safe to
+        repeat, by token or by attempt id). A connection that cannot be made is an error at
+        once (nothing was sent); a missing table is created (first use); anything else is a
+        :class:`BackendError`."""
+        lost = 0
         created = False
-        for attempt in range(attempts + 1):
-            fresh = self._conn is None or self._conn.closed
+        while True:
             try:
-                return operation(self._connection())
+                conn = self._connection()
+            except psycopg.Error as error:  # nothing was sent: no answer to look for
+                raise self._error(error) from None
+            try:
+                return operation(conn)
             except pg_errors.UndefinedTable as error:
                 if created:
                     raise self._error(error) from None
@@ -689,11 +703,13 @@ class PostgresBackend:
                 raise self._error(error) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 self._drop_connection()
-                if fresh or attempt + 1 >= attempts:
+                lost += 1
+                # Race: the server may have committed before the answer was lost: the retry
+                # carries the same attempt id (or token) and finds its own work, never a second.
+                if not retry or lost > MAX_LOST_ANSWERS:
                     raise self._error(error) from None
             except psycopg.Error as error:
                 raise self._error(error) from None
-        raise BackendError(f"lock server {self._server} (PostgreSQL): the tables could not be used")
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
@@ -1143,12 +1159,14 @@ class PostgresBackend:
         return bool(self._rows(_IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int) -> str:
-        params = self._params(feature=feature, pid=pid, host=self._host, **_owner_keys(pid))
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(_DONE, params).fetchall()
-
-        found = self._run(run, retry=False)  # repeated after a lost answer, it would say "not held"
+        params = self._params(
+            feature=feature,
+            pid=pid,
+            host=self._host,
+            attempt=secrets.token_bytes(16),  # a retry after a lost answer finds its own mark
+            **_owner_keys(pid),
+        )
+        found = self._rows(_DONE, params)
         if not found:
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:
@@ -1164,29 +1182,44 @@ class PostgresBackend:
     def wait_for_release(self, feature: str, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a release of ``feature`` (LISTEN/NOTIFY): True
         when one came (or when this is the first call, which only starts listening: the caller
-        tries again, and any release after that wakes it)."""
-        if self._listener is None or self._listener.closed:
-            try:
-                self._listener = self._connect("mahabharatha-wait")
-                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            except psycopg.Error as error:
-                self._listener = None
-                raise self._error(error) from None
-            return True
-        wanted = [self.namespace, feature]
+        tries again, and any release after that wakes it).
+
+        The listening connection is no promise: a server's ``idle_session_timeout``, a
+        terminated backend or a frozen link ends it. Then this answers True after what is left
+        of ``timeout`` (the caller looks again; a later call listens on a new connection), and
+        the caller's own statement says whether the server is reachable at all. Every wait
+        here is bounded: the listener's statements by ``--connect-timeout``, notifications by
+        ``timeout``."""
         deadline = time.monotonic() + max(0.0, timeout)
         try:
-            while (left := deadline - time.monotonic()) > 0:
-                for note in self._listener.notifies(timeout=left):
-                    with suppress(ValueError):
-                        if json.loads(note.payload) == wanted:
-                            return True
-        except psycopg.Error as error:
+            if self._listener is None or self._listener.closed:
+                self._listener = self._connect("mahabharatha-wait")
+                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                return True
+            return self._notified(feature, deadline)
+        except psycopg.Error:
+            # Race: the listener died (or froze) between two tries; a release sent meanwhile
+            # was never heard. Look again, no sooner than a wait would have (no busy loop when
+            # listening keeps failing at once, e.g. with every connection slot taken).
+            self._drop_listener()
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return True
+
+    def _notified(self, feature: str, deadline: float) -> bool:
+        assert self._listener is not None
+        wanted = [self.namespace, feature]
+        while (left := deadline - time.monotonic()) > 0:
+            for note in self._listener.notifies(timeout=left):
+                with suppress(ValueError):
+                    if json.loads(note.payload) == wanted:
+                        return True
+        return False
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None:
             with suppress(psycopg.Error, OSError):
                 self._listener.close()
-            self._listener = None
-            raise self._error(error) from None
-        return False
+        self._listener = None
 
 
 def _clock_shift(server_now: float) -> float:

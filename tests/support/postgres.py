@@ -27,7 +27,7 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 REQUIRE_ENV: Final = "MAHABHARATHA_REQUIRE_POSTGRES"
 """Set to 1 (CI does): a PostgreSQL test that would skip fails instead."""
@@ -353,3 +353,61 @@ def shared_server() -> PgServer:
         atexit.register(stop)
         _SHARED["server"] = started
     return _SHARED["server"]
+
+
+class FreezingProxy:
+    """A TCP relay to a server that freezes a connection for good (forwards nothing more, closes
+    nothing) once its client sends a statement holding ``freeze_on``: a link that dies after
+    login without a word, as a dead host behind a live route does. ``frozen`` is set then."""
+
+    def __init__(self, target_port: int, freeze_on: bytes = b"LISTEN") -> None:
+        import threading
+
+        self.freeze_on = freeze_on
+        self.frozen = threading.Event()
+        self._target = ("127.0.0.1", target_port)
+        self._listening = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listening.getsockname()[1])
+        self._sockets: list[socket.socket] = [self._listening]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listening.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            stuck = threading.Event()
+            for source, sink, watch in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(source, sink, watch, stuck), daemon=True
+                ).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, watch: bool, stuck: Any) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if watch and self.freeze_on in data:
+                stuck.set()
+                self.frozen.set()
+            if stuck.is_set():
+                continue  # frozen: swallowed, never answered
+            with contextlib.suppress(OSError):
+                sink.sendall(data)
+
+    def url(self, password: str = APP_PASSWORD, database: str = DATABASE) -> str:
+        secret = urllib.parse.quote(password, safe="")
+        return f"postgresql://{APP_USER}:{secret}@127.0.0.1:{self.port}/{database}"
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
