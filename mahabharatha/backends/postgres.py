@@ -824,7 +824,7 @@ class PostgresBackend:
         return self._params(
             feature=feature,
             pid=requester.pid,
-            details=requester.details,
+            details=_command_name_only(requester.details),
             host=self._host,  # the requester runs here (details keep only a cut host name)
             attempt=secrets.token_bytes(16),
             lease=float(seconds),
@@ -1236,6 +1236,20 @@ def _acquire_values(params: dict[str, Any]) -> list[Any]:
     values = [params[name] for name in _ACQUIRE_PARAMS]
     values[-1] = values[-1] or None  # "judged", the last of _ACQUIRE_PARAMS
     return values
+
+
+def _command_name_only(details: bytes | None) -> bytes | None:
+    """Owner details with ``lock run``'s command cut to its program's name: every role that
+    may use the table reads every namespace's rows (namespaces are not a security boundary),
+    and a command line may carry a secret (``deploy --token=...``)."""
+    size = ownership.DETAILS_LAYOUT.size
+    if details is None or len(details) < size:
+        return details
+    host, separator, command = details[size:].partition(b"\0")
+    if not separator:
+        return details
+    program = command.split(b" ", 1)[0].rsplit(b"/", 1)[-1]
+    return details[:size] + host + b"\0" + program
 
 
 def _owner_keys(pid: int) -> dict[str, bytes | None]:

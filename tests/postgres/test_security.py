@@ -189,3 +189,30 @@ def test_a_password_in_any_url_form_is_never_printed(
         assert "Traceback" not in done.stderr
         for secret in secrets_:
             assert secret not in shown, (command, shown)
+
+
+def test_only_the_commands_name_is_stored(
+    make_backend: Callable[..., Any], pg_server: PgServer
+) -> None:
+    """Namespaces are not a security boundary: any role of the table reads every row. Failed
+    before: ``lock run``'s whole command line was stored, a secret argument with it."""
+    from mahabharatha import ownership
+
+    backend = make_backend()
+    command = ["/usr/local/bin/deploy", "--token=Hidden-Arg-1", "prod"]
+    details = ownership.details_of(os.getpid(), command)
+    assert b"Hidden-Arg-1" in details  # the file backend keeps it (on this host, 0600)
+    held = backend.try_acquire("feat", Requester(os.getpid(), details)).held
+    claimed = backend.try_claim(["c"], Requester(os.getpid(), details)).held
+    assert held is not None and claimed is not None
+    stored = admin_execute(
+        pg_server, "SELECT details FROM mahabharatha_locks WHERE namespace = %s", backend.namespace
+    )
+    assert len(stored) == 2
+    original = ownership.decode(details)
+    assert original is not None
+    for (raw,) in stored:
+        assert isinstance(raw, bytes)
+        decoded = ownership.decode(raw)
+        assert decoded is not None and decoded.cmd == "deploy"
+        assert decoded._replace(cmd=None) == original._replace(cmd=None)  # the rest is kept
