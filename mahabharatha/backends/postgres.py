@@ -359,14 +359,22 @@ SELECT setval('mahabharatha_lock_token', greatest(
 token the rows hold."""
 
 _SESSION_SET_UP: Final = """
-SELECT pg_is_in_recovery(), current_setting('transaction_read_only'),
-    set_config('synchronous_commit', 'on', false)"""
+SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), d.direct,
+    CASE WHEN d.direct THEN set_config('synchronous_commit', 'on', false)
+        ELSE current_setting('synchronous_commit') END
+FROM (SELECT pg_backend_pid() = %(pid)s AS direct) AS d"""
 """Run once per connection. ``synchronous_commit`` pinned ``on`` (any role may set it): with
 ``off`` on the server, database or role, a commit is acknowledged before its WAL is written,
 and a crash (any backend SIGKILLed: the server restarts) forgot acknowledged locks and rewound
 the token sequence (two holders, one token verifying for both). A standby, or a session that is
 read-only (``default_transaction_read_only``), is refused: it would answer reads such as
-``verify`` and ``check`` from a copy that may be behind the primary."""
+``verify`` and ``check`` from a copy that may be behind the primary.
+
+``direct``: the server process answering is the one the connection's start named (its
+``BackendKeyData``). A pooler (PgBouncer) names a process of its own: then the session is not
+ours to set (a transaction-mode pooler runs each statement on any server connection), so
+nothing is set, the durability the role or database gives is read instead (``off`` is
+refused), and no named prepared statement is used (another client's ``_pg3_0`` ran in ours)."""
 
 
 # --------------------------------------------------------------------------- connections
@@ -378,6 +386,9 @@ class _Connection(psycopg.Connection[Any]):
     answers nothing, and TCP alone would wait for minutes."""
 
     deadline: float = CONNECT_TIMEOUT_SECONDS
+    pooled: bool = False
+    """Behind a connection pooler (:meth:`PostgresBackend._set_up_session`): no named prepared
+    statements on it."""
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         # A caller's own timeout (notifies: what is left of a wait, possibly 0) stands as given.
@@ -630,9 +641,20 @@ class PostgresBackend:
     def _set_up_session(self, conn: _Connection) -> None:
         """Pin what the server's, database's or role's settings may not decide for us, and
         refuse a session that cannot keep a lock: one round trip per connection."""
-        found = conn.execute(_SESSION_SET_UP, prepare=False).fetchone()
+        found = conn.execute(
+            _SESSION_SET_UP, {"pid": conn.info.backend_pid}, prepare=False
+        ).fetchone()
         assert found is not None
-        in_recovery, read_only, _ = found
+        in_recovery, read_only, direct, durability = found
+        if not direct:
+            conn.pooled = True
+            conn.prepare_threshold = None  # psycopg would prepare a statement from its 6th run
+        if durability == "off":
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): behind a connection pooler this "
+                "session cannot pin synchronous_commit, and the role or database has it off "
+                "(commits could be lost in a crash): ALTER ROLE ... SET synchronous_commit = on"
+            )
         if in_recovery:
             raise BackendError(
                 f"lock server {self._server} (PostgreSQL): it is a standby (in recovery), which "
@@ -737,14 +759,15 @@ class PostgresBackend:
         # Race: two threads on one backend: a statement on a cursor replaces the answer the
         # other has not read yet (it would read nothing, or the other's row). The kept cursor
         # is one thread's from its statement to its read; others never wait for it.
+        prepare = not conn.pooled  # Race: a pooler runs another client's same-named statement
         if not self._kept_busy.acquire(blocking=False):
             with psycopg.RawCursor(conn) as own:
-                return own.execute(statement, values, prepare=True, binary=binary).fetchall()
+                return own.execute(statement, values, prepare=prepare, binary=binary).fetchall()
         try:
             cursor = self._kept_cursor
             if cursor is None or cursor.connection is not conn:
                 cursor = self._kept_cursor = psycopg.RawCursor(conn)
-            return cursor.execute(statement, values, prepare=True, binary=binary).fetchall()
+            return cursor.execute(statement, values, prepare=prepare, binary=binary).fetchall()
         finally:
             self._kept_busy.release()
 
@@ -941,7 +964,7 @@ class PostgresBackend:
 
         def run(conn: _Connection) -> tuple[int, Sequence[Any] | None]:
             retry = next(calls) > 0
-            if registered and not retry:
+            if registered and not retry and not conn.pooled:  # a registered claim is prepared
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
                 values = [params[name] for name in _REGISTERED_PARAMS]
                 found = self._on_kept_cursor(conn, statement, values, binary=False)

@@ -411,3 +411,63 @@ class FreezingProxy:
         for sock in self._sockets:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+PGBOUNCER_HINT: Final = (
+    "PgBouncer was not found: install it (Debian/Ubuntu: apt-get install pgbouncer)"
+)
+
+
+def pgbouncer_binary() -> str | None:
+    found = shutil.which("pgbouncer")
+    if found is None and os.access("/usr/sbin/pgbouncer", os.X_OK):
+        found = "/usr/sbin/pgbouncer"
+    return found
+
+
+@contextlib.contextmanager
+def pgbouncer(
+    server: PgServer, pool_mode: str = "transaction", pool_size: int = 2
+) -> Iterator[int]:
+    """A PgBouncer in front of ``server`` (reaching it over its trusted Unix socket), in
+    ``pool_mode`` with ``pool_size`` server connections per database and user; its port."""
+    binary = pgbouncer_binary()
+    if binary is None:
+        import pytest
+
+        pytest.skip(PGBOUNCER_HINT)
+    base = Path(tempfile.mkdtemp(prefix="mh-pgb-", dir="/tmp" if server.user else None))
+    port = _free_port()
+    (base / "users.txt").write_text(f'"{APP_USER}" ""\n"{ADMIN_USER}" ""\n')
+    (base / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host={server.socket_dir} port={server.port}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {base / 'users.txt'}\n"
+        f"pool_mode = {pool_mode}\ndefault_pool_size = {pool_size}\nmax_client_conn = 500\n"
+        f"logfile = {base / 'pgbouncer.log'}\npidfile = {base / 'pgbouncer.pid'}\n"
+    )
+    command = [binary, str(base / "pgbouncer.ini")]
+    if server.user is not None:  # PgBouncer refuses to run as root
+        entry = pwd.getpwnam(server.user)
+        for path in (base, *base.iterdir()):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        command = ["runuser", "-u", server.user, "--", *command]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+
+        def accepting() -> bool:
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        assert wait_until(accepting, timeout=30), "PgBouncer did not start"
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        shutil.rmtree(base, ignore_errors=True)
