@@ -727,6 +727,7 @@ class FeatureLock:
                 lease=self.lease,
             )
         )
+        self._rest_backend()
         try:
             self.lost = None
             self._start_heartbeat()
@@ -765,6 +766,14 @@ class FeatureLock:
             except LockLostError:
                 self._mine = None
                 raise
+            self._rest_backend()
+
+    def _rest_backend(self) -> None:
+        """Between refreshes a holder keeps no server connection (a backend that has them:
+        PostgreSQL's ``rest``): 200 holders against a server of 40 connection slots."""
+        rest = getattr(self.backend, "rest", None)
+        if rest is not None and self.heartbeat:
+            rest()
 
     def _beat_loop(self) -> None:
         assert self.heartbeat is not None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import secrets
 import socket
@@ -86,6 +87,10 @@ MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 """libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
 """One channel for every release; the payload names the namespace and feature."""
+SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
+SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
+"""Between two connection attempts refused for want of a slot: from 20 ms, doubling, to 0.5 s
+(jittered: a crowd of holders starting at once does not knock in step)."""
 MAX_LOST_ANSWERS: Final = 2
 """A statement whose connection was lost under it is run again at most twice: a warm connection
 found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
@@ -621,14 +626,27 @@ class PostgresBackend:
 
     def _connect(self, application_name: str = "mahabharatha") -> _Connection:
         """A new autocommit connection, its statements bounded by ``--connect-timeout``, set
-        up by :meth:`_set_up_session` (durable commits, a primary's, text as ``str``)."""
-        conn = _Connection.connect(
-            self._url,
-            autocommit=True,
-            connect_timeout=self._connect_timeout_arg(),
-            application_name=application_name,
-            client_encoding=CLIENT_ENCODING,
-        )
+        up by :meth:`_set_up_session` (durable commits, a primary's, text as ``str``). A server
+        whose connection slots are all taken (``max_connections``: many holders starting at
+        once, each connecting only briefly) is asked again, with jitter, until the timeout."""
+        deadline = time.monotonic() + self.connect_timeout
+        pause = SLOTS_FIRST_PAUSE_SECONDS
+        while True:
+            try:
+                conn = _Connection.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=self._connect_timeout_arg(),
+                    application_name=application_name,
+                    client_encoding=CLIENT_ENCODING,
+                )
+                break
+            except psycopg.OperationalError as error:
+                left = deadline - time.monotonic()
+                if not _out_of_slots(error) or left <= 0:
+                    raise
+                time.sleep(min(left, random.uniform(pause / 2, pause)))
+                pause = min(pause * 2, SLOTS_MAX_PAUSE_SECONDS)
         conn.deadline = self.connect_timeout
         try:
             self._set_up_session(conn)
@@ -666,6 +684,14 @@ class PostgresBackend:
                 "(default_transaction_read_only is on for this server, database or role), "
                 "which cannot keep locks: point the lock URL at the primary, or turn it off"
             )
+
+    def rest(self) -> None:
+        """Let go of this backend's server connections until its next call: a holder between
+        two refreshes (``lock run``, ``FeatureLock``) keeps none, so many holders fit in a
+        server's ``max_connections`` (a refresh every third of the lease connects again)."""
+        with self._connecting:  # Race: a thread making the shared connection at this moment
+            self._drop_connection()
+        self._drop_listener()
 
     def close(self) -> None:
         for conn in (self._conn, self._listener):
@@ -1243,6 +1269,17 @@ class PostgresBackend:
             with suppress(psycopg.Error, OSError):
                 self._listener.close()
         self._listener = None
+
+
+def _out_of_slots(error: psycopg.OperationalError) -> bool:
+    """The server refused a connection because every slot is taken (SQLSTATE 53300, "sorry,
+    too many clients already"; "remaining connection slots are reserved" past the reserve)."""
+    text = str(error)
+    return (
+        getattr(error, "sqlstate", None) == "53300"
+        or "too many clients" in text
+        or "remaining connection slots are reserved" in text
+    )
 
 
 def _clock_shift(server_now: float) -> float:
