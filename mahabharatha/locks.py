@@ -5,7 +5,9 @@ backend of ``gsd_dir``, :mod:`mahabharatha.backends.files`) and adds what is the
 backend: an explicit owner pid (a CLI process records the shell that called it), waiting with
 backoff, a heartbeat that keeps a long-held lock fresh, signals held back while a lock is being
 published, and ``claim`` over many features. Every public function takes ``backend=`` (a
-:class:`LockBackend`); without one, it uses the folder backend of ``gsd_dir``.
+:class:`LockBackend`, or a lock server's URL); without one, it uses the server
+``MAHABHARATHA_LOCK_URL`` names, else the folder backend of ``gsd_dir`` (every entry point uses
+the same backend as the CLI: never files beside a server, two holders).
 
 Typical use::
 
@@ -31,6 +33,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from mahabharatha import ownership
+from mahabharatha.backends import lock_url, shared_backend
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -130,9 +133,14 @@ _set_handler: Final[Callable[[int, Any], Any]] = _signal.signal
 GsdDir = str | os.PathLike[str]
 
 
-def _backend(backend: LockBackend | None, gsd_dir: GsdDir) -> LockBackend:
-    """The backend to use: the caller's, or the folder backend of ``gsd_dir``."""
-    return FileBackend(gsd_dir) if backend is None else backend
+def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
+    """The backend to use: the caller's, or the one its URL names, or the server
+    ``MAHABHARATHA_LOCK_URL`` names, or the folder backend of ``gsd_dir``. A server's backend
+    is kept for the process (``shared_backend``: one warm connection, closed at exit)."""
+    if backend is not None and not isinstance(backend, str):
+        return backend
+    url = backend or lock_url()
+    return FileBackend(gsd_dir) if url is None else shared_backend(url, gsd_dir)
 
 
 def _owner_pid(pid: int | None) -> int:
@@ -143,7 +151,7 @@ def _owner_pid(pid: int | None) -> int:
 
 
 def inspect(
-    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | None = None
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
 ) -> LockInfo:
     """The lock on ``feature``: state ``free`` when there is none.
 
@@ -158,7 +166,7 @@ def status(
     gsd_dir: GsdDir = GSD_DIR,
     *,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
     """Every feature that has a lock entry, by name.
 
@@ -172,7 +180,7 @@ def survey(
     gsd_dir: GsdDir = GSD_DIR,
     *,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
     """Every feature, by name: its lock as :func:`status` lists it, or state ``done`` (a
     completion marker and no lock) or ``free`` (neither). Folders that cannot be looked into
@@ -302,7 +310,7 @@ def acquire(
     on_wait: WaitCallback | None = None,
     command: Sequence[str] | None = None,
     caller_pids: Iterable[int] = (),
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
     lease: float | None = None,
 ) -> Held:
     """Make ``pid`` (default: this process) the holder of ``feature``; return the acquisition.
@@ -413,7 +421,7 @@ def claim(
     reclaim_dead: bool = False,
     include_done: bool = False,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
     lease: float | None = None,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
@@ -446,7 +454,7 @@ def claim_held(
     reclaim_dead: bool = False,
     include_done: bool = False,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
     lease: float | None = None,
 ) -> Held | None:
     """:func:`claim`, answering the acquisition (its feature, and its token where the backend
@@ -508,7 +516,9 @@ def _claim_one(
 # --------------------------------------------------------------------------- done features
 
 
-def is_done(feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | None = None) -> bool:
+def is_done(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> bool:
     """Has ``feature`` been marked done (its folder holds a ``.completed`` marker)?"""
     _validate_feature_name(feature)
     return _backend(backend, gsd_dir).is_done(feature)
@@ -519,7 +529,7 @@ def done(
     gsd_dir: GsdDir = GSD_DIR,
     *,
     pid: int | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> str:
     """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the time
     written to the marker (ISO-8601, UTC).
@@ -532,7 +542,9 @@ def done(
     return _backend(backend, gsd_dir).done(feature, owner)
 
 
-def reopen(feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | None = None) -> bool:
+def reopen(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> bool:
     """Remove ``feature``'s completion marker so that ``claim`` hands it out again; True if
     there was one. A lock on the feature is left as it is."""
     _validate_feature_name(feature)
@@ -548,7 +560,7 @@ def release(
     *,
     pid: int | None = None,
     force: bool = False,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> bool:
     """Remove ``pid``'s lock on ``feature``; True if a lock was removed, False if none.
 
@@ -571,6 +583,7 @@ class FeatureLock:
     not "for ever"). ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the
     owner to record (default: this process). ``reclaim_dead``: also take over a lock whose owner
     is provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
+    ``url`` (or ``backend``): the lock server; default ``MAHABHARATHA_LOCK_URL``, else files.
     If the lock is taken away (``release --force``), or refreshes keep failing until it turned
     stale, the heartbeat stops, :attr:`lost` is set and ``on_lost`` is called (from the
     heartbeat thread); :meth:`refresh` raises :class:`LockLostError`.
@@ -598,14 +611,15 @@ class FeatureLock:
         command: Sequence[str] | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
         caller_pids: Iterable[int] = (),
-        backend: LockBackend | None = None,
+        backend: LockBackend | str | None = None,
         lease: float | None = None,
+        url: str | None = None,
     ) -> None:
         _validate_feature_name(feature)
         _valid_timeout(timeout)
         self.feature = feature
         self.gsd_dir = gsd_dir
-        self.backend = _backend(backend, gsd_dir)
+        self.backend = _backend(url if backend is None else backend, gsd_dir)
         self.pid = os.getpid() if pid is None else _valid_pid(pid)
         self.timeout = _valid_seconds("timeout", timeout)
         self.reclaim_dead = reclaim_dead
@@ -623,6 +637,7 @@ class FeatureLock:
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
         self._mine: Held | None = None
+        self._deadline = 0.0  # ``_mine``'s expiry on the monotonic clock (``_with_deadline``)
         self._holder_process: int | None = None  # a forked child shares this object, not the lock
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
         self._stop = threading.Event()
@@ -660,8 +675,7 @@ class FeatureLock:
         process that took it, not a child forked from it)."""
         if self._holder_process != os.getpid():
             return False
-        expires = self.expires_at
-        return expires is not None and _utils.now() <= expires
+        return self.expires_at is not None and not self._expired()
 
     @property
     def expires_at(self) -> float | None:
@@ -700,18 +714,21 @@ class FeatureLock:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
         self._holder_process = os.getpid()
         self._lost_override = on_lost
-        self._mine = acquire(
-            self.feature,
-            self.gsd_dir,
-            pid=self.pid,
-            timeout=self.timeout,
-            reclaim_dead=self.reclaim_dead,
-            on_wait=self.on_wait if on_wait is None else on_wait,
-            command=self.command,
-            caller_pids=self.caller_pids,
-            backend=self.backend,
-            lease=self.lease,
+        self._mine = self._with_deadline(
+            acquire(
+                self.feature,
+                self.gsd_dir,
+                pid=self.pid,
+                timeout=self.timeout,
+                reclaim_dead=self.reclaim_dead,
+                on_wait=self.on_wait if on_wait is None else on_wait,
+                command=self.command,
+                caller_pids=self.caller_pids,
+                backend=self.backend,
+                lease=self.lease,
+            )
         )
+        self._rest_backend()
         try:
             self.lost = None
             self._start_heartbeat()
@@ -746,10 +763,18 @@ class FeatureLock:
             if self._mine is None:
                 raise LockLostError(self.feature)
             try:
-                self._mine = self.backend.refresh(self._mine)
+                self._mine = self._with_deadline(self.backend.refresh(self._mine))
             except LockLostError:
                 self._mine = None
                 raise
+            self._rest_backend()
+
+    def _rest_backend(self) -> None:
+        """Between refreshes a holder keeps no server connection (a backend that has them:
+        PostgreSQL's ``rest``): 200 holders against a server of 40 connection slots."""
+        rest = getattr(self.backend, "rest", None)
+        if rest is not None and self.heartbeat:
+            rest()
 
     def _beat_loop(self) -> None:
         assert self.heartbeat is not None
@@ -772,9 +797,20 @@ class FeatureLock:
                 continue
             self.heartbeat_error, interval = None, self.heartbeat
 
+    def _with_deadline(self, mine: Held) -> Held:
+        """Keep ``mine``'s expiry also as a deadline on the monotonic clock, measured now."""
+        self._deadline = monotonic() + (mine.expires_at - _utils.now())
+        return mine
+
     def _expired(self) -> bool:
+        """Past the lease by the wall clock (what other holders judge by on files) or by the
+        monotonic clock. Race: a wall-clock step back during a partition kept the wall-clock
+        rule alone satisfied while the server had already given the lock to another holder
+        (CMD ran on beside it for as long as the step)."""
         expires = self.expires_at
-        return expires is not None and _utils.now() > expires
+        if expires is None:
+            return False
+        return _utils.now() > expires or monotonic() > self._deadline
 
     def _declare_lost(self, error: LockLostError) -> None:
         self.lost = error
@@ -868,7 +904,7 @@ def clean(
     reclaim_dead: bool = False,
     features: Iterable[str] | None = None,
     problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | None = None,
+    backend: LockBackend | str | None = None,
 ) -> list[CleanedEntry]:
     """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live locks.
 

@@ -4,17 +4,28 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import re
+import threading
 from typing import Any, Final
 
 from mahabharatha.backends.base import LockBackend
 from mahabharatha.constants import GSD_DIR
 
-__all__ = ["POSTGRES_EXTRA_HINT", "open_backend"]
+__all__ = ["LOCK_URL_ENV", "POSTGRES_EXTRA_HINT", "lock_url", "open_backend", "shared_backend"]
+
+LOCK_URL_ENV: Final = "MAHABHARATHA_LOCK_URL"
+"""Names the lock server for every entry point: the CLI, the ``locks`` functions, ``FeatureLock``
+and the legacy functions (none may use files while it names a server: two holders)."""
+NAMESPACE_ENV: Final = "MAHABHARATHA_LOCK_NAMESPACE"
 
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 """The URL schemes that name a PostgreSQL server (libpq accepts both)."""
+
+_SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,20})://")
+"""A URL's scheme, the only part of an unknown URL that a message repeats."""
 
 POSTGRES_EXTRA_HINT: Final = "pip install 'mahabharatha[postgres]'"
 """What to run when the PostgreSQL backend or its driver is not installed."""
@@ -33,7 +44,13 @@ def open_backend(
         return FileBackend(gsd_dir)
     if url.startswith(POSTGRES_SCHEMES):
         return _postgres(url, gsd_dir, **options)
-    raise ValueError(f"unknown lock backend URL (expected postgresql://...): {url.split(':')[0]}")
+    # Never the URL itself: a libpq key=value string ("host=db password=...") is all secret.
+    scheme = _SCHEME.match(url)
+    named = f" ({scheme.group(1)}://)" if scheme else ""
+    raise ValueError(
+        f"unknown lock backend URL{named}: expected a postgresql:// or postgres:// URL "
+        "(a libpq key=value string is not accepted)"
+    )
 
 
 def _postgres(url: str, gsd_dir: str | os.PathLike[str], **options: Any) -> LockBackend:
@@ -45,3 +62,36 @@ def _postgres(url: str, gsd_dir: str | os.PathLike[str], **options: Any) -> Lock
         ) from error
     backend: LockBackend = postgres.PostgresBackend.from_url(url, gsd_dir=gsd_dir, **options)
     return backend
+
+
+def lock_url() -> str | None:
+    """The lock server ``MAHABHARATHA_LOCK_URL`` names, or None (files)."""
+    return os.environ.get(LOCK_URL_ENV) or None
+
+
+_SHARED: dict[tuple[int, str, str, str | None], LockBackend] = {}
+_SHARED_GUARD = threading.Lock()  # Race: two threads' first use each opening a backend
+
+
+def shared_backend(url: str | None, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> LockBackend:
+    """The backend of ``url`` (None: the folder of ``gsd_dir``) for callers that pass none: a
+    server's is opened once per process, URL, folder and namespace and kept (its connection
+    stays warm between calls; closed at exit). A forked child opens its own (a connection is
+    never shared across a fork)."""
+    if url is None:
+        return open_backend(None, gsd_dir)
+    key = (os.getpid(), url, os.fspath(gsd_dir), os.environ.get(NAMESPACE_ENV))
+    with _SHARED_GUARD:
+        backend = _SHARED.get(key)
+        if backend is None:
+            backend = _SHARED[key] = open_backend(url, gsd_dir)
+        return backend
+
+
+@atexit.register
+def _close_shared() -> None:
+    mine = os.getpid()
+    for (pid, *_), backend in list(_SHARED.items()):
+        if pid == mine:
+            backend.close()
+    _SHARED.clear()

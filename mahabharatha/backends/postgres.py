@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import secrets
 import socket
@@ -74,10 +75,25 @@ RUN_LEASE_SECONDS: Final = 60.0
 within a minute, and a heartbeat may miss twice (a server restart, a lost connection) first."""
 CONNECT_TIMEOUT_SECONDS: Final = 5.0
 """How long a command waits for the server (to connect, and for any one answer)."""
+CLIENT_ENCODING: Final = "UTF8"
+"""Always the package's choice: on a ``SQL_ASCII`` database (initdb's default under the C locale)
+the database's own makes psycopg answer ``bytes`` for text (a refresh that never matched its
+feature, ``check`` naming ``b'G-0'``)."""
+MAX_NAMESPACE_BYTES: Final = 200
+"""A namespace travels in every release's NOTIFY payload, which the server caps at 8,000 bytes
+(``payload string too long``: release, ``--force`` and ``done`` failed); 200 is plenty for a
+repository's ``host/org/repo``."""
 MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 """libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
 """One channel for every release; the payload names the namespace and feature."""
+SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
+SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
+"""Between two connection attempts refused for want of a slot: from 20 ms, doubling, to 0.5 s
+(jittered: a crowd of holders starting at once does not knock in step)."""
+MAX_LOST_ANSWERS: Final = 2
+"""A statement whose connection was lost under it is run again at most twice: a warm connection
+found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
 MAX_CLAIM_ROUNDS: Final = 4
 """A claim statement finds rows missing at most once per new feature list; a few rounds bound it."""
 MAX_REGISTERED_LISTS: Final = 8
@@ -126,11 +142,13 @@ which since PostgreSQL 14 computes a ``numeric`` first: about 7 µs of server ti
 _TAKE_SET: Final = """pid = %(pid)s, details = %(details)s, host = %(host)s, attempt = %(attempt)s,
     lease = make_interval(secs => %(lease)s), acquired_at = now(), refreshed_at = now(),
     expires_at = now() + make_interval(secs => %(lease)s),
-    token = nextval('mahabharatha_lock_token'),
+    token = greatest(nextval('mahabharatha_lock_token'), l.token + 1),
     prev_pid = l.pid, prev_details = l.details, prev_refreshed_at = l.refreshed_at,
     prev_expires_at = l.expires_at"""
-"""Taking a row: the new holder, a token drawn while the row is locked (so larger than every
-token the row had), and the old holder kept for the audit trail (``replaced``)."""
+"""Taking a row: the new holder, a token drawn while the row is locked and never below the
+row's last one plus one (a sequence reset, or restored behind the table, would otherwise hand
+out a token a still-working old holder has: its ``verify`` passed), and the old holder kept for
+the audit trail (``replaced``)."""
 
 _TAKEABLE: Final = """(l.pid IS NULL OR l.expires_at < now() OR l.token = ANY(%(judged)s::bigint[])
     OR l.attempt = %(attempt)s)"""
@@ -295,11 +313,14 @@ RETURNING {_EPOCHS}"""
 lost, even if nobody took it yet (the lost-lock rule)."""
 
 _DONE: Final = f"""
-UPDATE mahabharatha_locks SET {_LET_GO}, done_at = now()
-WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
-    AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE}
+UPDATE mahabharatha_locks SET pid = NULL, details = NULL, host = NULL, attempt = %(attempt)s,
+    done_at = CASE WHEN pid IS NULL THEN done_at ELSE now() END
+WHERE namespace = %(ns)s AND feature = %(feature)s AND (
+    (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE})
+    OR (pid IS NULL AND done_at IS NOT NULL AND attempt = %(attempt)s))
 RETURNING {_NOTIFY}, date_part('epoch', done_at)"""
-"""Mark done and release in one statement: both or neither."""
+"""Mark done and release in one statement: both or neither. The row keeps the call's attempt
+id: a retry after a lost answer finds its own done mark (and answers it), never "not held"."""
 
 _SELECT_ROWS: Final = f"""
 SELECT feature, pid, details, host, token, done_at IS NOT NULL, {_EPOCHS}
@@ -332,6 +353,34 @@ RETURNING feature, {_NOTIFY}"""
 
 _SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha_schema"
 
+_SEQUENCE_MISSING: Final = "SELECT to_regclass('mahabharatha_lock_token') IS NULL"
+_TABLE_EXISTS: Final = "SELECT to_regclass('mahabharatha_locks') IS NOT NULL"
+_ROWS_EXIST: Final = "SELECT EXISTS (SELECT FROM mahabharatha_locks)"
+_SEQUENCE_ABOVE_ROWS: Final = """
+SELECT setval('mahabharatha_lock_token', greatest(
+    (SELECT max(token) FROM mahabharatha_locks),
+    (SELECT last_value FROM mahabharatha_lock_token)))"""
+"""``lock init`` puts a sequence made again (dropped, or a table restored without it) above every
+token the rows hold."""
+
+_SESSION_SET_UP: Final = """
+SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), d.direct,
+    CASE WHEN d.direct THEN set_config('synchronous_commit', 'on', false)
+        ELSE current_setting('synchronous_commit') END
+FROM (SELECT pg_backend_pid() = %(pid)s AS direct) AS d"""
+"""Run once per connection. ``synchronous_commit`` pinned ``on`` (any role may set it): with
+``off`` on the server, database or role, a commit is acknowledged before its WAL is written,
+and a crash (any backend SIGKILLed: the server restarts) forgot acknowledged locks and rewound
+the token sequence (two holders, one token verifying for both). A standby, or a session that is
+read-only (``default_transaction_read_only``), is refused: it would answer reads such as
+``verify`` and ``check`` from a copy that may be behind the primary.
+
+``direct``: the server process answering is the one the connection's start named (its
+``BackendKeyData``). A pooler (PgBouncer) names a process of its own: then the session is not
+ours to set (a transaction-mode pooler runs each statement on any server connection), so
+nothing is set, the durability the role or database gives is read instead (``off`` is
+refused), and no named prepared statement is used (another client's ``_pg3_0`` ran in ours)."""
+
 
 # --------------------------------------------------------------------------- connections
 
@@ -342,9 +391,14 @@ class _Connection(psycopg.Connection[Any]):
     answers nothing, and TCP alone would wait for minutes."""
 
     deadline: float = CONNECT_TIMEOUT_SECONDS
+    pooled: bool = False
+    """Behind a connection pooler (:meth:`PostgresBackend._set_up_session`): no named prepared
+    statements on it."""
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        return super().wait(gen, interval=interval, timeout=timeout or self.deadline)
+        # A caller's own timeout (notifies: what is left of a wait, possibly 0) stands as given.
+        chosen = self.deadline if timeout is None else timeout
+        return super().wait(gen, interval=interval, timeout=chosen)
 
 
 @dataclass(frozen=True)
@@ -359,19 +413,42 @@ class _Server:
         return f"{self.host}:{self.port}/{self.database}"
 
 
+_MUST_BE_ENCODED: Final = re.compile(r"[@/?#\[\] ]|%(?![0-9A-Fa-f]{2})")
+"""What a URL's user name and password may not hold as it is (RFC 3986 userinfo): an ``@`` made
+libpq read the password's end as the host (and print it), a ``%``, space or ``[`` made its
+parse error quote the password."""
+_QUOTED: Final = re.compile(r'".*"', re.S)
+
+
 def _server_of(url: str) -> _Server:
     """host, port and database of ``url`` as libpq would use them (its defaults and PG*
-    variables), for messages only."""
+    variables), for messages only. A URL that libpq cannot parse, or whose password libpq would
+    misread, is refused without a word of it (libpq's own error quotes the part it choked on)."""
+    _refuse_unencoded_userinfo(url)
     try:
         given = conninfo_to_dict(url)
     except psycopg.Error as error:
-        raise ValueError(f"not a valid PostgreSQL URL: {_first_line(error)}") from None
+        reason = _QUOTED.sub("(not shown)", _first_line(error))
+        raise ValueError(f"not a valid PostgreSQL URL: {reason}") from None
     env = os.environ
     host = str(given.get("host") or env.get("PGHOST") or "localhost")
     port = str(given.get("port") or env.get("PGPORT") or "5432")
     user = str(given.get("user") or env.get("PGUSER") or _login_name())
     database = str(given.get("dbname") or env.get("PGDATABASE") or user)
     return _Server(host, port, database)
+
+
+def _refuse_unencoded_userinfo(url: str) -> None:
+    """ValueError (never quoting the URL) when its user name or password holds a character
+    that must be percent-encoded there."""
+    rest = url.partition("://")[2]
+    before_query = rest.partition("?")[0]
+    userinfo = before_query.rpartition("@")[0]
+    if _MUST_BE_ENCODED.search(userinfo):
+        raise ValueError(
+            "not a valid PostgreSQL URL: its user name or password holds a character that must "
+            "be percent-encoded there (@ as %40, / as %2F, % as %25, a space as %20, [ as %5B)"
+        )
 
 
 def _login_name() -> str:
@@ -471,6 +548,11 @@ class PostgresBackend:
     ) -> None:
         if not namespace:
             raise ValueError("the lock namespace must not be empty")
+        if len(namespace.encode("utf-8", "surrogatepass")) > MAX_NAMESPACE_BYTES:
+            raise ValueError(
+                f"the lock namespace is {len(namespace.encode('utf-8', 'surrogatepass'))} bytes "
+                f"long; at most {MAX_NAMESPACE_BYTES} are allowed: pass a shorter --namespace"
+            )
         if not math.isfinite(connect_timeout) or connect_timeout <= 0:
             raise ValueError(
                 f"connect timeout must be a positive number of seconds, not {connect_timeout}"
@@ -482,7 +564,7 @@ class PostgresBackend:
         self.gsd_dir = gsd_dir
         self.connect_timeout = connect_timeout
         self._conn: _Connection | None = None
-        self._listener: psycopg.Connection[Any] | None = None
+        self._listener: _Connection | None = None
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
@@ -542,16 +624,74 @@ class PostgresBackend:
                 self._registered.clear()  # prepared statements live and die with their connection
             return self._conn
 
-    def _connect(self) -> _Connection:
-        """A new autocommit connection, its statements bounded by ``--connect-timeout``."""
-        conn = _Connection.connect(
-            self._url,
-            autocommit=True,
-            connect_timeout=self._connect_timeout_arg(),
-            application_name="mahabharatha",
-        )
+    def _connect(self, application_name: str = "mahabharatha") -> _Connection:
+        """A new autocommit connection, its statements bounded by ``--connect-timeout``, set
+        up by :meth:`_set_up_session` (durable commits, a primary's, text as ``str``). A server
+        whose connection slots are all taken (``max_connections``: many holders starting at
+        once, each connecting only briefly) is asked again, with jitter, until the timeout."""
+        deadline = time.monotonic() + self.connect_timeout
+        pause = SLOTS_FIRST_PAUSE_SECONDS
+        while True:
+            try:
+                conn = _Connection.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=self._connect_timeout_arg(),
+                    application_name=application_name,
+                    client_encoding=CLIENT_ENCODING,
+                )
+                break
+            except psycopg.OperationalError as error:
+                left = deadline - time.monotonic()
+                if not _out_of_slots(error) or left <= 0:
+                    raise
+                time.sleep(min(left, random.uniform(pause / 2, pause)))
+                pause = min(pause * 2, SLOTS_MAX_PAUSE_SECONDS)
         conn.deadline = self.connect_timeout
+        try:
+            self._set_up_session(conn)
+        except BaseException:
+            with suppress(psycopg.Error, OSError):
+                conn.close()
+            raise
         return conn
+
+    def _set_up_session(self, conn: _Connection) -> None:
+        """Pin what the server's, database's or role's settings may not decide for us, and
+        refuse a session that cannot keep a lock: one round trip per connection."""
+        found = conn.execute(
+            _SESSION_SET_UP, {"pid": conn.info.backend_pid}, prepare=False
+        ).fetchone()
+        assert found is not None
+        in_recovery, read_only, direct, durability = found
+        if not direct:
+            conn.pooled = True
+            conn.prepare_threshold = None  # psycopg would prepare a statement from its 6th run
+        if durability == "off":
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): behind a connection pooler this "
+                "session cannot pin synchronous_commit, and the role or database has it off "
+                "(commits could be lost in a crash): ALTER ROLE ... SET synchronous_commit = on"
+            )
+        if in_recovery:
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): it is a standby (in recovery), which "
+                "cannot keep locks: point the lock URL at the primary"
+            )
+        if read_only == "on":
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): its sessions are read-only "
+                "(default_transaction_read_only is on for this server, database or role), "
+                "which cannot keep locks: point the lock URL at the primary, or turn it off"
+            )
+
+    def rest(self) -> None:
+        """Let go of this backend's server connections until its next call: a holder between
+        two refreshes (``lock run``, ``FeatureLock``) keeps none, so many holders fit in a
+        server's ``max_connections`` (a refresh every third of the lease connects again)."""
+        with self._connecting:  # Race: a thread making the shared connection at this moment
+            self._drop_connection()
+        self._drop_listener()
 
     def close(self) -> None:
         for conn in (self._conn, self._listener):
@@ -582,16 +722,22 @@ class PostgresBackend:
         return BackendError(f"lock server {self._server} (PostgreSQL): {reason}")
 
     def _run(self, operation: Callable[[_Connection], _T], *, retry: bool = True) -> _T:
-        """Run ``operation`` on the warm connection. A connection found lost (a server restart,
-        ``pg_terminate_backend``) is replaced and the operation run once more when it is safe to
-        repeat (``retry``: every statement here is, by token or by attempt id); a missing table
-        is created (first use); anything else is a :class:`BackendError`."""
-        attempts = 2 if retry else 1
+        """Run ``operation`` on the warm connection. A connection lost under it (a server
+        restart, ``pg_terminate_backend``, ``idle_session_timeout``, a reset after the server
+        committed) is replaced and the operation run again, also when the connection was a
+        fresh one, up to ``MAX_LOST_ANSWERS`` times (``retry``: every statement here is safe to
+        repeat, by token or by attempt id). A connection that cannot be made is an error at
+        once (nothing was sent); a missing table is created (first use); anything else is a
+        :class:`BackendError`."""
+        lost = 0
         created = False
-        for attempt in range(attempts + 1):
-            fresh = self._conn is None or self._conn.closed
+        while True:
             try:
-                return operation(self._connection())
+                conn = self._connection()
+            except psycopg.Error as error:  # nothing was sent: no answer to look for
+                raise self._error(error) from None
+            try:
+                return operation(conn)
             except pg_errors.UndefinedTable as error:
                 if created:
                     raise self._error(error) from None
@@ -605,11 +751,13 @@ class PostgresBackend:
                 raise self._error(error) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as error:
                 self._drop_connection()
-                if fresh or attempt + 1 >= attempts:
+                lost += 1
+                # Race: the server may have committed before the answer was lost: the retry
+                # carries the same attempt id (or token) and finds its own work, never a second.
+                if not retry or lost > MAX_LOST_ANSWERS:
                     raise self._error(error) from None
             except psycopg.Error as error:
                 raise self._error(error) from None
-        raise BackendError(f"lock server {self._server} (PostgreSQL): the tables could not be used")
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
@@ -637,14 +785,15 @@ class PostgresBackend:
         # Race: two threads on one backend: a statement on a cursor replaces the answer the
         # other has not read yet (it would read nothing, or the other's row). The kept cursor
         # is one thread's from its statement to its read; others never wait for it.
+        prepare = not conn.pooled  # Race: a pooler runs another client's same-named statement
         if not self._kept_busy.acquire(blocking=False):
             with psycopg.RawCursor(conn) as own:
-                return own.execute(statement, values, prepare=True, binary=binary).fetchall()
+                return own.execute(statement, values, prepare=prepare, binary=binary).fetchall()
         try:
             cursor = self._kept_cursor
             if cursor is None or cursor.connection is not conn:
                 cursor = self._kept_cursor = psycopg.RawCursor(conn)
-            return cursor.execute(statement, values, prepare=True, binary=binary).fetchall()
+            return cursor.execute(statement, values, prepare=prepare, binary=binary).fetchall()
         finally:
             self._kept_busy.release()
 
@@ -654,18 +803,19 @@ class PostgresBackend:
     # ------------------------------------------------------------------ schema
 
     def init(self) -> int:
-        """Create the tables (idempotent); the schema version. Needs DDL rights once; afterwards
-        the role that uses them needs only SELECT, INSERT, UPDATE, DELETE (and USAGE on the
-        token sequence)."""
+        """Create the tables (idempotent), or make the token sequence again when it was lost
+        (above every token in the rows); the schema version. Needs DDL rights then; otherwise
+        it runs no DDL, and the role that uses the tables needs only SELECT, INSERT, UPDATE,
+        DELETE (and USAGE on the token sequence)."""
         version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]  # first use creates the tables
-        if version is None or version < SCHEMA_VERSION:
+        if version is not None and version > SCHEMA_VERSION:
+            raise self._newer_schema(int(version))
+        if version is None or version < SCHEMA_VERSION or self._rows(_SEQUENCE_MISSING, {})[0][0]:
             try:
-                self._create_schema()
+                self._create_schema(repair=True)
             except psycopg.Error as cause:
                 raise self._error(cause) from None
             version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]
-        elif version > SCHEMA_VERSION:
-            raise self._newer_schema(int(version))
         return int(version)
 
     def _newer_schema(self, version: int) -> BackendError:
@@ -674,21 +824,43 @@ class PostgresBackend:
             f"{version}, newer than this mahabharatha knows ({SCHEMA_VERSION}): upgrade it"
         )
 
-    def _create_schema(self) -> None:
+    def _create_schema(self, *, repair: bool = False) -> None:
         # Race: other threads' statements on the shared connection would run inside this
         # transaction (psycopg nests a second creation as a savepoint): a thread told "held"
         # whose row is never committed. The tables are made on a connection of their own.
         with self._connect() as conn:
-            self._create_schema_on(conn)
+            self._create_schema_on(conn, repair=repair)
 
-    def _create_schema_on(self, conn: _Connection) -> None:
+    def _create_schema_on(self, conn: _Connection, *, repair: bool = False) -> None:
+        """First use (or ``lock init``: ``repair``) makes what is missing. A token sequence
+        missing next to rows is never made again silently at 1 (a reset sequence handed a new
+        holder an old holder's token): only ``lock init`` does, above the rows' tokens."""
+        advisory, *statements = _SCHEMA_DDL
         with conn.transaction():
-            for statement in _SCHEMA_DDL:
+            conn.execute(advisory)  # Race: two first uses creating the tables at once
+            if not repair and self._sequence_lost(conn):
+                raise BackendError(
+                    f"lock server {self._server} (PostgreSQL): the token sequence "
+                    "mahabharatha_lock_token is missing next to existing locks (dropped, or the "
+                    "table restored without it): run 'mahabharatha lock init' to make it again "
+                    "above every token given out"
+                )
+            for statement in statements:
                 conn.execute(statement)
+            if repair:
+                conn.execute(_SEQUENCE_ABOVE_ROWS)
             found = conn.execute(_SCHEMA_VERSION_QUERY).fetchone()
         version = found[0] if found else None
         if version is not None and version > SCHEMA_VERSION:
             raise self._newer_schema(int(version))
+
+    @staticmethod
+    def _sequence_lost(conn: _Connection) -> bool:
+        for query in (_SEQUENCE_MISSING, _TABLE_EXISTS, _ROWS_EXIST):
+            found = conn.execute(query).fetchone()
+            if not (found and found[0]):
+                return False
+        return True
 
     # ------------------------------------------------------------------ taking
 
@@ -701,7 +873,7 @@ class PostgresBackend:
         return self._params(
             feature=feature,
             pid=requester.pid,
-            details=requester.details,
+            details=_command_name_only(requester.details),
             host=self._host,  # the requester runs here (details keep only a cut host name)
             attempt=secrets.token_bytes(16),
             lease=float(seconds),
@@ -818,7 +990,7 @@ class PostgresBackend:
 
         def run(conn: _Connection) -> tuple[int, Sequence[Any] | None]:
             retry = next(calls) > 0
-            if registered and not retry:
+            if registered and not retry and not conn.pooled:  # a registered claim is prepared
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
                 values = [params[name] for name in _REGISTERED_PARAMS]
                 found = self._on_kept_cursor(conn, statement, values, binary=False)
@@ -1036,12 +1208,14 @@ class PostgresBackend:
         return bool(self._rows(_IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int) -> str:
-        params = self._params(feature=feature, pid=pid, host=self._host, **_owner_keys(pid))
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(_DONE, params).fetchall()
-
-        found = self._run(run, retry=False)  # repeated after a lost answer, it would say "not held"
+        params = self._params(
+            feature=feature,
+            pid=pid,
+            host=self._host,
+            attempt=secrets.token_bytes(16),  # a retry after a lost answer finds its own mark
+            **_owner_keys(pid),
+        )
+        found = self._rows(_DONE, params)
         if not found:
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:
@@ -1057,34 +1231,55 @@ class PostgresBackend:
     def wait_for_release(self, feature: str, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a release of ``feature`` (LISTEN/NOTIFY): True
         when one came (or when this is the first call, which only starts listening: the caller
-        tries again, and any release after that wakes it)."""
-        if self._listener is None or self._listener.closed:
-            try:
-                self._listener = psycopg.Connection.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=self._connect_timeout_arg(),
-                    application_name="mahabharatha-wait",
-                )
-                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            except psycopg.Error as error:
-                self._listener = None
-                raise self._error(error) from None
-            return True
-        wanted = [self.namespace, feature]
+        tries again, and any release after that wakes it).
+
+        The listening connection is no promise: a server's ``idle_session_timeout``, a
+        terminated backend or a frozen link ends it. Then this answers True after what is left
+        of ``timeout`` (the caller looks again; a later call listens on a new connection), and
+        the caller's own statement says whether the server is reachable at all. Every wait
+        here is bounded: the listener's statements by ``--connect-timeout``, notifications by
+        ``timeout``."""
         deadline = time.monotonic() + max(0.0, timeout)
         try:
-            while (left := deadline - time.monotonic()) > 0:
-                for note in self._listener.notifies(timeout=left):
-                    with suppress(ValueError):
-                        if json.loads(note.payload) == wanted:
-                            return True
-        except psycopg.Error as error:
+            if self._listener is None or self._listener.closed:
+                self._listener = self._connect("mahabharatha-wait")
+                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                return True
+            return self._notified(feature, deadline)
+        except psycopg.Error:
+            # Race: the listener died (or froze) between two tries; a release sent meanwhile
+            # was never heard. Look again, no sooner than a wait would have (no busy loop when
+            # listening keeps failing at once, e.g. with every connection slot taken).
+            self._drop_listener()
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return True
+
+    def _notified(self, feature: str, deadline: float) -> bool:
+        assert self._listener is not None
+        wanted = [self.namespace, feature]
+        while (left := deadline - time.monotonic()) > 0:
+            for note in self._listener.notifies(timeout=left):
+                with suppress(ValueError):
+                    if json.loads(note.payload) == wanted:
+                        return True
+        return False
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None:
             with suppress(psycopg.Error, OSError):
                 self._listener.close()
-            self._listener = None
-            raise self._error(error) from None
-        return False
+        self._listener = None
+
+
+def _out_of_slots(error: psycopg.OperationalError) -> bool:
+    """The server refused a connection because every slot is taken (SQLSTATE 53300, "sorry,
+    too many clients already"; "remaining connection slots are reserved" past the reserve)."""
+    text = str(error)
+    return (
+        getattr(error, "sqlstate", None) == "53300"
+        or "too many clients" in text
+        or "remaining connection slots are reserved" in text
+    )
 
 
 def _clock_shift(server_now: float) -> float:
@@ -1101,6 +1296,20 @@ def _acquire_values(params: dict[str, Any]) -> list[Any]:
     values = [params[name] for name in _ACQUIRE_PARAMS]
     values[-1] = values[-1] or None  # "judged", the last of _ACQUIRE_PARAMS
     return values
+
+
+def _command_name_only(details: bytes | None) -> bytes | None:
+    """Owner details with ``lock run``'s command cut to its program's name: every role that
+    may use the table reads every namespace's rows (namespaces are not a security boundary),
+    and a command line may carry a secret (``deploy --token=...``)."""
+    size = ownership.DETAILS_LAYOUT.size
+    if details is None or len(details) < size:
+        return details
+    host, separator, command = details[size:].partition(b"\0")
+    if not separator:
+        return details
+    program = command.split(b" ", 1)[0].rsplit(b"/", 1)[-1]
+    return details[:size] + host + b"\0" + program
 
 
 def _owner_keys(pid: int) -> dict[str, bytes | None]:

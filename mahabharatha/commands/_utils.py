@@ -215,9 +215,19 @@ def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
 # --------------------------------------------------------------------------- the legacy functions
 
 
+def _lock_server() -> str | None:
+    """The lock server ``MAHABHARATHA_LOCK_URL`` names: then the legacy functions answer from
+    it (``mahabharatha.backends.legacy_server``, imported only then), never from files."""
+    return os.environ.get("MAHABHARATHA_LOCK_URL") or None
+
+
 def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
     """Claim ``feature`` for this process. False when someone else holds it (or just won it)."""
     _validate_feature_name(feature)
+    if (server := _lock_server()) is not None:
+        from mahabharatha.backends import legacy_server
+
+        return legacy_server.acquire_feature_lock(server, feature, gsd_dir)
     try:
         with OpenFeatureDir(gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
@@ -235,6 +245,10 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
 def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
     """Remove this process's lock on ``feature`` (and a corrupt one); leave anyone else's."""
     _validate_feature_name(feature)
+    if (server := _lock_server()) is not None:
+        from mahabharatha.backends import legacy_server
+
+        return legacy_server.release_feature_lock(server, feature, gsd_dir)
     with OpenFeatureDir(gsd_dir, feature, create=False) as dfd:
         if dfd is not None:
             release_at(dfd, os.getpid(), time.time())
@@ -245,6 +259,10 @@ def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
 def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float | int] | None:
     """``{"pid", "timestamp", "age_seconds"}`` of an active lock on ``feature``, else ``None``."""
     _validate_feature_name(feature)
+    if (server := _lock_server()) is not None:
+        from mahabharatha.backends import legacy_server
+
+        return legacy_server.check_feature_lock(server, feature, gsd_dir)
     try:
         with OpenFeatureDir(gsd_dir, feature, create=False) as dfd:
             snapshot = MISSING if dfd is None else read_lock(dfd)

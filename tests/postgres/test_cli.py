@@ -264,3 +264,20 @@ def test_a_password_in_the_url_is_never_printed(
     assert [done.returncode for done in outputs] == [0, 1, 1, 0, 0, 0]
     for done in outputs:
         assert APP_PASSWORD not in done.stdout + done.stderr
+
+
+def test_a_namespace_over_200_bytes_is_bad_input(where: dict[str, Any]) -> None:
+    """Failed before: an ~8,000-byte namespace was taken, then release, ``--force`` and ``done``
+    failed ("payload string too long": the release's NOTIFY carries it) and clean skipped it."""
+    cwd, opts = where["cwd"], where["opts"][:2]
+    longest = "n" * 198 + "é"  # 200 bytes: allowed
+    taken, forced, done_ = ["acquire", "alpha"], ["release", "alpha", "--force"], ["done", "alpha"]
+    for command in (taken, forced, taken, done_):
+        done = cli("lock", *command, *opts, "--namespace", longest, cwd=cwd)
+        assert done.returncode == 0, done.stderr
+    too_long = "ü" * 101  # 202 bytes, 101 characters
+    for command in (["acquire", "alpha"], ["check", "alpha"], ["clean"]):
+        refused = cli("lock", *command, *opts, "--namespace", too_long, "--json", cwd=cwd)
+        assert refused.returncode == 2, refused.stderr
+        assert "at most 200" in json.loads(refused.stdout)["error"]
+        assert "Traceback" not in refused.stderr

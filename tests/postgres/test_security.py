@@ -140,3 +140,79 @@ def test_without_the_tables_a_dml_role_is_told_what_to_do(
     finally:
         admin_execute(pg_server, "DROP DATABASE mh_empty_db WITH (FORCE)")
         admin_execute(pg_server, "DROP ROLE mh_reader")
+
+
+URL_FORMS = {
+    "raw percent": ("postgresql://mh_app:pa%ss-Hidden1@127.0.0.1:{port}/mh", ["pa%ss-Hidden1"]),
+    "raw space": ("postgresql://mh_app:pa ss-Hidden1@127.0.0.1:{port}/mh", ["ss-Hidden1"]),
+    "unclosed bracket": ("postgresql://mh_app:Hidden1-pw@[::1/mh", ["Hidden1"]),
+    "key=value string": ("host=127.0.0.1 port={port} password=Hidden1-pw", ["Hidden1"]),
+    "unescaped at": ("postgresql://mh_app:Sec@Hidden1-pw@127.0.0.1:{port}/mh", ["Hidden1", "Sec"]),
+    "raw slash": ("postgresql://mh_app:Sec/Hidden1-pw@127.0.0.1:{port}/mh", ["Hidden1", "Sec"]),
+    "query password": ("postgresql://127.0.0.1:{port}/mh?password=pa%zzHidden1", ["Hidden1"]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(URL_FORMS))
+@pytest.mark.parametrize("via", ["--backend", "MAHABHARATHA_LOCK_URL"])
+def test_a_password_in_any_url_form_is_never_printed(
+    pg_server: PgServer, tmp_path: Any, form: str, via: str
+) -> None:
+    """Every way to write a password wrongly, on stderr and in ``--json``. Failed before: libpq's
+    parse error quoted the password ("invalid percent-encoded token", "unexpected spaces", the
+    whole URI for an unclosed ``[``), an unknown URL was echoed whole (a key=value string is
+    all secret), and an unescaped ``@`` made the password's end the host named in the error."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    template, secrets_ = URL_FORMS[form]
+    url = template.format(port=pg_server.port)
+    args = ["--backend", url] if via == "--backend" else []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    if via != "--backend":
+        env["MAHABHARATHA_LOCK_URL"] = url
+    options = [*args, "--namespace", "n", "--json", "--connect-timeout", "2"]
+    for command in (["check", "f"], ["acquire", "f"], ["status"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "mahabharatha", "lock", *command, *options],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=60,
+        )
+        shown = done.stdout + done.stderr
+        assert done.returncode in (2, 3), shown
+        assert "error" in json.loads(done.stdout), done.stdout
+        assert "Traceback" not in done.stderr
+        for secret in secrets_:
+            assert secret not in shown, (command, shown)
+
+
+def test_only_the_commands_name_is_stored(
+    make_backend: Callable[..., Any], pg_server: PgServer
+) -> None:
+    """Namespaces are not a security boundary: any role of the table reads every row. Failed
+    before: ``lock run``'s whole command line was stored, a secret argument with it."""
+    from mahabharatha import ownership
+
+    backend = make_backend()
+    command = ["/usr/local/bin/deploy", "--token=Hidden-Arg-1", "prod"]
+    details = ownership.details_of(os.getpid(), command)
+    assert b"Hidden-Arg-1" in details  # the file backend keeps it (on this host, 0600)
+    held = backend.try_acquire("feat", Requester(os.getpid(), details)).held
+    claimed = backend.try_claim(["c"], Requester(os.getpid(), details)).held
+    assert held is not None and claimed is not None
+    stored = admin_execute(
+        pg_server, "SELECT details FROM mahabharatha_locks WHERE namespace = %s", backend.namespace
+    )
+    assert len(stored) == 2
+    original = ownership.decode(details)
+    assert original is not None
+    for (raw,) in stored:
+        assert isinstance(raw, bytes)
+        decoded = ownership.decode(raw)
+        assert decoded is not None and decoded.cmd == "deploy"
+        assert decoded._replace(cmd=None) == original._replace(cmd=None)  # the rest is kept

@@ -24,9 +24,10 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 REQUIRE_ENV: Final = "MAHABHARATHA_REQUIRE_POSTGRES"
 """Set to 1 (CI does): a PostgreSQL test that would skip fails instead."""
@@ -102,6 +103,8 @@ class PgServer:
     base: Path
     port: int
     user: str | None
+    settings: dict[str, str] = field(default_factory=dict)
+    """Server settings (``-c name=value``) besides the suite's own, e.g. ``max_connections``."""
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -174,6 +177,7 @@ class PgServer:
             f"-k {self.socket_dir} -p {self.port} -h 127.0.0.1 -c fsync=off "
             "-c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB"
         )
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run(
             "pg_ctl",
             "-D",
@@ -224,15 +228,16 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def start_server() -> PgServer:
-    """initdb, start, create the roles; the caller stops and cleans up."""
+def start_server(settings: dict[str, str] | None = None) -> PgServer:
+    """initdb, start (with ``settings`` besides the suite's own), create the roles; the caller
+    stops and cleans up."""
     bindir = server_bindir()
     if bindir is None:
         raise RuntimeError(INSTALL_HINT)
     user = _server_user()
     # Under root: /tmp, where the server's user can reach the folder (TMPDIR may be private).
     base = Path(tempfile.mkdtemp(prefix="mh-pg-", dir="/tmp" if user else None))
-    server = PgServer(bindir, base, _free_port(), user)
+    server = PgServer(bindir, base, _free_port(), user, dict(settings or {}))
     try:
         server.init()
         server.start()
@@ -242,6 +247,58 @@ def start_server() -> PgServer:
         server.cleanup()
         raise
     return server
+
+
+@contextlib.contextmanager
+def private_server(settings: dict[str, str] | None = None) -> Iterator[PgServer]:
+    """A server of the test's own, configured with ``settings`` (for faults that would disturb
+    the shared one: crash restarts, server-wide settings); stopped and removed after."""
+    missing = client_missing()
+    if missing is not None:
+        import pytest
+
+        pytest.skip(missing)
+    server = start_server(settings)
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+        server.cleanup()
+
+
+def crash_restart(server: PgServer) -> None:
+    """SIGKILL one server process (the OOM killer's way): the postmaster ends every session,
+    drops shared memory (WAL not yet written with it) and recovers from the WAL on disk.
+    Returns once the server accepts connections again."""
+    import psycopg
+
+    witness = psycopg.connect(server.admin_url(), autocommit=True)
+    with psycopg.connect(server.admin_url(), autocommit=True) as victim:
+        found = victim.execute("SELECT pg_backend_pid()").fetchone()
+        assert found is not None
+        os.kill(int(found[0]), signal.SIGKILL)
+
+    def witness_ended() -> bool:  # the reset has begun: every session was ended
+        try:
+            witness.execute("SELECT 1")
+        except psycopg.Error:
+            return True
+        return False
+
+    try:
+        assert wait_until(witness_ended, timeout=START_TIMEOUT_SECONDS), "no crash reset"
+    finally:
+        witness.close()
+
+    def answers() -> bool:
+        try:
+            with psycopg.connect(server.admin_url(), autocommit=True, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
+
+    assert wait_until(answers, timeout=START_TIMEOUT_SECONDS), "no crash restart"
 
 
 def wait_until(predicate: object, timeout: float = 10.0) -> bool:
@@ -296,3 +353,121 @@ def shared_server() -> PgServer:
         atexit.register(stop)
         _SHARED["server"] = started
     return _SHARED["server"]
+
+
+class FreezingProxy:
+    """A TCP relay to a server that freezes a connection for good (forwards nothing more, closes
+    nothing) once its client sends a statement holding ``freeze_on``: a link that dies after
+    login without a word, as a dead host behind a live route does. ``frozen`` is set then."""
+
+    def __init__(self, target_port: int, freeze_on: bytes = b"LISTEN") -> None:
+        import threading
+
+        self.freeze_on = freeze_on
+        self.frozen = threading.Event()
+        self._target = ("127.0.0.1", target_port)
+        self._listening = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listening.getsockname()[1])
+        self._sockets: list[socket.socket] = [self._listening]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listening.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            stuck = threading.Event()
+            for source, sink, watch in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(source, sink, watch, stuck), daemon=True
+                ).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, watch: bool, stuck: Any) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if watch and self.freeze_on in data:
+                stuck.set()
+                self.frozen.set()
+            if stuck.is_set():
+                continue  # frozen: swallowed, never answered
+            with contextlib.suppress(OSError):
+                sink.sendall(data)
+
+    def url(self, password: str = APP_PASSWORD, database: str = DATABASE) -> str:
+        secret = urllib.parse.quote(password, safe="")
+        return f"postgresql://{APP_USER}:{secret}@127.0.0.1:{self.port}/{database}"
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+PGBOUNCER_HINT: Final = (
+    "PgBouncer was not found: install it (Debian/Ubuntu: apt-get install pgbouncer)"
+)
+
+
+def pgbouncer_binary() -> str | None:
+    found = shutil.which("pgbouncer")
+    if found is None and os.access("/usr/sbin/pgbouncer", os.X_OK):
+        found = "/usr/sbin/pgbouncer"
+    return found
+
+
+@contextlib.contextmanager
+def pgbouncer(
+    server: PgServer, pool_mode: str = "transaction", pool_size: int = 2
+) -> Iterator[int]:
+    """A PgBouncer in front of ``server`` (reaching it over its trusted Unix socket), in
+    ``pool_mode`` with ``pool_size`` server connections per database and user; its port."""
+    binary = pgbouncer_binary()
+    if binary is None:
+        import pytest
+
+        pytest.skip(PGBOUNCER_HINT)
+    base = Path(tempfile.mkdtemp(prefix="mh-pgb-", dir="/tmp" if server.user else None))
+    port = _free_port()
+    (base / "users.txt").write_text(f'"{APP_USER}" ""\n"{ADMIN_USER}" ""\n')
+    (base / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host={server.socket_dir} port={server.port}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {base / 'users.txt'}\n"
+        f"pool_mode = {pool_mode}\ndefault_pool_size = {pool_size}\nmax_client_conn = 500\n"
+        f"logfile = {base / 'pgbouncer.log'}\npidfile = {base / 'pgbouncer.pid'}\n"
+    )
+    command = [binary, str(base / "pgbouncer.ini")]
+    if server.user is not None:  # PgBouncer refuses to run as root
+        entry = pwd.getpwnam(server.user)
+        for path in (base, *base.iterdir()):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        command = ["runuser", "-u", server.user, "--", *command]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+
+        def accepting() -> bool:
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        assert wait_until(accepting, timeout=30), "PgBouncer did not start"
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,117 @@
+"""Many workers, few connections (issue 17 item 15, scaled down for a test): more ``lock run``
+holders at once than the server has connection slots. None exits 3, none loses its lock.
+The full measure (200 holders, ``max_connections = 40``) is ``bench/pg_many_holders.py``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_CONNECTIONS = 20
+"""17 for the app role: 3 stay reserved for superusers (the test's own inspection)."""
+HOLDERS = 40
+LEASE_SECONDS = 3
+"""``lock run`` refreshes every third of it: each holder connects again every second."""
+HANG_GUARD_SECONDS = 120.0
+
+
+@pytest.fixture(scope="module")
+def crowded_server() -> Iterator[PgServer]:
+    with private_server({"max_connections": str(MAX_CONNECTIONS)}) as server:
+        yield server
+
+
+def _rows(server: PgServer, query: str) -> int:
+    found = admin_execute(server, query)
+    count = found[0][0]
+    assert isinstance(count, int)
+    return count
+
+
+def test_more_lock_run_holders_than_connection_slots_all_hold_and_finish(
+    crowded_server: PgServer, tmp_path: Path
+) -> None:
+    """40 ``lock run`` holders, each of its own feature, against 17 connection slots; each CMD
+    waits for a byte on its stdin (sent once every holder has held and refreshed its lock).
+    Failed before: a holder kept its connection for its whole run, so the 18th and later
+    could not connect (exit 3)."""
+    url = crowded_server.url()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    opts = ["--backend", url, "--namespace", "crowd", "--lease", str(LEASE_SECONDS)]
+    made = subprocess.run(
+        [sys.executable, "-m", "mahabharatha", "lock", "init", "--backend", url],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=HANG_GUARD_SECONDS,
+    )
+    assert made.returncode == 0, made.stderr
+    run_until_a_byte = ["--timeout", "0", "--", "head", "-c", "1"]
+    holders = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mahabharatha",
+                "lock",
+                "run",
+                f"f{number:02d}",
+                *opts,
+                *run_until_a_byte,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
+        for number in range(HOLDERS)
+    ]
+    try:
+
+        def all_held_and_refreshed_or_one_ended() -> bool:
+            if any(holder.poll() is not None for holder in holders):
+                return True
+            return (
+                _rows(
+                    crowded_server,
+                    "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd'"
+                    " AND pid IS NOT NULL AND refreshed_at > acquired_at",
+                )
+                == HOLDERS
+            )
+
+        assert wait_until(all_held_and_refreshed_or_one_ended, timeout=HANG_GUARD_SECONDS)
+    finally:
+        codes = []
+        for holder in holders:
+            assert holder.stdin is not None
+            try:
+                holder.stdin.write(b"x")
+                holder.stdin.close()
+            except BrokenPipeError:
+                pass
+        for holder in holders:
+            try:
+                holder.wait(timeout=HANG_GUARD_SECONDS)
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                holder.wait()
+            assert holder.stderr is not None
+            with holder.stderr:
+                codes.append((holder.returncode, holder.stderr.read().decode(errors="replace")))
+    assert all(code == 0 for code, _ in codes), [entry for entry in codes if entry[0] != 0][:3]
+    held = _rows(
+        crowded_server,
+        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd' AND pid IS NOT NULL",
+    )
+    assert held == 0  # every one released

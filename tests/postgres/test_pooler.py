@@ -1,0 +1,105 @@
+"""Behind a transaction-mode pooler (issue 17 item 2): PgBouncer 1.18 (Debian's), which keeps no
+prepared statements per client. Nothing may run another client's statement: the backend sees
+the pooler (the server process answering is not the one the connection's start named) and uses
+no named prepared statement there."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from mahabharatha.backends.base import BackendError, Requester
+from tests.support.postgres import APP_USER, PgServer, admin_execute, pgbouncer
+
+WORKERS = 4
+FEATURES = 60
+POOL_SIZE = 2
+"""Fewer server connections than workers: every server connection serves several clients."""
+JOIN_SECONDS = 60.0
+
+
+@pytest.fixture(scope="module")
+def pooler(pg_server: PgServer) -> Iterator[str]:
+    """PgBouncer in transaction mode in front of the suite's server: the app role's URL."""
+    with pgbouncer(pg_server, "transaction", POOL_SIZE) as port:
+        yield f"postgresql://{APP_USER}@127.0.0.1:{port}/mh"
+
+
+def _work_through(url: str, namespace: str, start: Any, answers: Any) -> None:
+    """Claim, then mark done, every feature of this worker's own list (names shared by every
+    worker's list, in its own namespace); report what it was given."""
+    from mahabharatha.backends.postgres import PostgresBackend
+
+    names = [f"f{number:03d}" for number in range(FEATURES)]
+    backend: Any = PostgresBackend(url, namespace=namespace, gsd_dir="/nonexistent")
+    got: list[str] = []
+    error = None
+    start.wait()
+    try:
+        while (won := backend.try_claim(names, Requester(os.getpid()))) is not None:
+            got.append(won.held.feature)
+            backend.done(won.held.feature, os.getpid())
+    except BackendError as failed:
+        error = str(failed)
+    finally:
+        backend.close()
+    answers.put((namespace, got, error))
+
+
+def test_a_claim_storm_behind_a_transaction_pooler_gives_each_feature_once(
+    pooler: str, pg_server: PgServer, namespace: str
+) -> None:
+    """Workers of different namespaces claim the same names through PgBouncer at once (a
+    barrier). Failed before: psycopg's ``_pg3_N`` statements (and the registered claim) ran on
+    server connections another client had prepared them on: errors, or a worker told it held a
+    feature of another namespace."""
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(WORKERS)
+    answers = context.Queue()
+    spaces = [f"{namespace}-{number}" for number in range(WORKERS)]
+    workers = [
+        context.Process(target=_work_through, args=(pooler, space, start, answers))
+        for space in spaces
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        results = [answers.get(timeout=JOIN_SECONDS) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(JOIN_SECONDS)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+    expected = [f"f{number:03d}" for number in range(FEATURES)]
+    for space, got, error in results:
+        assert error is None, error
+        assert got == expected, space  # each once, in order, none of another list
+    for space in spaces:
+        done = admin_execute(
+            pg_server,
+            "SELECT count(*) FROM mahabharatha_locks WHERE namespace = %s AND done_at IS NOT NULL",
+            space,
+        )
+        assert done == [(FEATURES,)]
+
+
+def test_the_backend_sees_the_pooler_and_prepares_nothing(pooler: str, pg_server: PgServer) -> None:
+    from mahabharatha.backends.postgres import PostgresBackend
+
+    behind: Any = PostgresBackend(pooler, namespace="pooled")
+    direct: Any = PostgresBackend(pg_server.url(), namespace="pooled")
+    try:
+        for _ in range(8):  # past psycopg's threshold for preparing a statement by itself
+            behind.release_held(behind.try_acquire("feat", Requester(1)).held)
+            behind.inspect("feat")
+        assert behind._connection().pooled and not direct._connection().pooled
+        prepared = behind._connection().execute("SELECT count(*) FROM pg_prepared_statements")
+        assert prepared.fetchone() == (0,)
+    finally:
+        behind.close()
+        direct.close()
