@@ -55,6 +55,7 @@ __all__ = [
     "attach",
     "boottime_offset_ticks",
     "claims_proof",
+    "command_name_only",
     "could_own",
     "decode",
     "details_of",
@@ -383,6 +384,16 @@ def _own_details(pid: int, pgrp: int) -> bytes:
     # Keyed by pid and group: a forked child, a setpgid() or a setsid() (which changes the
     # group too) gets its own.
     return _encode(_collect(pid, None))
+
+
+def command_name_only(raw: bytes | None) -> bytes | None:
+    """``raw`` with its command cut to the program's name (``/usr/bin/deploy --token=x`` ->
+    ``deploy``): for a store every role may read. Anything not our format is returned as is."""
+    details = decode(raw)
+    if details is None or details.cmd is None:
+        return raw
+    program = details.cmd.split(" ", 1)[0].rsplit("/", 1)[-1]
+    return _encode(details._replace(cmd=program))
 
 
 def claims_proof(raw: bytes | None) -> bool:

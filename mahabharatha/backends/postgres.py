@@ -1302,14 +1302,7 @@ def _command_name_only(details: bytes | None) -> bytes | None:
     """Owner details with ``lock run``'s command cut to its program's name: every role that
     may use the table reads every namespace's rows (namespaces are not a security boundary),
     and a command line may carry a secret (``deploy --token=...``)."""
-    size = ownership.DETAILS_LAYOUT.size
-    if details is None or len(details) < size:
-        return details
-    host, separator, command = details[size:].partition(b"\0")
-    if not separator:
-        return details
-    program = command.split(b" ", 1)[0].rsplit(b"/", 1)[-1]
-    return details[:size] + host + b"\0" + program
+    return ownership.command_name_only(details)
 
 
 def _owner_keys(pid: int) -> dict[str, bytes | None]:
