@@ -8,15 +8,62 @@ import copy
 import gc
 import sys
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 from typer.main import get_command_name
 
+try:  # typer 0.28 carries its own copy of click (earlier releases depend on click itself)
+    from typer import _click as click
+except ImportError:  # typer < 0.28
+    import click  # type: ignore[no-redef,import-not-found,unused-ignore]
+
 from mahabharatha.cli import feature, lock
+from mahabharatha.cli._output import asks_for_json, emit_usage_error
+
+ARGV_KEY = "mahabharatha.argv"
+"""Where the root context keeps the command line, so that a usage error found deeper (a
+sub-command's parsing, an option's callback) can tell whether ``--json`` was asked for."""
+
+
+class JsonUsageGroup(TyperGroup):
+    """The root group: with ``--json`` among the arguments, a usage error (an unknown option, a
+    missing FEATURE, a value that does not parse) is one JSON document on stdout with an
+    ``"error"`` key, and one sentence on stderr, exit 2; without it, Typer's usual message."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            ctx = super().make_context(info_name, list(args), parent, **extra)
+        except click.ClickException as error:
+            _json_usage_error(args, error)
+            raise
+        ctx.meta[ARGV_KEY] = list(args)
+        return ctx
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as error:
+            _json_usage_error(ctx.meta.get(ARGV_KEY, ()), error)
+            raise
+
+
+def _json_usage_error(args: Sequence[str], error: click.ClickException) -> None:
+    """With ``--json`` asked for, report ``error`` as the one document and exit with its code."""
+    if asks_for_json(args):
+        emit_usage_error(error.format_message(), error.exit_code)
+
 
 app = typer.Typer(
     name="mahabharatha",
+    cls=JsonUsageGroup,
     help="Work on features without stepping on each other: feature locks and detection.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

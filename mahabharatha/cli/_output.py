@@ -52,8 +52,10 @@ __all__ = [
     "ReclaimDeadOption",
     "Result",
     "WaitOption",
+    "asks_for_json",
     "backend_for",
     "default_owner",
+    "emit_usage_error",
     "exit_code_for",
     "problem_fields",
     "problem_warnings",
@@ -337,6 +339,22 @@ def emit(result: Result, as_json: bool) -> NoReturn:
     if result.message:
         typer.echo(f"mahabharatha: {result.message}", err=True)
     raise typer.Exit(result.code)
+
+
+def asks_for_json(args: Sequence[str]) -> bool:
+    """Is ``--json`` among a command line's own arguments (those before ``--``; what follows
+    is ``lock run``'s command)?"""
+    own = list(args)
+    if "--" in own:
+        own = own[: own.index("--")]
+    return "--json" in own
+
+
+def emit_usage_error(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """A usage error under ``--json``: the one document (``{"error": ...}``) on stdout, the
+    sentence on stderr, and the usage error's code (2)."""
+    sentence_said = " ".join(message.split())  # one line, whatever click wrapped
+    emit(Result(code, {"error": sentence_said}, message=sentence_said), as_json=True)
 
 
 def respond(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 
@@ -42,7 +42,13 @@ from mahabharatha.cli._output import (
     wait_seconds,
     what_to_do,
 )
-from mahabharatha.cli._render import WaitingLine, status_table, summary
+from mahabharatha.cli._render import (
+    WaitingLine,
+    is_reclaimable,
+    status_table,
+    summary,
+    summary_counts,
+)
 from mahabharatha.commands._utils import _validate_feature_name, is_valid_feature_name
 from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR
 from mahabharatha.locks import (
@@ -186,7 +192,7 @@ def check(
         )
         held = info.held
         text = _held_text(info) if held else _free_text(info)
-        return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
+        return Result(EXIT_HELD if held else EXIT_OK, lock_entry(info), text)
 
     respond(as_json, {"feature": feature, "state": None}, action)
 
@@ -199,6 +205,12 @@ def _require_gsd_dir(gsd_dir: str) -> None:
         raise ValueError(
             f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {DEFAULT_GSD_DIR})"
         )
+
+
+def lock_entry(info: LockInfo) -> dict[str, Any]:
+    """One lock in JSON (``status``, ``check``): its facts, and whether ``--reclaim-dead``
+    would take it (held, but its owner is provably gone on this host)."""
+    return {**info.to_dict(), "reclaimable": is_reclaimable(info)}
 
 
 def _held_text(info: LockInfo) -> str:
@@ -283,7 +295,30 @@ def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
     of a lock (unknown), state ``error``, and the ``error`` sentence naming the full path."""
     unknown = dict.fromkeys(("pid", "timestamp", "age_seconds", "expires_in_seconds"))
     fields = problem_fields(problem)
-    return {**unknown, "feature": problem.feature, "state": "error", "owner": "unknown", **fields}
+    return {
+        **unknown,
+        "feature": problem.feature,
+        "state": "error",
+        "owner": "unknown",
+        "reclaimable": False,
+        **fields,
+    }
+
+
+STATUS_JSON_VERSION: Final = 1
+"""The shape of ``lock status --json``: 1 is an object (``version``, ``features``, ``summary``,
+``error`` on failure); before it, a bare list on success and an object on error."""
+
+
+def _status_document(entries: list[dict[str, Any]], infos: list[LockInfo]) -> dict[str, Any]:
+    """``lock status --json``, one shape whatever happens (an error only adds ``error``)."""
+    counts = summary_counts(infos)
+    counts["error"] = sum(entry["state"] == "error" for entry in entries)  # folders not read
+    return {
+        "version": STATUS_JSON_VERSION,
+        "features": entries,
+        "summary": {"features": len(infos) + counts["error"], **counts},
+    }
 
 
 @app.command()
@@ -299,34 +334,26 @@ def status(
     ] = False,
 ) -> None:
     """List every feature lock with its state, owner, age and time left (--all: every
-    feature folder, free and done ones too), then a one-line summary."""
+    feature folder, free and done ones too), then a one-line summary. A lock whose owner is
+    provably gone on this host is shown as reclaimable: --reclaim-dead takes it."""
 
     def action() -> Result:
         place = Place.of(backend_url, namespace, connect_timeout)
         if place.url is None:  # the server keeps the locks: no folder needed to list them
             _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
-        if as_json and not show_all:  # the summary needs every folder; JSON alone does not
-            every = infos = locks.status(
-                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-                problems=problems,
-            )
-        else:
-            every = locks.survey(
-                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-                problems=problems,
-            )
-            infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
-        listed = [i.to_dict() for i in infos] + [_problem_entry(p) for p in problems]
+        every = locks.survey(backend=backend_for(gsd_dir, place), problems=problems)
+        infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
+        listed = [lock_entry(i) for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
         return Result(
             EXIT_OK,
-            listed,
+            _status_document(listed, every),
             show=lambda: status_table(infos, summary(every)),
             warnings=problem_warnings(problems),
         )
 
-    respond(as_json, {}, action)
+    respond(as_json, _status_document([], []), action)
 
 
 @app.command()

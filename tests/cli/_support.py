@@ -45,6 +45,7 @@ STATUS_KEYS: Final = frozenset(
         "owner",
         "host",  # the holder's host and fencing token: null on files (PostgreSQL has them)
         "token",
+        "reclaimable",  # held, but its owner is provably gone here: --reclaim-dead takes it
     }
 )
 """The keys of one lock as ``lock status --json`` and ``lock check --json`` print it."""

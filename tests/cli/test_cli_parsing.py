@@ -380,7 +380,7 @@ def test_status_json_lists_every_lock_with_its_state(gsd: Path, crowded: dict[st
     result = invoke("lock", "status", "--gsd-dir", gsd, "--json")
 
     assert result.exit_code == 0
-    documents = one_document(result.stdout)
+    documents = one_document(result.stdout)["features"]
     assert isinstance(documents, list)
     by_feature = {document["feature"]: document for document in documents}
     assert len(by_feature) == len(documents), "one object per feature folder"
@@ -423,7 +423,7 @@ def test_status_with_no_locks_is_an_empty_list(gsd: Path, made: str) -> None:
     result = invoke("lock", "status", "--gsd-dir", gsd, "--json")
 
     assert result.exit_code == 0
-    assert one_document(result.stdout) == []
+    assert one_document(result.stdout)["features"] == []
 
 
 @needs_fifo

@@ -39,7 +39,7 @@ COMMANDS_THAT_REPORT_THE_HOLDER: dict[str, tuple[list[Any], HolderOf]] = {
     "acquire": (["lock", "acquire", FEATURE, "--pid", ME], lambda doc: doc["holder"]),
     "run": (["lock", "run", FEATURE, "--timeout", "0"], lambda doc: doc["holder"]),
     "check": (["lock", "check", FEATURE], lambda doc: doc),
-    "status": (["lock", "status"], lambda doc: doc[0]),
+    "status": (["lock", "status"], lambda doc: doc["features"][0]),
 }
 
 

@@ -64,7 +64,7 @@ def test_commands_answer_with_host_and_token(where: dict[str, Any]) -> None:
     assert cli("lock", "claim", *opts, cwd=cwd).returncode == 1  # none free
     assert cli("lock", "done", "beta", *opts, cwd=cwd).returncode == 0
     assert cli("lock", "release", "alpha", *opts, cwd=cwd).returncode == 0
-    listed = json.loads(cli("lock", "status", "--all", *opts, "--json", cwd=cwd).stdout)
+    listed = json.loads(cli("lock", "status", "--all", *opts, "--json", cwd=cwd).stdout)["features"]
     assert {entry["feature"]: entry["state"] for entry in listed} == {
         "alpha": "free",
         "beta": "done",
