@@ -14,12 +14,8 @@ import typer
 from typer.core import TyperGroup
 from typer.main import get_command_name
 
-try:  # typer 0.28 carries its own copy of click (earlier releases depend on click itself)
-    from typer import _click as click
-except ImportError:  # typer < 0.28
-    import click  # type: ignore[no-redef,import-not-found,unused-ignore]
-
 from mahabharatha.cli import feature, lock
+from mahabharatha.cli._click import ClickException, Context
 from mahabharatha.cli._output import asks_for_json, emit_usage_error
 
 ARGV_KEY = "mahabharatha.argv"
@@ -36,26 +32,26 @@ class JsonUsageGroup(TyperGroup):
         self,
         info_name: str | None,
         args: list[str],
-        parent: click.Context | None = None,
+        parent: Context | None = None,
         **extra: Any,
-    ) -> click.Context:
+    ) -> Context:
         try:
             ctx = super().make_context(info_name, list(args), parent, **extra)
-        except click.ClickException as error:
+        except ClickException as error:
             _json_usage_error(args, error)
             raise
         ctx.meta[ARGV_KEY] = list(args)
         return ctx
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
-        except click.ClickException as error:
+        except ClickException as error:
             _json_usage_error(ctx.meta.get(ARGV_KEY, ()), error)
             raise
 
 
-def _json_usage_error(args: Sequence[str], error: click.ClickException) -> None:
+def _json_usage_error(args: Sequence[str], error: ClickException) -> None:
     """With ``--json`` asked for, report ``error`` as the one document and exit with its code."""
     if asks_for_json(args):
         emit_usage_error(error.format_message(), error.exit_code)

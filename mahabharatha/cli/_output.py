@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final, NamedTuple, NoReturn
 
@@ -17,6 +18,7 @@ import typer
 from mahabharatha import runner
 from mahabharatha.backends import open_backend
 from mahabharatha.backends.base import LockBackend, UnsupportedError
+from mahabharatha.cli._click import ParameterSource, get_current_context
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
@@ -45,6 +47,7 @@ from mahabharatha.locks import (
 __all__ = [
     "DEFAULT_GSD_DIR",
     "RECLAIM_DEAD_ADVICE",
+    "CreateOption",
     "GsdDirOption",
     "JsonOption",
     "NonblockOption",
@@ -57,6 +60,7 @@ __all__ = [
     "default_owner",
     "emit_usage_error",
     "exit_code_for",
+    "given_gsd_dir_exists",
     "problem_fields",
     "problem_warnings",
     "respond",
@@ -357,6 +361,35 @@ def emit_usage_error(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     emit(Result(code, {"error": sentence_said}, message=sentence_said), as_json=True)
 
 
+CreateOption = Annotated[
+    bool,
+    typer.Option(
+        "--create",
+        help="Create the --gsd-dir folder if it does not exist (without it: exit 2, a typo).",
+    ),
+]
+
+
+def given_gsd_dir_exists() -> None:
+    """A ``--gsd-dir`` given on the command line must exist unless ``--create`` is given (bad
+    input, exit 2): a typo must never make a tree nobody else looks at, nor answer "free".
+    The default ``.gsd`` is created as needed."""
+    ctx = get_current_context(silent=True)
+    if ctx is None or "gsd_dir" not in ctx.params or ctx.params.get("create"):
+        return
+    if ctx.get_parameter_source("gsd_dir") is not ParameterSource.COMMANDLINE:
+        return
+    gsd_dir = ctx.params["gsd_dir"]
+    try:
+        is_folder = stat.S_ISDIR(os.stat(gsd_dir).st_mode)
+        what = "not a folder"
+    except (FileNotFoundError, NotADirectoryError):  # other OS errors (too long...): exit 3
+        is_folder, what = False, "no such folder"
+    if not is_folder:
+        create = "; --create makes it" if "create" in ctx.params else ""
+        raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names an existing gsd folder{create})")
+
+
 def respond(
     as_json: bool,
     document: dict[str, Any],
@@ -366,9 +399,10 @@ def respond(
     """Run ``action`` and print its result; an expected failure becomes one sentence and a code.
 
     ``advice`` (what to do about a held lock, or a function of the error choosing it) ends the
-    sentence of a ``LockHeldError``.
+    sentence of a ``LockHeldError``. A ``--gsd-dir`` given but missing is bad input first.
     """
     try:
+        given_gsd_dir_exists()
         result = action()
     except KeyboardInterrupt:  # Ctrl-C while waiting: still one document, still one sentence
         result = Result(EXIT_INTERRUPTED, document, message="interrupted")

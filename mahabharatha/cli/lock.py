@@ -22,6 +22,7 @@ from mahabharatha.cli._output import (
     RECLAIM_DEAD_ADVICE,
     BackendOption,
     ConnectTimeoutOption,
+    CreateOption,
     GsdDirOption,
     JsonOption,
     LeaseOption,
@@ -105,6 +106,7 @@ def acquire(
     nonblock: NonblockOption = False,
     reclaim_dead: ReclaimDeadOption = False,
     lease: LeaseOption = None,
+    create: CreateOption = False,
 ) -> None:
     """Claim FEATURE for the calling shell or worker (or --pid). Exit 1 if someone holds it.
 
@@ -246,6 +248,7 @@ def claim(
         typer.Option("--include-done", help="Also claim features marked done (lock done)."),
     ] = False,
     lease: LeaseOption = None,
+    create: CreateOption = False,
 ) -> None:
     """Claim the first free feature that is not done and print its name; exit 1 if none is."""
     owner = default_owner(pid)
@@ -442,6 +445,7 @@ def run_command(
             ),
         ),
     ] = runner.OnLost.TERMINATE,
+    create: CreateOption = False,
 ) -> None:
     """Hold FEATURE while CMD runs (kept fresh), release it after; exit with CMD's code.
 
