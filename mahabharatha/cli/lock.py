@@ -446,6 +446,21 @@ def run_command(
         ),
     ] = runner.OnLost.TERMINATE,
     create: CreateOption = False,
+    conflict_exit_code: Annotated[
+        int | None,
+        typer.Option(
+            "--conflict-exit-code",
+            "-E",
+            min=0,
+            max=255,
+            metavar="N",
+            help=(
+                "Exit N when the lock could not be taken (busy past --timeout, busy with -n, "
+                "or already held by you), as flock -E does; default 75 (busy) and 1 (yours). "
+                "--json tells it from CMD's own code: acquired false, exit_code null."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Hold FEATURE while CMD runs (kept fresh), release it after; exit with CMD's code.
 
@@ -458,7 +473,8 @@ def run_command(
     document: dict[str, Any] = {
         "feature": feature,
         "pid": os.getpid(),
-        "exit_code": None,
+        "acquired": False,  # true once held: false with an exit code is run's own answer
+        "exit_code": None,  # CMD's own code; null when CMD did not run
         "host": None,
         "token": None,
     }
@@ -500,12 +516,12 @@ def run_command(
             stopped = {**document, "exit_code": stop.status}
             return Result(stop.exit_code, stopped, message=str(stop))
         except AlreadyHeldError as mine:
-            code = exit_code_for(mine, before_run=True)
+            code = _conflict_code(mine, conflict_exit_code)
             return Result(code, {**document, "holder": mine.info.to_dict()}, message=str(mine))
         except LockHeldError as busy:
             held = {**document, "holder": busy.info.to_dict()}
             said = f"{busy}; not run: {_run_advice(busy)}"
-            return Result(exit_code_for(busy, before_run=True), held, message=said)
+            return Result(_conflict_code(busy, conflict_exit_code), held, message=said)
         except runner.Interrupted as stop:
             return Result(exit_code_for(stop, before_run=True), document, message=str(stop))
         except runner.CommandStartError as unstarted:
@@ -576,6 +592,11 @@ def reopen(
     respond(as_json, document, action)
 
 
+def _conflict_code(busy: LockHeldError, chosen: int | None) -> int:
+    """``lock run``'s exit code when it could not take the lock: ``-E N``, else the usual."""
+    return exit_code_for(busy, before_run=True) if chosen is None else chosen
+
+
 def _run_advice(busy: LockHeldError) -> str:
     if locks.owner_is_gone(busy.info):
         return RECLAIM_DEAD_ADVICE
@@ -622,7 +643,7 @@ def _held_fields(store: LockBackend, held: Held) -> dict[str, Any]:
 def _note_holder(holder: locks.FeatureLock, document: dict[str, Any]) -> None:
     """``lock run`` holds its lock: note the host and token for the JSON."""
     host = ownership.host_name() if holder.backend.supports_tokens else None
-    document.update(host=host, token=holder.token)
+    document.update(acquired=True, host=host, token=holder.token)
 
 
 @app.command()
