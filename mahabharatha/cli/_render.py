@@ -19,6 +19,7 @@ from mahabharatha.backends.base import (
 __all__ = [
     "RECLAIMABLE",
     "SUMMARY_KINDS",
+    "GoneHolderNotice",
     "WaitingLine",
     "is_reclaimable",
     "status_table",
@@ -182,3 +183,44 @@ class WaitingLine:
             sys.stderr.flush()
             self._shown = False
             self._drawn_at = None
+
+
+JUDGE_EVERY_SECONDS: Final = 1.0
+"""How often a waiter asks whether the holder still runs: the polls themselves skip that
+judgement (the process table 50 times a second would cost the waiter its CPU)."""
+
+
+class GoneHolderNotice:
+    """While a command waits for a lock: say once, on stderr, that its holder is not running
+    and that ``--reclaim-dead`` would take the lock (without it, only age frees it: up to two
+    hours of silence otherwise). ``judge`` looks at a feature's lock with its owner judged;
+    ``then`` is the callback this one wraps (the waiting line at a terminal)."""
+
+    def __init__(
+        self,
+        judge: Callable[[str], LockInfo],
+        then: Callable[[LockInfo, float | None], None] | None = None,
+    ) -> None:
+        self._judge = judge
+        self._then = then
+        self._told = False
+        self._look_at = monotonic()
+
+    def __call__(self, info: LockInfo, left: float | None) -> None:
+        if self._then is not None:
+            self._then(info, left)
+        if self._told or monotonic() < self._look_at:
+            return
+        self._look_at = monotonic() + JUDGE_EVERY_SECONDS
+        try:
+            judged = self._judge(info.feature)
+        except OSError:  # a look that failed says nothing; the wait goes on and asks again
+            return
+        if is_reclaimable(judged):
+            self._told = True
+            erase = "\r\x1b[K" if sys.stderr.isatty() else ""  # over the waiting line, if any
+            sys.stderr.write(
+                f"{erase}mahabharatha: {describe_holder(judged)}; still waiting (until it turns"
+                " stale): --reclaim-dead would take it now\n"
+            )
+            sys.stderr.flush()

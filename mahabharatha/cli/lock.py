@@ -44,6 +44,7 @@ from mahabharatha.cli._output import (
     what_to_do,
 )
 from mahabharatha.cli._render import (
+    GoneHolderNotice,
     WaitingLine,
     is_reclaimable,
     status_table,
@@ -132,7 +133,7 @@ def acquire(
                 pid=owner,
                 timeout=timeout,
                 reclaim_dead=reclaim_dead,
-                on_wait=line.callback,
+                on_wait=_on_wait(store, line, reclaim_dead),
                 lease=lease,
             )
         found = {**document, "acquired": True, **_held_fields(store, held)}
@@ -372,17 +373,15 @@ def clean(
     reclaim_dead: ReclaimDeadOption = False,
 ) -> None:
     """Remove stale and corrupt locks, non-file entries and orphan temp files."""
-    document: dict[str, Any] = {"dry_run": dry_run, "entries": []}
+    document: dict[str, Any] = {"dry_run": dry_run, "entries": [], "reclaimable": []}
 
     def action() -> Result:
         if Place.of(backend_url, namespace, connect_timeout).url is None:
             _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
+        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
         entries = locks.clean(
-            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-            dry_run=dry_run,
-            reclaim_dead=reclaim_dead,
-            problems=problems,
+            backend=store, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
         )
         verb = "would remove" if dry_run else "removed"
         lines = [f"{verb} {e.path} ({_why(e)})" for e in entries if e.removed or dry_run]
@@ -391,15 +390,32 @@ def clean(
             for e in entries
             if not e.removed and not dry_run
         ]
+        gone = [] if reclaim_dead else _reclaimable_features(store)
+        if gone:
+            lines.append(
+                f"left {len(gone)} lock(s) whose owner is not running ({', '.join(gone)}): "
+                "lock clean --reclaim-dead removes them"
+            )
         text = "\n".join(lines) or ("nothing to clean" if not problems else None)
         found = {
             **document,
             "entries": [e.to_dict() for e in entries],
             "problems": [problem_fields(p) for p in problems],
+            "reclaimable": gone,
         }
         return Result(EXIT_OK, found, text, warnings=problem_warnings(problems))
 
     respond(as_json, document, action)
+
+
+def _reclaimable_features(store: LockBackend) -> list[str]:
+    """The features whose lock only --reclaim-dead would remove (its owner is gone here)."""
+    skipped: list[FeatureProblem] = []  # clean has reported these already
+    return [
+        info.feature
+        for info in locks.status(backend=store, problems=skipped)
+        if is_reclaimable(info)
+    ]
 
 
 def _why(entry: locks.CleanedEntry) -> str:
@@ -488,14 +504,15 @@ def run_command(
     def action() -> Result:
         try:
             line = WaitingLine()  # entered by run_locked around the wait only
+            store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
             holder = locks.FeatureLock(
                 feature,
                 gsd_dir,
-                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
+                backend=store,
                 timeout=timeout,
                 heartbeat=heartbeat,
                 reclaim_dead=reclaim_dead,
-                on_wait=line.callback,
+                on_wait=_on_wait(store, line, reclaim_dead),
                 command=command,
                 caller_pids=(os.getppid(),),  # the shell that ran us: its lock is "yours" too
                 lease=lease,
@@ -590,6 +607,16 @@ def reopen(
         return Result(EXIT_OK, {**document, "reopened": removed}, text)
 
     respond(as_json, document, action)
+
+
+def _on_wait(
+    store: LockBackend, line: WaitingLine, reclaim_dead: bool
+) -> locks.WaitCallback | None:
+    """What a waiting command does at each look: the waiting line (at a terminal), and a word,
+    once, when the holder is not running (unless --reclaim-dead takes such a lock anyway)."""
+    if reclaim_dead:
+        return line.callback
+    return GoneHolderNotice(lambda feature: locks.inspect(feature, backend=store), line.callback)
 
 
 def _conflict_code(busy: LockHeldError, chosen: int | None) -> int:

@@ -111,6 +111,15 @@ def dead_pid() -> int:
     return int(child.stdout)
 
 
+def lock_of_a_dead_process(gsd: Path, feature: str = FEATURE) -> None:
+    """A fresh lock taken through the package by a process (in a group of its own) that has
+    then exited: provably gone on this host, whatever owner details the lock carries."""
+    code = f"from mahabharatha import locks; locks.acquire({feature!r}, {str(gsd)!r})"
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=RUN_TIMEOUT, start_new_session=True
+    )
+
+
 # --------------------------------------------------------------------------- in process
 
 
