@@ -125,6 +125,7 @@ def acquire(
 
     def action() -> Result:
         store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        warned = _valid_case_warnings(gsd_dir, feature)  # before acquire makes a new folder
         with WaitingLine() as line:
             held = locks.acquire(
                 feature,
@@ -137,7 +138,12 @@ def acquire(
                 lease=lease,
             )
         found = {**document, "acquired": True, **_held_fields(store, held)}
-        return Result(EXIT_OK, found, f"acquired {feature} for pid {owner}")
+        return Result(
+            EXIT_OK,
+            found,
+            f"acquired {feature} for pid {owner}",
+            warnings=warned,
+        )
 
     respond(as_json, document, action, advice=what_to_do)
 
@@ -210,6 +216,61 @@ def _require_gsd_dir(gsd_dir: str) -> None:
         )
 
 
+def case_warnings(gsd_dir: str, feature: str) -> list[str]:
+    """A warning when ``feature`` differs only by case from an existing feature folder: on a
+    case-sensitive file system they are two features (two locks, a typo nobody else sees); on a
+    case-insensitive one (macOS by default) they are one folder, so say which lock is taken.
+    Cheap on the common path: the folder list is read only for a new name or a folder that a
+    case-flipped name also reaches."""
+    specs = os.path.join(gsd_dir, "specs")
+    folder = os.path.join(specs, feature)
+    flipped = feature.swapcase()
+    if not os.path.isdir(folder):
+        twins = " or ".join(repr(twin) for twin in _case_twins(specs, feature))
+        if not twins:
+            return []
+        return [
+            f"{feature!r} differs only by case from the feature {twins}: it is another "
+            f"feature with its own lock (did you mean {twins}?)"
+        ]
+    if flipped == feature or not same_folder(folder, os.path.join(specs, flipped)):
+        return []
+    return [
+        f"{feature!r} is the folder {name!r} on this case-insensitive file system: the lock "
+        f"taken is {name!r}'s ({os.path.join(specs, name, '.lock')})"
+        for name in _case_twins(specs, feature)
+    ]
+
+
+def _valid_case_warnings(gsd_dir: str, feature: str) -> list[str]:
+    """:func:`case_warnings` for a name that may be invalid (the command says so itself)."""
+    return case_warnings(gsd_dir, feature) if is_valid_feature_name(feature) else []
+
+
+def _case_twins(specs: str, feature: str) -> list[str]:
+    """Folders under ``specs`` whose name equals ``feature`` but for case."""
+    wanted = feature.casefold()
+    try:
+        with os.scandir(specs) as entries:
+            return sorted(
+                entry.name
+                for entry in entries
+                if entry.name != feature
+                and entry.name.casefold() == wanted
+                and entry.is_dir(follow_symlinks=False)
+            )
+    except OSError:  # no specs folder yet (or unreadable): nothing to compare with
+        return []
+
+
+def same_folder(one: str, other: str) -> bool:
+    """Do two paths reach one folder (a case-insensitive file system)?"""
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
+
+
 def lock_entry(info: LockInfo) -> dict[str, Any]:
     """One lock in JSON (``status``, ``check``): its facts, and whether ``--reclaim-dead``
     would take it (held, but its owner is provably gone on this host)."""
@@ -266,6 +327,7 @@ def claim(
             _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        warned = [w for name in features or () for w in _valid_case_warnings(gsd_dir, name)]
         held = locks.claim_held(
             features,
             backend=store,
@@ -289,7 +351,7 @@ def claim(
             return Result(EXIT_HELD, found, message="no free feature to claim")
         assert held is not None
         claimed = {**found, "feature": won, "claimed": True, **_held_fields(store, held)}
-        return Result(EXIT_OK, claimed, won, warnings=problem_warnings(problems))
+        return Result(EXIT_OK, claimed, won, warnings=[*warned, *problem_warnings(problems)])
 
     respond(as_json, document, action)
 
@@ -505,6 +567,8 @@ def run_command(
         try:
             line = WaitingLine()  # entered by run_locked around the wait only
             store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+            for warning in _valid_case_warnings(gsd_dir, feature):
+                typer.echo(f"mahabharatha: {warning}", err=True)
             holder = locks.FeatureLock(
                 feature,
                 gsd_dir,
