@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 from typer.main import get_command_name
 
 from mahabharatha.cli import feature, lock
@@ -92,6 +92,32 @@ def _options(
 
 app.add_typer(lock.app, name="lock")
 app.add_typer(feature.app, name="feature")
+
+
+class PlainUsageCommand(TyperCommand):
+    """A command whose usage line shows a required argument as ``FEATURE``, as other command
+    lines do (typer writes ``{FEATURE}``, a notation of its own)."""
+
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        return [_unbraced(piece) for piece in super().collect_usage_pieces(ctx)]
+
+
+def _unbraced(piece: str) -> str:
+    return piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+
+
+def _plain_usage_everywhere(root: typer.Typer) -> None:
+    """Every command of every group (those added later too, if registered before this runs)
+    writes its usage line the plain way, unless it chose a class of its own."""
+    for group in root.registered_groups:
+        if group.typer_instance is None:
+            continue
+        for command in group.typer_instance.registered_commands:
+            if command.cls in (None, TyperCommand):  # typer's default, not a chosen class
+                command.cls = PlainUsageCommand
+
+
+_plain_usage_everywhere(app)
 
 
 def app_for(argv: Sequence[str]) -> typer.Typer:

@@ -124,12 +124,26 @@ def _finite_seconds(value: float | None) -> float | None:
     return value
 
 
+ACROSS_HOSTS: Final = "Across hosts"
+"""The help panel of the options that matter only with a PostgreSQL --backend."""
+
+
+def _namespace_given(value: str | None) -> str | None:
+    """An empty ``--namespace`` is a mistake, not "the default" (bad input, exit 2)."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter(
+            "a namespace cannot be empty (leave --namespace out for the default)"
+        )
+    return value
+
+
 BackendOption = Annotated[
     str | None,
     typer.Option(
         "--backend",
         metavar="URL",
         show_default=False,
+        rich_help_panel=ACROSS_HOSTS,
         help=(
             "Where locks live: a postgresql:// URL (libpq syntax; PGPASSWORD, ~/.pgpass work). "
             f"Default: ${URL_ENV}, else the folder --gsd-dir."
@@ -141,6 +155,8 @@ NamespaceOption = Annotated[
     typer.Option(
         "--namespace",
         metavar="NAME",
+        callback=_namespace_given,
+        rich_help_panel=ACROSS_HOSTS,
         help=(
             f"PostgreSQL: whose locks these are (default: ${NAMESPACE_ENV}, else the "
             "repository's origin remote)."
@@ -152,6 +168,7 @@ ConnectTimeoutOption = Annotated[
     typer.Option(
         "--connect-timeout",
         metavar="SECONDS",
+        rich_help_panel=ACROSS_HOSTS,
         min=0.1,
         callback=_finite_seconds,
         help="PostgreSQL: give up on an unreachable or silent server after SECONDS (exit 3).",
@@ -162,6 +179,7 @@ LeaseOption = Annotated[
     typer.Option(
         "--lease",
         metavar="SECONDS",
+        rich_help_panel=ACROSS_HOSTS,
         min=1,
         callback=_finite_seconds,
         help=(

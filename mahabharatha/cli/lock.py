@@ -193,7 +193,11 @@ def check(
     namespace: NamespaceOption = None,
     connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
 ) -> None:
-    """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held."""
+    """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held.
+
+    A feature nobody has locked is free, also one with no folder at all: check never says
+    whether a feature exists (lock status --all lists the feature folders).
+    """
 
     def action() -> Result:
         info = locks.inspect(
@@ -312,7 +316,12 @@ def claim(
     lease: LeaseOption = None,
     create: CreateOption = False,
 ) -> None:
-    """Claim the first free feature that is not done and print its name; exit 1 if none is."""
+    """Claim the first free feature that is not done and print its name.
+
+    Exit codes: 0 claimed (its name on stdout); 1 none free (every feature done or held, or
+    no feature at all); 2 bad input; 3 an OS error, or nothing claimed while some feature
+    folder could not be tried.
+    """
     owner = default_owner(pid)
     document: dict[str, Any] = {
         "feature": None,
