@@ -16,7 +16,10 @@ __all__ = ["POSTGRES_EXTRA_HINT", "open_backend"]
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 """The URL schemes that name a PostgreSQL server (libpq accepts both)."""
 
-POSTGRES_EXTRA_HINT: Final = "pip install 'mahabharatha[postgres]'"
+POSTGRES_EXTRA_HINT: Final = (
+    "pip install '.[postgres]' in the mahabharatha checkout (the postgres extra; the package "
+    "is on no package index, so 'mahabharatha[postgres]' cannot be fetched by name)"
+)
 """What to run when the PostgreSQL backend or its driver is not installed."""
 
 

@@ -32,9 +32,7 @@ try:
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
 except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
-    raise ImportError(
-        "a postgresql:// lock URL needs psycopg: pip install 'mahabharatha[postgres]'"
-    ) from missing
+    raise ImportError("a postgresql:// lock URL needs psycopg 3, the postgres extra") from missing
 
 import itertools
 
