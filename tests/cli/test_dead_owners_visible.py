@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
+import pytest
+
 from tests.cli._support import (
     FEATURE,
     cli_argv,
@@ -56,19 +58,22 @@ def test_clean_names_a_dead_owners_lock_and_dry_run_with_reclaim_dead_lists_it(g
     assert lock_path(gsd).is_file(), "a dry run removes nothing"
 
 
-def test_lock_run_waiting_on_a_dead_owner_says_once_that_reclaim_dead_would_take_it(
-    tmp_path: Path, gsd: Path, spawn: Any
+WAITERS: Final = {
+    "run": ["run", FEATURE, "--", sys.executable, "-c", "print('ran')"],
+    "acquire": ["acquire", FEATURE, "--wait", "600"],
+}
+"""Commands that wait for a busy lock (options go before ``--``)."""
+
+
+@pytest.mark.parametrize("command", sorted(WAITERS))
+def test_a_command_waiting_on_a_dead_owner_says_once_that_reclaim_dead_would_take_it(
+    tmp_path: Path, gsd: Path, spawn: Any, command: str
 ) -> None:
     """Fails on the old code: nothing was said for up to two hours (the lock's age)."""
     lock_of_a_dead_process(gsd)
-    runner = spawn(
-        [
-            *cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--"),
-            sys.executable,
-            "-c",
-            "print('ran')",
-        ]
-    )
+    argv = WAITERS[command]
+    at = argv.index("--") if "--" in argv else len(argv)
+    runner = spawn(cli_argv("lock", *argv[:at], "--gsd-dir", gsd, *argv[at:]))
 
     said = runner.next_line("stderr")
     assert NOTICE in said and "not running" in said, said
@@ -80,7 +85,7 @@ def test_lock_run_waiting_on_a_dead_owner_says_once_that_reclaim_dead_would_take
     )
 
     assert runner.wait() == 0, runner.stderr
-    assert runner.stdout == "ran\n"
+    assert runner.stdout.startswith("ran" if command == "run" else "acquired")
     assert runner.stderr.count(NOTICE) == 1, runner.stderr
 
 
