@@ -19,6 +19,7 @@ from mahabharatha import runner
 from mahabharatha.backends import open_backend
 from mahabharatha.backends.base import LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
+from mahabharatha.cli._render import is_reclaimable
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
@@ -61,6 +62,8 @@ __all__ = [
     "emit_usage_error",
     "exit_code_for",
     "given_gsd_dir_exists",
+    "holder_fields",
+    "lock_entry",
     "problem_fields",
     "problem_warnings",
     "respond",
@@ -308,8 +311,15 @@ def sentence(error: BaseException) -> str:
     return str(error)
 
 
+def lock_entry(info: LockInfo) -> dict[str, Any]:
+    """One lock in JSON (``status``, ``check``, a ``holder``): its facts, and whether
+    ``--reclaim-dead`` would take it (held, but its owner is provably gone on this host)."""
+    return {**info.to_dict(), "reclaimable": is_reclaimable(info)}
+
+
 def holder_fields(info: LockInfo) -> dict[str, Any]:
-    return {"holder": info.to_dict()}
+    """The lock that stopped a command, as its JSON document names it."""
+    return {"holder": lock_entry(info)}
 
 
 RECLAIM_DEAD_ADVICE: Final = "its owner is gone: --reclaim-dead takes the lock over"

@@ -220,7 +220,7 @@ class GoneHolderNotice:
             self._told = True
             erase = "\r\x1b[K" if sys.stderr.isatty() else ""  # over the waiting line, if any
             sys.stderr.write(
-                f"{erase}mahabharatha: {describe_holder(judged)}; still waiting (until it turns"
-                " stale): --reclaim-dead would take it now\n"
+                f"{erase}mahabharatha: {describe_holder(judged)}; waiting for it all the same:"
+                " --reclaim-dead would take it now\n"
             )
             sys.stderr.flush()

@@ -36,6 +36,8 @@ from mahabharatha.cli._output import (
     backend_for,
     default_owner,
     exit_code_for,
+    holder_fields,
+    lock_entry,
     problem_fields,
     problem_warnings,
     respond,
@@ -273,12 +275,6 @@ def same_folder(one: str, other: str) -> bool:
         return os.path.samefile(one, other)
     except OSError:
         return False
-
-
-def lock_entry(info: LockInfo) -> dict[str, Any]:
-    """One lock in JSON (``status``, ``check``): its facts, and whether ``--reclaim-dead``
-    would take it (held, but its owner is provably gone on this host)."""
-    return {**info.to_dict(), "reclaimable": is_reclaimable(info)}
 
 
 def _held_text(info: LockInfo) -> str:
@@ -607,9 +603,9 @@ def run_command(
             return Result(stop.exit_code, stopped, message=str(stop))
         except AlreadyHeldError as mine:
             code = _conflict_code(mine, conflict_exit_code)
-            return Result(code, {**document, "holder": mine.info.to_dict()}, message=str(mine))
+            return Result(code, {**document, **holder_fields(mine.info)}, message=str(mine))
         except LockHeldError as busy:
-            held = {**document, "holder": busy.info.to_dict()}
+            held = {**document, **holder_fields(busy.info)}
             said = f"{busy}; not run: {_run_advice(busy)}"
             return Result(_conflict_code(busy, conflict_exit_code), held, message=said)
         except runner.Interrupted as stop:
