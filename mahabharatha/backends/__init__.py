@@ -27,7 +27,10 @@ POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,20})://")
 """A URL's scheme, the only part of an unknown URL that a message repeats."""
 
-POSTGRES_EXTRA_HINT: Final = "pip install 'mahabharatha[postgres]'"
+POSTGRES_EXTRA_HINT: Final = (
+    "pip install '.[postgres]' in the mahabharatha checkout (the postgres extra; the package "
+    "is on no package index, so 'mahabharatha[postgres]' cannot be fetched by name)"
+)
 """What to run when the PostgreSQL backend or its driver is not installed."""
 
 

@@ -33,9 +33,7 @@ try:
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
 except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
-    raise ImportError(
-        "a postgresql:// lock URL needs psycopg: pip install 'mahabharatha[postgres]'"
-    ) from missing
+    raise ImportError("a postgresql:// lock URL needs psycopg 3, the postgres extra") from missing
 
 import itertools
 
@@ -594,7 +592,8 @@ class PostgresBackend:
         if chosen is None:
             raise ValueError(
                 "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
-                "none could be derived because this folder's repository has no 'origin' remote"
+                "none could be derived: the --gsd-dir folder is in no git repository with an "
+                "'origin' remote"
             )
         timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
         return cls(url, namespace=chosen, gsd_dir=gsd_dir, connect_timeout=timeout)

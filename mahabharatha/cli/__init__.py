@@ -8,15 +8,58 @@ import copy
 import gc
 import sys
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 from typer.main import get_command_name
 
 from mahabharatha.cli import feature, lock
+from mahabharatha.cli._click import ClickException, Context
+from mahabharatha.cli._output import asks_for_json, emit_usage_error
+
+ARGV_KEY = "mahabharatha.argv"
+"""Where the root context keeps the command line, so that a usage error found deeper (a
+sub-command's parsing, an option's callback) can tell whether ``--json`` was asked for."""
+
+
+class JsonUsageGroup(TyperGroup):
+    """The root group: with ``--json`` among the arguments, a usage error (an unknown option, a
+    missing FEATURE, a value that does not parse) is one JSON document on stdout with an
+    ``"error"`` key, and one sentence on stderr, exit 2; without it, Typer's usual message."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: Context | None = None,
+        **extra: Any,
+    ) -> Context:
+        try:
+            ctx = super().make_context(info_name, list(args), parent, **extra)
+        except ClickException as error:
+            _json_usage_error(args, error)
+            raise
+        ctx.meta[ARGV_KEY] = list(args)
+        return ctx
+
+    def invoke(self, ctx: Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ClickException as error:
+            _json_usage_error(ctx.meta.get(ARGV_KEY, ()), error)
+            raise
+
+
+def _json_usage_error(args: Sequence[str], error: ClickException) -> None:
+    """With ``--json`` asked for, report ``error`` as the one document and exit with its code."""
+    if asks_for_json(args):
+        emit_usage_error(error.format_message(), error.exit_code)
+
 
 app = typer.Typer(
     name="mahabharatha",
+    cls=JsonUsageGroup,
     help="Work on features without stepping on each other: feature locks and detection.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -49,6 +92,32 @@ def _options(
 
 app.add_typer(lock.app, name="lock")
 app.add_typer(feature.app, name="feature")
+
+
+class PlainUsageCommand(TyperCommand):
+    """A command whose usage line shows a required argument as ``FEATURE``, as other command
+    lines do (typer writes ``{FEATURE}``, a notation of its own)."""
+
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        return [_unbraced(piece) for piece in super().collect_usage_pieces(ctx)]
+
+
+def _unbraced(piece: str) -> str:
+    return piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+
+
+def _plain_usage_everywhere(root: typer.Typer) -> None:
+    """Every command of every group (those added later too, if registered before this runs)
+    writes its usage line the plain way, unless it chose a class of its own."""
+    for group in root.registered_groups:
+        if group.typer_instance is None:
+            continue
+        for command in group.typer_instance.registered_commands:
+            if command.cls in (None, TyperCommand):  # typer's default, not a chosen class
+                command.cls = PlainUsageCommand
+
+
+_plain_usage_everywhere(app)
 
 
 def app_for(argv: Sequence[str]) -> typer.Typer:

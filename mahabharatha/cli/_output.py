@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final, NamedTuple, NoReturn
 
@@ -17,6 +18,8 @@ import typer
 from mahabharatha import runner
 from mahabharatha.backends import open_backend
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
+from mahabharatha.cli._click import ParameterSource, get_current_context
+from mahabharatha.cli._render import is_reclaimable
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
@@ -45,6 +48,7 @@ from mahabharatha.locks import (
 __all__ = [
     "DEFAULT_GSD_DIR",
     "RECLAIM_DEAD_ADVICE",
+    "CreateOption",
     "GsdDirOption",
     "JsonOption",
     "NonblockOption",
@@ -52,9 +56,14 @@ __all__ = [
     "ReclaimDeadOption",
     "Result",
     "WaitOption",
+    "asks_for_json",
     "backend_for",
     "default_owner",
+    "emit_usage_error",
     "exit_code_for",
+    "given_gsd_dir_exists",
+    "holder_fields",
+    "lock_entry",
     "problem_fields",
     "problem_warnings",
     "respond",
@@ -118,12 +127,26 @@ def _finite_seconds(value: float | None) -> float | None:
     return value
 
 
+ACROSS_HOSTS: Final = "Across hosts"
+"""The help panel of the options that matter only with a PostgreSQL --backend."""
+
+
+def _namespace_given(value: str | None) -> str | None:
+    """An empty ``--namespace`` is a mistake, not "the default" (bad input, exit 2)."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter(
+            "a namespace cannot be empty (leave --namespace out for the default)"
+        )
+    return value
+
+
 BackendOption = Annotated[
     str | None,
     typer.Option(
         "--backend",
         metavar="URL",
         show_default=False,
+        rich_help_panel=ACROSS_HOSTS,
         help=(
             "Where locks live: a postgresql:// URL (libpq syntax; PGPASSWORD, ~/.pgpass work). "
             f"Default: ${URL_ENV}, else the folder --gsd-dir."
@@ -135,6 +158,8 @@ NamespaceOption = Annotated[
     typer.Option(
         "--namespace",
         metavar="NAME",
+        callback=_namespace_given,
+        rich_help_panel=ACROSS_HOSTS,
         help=(
             f"PostgreSQL: whose locks these are (default: ${NAMESPACE_ENV}, else the "
             "repository's origin remote)."
@@ -146,6 +171,7 @@ ConnectTimeoutOption = Annotated[
     typer.Option(
         "--connect-timeout",
         metavar="SECONDS",
+        rich_help_panel=ACROSS_HOSTS,
         min=0.1,
         callback=_finite_seconds,
         help="PostgreSQL: give up on an unreachable or silent server after SECONDS (exit 3).",
@@ -156,6 +182,7 @@ LeaseOption = Annotated[
     typer.Option(
         "--lease",
         metavar="SECONDS",
+        rich_help_panel=ACROSS_HOSTS,
         min=1,
         callback=_finite_seconds,
         help=(
@@ -322,8 +349,15 @@ def sentence(error: BaseException) -> str:
     return str(error)
 
 
+def lock_entry(info: LockInfo) -> dict[str, Any]:
+    """One lock in JSON (``status``, ``check``, a ``holder``): its facts, and whether
+    ``--reclaim-dead`` would take it (held, but its owner is provably gone on this host)."""
+    return {**info.to_dict(), "reclaimable": is_reclaimable(info)}
+
+
 def holder_fields(info: LockInfo) -> dict[str, Any]:
-    return {"holder": info.to_dict()}
+    """The lock that stopped a command, as its JSON document names it."""
+    return {"holder": lock_entry(info)}
 
 
 RECLAIM_DEAD_ADVICE: Final = "its owner is gone: --reclaim-dead takes the lock over"
@@ -379,6 +413,51 @@ def emit(result: Result, as_json: bool) -> NoReturn:
     raise typer.Exit(result.code)
 
 
+def asks_for_json(args: Sequence[str]) -> bool:
+    """Is ``--json`` among a command line's own arguments (those before ``--``; what follows
+    is ``lock run``'s command)?"""
+    own = list(args)
+    if "--" in own:
+        own = own[: own.index("--")]
+    return "--json" in own
+
+
+def emit_usage_error(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    """A usage error under ``--json``: the one document (``{"error": ...}``) on stdout, the
+    sentence on stderr, and the usage error's code (2)."""
+    sentence_said = " ".join(message.split())  # one line, whatever click wrapped
+    emit(Result(code, {"error": sentence_said}, message=sentence_said), as_json=True)
+
+
+CreateOption = Annotated[
+    bool,
+    typer.Option(
+        "--create",
+        help="Create the --gsd-dir folder if it does not exist (without it: exit 2, a typo).",
+    ),
+]
+
+
+def given_gsd_dir_exists() -> None:
+    """A ``--gsd-dir`` given on the command line must exist unless ``--create`` is given (bad
+    input, exit 2): a typo must never make a tree nobody else looks at, nor answer "free".
+    The default ``.gsd`` is created as needed."""
+    ctx = get_current_context(silent=True)
+    if ctx is None or "gsd_dir" not in ctx.params or ctx.params.get("create"):
+        return
+    if ctx.get_parameter_source("gsd_dir") is not ParameterSource.COMMANDLINE:
+        return
+    gsd_dir = ctx.params["gsd_dir"]
+    try:
+        is_folder = stat.S_ISDIR(os.stat(gsd_dir).st_mode)
+        what = "not a folder"
+    except (FileNotFoundError, NotADirectoryError):  # other OS errors (too long...): exit 3
+        is_folder, what = False, "no such folder"
+    if not is_folder:
+        create = "; --create makes it" if "create" in ctx.params else ""
+        raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names an existing gsd folder{create})")
+
+
 def respond(
     as_json: bool,
     document: dict[str, Any],
@@ -388,9 +467,10 @@ def respond(
     """Run ``action`` and print its result; an expected failure becomes one sentence and a code.
 
     ``advice`` (what to do about a held lock, or a function of the error choosing it) ends the
-    sentence of a ``LockHeldError``.
+    sentence of a ``LockHeldError``. A ``--gsd-dir`` given but missing is bad input first.
     """
     try:
+        given_gsd_dir_exists()
         result = action()
     except KeyboardInterrupt:  # Ctrl-C while waiting: still one document, still one sentence
         result = Result(EXIT_INTERRUPTED, document, message="interrupted")

@@ -7,13 +7,42 @@ from collections.abc import Callable
 from time import monotonic
 from typing import Final, Self
 
-from mahabharatha.backends.base import LockInfo, describe_holder, format_duration
+from mahabharatha.backends.base import (
+    HELD_STATES,
+    LockInfo,
+    State,
+    describe_holder,
+    format_duration,
+    owner_is_gone,
+)
 
 __all__ = [
+    "RECLAIMABLE",
+    "SUMMARY_KINDS",
+    "GoneHolderNotice",
     "WaitingLine",
+    "is_reclaimable",
     "status_table",
     "summary",
+    "summary_counts",
 ]
+
+RECLAIMABLE: Final = "reclaimable"
+"""The kind of a held lock whose owner is provably gone here: ``--reclaim-dead`` takes it."""
+_COUNTED_AS_HELD: Final = frozenset({State.ACTIVE, State.WRITING})
+SUMMARY_KINDS: Final = (
+    "done",
+    "held",
+    RECLAIMABLE,
+    "free",
+    "stale",
+    *(
+        str(state)
+        for state in State
+        if state not in _COUNTED_AS_HELD and state not in (State.DONE, State.FREE, State.STALE)
+    ),
+)
+"""The kinds every summary counts, each also when none is there: one shape for JSON readers."""
 
 
 def _seconds(value: float | None) -> str:
@@ -21,14 +50,33 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else format_duration(value)
 
 
-def summary(infos: list[LockInfo]) -> str:
-    """One line counting every feature folder: done, held, free, stale (and any others)."""
-    counts: dict[str, int] = {}
+def is_reclaimable(info: LockInfo) -> bool:
+    """Is it held only by an owner that is provably gone on this host (``--reclaim-dead``)?"""
+    return info.state in HELD_STATES and owner_is_gone(info)
+
+
+def _kind(info: LockInfo) -> str:
+    if is_reclaimable(info):
+        return RECLAIMABLE
+    return "held" if info.state in _COUNTED_AS_HELD else str(info.state)
+
+
+def summary_counts(infos: list[LockInfo]) -> dict[str, int]:
+    """How many features of each kind of :data:`SUMMARY_KINDS` (0 when none)."""
+    counts = dict.fromkeys(SUMMARY_KINDS, 0)
     for info in infos:
-        kind = "held" if info.state in ("active", "writing") else info.state
+        kind = _kind(info)
         counts[kind] = counts.get(kind, 0) + 1
-    parts = [f"{counts.pop(kind, 0)} {kind}" for kind in ("done", "held", "free", "stale")]
-    parts += [f"{count} {kind}" for kind, count in sorted(counts.items())]
+    return counts
+
+
+def summary(infos: list[LockInfo]) -> str:
+    """One line counting every feature folder: done, held, free, stale (and any others, such
+    as reclaimable locks whose owner is gone, when there are some)."""
+    counts = summary_counts(infos)
+    always = ("done", "held", "free", "stale")
+    parts = [f"{counts.pop(kind)} {kind}" for kind in always]
+    parts += [f"{count} {kind}" for kind, count in sorted(counts.items()) if count]
     plural = "" if len(infos) == 1 else "s"
     return f"{len(infos)} feature{plural}: " + ", ".join(parts)
 
@@ -40,7 +88,7 @@ def _row(info: LockInfo) -> tuple[str, ...]:
     pid = "-" if info.pid is None else str(info.pid)
     return (
         info.feature,
-        info.state,
+        RECLAIMABLE if is_reclaimable(info) else info.state,
         pid,
         info.owner,
         _seconds(info.age_seconds),
@@ -60,6 +108,8 @@ def status_table(infos: list[LockInfo], footer: str | None = None) -> None:
         _rich_table([_row(info) for info in infos])
     else:
         _plain_table([_row(info) for info in infos])
+    if any(is_reclaimable(info) for info in infos):
+        print(f"{RECLAIMABLE}: its owner is gone; --reclaim-dead (acquire, claim, clean) takes it")
     if footer:
         print(footer)
 
@@ -133,3 +183,44 @@ class WaitingLine:
             sys.stderr.flush()
             self._shown = False
             self._drawn_at = None
+
+
+JUDGE_EVERY_SECONDS: Final = 1.0
+"""How often a waiter asks whether the holder still runs: the polls themselves skip that
+judgement (the process table 50 times a second would cost the waiter its CPU)."""
+
+
+class GoneHolderNotice:
+    """While a command waits for a lock: say once, on stderr, that its holder is not running
+    and that ``--reclaim-dead`` would take the lock (without it, only age frees it: up to two
+    hours of silence otherwise). ``judge`` looks at a feature's lock with its owner judged;
+    ``then`` is the callback this one wraps (the waiting line at a terminal)."""
+
+    def __init__(
+        self,
+        judge: Callable[[str], LockInfo],
+        then: Callable[[LockInfo, float | None], None] | None = None,
+    ) -> None:
+        self._judge = judge
+        self._then = then
+        self._told = False
+        self._look_at = monotonic()
+
+    def __call__(self, info: LockInfo, left: float | None) -> None:
+        if self._then is not None:
+            self._then(info, left)
+        if self._told or monotonic() < self._look_at:
+            return
+        self._look_at = monotonic() + JUDGE_EVERY_SECONDS
+        try:
+            judged = self._judge(info.feature)
+        except OSError:  # a look that failed says nothing; the wait goes on and asks again
+            return
+        if is_reclaimable(judged):
+            self._told = True
+            erase = "\r\x1b[K" if sys.stderr.isatty() else ""  # over the waiting line, if any
+            sys.stderr.write(
+                f"{erase}mahabharatha: {describe_holder(judged)}; waiting for it all the same:"
+                " --reclaim-dead would take it now\n"
+            )
+            sys.stderr.flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 
@@ -22,6 +22,7 @@ from mahabharatha.cli._output import (
     RECLAIM_DEAD_ADVICE,
     BackendOption,
     ConnectTimeoutOption,
+    CreateOption,
     GsdDirOption,
     JsonOption,
     LeaseOption,
@@ -35,6 +36,8 @@ from mahabharatha.cli._output import (
     backend_for,
     default_owner,
     exit_code_for,
+    holder_fields,
+    lock_entry,
     problem_fields,
     problem_warnings,
     respond,
@@ -42,7 +45,14 @@ from mahabharatha.cli._output import (
     wait_seconds,
     what_to_do,
 )
-from mahabharatha.cli._render import WaitingLine, status_table, summary
+from mahabharatha.cli._render import (
+    GoneHolderNotice,
+    WaitingLine,
+    is_reclaimable,
+    status_table,
+    summary,
+    summary_counts,
+)
 from mahabharatha.commands._utils import _validate_feature_name, is_valid_feature_name
 from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR
 from mahabharatha.locks import (
@@ -99,6 +109,7 @@ def acquire(
     nonblock: NonblockOption = False,
     reclaim_dead: ReclaimDeadOption = False,
     lease: LeaseOption = None,
+    create: CreateOption = False,
 ) -> None:
     """Claim FEATURE for the calling shell or worker (or --pid). Exit 1 if someone holds it.
 
@@ -116,6 +127,7 @@ def acquire(
 
     def action() -> Result:
         store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        warned = _valid_case_warnings(gsd_dir, feature)  # before acquire makes a new folder
         with WaitingLine() as line:
             held = locks.acquire(
                 feature,
@@ -124,11 +136,16 @@ def acquire(
                 pid=owner,
                 timeout=timeout,
                 reclaim_dead=reclaim_dead,
-                on_wait=line.callback,
+                on_wait=_on_wait(store, line, reclaim_dead),
                 lease=lease,
             )
         found = {**document, "acquired": True, **_held_fields(store, held)}
-        return Result(EXIT_OK, found, f"acquired {feature} for pid {owner}")
+        return Result(
+            EXIT_OK,
+            found,
+            f"acquired {feature} for pid {owner}",
+            warnings=warned,
+        )
 
     respond(as_json, document, action, advice=what_to_do)
 
@@ -178,7 +195,11 @@ def check(
     namespace: NamespaceOption = None,
     connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
 ) -> None:
-    """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held."""
+    """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held.
+
+    A feature nobody has locked is free, also one with no folder at all: check never says
+    whether a feature exists (lock status --all lists the feature folders).
+    """
 
     def action() -> Result:
         info = locks.inspect(
@@ -186,7 +207,7 @@ def check(
         )
         held = info.held
         text = _held_text(info) if held else _free_text(info)
-        return Result(EXIT_HELD if held else EXIT_OK, info.to_dict(), text)
+        return Result(EXIT_HELD if held else EXIT_OK, lock_entry(info), text)
 
     respond(as_json, {"feature": feature, "state": None}, action)
 
@@ -199,6 +220,61 @@ def _require_gsd_dir(gsd_dir: str) -> None:
         raise ValueError(
             f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {DEFAULT_GSD_DIR})"
         )
+
+
+def case_warnings(gsd_dir: str, feature: str) -> list[str]:
+    """A warning when ``feature`` differs only by case from an existing feature folder: on a
+    case-sensitive file system they are two features (two locks, a typo nobody else sees); on a
+    case-insensitive one (macOS by default) they are one folder, so say which lock is taken.
+    Cheap on the common path: the folder list is read only for a new name or a folder that a
+    case-flipped name also reaches."""
+    specs = os.path.join(gsd_dir, "specs")
+    folder = os.path.join(specs, feature)
+    flipped = feature.swapcase()
+    if not os.path.isdir(folder):
+        twins = " or ".join(repr(twin) for twin in _case_twins(specs, feature))
+        if not twins:
+            return []
+        return [
+            f"{feature!r} differs only by case from the feature {twins}: it is another "
+            f"feature with its own lock (did you mean {twins}?)"
+        ]
+    if flipped == feature or not same_folder(folder, os.path.join(specs, flipped)):
+        return []
+    return [
+        f"{feature!r} is the folder {name!r} on this case-insensitive file system: the lock "
+        f"taken is {name!r}'s ({os.path.join(specs, name, '.lock')})"
+        for name in _case_twins(specs, feature)
+    ]
+
+
+def _valid_case_warnings(gsd_dir: str, feature: str) -> list[str]:
+    """:func:`case_warnings` for a name that may be invalid (the command says so itself)."""
+    return case_warnings(gsd_dir, feature) if is_valid_feature_name(feature) else []
+
+
+def _case_twins(specs: str, feature: str) -> list[str]:
+    """Folders under ``specs`` whose name equals ``feature`` but for case."""
+    wanted = feature.casefold()
+    try:
+        with os.scandir(specs) as entries:
+            return sorted(
+                entry.name
+                for entry in entries
+                if entry.name != feature
+                and entry.name.casefold() == wanted
+                and entry.is_dir(follow_symlinks=False)
+            )
+    except OSError:  # no specs folder yet (or unreadable): nothing to compare with
+        return []
+
+
+def same_folder(one: str, other: str) -> bool:
+    """Do two paths reach one folder (a case-insensitive file system)?"""
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def _held_text(info: LockInfo) -> str:
@@ -234,8 +310,14 @@ def claim(
         typer.Option("--include-done", help="Also claim features marked done (lock done)."),
     ] = False,
     lease: LeaseOption = None,
+    create: CreateOption = False,
 ) -> None:
-    """Claim the first free feature that is not done and print its name; exit 1 if none is."""
+    """Claim the first free feature that is not done and print its name.
+
+    Exit codes: 0 claimed (its name on stdout); 1 none free (every feature done or held, or
+    no feature at all); 2 bad input; 3 an OS error, or nothing claimed while some feature
+    folder could not be tried.
+    """
     owner = default_owner(pid)
     document: dict[str, Any] = {
         "feature": None,
@@ -250,6 +332,7 @@ def claim(
             _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        warned = [w for name in features or () for w in _valid_case_warnings(gsd_dir, name)]
         held = locks.claim_held(
             features,
             backend=store,
@@ -273,7 +356,7 @@ def claim(
             return Result(EXIT_HELD, found, message="no free feature to claim")
         assert held is not None
         claimed = {**found, "feature": won, "claimed": True, **_held_fields(store, held)}
-        return Result(EXIT_OK, claimed, won, warnings=problem_warnings(problems))
+        return Result(EXIT_OK, claimed, won, warnings=[*warned, *problem_warnings(problems)])
 
     respond(as_json, document, action)
 
@@ -283,7 +366,30 @@ def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
     of a lock (unknown), state ``error``, and the ``error`` sentence naming the full path."""
     unknown = dict.fromkeys(("pid", "timestamp", "age_seconds", "expires_in_seconds"))
     fields = problem_fields(problem)
-    return {**unknown, "feature": problem.feature, "state": "error", "owner": "unknown", **fields}
+    return {
+        **unknown,
+        "feature": problem.feature,
+        "state": "error",
+        "owner": "unknown",
+        "reclaimable": False,
+        **fields,
+    }
+
+
+STATUS_JSON_VERSION: Final = 1
+"""The shape of ``lock status --json``: 1 is an object (``version``, ``features``, ``summary``,
+``error`` on failure); before it, a bare list on success and an object on error."""
+
+
+def _status_document(entries: list[dict[str, Any]], infos: list[LockInfo]) -> dict[str, Any]:
+    """``lock status --json``, one shape whatever happens (an error only adds ``error``)."""
+    counts = summary_counts(infos)
+    counts["error"] = sum(entry["state"] == "error" for entry in entries)  # folders not read
+    return {
+        "version": STATUS_JSON_VERSION,
+        "features": entries,
+        "summary": {"features": len(infos) + counts["error"], **counts},
+    }
 
 
 @app.command()
@@ -299,34 +405,26 @@ def status(
     ] = False,
 ) -> None:
     """List every feature lock with its state, owner, age and time left (--all: every
-    feature folder, free and done ones too), then a one-line summary."""
+    feature folder, free and done ones too), then a one-line summary. A lock whose owner is
+    provably gone on this host is shown as reclaimable: --reclaim-dead takes it."""
 
     def action() -> Result:
         place = Place.of(backend_url, namespace, connect_timeout)
         if place.url is None:  # the server keeps the locks: no folder needed to list them
             _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
-        if as_json and not show_all:  # the summary needs every folder; JSON alone does not
-            every = infos = locks.status(
-                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-                problems=problems,
-            )
-        else:
-            every = locks.survey(
-                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-                problems=problems,
-            )
-            infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
-        listed = [i.to_dict() for i in infos] + [_problem_entry(p) for p in problems]
+        every = locks.survey(backend=backend_for(gsd_dir, place), problems=problems)
+        infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
+        listed = [lock_entry(i) for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
         return Result(
             EXIT_OK,
-            listed,
+            _status_document(listed, every),
             show=lambda: status_table(infos, summary(every)),
             warnings=problem_warnings(problems),
         )
 
-    respond(as_json, {}, action)
+    respond(as_json, _status_document([], []), action)
 
 
 @app.command()
@@ -342,17 +440,15 @@ def clean(
     reclaim_dead: ReclaimDeadOption = False,
 ) -> None:
     """Remove stale and corrupt locks, non-file entries and orphan temp files."""
-    document: dict[str, Any] = {"dry_run": dry_run, "entries": []}
+    document: dict[str, Any] = {"dry_run": dry_run, "entries": [], "reclaimable": []}
 
     def action() -> Result:
         if Place.of(backend_url, namespace, connect_timeout).url is None:
             _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
+        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
         entries = locks.clean(
-            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-            dry_run=dry_run,
-            reclaim_dead=reclaim_dead,
-            problems=problems,
+            backend=store, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
         )
         verb = "would remove" if dry_run else "removed"
         lines = [f"{verb} {e.path} ({_why(e)})" for e in entries if e.removed or dry_run]
@@ -361,15 +457,32 @@ def clean(
             for e in entries
             if not e.removed and not dry_run
         ]
+        gone = [] if reclaim_dead else _reclaimable_features(store)
+        if gone:
+            lines.append(
+                f"left {len(gone)} lock(s) whose owner is not running ({', '.join(gone)}): "
+                "lock clean --reclaim-dead removes them"
+            )
         text = "\n".join(lines) or ("nothing to clean" if not problems else None)
         found = {
             **document,
             "entries": [e.to_dict() for e in entries],
             "problems": [problem_fields(p) for p in problems],
+            "reclaimable": gone,
         }
         return Result(EXIT_OK, found, text, warnings=problem_warnings(problems))
 
     respond(as_json, document, action)
+
+
+def _reclaimable_features(store: LockBackend) -> list[str]:
+    """The features whose lock only --reclaim-dead would remove (its owner is gone here)."""
+    skipped: list[FeatureProblem] = []  # clean has reported these already
+    return [
+        info.feature
+        for info in locks.status(backend=store, problems=skipped)
+        if is_reclaimable(info)
+    ]
 
 
 def _why(entry: locks.CleanedEntry) -> str:
@@ -415,6 +528,22 @@ def run_command(
             ),
         ),
     ] = runner.OnLost.TERMINATE,
+    create: CreateOption = False,
+    conflict_exit_code: Annotated[
+        int | None,
+        typer.Option(
+            "--conflict-exit-code",
+            "-E",
+            min=0,
+            max=255,
+            metavar="N",
+            help=(
+                "Exit N when the lock could not be taken (busy past --timeout, busy with -n, "
+                "or already held by you), as flock -E does; default 75 (busy) and 1 (yours). "
+                "--json tells it from CMD's own code: acquired false, exit_code null."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Hold FEATURE while CMD runs (kept fresh), release it after; exit with CMD's code.
 
@@ -427,7 +556,8 @@ def run_command(
     document: dict[str, Any] = {
         "feature": feature,
         "pid": os.getpid(),
-        "exit_code": None,
+        "acquired": False,  # true once held: false with an exit code is run's own answer
+        "exit_code": None,  # CMD's own code; null when CMD did not run
         "host": None,
         "token": None,
     }
@@ -441,14 +571,17 @@ def run_command(
     def action() -> Result:
         try:
             line = WaitingLine()  # entered by run_locked around the wait only
+            store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+            for warning in _valid_case_warnings(gsd_dir, feature):
+                typer.echo(f"mahabharatha: {warning}", err=True)
             holder = locks.FeatureLock(
                 feature,
                 gsd_dir,
-                backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
+                backend=store,
                 timeout=timeout,
                 heartbeat=heartbeat,
                 reclaim_dead=reclaim_dead,
-                on_wait=line.callback,
+                on_wait=_on_wait(store, line, reclaim_dead),
                 command=command,
                 caller_pids=(os.getppid(),),  # the shell that ran us: its lock is "yours" too
                 lease=lease,
@@ -475,12 +608,12 @@ def run_command(
                 return lost._replace(message=f"{lost.message or holder.lost}; {left}")
             return Result(left.status, kept, message=str(left))
         except AlreadyHeldError as mine:
-            code = exit_code_for(mine, before_run=True)
-            return Result(code, {**document, "holder": mine.info.to_dict()}, message=str(mine))
+            code = _conflict_code(mine, conflict_exit_code)
+            return Result(code, {**document, **holder_fields(mine.info)}, message=str(mine))
         except LockHeldError as busy:
-            held = {**document, "holder": busy.info.to_dict()}
+            held = {**document, **holder_fields(busy.info)}
             said = f"{busy}; not run: {_run_advice(busy)}"
-            return Result(exit_code_for(busy, before_run=True), held, message=said)
+            return Result(_conflict_code(busy, conflict_exit_code), held, message=said)
         except runner.Interrupted as stop:
             return Result(exit_code_for(stop, before_run=True), document, message=str(stop))
         except runner.CommandStartError as unstarted:
@@ -554,6 +687,21 @@ def reopen(
     respond(as_json, document, action)
 
 
+def _on_wait(
+    store: LockBackend, line: WaitingLine, reclaim_dead: bool
+) -> locks.WaitCallback | None:
+    """What a waiting command does at each look: the waiting line (at a terminal), and a word,
+    once, when the holder is not running (unless --reclaim-dead takes such a lock anyway)."""
+    if reclaim_dead:
+        return line.callback
+    return GoneHolderNotice(lambda feature: locks.inspect(feature, backend=store), line.callback)
+
+
+def _conflict_code(busy: LockHeldError, chosen: int | None) -> int:
+    """``lock run``'s exit code when it could not take the lock: ``-E N``, else the usual."""
+    return exit_code_for(busy, before_run=True) if chosen is None else chosen
+
+
 def _run_advice(busy: LockHeldError) -> str:
     if locks.owner_is_gone(busy.info):
         return RECLAIM_DEAD_ADVICE
@@ -600,7 +748,7 @@ def _held_fields(store: LockBackend, held: Held) -> dict[str, Any]:
 def _note_holder(holder: locks.FeatureLock, document: dict[str, Any]) -> None:
     """``lock run`` holds its lock: note the host and token for the JSON."""
     host = ownership.host_name() if holder.backend.supports_tokens else None
-    document.update(host=host, token=holder.token)
+    document.update(acquired=True, host=host, token=holder.token)
 
 
 @app.command()

@@ -45,6 +45,7 @@ STATUS_KEYS: Final = frozenset(
         "owner",
         "host",  # the holder's host and fencing token: null on files (PostgreSQL has them)
         "token",
+        "reclaimable",  # held, but its owner is provably gone here: --reclaim-dead takes it
     }
 )
 """The keys of one lock as ``lock status --json`` and ``lock check --json`` print it."""
@@ -108,6 +109,15 @@ def dead_pid() -> int:
         check=True,
     )
     return int(child.stdout)
+
+
+def lock_of_a_dead_process(gsd: Path, feature: str = FEATURE) -> None:
+    """A fresh lock taken through the package by a process (in a group of its own) that has
+    then exited: provably gone on this host, whatever owner details the lock carries."""
+    code = f"from mahabharatha import locks; locks.acquire({feature!r}, {str(gsd)!r})"
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=RUN_TIMEOUT, start_new_session=True
+    )
 
 
 # --------------------------------------------------------------------------- in process

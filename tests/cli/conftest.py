@@ -14,8 +14,11 @@ from tests.cli._support import Child
 
 @pytest.fixture
 def gsd(tmp_path: Path) -> Path:
-    """An absolute gsd folder that is not the default ``.gsd``: the CLI must be told where it is."""
-    return tmp_path / "gsd-root"
+    """An absolute gsd folder that is not the default ``.gsd``: the CLI must be told where it is.
+    It exists, as a given ``--gsd-dir`` must (a missing one is a typo: exit 2)."""
+    folder = tmp_path / "gsd-root"
+    folder.mkdir()
+    return folder
 
 
 @pytest.fixture(autouse=True)

@@ -129,7 +129,9 @@ def test_status_all_lists_free_and_done_folders_with_a_summary(gsd: Path) -> Non
     locks.done("done1", gsd, pid=ME)
     locks.acquire("held1", gsd, pid=ME)
     write_lock(gsd, "stale1", pid=ME, timestamp=1000.0)
-    document = one_document(invoke("lock", "status", "--all", "--json", "--gsd-dir", gsd).stdout)
+    document = one_document(invoke("lock", "status", "--all", "--json", "--gsd-dir", gsd).stdout)[
+        "features"
+    ]
     assert {entry["feature"]: entry["state"] for entry in document} == {
         "done1": "done",
         "free1": "free",
@@ -137,7 +139,7 @@ def test_status_all_lists_free_and_done_folders_with_a_summary(gsd: Path) -> Non
         "stale1": "stale",
     }
     assert all(set(entry) == STATUS_KEYS for entry in document)
-    plain = one_document(invoke("lock", "status", "--json", "--gsd-dir", gsd).stdout)
+    plain = one_document(invoke("lock", "status", "--json", "--gsd-dir", gsd).stdout)["features"]
     assert [entry["feature"] for entry in plain] == ["held1", "stale1"]
     human = invoke("lock", "status", "--all", "--gsd-dir", gsd).stdout.strip().splitlines()
     assert human[-1] == "4 features: 1 done, 1 held, 1 free, 1 stale"

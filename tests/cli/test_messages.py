@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,23 +11,14 @@ import pytest
 
 from tests.cli._support import (
     FEATURE,
-    RUN_TIMEOUT,
     invoke,
+    lock_of_a_dead_process,
     one_document,
     one_sentence,
     write_lock,
 )
 
 ME = os.getpid()
-
-
-def lock_of_a_dead_process(gsd: Path, feature: str = FEATURE) -> None:
-    """A fresh lock taken through the package by a process (in a group of its own) that has
-    then exited: provably gone on this host, whatever owner details the lock carries."""
-    code = f"from mahabharatha import locks; locks.acquire({feature!r}, {str(gsd)!r})"
-    subprocess.run(
-        [sys.executable, "-c", code], check=True, timeout=RUN_TIMEOUT, start_new_session=True
-    )
 
 
 HolderOf = Callable[[Any], Any]
@@ -39,7 +28,7 @@ COMMANDS_THAT_REPORT_THE_HOLDER: dict[str, tuple[list[Any], HolderOf]] = {
     "acquire": (["lock", "acquire", FEATURE, "--pid", ME], lambda doc: doc["holder"]),
     "run": (["lock", "run", FEATURE, "--timeout", "0"], lambda doc: doc["holder"]),
     "check": (["lock", "check", FEATURE], lambda doc: doc),
-    "status": (["lock", "status"], lambda doc: doc[0]),
+    "status": (["lock", "status"], lambda doc: doc["features"][0]),
 }
 
 

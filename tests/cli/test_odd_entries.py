@@ -178,7 +178,7 @@ def test_a_folder_the_caller_may_not_read_is_reported_and_the_rest_is_done(
     assert folder_a in report["stderr"] and "Permission denied" in report["stderr"], report
     assert report["code"] == 0, report
     if command == "status":
-        by_feature = {entry["feature"]: entry for entry in document}
+        by_feature = {entry["feature"]: entry for entry in document["features"]}
         assert by_feature["B"]["state"] == "stale"
         assert by_feature["A"]["state"] == "error" and folder_a in by_feature["A"]["error"]
     elif command == "clean":

@@ -128,11 +128,17 @@ def test_a_missing_gsd_folder_is_said_not_taken_for_no_locks(
     missing = tmp_path / "nonexistent"
     result = invoke("lock", *argv, "--gsd-dir", missing)
     assert result.exit_code == 2
+    create = "; --create makes it" if argv == ["claim"] else ""
     assert one_sentence(result.stderr) == (
-        f"mahabharatha: no such folder: {missing} (--gsd-dir names the gsd folder; default .gsd)"
+        f"mahabharatha: no such folder: {missing} (--gsd-dir names an existing gsd folder{create})"
     )
     as_json = invoke("lock", *argv, "--gsd-dir", missing, "--json")
     assert as_json.exit_code == 2 and "no such folder" in json.dumps(one_document(as_json.stdout))
+    default = invoke("lock", *argv)  # the default .gsd is missing too: still not "no locks"
+    assert default.exit_code == 2
+    assert one_sentence(default.stderr) == (
+        "mahabharatha: no such folder: .gsd (--gsd-dir names the gsd folder; default .gsd)"
+    )
 
 
 def test_feature_detect_says_where_it_looked(gsd: Path) -> None:
@@ -146,7 +152,6 @@ def test_feature_detect_says_where_it_looked(gsd: Path) -> None:
 
 def test_feature_detect_says_why_it_skipped_invalid_sources(gsd: Path) -> None:
     """Fails before the fix: invalid sources were passed over in silence."""
-    gsd.mkdir()
     (gsd / ".current-feature").write_text("../escape\n")
     result = invoke("feature", "detect", "--gsd-dir", gsd, env={"MAHABHARATHA_FEATURE": "a/b"})
     assert result.exit_code == 1

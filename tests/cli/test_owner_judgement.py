@@ -199,7 +199,7 @@ def test_a_process_whose_main_thread_exited_still_owns_its_lock(
     wait_for(lambda: _leader_state(holder.pid) == "Z", what="the main thread to exit")
 
     status = run_cli("lock", "status", "--gsd-dir", gsd, "--json", cwd=tmp_path)
-    [document] = one_document(status.stdout)
+    [document] = one_document(status.stdout)["features"]
     assert (document["pid"], document["owner"]) == (holder.pid, "running")
     refused = run_cli("lock", "acquire", FEATURE, "--gsd-dir", gsd, "--reclaim-dead", cwd=tmp_path)
     assert refused.returncode == 1, refused.stderr
@@ -245,7 +245,7 @@ def test_a_judge_in_another_pid_namespace_never_takes_a_live_hosts_lock(
         status = run_cli_in_new_pid_namespace(
             "lock", "status", "--gsd-dir", gsd, "--json", cwd=tmp_path
         )
-        [document] = one_document(status.stdout)
+        [document] = one_document(status.stdout)["features"]
         assert (document["pid"], document["owner"]) == (owner, "running"), status.stderr
         taken = run_cli_in_new_pid_namespace(  # --pid 1: our parent is outside the namespace
             "lock",

@@ -33,8 +33,8 @@ REQUIRE_ENV: Final = "MAHABHARATHA_REQUIRE_POSTGRES"
 """Set to 1 (CI does): a PostgreSQL test that would skip fails instead."""
 INSTALL_HINT: Final = (
     "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found: install them "
-    "(Debian/Ubuntu: apt-get install postgresql) and the client (pip install "
-    "'mahabharatha[postgres]') to run these tests"
+    "(Debian/Ubuntu: apt-get install postgresql) and the client (in the checkout: pip "
+    "install '.[postgres]') to run these tests"
 )
 ADMIN_USER: Final = "mh_admin"
 ADMIN_PASSWORD: Final = "adm1n-S3cret-pw"
@@ -72,7 +72,7 @@ def client_missing() -> str | None:
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        return "psycopg is not installed: pip install 'mahabharatha[postgres]'"
+        return "psycopg is not installed: pip install '.[postgres]' in the checkout"
     return None
 
 
