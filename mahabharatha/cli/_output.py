@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import stat
-from collections.abc import Callable, Sequence
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Annotated, Any, Final, NamedTuple, NoReturn
 
 import typer
@@ -311,6 +315,7 @@ class Result(NamedTuple):
     message: str | None = None  # for stderr (a sentence about a failure)
     show: Callable[[], None] | None = None  # a richer picture for a person (a table)
     warnings: Sequence[str] = ()  # for stderr, whatever the exit code
+    give_back: Callable[[], object] | None = None  # undoes what was taken if no answer gets out
 
 
 def exit_code_for(error: BaseException, *, before_run: bool = False) -> int:
@@ -389,7 +394,99 @@ def problem_warnings(problems: list[FeatureProblem]) -> list[str]:
     return [f"skipped {p.feature}: {sentence(p.error)}" for p in problems]
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while a command works: ended like a Ctrl-C (one answer, and a lock a
+    try had just taken is given back by that try), with the signal's own exit code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+ENDING_SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a command at once by default: they raise :class:`Terminated` instead."""
+
+
+@contextmanager
+def _termination_raised() -> Iterator[None]:
+    """Make TERM and HUP (where their handler is the default, not ignored by a ``nohup``)
+    raise :class:`Terminated`: a lock operation's own deferral then keeps them from cutting a
+    publish short, and the answer (or a give-back) always follows."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise Terminated(signum)
+
+    saved = {}
+    for signum in ENDING_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            saved[signum] = signal.signal(signum, terminate)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+@contextmanager
+def _signals_held_back() -> Iterator[list[int]]:
+    """While the answer is written: TERM, HUP and INT are noted, not acted on (the command
+    ends right after with the answer's code, which is what a caller must learn)."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    saved = {}
+    for signum in (*ENDING_SIGNALS, signal.SIGINT):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            saved[signum] = signal.signal(signum, lambda got, _frame: caught.append(got))
+    try:
+        yield caught
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
 def emit(result: Result, as_json: bool) -> NoReturn:
+    """Print ``result`` and exit with its code. When the answer cannot be written (stdout on a
+    full disk, a reader gone) a lock the command took is given back and the exit is 3: never
+    a lock its caller was not told of, never "held by someone else"."""
+    with _signals_held_back():
+        try:
+            _write(result, as_json)
+        except OSError as error:
+            _answer_lost(result, error)
+    raise typer.Exit(result.code)
+
+
+def _answer_lost(result: Result, error: OSError) -> NoReturn:
+    _silence_stdout()
+    taken_back = ""
+    if result.give_back is not None:
+        try:
+            result.give_back()
+            taken_back = "; the lock it took was released"
+        except (OSError, LockError) as failed:
+            taken_back = f"; the lock it took stays held ({sentence(failed)})"
+    with suppress(OSError):
+        typer.echo(
+            f"mahabharatha: could not write the answer ({sentence(error)}){taken_back}", err=True
+        )
+    raise typer.Exit(EXIT_OS_ERROR)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush of what could not be written
+    must not print an 'Exception ignored' trace at exit."""
+    with suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
+def _write(result: Result, as_json: bool) -> None:
     if as_json:
         document = result.document
         if (
@@ -410,7 +507,7 @@ def emit(result: Result, as_json: bool) -> NoReturn:
         typer.echo(f"mahabharatha: {warning}", err=True)
     if result.message:
         typer.echo(f"mahabharatha: {result.message}", err=True)
-    raise typer.Exit(result.code)
+    sys.stdout.flush()  # a write error (a full disk, a closed pipe) shows here, not at exit
 
 
 def asks_for_json(args: Sequence[str]) -> bool:
@@ -443,6 +540,9 @@ def given_gsd_dir_exists() -> None:
     input, exit 2): a typo must never make a tree nobody else looks at, nor answer "free".
     The default ``.gsd`` is created as needed."""
     ctx = get_current_context(silent=True)
+    if ctx is not None and ctx.params.get("gsd_dir", None) == "":
+        # `--gsd-dir "$GSD"` with GSD unset: never today's folder by accident (bad input).
+        raise ValueError("--gsd-dir is empty (an unset variable?): name the gsd folder")
     if ctx is None or "gsd_dir" not in ctx.params or ctx.params.get("create"):
         return
     if ctx.get_parameter_source("gsd_dir") is not ParameterSource.COMMANDLINE:
@@ -470,10 +570,12 @@ def respond(
     sentence of a ``LockHeldError``. A ``--gsd-dir`` given but missing is bad input first.
     """
     try:
-        given_gsd_dir_exists()
-        result = action()
-    except KeyboardInterrupt:  # Ctrl-C while waiting: still one document, still one sentence
-        result = Result(EXIT_INTERRUPTED, document, message="interrupted")
+        with _termination_raised():
+            given_gsd_dir_exists()
+            result = action()
+    except KeyboardInterrupt as stop:  # Ctrl-C, TERM, HUP: still one document, one sentence
+        code = killed_by(stop.signum) if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+        result = Result(code, document, message="interrupted")
     except (ValueError, LockError, OSError) as error:
         message = sentence(error)
         extra = {}

@@ -145,6 +145,7 @@ def acquire(
             found,
             f"acquired {feature} for pid {owner}",
             warnings=warned,
+            give_back=lambda: store.release_held(held),  # when the answer cannot get out
         )
 
     respond(as_json, document, action, advice=what_to_do)
@@ -356,7 +357,13 @@ def claim(
             return Result(EXIT_HELD, found, message="no free feature to claim")
         assert held is not None
         claimed = {**found, "feature": won, "claimed": True, **_held_fields(store, held)}
-        return Result(EXIT_OK, claimed, won, warnings=[*warned, *problem_warnings(problems)])
+        return Result(
+            EXIT_OK,
+            claimed,
+            won,
+            warnings=[*warned, *problem_warnings(problems)],
+            give_back=lambda: store.release_held(held),  # when the answer cannot get out
+        )
 
     respond(as_json, document, action)
 

@@ -29,3 +29,30 @@ def test_every_function_reads_an_empty_gsd_dir_as_todays_directory(
     locks.release("layer", "", pid=held.pid)
     assert not (tmp_path / "specs" / "legacy" / ".lock").exists()
     assert not (tmp_path / "specs" / "layer" / ".lock").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("lock", "acquire", "f"),
+        ("lock", "acquire", "f", "--create"),
+        ("lock", "check", "f"),
+        ("lock", "status"),
+        ("lock", "claim"),
+        ("lock", "run", "f", "--", "true"),
+    ],
+    ids=["acquire", "acquire-create", "check", "status", "claim", "run"],
+)
+def test_an_empty_gsd_dir_on_the_cli_is_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    """``--gsd-dir "$GSD"`` with ``GSD`` unset: exit 2 and nothing made anywhere."""
+    from tests.cli._support import invoke
+
+    monkeypatch.chdir(tmp_path)
+    command, verb, *rest = args
+    split = rest.index("--") if "--" in rest else len(rest)
+    result = invoke(command, verb, *rest[:split], "--gsd-dir", "", *rest[split:])
+    assert result.exit_code == 2, result.output
+    assert "--gsd-dir is empty" in result.stderr
+    assert list(tmp_path.iterdir()) == []
