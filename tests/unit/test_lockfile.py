@@ -98,6 +98,35 @@ def test_atomic_acquire_race_simulation(mocker: Any, gsd: str) -> None:
     assert not lock_of(gsd).exists()
 
 
+@pytest.mark.parametrize("unnamed", [True, False], ids=["O_TMPFILE", "named-temp"])
+def test_a_publish_that_loses_the_link_race_leaves_the_winners_lock(
+    mocker: Any, gsd: str, unnamed: bool
+) -> None:
+    """The old case above patches ``os.open``, whose first call is now the folder's open, so
+    no publish runs there. Here the race is lost at the publish itself: another process's
+    lock appears between our write and our ``link``. The acquire answers False, the winner's
+    lock is left byte for byte, and this process keeps no proof of life for it."""
+    from mahabharatha import lockfile, proof
+
+    mocker.patch.object(lockfile.TMPFILE, "usable", unnamed)
+    theirs = record(OTHER_PID, time.time())
+    real_link = os.link
+
+    def beaten_to_it(*args: Any, **kwargs: Any) -> None:
+        put_lock(gsd, theirs)  # the winner's link lands first
+        real_link(*args, **kwargs)  # ours then fails with FileExistsError, as it would
+
+    mocker.patch("os.link", side_effect=beaten_to_it)
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is False
+    assert lock_of(gsd).read_text() == theirs
+    folder = os.open(Path(gsd) / "specs" / "feat", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert not proof.holds(folder)
+        assert proof.life_of(folder) is not proof.Life.HELD
+    finally:
+        os.close(folder)
+
+
 def test_acquire_rejects_path_traversal(gsd: str) -> None:
     with pytest.raises(ValueError, match=INVALID_NAME):
         acquire_feature_lock("../etc", gsd_dir=gsd)
