@@ -563,6 +563,7 @@ class PostgresBackend:
         self.connect_timeout = connect_timeout
         self._conn: _Connection | None = None
         self._listener: _Connection | None = None
+        self._behind_pooler = False  # seen by the listener's set-up: waiters poll, never LISTEN
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
@@ -1239,9 +1240,20 @@ class PostgresBackend:
         here is bounded: the listener's statements by ``--connect-timeout``, notifications by
         ``timeout``."""
         deadline = time.monotonic() + max(0.0, timeout)
+        if self._behind_pooler:
+            # A transaction-mode pooler keeps no LISTEN for us: it would stay on a server
+            # connection and deliver releases to whichever client gets it next (psycopg keeps
+            # unread notifications without bound). Poll instead, once per wait.
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return False
         try:
             if self._listener is None or self._listener.closed:
-                self._listener = self._connect("mahabharatha-wait")
+                listener = self._connect("mahabharatha-wait")
+                if listener.pooled:
+                    self._behind_pooler = True
+                    listener.close()
+                    return True
+                self._listener = listener
                 self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 return True
             return self._notified(feature, deadline)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from mahabharatha.backends.base import BackendError, Requester
+from mahabharatha.backends.postgres import PostgresBackend
 from tests.support.postgres import APP_USER, PgServer, admin_execute, pgbouncer
 
 WORKERS = 4
@@ -103,3 +104,23 @@ def test_the_backend_sees_the_pooler_and_prepares_nothing(pooler: str, pg_server
     finally:
         behind.close()
         direct.close()
+
+
+def test_a_waiter_behind_the_pooler_never_listens_and_still_acquires(pooler: str) -> None:
+    """A transaction-mode pooler keeps no LISTEN: it would stay on a server connection and hand
+    releases to whichever client gets it next. The waiter polls instead (and still gets the
+    lock once it is released)."""
+    from mahabharatha import locks
+
+    holder: Any = PostgresBackend(pooler, namespace="pooled-wait")
+    waiter: Any = PostgresBackend(pooler, namespace="pooled-wait")
+    try:
+        held = holder.try_acquire("feat", Requester(1)).held
+        assert waiter.wait_for_release("feat", 0.0)  # the first call would start listening
+        assert not waiter.wait_for_release("feat", 0.01)  # and now it polls
+        holder.release_held(held)
+        assert locks.acquire("feat", backend=waiter, timeout=30, pid=os.getpid())
+        assert waiter._listener is None  # failed before: a LISTEN left on a pooled connection
+    finally:
+        holder.close()
+        waiter.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, Final
 
 import pytest
@@ -231,3 +232,39 @@ def admin_rows(pg_server: PgServer, name: str, query: str) -> list[tuple[Any, ..
 
     with psycopg.connect(pg_server.url(role="mh_admin", database=name), autocommit=True) as conn:
         return conn.execute(query).fetchall()
+
+
+def test_a_hot_standby_is_refused_and_a_multi_host_url_finds_the_primary(
+    lazy_server: PgServer, tmp_path: Any
+) -> None:
+    """A real hot standby of a private primary. Failed before: it answered ``verify`` and
+    ``inspect`` from its copy. A multi-host URL whose first host is the standby is refused too,
+    unless it asks libpq for the primary (``target_session_attrs=read-write``)."""
+    from mahabharatha.backends.postgres import PostgresBackend
+    from tests.support.postgres import standby_of
+
+    primary: Any = _backend_on(lazy_server, tmp_path)
+    held = primary.try_acquire("feat", me()).held
+    primary.close()
+    with standby_of(lazy_server) as standby:
+        both = (
+            f"postgresql://mh_app@/mh?host={standby.socket_dir},{lazy_server.socket_dir}"
+            f"&port={standby.port},{lazy_server.port}"
+        )
+        for url in (standby.url(), both):
+            reader: Any = PostgresBackend(url, namespace=primary.namespace, gsd_dir=str(tmp_path))
+            try:
+                for call in (partial(reader.verify, "feat", held.token), reader.status):
+                    with pytest.raises(BackendError, match="standby"):
+                        call()
+            finally:
+                reader.close()
+        chosen: Any = PostgresBackend(
+            both + "&target_session_attrs=read-write",
+            namespace=primary.namespace,
+            gsd_dir=str(tmp_path),
+        )
+        try:
+            assert chosen.verify("feat", held.token)
+        finally:
+            chosen.close()

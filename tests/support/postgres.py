@@ -471,3 +471,24 @@ def pgbouncer(
             process.kill()
             process.communicate()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def standby_of(primary: PgServer) -> Iterator[PgServer]:
+    """A hot standby streaming from ``primary`` (``pg_basebackup -R``), on a port of its own."""
+    user = primary.user
+    base = Path(tempfile.mkdtemp(prefix="mh-pg-standby-", dir="/tmp" if user else None))
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        os.chown(base, entry.pw_uid, entry.pw_gid)
+    standby = PgServer(primary.bindir, base, _free_port(), user)
+    try:
+        standby._run(
+            "pg_basebackup", "-D", str(standby.data), "-R", "-X", "stream", "-c", "fast",
+            "-h", primary.socket_dir, "-p", str(primary.port), "-U", ADMIN_USER,
+        )  # fmt: skip
+        standby.start()
+        yield standby
+    finally:
+        standby.stop("immediate")
+        standby.cleanup()
