@@ -461,10 +461,11 @@ def read_lock(dfd: int, *, life: bool = False) -> LockSnapshot:
         while _is_busy(snapshot) and monotonic() < deadline:
             os.sched_yield()  # Race: a lease holder is giving its lease up; look again
             snapshot = _look(dfd)
-    if life and ownership.claims_proof(snapshot.owner):
-        # Race: the proof is looked at after the read, so a proof let go before the read
-        # (its holder released, someone published anew) can only be judged with a newer lock.
-        snapshot.life = proof.life_of(dfd)
+    slot = ownership.proof_slot(snapshot.owner) if life else None
+    if slot is not None:
+        # Race: the proof is looked at after the read, and it is this lock's own slot: a
+        # proof of an earlier lock (kept by a forked child, escaped work) says nothing here.
+        snapshot.life = proof.life_of(dfd, slot)
     return snapshot
 
 
@@ -1021,28 +1022,30 @@ def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> 
 
 
 def publish_proven(
-    dfd: int, record: bytes, now: float, owner: bytes | None, proof_fd: int | None
+    dfd: int, record: bytes, now: float, owner: bytes | None, pledge: proof.Pledge | None
 ) -> LockSnapshot | None:
-    """:func:`publish`, the publisher holding the folder's proof of life on ``proof_fd`` (a
-    descriptor of this folder that it keeps for as long as it holds the lock) from before the
-    try; the details say so only when the proof could be taken. ``proof_fd`` None: no proof."""
+    """:func:`publish`, the publisher holding the proof of life of the pledge's slot on its
+    descriptor (one of this folder that it keeps for as long as it holds the lock) from before
+    the try; the details claim the proof (and the pledge is ``proven``) only when it could be
+    taken. ``pledge`` None: no proof."""
     # Race: a judge looking at LIFE an instant before a winner takes it: PENDING comes first.
-    if proof_fd is None or not proof.hold_pending(proof_fd):
+    if pledge is None or pledge.fd is None or not proof.hold_pending(pledge.fd, pledge.slot):
         return publish(dfd, record, now, owner)
+    fd, slot = pledge.fd, pledge.slot
     try:
-        mine = publish(dfd, record, now, ownership.with_proof(owner))
+        mine = publish(dfd, record, now, ownership.with_proof(owner, slot))
     except BaseException:
         with suppress(OSError):
-            proof.drop_pending(proof_fd)
+            proof.drop_pending(fd, slot)
         raise
     if mine is None:
-        # Race: judges wait while PENDING alone is held; a loser lets go of it at once.
-        with suppress(OSError):
-            proof.drop_pending(proof_fd)
+        with suppress(OSError):  # lost: our slot's PENDING means nothing to anyone now
+            proof.drop_pending(fd, slot)
         return None
+    pledge.proven = True
     # A failure here leaves PENDING held, which judges also count as alive.
     with suppress(OSError):
-        proof.hold_life(proof_fd)
+        proof.hold_life(fd, slot)
     return mine
 
 
@@ -1151,7 +1154,7 @@ def _reclaim(
     owner: bytes | None,
     deadline: float,
     now: float,
-    proof_fd: int | None = None,
+    pledge: proof.Pledge | None = None,
 ) -> LockSnapshot | None:
     """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
     # Race: another process is removing this very lock right now (its owner's release, a
@@ -1164,7 +1167,7 @@ def _reclaim(
         if not remove_if_unchanged(dfd, judged, still, life=judged.life is not None):
             raise _JudgedLockChangedError
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
-        return publish_proven(dfd, record, now, owner, proof_fd)
+        return publish_proven(dfd, record, now, owner, pledge)
 
 
 def try_acquire(
@@ -1173,13 +1176,13 @@ def try_acquire(
     now: float,
     may_reclaim: MayReclaim = age_only,
     owner: bytes | None = None,
-    proof_fd: int | None = None,
+    pledge: proof.Pledge | None = None,
 ) -> AcquireOutcome:
     """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``.
 
     ``owner``: the owner details to publish with the record (default: those of ``pid``).
-    ``proof_fd``: a descriptor of this folder on which the holder (this process) keeps the
-    proof of life while it holds the lock (``None``: the lock carries no proof). A rule other
+    ``pledge``: the proof of life the holder (this process) takes with the lock and keeps
+    while it holds it (``None``: the lock carries no proof). A rule other
     than :func:`age_only` judges owners, so it is given each lock's proof (``snapshot.life``).
     """
     record = format_record(pid, now)
@@ -1189,7 +1192,7 @@ def try_acquire(
     holder, state = MISSING, LockState.FREE
     deadline: float | None = None  # one guard wait per call, however many rounds
     for _ in range(MAX_ROUNDS):
-        mine = publish_proven(dfd, record, now, owner, proof_fd)
+        mine = publish_proven(dfd, record, now, owner, pledge)
         if mine is not None:
             return AcquireOutcome(mine)
         holder = read_lock(dfd, life=judges_owners)
@@ -1213,7 +1216,7 @@ def try_acquire(
                 owner,
                 deadline,
                 now,
-                proof_fd,
+                pledge,
             )
         except _JudgedLockChangedError:
             continue  # Race: replaced since we read it; judge the new one.

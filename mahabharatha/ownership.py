@@ -7,7 +7,7 @@ record and its details together or not at all, and they can never disagree. The 
 binary, little-endian (``DETAILS_LAYOUT``), then text::
 
     version (1 byte, 2) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
-    | flags (1 byte) | sid (u32) | host (UTF-8) [ | NUL | cmd (UTF-8) ]
+    | flags (1 byte) | sid (u32) | slot (u32) | host (UTF-8) [ | NUL | cmd (UTF-8) ]
 
 (Version 1, still read, had neither ``flags`` nor ``sid``; its first 33 bytes are the same.)
 
@@ -66,6 +66,7 @@ __all__ = [
     "pid_exists",
     "place_key",
     "proc_stat",
+    "proof_slot",
     "read_attached",
     "session_has_live_member",
     "start_key",
@@ -84,8 +85,8 @@ DETAILS_VERSIONS: Final = (1, DETAILS_VERSION)
 DETAILS_LAYOUT: Final = struct.Struct("<B8sIQIQ")
 """The head every version shares: version, boot id (8 bytes), PID namespace, start ticks,
 process group, group leader start."""
-DETAILS_TAIL: Final = struct.Struct("<BI")
-"""Version 2's tail after the head: flags, session id."""
+DETAILS_TAIL: Final = struct.Struct("<BII")
+"""Version 2's tail after the head: flags, session id, proof slot."""
 PROOF_FLAG: Final = 0x01
 """The holder holds the folder's proof of life (published with the lock, never added later)."""
 INLINE_BYTES: Final = 52
@@ -116,6 +117,7 @@ class OwnerDetails(NamedTuple):
     cmd: str | None = None
     sid: int | None = None
     proof: bool = False
+    slot: int | None = None  # the lock's own bytes of the folder's proof (mahabharatha.proof)
 
 
 class ProcStat(NamedTuple):
@@ -396,23 +398,34 @@ def command_name_only(raw: bytes | None) -> bytes | None:
     return _encode(details._replace(cmd=program))
 
 
+def proof_slot(raw: bytes | None) -> int | None:
+    """The slot of the proof of life the packed details ``raw`` claim, ``None`` for none.
+    (Read on every judged lock: looks at five bytes instead of decoding.)"""
+    if raw is None or len(raw) < _TAIL_END or raw[0] != DETAILS_VERSION:
+        return None
+    if not raw[_FLAGS_AT] & PROOF_FLAG:
+        return None
+    return _SLOT_LAYOUT.unpack_from(raw, _SLOT_AT)[0] or None
+
+
 def claims_proof(raw: bytes | None) -> bool:
-    """Do the packed details ``raw`` say that their holder holds the proof of life? (Read on
-    every judged lock: looks at two bytes instead of decoding.)"""
-    return (
-        raw is not None
-        and len(raw) >= _TAIL_END
-        and raw[0] == DETAILS_VERSION
-        and bool(raw[_FLAGS_AT] & PROOF_FLAG)
-    )
+    """Do the packed details ``raw`` say that their holder holds a proof of life?"""
+    return proof_slot(raw) is not None
 
 
-def with_proof(raw: bytes | None) -> bytes | None:
+def with_proof(raw: bytes | None, slot: int) -> bytes | None:
     """``raw`` (details of the current version) saying that the holder holds the proof of
-    life; anything else is returned as it is (no details: no proof can be claimed)."""
+    life of ``slot``; anything else is returned as it is (no details: no proof is claimed)."""
     if not raw or len(raw) < _TAIL_END or raw[0] != DETAILS_VERSION:
         return raw
-    return raw[:_FLAGS_AT] + bytes([raw[_FLAGS_AT] | PROOF_FLAG]) + raw[_FLAGS_AT + 1 :]
+    flags = bytes([raw[_FLAGS_AT] | PROOF_FLAG])
+    return (
+        raw[:_FLAGS_AT]
+        + flags
+        + raw[_FLAGS_AT + 1 : _SLOT_AT]
+        + _SLOT_LAYOUT.pack(slot)
+        + raw[_TAIL_END:]
+    )
 
 
 def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
@@ -464,7 +477,7 @@ def _encode(details: OwnerDetails) -> bytes:
         details.start or 0,
         details.pgid or 0,
         details.gstart or 0,
-    ) + DETAILS_TAIL.pack(PROOF_FLAG if details.proof else 0, details.sid or 0)
+    ) + DETAILS_TAIL.pack(PROOF_FLAG if details.proof else 0, details.sid or 0, details.slot or 0)
     host = (details.host or "").encode("utf-8", "replace")[: INLINE_BYTES - len(head)]
     host = host.decode("utf-8", "ignore").encode()  # never cut a character in two
     if details.cmd is None:
@@ -479,11 +492,11 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
     version, boot, ns, start, pgid, gstart = DETAILS_LAYOUT.unpack_from(raw)
     if version not in DETAILS_VERSIONS:
         return None
-    flags, sid, text_at = 0, 0, DETAILS_LAYOUT.size
+    flags, sid, slot, text_at = 0, 0, 0, DETAILS_LAYOUT.size
     if version == DETAILS_VERSION:
         if len(raw) < _TAIL_END:
             return None
-        flags, sid = DETAILS_TAIL.unpack_from(raw, DETAILS_LAYOUT.size)
+        flags, sid, slot = DETAILS_TAIL.unpack_from(raw, DETAILS_LAYOUT.size)
         text_at = _TAIL_END
     host, separator, cmd = raw[text_at:].partition(b"\0")
     return OwnerDetails(
@@ -495,7 +508,8 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
         host=host.decode("utf-8", "replace") or None,
         cmd=cmd.decode("utf-8", "replace") if separator else None,
         sid=sid or None,
-        proof=bool(flags & PROOF_FLAG),
+        proof=bool(flags & PROOF_FLAG) and slot != 0,
+        slot=slot or None,
     )
 
 
@@ -565,6 +579,8 @@ def start_key(pid: int) -> bytes | None:
 
 
 _FLAGS_AT: Final = DETAILS_LAYOUT.size
+_SLOT_AT: Final = DETAILS_LAYOUT.size + 5  # after flags (1 byte) and sid (4 bytes)
+_SLOT_LAYOUT: Final = struct.Struct("<I")
 _TAIL_END: Final = DETAILS_LAYOUT.size + DETAILS_TAIL.size
 _NS_LAYOUT: Final = struct.Struct("<I")
 """The namespace field of ``DETAILS_LAYOUT``, alone."""

@@ -8,7 +8,12 @@ with the descriptor passed on) holds it too. So "is the holder alive?" becomes "
 still hold the folder's proof?": no pid, process group, PID namespace, start time or ``/proc``
 view enters it, and it holds across containers that share the folder (one kernel).
 
-The bytes (of the folder's lock space; a directory has no data, the ranges are only names):
+The bytes (of the folder's lock space; a directory has no data, the ranges are only names)
+belong to one lock: its publisher draws a random *slot* (recorded in the lock's owner details)
+and uses bytes ``4 * slot + 0, 1, 2``. A proof left behind by an earlier holder (a forked
+child that kept the descriptor, work that escaped) therefore vouches only for its own lock,
+never for a later one; and a publisher that loses a race holds ``PENDING`` of its own slot,
+which no judge of the winner's lock looks at.
 
 * ``LIFE_BYTE``: held by every holder, and by its work (``lock run`` passes it to CMD).
 * ``PENDING_BYTE``: held from *before* a publish is tried until the lock is let go. Without it a
@@ -55,8 +60,10 @@ __all__ = [
     "holds",
     "identity_of",
     "keep",
+    "kept_slot",
     "let_go_of_all",
     "life_of",
+    "new_slot",
     "open_folder",
     "supported",
     "work_running",
@@ -65,6 +72,8 @@ __all__ = [
 LIFE_BYTE: Final = 0
 PENDING_BYTE: Final = 1
 WORK_BYTE: Final = 2
+SLOT_BYTES: Final = 4
+"""Bytes per slot: a lock's LIFE, PENDING and WORK are ``SLOT_BYTES * slot`` plus 0, 1, 2."""
 PENDING_WAIT_SECONDS: Final = 0.1
 """A publisher holds ``PENDING`` alone for a few system calls (one ``linkat``): a judge waits
 this long for it to settle, then counts the lock as alive (a stopped publisher: never judged)."""
@@ -112,13 +121,22 @@ def supported() -> bool:
     return _OFD_SETLK is not None and _OFD_GETLK is not None
 
 
-def hold_pending(fd: int) -> bool:
-    """Before a publish: hold ``PENDING`` on the folder ``fd``. False when this kernel or file
-    system has no such locks (the lock is then published without a proof)."""
+def new_slot() -> int:
+    """A lock's own slot: random, never 0 (0 in the details means "no proof")."""
+    return int.from_bytes(os.urandom(4), "little") or 1
+
+
+def _byte(slot: int, which: int) -> int:
+    return SLOT_BYTES * slot + which
+
+
+def hold_pending(fd: int, slot: int) -> bool:
+    """Before a publish: hold ``PENDING`` of ``slot`` on the folder ``fd``. False when this
+    kernel or file system has no such locks (the lock is then published without a proof)."""
     if not supported():
         return False
     try:
-        _set(fd, fcntl.F_RDLCK, PENDING_BYTE)
+        _set(fd, fcntl.F_RDLCK, _byte(slot, PENDING_BYTE))
     except OSError as error:
         if error.errno in _UNSUPPORTED_ERRNOS:
             return False
@@ -126,19 +144,20 @@ def hold_pending(fd: int) -> bool:
     return True
 
 
-def hold_life(fd: int) -> None:
+def hold_life(fd: int, slot: int) -> None:
     """After a won publish: hold ``LIFE`` too (``PENDING`` stays held until the lock goes)."""
     # Race: a judge that saw LIFE free before this call sees PENDING held after it (see module).
-    _set(fd, fcntl.F_RDLCK, LIFE_BYTE, 2)
+    _set(fd, fcntl.F_RDLCK, _byte(slot, LIFE_BYTE), 2)
 
 
-def drop_pending(fd: int) -> None:
-    """After a lost publish: let ``PENDING`` go at once (judges wait while it is held)."""
-    _set(fd, fcntl.F_UNLCK, PENDING_BYTE)
+def drop_pending(fd: int, slot: int) -> None:
+    """After a lost publish: let ``PENDING`` go at once."""
+    _set(fd, fcntl.F_UNLCK, _byte(slot, PENDING_BYTE))
 
 
-def life_of(fd: int) -> Life:
-    """Does anyone (another open file description than ``fd``'s) hold the folder's proof?
+def life_of(fd: int, slot: int) -> Life:
+    """Does anyone (another open file description than ``fd``'s) hold the proof of the lock
+    whose slot is ``slot``?
 
     ``LIFE`` held: yes. Otherwise ``PENDING`` held means a publisher is between its try and its
     ``LIFE`` (or lost and is letting go): look again for at most ``PENDING_WAIT_SECONDS``.
@@ -150,9 +169,9 @@ def life_of(fd: int) -> Life:
         while True:
             # Race: LIFE first, PENDING second. A winner takes LIFE before it could ever drop
             # PENDING, so "both free" cannot hide a lock published before this look.
-            if _someone_holds(fd, LIFE_BYTE):
+            if _someone_holds(fd, _byte(slot, LIFE_BYTE)):
                 return Life.HELD
-            if not _someone_holds(fd, PENDING_BYTE):
+            if not _someone_holds(fd, _byte(slot, PENDING_BYTE)):
                 return Life.FREE
             if deadline is None:
                 deadline = monotonic() + PENDING_WAIT_SECONDS
@@ -165,12 +184,12 @@ def life_of(fd: int) -> Life:
         raise
 
 
-def work_running(fd: int) -> bool:
-    """Does any process still hold the ``WORK`` byte (the command's copy of the proof)?"""
+def work_running(fd: int, slot: int) -> bool:
+    """Does any process still hold the ``WORK`` byte of ``slot`` (the command's copy)?"""
     if not supported():
         return False
     try:
-        return _someone_holds(fd, WORK_BYTE)
+        return _someone_holds(fd, _byte(slot, WORK_BYTE))
     except OSError as error:
         if error.errno in _UNSUPPORTED_ERRNOS:
             return False
@@ -184,16 +203,27 @@ class WorkProof:
     on only the child's tree holds it, and :meth:`running` says whether any of it still does.
     """
 
-    __slots__ = ("_watch", "fd")
+    __slots__ = ("_watch", "fd", "slot")
 
-    def __init__(self, folder_fd: int) -> None:
+    def __init__(self, folder_fd: int, slot: int) -> None:
         # A new open of the same folder: its own open file description (dup would share ours).
+        self.slot = slot
         self.fd: int | None = open_folder(folder_fd)
         self._watch = open_folder(folder_fd)
         try:
-            _set(self.fd, fcntl.F_RDLCK, LIFE_BYTE, 3)
+            _set(self.fd, fcntl.F_RDLCK, _byte(slot, LIFE_BYTE), 3)
         except OSError:
             self.close()
+            raise
+
+    @classmethod
+    def made(cls, folder_fd: int, slot: int) -> WorkProof | None:
+        """A work proof, or ``None`` where the file system refuses such locks."""
+        try:
+            return cls(folder_fd, slot)
+        except OSError as error:
+            if error.errno in _UNSUPPORTED_ERRNOS:
+                return None
             raise
 
     def close_ours(self) -> None:
@@ -204,7 +234,7 @@ class WorkProof:
 
     def running(self) -> bool:
         """Does any process still hold the work's proof?"""
-        return work_running(self._watch)
+        return work_running(self._watch, self.slot)
 
     def close(self) -> None:
         self.close_ours()
@@ -215,10 +245,11 @@ class WorkProof:
 
 # --------------------------------------------------------------------------- what we hold
 
-_HELD: dict[tuple[int, int], int] = {}
+_HELD: dict[tuple[int, int], tuple[int, int]] = {}
 """This process's proofs: the folder's identity (``st_dev``, ``st_ino``) -> the descriptor that
-holds its ``LIFE`` and ``PENDING``. A forked child inherits the descriptors (and so keeps the
-proof held while it lives: it is the holder's work) but not the right to let them go."""
+holds its lock's ``LIFE`` and ``PENDING``, and the lock's slot. A forked child inherits the
+descriptors (and so keeps that lock's proof held while it lives: it is the holder's work) but
+not the right to let them go."""
 _HELD_MUTEX: Final = threading.Lock()
 _PATHS: dict[str, tuple[int, int]] = {}
 """The folder path each proof was taken under -> its identity: a release by the same path
@@ -255,12 +286,14 @@ class Pledge:
     on (``None`` when not ``wanted``); :meth:`keep` after a won publish keeps it as this
     process's proof, otherwise the block closes it."""
 
-    __slots__ = ("fd", "identity", "path")
+    __slots__ = ("fd", "identity", "path", "proven", "slot")
 
     def __init__(self, folder_fd: int, wanted: bool, path: str | None = None) -> None:
         self.fd: int | None = None
         self.identity: tuple[int, int] | None = None
         self.path = path
+        self.slot = new_slot() if wanted else 0
+        self.proven = False  # set by the publish once the proof is taken (not everywhere)
         if wanted:
             fd = open_folder(folder_fd)
             try:
@@ -271,13 +304,14 @@ class Pledge:
                 raise
             self.fd = fd
 
-    def __enter__(self) -> int | None:
-        return self.fd
+    def __enter__(self) -> Pledge | None:
+        return self if self.fd is not None else None
 
     def keep(self) -> None:
-        """Our lock is published: the proof stays held until the lock is let go."""
-        if self.fd is not None and self.identity is not None:
-            keep(self.identity, self.fd, self.path)
+        """Our lock is published: the proof stays held until the lock is let go. (Where the
+        publish could take no proof, nothing is kept: no proof is claimed either.)"""
+        if self.fd is not None and self.identity is not None and self.proven:
+            keep(self.identity, self.fd, self.slot, self.path)
             self.fd = None
 
     def __exit__(self, *_exc: object) -> None:
@@ -286,17 +320,17 @@ class Pledge:
             self.fd = None
 
 
-def keep(identity: tuple[int, int], fd: int, path: str | None = None) -> None:
+def keep(identity: tuple[int, int], fd: int, slot: int, path: str | None = None) -> None:
     """Remember the folder descriptor ``fd`` (holding the proof) as this process's proof for
     the folder ``identity`` (any earlier one is closed: a process holds a feature's lock once),
     found again by ``path`` (the folder's path as it was opened) too."""
     with _HELD_MUTEX:
         earlier = _HELD.pop(identity, None)
-        _HELD[identity] = fd
+        _HELD[identity] = (fd, slot)
         if path is not None:
             _PATHS[path] = identity
-    if earlier is not None and earlier != fd:
-        _close_quietly(earlier)
+    if earlier is not None and earlier[0] != fd:
+        _close_quietly(earlier[0])
 
 
 def forget(folder_fd: int, path: str | None = None) -> None:
@@ -306,29 +340,39 @@ def forget(folder_fd: int, path: str | None = None) -> None:
     if not _HELD:
         return
     known = None if path is None else _PATHS.pop(path, None)
-    # A folder replaced at that path since: its old proof goes too (its owner, this process,
-    # is alive and judged so by its exact process; never two holders).
-    identity = known if known is not None and known in _HELD else _identity(folder_fd)
+    # The path shortcut only where it cannot name another folder: with one proof held and
+    # that path taken for it (a folder reached by two spellings, or replaced: fstat).
+    if known is None or len(_HELD) != 1 or known not in _HELD:
+        known = _identity(folder_fd)
     with _HELD_MUTEX:
-        fd = _HELD.pop(identity, None)
-    if fd is not None:
-        _close_quietly(fd)
+        held = _HELD.pop(known, None)
+    if held is not None:
+        _close_quietly(held[0])
 
 
 def let_go_of_all() -> None:
-    """Close every proof this process holds (its locks stay on disk, judged by their pids
-    and ages from now on): for a process that is done with locking, and for test isolation."""
+    """Close every proof this process holds, for test isolation. Its locks stay on disk and
+    are judged dead from then on, except in this PID namespace while this very process runs:
+    only for a process that is done with its locks."""
     with _HELD_MUTEX:
         held = list(_HELD.values())
         _HELD.clear()
         _PATHS.clear()
-    for fd in held:
+    for fd, _slot in held:
         _close_quietly(fd)
 
 
 def holds(folder_fd: int) -> bool:
     """Does this process hold a proof for the folder ``folder_fd``?"""
-    return bool(_HELD) and _identity(folder_fd) in _HELD
+    return kept_slot(folder_fd) is not None
+
+
+def kept_slot(folder_fd: int) -> int | None:
+    """The slot of the lock whose proof this process holds in the folder ``folder_fd``."""
+    if not _HELD:
+        return None
+    held = _HELD.get(_identity(folder_fd))
+    return None if held is None else held[1]
 
 
 def _close_quietly(fd: int) -> None:

@@ -192,17 +192,29 @@ class _Child:
             self._pidfd = os.pidfd_open(popen.pid)
 
     def send(self, signum: int) -> None:
-        """Signal the command (its whole group when it leads one) unless it has exited."""
+        """Signal the command's whole group when it leads one; as a terminal's foreground job
+        (it shares ours), the command and what it started that is still in our group."""
+        if not self.own_group:
+            self._send_to_command(signum)
+            _signal_our_work(signum, but=self.popen.pid)
+            return
         if self._pidfd is None:
             if self.popen.poll() is None:
                 self._signal_by_pid(signum)
             return
         with suppress(ProcessLookupError):  # it exited (maybe not yet reaped)
-            signal.pidfd_send_signal(self._pidfd, 0 if self.own_group else signum)
-            if self.own_group:
-                # Race: CMD is not reaped (the pidfd said so), so its group's number is still
-                # CMD's and cannot belong to anyone else.
-                os.killpg(self.popen.pid, signum)
+            signal.pidfd_send_signal(self._pidfd, 0)
+            # Race: CMD is not reaped (the pidfd said so), so its group's number is still
+            # CMD's and cannot belong to anyone else.
+            os.killpg(self.popen.pid, signum)
+
+    def _send_to_command(self, signum: int) -> None:
+        if self._pidfd is None:
+            if self.popen.poll() is None:
+                self.popen.send_signal(signum)
+            return
+        with suppress(ProcessLookupError):  # it exited (maybe not yet reaped)
+            signal.pidfd_send_signal(self._pidfd, signum)
 
     def _signal_by_pid(self, signum: int) -> None:
         if self.own_group:
@@ -211,11 +223,19 @@ class _Child:
         else:
             self.popen.send_signal(signum)
 
+    def group_lives(self) -> bool:
+        """After CMD was reaped: is anything left of its group (or, as a terminal's foreground
+        job, of what it started in ours)?"""
+        if not self.own_group:
+            return bool(_our_work())
+        return ownership.group_has_live_member(self.popen.pid, self.start)
+
     def kill_group(self) -> None:
         """After CMD was reaped: SIGKILL what is left of its group (its work). The group's
         number is checked against CMD's start time first: a group that ended and whose number
         was reused is someone else's."""
         if not self.own_group:
+            _signal_our_work(signal.SIGKILL)
             return
         pgid = self.popen.pid
         # Race: the group ended and its number went to a new leader: never signal that one.
@@ -455,6 +475,47 @@ class _LossWatch:
             acting.join()
 
 
+def _our_work() -> list[int]:
+    """As a terminal's foreground job CMD shares our group: what it started that is still in
+    our group (our descendants: we are their subreaper, so orphans among them stay ours), not
+    the job's other members (a ``| tee`` beside us) and not what left the group (``setsid``)."""
+    import psutil  # only on this path: a foreground lock run that signals its command's work
+
+    ours = os.getpgrp()
+    found = []
+    try:
+        for process in psutil.Process().children(recursive=True):
+            with suppress(psutil.Error, OSError):
+                if os.getpgid(process.pid) == ours and process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process.pid)
+    except psutil.Error:
+        return found
+    return found
+
+
+def _signal_our_work(signum: int, but: int | None = None) -> None:
+    import psutil
+
+    for pid in _our_work():
+        if pid == but:
+            continue  # CMD itself: signalled through its pidfd
+        with suppress(psutil.Error):
+            psutil.Process(pid).send_signal(signum)  # checks it is still that process
+
+
+PR_SET_CHILD_SUBREAPER: Final = 36  # <linux/prctl.h>
+
+
+def _become_subreaper() -> None:
+    """Orphans of CMD's tree become our children (not init's), so we can find them (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
 def _start_of(pid: int) -> int | None:
     stat = ownership.proc_stat(pid)
     return None if stat is None else stat.start
@@ -481,21 +542,23 @@ def work_grace_seconds() -> float:
 
 def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
     """After CMD ended: wait (a grace, then SIGKILL to CMD's group) until nothing holds the
-    work's proof; True when something that left the group still holds it."""
-    if work is None or not work.running():
+    work's proof (without a proof, a file system that has none: until CMD's group is empty);
+    True when something that left the group still holds it."""
+    running = work.running if work is not None else child.group_lives
+    if not running():
         return False
     deadline = monotonic() + work_grace_seconds()
     # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
-    while work.running() and monotonic() < deadline:
+    while running() and monotonic() < deadline:
         if relay.signalled_within(WORK_POLL_SECONDS) is not None:
             break
-    if not work.running():
+    if not running():
         return False
     child.kill_group()
     deadline = monotonic() + WORK_KILL_WAIT_SECONDS
-    while work.running() and monotonic() < deadline:
+    while running() and monotonic() < deadline:
         relay.signalled_within(WORK_POLL_SECONDS)
-    return work.running()
+    return running()
 
 
 @contextmanager
@@ -691,6 +754,8 @@ def _start(
     work: WorkProof | None = None,
 ) -> _Child:
     own_group = not _in_terminal_foreground()
+    if not own_group:
+        _become_subreaper()  # CMD shares our group: its orphans must stay findable
     passed = () if work is None or work.fd is None else (work.fd,)
     try:
         # CMD leads a group of its own (signals reach all of it), except as a terminal's

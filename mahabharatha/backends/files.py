@@ -276,9 +276,9 @@ class FileBackend:
             # A lock taken for another pid (the CLI's caller) carries no proof: it would die
             # with us. Ours does: a descriptor of the folder holds it while we hold the lock.
             pledge = proof.Pledge(dfd, requester.pid == os.getpid(), _folder(self.gsd_dir, feature))
-            with pledge as proof_fd:
+            with pledge as proven:
                 outcome = lockfile.try_acquire(
-                    dfd, requester.pid, now, rule, requester.details, proof_fd
+                    dfd, requester.pid, now, rule, requester.details, proven
                 )
                 if outcome.mine is not None:
                     pledge.keep()
@@ -332,9 +332,10 @@ class FileBackend:
         """The proof of life for the work ``held``'s holder starts (``lock run``'s command):
         ``None`` when the holder holds no proof (another process's lock, no kernel support)."""
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            if dfd is None or not proof.holds(dfd):
+            slot = None if dfd is None else proof.kept_slot(dfd)
+            if dfd is None or slot is None:
                 return None
-            return proof.WorkProof(dfd)
+            return proof.WorkProof.made(dfd, slot)
 
     def verify(self, feature: str, token: int) -> bool:
         raise UnsupportedError("the file backend has no fencing tokens")

@@ -283,9 +283,10 @@ def default_owner(pid: int | None) -> int:
 def calling_process() -> int:
     """The process that ran us, refused when it is gone: a CLI whose caller died (a worker
     shell SIGKILLed while its ``lock claim`` started) is adopted by pid 1 or a subreaper, which
-    never dies, and recording it would strand the feature for two hours."""
+    never dies, and recording it would strand the feature for two hours. (Pid 1 itself may be
+    the caller: a container's shell; the session tells the two apart.)"""
     parent = os.getppid()
-    if parent == 1 or parent != _FIRST_PARENT[0] or _adopted_by(parent):
+    if parent != _FIRST_PARENT[0] or _adopted_by(parent):
         raise typer.BadParameter(
             f"the process that ran mahabharatha has exited (pid {parent} adopted this one and "
             "is not its caller); pass --pid PID to name the owner"

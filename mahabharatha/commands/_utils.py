@@ -233,8 +233,8 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
             assert dfd is not None
             # A descriptor of the folder holds our proof of life while we hold the lock.
             pledge = proof.Pledge(dfd, True, folder_path(gsd_dir, feature))
-            with pledge as proof_fd:
-                won = try_acquire(dfd, os.getpid(), time.time(), proof_fd=proof_fd).acquired
+            with pledge as proven:
+                won = try_acquire(dfd, os.getpid(), time.time(), pledge=proven).acquired
                 if won:
                     pledge.keep()
             return won

@@ -7,6 +7,7 @@ in its docstring how it failed on the code before the fix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
@@ -23,7 +24,7 @@ from typing import Final
 
 import pytest
 
-from mahabharatha import locks, runner
+from mahabharatha import locks, ownership, runner
 from tests.cli._support import (
     FEATURE,
     RUN_TIMEOUT,
@@ -388,3 +389,45 @@ def _one_process_only() -> list[str]:
         "--bounding-set=-all",
         *prlimit,
     ]
+
+
+FOREGROUND_JOB: Final = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "signal.signal(signal.SIGHUP, signal.SIG_IGN)  # outlives the terminal's hangup\n"
+    "print('job', os.getpid(), flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
+
+@posix_signals
+def test_a_lost_lock_stops_the_work_of_a_foreground_lock_run_too(tmp_path: Path, gsd: Path) -> None:
+    """Fails before the fix (a review's finding): as a terminal's foreground job CMD shares
+    ``lock run``'s group, and the lost-lock SIGTERM reached the shell only; its job ran on
+    beside the next holder while ``lock run`` exited 76."""
+    argv = [
+        *lock_run(gsd, "--heartbeat", "0.05"), "sh", "-c", '"$0" -c "$1"; echo after',
+        PY, FOREGROUND_JOB,
+    ]  # fmt: skip
+    pid, terminal = _foreground_lock_run(tmp_path, argv)
+    job = 0
+    try:
+        said = _read_until(terminal, b"job ")
+        while b"\n" not in said.split(b"job ", 1)[1]:
+            said += _read_until(terminal, b"\n")
+        job = int(said.split(b"job ", 1)[1].split()[0])
+        forced = subprocess.run(
+            [*cli_argv("lock", "release", FEATURE, "--gsd-dir", gsd, "--force")],
+            cwd=tmp_path, env=child_env(), capture_output=True, check=False,
+        )  # fmt: skip
+        assert forced.returncode == 0, forced.stderr
+        code = _exit_code_within(pid, RUN_TIMEOUT)
+        gone = not ownership.is_alive(ownership.proc_stat(job), job)
+    finally:
+        with_reaped(pid)
+        os.close(terminal)
+        if job:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(job, signal.SIGKILL)
+    assert code == 76
+    assert gone, "lock run exited 76 while its command's work still ran"

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import locks, ownership, proof, runner
+from mahabharatha import lockfile, locks, ownership, proof, runner
 from tests.cli._support import (
     FEATURE,
     SYNC_TIMEOUT,
@@ -274,7 +274,7 @@ def test_a_relay_of_short_lived_processes_keeps_the_lock(
 def proof_held(gsd: Path) -> bool:
     fd = os.open(gsd / "specs" / FEATURE, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return proof.life_of(fd) is proof.Life.HELD
+        return lockfile.read_lock(fd, life=True).life is proof.Life.HELD
     finally:
         os.close(fd)
 
@@ -422,3 +422,72 @@ def test_a_stale_lock_under_a_busy_guard_is_not_called_held_by_its_owner(
     assert "stale lock that could not be taken" in refused.stderr, refused.stderr
     assert "ask its owner" not in refused.stderr
     assert checked.returncode == 0, checked.stderr
+
+
+# --------------------------------------------------------------------------- a review's findings
+
+
+FORKED_HOLDER_CHILD: Final = "import sys; sys.stdin.buffer.read(1)"
+
+
+def test_a_proof_left_in_a_forked_child_never_vouches_for_a_later_lock(
+    tmp_path: Path, gsd: Path, spawn: Any
+) -> None:
+    """Fails with one proof per folder: a holder forked a child (a pool, a prefork server)
+    that kept the proof's descriptor, then released; a later holder was SIGKILLed, and its
+    lock stayed ``work-running`` (stranded) while the forked child lived. Each lock has its
+    own slot of the folder's proof now."""
+    first = locks.FeatureLock(FEATURE, gsd, heartbeat=None).acquire()
+    reader, writer = os.pipe()
+    keeper = os.fork()
+    if keeper == 0:  # keeps every descriptor of the holder, the proof's too
+        os.close(writer)
+        os.read(reader, 1)
+        os._exit(0)
+    os.close(reader)
+    try:
+        first.release()
+        later = spawn(
+            [sys.executable, "-c", HOLDS_UNTIL_KILLED, FEATURE, str(gsd)], stdin=subprocess.PIPE
+        )
+        assert later.next_line() == "held"
+        os.kill(later.pid, signal.SIGKILL)
+        later.proc.wait(timeout=SYNC_TIMEOUT)
+        assert locks.inspect(FEATURE, gsd).owner == "not-running"
+        locks.acquire(FEATURE, gsd, reclaim_dead=True)
+    finally:
+        os.write(writer, b"x")
+        os.close(writer)
+        os.waitpid(keeper, 0)
+
+
+HOLDS_UNTIL_KILLED: Final = (
+    "import sys\n"
+    "from mahabharatha import locks\n"
+    "locks.FeatureLock(sys.argv[1], sys.argv[2], heartbeat=None).acquire()\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.buffer.read(1)\n"
+)
+
+
+@pytest.mark.parametrize("refusal", ["no-ofd-locks", "einval"])
+def test_lock_run_works_where_no_proof_can_be_taken(
+    tmp_path: Path, gsd: Path, monkeypatch: pytest.MonkeyPatch, refusal: str
+) -> None:
+    """Fails before the fix: where the kernel or file system has no open-file-description
+    locks (macOS; ``EINVAL`` on a folder of some network file systems) the lock was kept as
+    proven anyway, and ``lock run`` failed making CMD's proof: CMD never ran."""
+    if refusal == "no-ofd-locks":
+        monkeypatch.setattr(proof, "_OFD_SETLK", None)
+    else:
+
+        def refused(*_args: object) -> None:
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        monkeypatch.setattr(proof, "_set", refused)
+    marker = tmp_path / "ran"
+    holder = locks.FeatureLock(FEATURE, gsd, heartbeat=None)
+    code = runner.run_locked(holder, [sys.executable, "-c", SECOND, str(marker)])
+    assert code == 0
+    assert marker.read_text() == "second ran"
+    assert not lock_path(gsd).exists()

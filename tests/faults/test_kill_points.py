@@ -350,7 +350,7 @@ def _proof_held(gsd: Path) -> bool:
     except FileNotFoundError:
         return False
     try:
-        return proof.life_of(folder) is proof.Life.HELD
+        return lockfile.read_lock(folder, life=True).life is proof.Life.HELD
     finally:
         os.close(folder)
 
