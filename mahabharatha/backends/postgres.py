@@ -41,6 +41,7 @@ import itertools
 from mahabharatha import ownership
 from mahabharatha.backends.base import (
     AcquireResult,
+    Attempts,
     BackendError,
     CleanedEntry,
     FeatureProblem,
@@ -52,6 +53,7 @@ from mahabharatha.backends.base import (
     Owner,
     Requester,
     State,
+    UnsupportedError,
 )
 
 __all__ = [
@@ -1052,12 +1054,29 @@ class PostgresBackend:
     def reopen(self, feature: str) -> bool:
         return bool(self._rows(_REOPEN, self._params(feature=feature)))
 
+    # ------------------------------------------------------------------ failed attempts
+
+    def attempts(self, feature: str) -> Attempts | None:
+        """No failed attempts are kept on the server yet (``fail`` says so)."""
+        return None
+
+    def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
+        raise UnsupportedError(
+            "failed attempts are not recorded on PostgreSQL yet: lock fail and lock work's "
+            "retry limit need the folder backend (release the feature instead)"
+        )
+
     # ------------------------------------------------------------------ waiting
 
     def wait_for_release(self, feature: str, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a release of ``feature`` (LISTEN/NOTIFY): True
         when one came (or when this is the first call, which only starts listening: the caller
         tries again, and any release after that wakes it)."""
+        return self.wait_for_any_release((feature,), timeout)
+
+    def wait_for_any_release(self, features: Iterable[str], timeout: float) -> bool:
+        """:meth:`wait_for_release` for any of ``features`` (a pool waiting for the next one
+        that comes free: a release, a ``done``, a reclaim of one of them)."""
         if self._listener is None or self._listener.closed:
             try:
                 self._listener = psycopg.Connection.connect(
@@ -1071,13 +1090,13 @@ class PostgresBackend:
                 self._listener = None
                 raise self._error(error) from None
             return True
-        wanted = [self.namespace, feature]
+        wanted = {(self.namespace, feature) for feature in features}
         deadline = time.monotonic() + max(0.0, timeout)
         try:
             while (left := deadline - time.monotonic()) > 0:
                 for note in self._listener.notifies(timeout=left):
-                    with suppress(ValueError):
-                        if json.loads(note.payload) == wanted:
+                    with suppress(ValueError, TypeError):
+                        if tuple(json.loads(note.payload)) in wanted:
                             return True
         except psycopg.Error as error:
             with suppress(psycopg.Error, OSError):
