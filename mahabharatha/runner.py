@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from functools import cache
 from time import monotonic
@@ -410,8 +410,11 @@ def run_locked(
     on_lost: OnLost = OnLost.TERMINATE,
     notify_lost: Callable[[LockLostError], None] | None = None,
     on_release_wait: Callable[[float], None] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
+
+    ``env``: variables added to the command's environment (``lock work``: the feature).
 
     ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
     is gone before the command's output or any error. ``on_acquired`` is called once the lock
@@ -441,7 +444,7 @@ def run_locked(
                 on_acquired()
             relay.raise_if_pending()
             with _unmasked():
-                child = _start(relay, command, stdout, _token_env(lock.token))
+                child = _start(relay, command, stdout, _token_env(lock.token, env))
             watch.started(child)
             try:
                 returncode = child.popen.wait()
@@ -549,9 +552,13 @@ TOKEN_ENV: Final = "MAHABHARATHA_LOCK_TOKEN"
 (``lock verify FEATURE --token N``) refuses a holder whose lock was taken over."""
 
 
-def _token_env(token: int | None) -> dict[str, str] | None:
-    """CMD's environment: ours, plus the token when there is one (None: inherit ours)."""
-    return None if token is None else {**os.environ, TOKEN_ENV: str(token)}
+def _token_env(token: int | None, extra: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """CMD's environment: ours, plus ``extra``, plus the token when there is one (None:
+    inherit ours)."""
+    if token is None and not extra:
+        return None
+    tokens = {} if token is None else {TOKEN_ENV: str(token)}
+    return {**os.environ, **(extra or {}), **tokens}
 
 
 def _start(

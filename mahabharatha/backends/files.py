@@ -36,6 +36,7 @@ from mahabharatha.backends.base import (
     UnsupportedError,
 )
 from mahabharatha.backends.liveness import Liveness, owner_liveness, per_pid
+from mahabharatha.backends.release_watch import ReleaseWatch
 from mahabharatha.commands import _utils
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.lockfile import (
@@ -478,11 +479,24 @@ class FileBackend:
             skipped.add(info.feature, error)
             return info
 
+    def release_watch(self, features: Iterable[str]) -> ReleaseWatch:
+        """A watch that wakes a waiter when a lock of ``features`` is removed (inotify)."""
+        return ReleaseWatch(self.gsd_dir, features)
+
     # ----------------------------------------------------------------- done features
 
     def is_done(self, feature: str) -> bool:
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             return dfd is not None and _marker_present(dfd)
+
+    def mark_done_here(self, feature: str, stamp: str) -> bool:
+        """Publish the done marker in the feature's folder if the folder exists (a backend
+        that keeps its locks elsewhere marks the local folder too); True if written."""
+        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
+            if dfd is None:
+                return False
+            _publish_marker(dfd, stamp + "\n")
+        return True
 
     def done(self, feature: str, pid: int) -> str:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
