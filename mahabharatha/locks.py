@@ -86,6 +86,8 @@ __all__ = [
     "NotHeldError",
     "NotOwnerError",
     "Owner",
+    "PoolLock",
+    "StopWork",
     "UnsafeLockPathError",
     "WaitCallback",
     "WorkReport",
@@ -459,14 +461,15 @@ def claim(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | None = None,
     lease: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
+    attempts: int | None = None,
     wait: float | None = 0.0,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
     Workers claiming at once never get the same feature: each try is a full acquire. A feature
     marked done (:func:`done`) is never returned unless ``include_done``, nor one whose failed
-    attempts (:func:`fail`) reached ``attempts``: both are looked for again once the lock is
+    attempts (:func:`fail`) reached ``attempts`` (``None``: the limit recorded with them, that
+    of the pool that failed it, 3 by default): both are looked for again once the lock is
     held, and such a feature's lock is given straight back. A feature whose try fails with an
     OS error (a folder we may not enter) is skipped and added to ``problems``; without that
     list, the first such error is raised when nothing was claimed. ``lease`` as for
@@ -505,7 +508,7 @@ def claim_held(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | None = None,
     lease: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
+    attempts: int | None = None,
 ) -> Held | None:
     """:func:`claim` (one try), answering the acquisition (its feature, and its token where
     the backend gives tokens)."""
@@ -532,7 +535,7 @@ def claim_next(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | None = None,
     lease: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
+    attempts: int | None = None,
     wait: float | None = 0.0,
     command: Sequence[str] | None = None,
 ) -> ClaimOutcome:
@@ -545,7 +548,8 @@ def claim_next(
     for feature in candidates:
         _validate_feature_name(feature)
     owner = _owner_pid(pid)
-    _valid_attempts(attempts)
+    if attempts is not None:
+        _valid_attempts(attempts)
     _valid_timeout(wait)
     wait = _valid_seconds("wait", wait)
     found: list[FeatureProblem] = [] if problems is None else problems
@@ -583,7 +587,7 @@ def _valid_attempts(attempts: int) -> None:
 class _ClaimOptions(NamedTuple):
     reclaim_dead: bool
     include_done: bool
-    attempts: int
+    attempts: int | None  # None: the limit recorded with the attempts (the failing pool's)
     lease: float | None
 
 
@@ -630,9 +634,10 @@ class _Pool:
         if not options.include_done and self.store.is_done(feature):
             return "done"
         record = self.store.attempts(feature)
-        if record is not None and record.tries >= options.attempts:
-            return "failed"
-        return None
+        if record is None:
+            return None
+        limit = record.limit if options.attempts is None else options.attempts
+        return "failed" if record.tries >= limit else None
 
     def _claim_one(self, feature: str, options: _ClaimOptions) -> Held | str:
         """Take ``feature`` unless it is finished: the acquisition, or why not (``done``,
@@ -1154,16 +1159,18 @@ class WorkResult(NamedTuple):
 class WorkReport(NamedTuple):
     """How a worker's loop ended: ``finished`` (nothing left: every feature done or failed),
     ``waited-out`` (its wait ran out while others held features), ``once`` (``once``: it took
-    one feature), ``stopped`` (interrupted), ``empty`` (``once`` and nothing to take).
+    one feature), ``stopped`` (a step raised :class:`StopWork`).
     ``failed``: the features failed for good at the end."""
 
     ended: str
     results: tuple[WorkResult, ...]
     failed: tuple[str, ...] = ()
     busy: tuple[str, ...] = ()
+    exit_code: int | None = None
+    """``stopped``: the exit code the step asked for (a signal's)."""
 
 
-class _PoolLock(FeatureLock):
+class PoolLock(FeatureLock):
     """A :class:`FeatureLock` over a feature the pool just claimed: ``acquire`` adopts that
     acquisition (and starts the heartbeat), ``release`` only stops the heartbeat, and
     :meth:`finish` ends the hold as the work's outcome says: done, a failed attempt, or a plain
@@ -1245,8 +1252,9 @@ class _PoolLock(FeatureLock):
         return WorkResult(feature, "failed", exit_code, record.tries, why)
 
 
-class _Stop(Exception):
-    """A step's work was interrupted (a signal): the loop ends with ``result``."""
+class StopWork(Exception):
+    """Raised by a step whose work was interrupted (a signal): the loop ends with ``result``,
+    and the worker exits ``exit_code``."""
 
     def __init__(self, result: WorkResult, exit_code: int) -> None:
         super().__init__(result.feature)
@@ -1254,7 +1262,7 @@ class _Stop(Exception):
         self.exit_code = exit_code
 
 
-WorkStep = Callable[[_PoolLock], WorkResult]
+WorkStep = Callable[[PoolLock], WorkResult]
 """One feature's work, given the claimed lock (held when it is entered): its result."""
 
 
@@ -1277,7 +1285,7 @@ def run_pool(
     owner this process), run ``step`` with the lock held, again; while nothing is free but
     others hold features, wait for a release (``wait`` seconds at most each time; ``None``:
     for ever). Ends when nothing is left, when the wait ran out, after one feature with
-    ``once``, or when a step raises :class:`_Stop`."""
+    ``once``, or when a step raises :class:`StopWork`."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     _valid_attempts(attempts)
@@ -1295,9 +1303,9 @@ def run_pool(
             if outcome.held is None:
                 if found and problems is None:
                     raise found[0].error
-                ended = "empty" if once else "finished" if outcome.nothing_left else "waited-out"
+                ended = "finished" if outcome.nothing_left else "waited-out"
                 return WorkReport(ended, tuple(results), outcome.failed, outcome.busy)
-            lock = _PoolLock(
+            lock = PoolLock(
                 outcome.held,
                 gsd_dir,
                 backend=store,
@@ -1307,11 +1315,11 @@ def run_pool(
             )
             try:
                 result = step(lock)
-            except _Stop as stop:
+            except StopWork as stop:
                 results.append(stop.result)
                 if on_result is not None:
                     on_result(stop.result)
-                return WorkReport("stopped", tuple(results))
+                return WorkReport("stopped", tuple(results), exit_code=stop.exit_code)
             results.append(result)
             if on_result is not None:
                 on_result(result)
@@ -1343,7 +1351,7 @@ def work(
     failed). A ``KeyboardInterrupt`` (or any other ``BaseException``) releases the feature
     unmarked and propagates."""
 
-    def step(lock: _PoolLock) -> WorkResult:
+    def step(lock: PoolLock) -> WorkResult:
         code, reason = 1, None
         try:
             with lock:

@@ -14,6 +14,7 @@ import typer
 from typer.main import get_command_name
 
 from mahabharatha.cli import feature, lock
+from mahabharatha.cli import pool as _pool  # noqa: F401  (registers lock fail, lock work)
 
 app = typer.Typer(
     name="mahabharatha",

@@ -44,7 +44,7 @@ from mahabharatha.cli._output import (
 )
 from mahabharatha.cli._render import WaitingLine, status_table, summary
 from mahabharatha.commands._utils import _validate_feature_name, is_valid_feature_name
-from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR
+from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR, EXIT_TEMPFAIL
 from mahabharatha.locks import (
     AlreadyHeldError,
     FeatureProblem,
@@ -212,6 +212,29 @@ def _free_text(info: LockInfo) -> str:
     return f"{info.feature} is free (its lock is {info.state}: the next acquire replaces it)"
 
 
+AttemptsOption = Annotated[
+    int,
+    typer.Option(
+        "--attempts",
+        metavar="N",
+        min=1,
+        help="A feature whose attempts failed N times (lock fail) is failed: never claimed.",
+    ),
+]
+ClaimWaitOption = Annotated[
+    float | None,
+    typer.Option(
+        "--wait",
+        min=0,
+        metavar="SECONDS",
+        help=(
+            "While none is free but some are held by others, wait up to SECONDS for one to be "
+            "released (exit 75 if none came)."
+        ),
+    ),
+]
+
+
 @app.command()
 def claim(
     features: Annotated[
@@ -234,8 +257,22 @@ def claim(
         typer.Option("--include-done", help="Also claim features marked done (lock done)."),
     ] = False,
     lease: LeaseOption = None,
+    attempts: Annotated[
+        int | None,
+        typer.Option(
+            "--attempts",
+            metavar="N",
+            min=1,
+            help=(
+                "Skip features whose attempts failed N times (default: the limit recorded "
+                "with them by lock fail or lock work, 3 unless given)."
+            ),
+        ),
+    ] = None,
+    wait: ClaimWaitOption = None,
 ) -> None:
-    """Claim the first free feature that is not done and print its name; exit 1 if none is."""
+    """Claim the first free feature that is not done or failed and print its name; exit 1
+    when nothing is left (every feature done or failed), 75 when the rest are held by others."""
     owner = default_owner(pid)
     document: dict[str, Any] = {
         "feature": None,
@@ -250,7 +287,7 @@ def claim(
             _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
         store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
-        held = locks.claim_held(
+        outcome = locks.claim_next(
             features,
             backend=store,
             pid=owner,
@@ -258,10 +295,12 @@ def claim(
             include_done=include_done,
             problems=problems,
             lease=lease,
+            attempts=attempts,
+            wait=0.0 if wait is None else wait,
         )
-        won = None if held is None else held.feature
+        held = outcome.held
         found = {**document, "problems": [problem_fields(p) for p in problems]}
-        if won is None and problems:
+        if held is None and problems:
             # Some feature could not even be tried: "none free" would be a guess. One sentence
             # (the first problem); the JSON lists them all.
             more = len(problems) - 1
@@ -269,11 +308,14 @@ def claim(
                 f" (and {more} other feature(s) could not be tried)" if more else ""
             )
             return Result(EXIT_OS_ERROR, found, message=message)
-        if won is None:
-            return Result(EXIT_HELD, found, message="no free feature to claim")
-        assert held is not None
-        claimed = {**found, "feature": won, "claimed": True, **_held_fields(store, held)}
-        return Result(EXIT_OK, claimed, won, warnings=problem_warnings(problems))
+        if held is None and outcome.busy:
+            busy = f"no free feature to claim now: {len(outcome.busy)} held by others"
+            return Result(EXIT_TEMPFAIL, found, message=busy)
+        if held is None:
+            left = "nothing left to claim: every feature is done or failed"
+            return Result(EXIT_HELD, found, message=left)
+        claimed = {**found, "feature": held.feature, "claimed": True, **_held_fields(store, held)}
+        return Result(EXIT_OK, claimed, held.feature, warnings=problem_warnings(problems))
 
     respond(as_json, document, action)
 
