@@ -170,6 +170,11 @@ _OPENED: Final[list[LockBackend]] = []
 """The backends opened by the running command: :func:`respond` closes them when it is done."""
 
 
+def close_opened() -> None:
+    """Close the backends the command opened (:func:`respond` does it for every command)."""
+    _close_opened()
+
+
 def _close_opened() -> None:
     while _OPENED:
         _OPENED.pop().close()

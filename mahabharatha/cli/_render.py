@@ -5,14 +5,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from time import monotonic
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 
 from mahabharatha.backends.base import LockInfo, describe_holder, format_duration
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 __all__ = [
+    "SUMMARY_KINDS",
     "WaitingLine",
+    "status_renderable",
     "status_table",
     "summary",
+    "summary_counts",
 ]
 
 
@@ -21,13 +27,23 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else format_duration(value)
 
 
-def summary(infos: list[LockInfo]) -> str:
-    """One line counting every feature folder: done, held, free, stale (and any others)."""
-    counts: dict[str, int] = {}
+SUMMARY_KINDS: Final = ("done", "held", "free", "failed", "stale")
+"""The counts the summary line always shows, in its order (other states follow if any)."""
+
+
+def summary_counts(infos: list[LockInfo]) -> dict[str, int]:
+    """How many features are in each kind: :data:`SUMMARY_KINDS` first, then any others."""
+    counts: dict[str, int] = dict.fromkeys(SUMMARY_KINDS, 0)
     for info in infos:
-        kind = "held" if info.state in ("active", "writing") else info.state
+        kind = "held" if info.state in ("active", "writing") else str(info.state)
         counts[kind] = counts.get(kind, 0) + 1
-    parts = [f"{counts.pop(kind, 0)} {kind}" for kind in ("done", "held", "free", "stale")]
+    return counts
+
+
+def summary(infos: list[LockInfo]) -> str:
+    """One line counting every feature folder: done, held, free, failed, stale (and others)."""
+    counts = summary_counts(infos)
+    parts = [f"{counts.pop(kind)} {kind}" for kind in SUMMARY_KINDS]
     parts += [f"{count} {kind}" for kind, count in sorted(counts.items())]
     plural = "" if len(infos) == 1 else "s"
     return f"{len(infos)} feature{plural}: " + ", ".join(parts)
@@ -36,11 +52,18 @@ def summary(infos: list[LockInfo]) -> str:
 COLUMNS: Final = ("feature", "state", "pid", "owner", "age", "time left")
 
 
+def _state_cell(info: LockInfo) -> str:
+    """The state, with the failed attempts and the last reason where there are any."""
+    if not info.attempts:
+        return str(info.state)
+    return f"{info.state} ({info.attempts} failed: {info.reason})"
+
+
 def _row(info: LockInfo) -> tuple[str, ...]:
     pid = "-" if info.pid is None else str(info.pid)
     return (
         info.feature,
-        info.state,
+        _state_cell(info),
         pid,
         info.owner,
         _seconds(info.age_seconds),
@@ -74,6 +97,11 @@ def _plain_table(rows: list[tuple[str, ...]]) -> None:
 
 def _rich_table(rows: list[tuple[str, ...]]) -> None:
     from rich.console import Console  # imported here: only this command draws tables
+
+    Console().print(_table_of(rows))
+
+
+def _table_of(rows: list[tuple[str, ...]]) -> Table:
     from rich.table import Table
 
     table = Table()
@@ -82,7 +110,12 @@ def _rich_table(rows: list[tuple[str, ...]]) -> None:
         table.add_column(name, no_wrap=name != "feature", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    return table
+
+
+def status_renderable(infos: list[LockInfo]) -> Table:
+    """The status table as a rich renderable (``status --watch`` redraws it)."""
+    return _table_of([_row(info) for info in infos])
 
 
 REDRAW_SECONDS: Final = 1.0

@@ -337,11 +337,34 @@ def status(
     connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     show_all: Annotated[
         bool,
-        typer.Option("--all", help="Also list feature folders that are free or done."),
+        typer.Option("--all", help="Also list feature folders that are free, done or failed."),
+    ] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help=(
+                "Redraw the --all view every second with a progress bar until Ctrl-C (off a "
+                "terminal, or with --json: one JSON document per change, one a line)."
+            ),
+        ),
+    ] = False,
+    until_done: Annotated[
+        bool,
+        typer.Option(
+            "--until-done",
+            help="With --watch: stop once nothing is left to claim (exit 0 all done, 1 failed).",
+        ),
     ] = False,
 ) -> None:
     """List every feature lock with its state, owner, age and time left (--all: every
-    feature folder, free and done ones too), then a one-line summary."""
+    feature folder, free, done and failed ones too), then a one-line summary."""
+    if watch or until_done:
+        from mahabharatha.cli.pool import watch_status  # only a watch needs the live view
+
+        watch_status(
+            gsd_dir, Place.of(backend_url, namespace, connect_timeout), as_json, until_done
+        )
 
     def action() -> Result:
         place = Place.of(backend_url, namespace, connect_timeout)

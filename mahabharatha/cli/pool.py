@@ -8,15 +8,18 @@ one step of the backend's (done, or a failed attempt, then the release), never a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
-from typing import Annotated, Any, Final
+from time import monotonic, sleep, time
+from typing import Annotated, Any, Final, NoReturn
 
 import typer
 from typer.core import TyperCommand
 
 from mahabharatha import locks, runner
+from mahabharatha.backends.base import LockBackend, format_duration
 from mahabharatha.cli._output import (
     CONNECT_TIMEOUT_SECONDS,
     DEFAULT_GSD_DIR,
@@ -30,11 +33,14 @@ from mahabharatha.cli._output import (
     ReclaimDeadOption,
     Result,
     backend_for,
+    close_opened,
     default_owner,
     exit_code_for,
     problem_warnings,
     respond,
+    sentence,
 )
+from mahabharatha.cli._render import status_renderable, summary_counts
 from mahabharatha.cli.lock import (
     AttemptsOption,
     FeatureArg,
@@ -47,13 +53,22 @@ from mahabharatha.commands._utils import FEATURE_ENV_VAR
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
     EXIT_HELD,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TEMPFAIL,
     killed_by,
 )
-from mahabharatha.locks import FeatureProblem, PoolLock, StopWork, WorkReport, WorkResult
+from mahabharatha.locks import (
+    FeatureProblem,
+    LockError,
+    LockInfo,
+    PoolLock,
+    StopWork,
+    WorkReport,
+    WorkResult,
+)
 
-__all__ = ["fail", "work"]
+__all__ = ["fail", "watch_status", "work"]
 
 FEATURE_PLACEHOLDER: Final = "{}"
 """Replaced by the feature's name in every argument of ``lock work``'s command (as xargs -I)."""
@@ -271,3 +286,105 @@ def _work_result(
         )
         return Result(EXIT_HELD, {**found, "exit_code": EXIT_HELD}, message=said)
     return Result(EXIT_OK, {**found, "exit_code": EXIT_OK}, warnings=warnings)
+
+
+# --------------------------------------------------------------------------- status --watch
+
+WATCH_SECONDS: Final = 1.0
+"""How often ``status --watch`` looks again (and redraws at a terminal)."""
+BAR_WIDTH: Final = 40
+
+
+class _Progress:
+    """What the watch shows about the pool: counts, the rate of finishing, the time left."""
+
+    def __init__(self) -> None:
+        self.started = monotonic()
+        self.first_finished: int | None = None
+
+    def line(self, counts: dict[str, int]) -> str:
+        total = sum(counts.values())
+        finished = counts["done"] + counts["failed"]
+        if self.first_finished is None:
+            self.first_finished = finished
+        elapsed = monotonic() - self.started
+        rate = (finished - self.first_finished) / elapsed if elapsed > 0 else 0.0
+        left = total - finished
+        eta = f", about {format_duration(left / rate)} left" if rate > 0 and left else ""
+        shown = ", ".join(f"{count} {kind}" for kind, count in counts.items() if kind != "done")
+        per_minute = f"{rate * 60:.1f}/min"
+        return f"{counts['done']}/{total} done, {shown}; {per_minute}{eta}"
+
+
+def _nothing_left(counts: dict[str, int]) -> bool:
+    return all(count == 0 for kind, count in counts.items() if kind not in ("done", "failed"))
+
+
+def watch_status(gsd_dir: str, place: Place, as_json: bool, until_done: bool) -> NoReturn:
+    """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130) or,
+    with ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
+    try:
+        if place.url is None:
+            _require_gsd_dir(gsd_dir)
+        store = backend_for(gsd_dir, place)
+        if as_json or not sys.stdout.isatty():
+            code = _watch_lines(store, until_done)
+        else:
+            code = _watch_terminal(store, until_done)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except (ValueError, LockError, OSError) as error:
+        if as_json:
+            typer.echo(json.dumps({"error": sentence(error)}, sort_keys=True))
+        typer.echo(f"mahabharatha: {sentence(error)}", err=True)
+        raise typer.Exit(exit_code_for(error)) from None
+    finally:
+        close_opened()
+    raise typer.Exit(code)
+
+
+def _survey(store: LockBackend) -> list[LockInfo]:
+    problems: list[FeatureProblem] = []
+    return locks.survey(backend=store, problems=problems)
+
+
+def _watch_lines(store: LockBackend, until_done: bool) -> int:
+    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``."""
+    last: object = None
+    while True:
+        infos = _survey(store)
+        counts = summary_counts(infos)
+        now = [info.to_dict() for info in infos]
+        if now != last:
+            document = {"time": time(), "summary": counts, "features": now}
+            typer.echo(json.dumps(document, sort_keys=True))
+            sys.stdout.flush()
+            last = now
+        if until_done and _nothing_left(counts):
+            return EXIT_HELD if counts["failed"] else EXIT_OK
+        sleep(WATCH_SECONDS)
+
+
+def _watch_terminal(store: LockBackend, until_done: bool) -> int:
+    """The live view: the status table and a progress bar, redrawn every second. Rich's
+    ``Live`` hides the cursor while it draws and shows it again however the watch ends."""
+    from rich.console import Group
+    from rich.live import Live
+    from rich.progress_bar import ProgressBar
+    from rich.text import Text
+
+    progress = _Progress()
+
+    def view(infos: list[LockInfo]) -> tuple[Group, dict[str, int]]:
+        counts = summary_counts(infos)
+        total = max(1, sum(counts.values()))
+        bar = ProgressBar(total=total, completed=counts["done"], width=BAR_WIDTH)
+        return Group(status_renderable(infos), bar, Text(progress.line(counts))), counts
+
+    shown, counts = view(_survey(store))
+    with Live(shown, auto_refresh=False, transient=False) as live:
+        while not (until_done and _nothing_left(counts)):
+            sleep(WATCH_SECONDS)
+            shown, counts = view(_survey(store))
+            live.update(shown, refresh=True)
+    return EXIT_HELD if counts["failed"] else EXIT_OK
