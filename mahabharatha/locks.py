@@ -675,8 +675,12 @@ class _Pool:
             return ClaimOutcome(won.held)
         held = {info.feature for info in self.store.status() if info.held}
         busy = tuple(f for f in offered if f in held)
-        done = tuple(f for f in self.candidates if f not in set(busy))
-        return ClaimOutcome(None, busy, done)
+        finished = [f for f in self.candidates if f not in set(busy)]
+        failed_here = getattr(self.store, "failed_features", None)
+        gave_up = set() if failed_here is None else failed_here()
+        failed = tuple(f for f in finished if f in gave_up)
+        done = tuple(f for f in finished if f not in gave_up)
+        return ClaimOutcome(None, busy, done, failed)
 
     def _done_here(self, feature: str, options: _ClaimOptions) -> bool:
         if options.include_done or self.local is None:

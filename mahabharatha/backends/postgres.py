@@ -53,7 +53,6 @@ from mahabharatha.backends.base import (
     Owner,
     Requester,
     State,
-    UnsupportedError,
 )
 
 __all__ = [
@@ -65,7 +64,7 @@ __all__ = [
     "derive_namespace",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The tables' layout; ``mahabharatha_schema`` records it (a newer one is refused, never
 rewritten)."""
 DEFAULT_LEASE_SECONDS: Final = 7200.0
@@ -80,6 +79,8 @@ MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 """libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
 """One channel for every release; the payload names the namespace and feature."""
+MAX_REASON_CHARS: Final = 200
+"""A failed attempt's reason is cut to this (as on files): one line, never a whole log."""
 MAX_CLAIM_ROUNDS: Final = 4
 """A claim statement finds rows missing at most once per new feature list; a few rounds bound it."""
 MAX_REGISTERED_LISTS: Final = 8
@@ -117,6 +118,12 @@ _SCHEMA_DDL: Final = (
         PRIMARY KEY (namespace, feature)
     )""",
     "INSERT INTO mahabharatha_schema (version) VALUES (1) ON CONFLICT DO NOTHING",
+    # Version 2: a pool's failed attempts (``lock fail``), in the row.
+    """ALTER TABLE mahabharatha_locks
+        ADD COLUMN IF NOT EXISTS failures integer NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false,
+        ADD COLUMN IF NOT EXISTS last_failure text""",
+    "INSERT INTO mahabharatha_schema (version) VALUES (2) ON CONFLICT DO NOTHING",
 )
 
 _EPOCHS: Final = """date_part('epoch', refreshed_at), date_part('epoch', expires_at),
@@ -323,8 +330,24 @@ SELECT EXISTS (SELECT FROM mahabharatha_locks WHERE namespace = %(ns)s AND featu
     AND done_at IS NOT NULL)"""
 
 _REOPEN: Final = """
-UPDATE mahabharatha_locks SET done_at = NULL
-WHERE namespace = %(ns)s AND feature = %(feature)s AND done_at IS NOT NULL RETURNING 1"""
+UPDATE mahabharatha_locks SET done_at = NULL, failures = 0, failed = false, last_failure = NULL
+WHERE namespace = %(ns)s AND feature = %(feature)s AND (done_at IS NOT NULL OR failures > 0)
+RETURNING 1"""
+
+_FAIL: Final = f"""
+UPDATE mahabharatha_locks SET {_LET_GO}, failures = failures + 1, last_failure = %(entry)s,
+    failed = failures + 1 >= %(limit)s,
+    done_at = CASE WHEN failures + 1 >= %(limit)s THEN now() ELSE done_at END
+WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
+    AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE}
+RETURNING {_NOTIFY}, failures"""
+"""Record a failed attempt and release in one statement: both or neither. A feature whose
+attempts reach the pool's limit is closed the way a done one is (``done_at``: every claim
+statement already skips it) and flagged ``failed``, which tells the two apart."""
+
+_ATTEMPTS: Final = """
+SELECT feature, failures, failed, last_failure FROM mahabharatha_locks
+WHERE namespace = %(ns)s AND failures > 0"""
 
 _CLEAN: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}
@@ -982,6 +1005,12 @@ class PostgresBackend:
         }
         for name in names:
             infos.setdefault(name, _unlocked(name, "free"))
+        for name, record in self._all_attempts().items():
+            if name in infos:
+                info = infos[name]
+                if record.failed and info.state == "done":
+                    info = _unlocked(name, "failed")
+                infos[name] = info.with_attempts(record.tries, record.last_reason)
         return [infos[name] for name in sorted(infos)]
 
     def feature_names(self) -> list[str]:
@@ -1056,15 +1085,50 @@ class PostgresBackend:
 
     # ------------------------------------------------------------------ failed attempts
 
+    def _all_attempts(self) -> dict[str, Attempts]:
+        found = {}
+        for feature, failures, failed, last in self._rows(_ATTEMPTS, self._params()):
+            entry = json.loads(last) if last else {}
+            # The row keeps the count, whether it failed for good and the last attempt; the
+            # limit is not kept (it closed the row when reached): the count stands for it.
+            limit = int(failures) if failed else int(failures) + 1
+            found[feature] = Attempts(int(failures), limit, (entry,) if entry else ())
+        return found
+
     def attempts(self, feature: str) -> Attempts | None:
-        """No failed attempts are kept on the server yet (``fail`` says so)."""
-        return None
+        return self._all_attempts().get(feature)
 
     def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
-        raise UnsupportedError(
-            "failed attempts are not recorded on PostgreSQL yet: lock fail and lock work's "
-            "retry limit need the folder backend (release the feature instead)"
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": self._host,
+            "pid": pid,
+            "reason": reason[:MAX_REASON_CHARS],
+        }
+        params = self._params(
+            feature=feature,
+            pid=pid,
+            host=self._host,
+            entry=json.dumps(entry, sort_keys=True),
+            limit=limit,
+            **_owner_keys(pid),
         )
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            return conn.execute(_FAIL, params).fetchall()
+
+        found = self._run(run, retry=False)  # repeated after a lost answer: "not held"
+        if not found:
+            holder = self._row(feature)
+            if holder is not None and holder.pid is not None:
+                raise NotOwnerError(self._info(holder))
+            raise NotHeldError(feature, pid, "recorded as failed")
+        tries = int(found[0][1])
+        return Attempts(tries, limit, (entry,))
+
+    def failed_features(self) -> set[str]:
+        """The features whose attempts reached their limit (closed like done ones)."""
+        return {name for name, record in self._all_attempts().items() if record.failed}
 
     # ------------------------------------------------------------------ waiting
 
