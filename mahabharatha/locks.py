@@ -608,6 +608,10 @@ class _Pool:
         self.details = details
         self.problems = problems
         self.local = _local_markers(store)
+        # Features seen done or failed: they stay so while the pool runs (only ``reopen``
+        # changes that), so later rounds skip them without a look: a worker's claims cost
+        # O(features) in all, not O(features) each.
+        self.finished: dict[str, str] = {}
 
     def claim(self, options: _ClaimOptions) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
@@ -618,6 +622,10 @@ class _Pool:
         failed: list[str] = []
         busy: list[str] = []
         for feature in self.candidates:
+            known = self.finished.get(feature)
+            if known is not None:
+                (done if known == "done" else failed).append(feature)
+                continue
             try:
                 verdict = self._claim_one(feature, options)
             except OSError as error:
@@ -626,6 +634,8 @@ class _Pool:
                 continue
             if isinstance(verdict, Held):
                 return ClaimOutcome(verdict, tuple(busy), tuple(done), tuple(failed))
+            if verdict != "busy":
+                self.finished[feature] = verdict
             {"done": done, "failed": failed, "busy": busy}[verdict].append(feature)
         return ClaimOutcome(None, tuple(busy), tuple(done), tuple(failed))
 
