@@ -174,7 +174,7 @@ def test_status_off_a_terminal_is_plain_ascii_and_never_cuts_a_pid(gsd: Path) ->
     assert shown.isascii()
     rows = shown.splitlines()
     assert any(long_name in row and "4194304" in row for row in rows)
-    assert rows[-1] == "2 features: 0 done, 1 held, 0 free, 1 stale"
+    assert rows[-1] == "2 features: 0 done, 1 held, 0 free, 0 failed, 1 stale"
 
 
 def test_completion_offers_the_feature_folders(gsd: Path) -> None:
