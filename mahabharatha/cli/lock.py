@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
+from typer.core import TyperCommand
 
 from mahabharatha import locks, ownership, runner
 from mahabharatha.backends.base import (
@@ -221,21 +222,47 @@ AttemptsOption = Annotated[
         help="A feature whose attempts failed N times (lock fail) is failed: never claimed.",
     ),
 ]
+WAIT_FOREVER: Final = 1e18
+"""What a bare ``claim --wait`` (no SECONDS) stands for: as long as it takes."""
 ClaimWaitOption = Annotated[
     float | None,
     typer.Option(
         "--wait",
         min=0,
-        metavar="SECONDS",
+        metavar="[SECONDS]",
         help=(
-            "While none is free but some are held by others, wait up to SECONDS for one to be "
-            "released (exit 75 if none came)."
+            "While none is free but some are held by others, wait (up to SECONDS; none: as "
+            "long as it takes) for one to be released (exit 75 if none came)."
         ),
     ),
 ]
 
 
-@app.command()
+def _is_seconds(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+class _WaitTakesOptionalSeconds(TyperCommand):
+    """``claim --wait [SECONDS]``: a ``--wait`` not followed by a number waits for ever (click
+    options take a value or none, never maybe one)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        words = list(args)
+        for index, word in enumerate(words):
+            if word == "--":
+                break
+            following = words[index + 1] if index + 1 < len(words) else None
+            if word == "--wait" and (following is None or not _is_seconds(following)):
+                words.insert(index + 1, repr(WAIT_FOREVER))
+                break
+        return list(super().parse_args(ctx, words))
+
+
+@app.command(cls=_WaitTakesOptionalSeconds)
 def claim(
     features: Annotated[
         list[str] | None,
@@ -296,7 +323,7 @@ def claim(
             problems=problems,
             lease=lease,
             attempts=attempts,
-            wait=0.0 if wait is None else wait,
+            wait=0.0 if wait is None else None if wait >= WAIT_FOREVER else wait,
         )
         held = outcome.held
         found = {**document, "problems": [problem_fields(p) for p in problems]}

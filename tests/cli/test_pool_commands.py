@@ -326,3 +326,36 @@ def test_status_watch_at_a_terminal_moves_its_bar_and_ctrl_c_leaves_it_clean(gsd
     assert b"\x1b[?25l" in with_rest, "rich hid the cursor while drawing"
     assert with_rest.rfind(b"\x1b[?25h") > with_rest.rfind(b"\x1b[?25l"), "cursor shown again"
     assert b"Traceback" not in with_rest
+
+
+@pytest.mark.parametrize(
+    ("words", "features", "wait"),
+    [
+        (["--wait"], None, None),
+        (["--wait", "alpha"], ["alpha"], None),
+        (["alpha", "--wait", "--json"], ["alpha"], None),
+        (["--wait", "2.5", "alpha"], ["alpha"], 2.5),
+        (["--wait=0", "alpha"], ["alpha"], 0.0),
+        (["alpha"], ["alpha"], 0.0),
+    ],
+)
+def test_claim_wait_takes_optional_seconds(
+    gsd: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    words: list[str],
+    features: list[str] | None,
+    wait: float | None,
+) -> None:
+    """``--wait [SECONDS]``: bare (or followed by a feature name) waits as long as it takes
+    (``wait=None``); a number bounds it; no ``--wait`` tries once (``wait=0``)."""
+    _features(gsd, "alpha")
+    asked: dict[str, Any] = {}
+
+    def fake_claim_next(names: Any, **options: Any) -> locks.ClaimOutcome:
+        asked.update(features=names, wait=options["wait"])
+        return locks.ClaimOutcome(None)
+
+    monkeypatch.setattr(locks, "claim_next", fake_claim_next)
+    result = invoke("lock", "claim", "--gsd-dir", gsd, *words)
+    assert result.exit_code == 1, result.stderr
+    assert asked == {"features": features, "wait": wait}
