@@ -555,28 +555,31 @@ def claim_next(
     found: list[FeatureProblem] = [] if problems is None else problems
     pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
     options = _ClaimOptions(reclaim_dead, include_done, attempts, lease)
-    if wait == 0:
-        outcome = pool.claim(options)
-    else:
-        with _ReleaseWaiter(store, candidates) as waiter:
-            outcome = _claim_waiting(pool, options, waiter, wait)
+    outcome = _claim_waiting(pool, options, wait)
     if problems is None and found and outcome.held is None:
         raise found[0].error
     return outcome
 
 
-def _claim_waiting(
-    pool: _Pool, options: _ClaimOptions, waiter: _ReleaseWaiter, wait: float | None
-) -> ClaimOutcome:
+def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
+    """Claim; while only features held by others are left, wait for a release (at most
+    ``wait`` seconds; ``None``: for ever) and claim again. The watch (an inotify descriptor, a
+    listening connection) exists only while waiting: a holder keeps none while it works."""
     deadline = None if wait is None else monotonic() + wait
-    while True:
-        outcome = pool.claim(options)
-        if outcome.held is not None or outcome.nothing_left:
-            return outcome
-        left = None if deadline is None else deadline - monotonic()
-        if left is not None and left <= 0:
-            return outcome
-        waiter.wait(RECHECK_SECONDS if left is None else left)
+    outcome = pool.claim(options)
+    if outcome.held is not None or outcome.nothing_left or wait == 0:
+        return outcome
+    with _ReleaseWaiter(pool.store, pool.candidates) as waiter:
+        while True:
+            # Race: a release between the claim above and the watch's start was not seen by
+            # either: this claim, made with the watch in place, sees it.
+            outcome = pool.claim(options)
+            if outcome.held is not None or outcome.nothing_left:
+                return outcome
+            left = None if deadline is None else deadline - monotonic()
+            if left is not None and left <= 0:
+                return outcome
+            waiter.wait(RECHECK_SECONDS if left is None else left)
 
 
 def _valid_attempts(attempts: int) -> None:
@@ -732,6 +735,9 @@ class _ReleaseWaiter:
     def __exit__(self, *_exc: object) -> None:
         if self._watch is not None:
             self._watch.__exit__(None, None, None)
+        stop_listening = getattr(self.store, "stop_listening", None)
+        if stop_listening is not None:
+            stop_listening()  # a holder keeps no listening connection while it works
 
     def wait(self, seconds: float) -> None:
         seconds = min(seconds, RECHECK_SECONDS)
@@ -1311,34 +1317,28 @@ def run_pool(
     lease = _valid_seconds("lease", getattr(store, "run_lease", None))
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
     results: list[WorkResult] = []
-    with _ReleaseWaiter(store, candidates) as waiter:
-        while True:
-            outcome = _claim_waiting(pool, options, waiter, wait)
-            if outcome.held is None:
-                if found and problems is None:
-                    raise found[0].error
-                ended = "finished" if outcome.nothing_left else "waited-out"
-                return WorkReport(ended, tuple(results), outcome.failed, outcome.busy)
-            lock = PoolLock(
-                outcome.held,
-                gsd_dir,
-                backend=store,
-                heartbeat=heartbeat,
-                command=command,
-                lease=lease,
-            )
-            try:
-                result = step(lock)
-            except StopWork as stop:
-                results.append(stop.result)
-                if on_result is not None:
-                    on_result(stop.result)
-                return WorkReport("stopped", tuple(results), exit_code=stop.exit_code)
-            results.append(result)
+    while True:
+        outcome = _claim_waiting(pool, options, wait)
+        if outcome.held is None:
+            if found and problems is None:
+                raise found[0].error
+            ended = "finished" if outcome.nothing_left else "waited-out"
+            return WorkReport(ended, tuple(results), outcome.failed, outcome.busy)
+        lock = PoolLock(
+            outcome.held, gsd_dir, backend=store, heartbeat=heartbeat, command=command, lease=lease
+        )
+        try:
+            result = step(lock)
+        except StopWork as stop:
+            results.append(stop.result)
             if on_result is not None:
-                on_result(result)
-            if once:
-                return WorkReport("once", tuple(results))
+                on_result(stop.result)
+            return WorkReport("stopped", tuple(results), exit_code=stop.exit_code)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+        if once:
+            return WorkReport("once", tuple(results))
 
 
 def work(

@@ -1138,6 +1138,14 @@ class PostgresBackend:
         tries again, and any release after that wakes it)."""
         return self.wait_for_any_release((feature,), timeout)
 
+    def stop_listening(self) -> None:
+        """Close the listening connection (a pool's worker that took a feature: many workers
+        must not keep a connection each while they work)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with suppress(psycopg.Error, OSError):
+                listener.close()
+
     def wait_for_any_release(self, features: Iterable[str], timeout: float) -> bool:
         """:meth:`wait_for_release` for any of ``features`` (a pool waiting for the next one
         that comes free: a release, a ``done``, a reclaim of one of them)."""
