@@ -168,15 +168,28 @@ def section(rows: list[dict[str, object]], features: int, workers: int, rounds: 
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    page = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+def _with_section(page: str, text: str) -> str:
     if BEGIN in page and END in page:
         before = page[: page.index(BEGIN)]
         after = page[page.index(END) + len(END) :].lstrip("\n")
-        page = before + text + ("\n" + after if after else "")
-    else:
-        page = page.rstrip("\n") + "\n\n" + text
-    RESULTS.write_text(page)
+        return before + text + ("\n" + after if after else "")
+    return page.rstrip("\n") + "\n\n" + text
+
+
+def with_kept_section(page: str, old_page: Path) -> str:
+    """``page`` (``run.py``'s new results) with this scenario's section of ``old_page``."""
+    try:
+        old = old_page.read_text()
+    except OSError:
+        return page
+    if BEGIN not in old or END not in old:
+        return page
+    return _with_section(page, old[old.index(BEGIN) : old.index(END) + len(END)] + "\n")
+
+
+def write_section(text: str) -> None:
+    page = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    RESULTS.write_text(_with_section(page, text))
 
 
 def main() -> None:
