@@ -40,8 +40,13 @@ IN_CLOEXEC: Final = os.O_CLOEXEC
 IN_DELETE: Final = 0x00000200  # <sys/inotify.h>: a file was removed from a watched folder
 IN_MOVED_FROM: Final = 0x00000040  # <sys/inotify.h>: a file was renamed away from it
 IN_Q_OVERFLOW: Final = 0x00004000  # events were lost: wake, to be safe
+IN_ONLYDIR: Final = 0x01000000  # <sys/inotify.h>: refuse anything but a folder
+IN_DONT_FOLLOW: Final = 0x02000000  # <sys/inotify.h>: never follow a symlink
 WATCHED_EVENTS: Final = IN_DELETE | IN_MOVED_FROM
 """A release, a ``done``, a ``fail``, a reclaim and a ``clean`` all unlink ``.lock``."""
+SKIPPED_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP})
+"""A folder that is not there yet, is not a real folder (a symlinked feature folder is refused
+everywhere) or cannot be read: not watched; the periodic claim still looks at it."""
 _EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then name
 _READ_BYTES: Final = 64 * 1024
 
@@ -94,9 +99,10 @@ class ReleaseWatch:
             return None
         for feature in self.features:
             path = os.fsencode(folder_path(self.gsd_dir, feature))
-            if libc.inotify_add_watch(fd, path, WATCHED_EVENTS) < 0:
-                if ctypes.get_errno() == errno.ENOENT:
-                    continue  # no folder yet: its first lock creates it; the recheck sees it
+            mask = WATCHED_EVENTS | IN_ONLYDIR | IN_DONT_FOLLOW
+            if libc.inotify_add_watch(fd, path, mask) < 0:
+                if ctypes.get_errno() in SKIPPED_FOLDER_ERRNOS:
+                    continue
                 os.close(fd)  # ENOSPC: the watches are used up; a poll sees every folder
                 return None
         return fd

@@ -227,9 +227,10 @@ class _CommandStep:
                 env={FEATURE_ENV_VAR: feature},
             )
         except runner.CommandStartError as unstarted:
-            # Every feature would fail the same way: record this attempt, and stop.
+            # Every feature would fail the same way, and not by its own fault: release it
+            # unmarked (no attempt counted against it), and stop this worker.
             code = exit_code_for(unstarted, before_run=True)
-            result = lock.finish(code, unstarted.strerror, self.attempts)
+            result = lock.finish(None, unstarted.strerror, self.attempts)
             raise StopWork(result, code) from None
         except runner.Interrupted as stop:
             raise StopWork(lock.finish(None, str(stop), self.attempts), stop.exit_code) from None

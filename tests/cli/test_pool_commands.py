@@ -359,3 +359,18 @@ def test_claim_wait_takes_optional_seconds(
     result = invoke("lock", "claim", "--gsd-dir", gsd, *words)
     assert result.exit_code == 1, result.stderr
     assert asked == {"features": features, "wait": wait}
+
+
+def test_work_whose_command_cannot_start_stops_and_counts_no_attempt(
+    gsd: Path, tmp_path: Path
+) -> None:
+    """A missing command would fail every feature the same way: the worker exits 127 as a
+    shell would, releases the feature unmarked and records no attempt against it."""
+    _features(gsd, "alpha")
+    argv = [*CLI, "lock", "work", "--gsd-dir", str(gsd), "--", str(tmp_path / "missing"), "{}"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=SYNC_TIMEOUT)
+    assert result.returncode == 127
+    assert "command not found" in result.stderr and "Traceback" not in result.stderr
+    folder = gsd / "specs" / "alpha"
+    assert not (folder / ".lock").exists()
+    assert not (folder / files.ATTEMPTS_RECORD_NAME).exists()
