@@ -118,6 +118,10 @@ def _finite_seconds(value: float | None) -> float | None:
     return value
 
 
+finite_seconds: Final = _finite_seconds
+"""The check of every numeric option (nan and inf are bad input), for the commands' modules."""
+
+
 BackendOption = Annotated[
     str | None,
     typer.Option(

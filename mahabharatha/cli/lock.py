@@ -36,6 +36,7 @@ from mahabharatha.cli._output import (
     backend_for,
     default_owner,
     exit_code_for,
+    finite_seconds,
     problem_fields,
     problem_warnings,
     respond,
@@ -229,6 +230,7 @@ ClaimWaitOption = Annotated[
     typer.Option(
         "--wait",
         min=0,
+        callback=finite_seconds,
         metavar="[SECONDS]",
         help=(
             "While none is free but some are held by others, wait (up to SECONDS; none: as "

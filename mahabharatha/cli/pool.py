@@ -36,6 +36,7 @@ from mahabharatha.cli._output import (
     close_opened,
     default_owner,
     exit_code_for,
+    finite_seconds,
     problem_warnings,
     respond,
     sentence,
@@ -162,6 +163,7 @@ def work(
         typer.Option(
             "--wait",
             min=0,
+            callback=finite_seconds,
             metavar="SECONDS",
             help=(
                 "While others hold every feature left, wait at most SECONDS for one to come "
