@@ -615,6 +615,7 @@ class _Pool:
         # changes that), so later rounds skip them without a look: a worker's claims cost
         # O(features) in all, not O(features) each.
         self.finished: dict[str, str] = {}
+        self.offered: list[str] | None = None  # one-statement claims: the features offered
 
     def claim(self, options: _ClaimOptions) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
@@ -674,21 +675,31 @@ class _Pool:
 
     def _claim_in_one_step(self, try_claim: Any, options: _ClaimOptions) -> ClaimOutcome:
         """A backend that claims in one statement (PostgreSQL): features done in their local
-        folder are left out first (both backends mean the same by done)."""
-        locally_done = [f for f in self.candidates if self._done_here(f, options)]
-        offered = [f for f in self.candidates if f not in set(locally_done)]
-        won: AcquireResult | None = try_claim(
-            offered,
-            Requester(self.owner, self.details),
-            reclaim_dead=options.reclaim_dead,
-            lease=options.lease,
-            include_done=options.include_done,
-        )
-        if won is not None:
-            return ClaimOutcome(won.held)
+        folder are left out (both backends mean the same by done). The folders are looked at
+        once per pool, and the list offered stays the same from claim to claim (the server
+        keeps a prepared claim per list)."""
+        if self.offered is None:
+            self.offered = [f for f in self.candidates if not self._done_here(f, options)]
+        while True:
+            won: AcquireResult | None = try_claim(
+                self.offered,
+                Requester(self.owner, self.details),
+                reclaim_dead=options.reclaim_dead,
+                lease=options.lease,
+                include_done=options.include_done,
+            )
+            if won is None or won.held is None:
+                break
+            if not self._done_here(won.held.feature, options):
+                return ClaimOutcome(won.held)
+            # Race: its folder got a marker after the pool looked (another checkout's done):
+            # done all the same; give the lock back and leave it out from now on.
+            self.store.release_held(won.held)
+            self.offered = [f for f in self.offered if f != won.held.feature]
         held = {info.feature for info in self.store.status() if info.held}
-        busy = tuple(f for f in offered if f in held)
-        finished = [f for f in self.candidates if f not in set(busy)]
+        busy = tuple(f for f in self.offered if f in held)
+        busy_set = set(busy)
+        finished = [f for f in self.candidates if f not in busy_set]
         failed_here = getattr(self.store, "failed_features", None)
         gave_up = set() if failed_here is None else failed_here()
         failed = tuple(f for f in finished if f in gave_up)
