@@ -30,13 +30,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from time import monotonic, sleep
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, NamedTuple, Self
 
 from mahabharatha import ownership
 from mahabharatha.backends import lock_url, shared_backend
 from mahabharatha.backends.base import (
+    DEFAULT_ATTEMPTS,
     AcquireResult,
     AlreadyHeldError,
+    Attempts,
     CleanedEntry,
     FeatureProblem,
     HeartbeatStartError,
@@ -52,10 +54,12 @@ from mahabharatha.backends.base import (
     Owner,
     Requester,
     State,
+    UnsupportedError,
     owner_is_gone,
 )
 from mahabharatha.backends.files import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, FileBackend
 from mahabharatha.backends.liveness import CREATE_TIME_SLACK_SECONDS, owner_liveness
+from mahabharatha.backends.release_watch import POLL_SECONDS, RECHECK_SECONDS
 from mahabharatha.commands import _utils
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.lockfile import MAX_PID, UnsafeLockPathError
@@ -66,8 +70,11 @@ __all__ = [
     "AUDIT_LOG_NAME",
     "COMPLETED_MARKER_NAME",
     "CREATE_TIME_SLACK_SECONDS",
+    "DEFAULT_ATTEMPTS",
     "HEARTBEAT_SECONDS",
     "AlreadyHeldError",
+    "Attempts",
+    "ClaimOutcome",
     "CleanedEntry",
     "FeatureLock",
     "FeatureProblem",
@@ -79,24 +86,34 @@ __all__ = [
     "LockInfo",
     "LockLostError",
     "LockTimeoutError",
+    "NoneFreeError",
     "NotHeldError",
     "NotOwnerError",
     "Owner",
+    "PoolLock",
+    "StopWork",
     "UnsafeLockPathError",
     "WaitCallback",
+    "WorkReport",
+    "WorkResult",
     "acquire",
+    "attempts_of",
     "claim",
     "claim_held",
+    "claim_next",
     "clean",
     "done",
+    "fail",
     "inspect",
     "is_done",
     "owner_is_gone",
     "owner_liveness",
     "release",
     "reopen",
+    "run_pool",
     "status",
     "survey",
+    "work",
 ]
 
 HEARTBEAT_SECONDS: Final = 30.0
@@ -413,6 +430,36 @@ def _valid_pid(pid: int) -> int:
     return pid
 
 
+class ClaimOutcome(NamedTuple):
+    """How a claim ended: ``held`` when it took a feature; otherwise what the others are.
+
+    ``busy``: features held by others at the last look (one may come back: its worker fails,
+    dies or releases it); ``done`` and ``failed``: finished ones (``failed``: their failed
+    attempts reached the limit). Nothing held and nothing busy: nothing is left to claim."""
+
+    held: Held | None
+    busy: tuple[str, ...] = ()
+    done: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+    @property
+    def nothing_left(self) -> bool:
+        """Every feature is done or failed (or there is none): no claim can ever succeed."""
+        return self.held is None and not self.busy
+
+
+class NoneFreeError(LockError):
+    """A claim's wait ran out while every feature left was held by others (CLI: exit 75)."""
+
+    def __init__(self, busy: Sequence[str]) -> None:
+        self.busy = tuple(busy)
+        shown = ", ".join(self.busy[:3]) + (", ..." if len(self.busy) > 3 else "")
+        super().__init__(f"no feature came free: {len(self.busy)} held by others ({shown})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.busy,))
+
+
 def claim(
     features: Sequence[str] | None = None,
     gsd_dir: GsdDir = GSD_DIR,
@@ -423,17 +470,27 @@ def claim(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
     lease: float | None = None,
+    attempts: int | None = None,
+    wait: float | None = 0.0,
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
     Workers claiming at once never get the same feature: each try is a full acquire. A feature
-    marked done (:func:`done`) is never returned unless ``include_done``: the marker is looked
-    for again once the lock is held, and a done feature's lock is given straight back. A feature
-    whose try fails with an OS error (a folder we may not enter) is skipped and added to
-    ``problems``; without that list, the first such error is raised when nothing was claimed.
-    ``lease`` as for :func:`acquire`. :func:`claim_held` returns the acquisition itself.
+    marked done (:func:`done`) is never returned unless ``include_done``, nor one whose failed
+    attempts (:func:`fail`) reached ``attempts`` (``None``: the limit recorded with them, that
+    of the pool that failed it, 3 by default): both are looked for again once the lock is
+    held, and such a feature's lock is given straight back. A feature whose try fails with an
+    OS error (a folder we may not enter) is skipped and added to ``problems``; without that
+    list, the first such error is raised when nothing was claimed. ``lease`` as for
+    :func:`acquire`. :func:`claim_held` returns the acquisition itself, :func:`claim_next`
+    also says why nothing was claimed.
+
+    ``wait``: 0 (the default) tries once and answers ``None`` when nothing is free; a number
+    of seconds (``None``: for ever) waits, woken by releases, while others hold features: then
+    ``None`` means nothing is left (every feature done or failed), and :class:`NoneFreeError`
+    that the wait ran out.
     """
-    held = claim_held(
+    outcome = claim_next(
         features,
         gsd_dir,
         pid=pid,
@@ -442,8 +499,12 @@ def claim(
         problems=problems,
         backend=backend,
         lease=lease,
+        attempts=attempts,
+        wait=wait,
     )
-    return None if held is None else held.feature
+    if outcome.held is None and outcome.busy and wait != 0:
+        raise NoneFreeError(outcome.busy)
+    return None if outcome.held is None else outcome.held.feature
 
 
 def claim_held(
@@ -456,61 +517,257 @@ def claim_held(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
     lease: float | None = None,
+    attempts: int | None = None,
 ) -> Held | None:
-    """:func:`claim`, answering the acquisition (its feature, and its token where the backend
-    gives tokens). A backend that claims in one step (``try_claim``: PostgreSQL, one statement)
-    is asked once; otherwise each candidate is tried in turn."""
+    """:func:`claim` (one try), answering the acquisition (its feature, and its token where
+    the backend gives tokens)."""
+    return claim_next(
+        features,
+        gsd_dir,
+        pid=pid,
+        reclaim_dead=reclaim_dead,
+        include_done=include_done,
+        problems=problems,
+        backend=backend,
+        lease=lease,
+        attempts=attempts,
+    ).held
+
+
+def claim_next(
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    pid: int | None = None,
+    reclaim_dead: bool = False,
+    include_done: bool = False,
+    problems: list[FeatureProblem] | None = None,
+    backend: LockBackend | str | None = None,
+    lease: float | None = None,
+    attempts: int | None = None,
+    wait: float | None = 0.0,
+    command: Sequence[str] | None = None,
+) -> ClaimOutcome:
+    """:func:`claim`, answering a :class:`ClaimOutcome`: the acquisition, or what the
+    features left are (held by others, done, failed). With ``wait`` (seconds; ``None``: for
+    ever) it claims again each time a feature is released, until it takes one, nothing is
+    left, or the wait runs out (then the outcome lists the busy features)."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     for feature in candidates:
         _validate_feature_name(feature)
     owner = _owner_pid(pid)
-    try_claim = getattr(store, "try_claim", None)
-    if try_claim is not None:
-        details = ownership.details_of(owner)
-        won: AcquireResult | None = try_claim(
-            candidates,
-            Requester(owner, details),
-            reclaim_dead=reclaim_dead,
-            lease=lease,
-            include_done=include_done,
-        )
-        return None if won is None else won.held
+    if attempts is not None:
+        _valid_attempts(attempts)
+    _valid_timeout(wait)
+    wait = _valid_seconds("wait", wait)
     found: list[FeatureProblem] = [] if problems is None else problems
-    for feature in candidates:
-        try:
-            held = _claim_one(store, feature, gsd_dir, owner, reclaim_dead, include_done, lease)
-            if held is not None:
-                return held
-        except OSError as error:
-            found.append(FeatureProblem(feature, str(error.filename or store.where()), error))
-    if problems is None and found:
+    pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
+    options = _ClaimOptions(reclaim_dead, include_done, attempts, lease)
+    outcome = _claim_waiting(pool, options, wait)
+    if problems is None and found and outcome.held is None:
         raise found[0].error
-    return None
+    return outcome
 
 
-def _claim_one(
-    backend: LockBackend,
-    feature: str,
-    gsd_dir: GsdDir,
-    owner: int,
-    reclaim_dead: bool,
-    include_done: bool,
-    lease: float | None = None,
-) -> Held | None:
-    """Try to make ``owner`` the holder of ``feature`` unless it is done; the acquisition."""
-    if not include_done and is_done(feature, gsd_dir, backend=backend):
-        return None  # cheap: most done features are skipped without touching their lock
-    outcome = _try_once(backend, feature, owner, reclaim_dead, lease=lease)
-    if outcome.held is None:
+def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
+    """Claim; while only features held by others are left, wait for a release (at most
+    ``wait`` seconds; ``None``: for ever) and claim again. The watch (an inotify descriptor, a
+    listening connection) exists only while waiting: a holder keeps none while it works."""
+    deadline = None if wait is None else monotonic() + wait
+    outcome = pool.claim(options)
+    if outcome.held is not None or outcome.nothing_left or wait == 0:
+        return outcome
+    with _ReleaseWaiter(pool.store, pool.candidates) as waiter:
+        while True:
+            # Race: a release between the claim above and the watch's start was not seen by
+            # either: this claim, made with the watch in place, sees it.
+            outcome = pool.claim(options)
+            if outcome.held is not None or outcome.nothing_left:
+                return outcome
+            left = None if deadline is None else deadline - monotonic()
+            if left is not None and left <= 0:
+                return outcome
+            waiter.wait(RECHECK_SECONDS if left is None else left)
+
+
+def _valid_attempts(attempts: int) -> None:
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"Invalid attempts: {attempts!r} (a whole number >= 1)")
+
+
+class _ClaimOptions(NamedTuple):
+    reclaim_dead: bool
+    include_done: bool
+    attempts: int | None  # None: the limit recorded with the attempts (the failing pool's)
+    lease: float | None
+
+
+class _Pool:
+    """One worker's view of the features it claims from: a claim round over all of them."""
+
+    def __init__(
+        self,
+        store: LockBackend,
+        candidates: list[str],
+        owner: int,
+        details: bytes | None,
+        problems: list[FeatureProblem],
+    ) -> None:
+        self.store = store
+        self.candidates = candidates
+        self.owner = owner
+        self.details = details
+        self.problems = problems
+        self.local = _local_markers(store)
+        # Features seen done or failed: they stay so while the pool runs (only ``reopen``
+        # changes that), so later rounds skip them without a look: a worker's claims cost
+        # O(features) in all, not O(features) each.
+        self.finished: dict[str, str] = {}
+        self.offered: list[str] | None = None  # one-statement claims: the features offered
+
+    def claim(self, options: _ClaimOptions) -> ClaimOutcome:
+        del self.problems[:]  # each round reports what it could not try
+        try_claim = getattr(self.store, "try_claim", None)
+        if try_claim is not None:
+            return self._claim_in_one_step(try_claim, options)
+        done: list[str] = []
+        failed: list[str] = []
+        busy: list[str] = []
+        for feature in self.candidates:
+            known = self.finished.get(feature)
+            if known is not None:
+                (done if known == "done" else failed).append(feature)
+                continue
+            try:
+                verdict = self._claim_one(feature, options)
+            except OSError as error:
+                where = str(error.filename or self.store.where())
+                self.problems.append(FeatureProblem(feature, where, error))
+                continue
+            if isinstance(verdict, Held):
+                return ClaimOutcome(verdict, tuple(busy), tuple(done), tuple(failed))
+            if verdict != "busy":
+                self.finished[feature] = verdict
+            {"done": done, "failed": failed, "busy": busy}[verdict].append(feature)
+        return ClaimOutcome(None, tuple(busy), tuple(done), tuple(failed))
+
+    def _finished(self, feature: str, options: _ClaimOptions) -> str | None:
+        """``done`` or ``failed`` when the feature is finished, else None."""
+        if not options.include_done and self.store.is_done(feature):
+            return "done"
+        record = self.store.attempts(feature)
+        if record is None:
+            return None
+        limit = record.limit if options.attempts is None else options.attempts
+        return "failed" if record.tries >= limit else None
+
+    def _claim_one(self, feature: str, options: _ClaimOptions) -> Held | str:
+        """Take ``feature`` unless it is finished: the acquisition, or why not (``done``,
+        ``failed``, ``busy``)."""
+        finished = self._finished(feature, options)
+        if finished is not None:
+            return finished  # cheap: most finished features are skipped without their lock
+        outcome = _try_once(
+            self.store, feature, self.owner, options.reclaim_dead, self.details, options.lease
+        )
+        if outcome.held is None:
+            return "busy"
+        # Race: a worker marked the feature done (or recorded its last failed attempt) and
+        # released it between our first look and our acquire. Both publish before they
+        # release, so now that we hold the lock the mark is certainly visible: give it back.
+        finished = self._finished(feature, options)
+        if finished is None:
+            return outcome.held
+        self.store.release_held(outcome.held)
+        return finished
+
+    def _claim_in_one_step(self, try_claim: Any, options: _ClaimOptions) -> ClaimOutcome:
+        """A backend that claims in one statement (PostgreSQL): features done in their local
+        folder are left out (both backends mean the same by done). The folders are looked at
+        once per pool, and the list offered stays the same from claim to claim (the server
+        keeps a prepared claim per list)."""
+        if self.offered is None:
+            self.offered = [f for f in self.candidates if not self._done_here(f, options)]
+        while True:
+            won: AcquireResult | None = try_claim(
+                self.offered,
+                Requester(self.owner, self.details),
+                reclaim_dead=options.reclaim_dead,
+                lease=options.lease,
+                include_done=options.include_done,
+            )
+            if won is None or won.held is None:
+                break
+            if not self._done_here(won.held.feature, options):
+                return ClaimOutcome(won.held)
+            # Race: its folder got a marker after the pool looked (another checkout's done):
+            # done all the same; give the lock back and leave it out from now on.
+            self.store.release_held(won.held)
+            self.offered = [f for f in self.offered if f != won.held.feature]
+        held = {info.feature for info in self.store.status() if info.held}
+        busy = tuple(f for f in self.offered if f in held)
+        busy_set = set(busy)
+        finished = [f for f in self.candidates if f not in busy_set]
+        failed_here = getattr(self.store, "failed_features", None)
+        gave_up = set() if failed_here is None else failed_here()
+        failed = tuple(f for f in finished if f in gave_up)
+        done = tuple(f for f in finished if f not in gave_up)
+        return ClaimOutcome(None, busy, done, failed)
+
+    def _done_here(self, feature: str, options: _ClaimOptions) -> bool:
+        if options.include_done or self.local is None:
+            return False
+        try:
+            return self.local.is_done(feature)
+        except OSError:
+            return False  # a folder we cannot look into: the server decides alone
+
+
+def _local_markers(store: LockBackend) -> FileBackend | None:
+    """The local folders of a backend that keeps its locks elsewhere (PostgreSQL): their
+    ``.completed`` markers count as done too. ``None`` on files (the store itself)."""
+    if store.kind == "file":
         return None
-    # Race: a worker marked the feature done and released it between our first look and our
-    # acquire. ``done`` publishes the marker before it releases, so now that we hold the lock
-    # the marker is certainly visible if the feature was finished: give the lock back.
-    if include_done or not backend.is_done(feature):
-        return outcome.held
-    backend.release_held(outcome.held)
-    return None
+    gsd_dir = getattr(store, "gsd_dir", None)
+    return None if gsd_dir is None else FileBackend(gsd_dir)
+
+
+class _ReleaseWaiter:
+    """Waits for any of a pool's features to be released: PostgreSQL's NOTIFY, inotify on the
+    feature folders, else a short poll. Entered *before* the claim that found nothing free:
+    a release between that claim and the wait still wakes it."""
+
+    def __init__(self, store: LockBackend, features: Sequence[str]) -> None:
+        self.store = store
+        self.features = features
+        self._watch: Any = None
+
+    def __enter__(self) -> Self:
+        listen = getattr(self.store, "wait_for_any_release", None)
+        if listen is not None:
+            listen(self.features, 0.0)  # starts listening: a release from now on is heard
+        else:
+            watch = getattr(self.store, "release_watch", None)
+            self._watch = None if watch is None else watch(self.features).__enter__()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
+        stop_listening = getattr(self.store, "stop_listening", None)
+        if stop_listening is not None:
+            stop_listening()  # a holder keeps no listening connection while it works
+
+    def wait(self, seconds: float) -> None:
+        seconds = min(seconds, RECHECK_SECONDS)
+        listen = getattr(self.store, "wait_for_any_release", None)
+        if listen is not None:
+            listen(self.features, seconds)
+        elif self._watch is not None:
+            self._watch.wait(seconds)
+        else:
+            sleep(min(seconds, POLL_SECONDS))
 
 
 # --------------------------------------------------------------------------- done features
@@ -532,23 +789,71 @@ def done(
     backend: LockBackend | str | None = None,
 ) -> str:
     """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the time
-    written to the marker (ISO-8601, UTC).
+    written to the marker (ISO-8601, UTC). A backend that keeps its locks elsewhere
+    (PostgreSQL) also writes the marker in the feature's local folder where there is one.
 
     Raises :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does
     not hold the lock, and :class:`NotOwnerError` when another owner does.
     """
     _validate_feature_name(feature)
     owner = _owner_pid(pid)
-    return _backend(backend, gsd_dir).done(feature, owner)
+    return _mark_done(_backend(backend, gsd_dir), feature, owner)
+
+
+def _mark_done(store: LockBackend, feature: str, owner: int) -> str:
+    stamp = store.done(feature, owner)
+    local = _local_markers(store)
+    if local is not None:
+        with suppress(OSError):  # done on the server is what counts; the folder is a copy
+            local.mark_done_here(feature, stamp)
+    return stamp
+
+
+def fail(
+    feature: str,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    pid: int | None = None,
+    reason: str = "failed",
+    attempts: int = DEFAULT_ATTEMPTS,
+    backend: LockBackend | str | None = None,
+) -> Attempts:
+    """Record a failed attempt of ``pid`` (default: this process) at ``feature`` (the time,
+    the host, ``reason``), then release its lock, in that order; return the feature's record.
+    Once its attempts reach ``attempts`` (the pool's limit) the feature is ``failed``:
+    :func:`claim` skips it until :func:`reopen`. The record keeps the count and the latest
+    few attempts, so it stays small however often a feature fails.
+
+    Raises :class:`NotHeldError` (nothing written) when ``pid`` does not hold the lock,
+    :class:`NotOwnerError` when another owner does, :class:`UnsupportedError` where the backend
+    keeps no attempts.
+    """
+    _validate_feature_name(feature)
+    _valid_attempts(attempts)
+    owner = _owner_pid(pid)
+    return _backend(backend, gsd_dir).fail(feature, owner, reason, attempts)
+
+
+def attempts_of(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> Attempts | None:
+    """``feature``'s failed attempts (``None``: none since it was last reopened)."""
+    _validate_feature_name(feature)
+    return _backend(backend, gsd_dir).attempts(feature)
 
 
 def reopen(
     feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
 ) -> bool:
-    """Remove ``feature``'s completion marker so that ``claim`` hands it out again; True if
-    there was one. A lock on the feature is left as it is."""
+    """Clear ``feature``'s done mark, failed state and attempt count so that ``claim`` hands
+    it out again; True if there was any. A lock on the feature is left as it is."""
     _validate_feature_name(feature)
-    return _backend(backend, gsd_dir).reopen(feature)
+    store = _backend(backend, gsd_dir)
+    reopened = store.reopen(feature)
+    local = _local_markers(store)
+    if local is not None:
+        reopened = local.reopen(feature) or reopened
+    return reopened
 
 
 # --------------------------------------------------------------------------- releasing
@@ -826,10 +1131,7 @@ class FeatureLock:
         ``OSError`` when the lock cannot be removed just now (permissions, an I/O error, the
         folder's guard stayed busy); the lock is then still ours and release can be retried.
         """
-        self._stop.set()
-        if self._beat is not None and self._beat is not threading.current_thread():
-            self._beat.join()
-        self._beat = None
+        self._stop_heartbeat()
         with self._mutex:
             self._forget_if_forked()
             mine = self._mine
@@ -863,12 +1165,15 @@ class FeatureLock:
     def abandon(self) -> None:
         """Stop the heartbeat and forget the lock without removing it: work that escaped us
         still holds its proof of life, so the lock must stay held (it ages out after 2 h)."""
+        self._stop_heartbeat()
+        with self._mutex:
+            self._mine = None
+
+    def _stop_heartbeat(self) -> None:
         self._stop.set()
         if self._beat is not None and self._beat is not threading.current_thread():
             self._beat.join()
         self._beat = None
-        with self._mutex:
-            self._mine = None
 
     def __enter__(self) -> Self:
         return self.acquire()
@@ -915,4 +1220,241 @@ def clean(
     """
     return _backend(backend, gsd_dir).clean(
         dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems, features=features
+    )
+
+
+# --------------------------------------------------------------------------- the worker loop
+
+
+class WorkResult(NamedTuple):
+    """What a worker did with one feature it claimed.
+
+    ``outcome``: ``done`` (marked done), ``failed`` (a failed attempt recorded; ``attempts``
+    counts them, and the feature is failed for good once they reach the limit), ``released``
+    (given back unmarked: the work was interrupted, or the backend keeps no attempts), ``lost``
+    (the lock was taken away while the work ran: nothing marked)."""
+
+    feature: str
+    outcome: str
+    exit_code: int | None
+    attempts: int = 0
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+class WorkReport(NamedTuple):
+    """How a worker's loop ended: ``finished`` (nothing left: every feature done or failed),
+    ``waited-out`` (its wait ran out while others held features), ``once`` (``once``: it took
+    one feature), ``stopped`` (a step raised :class:`StopWork`).
+    ``failed``: the features failed for good at the end."""
+
+    ended: str
+    results: tuple[WorkResult, ...]
+    failed: tuple[str, ...] = ()
+    busy: tuple[str, ...] = ()
+    exit_code: int | None = None
+    """``stopped``: the exit code the step asked for (a signal's)."""
+
+
+class PoolLock(FeatureLock):
+    """A :class:`FeatureLock` over a feature the pool just claimed: ``acquire`` adopts that
+    acquisition (and starts the heartbeat), ``release`` only stops the heartbeat, and
+    :meth:`finish` ends the hold as the work's outcome says: done, a failed attempt, or a plain
+    release. So whoever runs the work (``run_locked`` for ``lock work``) releases nothing
+    itself: the mark and the release are one step of the backend's, never a release first."""
+
+    def __init__(
+        self,
+        held: Held,
+        gsd_dir: GsdDir,
+        *,
+        backend: LockBackend,
+        heartbeat: float | None,
+        command: Sequence[str] | None,
+        lease: float | None,
+    ) -> None:
+        super().__init__(
+            held.feature,
+            gsd_dir,
+            pid=held.pid,
+            timeout=0.0,
+            backend=backend,
+            heartbeat=heartbeat,
+            command=command,
+            lease=lease,
+        )
+        self._claimed: Held | None = held
+
+    def acquire(
+        self,
+        *,
+        on_wait: WaitCallback | None = None,
+        on_lost: Callable[[LockLostError], None] | None = None,
+    ) -> Self:
+        claimed, self._claimed = self._claimed, None
+        if claimed is None:
+            raise LockError(f"the claim of {self.feature!r} was used already")
+        self._holder_process = os.getpid()
+        self._lost_override = on_lost
+        self._mine = claimed
+        try:
+            self.lost = None
+            self._start_heartbeat()
+        except BaseException:
+            # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
+            self.finish(None, None, DEFAULT_ATTEMPTS)
+            raise
+        return self
+
+    def release(self) -> None:
+        """Keep the lock: :meth:`finish` marks and releases it in one step."""
+        self._stop_heartbeat()
+
+    def finish(self, exit_code: int | None, reason: str | None, limit: int) -> WorkResult:
+        """End the hold: exit code 0 marks the feature done, another records a failed attempt
+        (``reason``), ``None`` releases it unmarked; each releases the lock."""
+        self._stop_heartbeat()
+        with self._mutex:
+            self._forget_if_forked()
+            mine, self._mine = self._mine, None
+        feature = self.feature
+        if mine is None or self.lost is not None:
+            if mine is not None:
+                with suppress(OSError):  # lost already: taking back what is left is best effort
+                    self.backend.release_held(mine)
+            return WorkResult(feature, "lost", exit_code)
+        if exit_code == 0:
+            _mark_done(self.backend, feature, mine.pid)
+            return WorkResult(feature, "done", 0)
+        if exit_code is None:
+            self.backend.release_held(mine)
+            return WorkResult(feature, "released", None, 0, reason)
+        why = reason or f"exit code {exit_code}"
+        try:
+            record = self.backend.fail(feature, mine.pid, why, limit)
+        except UnsupportedError:
+            self.backend.release_held(mine)
+            return WorkResult(feature, "released", exit_code, 0, why)
+        return WorkResult(feature, "failed", exit_code, record.tries, why)
+
+
+class StopWork(Exception):
+    """Raised by a step whose work was interrupted (a signal): the loop ends with ``result``,
+    and the worker exits ``exit_code``."""
+
+    def __init__(self, result: WorkResult, exit_code: int) -> None:
+        super().__init__(result.feature)
+        self.result = result
+        self.exit_code = exit_code
+
+
+WorkStep = Callable[[PoolLock], WorkResult]
+"""One feature's work, given the claimed lock (held when it is entered): its result."""
+
+
+def run_pool(
+    step: WorkStep,
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    attempts: int = DEFAULT_ATTEMPTS,
+    wait: float | None = None,
+    reclaim_dead: bool = False,
+    once: bool = False,
+    backend: LockBackend | str | None = None,
+    heartbeat: float | None = HEARTBEAT_SECONDS,
+    command: Sequence[str] | None = None,
+    on_result: Callable[[WorkResult], None] | None = None,
+    problems: list[FeatureProblem] | None = None,
+) -> WorkReport:
+    """The worker loop under :func:`work` and ``lock work``: claim (as :func:`claim_next`,
+    owner this process), run ``step`` with the lock held, again; while nothing is free but
+    others hold features, wait for a release (``wait`` seconds at most each time; ``None``:
+    for ever). Ends when nothing is left, when the wait ran out, after one feature with
+    ``once``, or when a step raises :class:`StopWork`."""
+    store = _backend(backend, gsd_dir)
+    candidates = list(features) if features else store.feature_names()
+    _valid_attempts(attempts)
+    _valid_timeout(wait)
+    wait = _valid_seconds("wait", wait)
+    owner = os.getpid()
+    found: list[FeatureProblem] = [] if problems is None else problems
+    pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
+    lease = _valid_seconds("lease", getattr(store, "run_lease", None))
+    options = _ClaimOptions(reclaim_dead, False, attempts, lease)
+    results: list[WorkResult] = []
+    while True:
+        outcome = _claim_waiting(pool, options, wait)
+        if outcome.held is None:
+            if found and problems is None:
+                raise found[0].error
+            ended = "finished" if outcome.nothing_left else "waited-out"
+            return WorkReport(ended, tuple(results), outcome.failed, outcome.busy)
+        lock = PoolLock(
+            outcome.held, gsd_dir, backend=store, heartbeat=heartbeat, command=command, lease=lease
+        )
+        try:
+            result = step(lock)
+        except StopWork as stop:
+            results.append(stop.result)
+            if on_result is not None:
+                on_result(stop.result)
+            return WorkReport("stopped", tuple(results), exit_code=stop.exit_code)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+        if once:
+            return WorkReport("once", tuple(results))
+
+
+def work(
+    task: Callable[[str], object],
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    attempts: int = DEFAULT_ATTEMPTS,
+    wait: float | None = None,
+    reclaim_dead: bool = False,
+    once: bool = False,
+    backend: LockBackend | str | None = None,
+    heartbeat: float | None = HEARTBEAT_SECONDS,
+    on_result: Callable[[WorkResult], None] | None = None,
+) -> WorkReport:
+    """Work through a pool of features in this process: claim one, call ``task(feature)``
+    holding its lock (refreshed in the background), mark it done when ``task`` returns, or
+    record a failed attempt when it raises an ``Exception`` (its text is the reason) or
+    returns ``False``; then the next. While nothing is free but other workers hold features,
+    it waits for one to come back (``wait`` seconds at most; ``None``: for ever). A feature
+    that failed ``attempts`` times is skipped until :func:`reopen`.
+
+    Returns a :class:`WorkReport` (``ended`` ``finished`` once every feature is done or
+    failed). A ``KeyboardInterrupt`` (or any other ``BaseException``) releases the feature
+    unmarked and propagates."""
+
+    def step(lock: PoolLock) -> WorkResult:
+        code, reason = 1, None
+        try:
+            with lock:
+                answer = task(lock.feature)
+            code = 1 if answer is False else 0
+        except Exception as error:  # the task's failure: recorded as the attempt's reason
+            reason = f"{type(error).__name__}: {error}"
+        except BaseException:
+            lock.finish(None, None, attempts)
+            raise
+        return lock.finish(code, reason, attempts)
+
+    return run_pool(
+        step,
+        features,
+        gsd_dir,
+        attempts=attempts,
+        wait=wait,
+        reclaim_dead=reclaim_dead,
+        once=once,
+        backend=backend,
+        heartbeat=heartbeat,
+        on_result=on_result,
     )

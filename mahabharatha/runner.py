@@ -43,7 +43,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from functools import cache
 from time import monotonic
@@ -581,8 +581,11 @@ def run_locked(
     on_lost: OnLost = OnLost.TERMINATE,
     notify_lost: Callable[[LockLostError], None] | None = None,
     on_release_wait: Callable[[float], None] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
+
+    ``env``: variables added to the command's environment (``lock work``: the feature).
 
     ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
     is gone before the command's output or any error. ``on_acquired`` is called once the lock
@@ -619,7 +622,7 @@ def run_locked(
                 raise lock.lost  # Race: lost between the acquire and now: CMD never starts
             work = lock.work_proof()
             with _unmasked():
-                child = _start(relay, command, stdout, _child_env(lock.token, work), work)
+                child = _start(relay, command, stdout, _child_env(lock.token, work, env), work)
             watch.started(child)
             try:
                 returncode = child.popen.wait()
@@ -735,15 +738,17 @@ TOKEN_ENV: Final = "MAHABHARATHA_LOCK_TOKEN"
 (``lock verify FEATURE --token N``) refuses a holder whose lock was taken over."""
 
 
-def _child_env(token: int | None, work: WorkProof | None) -> dict[str, str] | None:
-    """CMD's environment: ours, plus the token and the proof's descriptor when there are any
-    (None: inherit ours)."""
-    extra: dict[str, str] = {}
+def _child_env(
+    token: int | None, work: WorkProof | None, extra: Mapping[str, str] | None = None
+) -> dict[str, str] | None:
+    """CMD's environment: ours, plus ``extra``, plus the token and the proof's descriptor when
+    there are any (None: inherit ours)."""
+    added: dict[str, str] = dict(extra or {})
     if token is not None:
-        extra[TOKEN_ENV] = str(token)
+        added[TOKEN_ENV] = str(token)
     if work is not None and work.fd is not None:
-        extra[PROOF_FD_ENV] = str(work.fd)
-    return {**os.environ, **extra} if extra else None
+        added[PROOF_FD_ENV] = str(work.fd)
+    return {**os.environ, **added} if added else None
 
 
 def _start(

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from mahabharatha.ownership import OwnerDetails
 
 __all__ = [
+    "DEFAULT_ATTEMPTS",
     "AcquireResult",
     "AlreadyHeldError",
+    "Attempts",
     "BackendError",
     "CleanedEntry",
     "FeatureProblem",
@@ -71,6 +73,7 @@ class State(enum.StrEnum):
     NOT_A_FILE = "not-a-file"
     BUSY = "busy"
     DONE = "done"
+    FAILED = "failed"
 
 
 HELD_STATES: Final = frozenset({State.ACTIVE, State.WRITING, State.BUSY})
@@ -96,6 +99,10 @@ class LockInfo:
     """The holder's host where the backend records it (PostgreSQL); files: None."""
     token: int | None = None
     """The holder's fencing token where the backend has them (PostgreSQL); files: None."""
+    attempts: int = 0
+    """Failed attempts recorded for the feature (``lock fail``) since it was last reopened."""
+    reason: str | None = None
+    """The last failed attempt's reason (``None``: no failed attempt)."""
 
     def __post_init__(self) -> None:
         # frozen: set through object; a backend may pass "active" or State.ACTIVE alike.
@@ -107,8 +114,40 @@ class LockInfo:
         """Would an acquire fail on it (someone holds it, or its lock cannot be judged now)?"""
         return self.state in HELD_STATES
 
+    def with_attempts(self, count: int, reason: str | None) -> LockInfo:
+        """The same lock, with the feature's failed attempts."""
+        return replace(self, attempts=count, reason=reason)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON object of a lock; ``attempts`` and ``reason`` only for a feature that has
+        failed attempts (every other entry keeps the keys it always had)."""
+        fields = asdict(self)
+        if not self.attempts:
+            del fields["attempts"], fields["reason"]
+        return fields
+
+
+DEFAULT_ATTEMPTS: Final = 3
+"""A feature whose attempts failed this many times is ``failed`` (``--attempts`` changes it):
+a build that fails every time stops being handed out, one that failed once is retried."""
+
+
+class Attempts(NamedTuple):
+    """A feature's record of failed attempts (``lock fail``): how many, the limit of the pool
+    that recorded the last one, and the latest few (``time``, ``host``, ``pid``, ``reason``),
+    oldest first. ``failed``: the count reached the limit."""
+
+    tries: int
+    limit: int
+    history: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.tries >= self.limit
+
+    @property
+    def last_reason(self) -> str | None:
+        return str(self.history[-1].get("reason")) if self.history else None
 
 
 class FeatureProblem(NamedTuple):
@@ -208,18 +247,20 @@ class NotOwnerError(LockHeldError):
 
 
 class NotHeldError(LockError):
-    """``done`` was asked by a caller that does not hold the feature's lock: nothing written."""
+    """``done`` or ``fail`` was asked by a caller that does not hold the feature's lock:
+    nothing written. ``what``: what was not written (``marked done``, ``recorded as failed``)."""
 
-    def __init__(self, feature: str, pid: int) -> None:
+    def __init__(self, feature: str, pid: int, what: str = "marked done") -> None:
         self.feature = feature
         self.pid = pid
+        self.what = what
         super().__init__(
-            f"feature {feature!r} is not locked by pid {pid}: nothing marked done "
+            f"feature {feature!r} is not locked by pid {pid}: nothing {what} "
             "(claim or acquire it first, or pass the holder's --pid)"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature, self.pid))
+        return (type(self), (self.feature, self.pid, self.what))
 
 
 class AlreadyHeldError(LockHeldError):
@@ -394,7 +435,18 @@ class LockBackend(Protocol):
         ...
 
     def reopen(self, feature: str) -> bool:
-        """Remove the done mark; True if there was one."""
+        """Remove the done mark, the failed state and the attempt count; True if there was
+        any of them."""
+        ...
+
+    def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
+        """Record a failed attempt of ``pid``'s (``reason``: why, or the exit code), then
+        release its lock, in that order; the record after it. :class:`NotHeldError`
+        (nothing written) when ``pid`` does not hold it. ``limit``: the pool's attempts."""
+        ...
+
+    def attempts(self, feature: str) -> Attempts | None:
+        """The feature's failed attempts (``None``: none recorded)."""
         ...
 
     def verify(self, feature: str, token: int) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, Final
 from mahabharatha import lockfile, ownership, proof
 from mahabharatha.backends.base import (
     AcquireResult,
+    Attempts,
     CleanedEntry,
     FeatureProblem,
     Held,
@@ -35,6 +36,7 @@ from mahabharatha.backends.base import (
     UnsupportedError,
 )
 from mahabharatha.backends.liveness import Liveness, owner_liveness, per_pid
+from mahabharatha.backends.release_watch import ReleaseWatch
 from mahabharatha.commands import _utils
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.lockfile import (
@@ -52,6 +54,7 @@ from mahabharatha.lockfile import (
 )
 
 __all__ = [
+    "ATTEMPTS_RECORD_NAME",
     "AUDIT_LOG_NAME",
     "COMPLETED_MARKER_NAME",
     "FileBackend",
@@ -64,6 +67,19 @@ AUDIT_LOG_NAME: Final = "lock-audit.jsonl"
 COMPLETED_MARKER_NAME: Final = ".completed"
 """A finished feature's marker in its folder (an ISO-8601 time, like the repository's other
 sentinels ``.started`` and ``.plan-complete``): ``claim`` never hands such a feature out."""
+
+ATTEMPTS_RECORD_NAME: Final = ".attempts"
+"""A feature's failed attempts beside its ``.completed`` marker: one JSON object (count, the
+pool's limit, the latest attempts), replaced whole by ``rename`` on every ``lock fail``."""
+
+KEPT_ATTEMPTS: Final = 5
+"""Attempts kept in the record (the count goes on): enough to see a pattern, bounded however
+often a feature fails."""
+MAX_REASON_CHARS: Final = 200
+"""A reason is cut to this: an exit code or one line of a message, never a whole log."""
+MAX_ATTEMPTS_BYTES: Final = 3072
+"""The record never grows past this (oldest attempts dropped first): well inside the 4 KiB that
+bounded reads accept."""
 
 
 # --------------------------------------------------------------------------- facts about locks
@@ -208,15 +224,16 @@ def _iso_time(epoch: float) -> str:
     return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(whole))
 
 
-def _publish_marker(dfd: int, text: str) -> None:
-    """Write ``text`` to a private temp in the folder, then rename it to the marker at once.
+def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> None:
+    """Write ``text`` to a private temp in the folder, then rename it to ``name`` (the done
+    marker, or the attempts record) at once.
 
     Everything is relative to the folder's descriptor (opened without following a link), the
     temp is created ``O_EXCL | O_NOFOLLOW`` and ``rename`` replaces a link at the marker's name
     rather than following it: nothing is ever written through a symlink. A reader sees no
     marker or a whole one, never a half-written one.
     """
-    temp = f"{COMPLETED_MARKER_NAME}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+    temp = f"{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, lockfile.LOCK_MODE, dir_fd=dfd)
     try:
@@ -225,13 +242,80 @@ def _publish_marker(dfd: int, text: str) -> None:
             os.fchmod(fd, lockfile.LOCK_MODE)  # readable by every worker, whatever the umask
         finally:
             os.close(fd)
-        os.rename(temp, COMPLETED_MARKER_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException as error:
         with suppress(OSError):
             os.unlink(temp, dir_fd=dfd)
         if not isinstance(error, OSError) or lockfile.with_name(error, temp) is error:
             raise
         raise lockfile.with_name(error, temp) from error  # a write, fchmod or close of the temp
+
+
+# --------------------------------------------------------------------------- failed attempts
+
+
+def _read_attempts(dfd: int) -> Attempts | None:
+    """The folder's attempts record; ``None`` when there is none. A record that is not ours
+    (a link, not a regular file, too big, not our JSON) counts as none: the next ``fail``
+    replaces it."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(ATTEMPTS_RECORD_NAME, flags, dir_fd=dfd)
+    except (FileNotFoundError, OSError) as error:
+        if isinstance(error, FileNotFoundError) or error.errno in (errno.ELOOP, errno.ENXIO):
+            return None
+        raise lockfile.with_name(error, ATTEMPTS_RECORD_NAME) from error
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        data = lockfile.read_bounded(fd, info.st_size)
+    finally:
+        os.close(fd)
+    return _parse_attempts(data)
+
+
+def _parse_attempts(data: bytes) -> Attempts | None:
+    import json  # only a pool with failures reads one: not every cold start
+
+    try:
+        found = json.loads(data)
+        count, limit, history = int(found["count"]), int(found["limit"]), found["attempts"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if count < 1 or limit < 1 or not isinstance(history, list):
+        return None
+    return Attempts(count, limit, tuple(h for h in history if isinstance(h, dict)))
+
+
+def _attempts_text(record: Attempts) -> str:
+    """The record as JSON, dropping the oldest attempts until it fits the bound."""
+    import json
+
+    history = list(record.history[-KEPT_ATTEMPTS:])
+    while True:
+        text = json.dumps(
+            {"count": record.tries, "limit": record.limit, "attempts": history},
+            sort_keys=True,
+        )
+        if len(text.encode()) <= MAX_ATTEMPTS_BYTES or len(history) <= 1:
+            return text + "\n"
+        history.pop(0)
+
+
+def _next_attempts(
+    previous: Attempts | None, pid: int, reason: str, limit: int, now: float
+) -> Attempts:
+    """The record after one more failed attempt."""
+    attempt = {
+        "time": _iso_time(now),
+        "host": ownership.host_name(),
+        "pid": pid,
+        "reason": reason[:MAX_REASON_CHARS],
+    }
+    count = 1 if previous is None else previous.tries + 1
+    history = (() if previous is None else previous.history) + (attempt,)
+    return Attempts(count, limit, history[-KEPT_ATTEMPTS:])
 
 
 # --------------------------------------------------------------------------- the backend
@@ -404,14 +488,18 @@ class FileBackend:
         return infos
 
     def _unlocked_info(self, feature: str) -> LockInfo:
-        state = State.DONE if self.is_done(feature) else State.FREE
-        return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN)
+        record = self.attempts(feature)
+        failed = record is not None and record.failed
+        state = State.DONE if self.is_done(feature) else State.FAILED if failed else State.FREE
+        return _with_attempts(
+            LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN), record
+        )
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         skipped = _Problems(self.gsd_dir, problems)
         locked = {info.feature: info for info in self.status(problems=skipped.found)}
         unseen = set(self.feature_names()) - set(locked) - {p.feature for p in skipped.found}
-        infos = list(locked.values())
+        infos = [self._locked_with_attempts(info, skipped) for info in locked.values()]
         for name in unseen:
             try:
                 infos.append(self._unlocked_info(name))
@@ -420,11 +508,31 @@ class FileBackend:
         skipped.settle()
         return sorted(infos, key=lambda info: info.feature)
 
+    def _locked_with_attempts(self, info: LockInfo, skipped: _Problems) -> LockInfo:
+        try:
+            return _with_attempts(info, self.attempts(info.feature))
+        except OSError as error:
+            skipped.add(info.feature, error)
+            return info
+
+    def release_watch(self, features: Iterable[str]) -> ReleaseWatch:
+        """A watch that wakes a waiter when a lock of ``features`` is removed (inotify)."""
+        return ReleaseWatch(self.gsd_dir, features)
+
     # ----------------------------------------------------------------- done features
 
     def is_done(self, feature: str) -> bool:
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             return dfd is not None and _marker_present(dfd)
+
+    def mark_done_here(self, feature: str, stamp: str) -> bool:
+        """Publish the done marker in the feature's folder if the folder exists (a backend
+        that keeps its locks elsewhere marks the local folder too); True if written."""
+        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
+            if dfd is None:
+                return False
+            _publish_marker(dfd, stamp + "\n")
+        return True
 
     def done(self, feature: str, pid: int) -> str:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
@@ -455,11 +563,42 @@ class FileBackend:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 return False
-            try:
-                os.unlink(COMPLETED_MARKER_NAME, dir_fd=dfd)  # the entry itself, never a target
-            except FileNotFoundError:
-                return False
-        return True
+            removed = False
+            for name in (COMPLETED_MARKER_NAME, ATTEMPTS_RECORD_NAME):
+                try:
+                    os.unlink(name, dir_fd=dfd)  # the entry itself, never a target
+                    removed = True
+                except FileNotFoundError:
+                    pass
+        return removed
+
+    # ----------------------------------------------------------------- failed attempts
+
+    def attempts(self, feature: str) -> Attempts | None:
+        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
+            return None if dfd is None else _read_attempts(dfd)
+
+    def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
+        with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
+            if dfd is None:
+                raise NotHeldError(feature, pid, "recorded as failed")
+            now = _utils.now()
+            with lockfile.Guard(dfd, wait=True):
+                # Under the guard no reclaim, clean or release can remove the lock: the attempt
+                # is recorded only while the caller really holds it.
+                mine = read_lock(dfd)
+                if not lockfile.owned_by(mine, pid, now):
+                    state = judge_lock(mine, now)
+                    if mine.record_at(now) is None or state is LockState.FREE:
+                        raise NotHeldError(feature, pid, "recorded as failed")
+                    raise NotOwnerError(describe_snapshot(feature, mine, state, now))
+                record = _next_attempts(_read_attempts(dfd), pid, reason, limit, now)
+                # Race: record first, release second (as ``done``): a claimer that wins the
+                # lock after our release sees this attempt, so a feature at its limit is
+                # never handed out once more. Two holders never write at once: we hold it.
+                _publish_marker(dfd, _attempts_text(record), ATTEMPTS_RECORD_NAME)
+            lockfile.release_mine(dfd, mine)
+        return record
 
     # ----------------------------------------------------------------- cleaning
 
@@ -537,6 +676,12 @@ class FileBackend:
 def _folder(gsd_dir: str | os.PathLike[str], feature: str) -> str:
     """The feature folder's path as :class:`OpenFeatureDir` opens it (the proof's key)."""
     return lockfile.folder_path(gsd_dir, feature)
+
+
+def _with_attempts(info: LockInfo, record: Attempts | None) -> LockInfo:
+    if record is None:
+        return info
+    return info.with_attempts(record.tries, record.last_reason)
 
 
 def _remove_judged(

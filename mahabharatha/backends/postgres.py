@@ -40,6 +40,7 @@ import itertools
 from mahabharatha import ownership
 from mahabharatha.backends.base import (
     AcquireResult,
+    Attempts,
     BackendError,
     CleanedEntry,
     FeatureProblem,
@@ -62,7 +63,7 @@ __all__ = [
     "derive_namespace",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The tables' layout; ``mahabharatha_schema`` records it (a newer one is refused, never
 rewritten)."""
 DEFAULT_LEASE_SECONDS: Final = 7200.0
@@ -92,6 +93,8 @@ SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
 MAX_LOST_ANSWERS: Final = 2
 """A statement whose connection was lost under it is run again at most twice: a warm connection
 found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
+MAX_REASON_CHARS: Final = 200
+"""A failed attempt's reason is cut to this (as on files): one line, never a whole log."""
 MAX_CLAIM_ROUNDS: Final = 4
 """A claim statement finds rows missing at most once per new feature list; a few rounds bound it."""
 MAX_REGISTERED_LISTS: Final = 8
@@ -129,6 +132,12 @@ _SCHEMA_DDL: Final = (
         PRIMARY KEY (namespace, feature)
     )""",
     "INSERT INTO mahabharatha_schema (version) VALUES (1) ON CONFLICT DO NOTHING",
+    # Version 2: a pool's failed attempts (``lock fail``), in the row.
+    """ALTER TABLE mahabharatha_locks
+        ADD COLUMN IF NOT EXISTS failures integer NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false,
+        ADD COLUMN IF NOT EXISTS last_failure text""",
+    "INSERT INTO mahabharatha_schema (version) VALUES (2) ON CONFLICT DO NOTHING",
 )
 
 _EPOCHS: Final = """date_part('epoch', refreshed_at), date_part('epoch', expires_at),
@@ -340,8 +349,24 @@ SELECT EXISTS (SELECT FROM mahabharatha_locks WHERE namespace = %(ns)s AND featu
     AND done_at IS NOT NULL)"""
 
 _REOPEN: Final = """
-UPDATE mahabharatha_locks SET done_at = NULL
-WHERE namespace = %(ns)s AND feature = %(feature)s AND done_at IS NOT NULL RETURNING 1"""
+UPDATE mahabharatha_locks SET done_at = NULL, failures = 0, failed = false, last_failure = NULL
+WHERE namespace = %(ns)s AND feature = %(feature)s AND (done_at IS NOT NULL OR failures > 0)
+RETURNING 1"""
+
+_FAIL: Final = f"""
+UPDATE mahabharatha_locks SET {_LET_GO}, failures = failures + 1, last_failure = %(entry)s,
+    failed = failures + 1 >= %(limit)s,
+    done_at = CASE WHEN failures + 1 >= %(limit)s THEN now() ELSE done_at END
+WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
+    AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE}
+RETURNING {_NOTIFY}, failures"""
+"""Record a failed attempt and release in one statement: both or neither. A feature whose
+attempts reach the pool's limit is closed the way a done one is (``done_at``: every claim
+statement already skips it) and flagged ``failed``, which tells the two apart."""
+
+_ATTEMPTS: Final = """
+SELECT feature, failures, failed, last_failure FROM mahabharatha_locks
+WHERE namespace = %(ns)s AND failures > 0"""
 
 _CLEAN: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}
@@ -1152,6 +1177,12 @@ class PostgresBackend:
         }
         for name in names:
             infos.setdefault(name, _unlocked(name, "free"))
+        for name, record in self._all_attempts().items():
+            if name in infos:
+                info = infos[name]
+                if record.failed and info.state == "done":
+                    info = _unlocked(name, "failed")
+                infos[name] = info.with_attempts(record.tries, record.last_reason)
         return [infos[name] for name in sorted(infos)]
 
     def feature_names(self) -> list[str]:
@@ -1226,6 +1257,53 @@ class PostgresBackend:
     def reopen(self, feature: str) -> bool:
         return bool(self._rows(_REOPEN, self._params(feature=feature)))
 
+    # ------------------------------------------------------------------ failed attempts
+
+    def _all_attempts(self) -> dict[str, Attempts]:
+        found = {}
+        for feature, failures, failed, last in self._rows(_ATTEMPTS, self._params()):
+            entry = json.loads(last) if last else {}
+            # The row keeps the count, whether it failed for good and the last attempt; the
+            # limit is not kept (it closed the row when reached): the count stands for it.
+            limit = int(failures) if failed else int(failures) + 1
+            found[feature] = Attempts(int(failures), limit, (entry,) if entry else ())
+        return found
+
+    def attempts(self, feature: str) -> Attempts | None:
+        return self._all_attempts().get(feature)
+
+    def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": self._host,
+            "pid": pid,
+            "reason": reason[:MAX_REASON_CHARS],
+        }
+        params = self._params(
+            feature=feature,
+            pid=pid,
+            host=self._host,
+            entry=json.dumps(entry, sort_keys=True),
+            limit=limit,
+            **_owner_keys(pid),
+        )
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            return conn.execute(_FAIL, params).fetchall()
+
+        found = self._run(run, retry=False)  # repeated after a lost answer: "not held"
+        if not found:
+            holder = self._row(feature)
+            if holder is not None and holder.pid is not None:
+                raise NotOwnerError(self._info(holder))
+            raise NotHeldError(feature, pid, "recorded as failed")
+        tries = int(found[0][1])
+        return Attempts(tries, limit, (entry,))
+
+    def failed_features(self) -> set[str]:
+        """The features whose attempts reached their limit (closed like done ones)."""
+        return {name for name, record in self._all_attempts().items() if record.failed}
+
     # ------------------------------------------------------------------ waiting
 
     def wait_for_release(self, feature: str, timeout: float) -> bool:
@@ -1239,6 +1317,16 @@ class PostgresBackend:
         the caller's own statement says whether the server is reachable at all. Every wait
         here is bounded: the listener's statements by ``--connect-timeout``, notifications by
         ``timeout``."""
+        return self.wait_for_any_release((feature,), timeout)
+
+    def stop_listening(self) -> None:
+        """Close the listening connection (a pool's worker that took a feature: many workers
+        must not keep a connection each while they work)."""
+        self._drop_listener()
+
+    def wait_for_any_release(self, features: Iterable[str], timeout: float) -> bool:
+        """:meth:`wait_for_release` for any of ``features`` (a pool waiting for the next one
+        that comes free: a release, a ``done``, a reclaim of one of them)."""
         deadline = time.monotonic() + max(0.0, timeout)
         if self._behind_pooler:
             # A transaction-mode pooler keeps no LISTEN for us: it would stay on a server
@@ -1256,7 +1344,7 @@ class PostgresBackend:
                 self._listener = listener
                 self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 return True
-            return self._notified(feature, deadline)
+            return self._notified({(self.namespace, feature) for feature in features}, deadline)
         except psycopg.Error:
             # Race: the listener died (or froze) between two tries; a release sent meanwhile
             # was never heard. Look again, no sooner than a wait would have (no busy loop when
@@ -1265,13 +1353,12 @@ class PostgresBackend:
             time.sleep(max(0.0, deadline - time.monotonic()))
             return True
 
-    def _notified(self, feature: str, deadline: float) -> bool:
+    def _notified(self, wanted: set[tuple[str, str]], deadline: float) -> bool:
         assert self._listener is not None
-        wanted = [self.namespace, feature]
         while (left := deadline - time.monotonic()) > 0:
             for note in self._listener.notifies(timeout=left):
-                with suppress(ValueError):
-                    if json.loads(note.payload) == wanted:
+                with suppress(ValueError, TypeError):
+                    if tuple(json.loads(note.payload)) in wanted:
                         return True
         return False
 

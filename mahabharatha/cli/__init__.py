@@ -15,6 +15,7 @@ from typer.core import TyperCommand, TyperGroup
 from typer.main import get_command_name
 
 from mahabharatha.cli import feature, lock
+from mahabharatha.cli import pool as _pool  # noqa: F401  (registers lock fail, lock work)
 from mahabharatha.cli._click import ClickException, Context
 from mahabharatha.cli._output import asks_for_json, emit_usage_error
 

@@ -144,6 +144,10 @@ def _namespace_given(value: str | None) -> str | None:
     return value
 
 
+finite_seconds: Final = _finite_seconds
+"""The check of every numeric option (nan and inf are bad input), for the commands' modules."""
+
+
 BackendOption = Annotated[
     str | None,
     typer.Option(
@@ -199,6 +203,11 @@ LeaseOption = Annotated[
 
 _OPENED: Final[list[LockBackend]] = []
 """The backends opened by the running command: :func:`respond` closes them when it is done."""
+
+
+def close_opened() -> None:
+    """Close the backends the command opened (:func:`respond` does it for every command)."""
+    _close_opened()
 
 
 def _close_opened() -> None:

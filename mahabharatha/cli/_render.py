@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from time import monotonic
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 
 from mahabharatha.backends.base import (
     HELD_STATES,
@@ -16,12 +16,16 @@ from mahabharatha.backends.base import (
     owner_is_gone,
 )
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 __all__ = [
     "RECLAIMABLE",
     "SUMMARY_KINDS",
     "GoneHolderNotice",
     "WaitingLine",
     "is_reclaimable",
+    "status_renderable",
     "status_table",
     "summary",
     "summary_counts",
@@ -71,11 +75,11 @@ def summary_counts(infos: list[LockInfo]) -> dict[str, int]:
 
 
 def summary(infos: list[LockInfo]) -> str:
-    """One line counting every feature folder: done, held, free, stale (and any others, such
-    as reclaimable locks whose owner is gone, when there are some)."""
+    """One line counting every feature folder: done, held, free, failed, stale (and any
+    others, such as reclaimable locks whose owner is gone, when there are some)."""
     counts = summary_counts(infos)
-    always = ("done", "held", "free", "stale")
-    parts = [f"{counts.pop(kind)} {kind}" for kind in always]
+    always = ("done", "held", "free", "failed", "stale")
+    parts = [f"{counts.pop(kind, 0)} {kind}" for kind in always]
     parts += [f"{count} {kind}" for kind, count in sorted(counts.items()) if count]
     plural = "" if len(infos) == 1 else "s"
     return f"{len(infos)} feature{plural}: " + ", ".join(parts)
@@ -84,11 +88,18 @@ def summary(infos: list[LockInfo]) -> str:
 COLUMNS: Final = ("feature", "state", "pid", "owner", "age", "time left")
 
 
+def _state_cell(info: LockInfo) -> str:
+    """The state, with the failed attempts and the last reason where there are any."""
+    if not info.attempts:
+        return str(info.state)
+    return f"{info.state} ({info.attempts} failed: {info.reason})"
+
+
 def _row(info: LockInfo) -> tuple[str, ...]:
     pid = "-" if info.pid is None else str(info.pid)
     return (
         info.feature,
-        RECLAIMABLE if is_reclaimable(info) else info.state,
+        RECLAIMABLE if is_reclaimable(info) else _state_cell(info),
         pid,
         info.owner,
         _seconds(info.age_seconds),
@@ -124,6 +135,11 @@ def _plain_table(rows: list[tuple[str, ...]]) -> None:
 
 def _rich_table(rows: list[tuple[str, ...]]) -> None:
     from rich.console import Console  # imported here: only this command draws tables
+
+    Console().print(_table_of(rows))
+
+
+def _table_of(rows: list[tuple[str, ...]]) -> Table:
     from rich.table import Table
 
     table = Table()
@@ -132,7 +148,12 @@ def _rich_table(rows: list[tuple[str, ...]]) -> None:
         table.add_column(name, no_wrap=name != "feature", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    return table
+
+
+def status_renderable(infos: list[LockInfo]) -> Table:
+    """The status table as a rich renderable (``status --watch`` redraws it)."""
+    return _table_of([_row(info) for info in infos])
 
 
 REDRAW_SECONDS: Final = 1.0

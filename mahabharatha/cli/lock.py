@@ -7,6 +7,7 @@ import sys
 from typing import Annotated, Any, Final
 
 import typer
+from typer.core import TyperCommand
 
 from mahabharatha import locks, ownership, runner
 from mahabharatha.backends.base import (
@@ -36,6 +37,7 @@ from mahabharatha.cli._output import (
     backend_for,
     default_owner,
     exit_code_for,
+    finite_seconds,
     holder_fields,
     lock_entry,
     problem_fields,
@@ -54,7 +56,7 @@ from mahabharatha.cli._render import (
     summary_counts,
 )
 from mahabharatha.commands._utils import _validate_feature_name, is_valid_feature_name
-from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR
+from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR, EXIT_TEMPFAIL
 from mahabharatha.locks import (
     AlreadyHeldError,
     FeatureProblem,
@@ -289,7 +291,57 @@ def _free_text(info: LockInfo) -> str:
     return f"{info.feature} is free (its lock is {info.state}: the next acquire replaces it)"
 
 
-@app.command()
+AttemptsOption = Annotated[
+    int,
+    typer.Option(
+        "--attempts",
+        metavar="N",
+        min=1,
+        help="A feature whose attempts failed N times (lock fail) is failed: never claimed.",
+    ),
+]
+WAIT_FOREVER: Final = 1e18
+"""What a bare ``claim --wait`` (no SECONDS) stands for: as long as it takes."""
+ClaimWaitOption = Annotated[
+    float | None,
+    typer.Option(
+        "--wait",
+        min=0,
+        callback=finite_seconds,
+        metavar="[SECONDS]",
+        help=(
+            "While none is free but some are held by others, wait (up to SECONDS; none: as "
+            "long as it takes) for one to be released (exit 75 if none came)."
+        ),
+    ),
+]
+
+
+def _is_seconds(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+class _WaitTakesOptionalSeconds(TyperCommand):
+    """``claim --wait [SECONDS]``: a ``--wait`` not followed by a number waits for ever (click
+    options take a value or none, never maybe one)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        words = list(args)
+        for index, word in enumerate(words):
+            if word == "--":
+                break
+            following = words[index + 1] if index + 1 < len(words) else None
+            if word == "--wait" and (following is None or not _is_seconds(following)):
+                words.insert(index + 1, repr(WAIT_FOREVER))
+                break
+        return list(super().parse_args(ctx, words))
+
+
+@app.command(cls=_WaitTakesOptionalSeconds)
 def claim(
     features: Annotated[
         list[str] | None,
@@ -312,12 +364,26 @@ def claim(
     ] = False,
     lease: LeaseOption = None,
     create: CreateOption = False,
+    attempts: Annotated[
+        int | None,
+        typer.Option(
+            "--attempts",
+            metavar="N",
+            min=1,
+            help=(
+                "Skip features whose attempts failed N times (default: the limit recorded "
+                "with them by lock fail or lock work, 3 unless given)."
+            ),
+        ),
+    ] = None,
+    wait: ClaimWaitOption = None,
 ) -> None:
-    """Claim the first free feature that is not done and print its name.
+    """Claim the first free feature that is not done or failed and print its name.
 
-    Exit codes: 0 claimed (its name on stdout); 1 none free (every feature done or held, or
-    no feature at all); 2 bad input; 3 an OS error, or nothing claimed while some feature
-    folder could not be tried.
+    Exit codes: 0 claimed (its name on stdout); 1 nothing left to claim (every feature done or
+    failed, or no feature at all); 75 none free now but some held by others (with --wait: the
+    wait ran out); 2 bad input; 3 an OS error, or nothing claimed while some feature folder
+    could not be tried.
     """
     owner = default_owner(pid)
     document: dict[str, Any] = {
@@ -334,7 +400,7 @@ def claim(
         problems: list[FeatureProblem] = []
         store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
         warned = [w for name in features or () for w in _valid_case_warnings(gsd_dir, name)]
-        held = locks.claim_held(
+        outcome = locks.claim_next(
             features,
             backend=store,
             pid=owner,
@@ -342,10 +408,12 @@ def claim(
             include_done=include_done,
             problems=problems,
             lease=lease,
+            attempts=attempts,
+            wait=0.0 if wait is None else None if wait >= WAIT_FOREVER else wait,
         )
-        won = None if held is None else held.feature
+        held = outcome.held
         found = {**document, "problems": [problem_fields(p) for p in problems]}
-        if won is None and problems:
+        if held is None and problems:
             # Some feature could not even be tried: "none free" would be a guess. One sentence
             # (the first problem); the JSON lists them all.
             more = len(problems) - 1
@@ -353,16 +421,20 @@ def claim(
                 f" (and {more} other feature(s) could not be tried)" if more else ""
             )
             return Result(EXIT_OS_ERROR, found, message=message)
-        if won is None:
-            return Result(EXIT_HELD, found, message="no free feature to claim")
-        assert held is not None
-        claimed = {**found, "feature": won, "claimed": True, **_held_fields(store, held)}
+        if held is None and outcome.busy:
+            busy = f"no free feature to claim now: {len(outcome.busy)} held by others"
+            return Result(EXIT_TEMPFAIL, found, message=busy, warnings=warned)
+        if held is None:
+            left = "nothing left to claim: every feature is done or failed"
+            return Result(EXIT_HELD, found, message=left, warnings=warned)
+        taken = held
+        claimed = {**found, "feature": held.feature, "claimed": True, **_held_fields(store, held)}
         return Result(
             EXIT_OK,
             claimed,
-            won,
+            held.feature,
             warnings=[*warned, *problem_warnings(problems)],
-            give_back=lambda: store.release_held(held),  # when the answer cannot get out
+            give_back=lambda: store.release_held(taken),  # when the answer cannot get out
         )
 
     respond(as_json, document, action)
@@ -408,12 +480,35 @@ def status(
     connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
     show_all: Annotated[
         bool,
-        typer.Option("--all", help="Also list feature folders that are free or done."),
+        typer.Option("--all", help="Also list feature folders that are free, done or failed."),
+    ] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help=(
+                "Redraw the --all view every second with a progress bar until Ctrl-C (off a "
+                "terminal, or with --json: one JSON document per change, one a line)."
+            ),
+        ),
+    ] = False,
+    until_done: Annotated[
+        bool,
+        typer.Option(
+            "--until-done",
+            help="With --watch: stop once nothing is left to claim (exit 0 all done, 1 failed).",
+        ),
     ] = False,
 ) -> None:
     """List every feature lock with its state, owner, age and time left (--all: every
-    feature folder, free and done ones too), then a one-line summary. A lock whose owner is
-    provably gone on this host is shown as reclaimable: --reclaim-dead takes it."""
+    feature folder, free, done and failed ones too), then a one-line summary. A lock whose owner
+    is provably gone on this host is shown as reclaimable: --reclaim-dead takes it."""
+    if watch or until_done:
+        from mahabharatha.cli.pool import watch_status  # only a watch needs the live view
+
+        watch_status(
+            gsd_dir, Place.of(backend_url, namespace, connect_timeout), as_json, until_done
+        )
 
     def action() -> Result:
         place = Place.of(backend_url, namespace, connect_timeout)

@@ -142,7 +142,7 @@ def test_status_all_lists_free_and_done_folders_with_a_summary(gsd: Path) -> Non
     plain = one_document(invoke("lock", "status", "--json", "--gsd-dir", gsd).stdout)["features"]
     assert [entry["feature"] for entry in plain] == ["held1", "stale1"]
     human = invoke("lock", "status", "--all", "--gsd-dir", gsd).stdout.strip().splitlines()
-    assert human[-1] == "4 features: 1 done, 1 held, 1 free, 1 stale"
+    assert human[-1] == "4 features: 1 done, 1 held, 1 free, 0 failed, 1 stale"
 
 
 # --------------------------------------------------------------------------- the race

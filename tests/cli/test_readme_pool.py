@@ -1,9 +1,11 @@
-"""The README's worker loop, taken from README.md and run as written by real bash workers.
+"""The README's shell worker loop, taken from README.md and run as written by real bash workers.
 
 Four workers share twenty features; a build step records every run. The loop must end, build
-every feature exactly once and leave no lock. In the second test one worker's shell is killed
-with SIGKILL in the middle of a build: the others finish the batch with ``claim --reclaim-dead``
-and that feature is built again exactly once (plus the killed, partial run).
+every feature exactly once and leave no lock; a build that always fails is tried exactly
+``--attempts`` times (``lock fail``) and is left failed. In the second test one
+worker's shell is killed with SIGKILL in the middle of a build: the others wait for it
+(``claim --wait``), finish the batch with ``claim --reclaim-dead``, and that feature is built
+again exactly once (plus the killed, partial run).
 
 Synchronisation is by pipes, a FIFO and a ``flock`` gate, never by sleeping: the victim's build
 step tells the test which shell runs it through the FIFO, then blocks reading a pipe; the other
@@ -53,6 +55,10 @@ if [ "$feature" = "${VICTIM:-}" ] && mkdir "$POOL/victim" 2>/dev/null; then
     exit 1
 fi
 if [ -n "${GATE:-}" ]; then flock -s "$GATE" true; fi
+if [ "$feature" = "${BROKEN:-}" ]; then
+    echo "broken $feature" >> "$POOL/runs.log"
+    exit 2
+fi
 echo "built $feature" >> "$POOL/runs.log"
 """
 
@@ -64,7 +70,8 @@ def readme_worker_loop() -> str:
     match = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
     assert match is not None, "the README lost its worker loop"
     loop = match.group(1)
-    assert "lock claim" in loop and "lock done" in loop
+    assert "lock claim" in loop and "lock done" in loop and "lock fail" in loop
+    assert "--wait" in loop, "the loop waits for held features instead of leaving"
     return loop
 
 
@@ -198,3 +205,21 @@ def test_readme_loop_rebuilds_a_killed_workers_feature_once(pool: Path) -> None:
     expected[f"partial {VICTIM}"] = 1
     assert runs(pool) == expected
     assert leftover_locks(pool) == []
+
+
+def test_readme_loop_records_a_failing_build_and_ends_with_it_failed(pool: Path) -> None:
+    """A build that always fails: it is tried exactly three times (``lock fail`` each time,
+    the default --attempts), then left as failed; every other feature is built once; every
+    worker leaves (exit 0: nothing left to claim; ``status`` tells done from failed). Fails on
+    the old loop, which released
+    the feature and stopped the worker whose build failed (the others built it again, once
+    each, and the pool ended without saying anything had failed)."""
+    broken = FEATURES[5]
+    with workers(pool, {"BROKEN": broken}) as team:
+        codes = wait_all(team)
+    assert codes == [0] * WORKERS, codes
+    expected = Counter(f"built {name}" for name in FEATURES if name != broken)
+    expected[f"broken {broken}"] = 3
+    assert runs(pool) == expected
+    assert leftover_locks(pool) == []
+    assert '"count": 3' in (pool / ".gsd" / "specs" / broken / ".attempts").read_text()

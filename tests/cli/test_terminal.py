@@ -175,7 +175,7 @@ def test_status_off_a_terminal_is_plain_ascii_and_never_cuts_a_pid(gsd: Path) ->
     rows = shown.splitlines()
     assert any(long_name in row and "4194304" in row for row in rows)
     # No process has pid 4194304: its lock is counted as reclaimable (issue 19, item 12).
-    assert rows[-1] == "2 features: 0 done, 0 held, 0 free, 1 stale, 1 reclaimable"
+    assert rows[-1] == "2 features: 0 done, 0 held, 0 free, 0 failed, 1 stale, 1 reclaimable"
 
 
 def test_completion_offers_the_feature_folders(gsd: Path) -> None:

@@ -1,0 +1,139 @@
+"""Waiting for a feature lock to be released, on the folder backend: inotify where there is one.
+
+A pool's worker with nothing free to claim waits for one of the held features to come back:
+its holder marks it done, records a failed attempt or releases it, and each of these ends with
+the ``.lock`` entry unlinked from the feature's folder. On Linux the kernel tells us of that
+unlink (``IN_DELETE`` on the folder, named ``.lock``), so a waiter wakes within a millisecond
+of the release instead of polling every folder. Elsewhere (no inotify, or its watches used up)
+the wait is a short sleep.
+
+A wake-up is a hint, never a judgement: the waiter claims again either way, and waits are cut
+into slices (:data:`RECHECK_SECONDS`), because some changes come with no event at all (a lock
+turning stale, an owner dying while its lock stays on disk).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+import struct
+import sys
+from collections.abc import Iterable
+from time import monotonic, sleep
+from typing import Final, Self
+
+from mahabharatha.lockfile import LOCK_FILE_NAME, folder_path
+
+__all__ = ["POLL_SECONDS", "RECHECK_SECONDS", "ReleaseWatch"]
+
+POLL_SECONDS: Final = 0.05
+"""Without inotify: how long a waiter sleeps between claims (20 tries a second, each a few
+system calls per feature)."""
+RECHECK_SECONDS: Final = 1.0
+"""Even with inotify, a waiter claims again at least this often: a lock that goes stale or
+whose owner dies (``--reclaim-dead``) is not unlinked, so no event says so."""
+
+IN_NONBLOCK: Final = os.O_NONBLOCK
+IN_CLOEXEC: Final = os.O_CLOEXEC
+IN_DELETE: Final = 0x00000200  # <sys/inotify.h>: a file was removed from a watched folder
+IN_MOVED_FROM: Final = 0x00000040  # <sys/inotify.h>: a file was renamed away from it
+IN_Q_OVERFLOW: Final = 0x00004000  # events were lost: wake, to be safe
+IN_ONLYDIR: Final = 0x01000000  # <sys/inotify.h>: refuse anything but a folder
+IN_DONT_FOLLOW: Final = 0x02000000  # <sys/inotify.h>: never follow a symlink
+WATCHED_EVENTS: Final = IN_DELETE | IN_MOVED_FROM
+"""A release, a ``done``, a ``fail``, a reclaim and a ``clean`` all unlink ``.lock``."""
+SKIPPED_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP})
+"""A folder that is not there yet, is not a real folder (a symlinked feature folder is refused
+everywhere) or cannot be read: not watched; the periodic claim still looks at it."""
+_EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then name
+_READ_BYTES: Final = 64 * 1024
+
+
+def _libc_inotify() -> ctypes.CDLL | None:
+    """libc's inotify functions, or None where there are none (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+class ReleaseWatch:
+    """``with ReleaseWatch(gsd_dir, features) as watch: ... watch.wait(seconds)``.
+
+    Set up *before* the claim that found nothing free, so a release between that claim and
+    the wait is not missed (it is queued on the inotify descriptor and ends the wait at once).
+    """
+
+    def __init__(self, gsd_dir: str | os.PathLike[str], features: Iterable[str]) -> None:
+        self.gsd_dir = gsd_dir
+        self.features = list(features)
+        self._fd: int | None = None
+
+    @property
+    def kernel_events(self) -> bool:
+        """Does this watch get the kernel's events (else it polls)?"""
+        return self._fd is not None
+
+    def __enter__(self) -> Self:
+        self._fd = self._open()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _open(self) -> int | None:
+        libc = _libc_inotify()
+        if libc is None:
+            return None
+        fd = int(libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))
+        if fd < 0:  # EMFILE: the user's inotify instances are used up: poll instead
+            return None
+        for feature in self.features:
+            path = os.fsencode(folder_path(self.gsd_dir, feature))
+            mask = WATCHED_EVENTS | IN_ONLYDIR | IN_DONT_FOLLOW
+            if libc.inotify_add_watch(fd, path, mask) < 0:
+                if ctypes.get_errno() in SKIPPED_FOLDER_ERRNOS:
+                    continue
+                os.close(fd)  # ENOSPC: the watches are used up; a poll sees every folder
+                return None
+        return fd
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` (at most :data:`RECHECK_SECONDS`) for a release; True when
+        one came. Without inotify, a short sleep (then True: look again)."""
+        seconds = max(0.0, min(seconds, RECHECK_SECONDS))
+        if self._fd is None:
+            sleep(min(seconds, POLL_SECONDS))
+            return True
+        deadline = monotonic() + seconds
+        while (left := deadline - monotonic()) > 0:
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if ready and self._released():
+                return True
+        return False
+
+    def _released(self) -> bool:
+        """Read the queued events: was ``.lock`` unlinked or renamed away anywhere?"""
+        assert self._fd is not None
+        try:
+            data = os.read(self._fd, _READ_BYTES)
+        except BlockingIOError:
+            return False
+        found = False
+        offset = 0
+        while offset + _EVENT.size <= len(data):
+            _wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+            name = data[offset + _EVENT.size : offset + _EVENT.size + length].rstrip(b"\0")
+            offset += _EVENT.size + length
+            if mask & IN_Q_OVERFLOW or name == LOCK_FILE_NAME.encode():
+                found = True  # read on: every queued event is drained by this one read
+        return found

@@ -1,0 +1,393 @@
+"""``mahabharatha lock fail`` and ``lock work``: a worker pool's commands (and ``status --watch``).
+
+Registered on the ``lock`` group (:mod:`mahabharatha.cli.lock`). ``lock work`` is the whole
+worker loop in one process: it claims as ``lock claim`` does, and runs each feature's command
+through :func:`mahabharatha.runner.run_locked`, exactly as ``lock run`` does; the hold ends in
+one step of the backend's (done, or a failed attempt, then the release), never a release first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from time import monotonic, sleep, time
+from typing import Annotated, Any, Final, NoReturn
+
+import typer
+from typer.core import TyperCommand
+
+from mahabharatha import locks, runner
+from mahabharatha.backends.base import LockBackend, format_duration
+from mahabharatha.cli._output import (
+    CONNECT_TIMEOUT_SECONDS,
+    DEFAULT_GSD_DIR,
+    BackendOption,
+    ConnectTimeoutOption,
+    GsdDirOption,
+    JsonOption,
+    NamespaceOption,
+    PidOption,
+    Place,
+    ReclaimDeadOption,
+    Result,
+    backend_for,
+    close_opened,
+    default_owner,
+    exit_code_for,
+    finite_seconds,
+    problem_warnings,
+    respond,
+    sentence,
+)
+from mahabharatha.cli._render import status_renderable, summary_counts
+from mahabharatha.cli.lock import (
+    AttemptsOption,
+    FeatureArg,
+    _require_gsd_dir,
+    _warn_release_wait,
+    app,
+    complete_feature,
+)
+from mahabharatha.commands._utils import FEATURE_ENV_VAR
+from mahabharatha.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_HELD,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TEMPFAIL,
+    killed_by,
+)
+from mahabharatha.locks import (
+    FeatureProblem,
+    LockError,
+    LockInfo,
+    PoolLock,
+    StopWork,
+    WorkReport,
+    WorkResult,
+)
+
+__all__ = ["fail", "watch_status", "work"]
+
+FEATURE_PLACEHOLDER: Final = "{}"
+"""Replaced by the feature's name in every argument of ``lock work``'s command (as xargs -I)."""
+INTERRUPTING_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""A command that ended by one of these was interrupted (``lock work`` forwards them to it):
+its feature is released unmarked, not counted as a failed attempt, and the worker stops."""
+
+
+@app.command()
+def fail(
+    feature: FeatureArg,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    pid: PidOption = None,
+    reason: Annotated[
+        str,
+        typer.Option("--reason", metavar="TEXT", help="Why it failed (kept with the attempt)."),
+    ] = "failed",
+    attempts: AttemptsOption = locks.DEFAULT_ATTEMPTS,
+) -> None:
+    """Record a failed attempt at FEATURE and release it (the holder only). After --attempts
+    failed attempts it is failed: claim never hands it out again until lock reopen.
+
+    Exit 1, with nothing written, when the calling shell (or --pid) does not hold its lock.
+    """
+    owner = default_owner(pid)
+    document: dict[str, Any] = {"feature": feature, "pid": owner, "recorded": False}
+
+    def action() -> Result:
+        record = locks.fail(
+            feature,
+            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
+            pid=owner,
+            reason=reason,
+            attempts=attempts,
+        )
+        state = "failed" if record.failed else "free again"
+        found = {
+            **document,
+            "recorded": True,
+            "attempts": record.tries,
+            "limit": record.limit,
+            "failed": record.failed,
+        }
+        text = f"{feature}: attempt {record.tries} of {record.limit} failed (released, {state})"
+        return Result(EXIT_OK, found, text)
+
+    respond(as_json, document, action)
+
+
+# --------------------------------------------------------------------------- lock work
+
+
+class _SplitAtDashes(TyperCommand):
+    """``lock work [FEATURE ...] [OPTIONS] -- CMD ...``: two lists of words, told apart by the
+    ``--`` (click would swallow it). The command's words are kept in ``ctx.meta``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["work_command"] = args[cut + 1 :]
+            args = args[:cut]
+        return list(super().parse_args(ctx, args))
+
+
+@app.command(cls=_SplitAtDashes)
+def work(
+    ctx: typer.Context,
+    features: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[FEATURE]... -- CMD...",
+            autocompletion=complete_feature,
+            help=(
+                "Features in order (default: every feature folder, by name), then after -- the "
+                "command to run for each; {} in it is replaced by the feature."
+            ),
+        ),
+    ] = None,
+    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
+    as_json: JsonOption = False,
+    backend_url: BackendOption = None,
+    namespace: NamespaceOption = None,
+    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    attempts: AttemptsOption = locks.DEFAULT_ATTEMPTS,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            min=0,
+            callback=finite_seconds,
+            metavar="SECONDS",
+            help=(
+                "While others hold every feature left, wait at most SECONDS for one to come "
+                "back (exit 75 then); default: as long as it takes."
+            ),
+        ),
+    ] = None,
+    reclaim_dead: ReclaimDeadOption = False,
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Take one feature, run CMD, exit with its code."),
+    ] = False,
+) -> None:
+    """Claim features one at a time and run CMD for each, holding its lock as lock run does;
+    exit 0 marks it done, another exit records a failed attempt. Ends when every feature is
+    done or failed: exit 0 all done, 1 some failed, 75 when --wait ran out."""
+    command: list[str] = ctx.meta.get("work_command") or []
+    document: dict[str, Any] = {"pid": os.getpid(), "ended": None, "results": []}
+
+    def action() -> Result:
+        if not command:
+            raise ValueError("lock work needs the command to run after --: lock work -- CMD {}")
+        if not features:
+            _require_gsd_dir(gsd_dir)
+        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        problems: list[FeatureProblem] = []
+        step = _CommandStep(command, attempts, as_json)
+        report = locks.run_pool(
+            step,
+            features,
+            gsd_dir,
+            attempts=attempts,
+            wait=wait,
+            reclaim_dead=reclaim_dead,
+            once=once,
+            backend=store,
+            command=command,
+            on_result=lambda result: _say(result, attempts),
+            problems=problems,
+        )
+        return _work_result(report, document, once, problems)
+
+    respond(as_json, document, action)
+
+
+class _CommandStep:
+    """One feature of ``lock work``: CMD run by ``run_locked`` under the claimed lock."""
+
+    def __init__(self, command: list[str], attempts: int, as_json: bool) -> None:
+        self.command = command
+        self.attempts = attempts
+        self.stdout = sys.stderr if as_json else None  # --json: stdout is for the document
+
+    def __call__(self, lock: PoolLock) -> WorkResult:
+        feature = lock.feature
+        argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in self.command]
+        try:
+            code = runner.run_locked(
+                lock,
+                argv,
+                self.stdout,
+                on_release_wait=lambda bound: _warn_release_wait(feature, bound),
+                env={FEATURE_ENV_VAR: feature},
+            )
+        except runner.CommandStartError as unstarted:
+            # Every feature would fail the same way, and not by its own fault: release it
+            # unmarked (no attempt counted against it), and stop this worker.
+            code = exit_code_for(unstarted, before_run=True)
+            result = lock.finish(None, unstarted.strerror, self.attempts)
+            raise StopWork(result, code) from None
+        except runner.Interrupted as stop:
+            raise StopWork(lock.finish(None, str(stop), self.attempts), stop.exit_code) from None
+        except BaseException:
+            lock.finish(None, None, self.attempts)  # whatever went wrong: never leave it held
+            raise
+        if lock.lost is None and code in {killed_by(s) for s in INTERRUPTING_SIGNALS}:
+            result = lock.finish(None, f"interrupted (exit code {code})", self.attempts)
+            raise StopWork(result, code)
+        return lock.finish(code, None, self.attempts)
+
+
+def _say(result: WorkResult, limit: int) -> None:
+    """The one stderr line per feature."""
+    if result.outcome == "failed":
+        final = " (failed: no more attempts)" if result.attempts >= limit else ""
+        said = f"attempt {result.attempts} of {limit} failed: {result.reason}{final}"
+    elif result.outcome == "done":
+        said = "done"
+    elif result.outcome == "lost":
+        said = f"lost its lock while CMD ran (exit code {result.exit_code}): not marked"
+    else:
+        said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
+    typer.echo(f"mahabharatha: {result.feature}: {said}", err=True)
+
+
+def _work_result(
+    report: WorkReport, document: dict[str, Any], once: bool, problems: list[FeatureProblem]
+) -> Result:
+    found = {
+        **document,
+        "ended": report.ended,
+        "results": [result.to_dict() for result in report.results],
+        "failed": list(report.failed),
+        "busy": list(report.busy),
+    }
+    warnings = problem_warnings(problems)
+    if report.ended == "stopped":
+        code = EXIT_BAD_INPUT if report.exit_code is None else report.exit_code
+        return Result(code, {**found, "exit_code": code}, warnings=warnings)
+    if report.ended == "once":
+        last = report.results[-1].exit_code
+        code = EXIT_HELD if last is None else last
+        return Result(code, {**found, "exit_code": code}, warnings=warnings)
+    if report.ended == "waited-out":
+        said = f"--wait ran out: {len(report.busy)} feature(s) still held by others"
+        return Result(EXIT_TEMPFAIL, {**found, "exit_code": EXIT_TEMPFAIL}, message=said)
+    if once:
+        said = "nothing left to take: every feature is done or failed"
+        return Result(EXIT_HELD, {**found, "exit_code": EXIT_HELD}, message=said)
+    if report.failed:
+        said = f"every feature is finished; {len(report.failed)} failed: " + ", ".join(
+            report.failed
+        )
+        return Result(EXIT_HELD, {**found, "exit_code": EXIT_HELD}, message=said)
+    return Result(EXIT_OK, {**found, "exit_code": EXIT_OK}, warnings=warnings)
+
+
+# --------------------------------------------------------------------------- status --watch
+
+WATCH_SECONDS: Final = 1.0
+"""How often ``status --watch`` looks again (and redraws at a terminal)."""
+BAR_WIDTH: Final = 40
+
+
+class _Progress:
+    """What the watch shows about the pool: counts, the rate of finishing, the time left."""
+
+    def __init__(self) -> None:
+        self.started = monotonic()
+        self.first_finished: int | None = None
+
+    def line(self, counts: dict[str, int]) -> str:
+        total = sum(counts.values())
+        finished = counts["done"] + counts["failed"]
+        if self.first_finished is None:
+            self.first_finished = finished
+        elapsed = monotonic() - self.started
+        rate = (finished - self.first_finished) / elapsed if elapsed > 0 else 0.0
+        left = total - finished
+        eta = f", about {format_duration(left / rate)} left" if rate > 0 and left else ""
+        shown = ", ".join(f"{count} {kind}" for kind, count in counts.items() if kind != "done")
+        per_minute = f"{rate * 60:.1f}/min"
+        return f"{counts['done']}/{total} done, {shown}; {per_minute}{eta}"
+
+
+def _nothing_left(counts: dict[str, int]) -> bool:
+    return all(count == 0 for kind, count in counts.items() if kind not in ("done", "failed"))
+
+
+def watch_status(gsd_dir: str, place: Place, as_json: bool, until_done: bool) -> NoReturn:
+    """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130) or,
+    with ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
+    try:
+        if place.url is None:
+            _require_gsd_dir(gsd_dir)
+        store = backend_for(gsd_dir, place)
+        if as_json or not sys.stdout.isatty():
+            code = _watch_lines(store, until_done)
+        else:
+            code = _watch_terminal(store, until_done)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except (ValueError, LockError, OSError) as error:
+        if as_json:
+            typer.echo(json.dumps({"error": sentence(error)}, sort_keys=True))
+        typer.echo(f"mahabharatha: {sentence(error)}", err=True)
+        raise typer.Exit(exit_code_for(error)) from None
+    finally:
+        close_opened()
+    raise typer.Exit(code)
+
+
+def _survey(store: LockBackend) -> list[LockInfo]:
+    problems: list[FeatureProblem] = []
+    return locks.survey(backend=store, problems=problems)
+
+
+def _watch_lines(store: LockBackend, until_done: bool) -> int:
+    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``."""
+    last: object = None
+    while True:
+        infos = _survey(store)
+        counts = summary_counts(infos)
+        now = [info.to_dict() for info in infos]
+        if now != last:
+            document = {"time": time(), "summary": counts, "features": now}
+            typer.echo(json.dumps(document, sort_keys=True))
+            sys.stdout.flush()
+            last = now
+        if until_done and _nothing_left(counts):
+            return EXIT_HELD if counts["failed"] else EXIT_OK
+        sleep(WATCH_SECONDS)
+
+
+def _watch_terminal(store: LockBackend, until_done: bool) -> int:
+    """The live view: the status table and a progress bar, redrawn every second. Rich's
+    ``Live`` hides the cursor while it draws and shows it again however the watch ends."""
+    from rich.console import Group
+    from rich.live import Live
+    from rich.progress_bar import ProgressBar
+    from rich.text import Text
+
+    progress = _Progress()
+
+    def view(infos: list[LockInfo]) -> tuple[Group, dict[str, int]]:
+        counts = summary_counts(infos)
+        total = max(1, sum(counts.values()))
+        bar = ProgressBar(total=total, completed=counts["done"], width=BAR_WIDTH)
+        return Group(status_renderable(infos), bar, Text(progress.line(counts))), counts
+
+    shown, counts = view(_survey(store))
+    with Live(shown, auto_refresh=False, transient=False) as live:
+        while not (until_done and _nothing_left(counts)):
+            sleep(WATCH_SECONDS)
+            shown, counts = view(_survey(store))
+            live.update(shown, refresh=True)
+    return EXIT_HELD if counts["failed"] else EXIT_OK

@@ -1,0 +1,376 @@
+"""A pool's commands one by one: ``lock fail`` and the attempts record, ``claim``'s exit codes
+and ``--wait``, ``reopen``, and ``status --watch`` (as NDJSON and in a pseudo-terminal).
+
+Processes are synchronised by their output (read with a deadline), never by sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from mahabharatha import locks
+from mahabharatha.backends import files, release_watch
+from tests.cli._support import SYNC_TIMEOUT, invoke, one_document, one_sentence
+
+CLI: Final = (sys.executable, "-m", "mahabharatha")
+
+
+def _features(gsd: Path, *names: str) -> None:
+    for name in names:
+        (gsd / "specs" / name).mkdir(parents=True, exist_ok=True)
+
+
+def _owner() -> str:
+    return str(os.getpid())
+
+
+# --------------------------------------------------------------------------- fail and attempts
+
+
+def test_fail_records_attempts_until_failed_and_reopen_clears_them(gsd: Path) -> None:
+    """Fails on the old code: there was no ``lock fail``; a failing build could only release,
+    and the feature was handed out again for ever."""
+    _features(gsd, "alpha")
+    for attempt in (1, 2, 3):
+        claimed = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", _owner())
+        assert (claimed.exit_code, claimed.stdout.strip()) == (0, "alpha")
+        failed = invoke(
+            "lock",
+            "fail",
+            "alpha",
+            "--gsd-dir",
+            gsd,
+            "--pid",
+            _owner(),
+            "--reason",
+            f"r{attempt}",
+            "--json",
+        )
+        document = one_document(failed.stdout)
+        assert failed.exit_code == 0
+        assert (document["attempts"], document["failed"]) == (attempt, attempt == 3)
+        assert not (gsd / "specs" / "alpha" / ".lock").exists(), "fail releases the lock"
+
+    left = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", _owner())
+    assert left.exit_code == 1, "failed for good: nothing left to claim"
+    assert "nothing left" in one_sentence(left.stderr)
+    listed = one_document(invoke("lock", "status", "--all", "--gsd-dir", gsd, "--json").stdout)
+    assert [(e["state"], e["attempts"], e["reason"]) for e in listed] == [("failed", 3, "r3")]
+
+    assert invoke("lock", "reopen", "alpha", "--gsd-dir", gsd).exit_code == 0
+    again = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", _owner())
+    assert (again.exit_code, again.stdout.strip()) == (0, "alpha")
+
+
+def test_fail_by_a_caller_that_does_not_hold_it_writes_nothing(gsd: Path) -> None:
+    _features(gsd, "alpha")
+    result = invoke("lock", "fail", "alpha", "--gsd-dir", gsd, "--pid", _owner())
+    assert result.exit_code == 1
+    assert "nothing recorded as failed" in one_sentence(result.stderr)
+    assert not (gsd / "specs" / "alpha" / files.ATTEMPTS_RECORD_NAME).exists()
+
+
+def test_the_attempts_record_stays_bounded_however_often_a_feature_fails(gsd: Path) -> None:
+    _features(gsd, "alpha")
+    for _ in range(60):
+        locks.acquire("alpha", gsd)
+        record = locks.fail("alpha", gsd, reason="x" * 10_000, attempts=1000)
+    size = (gsd / "specs" / "alpha" / files.ATTEMPTS_RECORD_NAME).stat().st_size
+    assert record.tries == 60
+    assert size <= files.MAX_ATTEMPTS_BYTES
+    assert len(record.history) == files.KEPT_ATTEMPTS
+
+
+def _fail_repeatedly(gsd: str, times: int, ready: Any) -> None:
+    ready.wait()
+    for _ in range(times):
+        locks.acquire("alpha", gsd, timeout=None)
+        locks.fail("alpha", gsd, reason="r" * 150, attempts=10_000)
+
+
+def test_readers_never_see_a_half_written_attempts_record(gsd: Path) -> None:
+    """Two processes record failed attempts as fast as they can while this one reads the
+    record: every read is a whole record (published by rename), and the count only grows.
+    Fails if the record is written in place (a reader sees it empty or cut)."""
+    _features(gsd, "alpha")
+    context = multiprocessing.get_context("spawn")
+    ready = context.Barrier(3)
+    writers = [
+        context.Process(target=_fail_repeatedly, args=(str(gsd), 150, ready)) for _ in range(2)
+    ]
+    for writer in writers:
+        writer.start()
+    path = gsd / "specs" / "alpha" / files.ATTEMPTS_RECORD_NAME
+    seen, last = 0, 0
+    try:
+        ready.wait(timeout=SYNC_TIMEOUT)
+        while any(writer.is_alive() for writer in writers):
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            count = json.loads(data)["count"]  # raises on a half-written record
+            assert count >= last
+            seen, last = seen + 1, count
+    finally:
+        for writer in writers:
+            writer.join(timeout=60)
+    assert [writer.exitcode for writer in writers] == [0, 0]
+    assert json.loads(path.read_bytes())["count"] == 300
+    assert seen > 0
+
+
+# --------------------------------------------------------------------------- claim
+
+
+def test_claim_exits_0_claimed_75_held_by_others_1_nothing_left(gsd: Path) -> None:
+    """Fails on the old code, where "held by others" and "all done" were both exit 1, so a
+    loop could not tell "wait" from "finished"."""
+    _features(gsd, "alpha")
+    first = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", _owner())
+    busy = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", "1", "--json")
+    assert first.exit_code == 0
+    assert busy.exit_code == 75
+    assert "held by others" in one_document(busy.stdout)["error"]
+    assert invoke("lock", "done", "alpha", "--gsd-dir", gsd, "--pid", _owner()).exit_code == 0
+    finished = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", "1")
+    assert finished.exit_code == 1
+    assert invoke("lock", "claim", "--gsd-dir", gsd, "--pid", "1", "--wait", "0").exit_code == 1
+
+
+def test_claim_wait_is_woken_by_the_release_not_by_its_recheck(
+    gsd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claimer's periodic recheck is pushed far past the test's deadline: only the
+    kernel's event for the release can end its wait in time. The release comes from another
+    process once the claimer is known to be waiting (its watch was entered)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("inotify is Linux's")
+    _features(gsd, "alpha")
+    holder = subprocess.run(
+        [*CLI, "lock", "acquire", "alpha", "--gsd-dir", str(gsd), "--pid", "1"],
+        capture_output=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    assert holder.returncode == 0
+    monkeypatch.setattr(release_watch, "RECHECK_SECONDS", 3600.0)
+    monkeypatch.setattr(locks, "RECHECK_SECONDS", 3600.0)
+    waiting = threading.Event()
+    original = release_watch.ReleaseWatch.wait
+
+    def noted_wait(self: release_watch.ReleaseWatch, seconds: float) -> bool:
+        assert self.kernel_events, "inotify was expected here"
+        waiting.set()
+        return original(self, seconds)
+
+    monkeypatch.setattr(release_watch.ReleaseWatch, "wait", noted_wait)
+    answer: list[str | None] = []
+    claimer = threading.Thread(
+        target=lambda: answer.append(locks.claim(["alpha"], gsd, wait=SYNC_TIMEOUT)),
+        daemon=True,
+    )
+    claimer.start()
+    assert waiting.wait(SYNC_TIMEOUT)
+    released = subprocess.run(
+        [*CLI, "lock", "release", "alpha", "--gsd-dir", str(gsd), "--pid", "1"],
+        capture_output=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    assert released.returncode == 0
+    claimer.join(SYNC_TIMEOUT)
+    assert answer == ["alpha"]
+    locks.release("alpha", gsd)
+
+
+def test_claim_wait_runs_out_with_75(gsd: Path) -> None:
+    _features(gsd, "alpha")
+    assert invoke("lock", "acquire", "alpha", "--gsd-dir", gsd, "--pid", "1").exit_code == 0
+    result = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", _owner(), "--wait", "0.2")
+    assert result.exit_code == 75
+
+
+def test_work_once_and_an_empty_pool(gsd: Path, tmp_path: Path) -> None:
+    _features(gsd, "alpha")
+    argv = [*CLI, "lock", "work", "--gsd-dir", str(gsd), "--once", "--json", "--"]
+    first = subprocess.run(
+        [
+            *argv,
+            sys.executable,
+            "-c",
+            "import os,sys; sys.exit(os.environ['MAHABHARATHA_FEATURE'] != 'alpha')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+        cwd=tmp_path,
+    )
+    assert first.returncode == 0, first.stderr
+    assert one_document(first.stdout)["results"][0]["outcome"] == "done"
+    empty = subprocess.run(
+        [*argv, "true"], capture_output=True, text=True, timeout=SYNC_TIMEOUT, cwd=tmp_path
+    )
+    assert empty.returncode == 1
+    assert one_document(empty.stdout)["ended"] == "finished"
+
+
+def test_work_without_a_command_is_bad_input(gsd: Path) -> None:
+    _features(gsd, "alpha")
+    result = invoke("lock", "work", "--gsd-dir", gsd)
+    assert result.exit_code == 2
+    assert "after --" in one_sentence(result.stderr)
+
+
+# --------------------------------------------------------------------------- status --watch
+
+
+def _read_line(fd: int, buffer: bytearray) -> bytes:
+    deadline = time.monotonic() + SYNC_TIMEOUT
+    while b"\n" not in buffer:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, "no line within the deadline"
+        chunk = os.read(fd, 65536)
+        assert chunk, "the watch ended early"
+        buffer += chunk
+    line, _, rest = bytes(buffer).partition(b"\n")
+    buffer[:] = rest
+    return line
+
+
+def test_status_watch_prints_one_json_document_per_change_until_done(gsd: Path) -> None:
+    names = ("alpha", "bravo", "charlie")
+    _features(gsd, *names)
+    watch = subprocess.Popen(
+        [*CLI, "lock", "status", "--watch", "--until-done", "--json", "--gsd-dir", str(gsd)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert watch.stdout is not None
+    buffer = bytearray()
+    try:
+        seen = [json.loads(_read_line(watch.stdout.fileno(), buffer))["summary"]["done"]]
+        for name in names:
+            locks.acquire(name, gsd)
+            locks.done(name, gsd)
+            while seen[-1] < names.index(name) + 1:  # one document per change, in order
+                line = _read_line(watch.stdout.fileno(), buffer)
+                seen.append(json.loads(line)["summary"]["done"])
+        assert watch.wait(timeout=SYNC_TIMEOUT) == 0
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+        watch.stdout.close()
+        assert watch.stderr is not None
+        watch.stderr.close()
+    assert seen == sorted(seen) and seen[0] == 0 and seen[-1] == 3
+
+
+def _read_until(fd: int, wanted: bytes, seen: bytearray) -> None:
+    deadline = time.monotonic() + SYNC_TIMEOUT
+    while wanted not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"{wanted!r} never shown: {bytes(seen)[-400:]!r}"
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            chunk = b""
+        assert chunk, f"the watch ended before showing {wanted!r}"
+        seen += chunk
+
+
+def test_status_watch_at_a_terminal_moves_its_bar_and_ctrl_c_leaves_it_clean(gsd: Path) -> None:
+    """In a pseudo-terminal: the view shows 0/2, then 1/2 done once a feature finishes; Ctrl-C
+    ends it with exit 130 and the cursor shown again (rich hides it while drawing)."""
+    _features(gsd, "alpha", "bravo")
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the watch, with the pty as its controlling terminal
+        os.environ["COLUMNS"] = "120"
+        os.execv(sys.executable, [*CLI, "lock", "status", "--watch", "--gsd-dir", str(gsd)])
+    seen = bytearray()
+    try:
+        _read_until(master, b"0/2 done", seen)
+        locks.acquire("alpha", gsd)
+        locks.done("alpha", gsd)
+        _read_until(master, b"1/2 done", seen)
+        os.write(master, b"\x03")  # Ctrl-C, through the terminal's line discipline
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        with_rest = bytearray(seen)
+        try:
+            while select.select([master], [], [], 0.5)[0]:
+                chunk = os.read(master, 65536)
+                if not chunk:
+                    break
+                with_rest += chunk
+        except OSError:
+            pass
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(master)
+    assert os.waitstatus_to_exitcode(status) == 130
+    assert b"\x1b[?25l" in with_rest, "rich hid the cursor while drawing"
+    assert with_rest.rfind(b"\x1b[?25h") > with_rest.rfind(b"\x1b[?25l"), "cursor shown again"
+    assert b"Traceback" not in with_rest
+
+
+@pytest.mark.parametrize(
+    ("words", "features", "wait"),
+    [
+        (["--wait"], None, None),
+        (["--wait", "alpha"], ["alpha"], None),
+        (["alpha", "--wait", "--json"], ["alpha"], None),
+        (["--wait", "2.5", "alpha"], ["alpha"], 2.5),
+        (["--wait=0", "alpha"], ["alpha"], 0.0),
+        (["alpha"], ["alpha"], 0.0),
+    ],
+)
+def test_claim_wait_takes_optional_seconds(
+    gsd: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    words: list[str],
+    features: list[str] | None,
+    wait: float | None,
+) -> None:
+    """``--wait [SECONDS]``: bare (or followed by a feature name) waits as long as it takes
+    (``wait=None``); a number bounds it; no ``--wait`` tries once (``wait=0``)."""
+    _features(gsd, "alpha")
+    asked: dict[str, Any] = {}
+
+    def fake_claim_next(names: Any, **options: Any) -> locks.ClaimOutcome:
+        asked.update(features=names, wait=options["wait"])
+        return locks.ClaimOutcome(None)
+
+    monkeypatch.setattr(locks, "claim_next", fake_claim_next)
+    result = invoke("lock", "claim", "--gsd-dir", gsd, *words)
+    assert result.exit_code == 1, result.stderr
+    assert asked == {"features": features, "wait": wait}
+
+
+def test_work_whose_command_cannot_start_stops_and_counts_no_attempt(
+    gsd: Path, tmp_path: Path
+) -> None:
+    """A missing command would fail every feature the same way: the worker exits 127 as a
+    shell would, releases the feature unmarked and records no attempt against it."""
+    _features(gsd, "alpha")
+    argv = [*CLI, "lock", "work", "--gsd-dir", str(gsd), "--", str(tmp_path / "missing"), "{}"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=SYNC_TIMEOUT)
+    assert result.returncode == 127
+    assert "command not found" in result.stderr and "Traceback" not in result.stderr
+    folder = gsd / "specs" / "alpha"
+    assert not (folder / ".lock").exists()
+    assert not (folder / files.ATTEMPTS_RECORD_NAME).exists()

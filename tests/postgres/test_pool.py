@@ -1,0 +1,117 @@
+"""A worker pool on PostgreSQL: ``lock work`` workers, ``lock fail`` in the row, ``claim``'s
+exit codes and ``--wait`` woken by NOTIFY, and local ``.completed`` markers honoured.
+
+Fails before issue 18: there was no ``lock work`` nor ``lock fail``, ``claim`` exited 1 for
+"held by others", and a feature with a ``.completed`` marker on disk was handed out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mahabharatha import locks
+from tests.cli import test_work_pool as pool_test
+from tests.cli._support import SYNC_TIMEOUT
+from tests.support.postgres import PgServer
+
+CLI = (sys.executable, "-m", "mahabharatha")
+
+
+@pytest.fixture
+def on_server(pg_server: PgServer, namespace: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This test's lock space, chosen through the environment as a user would."""
+    monkeypatch.setenv("MAHABHARATHA_LOCK_URL", pg_server.url())
+    monkeypatch.setenv("MAHABHARATHA_LOCK_NAMESPACE", namespace)
+    return namespace
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=SYNC_TIMEOUT
+    )
+
+
+def test_four_workers_finish_thirty_features_on_postgresql(on_server: str, tmp_path: Path) -> None:
+    """The files pool test, on the server: done once or failed after exactly --attempts, each
+    worker exits 1 (finished, some failed), no lock left; done features get their local
+    marker too."""
+    for name in pool_test.FEATURES:
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    pool_test._executable(tmp_path / "build-feature.sh", pool_test.BUILD_STEP)
+    (tmp_path / "runs.log").touch()
+    with pool_test.workers(tmp_path) as team:
+        codes = pool_test.wait_all(team)
+        errors = [w.stderr.read().decode() if w.stderr else "" for w in team]
+    assert codes == [1] * pool_test.WORKERS, (codes, errors)
+    pool_test.assert_every_feature_finished_once(pool_test.log(tmp_path), tmp_path, files=False)
+    listed = json.loads(cli("lock", "status", "--all", "--json", cwd=tmp_path).stdout)
+    states = {entry["feature"]: (entry["state"], entry.get("attempts")) for entry in listed}
+    for name in pool_test.BROKEN:
+        assert states[name] == ("failed", pool_test.ATTEMPTS)
+    assert not [name for name, (state, _) in states.items() if state not in ("done", "failed")]
+
+
+def test_claim_exit_codes_fail_and_reopen_on_postgresql(on_server: str, tmp_path: Path) -> None:
+    (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
+    me = str(os.getpid())
+    assert cli("lock", "claim", "--pid", me, cwd=tmp_path).returncode == 0
+    assert cli("lock", "claim", "--pid", "1", cwd=tmp_path).returncode == 75
+    failed = cli("lock", "fail", "alpha", "--pid", me, "--attempts", "1", "--json", cwd=tmp_path)
+    assert failed.returncode == 0, failed.stderr
+    assert json.loads(failed.stdout)["failed"] is True
+    assert cli("lock", "claim", "--pid", me, cwd=tmp_path).returncode == 1
+    assert cli("lock", "reopen", "alpha", cwd=tmp_path).returncode == 0
+    assert cli("lock", "claim", "--pid", me, cwd=tmp_path).returncode == 0
+    assert cli("lock", "fail", "alpha", "--pid", "1", cwd=tmp_path).returncode == 1
+
+
+def test_a_local_completed_marker_means_done_on_postgresql(on_server: str, tmp_path: Path) -> None:
+    for name in ("alpha", "beta"):
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    (tmp_path / ".gsd" / "specs" / "alpha" / ".completed").write_text("2026-01-01T00:00:00Z\n")
+    claimed = cli("lock", "claim", "--pid", str(os.getpid()), cwd=tmp_path)
+    assert (claimed.returncode, claimed.stdout.strip()) == (0, "beta")
+    assert cli("lock", "done", "beta", "--pid", str(os.getpid()), cwd=tmp_path).returncode == 0
+    assert (tmp_path / ".gsd" / "specs" / "beta" / ".completed").is_file()
+    assert cli("lock", "claim", "--pid", str(os.getpid()), cwd=tmp_path).returncode == 1
+
+
+def test_claim_wait_is_woken_by_notify_on_postgresql(
+    on_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recheck is pushed past the deadline: only the release's NOTIFY can end the wait."""
+    (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert cli("lock", "acquire", "alpha", "--pid", "1", cwd=tmp_path).returncode == 0
+    monkeypatch.setattr(locks, "RECHECK_SECONDS", 3600.0)
+    from mahabharatha.backends import open_backend
+
+    store: Any = open_backend(os.environ["MAHABHARATHA_LOCK_URL"], ".gsd", namespace=on_server)
+    waiting = threading.Event()
+    original = store.wait_for_any_release
+
+    def noted(features: Any, seconds: float) -> bool:
+        if seconds > 0:
+            waiting.set()
+        return bool(original(features, seconds))
+
+    store.wait_for_any_release = noted
+    answer: list[str | None] = []
+    claimer = threading.Thread(
+        target=lambda: answer.append(locks.claim(["alpha"], backend=store, wait=SYNC_TIMEOUT)),
+        daemon=True,
+    )
+    claimer.start()
+    assert waiting.wait(SYNC_TIMEOUT)
+    assert cli("lock", "release", "alpha", "--pid", "1", cwd=tmp_path).returncode == 0
+    claimer.join(SYNC_TIMEOUT)
+    assert answer == ["alpha"]
+    locks.release("alpha", backend=store)
+    store.close()
