@@ -33,7 +33,8 @@ def test_status_shows_a_dead_owners_lock_as_reclaimable_and_counts_it_so(gsd: Pa
     [row] = [line for line in text.stdout.splitlines() if line.startswith(FEATURE)]
     assert row.split()[1] == "reclaimable"
     assert (
-        text.stdout.splitlines()[-1] == "1 feature: 0 done, 0 held, 0 free, 0 stale, 1 reclaimable"
+        text.stdout.splitlines()[-1]
+        == "1 feature: 0 done, 0 held, 0 free, 0 failed, 0 stale, 1 reclaimable"
     )
     [entry] = document["features"]
     assert (entry["state"], entry["owner"], entry["reclaimable"]) == ("active", "not-running", True)

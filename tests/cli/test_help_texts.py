@@ -70,7 +70,7 @@ def test_check_help_says_an_unknown_feature_is_free() -> None:
 def test_claim_help_says_what_each_exit_code_means() -> None:
     """Fails on the old code: only "exit 1 if none is"."""
     shown = " ".join(_help("lock", "claim").split())
-    for code in ("0 claimed", "1 none free", "2 bad input", "3 an OS error"):
+    for code in ("0 claimed", "1 nothing left", "75 none free now", "2 bad input", "3 an OS error"):
         assert code in shown, code
 
 

@@ -67,7 +67,8 @@ def test_fail_records_attempts_until_failed_and_reopen_clears_them(gsd: Path) ->
     left = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", _owner())
     assert left.exit_code == 1, "failed for good: nothing left to claim"
     assert "nothing left" in one_sentence(left.stderr)
-    listed = one_document(invoke("lock", "status", "--all", "--gsd-dir", gsd, "--json").stdout)
+    status = invoke("lock", "status", "--all", "--gsd-dir", gsd, "--json")
+    listed = one_document(status.stdout)["features"]
     assert [(e["state"], e["attempts"], e["reason"]) for e in listed] == [("failed", 3, "r3")]
 
     assert invoke("lock", "reopen", "alpha", "--gsd-dir", gsd).exit_code == 0

@@ -51,7 +51,7 @@ def test_four_workers_finish_thirty_features_on_postgresql(on_server: str, tmp_p
         errors = [w.stderr.read().decode() if w.stderr else "" for w in team]
     assert codes == [1] * pool_test.WORKERS, (codes, errors)
     pool_test.assert_every_feature_finished_once(pool_test.log(tmp_path), tmp_path, files=False)
-    listed = json.loads(cli("lock", "status", "--all", "--json", cwd=tmp_path).stdout)
+    listed = json.loads(cli("lock", "status", "--all", "--json", cwd=tmp_path).stdout)["features"]
     states = {entry["feature"]: (entry["state"], entry.get("attempts")) for entry in listed}
     for name in pool_test.BROKEN:
         assert states[name] == ("failed", pool_test.ATTEMPTS)
