@@ -242,13 +242,24 @@ def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> N
             os.fchmod(fd, lockfile.LOCK_MODE)  # readable by every worker, whatever the umask
         finally:
             os.close(fd)
-        os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        try:
+            os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as error:
+            raise _in_the_way(error, name) from error
     except BaseException as error:
         with suppress(OSError):
             os.unlink(temp, dir_fd=dfd)
         if not isinstance(error, OSError) or lockfile.with_name(error, temp) is error:
             raise
         raise lockfile.with_name(error, temp) from error  # a write, fchmod or close of the temp
+
+
+def _in_the_way(error: OSError, name: str) -> OSError:
+    """A rename onto ``name`` refused because something else stands there (a directory): the
+    error names ``name``, the thing in the way, never our private temp."""
+    if error.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+        return type(error)(error.errno, f"{error.strerror}: something else is in the way", name)
+    return error
 
 
 # --------------------------------------------------------------------------- failed attempts
@@ -488,6 +499,7 @@ class FileBackend:
         return infos
 
     def _unlocked_info(self, feature: str) -> LockInfo:
+        self._refuse_odd_marker(feature)
         record = self.attempts(feature)
         failed = record is not None and record.failed
         state = State.DONE if self.is_done(feature) else State.FAILED if failed else State.FREE
@@ -507,6 +519,24 @@ class FileBackend:
                 skipped.add(name, error)
         skipped.settle()
         return sorted(infos, key=lambda info: info.feature)
+
+    def _refuse_odd_marker(self, feature: str) -> None:
+        """A done marker that is not a regular file (a directory, a FIFO) is neither done nor
+        free: the survey reports it as a problem, naming it (``done`` says the same)."""
+        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
+            if dfd is None:
+                return
+            try:
+                info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+        if not stat.S_ISREG(info.st_mode):
+            path = str(feature_dir_path(self.gsd_dir, feature) / COMPLETED_MARKER_NAME)
+            raise UnsafeLockPathError(
+                errno.EEXIST,
+                f"{path}: something other than a done marker (a regular file) is in the way",
+                path,
+            )
 
     def _locked_with_attempts(self, info: LockInfo, skipped: _Problems) -> LockInfo:
         try:

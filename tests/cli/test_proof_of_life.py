@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import multiprocessing
 import os
 import signal
@@ -491,3 +492,25 @@ def test_lock_run_works_where_no_proof_can_be_taken(
     assert code == 0
     assert marker.read_text() == "second ran"
     assert not lock_path(gsd).exists()
+
+
+def test_a_directory_at_the_done_marker_is_named_by_done_and_status_alike(
+    tmp_path: Path, gsd: Path
+) -> None:
+    """Fails before the fix: ``done`` named its private temp file instead of the marker in
+    the way, and ``status --all`` called the feature free."""
+    (gsd / "specs" / FEATURE / ".completed").mkdir(parents=True)
+    me = str(os.getpid())
+    assert (
+        run_cli("lock", "acquire", FEATURE, "--gsd-dir", gsd, "--pid", me, cwd=tmp_path).returncode
+        == 0
+    )
+    done = run_cli("lock", "done", FEATURE, "--gsd-dir", gsd, "--pid", me, cwd=tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert ".completed:" in done.stderr and ".tmp" not in done.stderr, done.stderr
+    released = run_cli("lock", "release", FEATURE, "--gsd-dir", gsd, "--pid", me, cwd=tmp_path)
+    assert released.returncode == 0, released.stderr
+    status = run_cli("lock", "status", "--all", "--gsd-dir", gsd, "--json", cwd=tmp_path)
+    [entry] = json.loads(status.stdout)["features"]
+    assert entry["state"] != "free", entry
+    assert ".completed" in entry["error"]
