@@ -18,8 +18,8 @@ which no judge of the winner's lock looks at.
 * ``LIFE_BYTE``: held by every holder, and by its work (``lock run`` passes it to CMD).
 * ``PENDING_BYTE``: held from *before* a publish is tried until the lock is let go. Without it a
   judge could look at ``LIFE`` just before the winner of a publish takes it: a live lock judged
-  dead. A publisher that lost drops it at once, so a judge that sees ``PENDING`` alone waits a
-  moment (bounded) for it to settle.
+  dead. A judge that sees ``PENDING`` alone (the winner between its ``link`` and its ``LIFE``)
+  looks again for a moment (bounded), then counts the lock alive.
 * ``WORK_BYTE``: held only by the descriptor ``lock run`` gives its command, so ``lock run`` can
   tell whether anything it started still runs (its own descriptor does not hold this byte).
 
