@@ -35,8 +35,10 @@ namespace for the same reason: ``lock run``'s final release gave up after 0.5 s 
 now waits for the lease to be broken: ``tests/cli/test_storm_liveness.py``).
 
 Issue 16 adds the ways work leaves a process group (``ESCAPES``): a command's child that
-calls ``setsid``, a relay of short-lived stages, CMD under GNU ``timeout``; and the killer sends
-SIGTERM (forwarded to CMD's group) as well as SIGKILL. The occupancy is held by the work
+calls ``setsid``, a relay of short-lived stages, CMD under GNU ``timeout``; the killer sends
+SIGTERM (forwarded to CMD's group) as well as SIGKILL; and a Python pool's parent whose
+``multiprocessing`` workers (sharing its group) take ``F`` with ``FeatureLock`` and are
+SIGKILLed mid-work half the time (``POOL_PARENT``). The occupancy is held by the work
 itself, so an escaped child that still works while another runner enters is an overlap. A
 forced release is not part of the storm: it is an override, and its holder's command is
 stopped (TERM, a grace, KILL) while the next holder may already run. With the proof of life
@@ -239,6 +241,55 @@ print(taken)
 """
 """The lease holder: argv gsd seed pause-range hold-range features; prints leases taken."""
 
+POOL_PARENT: Final = r"""
+import fcntl, multiprocessing, os, random, signal, sys, time
+gsd, occupancy, log, marks, label, seed, rounds, work_lo, work_hi = sys.argv[1:10]
+from mahabharatha import locks
+rng = random.Random(seed)
+def note(event):
+    with open(log, "a") as out:
+        out.write(f"{event} {label} {os.getpid()} {time.monotonic():.6f}\n")
+def worker(work, entered):
+    holder = locks.FeatureLock("F", gsd, reclaim_dead=True, timeout=6.0, heartbeat=None)
+    try:
+        holder.acquire()
+    except locks.LockHeldError:
+        os._exit(0)
+    fd = os.open(occupancy, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        with open(os.path.join(marks, f"overlap-{os.getpid()}"), "w") as out:
+            out.write(label)
+        note("overlap")
+        os._exit(3)
+    note("enter")
+    entered.set()
+    time.sleep(work)
+    note("leave")
+    os.close(fd)
+    holder.release()
+    os._exit(0)
+context = multiprocessing.get_context("fork")
+killed = 0
+for _ in range(int(rounds)):
+    entered = context.Event()
+    work = rng.uniform(float(work_lo), float(work_hi))
+    child = context.Process(target=worker, args=(work, entered))
+    child.start()
+    if rng.random() < 0.5 and entered.wait(8.0):  # killed mid-work, as the OOM killer does
+        time.sleep(rng.uniform(0.0, 0.2))  # the randomness
+        os.kill(child.pid, signal.SIGKILL)
+        killed += 1
+    child.join()
+print(killed)
+"""
+"""A Python pool's parent (its own session): its ``multiprocessing`` workers share its process
+group, take ``F`` with ``FeatureLock`` and work under the occupancy flock, and half of them are
+SIGKILLed mid-work while the parent lives on (issue 16: their locks must be free at once, and
+nobody may enter while one works). Prints how many it killed."""
+POOL_ROUNDS: Final = 4
+
 PR_SET_CHILD_SUBREAPER: Final = 36  # <linux/prctl.h>
 
 
@@ -433,6 +484,34 @@ class Conductor:
             ]  # fmt: skip
             self.finish(self.spawn([str(a) for a in argv], "claimer", label), "claimer", label)
 
+    def pool_parent(self) -> None:
+        label = "pool-parent"
+        argv = [
+            sys.executable, "-c", POOL_PARENT, self.plan.gsd, self.plan.occupancy / FEATURE,
+            self.plan.log, self.plan.marks, label, f"{self.plan.seed}-pool", POOL_ROUNDS,
+            *WORK_SECONDS,
+        ]  # fmt: skip
+        out = self.plan.errors / f"{label}.out"
+        with out.open("wb") as killed:
+            proc = subprocess.Popen(
+                [str(a) for a in argv],
+                cwd=self.plan.root,
+                stdin=subprocess.DEVNULL,
+                stdout=killed,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        try:
+            code: int | None = proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.hung.append(label)
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+        self.tally("pool-parent", code)
+        text = out.read_text().strip()
+        if text.isdigit():
+            self.victims.kills["pool-worker"] += int(text)
+
     def killer(self) -> None:
         rng = random.Random(f"{self.plan.seed}-killer")
         while not self.stop_killing.wait(rng.uniform(*KILL_DELAY)):  # the randomness
@@ -488,13 +567,14 @@ class Conductor:
         runners += [(i, True) for i in range(plan.ns_runners)]
         runner_threads = [threading.Thread(target=self.runner, args=args) for args in runners]
         claimers = [threading.Thread(target=self.claimer, args=(i,)) for i in range(plan.claimers)]
+        pool = threading.Thread(target=self.pool_parent)
         killer = threading.Thread(target=self.killer)
-        for thread in [*runner_threads, *claimers, killer]:
+        for thread in [*runner_threads, *claimers, pool, killer]:
             thread.start()
         for thread in runner_threads:
             thread.join()
         self.runs_done.set()
-        for thread in claimers:
+        for thread in [*claimers, pool]:
             thread.join()
         self.stop_killing.set()
         killer.join()
