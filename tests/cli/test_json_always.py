@@ -11,24 +11,20 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-import typer.main
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mahabharatha.cli import app
 from mahabharatha.cli._output import asks_for_json
-from tests.cli._support import FEATURE, invoke, one_document, one_sentence, write_lock
+from tests.cli._support import (
+    FEATURE,
+    every_command,
+    invoke,
+    one_document,
+    one_sentence,
+    write_lock,
+)
 
-
-def _commands(group: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    for name, command in sorted(group.commands.items()):
-        if hasattr(command, "commands"):
-            yield from _commands(command, (*prefix, name))
-        else:
-            yield (*prefix, name), command
-
-
-COMMANDS: Final = list(_commands(typer.main.get_command(app)))
+COMMANDS: Final = every_command()
 """Every command there is: a command added later is walked too."""
 
 VALUES: Final = (
@@ -57,10 +53,16 @@ Never a long number: a wait or a lease of hours would stall the test, not fail i
 MISSING_DIR: Final = "no-such-gsd-dir"
 
 
+RUN_UNTIL_STOPPED: Final = frozenset({"--help", "--watch", "--until-done"})
+"""Left out: the help (text, not a document, by design) and the watch, which prints a document
+per change until Ctrl-C by design (a drawn ``status --watch`` stalled the test until its
+timeout; its own tests are in ``tests/cli/test_pool_commands.py``)."""
+
+
 def _options(command: Any) -> list[str]:
-    """Every option of ``command`` but the help (text, not a document, by design)."""
+    """Every option of ``command`` but those of :data:`RUN_UNTIL_STOPPED`."""
     names = (opt for param in command.params for opt in (*param.opts, *param.secondary_opts))
-    return sorted(name for name in names if name.startswith("-") and name != "--help")
+    return sorted(n for n in names if n.startswith("-") and n not in RUN_UNTIL_STOPPED)
 
 
 def _taking_a_value(command: Any) -> set[str]:
