@@ -198,30 +198,24 @@ class _Child:
             self._send_to_command(signum)
             _signal_our_work(signum, but=self.popen.pid)
             return
-        if self._pidfd is None:
-            if self.popen.poll() is None:
-                self._signal_by_pid(signum)
-            return
-        with suppress(ProcessLookupError):  # it exited (maybe not yet reaped)
-            signal.pidfd_send_signal(self._pidfd, 0)
-            # Race: CMD is not reaped (the pidfd said so), so its group's number is still
-            # CMD's and cannot belong to anyone else.
-            os.killpg(self.popen.pid, signum)
-
-    def _send_to_command(self, signum: int) -> None:
-        if self._pidfd is None:
-            if self.popen.poll() is None:
-                self.popen.send_signal(signum)
-            return
-        with suppress(ProcessLookupError):  # it exited (maybe not yet reaped)
-            signal.pidfd_send_signal(self._pidfd, signum)
-
-    def _signal_by_pid(self, signum: int) -> None:
-        if self.own_group:
+        # Race: CMD is not reaped (its pidfd said so), so its group's number is still CMD's
+        # and cannot belong to anyone else.
+        if self._send_to_command(0):
             with suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signum)
-        else:
+
+    def _send_to_command(self, signum: int) -> bool:
+        """Signal CMD itself (0: only ask); False once it has exited."""
+        if self._pidfd is None:
+            if self.popen.poll() is not None:
+                return False
             self.popen.send_signal(signum)
+            return True
+        try:
+            signal.pidfd_send_signal(self._pidfd, signum)
+        except ProcessLookupError:  # it exited (maybe not yet reaped)
+            return False
+        return True
 
     def group_lives(self) -> bool:
         """After CMD was reaped: is anything left of its group (or, as a terminal's foreground

@@ -187,8 +187,6 @@ def _dead_owner_rule(snapshot: LockSnapshot, state: LockState) -> bool:
     record = snapshot.record
     if state is not LockState.ACTIVE or record is None:
         return False
-    if ownership.claims_proof(snapshot.owner) and snapshot.life is None:
-        return False  # a proof that was not looked at is never judged free
     verdict = owner_liveness(*record, snapshot.owner_details, snapshot.life)
     return verdict in (Owner.NOT_RUNNING, Owner.PID_REUSED)
 

@@ -422,22 +422,12 @@ def _termination_raised() -> Iterator[None]:
     """Make TERM and HUP (where their handler is the default, not ignored by a ``nohup``)
     raise :class:`Terminated`: a lock operation's own deferral then keeps them from cutting a
     publish short, and the answer (or a give-back) always follows."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def terminate(signum: int, _frame: object) -> None:
         raise Terminated(signum)
 
-    saved = {}
-    for signum in ENDING_SIGNALS:
-        if signal.getsignal(signum) is signal.SIG_DFL:
-            saved[signum] = signal.signal(signum, terminate)
-    try:
+    with _handling(ENDING_SIGNALS, terminate, only_default=True):
         yield
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
 
 
 @contextmanager
@@ -445,18 +435,29 @@ def _signals_held_back() -> Iterator[list[int]]:
     """While the answer is written: TERM, HUP and INT are noted, not acted on (the command
     ends right after with the answer's code, which is what a caller must learn)."""
     caught: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
+    with _handling((*ENDING_SIGNALS, signal.SIGINT), lambda got, _frame: caught.append(got)):
         yield caught
+
+
+@contextmanager
+def _handling(
+    signums: Sequence[int], handler: Callable[[int, Any], None], *, only_default: bool = False
+) -> Iterator[None]:
+    """``handler`` for ``signums`` during the block (main thread only; a signal someone set to
+    be ignored stays ignored, and with ``only_default`` only default ones are taken over)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
     saved = {}
-    for signum in (*ENDING_SIGNALS, signal.SIGINT):
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            saved[signum] = signal.signal(signum, lambda got, _frame: caught.append(got))
+    for signum in signums:
+        current = signal.getsignal(signum)
+        if current is not signal.SIG_IGN and (not only_default or current is signal.SIG_DFL):
+            saved[signum] = signal.signal(signum, handler)
     try:
-        yield caught
+        yield
     finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
+        for signum, previous in saved.items():
+            signal.signal(signum, previous)
 
 
 def emit(result: Result, as_json: bool) -> NoReturn:

@@ -16,11 +16,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
+from typer.main import get_command
 from typer.testing import CliRunner, Result
 
 from mahabharatha.cli import app
@@ -296,3 +297,17 @@ def wait_for(predicate: Any, timeout: float = SYNC_TIMEOUT, what: str = "conditi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.005)
+
+
+def every_command() -> list[tuple[tuple[str, ...], Any]]:
+    """Every command of the CLI as (its words, its click command), in name order: a command
+    added later is walked too."""
+
+    def walk(group: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+        for name, command in sorted(group.commands.items()):
+            if hasattr(command, "commands"):
+                yield from walk(command, (*prefix, name))
+            else:
+                yield (*prefix, name), command
+
+    return list(walk(get_command(app), ()))

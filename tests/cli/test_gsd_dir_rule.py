@@ -10,23 +10,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-import typer.main
 
-from mahabharatha.cli import app
-from tests.cli._support import FEATURE, invoke, lock_path, one_document, one_sentence
+from tests.cli._support import FEATURE, every_command, invoke, lock_path, one_document, one_sentence
 
-
-def _commands(group: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-    found: list[tuple[tuple[str, ...], Any]] = []
-    for name, command in sorted(group.commands.items()):
-        if hasattr(command, "commands"):
-            found += _commands(command, (*prefix, name))
-        else:
-            found.append(((*prefix, name), command))
-    return found
-
-
-COMMANDS: Final = _commands(typer.main.get_command(app))
+COMMANDS: Final = every_command()
 EXTRA: Final[dict[str, list[str]]] = {
     "run": ["--", sys.executable, "-c", "pass"],
     "verify": ["--token", "1"],

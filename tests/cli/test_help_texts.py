@@ -7,26 +7,14 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-import typer.main
 
-from mahabharatha.cli import app
-from tests.cli._support import FEATURE, invoke, one_document, one_sentence
+from tests.cli._support import FEATURE, every_command, invoke, one_document, one_sentence
 
 ACROSS_HOSTS: Final = {"--backend", "--namespace", "--connect-timeout", "--lease"}
 """The options that mean something only with a PostgreSQL backend."""
 
 
-def _commands(group: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-    found: list[tuple[tuple[str, ...], Any]] = []
-    for name, command in sorted(group.commands.items()):
-        if hasattr(command, "commands"):
-            found += _commands(command, (*prefix, name))
-        else:
-            found.append(((*prefix, name), command))
-    return found
-
-
-COMMANDS: Final = _commands(typer.main.get_command(app))
+COMMANDS: Final = every_command()
 IDS: Final = [" ".join(path) for path, _ in COMMANDS]
 
 

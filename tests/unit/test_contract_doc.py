@@ -8,30 +8,19 @@ rest of the suite; this test keeps the page complete.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
-import typer.main
 
-from mahabharatha.cli import app
+from tests.cli._support import every_command
 
 REFERENCE: Final = Path(__file__).resolve().parents[2] / "design" / "contract.md"
 COMMON_OPTIONS: Final = frozenset({"--help", "--gsd-dir", "--json"})
 """Said once for every command at the top of the CLI section, not per command."""
 
 
-def _commands(group: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for name, command in sorted(group.commands.items()):
-        path = f"{prefix} {name}".strip()
-        if hasattr(command, "commands"):
-            yield from _commands(command, path)
-        else:
-            yield path, command
-
-
-COMMANDS: Final = list(_commands(typer.main.get_command(app)))
+COMMANDS: Final = [(" ".join(words), command) for words, command in every_command()]
 
 
 def _reference_text() -> str:
