@@ -580,6 +580,12 @@ def respond(
     ``advice`` (what to do about a held lock, or a function of the error choosing it) ends the
     sentence of a ``LockHeldError``. A ``--gsd-dir`` given but missing is bad input first.
     """
+    emit(answer(document, action, advice), as_json)
+
+
+def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advice = None) -> Result:
+    """:func:`respond`'s answer, not printed (``lock work --jobs``: a worker's, sent to the
+    command that merges them)."""
     try:
         with _termination_raised():
             given_gsd_dir_exists()
@@ -598,4 +604,4 @@ def respond(
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
     finally:
         _close_opened()
-    emit(result, as_json)
+    return result

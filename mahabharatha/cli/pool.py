@@ -18,7 +18,7 @@ from typing import Annotated, Any, Final, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from mahabharatha import locks, runner
+from mahabharatha import locks, runner, team
 from mahabharatha.backends.base import LockBackend, format_duration
 from mahabharatha.cli._output import (
     CONNECT_TIMEOUT_SECONDS,
@@ -32,6 +32,7 @@ from mahabharatha.cli._output import (
     Place,
     ReclaimDeadOption,
     Result,
+    answer,
     backend_for,
     close_opened,
     default_owner,
@@ -176,6 +177,19 @@ def work(
         bool,
         typer.Option("--once", help="Take one feature, run CMD, exit with its code."),
     ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=1,
+            metavar="N",
+            help=(
+                "Run N workers of the pool in this one command (as xargs -P N), each as a lone "
+                "lock work would; one document with --json. Default 1."
+            ),
+        ),
+    ] = 1,
 ) -> None:
     """Claim features one at a time and run CMD for each, holding its lock as lock run does;
     exit 0 marks it done, another exit records a failed attempt. Ends when every feature is
@@ -188,6 +202,15 @@ def work(
             raise ValueError("lock work needs the command to run after --: lock work -- CMD {}")
         if not features:
             _require_gsd_dir(gsd_dir)
+        if jobs == 1:
+            return one_worker()
+        if once:
+            raise ValueError("--once takes one feature: it cannot be shared by --jobs workers")
+        # Forked before this process opens a backend: every worker connects on its own.
+        ends = team.run_team(jobs, lambda: _worker_answer(answer(document, one_worker)))
+        return _team_result(ends, document)
+
+    def one_worker() -> Result:
         store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
         problems: list[FeatureProblem] = []
         step = _CommandStep(command, attempts, as_json)
@@ -257,6 +280,45 @@ def _say(result: WorkResult, limit: int) -> None:
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
     typer.echo(f"mahabharatha: {result.feature}: {said}", err=True)
+
+
+def _worker_answer(result: Result) -> dict[str, Any]:
+    """What a worker of ``lock work --jobs`` sends back: its answer, as it would print it."""
+    return {
+        "code": result.code,
+        "document": result.document,
+        "message": result.message,
+        "warnings": list(result.warnings),
+    }
+
+
+def _team_result(ends: list[team.WorkerEnd], document: dict[str, Any]) -> Result:
+    """The one answer of ``lock work --jobs``: the workers' reports merged; a worker that
+    answered an error, or died without answering, is said on stderr."""
+    reports: list[WorkReport] = []
+    errors: list[tuple[int, str]] = []
+    said: list[str] = []
+    for end in ends:
+        if end.answer is None:
+            said.append(f"worker {end.pid} ended without an answer (exit status {end.status})")
+            continue
+        report = team.report_from_document(end.answer["document"])
+        if report is None:
+            errors.append((end.answer["code"], end.answer["message"] or "failed"))
+        else:
+            reports.append(report)
+        said.extend(end.answer["warnings"])
+    workers = [
+        {"pid": end.pid, "exit_code": end.answer["code"] if end.answer else end.status}
+        for end in ends
+    ]
+    found = {**document, "workers": workers}
+    if not reports:
+        code, message = errors[0] if errors else (ends[0].status, "no worker answered")
+        return Result(code, found, message=message, warnings=list(dict.fromkeys(said)))
+    said.extend(f"worker failed: {message}" for _, message in errors)
+    result = _work_result(team.merge_reports(reports), found, False, [])
+    return result._replace(warnings=list(dict.fromkeys([*result.warnings, *said])))
 
 
 def _work_result(

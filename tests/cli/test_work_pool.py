@@ -75,13 +75,18 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
+def make_pool(folder: Path) -> Path:
+    """The thirty feature folders, the build step and its log, in ``folder``."""
+    for name in FEATURES:
+        (folder / ".gsd" / "specs" / name).mkdir(parents=True)
+    _executable(folder / "build-feature.sh", BUILD_STEP)
+    (folder / "runs.log").touch()
+    return folder
+
+
 @pytest.fixture
 def pool(tmp_path: Path) -> Path:
-    for name in FEATURES:
-        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
-    _executable(tmp_path / "build-feature.sh", BUILD_STEP)
-    (tmp_path / "runs.log").touch()
-    return tmp_path
+    return make_pool(tmp_path)
 
 
 @contextmanager

@@ -1,0 +1,239 @@
+"""``lock work --jobs N``: one command, N workers of one pool (as ``xargs -P N`` is one command).
+
+A pool of short commands pays most for what each worker costs before its first feature: an
+interpreter's start-up. So the N workers are forks of this process, made after its modules are
+imported and before it opens a backend, takes a lock or starts a thread: they share the imports
+and nothing else. Each worker
+
+- leads a process group of its own: a Ctrl-C at a terminal reaches this process (the terminal's
+  foreground job) and not the workers, and this process forwards INT, TERM and HUP to every
+  worker once, so a worker never gets one signal twice (from the terminal and from us);
+- runs the worker loop exactly as a lone ``lock work`` does (its own backend connection, its
+  own locks and their proof of life, its own commands): the pool's promises hold as they do for
+  N separate workers, including a worker that is killed (its feature is taken again by the
+  others once its lock is free);
+- answers with one JSON document on a pipe of its own, read while the workers run, so an answer
+  longer than a pipe's buffer never blocks its worker.
+
+:func:`merge_reports` makes the pool's one report out of the workers' reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from typing import Any, Final, NamedTuple, NoReturn
+
+from mahabharatha.exits import shell_status
+from mahabharatha.locks import WorkReport, WorkResult
+
+__all__ = ["TEAM_SIGNALS", "WorkerEnd", "merge_reports", "report_from_document", "run_team"]
+
+TEAM_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals this process forwards to every worker (each worker handles them as ``lock work``)."""
+READ_CHUNK: Final = 65536
+WORKER_FAILED: Final = 70  # EX_SOFTWARE: a worker whose own code raised past its answer
+
+
+class WorkerEnd(NamedTuple):
+    """How one worker ended: its answer (``None`` when it died before giving one, e.g.
+    SIGKILLed) and its exit status as a shell reports it (128+n for signal n)."""
+
+    pid: int
+    answer: dict[str, Any] | None
+    status: int
+
+
+class _Worker(NamedTuple):
+    pid: int
+    answer_fd: int
+
+
+def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
+    """Run ``job`` in ``jobs`` forked workers at once; return how each ended, in start order.
+
+    ``job`` returns a JSON-able answer; it must handle its own errors (an exception that
+    escapes it ends its worker with status 70 and no answer). Call this before any thread is
+    started and before any lock or connection is opened: a fork copies only the calling
+    thread, and a worker must share no descriptor of a lock or a server with the others.
+    A fork that fails after the first leaves a smaller team (the ``OSError`` is raised only
+    when no worker could start).
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
+    if threading.active_count() > 1:
+        raise RuntimeError("a team of workers is forked before any thread starts")
+    workers: list[_Worker] = []
+    forwarding = _Forwarding(workers)
+    # Race: a signal between two forks would reach only the workers forked so far (or end
+    # this process before it forwards anything): held back until every worker is started.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, TEAM_SIGNALS)
+    try:
+        _fork_workers(jobs, job, blocked, workers)
+        forwarding.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # pending ones are forwarded now
+    try:
+        answers = _read_answers(workers, forwarding)
+    finally:
+        forwarding.stop()
+    return [WorkerEnd(w.pid, answers.get(w.pid), _reaped(w.pid)) for w in workers]
+
+
+def _fork_workers(
+    jobs: int, job: Callable[[], dict[str, Any]], mask: Iterable[int], workers: list[_Worker]
+) -> None:
+    for _ in range(jobs):
+        try:
+            workers.append(_fork_worker(job, mask, [w.answer_fd for w in workers]))
+        except OSError:
+            if not workers:
+                raise
+            return  # out of processes: a smaller team still finishes the pool
+
+
+def _fork_worker(
+    job: Callable[[], dict[str, Any]], mask: Iterable[int], others: Sequence[int]
+) -> _Worker:
+    answer_fd, write_fd = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(answer_fd)
+        os.close(write_fd)
+        raise
+    if pid == 0:
+        _be_worker(job, mask, write_fd, [answer_fd, *others])
+    os.close(write_fd)
+    return _Worker(pid, answer_fd)
+
+
+def _be_worker(
+    job: Callable[[], dict[str, Any]], mask: Iterable[int], write_fd: int, foreign: Sequence[int]
+) -> NoReturn:
+    """The forked worker: never returns (``os._exit``: the parent's exit handlers and buffered
+    output are the parent's own)."""
+    status = WORKER_FAILED
+    try:
+        for fd in foreign:  # the other workers' answers are not ours to hold open
+            os.close(fd)
+        os.setpgid(0, 0)  # a group of our own: the terminal's signals reach only the parent
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        answer = json.dumps(job()).encode()
+        with suppress(OSError):  # the parent is gone: nobody to tell
+            _write_all(write_fd, answer)
+        status = 0
+    except BaseException:  # whatever it was: a forked worker must never run on as the parent
+        status = WORKER_FAILED
+    finally:
+        os._exit(status)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class _Forwarding:
+    """This process's handlers for :data:`TEAM_SIGNALS` while the team works: each signal is
+    sent on to every worker that has not ended."""
+
+    def __init__(self, workers: list[_Worker]) -> None:
+        self.workers = workers
+        self.ended: set[int] = set()
+        self.previous: dict[int, Any] = {}
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        for worker in self.workers:
+            # Race: a worker that ended is not reaped yet (a zombie keeps its pid), and it is
+            # marked ended before it is reaped: a signal never reaches a recycled pid.
+            if worker.pid not in self.ended:
+                with suppress(ProcessLookupError):
+                    os.kill(worker.pid, signum)
+
+    def start(self) -> None:
+        self.previous = {signum: signal.signal(signum, self) for signum in TEAM_SIGNALS}
+
+    def stop(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def _read_answers(workers: list[_Worker], forwarding: _Forwarding) -> dict[int, dict[str, Any]]:
+    """Every worker's answer, read as it comes; a worker's pipe ends (EOF) when it exits."""
+    chunks: dict[int, list[bytes]] = {w.pid: [] for w in workers}
+    with selectors.DefaultSelector() as selector:
+        for worker in workers:
+            selector.register(worker.answer_fd, selectors.EVENT_READ, worker.pid)
+        while selector.get_map():
+            for key, _ in selector.select():  # retried after a forwarded signal (PEP 475)
+                data = os.read(key.fd, READ_CHUNK)
+                if data:
+                    chunks[key.data].append(data)
+                    continue
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                forwarding.ended.add(key.data)
+    answers: dict[int, dict[str, Any]] = {}
+    for pid, parts in chunks.items():
+        with suppress(ValueError):  # died mid-answer: as if it never answered
+            answers[pid] = json.loads(b"".join(parts))
+    return answers
+
+
+def _reaped(pid: int) -> int:
+    _, status = os.waitpid(pid, 0)
+    return shell_status(os.waitstatus_to_exitcode(status))
+
+
+# --------------------------------------------------------------------------- one report
+
+
+def report_from_document(document: dict[str, Any]) -> WorkReport | None:
+    """The report a worker's ``lock work --json`` document carries (``None``: no report, an
+    error answered instead)."""
+    if document.get("ended") is None:
+        return None
+    results = tuple(WorkResult(**result) for result in document.get("results", ()))
+    return WorkReport(
+        document["ended"],
+        results,
+        tuple(document.get("failed", ())),
+        tuple(document.get("busy", ())),
+        document.get("exit_code"),
+    )
+
+
+ENDED_FIRST: Final = ("stopped", "waited-out", "finished")
+"""Which worker's ending the pool's report takes: a stopped worker (a signal, a command that
+cannot start) says most, then a wait that ran out (features still held), then finished."""
+
+
+def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
+    """The pool's report: every result, the features failed for good and those still held,
+    and the ending that says most (:data:`ENDED_FIRST`)."""
+    if not reports:
+        raise ValueError("no report to merge")
+    ended = min(reports, key=lambda report: _rank(report.ended))
+    results = tuple(result for report in reports for result in report.results)
+    return WorkReport(
+        ended.ended,
+        results,
+        _union(report.failed for report in reports),
+        _union(report.busy for report in reports if report.ended == "waited-out"),
+        ended.exit_code,
+    )
+
+
+def _rank(ended: str) -> int:
+    return ENDED_FIRST.index(ended) if ended in ENDED_FIRST else len(ENDED_FIRST)
+
+
+def _union(lists: Iterable[Sequence[str]]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(name for names in lists for name in names))

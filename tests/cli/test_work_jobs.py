@@ -1,0 +1,213 @@
+"""``lock work --jobs N``: one command runs N workers of the pool, and keeps every pool promise.
+
+The same pool as ``test_work_pool`` (thirty features, three flaky, two broken, a ``mkdir``
+occupancy marker and one ``O_APPEND`` log), run by one ``lock work -j 4`` instead of four
+commands: every feature done exactly once or failed after exactly ``--attempts`` attempts, one
+exit code and one JSON document for the pool, no lock left. A worker SIGKILLed mid-build is
+replaced by the others once its orphaned build ends; a Ctrl-C at the terminal (INT to the
+command's process group) reaches every worker once, through the command. Synchronised by FIFOs
+and pipes, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Final
+
+import psutil
+import pytest
+
+from tests.cli._support import SYNC_TIMEOUT, assert_no_traceback
+from tests.cli.test_work_pool import (
+    ATTEMPTS,
+    BROKEN,
+    CLI,
+    FEATURES,
+    FLAKY,
+    POOL_TIMEOUT,
+    assert_every_feature_finished_once,
+    leftover_locks,
+    log,
+    make_pool,
+    read_with_deadline,
+)
+from tests.support.marks import needs_fifo, posix_signals
+
+JOBS: Final = 4
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Path:
+    return make_pool(tmp_path)
+
+
+@contextmanager
+def team(
+    pool: Path, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """One ``lock work -j 4 --json`` in a session of its own; its whole session killed after."""
+    full_env = {
+        **os.environ,
+        "POOL": str(pool),
+        "FLAKY": " ".join(FLAKY),
+        "BROKEN": " ".join(BROKEN),
+        **(env or {}),
+    }
+    full_env.pop("MAHABHARATHA_FEATURE", None)
+    argv = [*CLI, "lock", "work", "--json", "-j", str(JOBS), "--attempts", str(ATTEMPTS)]
+    command = subprocess.Popen(
+        [*argv, *extra, "--", "./build-feature.sh", "{}"],
+        cwd=pool,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield command
+    finally:
+        _kill_session(command.pid)
+        command.communicate()
+
+
+def _kill_session(sid: int) -> None:
+    """Every process of the team's session (the command, its workers' groups, their builds)."""
+    for process in psutil.process_iter():
+        with suppress(psutil.Error):
+            if os.getsid(process.pid) == sid:
+                process.kill()
+
+
+def test_one_command_of_four_jobs_finishes_thirty_features_with_failures(pool: Path) -> None:
+    """Without ``--jobs`` there was no such command (``-j`` was a usage error, exit 2)."""
+    with team(pool) as command:
+        out, err = command.communicate(timeout=POOL_TIMEOUT)
+    assert_no_traceback(out, err)
+    assert command.returncode == 1, err  # finished, some failed
+    document = json.loads(out)
+    assert document["ended"] == "finished"
+    assert document["exit_code"] == 1
+    assert sorted(document["failed"]) == sorted(BROKEN)
+    assert len(document["workers"]) == JOBS
+    assert all(worker["exit_code"] == 1 for worker in document["workers"]), document["workers"]
+    outcomes = [(r["feature"], r["outcome"]) for r in document["results"]]
+    assert sorted(f for f, outcome in outcomes if outcome == "done") == sorted(
+        name for name in FEATURES if name not in BROKEN
+    )
+    assert len([o for o in outcomes if o[1] == "failed"]) == len(FLAKY) + ATTEMPTS * len(BROKEN)
+    assert_every_feature_finished_once(log(pool), pool)
+    assert leftover_locks(pool) == []
+
+
+@needs_fifo
+@posix_signals
+def test_a_killed_job_is_replaced_by_the_others(pool: Path) -> None:
+    """One worker of the team SIGKILLed mid-build (its build runs on in a session of its own):
+    nobody builds that feature while the orphan runs, the team finishes it afterwards and
+    only then ends, saying on stderr that a worker died without an answer."""
+    victim_feature = FEATURES[0]
+    os.mkfifo(pool / "exited.fifo")
+    os.mkfifo(pool / "go.fifo")
+    exited = os.open(pool / "exited.fifo", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with team(pool, ("--reclaim-dead",), {"VICTIM": victim_feature}) as command:
+            worker_pid = int(read_with_deadline(exited).decode().split()[0])
+            assert psutil.Process(worker_pid).ppid() == command.pid  # a worker of the team
+            os.kill(worker_pid, signal.SIGKILL)
+            assert command.poll() is None, "the team ended early"
+            go = os.open(pool / "go.fifo", os.O_WRONLY)
+            os.write(go, b"go\n")  # the orphaned build may end now
+            os.close(go)
+            while read_with_deadline(exited):  # EOF: the orphan has exited
+                pass
+            out, err = command.communicate(timeout=POOL_TIMEOUT)
+    finally:
+        os.close(exited)
+    assert_no_traceback(out, err)
+    assert command.returncode == 1, err
+    assert f"worker {worker_pid} ended without an answer" in err
+    document = json.loads(out)
+    assert {"pid": worker_pid, "exit_code": 128 + signal.SIGKILL} in document["workers"]
+    lines = log(pool)
+    partial = lines.index(f"end-partial {victim_feature}")
+    starts = [i for i, line in enumerate(lines) if line == f"start {victim_feature}"]
+    assert len(starts) == 2 and starts[1] > partial, lines
+    assert_every_feature_finished_once(lines, pool)
+    assert leftover_locks(pool) == []
+
+
+WAIT_FOR_SIGNAL: Final = r"""#!/bin/sh
+# Says it started (on the FIFO), then waits to be interrupted.
+echo "$1" > "$POOL/started.fifo"
+exec sleep 600
+"""
+
+
+@needs_fifo
+@posix_signals
+def test_a_ctrl_c_reaches_every_job_once_and_releases_every_feature(pool: Path) -> None:
+    """A terminal's Ctrl-C is SIGINT to the foreground process group: the command's. The
+    workers lead groups of their own (so none gets it twice: once from the terminal, once
+    forwarded), the command forwards it, every build is interrupted, every feature is given
+    back unmarked (no attempt counted), and the team exits 130 with one document."""
+    (pool / "wait.sh").write_text(WAIT_FOR_SIGNAL)
+    (pool / "wait.sh").chmod(0o755)
+    os.mkfifo(pool / "started.fifo")
+    started = os.open(pool / "started.fifo", os.O_RDONLY | os.O_NONBLOCK)
+    env = {**os.environ, "POOL": str(pool)}
+    env.pop("MAHABHARATHA_FEATURE", None)
+    command = subprocess.Popen(
+        [*CLI, "lock", "work", "--json", "-j", "2", "--", "./wait.sh", "{}"],
+        cwd=pool,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal's foreground job
+    )
+    try:
+        said = b""
+        while said.count(b"\n") < 2:  # both builds run
+            said += read_with_deadline(started)
+        workers = psutil.Process(command.pid).children()
+        assert len(workers) == 2
+        assert all(os.getpgid(w.pid) not in (command.pid, os.getpgid(0)) for w in workers)
+        os.killpg(command.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        out, err = command.communicate(timeout=SYNC_TIMEOUT)
+    finally:
+        os.close(started)
+        _kill_session(command.pid)
+        command.wait()
+    assert_no_traceback(out, err)
+    assert command.returncode == 128 + signal.SIGINT, err
+    document = json.loads(out)
+    assert document["ended"] == "stopped"
+    assert {r["outcome"] for r in document["results"]} == {"released"}
+    assert leftover_locks(pool) == []
+    assert not list((pool / ".gsd" / "specs").glob("*/.completed"))
+    assert not list((pool / ".gsd" / "specs").glob("*/.attempts"))
+
+
+@pytest.mark.parametrize("extra", [("--once",), ("-j", "0")], ids=["once", "zero"])
+def test_jobs_that_cannot_be_are_bad_input(pool: Path, extra: tuple[str, ...]) -> None:
+    jobs = () if extra[0] == "-j" else ("-j", "2")
+    done = subprocess.run(
+        [*CLI, "lock", "work", "--json", *jobs, *extra, "--", "true"],
+        cwd=pool,
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    assert_no_traceback(done.stdout, done.stderr)
+    assert done.returncode == 2, done.stderr
+    assert "--jobs" in json.loads(done.stdout)["error"]
+    assert not list((pool / ".gsd" / "specs").glob("*/.completed"))
