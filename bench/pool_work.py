@@ -54,6 +54,7 @@ def _features(work: Path, count: int) -> list[str]:
 
 
 def _pool(work: Path, workers: int, command: list[str], env: dict[str, str]) -> float:
+    """``workers`` separate ``lock work`` commands (the README's shell loop)."""
     argv = [*_cli(), "lock", "work", "--", *command]
     started = time.perf_counter()
     team = [
@@ -67,6 +68,23 @@ def _pool(work: Path, workers: int, command: list[str], env: dict[str, str]) -> 
     if codes != [0] * workers:
         raise RuntimeError(f"lock work exited {codes}")
     return elapsed
+
+
+def _jobs(work: Path, workers: int, command: list[str], env: dict[str, str]) -> float:
+    """One ``lock work -j workers`` (as ``xargs -P`` is one command)."""
+    argv = [*_cli(), "lock", "work", "-j", str(workers), "--", *command]
+    started = time.perf_counter()
+    code = subprocess.call(
+        argv, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    elapsed = time.perf_counter() - started
+    if code != 0:
+        raise RuntimeError(f"lock work -j exited {code}")
+    return elapsed
+
+
+FORMS: Final = {"processes": _pool, "-j": _jobs}
+"""The two ways to run the pool: N ``lock work`` commands, or one ``lock work -j N``."""
 
 
 def _xargs(work: Path, names: list[str], workers: int, command: list[str]) -> float:
@@ -106,35 +124,53 @@ def measure(
         with _backends(use_postgres) as backends:
             for backend, env in backends:
                 for label, command in COMMANDS.items():
-                    pool_times, xargs_times = [], []
-                    for round_no in range(rounds):
-                        names = _features(work, features)
-                        run_env = {
-                            **env,
-                            "MAHABHARATHA_LOCK_NAMESPACE": f"bench-{uuid.uuid4().hex}",
-                        }
-                        if (
-                            round_no % 2
-                        ):  # alternate who goes first: neither always gets a warm cache
-                            xargs_times.append(_xargs(work, names, workers, command))
-                            pool_times.append(_pool(work, workers, command, run_env))
-                        else:
-                            pool_times.append(_pool(work, workers, command, run_env))
-                            xargs_times.append(_xargs(work, names, workers, command))
-                        if _done_count(work) != features:
-                            raise RuntimeError(f"{backend}: {_done_count(work)} of {features} done")
-                    pool, xargs = statistics.median(pool_times), statistics.median(xargs_times)
-                    rows.append(
-                        {
-                            "backend": backend,
-                            "command": label,
-                            "pool_s": pool,
-                            "xargs_s": xargs,
-                            "ratio": pool / xargs,
-                            "overhead_ms": (pool - xargs) / features * workers * 1000,
-                        }
+                    rows += _measure_one(
+                        work, backend, env, label, command, features, workers, rounds
                     )
-                    print(rows[-1], flush=True)
+    return rows
+
+
+def _measure_one(
+    work: Path,
+    backend: str,
+    env: dict[str, str],
+    label: str,
+    command: list[str],
+    features: int,
+    workers: int,
+    rounds: int,
+) -> list[dict[str, object]]:
+    """xargs and both forms of the pool, in an order that turns each round (nobody always
+    gets a warm cache), the same commands over fresh feature folders each time."""
+    times: dict[str, list[float]] = {"xargs": [], **{form: [] for form in FORMS}}
+    for round_no in range(rounds):
+        order = list(times)
+        order = order[round_no % len(order) :] + order[: round_no % len(order)]
+        for who in order:
+            names = _features(work, features)
+            run_env = {**env, "MAHABHARATHA_LOCK_NAMESPACE": f"bench-{uuid.uuid4().hex}"}
+            if who == "xargs":
+                times[who].append(_xargs(work, names, workers, command))
+                continue
+            times[who].append(FORMS[who](work, workers, command, run_env))
+            if _done_count(work) != features:
+                raise RuntimeError(f"{backend} {who}: {_done_count(work)} of {features} done")
+    xargs = statistics.median(times["xargs"])
+    rows: list[dict[str, object]] = []
+    for form in FORMS:
+        pool = statistics.median(times[form])
+        rows.append(
+            {
+                "backend": backend,
+                "command": label,
+                "form": f"{workers} processes" if form == "processes" else f"-j {workers}",
+                "pool_s": pool,
+                "xargs_s": xargs,
+                "ratio": pool / xargs,
+                "overhead_ms": (pool - xargs) / features * workers * 1000,
+            }
+        )
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -146,13 +182,17 @@ def section(rows: list[dict[str, object]], features: int, workers: int, rounds: 
         "",
         f"Produced by `python3 bench/pool_work.py` on {stamp}: {workers} `lock work` workers over "
         f"{features} features against `xargs -P {workers} -n 1` running the same commands, side by "
-        f"side, median of {rounds} rounds. Every feature is marked done once (checked). Overhead "
+        f"side, median of {rounds} rounds. The pool runs two ways: {workers} separate `lock work` "
+        f"commands (the README's shell loop: {workers} interpreter start-ups), and one "
+        f"`lock work -j {workers}` (one command, as `xargs -P {workers}` is: one start-up, the "
+        "workers forked from it). Every feature is marked done once (checked). Overhead "
         "per feature: what one worker spends per feature beyond the command (claim, `lock run`'s "
         "runner, done), (pool - xargs) / features x workers. Target: <= 1.2x xargs with "
         "`sleep 0.05`.",
         "",
-        "| backend | command | pool (s) | xargs (s) | ratio | overhead per feature | target |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | command | pool | pool (s) | xargs (s) | ratio | overhead per feature "
+        "| target |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         ratio = float(str(row["ratio"]))
@@ -160,7 +200,8 @@ def section(rows: list[dict[str, object]], features: int, workers: int, rounds: 
         if row["command"] == "sleep 0.05":
             target = "met" if ratio <= TARGET else "**missed**"
         lines.append(
-            f"| {row['backend']} | `{row['command']}` | {float(str(row['pool_s'])):.2f} | "
+            f"| {row['backend']} | `{row['command']}` | {row['form']} | "
+            f"{float(str(row['pool_s'])):.2f} | "
             f"{float(str(row['xargs_s'])):.2f} | {ratio:.2f}x | "
             f"{float(str(row['overhead_ms'])):.1f} ms | {target} |"
         )

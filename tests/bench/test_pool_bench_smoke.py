@@ -13,9 +13,11 @@ from bench import pool_work
 @pytest.mark.skipif(shutil.which("xargs") is None, reason="needs xargs")
 def test_the_pool_benchmark_runs_and_every_feature_is_done_once() -> None:
     rows = pool_work.measure(features=12, workers=2, rounds=1, use_postgres=False)
-    assert [(row["backend"], row["command"]) for row in rows] == [
-        ("files", "sleep 0.05"),
-        ("files", "true"),
+    assert [(row["backend"], row["command"], row["form"]) for row in rows] == [
+        ("files", "sleep 0.05", "2 processes"),
+        ("files", "sleep 0.05", "-j 2"),
+        ("files", "true", "2 processes"),
+        ("files", "true", "-j 2"),
     ]  # measure() itself raises unless every feature ended done
     text = pool_work.section(rows, 12, 2, 1)
     assert text.startswith(pool_work.BEGIN) and text.rstrip().endswith(pool_work.END)
