@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from mahabharatha import locks
+from tests.cli import test_work_jobs as jobs_test
 from tests.cli import test_work_pool as pool_test
 from tests.cli._support import SYNC_TIMEOUT
 from tests.support.postgres import PgServer
@@ -56,6 +57,23 @@ def test_four_workers_finish_thirty_features_on_postgresql(on_server: str, tmp_p
     for name in pool_test.BROKEN:
         assert states[name] == ("failed", pool_test.ATTEMPTS)
     assert not [name for name, (state, _) in states.items() if state not in ("done", "failed")]
+
+
+def test_one_command_of_four_jobs_finishes_thirty_features_on_postgresql(
+    on_server: str, tmp_path: Path
+) -> None:
+    """``lock work -j 4`` on the server: each forked worker opens a connection of its own
+    (one shared across the fork would interleave the workers' statements), and the pool ends
+    as the four separate workers do."""
+    pool_test.make_pool(tmp_path)
+    with jobs_test.team(tmp_path) as command:
+        out, err = command.communicate(timeout=pool_test.POOL_TIMEOUT)
+    assert command.returncode == 1, err  # finished, some failed
+    assert "Traceback" not in err
+    document = json.loads(out)
+    assert document["ended"] == "finished" and len(document["workers"]) == jobs_test.JOBS
+    assert sorted(document["failed"]) == sorted(pool_test.BROKEN)
+    pool_test.assert_every_feature_finished_once(pool_test.log(tmp_path), tmp_path, files=False)
 
 
 def test_claim_exit_codes_fail_and_reopen_on_postgresql(on_server: str, tmp_path: Path) -> None:
