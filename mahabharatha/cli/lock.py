@@ -160,12 +160,7 @@ def release(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "released": False}
 
     def action() -> Result:
-        removed = locks.release(
-            feature,
-            backend=shared.backend(),
-            pid=owner,
-            force=force,
-        )
+        removed = locks.release(feature, backend=shared.backend(), pid=owner, force=force)
         text = f"released {feature}" if removed else f"{feature} was not locked"
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
@@ -214,6 +209,15 @@ def require_folder_of_files(shared: Shared) -> None:
     keeps its locks itself: no folder needed to list them)."""
     if shared.place.url is None:
         _require_gsd_dir(shared.gsd_dir)
+
+
+def backend_to_claim_from(shared: Shared, features: list[str] | None) -> LockBackend:
+    """``claim`` and ``work``: where the features are claimed. With none named, every feature
+    folder is a candidate: the gsd folder must be there, whatever the backend (the names come
+    from the local folders)."""
+    if not features:
+        _require_gsd_dir(shared.gsd_dir)
+    return shared.backend()
 
 
 def case_warnings(gsd_dir: str, feature: str) -> list[str]:
@@ -384,10 +388,8 @@ def claim(
     }
 
     def action() -> Result:
-        if not features:
-            _require_gsd_dir(shared.gsd_dir)
         problems: list[FeatureProblem] = []
-        store = shared.backend()
+        store = backend_to_claim_from(shared, features)
         warned = [w for name in features or () for w in _valid_case_warnings(shared.gsd_dir, name)]
         outcome = locks.claim_next(
             features,
@@ -725,11 +727,7 @@ def done(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "done": False}
 
     def action() -> Result:
-        stamp = locks.done(
-            feature,
-            backend=shared.backend(),
-            pid=owner,
-        )
+        stamp = locks.done(feature, backend=shared.backend(), pid=owner)
         return Result(
             EXIT_OK,
             {**document, "done": True, "completed_at": stamp},

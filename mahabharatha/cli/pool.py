@@ -38,9 +38,9 @@ from mahabharatha.cli._render import status_renderable, summary_counts
 from mahabharatha.cli.lock import (
     AttemptsOption,
     FeatureArg,
-    _require_gsd_dir,
     _warn_release_wait,
     app,
+    backend_to_claim_from,
     complete_feature,
     require_folder_of_files,
 )
@@ -93,13 +93,8 @@ def fail(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "recorded": False}
 
     def action() -> Result:
-        record = locks.fail(
-            feature,
-            backend=shared.backend(),
-            pid=owner,
-            reason=reason,
-            attempts=attempts,
-        )
+        store = shared.backend()
+        record = locks.fail(feature, backend=store, pid=owner, reason=reason, attempts=attempts)
         state = "failed" if record.failed else "free again"
         found = {
             **document,
@@ -175,9 +170,7 @@ def work(
     def action() -> Result:
         if not command:
             raise ValueError("lock work needs the command to run after --: lock work -- CMD {}")
-        if not features:
-            _require_gsd_dir(shared.gsd_dir)
-        store = shared.backend()
+        store = backend_to_claim_from(shared, features)
         problems: list[FeatureProblem] = []
         step = _CommandStep(command, attempts, shared.as_json)
         report = locks.run_pool(
