@@ -48,6 +48,7 @@ from time import monotonic
 from typing import Final, NamedTuple
 
 from mahabharatha import ownership, proof
+from mahabharatha.states import State as LockState
 
 __all__ = [
     "EMPTY_LOCK_GRACE_SECONDS",
@@ -282,17 +283,6 @@ class EntryKind(enum.Enum):
     SYMLINK = "symlink"
     SPECIAL = "special"  # FIFO, socket or device
     DIRECTORY = "directory"
-
-
-class LockState(enum.Enum):
-    FREE = "free"
-    ACTIVE = "active"
-    STALE = "stale"
-    CORRUPT = "corrupt"
-    WRITING = "writing"
-    UNREADABLE = "unreadable"
-    NOT_A_FILE = "not-a-file"
-    BUSY = "busy"  # a file whose read failed for a passing reason: held, never judged
 
 
 RECLAIMABLE: Final = frozenset(

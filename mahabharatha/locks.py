@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from time import monotonic, sleep
 from types import TracebackType
-from typing import Any, Final, NamedTuple, Self
+from typing import Any, Final, NamedTuple, Self, TypedDict, Unpack
 
 from mahabharatha import ownership
 from mahabharatha.backends import lock_url, shared_backend
@@ -460,18 +460,25 @@ class NoneFreeError(LockError):
         return (type(self), (self.busy,))
 
 
+class _ClaimKeywords(TypedDict, total=False):
+    """The options :func:`claim`, :func:`claim_held` and :func:`claim_next` share, by name
+    (their defaults: :func:`claim_next`'s signature, the one that lists them)."""
+
+    pid: int | None
+    reclaim_dead: bool
+    include_done: bool
+    problems: list[FeatureProblem] | None
+    backend: LockBackend | str | None
+    lease: float | None
+    attempts: int | None
+
+
 def claim(
     features: Sequence[str] | None = None,
     gsd_dir: GsdDir = GSD_DIR,
     *,
-    pid: int | None = None,
-    reclaim_dead: bool = False,
-    include_done: bool = False,
-    problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | str | None = None,
-    lease: float | None = None,
-    attempts: int | None = None,
     wait: float | None = 0.0,
+    **options: Unpack[_ClaimKeywords],
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
@@ -490,18 +497,7 @@ def claim(
     ``None`` means nothing is left (every feature done or failed), and :class:`NoneFreeError`
     that the wait ran out.
     """
-    outcome = claim_next(
-        features,
-        gsd_dir,
-        pid=pid,
-        reclaim_dead=reclaim_dead,
-        include_done=include_done,
-        problems=problems,
-        backend=backend,
-        lease=lease,
-        attempts=attempts,
-        wait=wait,
-    )
+    outcome = claim_next(features, gsd_dir, wait=wait, **options)
     if outcome.held is None and outcome.busy and wait != 0:
         raise NoneFreeError(outcome.busy)
     return None if outcome.held is None else outcome.held.feature
@@ -510,28 +506,11 @@ def claim(
 def claim_held(
     features: Sequence[str] | None = None,
     gsd_dir: GsdDir = GSD_DIR,
-    *,
-    pid: int | None = None,
-    reclaim_dead: bool = False,
-    include_done: bool = False,
-    problems: list[FeatureProblem] | None = None,
-    backend: LockBackend | str | None = None,
-    lease: float | None = None,
-    attempts: int | None = None,
+    **options: Unpack[_ClaimKeywords],
 ) -> Held | None:
     """:func:`claim` (one try), answering the acquisition (its feature, and its token where
     the backend gives tokens)."""
-    return claim_next(
-        features,
-        gsd_dir,
-        pid=pid,
-        reclaim_dead=reclaim_dead,
-        include_done=include_done,
-        problems=problems,
-        backend=backend,
-        lease=lease,
-        attempts=attempts,
-    ).held
+    return claim_next(features, gsd_dir, **options).held
 
 
 def claim_next(

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
+from mahabharatha.states import State
+
 if TYPE_CHECKING:
     from mahabharatha.ownership import OwnerDetails
 
@@ -59,21 +61,6 @@ class Owner(enum.StrEnum):
     NOT_RUNNING = "not-running"
     PID_REUSED = "pid-reused"
     UNKNOWN = "unknown"
-
-
-class State(enum.StrEnum):
-    """A lock's state as :class:`LockInfo` reports it (a ``str``: JSON and text show the value)."""
-
-    FREE = "free"
-    ACTIVE = "active"
-    STALE = "stale"
-    CORRUPT = "corrupt"
-    WRITING = "writing"
-    UNREADABLE = "unreadable"
-    NOT_A_FILE = "not-a-file"
-    BUSY = "busy"
-    DONE = "done"
-    FAILED = "failed"
 
 
 HELD_STATES: Final = frozenset({State.ACTIVE, State.WRITING, State.BUSY})

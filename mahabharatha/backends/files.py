@@ -111,7 +111,7 @@ def describe_snapshot(
         if liveness and pid is not None
         else Owner.UNKNOWN
     )
-    return LockInfo(feature, State(state.value), pid, timestamp, age, expires, owner)
+    return LockInfo(feature, state, pid, timestamp, age, expires, owner)
 
 
 def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:

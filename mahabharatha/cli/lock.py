@@ -18,21 +18,15 @@ from mahabharatha.backends.base import (
     format_duration,
 )
 from mahabharatha.cli._output import (
-    CONNECT_TIMEOUT_SECONDS,
     DEFAULT_GSD_DIR,
     RECLAIM_DEAD_ADVICE,
-    BackendOption,
-    ConnectTimeoutOption,
     CreateOption,
-    GsdDirOption,
-    JsonOption,
     LeaseOption,
-    NamespaceOption,
     NonblockOption,
     PidOption,
-    Place,
     ReclaimDeadOption,
     Result,
+    Shared,
     WaitOption,
     backend_for,
     default_owner,
@@ -46,6 +40,7 @@ from mahabharatha.cli._output import (
     sentence,
     wait_seconds,
     what_to_do,
+    with_shared_options,
 )
 from mahabharatha.cli._render import (
     GoneHolderNotice,
@@ -99,13 +94,10 @@ FeatureArg = Annotated[
 
 
 @app.command()
+@with_shared_options
 def acquire(
     feature: FeatureArg,
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
     pid: PidOption = None,
     wait: WaitOption = None,
     nonblock: NonblockOption = False,
@@ -128,12 +120,12 @@ def acquire(
     }
 
     def action() -> Result:
-        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
-        warned = _valid_case_warnings(gsd_dir, feature)  # before acquire makes a new folder
+        store = shared.backend()
+        warned = _valid_case_warnings(shared.gsd_dir, feature)  # before acquire makes a new folder
         with WaitingLine() as line:
             held = locks.acquire(
                 feature,
-                gsd_dir,
+                shared.gsd_dir,
                 backend=store,
                 pid=owner,
                 timeout=timeout,
@@ -150,17 +142,14 @@ def acquire(
             give_back=lambda: store.release_held(held),  # when the answer cannot get out
         )
 
-    respond(as_json, document, action, advice=what_to_do)
+    respond(shared.as_json, document, action, advice=what_to_do)
 
 
 @app.command()
+@with_shared_options
 def release(
     feature: FeatureArg,
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
     pid: PidOption = None,
     force: Annotated[
         bool, typer.Option("--force", help="Remove the lock even if another owner holds it.")
@@ -171,16 +160,11 @@ def release(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "released": False}
 
     def action() -> Result:
-        removed = locks.release(
-            feature,
-            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-            pid=owner,
-            force=force,
-        )
+        removed = locks.release(feature, backend=shared.backend(), pid=owner, force=force)
         text = f"released {feature}" if removed else f"{feature} was not locked"
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
-    respond(as_json, document, action, advice=_release_advice)
+    respond(shared.as_json, document, action, advice=_release_advice)
 
 
 def _release_advice(busy: LockHeldError) -> str:
@@ -190,13 +174,10 @@ def _release_advice(busy: LockHeldError) -> str:
 
 
 @app.command()
+@with_shared_options
 def check(
     feature: FeatureArg,
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
 ) -> None:
     """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held.
 
@@ -205,14 +186,12 @@ def check(
     """
 
     def action() -> Result:
-        info = locks.inspect(
-            feature, backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
-        )
+        info = locks.inspect(feature, backend=shared.backend())
         held = info.held
         text = _held_text(info) if held else _free_text(info)
         return Result(EXIT_HELD if held else EXIT_OK, lock_entry(info), text)
 
-    respond(as_json, {"feature": feature, "state": None}, action)
+    respond(shared.as_json, {"feature": feature, "state": None}, action)
 
 
 def _require_gsd_dir(gsd_dir: str) -> None:
@@ -223,6 +202,22 @@ def _require_gsd_dir(gsd_dir: str) -> None:
         raise ValueError(
             f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {DEFAULT_GSD_DIR})"
         )
+
+
+def require_folder_of_files(shared: Shared) -> None:
+    """On the folder backend, commands that list the features need the gsd folder (a server
+    keeps its locks itself: no folder needed to list them)."""
+    if shared.place.url is None:
+        _require_gsd_dir(shared.gsd_dir)
+
+
+def backend_to_claim_from(shared: Shared, features: list[str] | None) -> LockBackend:
+    """``claim`` and ``work``: where the features are claimed. With none named, every feature
+    folder is a candidate: the gsd folder must be there, whatever the backend (the names come
+    from the local folders)."""
+    if not features:
+        _require_gsd_dir(shared.gsd_dir)
+    return shared.backend()
 
 
 def case_warnings(gsd_dir: str, feature: str) -> list[str]:
@@ -342,6 +337,7 @@ class _WaitTakesOptionalSeconds(TyperCommand):
 
 
 @app.command(cls=_WaitTakesOptionalSeconds)
+@with_shared_options
 def claim(
     features: Annotated[
         list[str] | None,
@@ -351,11 +347,8 @@ def claim(
             help="Candidates in order (default: every feature folder, by name).",
         ),
     ] = None,
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    *,  # typer passes every option by name
+    shared: Shared,
     pid: PidOption = None,
     reclaim_dead: ReclaimDeadOption = False,
     include_done: Annotated[
@@ -395,11 +388,9 @@ def claim(
     }
 
     def action() -> Result:
-        if not features:
-            _require_gsd_dir(gsd_dir)
         problems: list[FeatureProblem] = []
-        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
-        warned = [w for name in features or () for w in _valid_case_warnings(gsd_dir, name)]
+        store = backend_to_claim_from(shared, features)
+        warned = [w for name in features or () for w in _valid_case_warnings(shared.gsd_dir, name)]
         outcome = locks.claim_next(
             features,
             backend=store,
@@ -437,7 +428,7 @@ def claim(
             give_back=lambda: store.release_held(taken),  # when the answer cannot get out
         )
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)
 
 
 def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
@@ -472,12 +463,9 @@ def _status_document(entries: list[dict[str, Any]], infos: list[LockInfo]) -> di
 
 
 @app.command()
+@with_shared_options
 def status(
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
     show_all: Annotated[
         bool,
         typer.Option("--all", help="Also list feature folders that are free, done or failed."),
@@ -506,16 +494,12 @@ def status(
     if watch or until_done:
         from mahabharatha.cli.pool import watch_status  # only a watch needs the live view
 
-        watch_status(
-            gsd_dir, Place.of(backend_url, namespace, connect_timeout), as_json, until_done
-        )
+        watch_status(shared, until_done)
 
     def action() -> Result:
-        place = Place.of(backend_url, namespace, connect_timeout)
-        if place.url is None:  # the server keeps the locks: no folder needed to list them
-            _require_gsd_dir(gsd_dir)
+        require_folder_of_files(shared)
         problems: list[FeatureProblem] = []
-        every = locks.survey(backend=backend_for(gsd_dir, place), problems=problems)
+        every = locks.survey(backend=shared.backend(), problems=problems)
         infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
         listed = [lock_entry(i) for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
@@ -526,16 +510,13 @@ def status(
             warnings=problem_warnings(problems),
         )
 
-    respond(as_json, _status_document([], []), action)
+    respond(shared.as_json, _status_document([], []), action)
 
 
 @app.command()
+@with_shared_options
 def clean(
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")
     ] = False,
@@ -545,10 +526,9 @@ def clean(
     document: dict[str, Any] = {"dry_run": dry_run, "entries": [], "reclaimable": []}
 
     def action() -> Result:
-        if Place.of(backend_url, namespace, connect_timeout).url is None:
-            _require_gsd_dir(gsd_dir)
+        require_folder_of_files(shared)
         problems: list[FeatureProblem] = []
-        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        store = shared.backend()
         entries = locks.clean(
             backend=store, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
         )
@@ -574,7 +554,7 @@ def clean(
         }
         return Result(EXIT_OK, found, text, warnings=problem_warnings(problems))
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)
 
 
 def _reclaimable_features(store: LockBackend) -> list[str]:
@@ -596,16 +576,13 @@ def _why(entry: locks.CleanedEntry) -> str:
 
 
 @app.command("run")
+@with_shared_options
 def run_command(
     feature: FeatureArg,
     command: Annotated[
         list[str], typer.Argument(metavar="-- CMD...", help="The command to run (after --).")
     ],
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
     wait: WaitOption = None,
     nonblock: NonblockOption = False,
     heartbeat: Annotated[
@@ -673,12 +650,12 @@ def run_command(
     def action() -> Result:
         try:
             line = WaitingLine()  # entered by run_locked around the wait only
-            store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
-            for warning in _valid_case_warnings(gsd_dir, feature):
+            store = shared.backend()
+            for warning in _valid_case_warnings(shared.gsd_dir, feature):
                 typer.echo(f"mahabharatha: {warning}", err=True)
             holder = locks.FeatureLock(
                 feature,
-                gsd_dir,
+                shared.gsd_dir,
                 backend=store,
                 timeout=timeout,
                 heartbeat=heartbeat,
@@ -689,7 +666,7 @@ def run_command(
                 lease=lease,
             )
             # With --json our stdout is for the one document: the command's goes to stderr.
-            stdout = sys.stderr if as_json else None
+            stdout = sys.stderr if shared.as_json else None
             code = runner.run_locked(
                 holder,
                 command,
@@ -729,20 +706,17 @@ def run_command(
             return result._replace(message=None) if told else result  # said once is enough
         return Result(code, {**document, "exit_code": code})
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)
 
 
 # --------------------------------------------------------------------------- worker pools
 
 
 @app.command()
+@with_shared_options
 def done(
     feature: FeatureArg,
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
     pid: PidOption = None,
 ) -> None:
     """Mark FEATURE done and release it (the holder only); claim never hands it out again.
@@ -753,40 +727,31 @@ def done(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "done": False}
 
     def action() -> Result:
-        stamp = locks.done(
-            feature,
-            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-            pid=owner,
-        )
+        stamp = locks.done(feature, backend=shared.backend(), pid=owner)
         return Result(
             EXIT_OK,
             {**document, "done": True, "completed_at": stamp},
             f"{feature} is done (released)",
         )
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)
 
 
 @app.command()
+@with_shared_options
 def reopen(
     feature: FeatureArg,
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
 ) -> None:
     """Remove FEATURE's done marker so that claim hands it out again (a lock stays as it is)."""
     document: dict[str, Any] = {"feature": feature, "reopened": False}
 
     def action() -> Result:
-        removed = locks.reopen(
-            feature, backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
-        )
+        removed = locks.reopen(feature, backend=shared.backend())
         text = f"reopened {feature}" if removed else f"{feature} was not marked done"
         return Result(EXIT_OK, {**document, "reopened": removed}, text)
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)
 
 
 def _on_wait(
@@ -854,20 +819,17 @@ def _note_holder(holder: locks.FeatureLock, document: dict[str, Any]) -> None:
 
 
 @app.command()
+@with_shared_options
 def init(
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
 ) -> None:
     """Create the lock tables on the --backend server (once, as a role that may create tables;
     afterwards SELECT, INSERT, UPDATE, DELETE suffice). The folder backend needs nothing."""
     document: dict[str, Any] = {"backend": "file", "schema_version": None}
 
     def action() -> Result:
-        place = Place.of(backend_url, namespace or "-", connect_timeout)  # tables: every namespace
-        store = backend_for(gsd_dir, place)
+        tables = shared.place._replace(namespace=shared.namespace_given or "-")  # every namespace
+        store = backend_for(shared.gsd_dir, tables)
         setup = getattr(store, "init", None)
         if setup is None:
             return Result(EXIT_OK, document, "the folder backend needs no set-up")
@@ -875,10 +837,11 @@ def init(
         done = {"backend": store.kind, "schema_version": version}
         return Result(EXIT_OK, done, f"lock tables ready on {store.where()} (schema {version})")
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)
 
 
 @app.command()
+@with_shared_options
 def verify(
     feature: FeatureArg,
     token: Annotated[
@@ -889,11 +852,7 @@ def verify(
             help="The fencing token to check (lock run: $MAHABHARATHA_LOCK_TOKEN).",
         ),
     ],
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
 ) -> None:
     """Exit 0 while N is the token of FEATURE's current holder, 1 otherwise (a taken-over or
     expired lock); 2 on the folder backend, which has no tokens."""
@@ -901,7 +860,7 @@ def verify(
 
     def action() -> Result:
         _validate_feature_name(feature)
-        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        store = shared.backend()
         if not store.supports_tokens:
             raise UnsupportedError(
                 f"the {store.kind} backend has no fencing tokens: lock verify needs --backend "
@@ -912,4 +871,4 @@ def verify(
         text = f"token {token} {said} the current holder's of {feature}"
         return Result(EXIT_OK if current else EXIT_HELD, {**document, "current": current}, text)
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)

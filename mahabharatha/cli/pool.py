@@ -21,19 +21,11 @@ from typer.core import TyperCommand
 from mahabharatha import locks, runner, team
 from mahabharatha.backends.base import LockBackend, format_duration
 from mahabharatha.cli._output import (
-    CONNECT_TIMEOUT_SECONDS,
-    DEFAULT_GSD_DIR,
-    BackendOption,
-    ConnectTimeoutOption,
-    GsdDirOption,
-    JsonOption,
-    NamespaceOption,
     PidOption,
-    Place,
     ReclaimDeadOption,
     Result,
+    Shared,
     answer,
-    backend_for,
     close_opened,
     default_owner,
     exit_code_for,
@@ -41,15 +33,17 @@ from mahabharatha.cli._output import (
     problem_warnings,
     respond,
     sentence,
+    with_shared_options,
 )
 from mahabharatha.cli._render import status_renderable, summary_counts
 from mahabharatha.cli.lock import (
     AttemptsOption,
     FeatureArg,
-    _require_gsd_dir,
     _warn_release_wait,
     app,
+    backend_to_claim_from,
     complete_feature,
+    require_folder_of_files,
 )
 from mahabharatha.commands._utils import FEATURE_ENV_VAR
 from mahabharatha.exits import (
@@ -80,13 +74,10 @@ its feature is released unmarked, not counted as a failed attempt, and the worke
 
 
 @app.command()
+@with_shared_options
 def fail(
     feature: FeatureArg,
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    shared: Shared,
     pid: PidOption = None,
     reason: Annotated[
         str,
@@ -103,13 +94,8 @@ def fail(
     document: dict[str, Any] = {"feature": feature, "pid": owner, "recorded": False}
 
     def action() -> Result:
-        record = locks.fail(
-            feature,
-            backend=backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout)),
-            pid=owner,
-            reason=reason,
-            attempts=attempts,
-        )
+        store = shared.backend()
+        record = locks.fail(feature, backend=store, pid=owner, reason=reason, attempts=attempts)
         state = "failed" if record.failed else "free again"
         found = {
             **document,
@@ -121,7 +107,7 @@ def fail(
         text = f"{feature}: attempt {record.tries} of {record.limit} failed (released, {state})"
         return Result(EXIT_OK, found, text)
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)
 
 
 # --------------------------------------------------------------------------- lock work
@@ -140,6 +126,7 @@ class _SplitAtDashes(TyperCommand):
 
 
 @app.command(cls=_SplitAtDashes)
+@with_shared_options
 def work(
     ctx: typer.Context,
     features: Annotated[
@@ -153,11 +140,8 @@ def work(
             ),
         ),
     ] = None,
-    gsd_dir: GsdDirOption = DEFAULT_GSD_DIR,
-    as_json: JsonOption = False,
-    backend_url: BackendOption = None,
-    namespace: NamespaceOption = None,
-    connect_timeout: ConnectTimeoutOption = CONNECT_TIMEOUT_SECONDS,
+    *,  # typer passes every option by name
+    shared: Shared,
     attempts: AttemptsOption = locks.DEFAULT_ATTEMPTS,
     wait: Annotated[
         float | None,
@@ -200,8 +184,6 @@ def work(
     def action() -> Result:
         if not command:
             raise ValueError("lock work needs the command to run after --: lock work -- CMD {}")
-        if not features:
-            _require_gsd_dir(gsd_dir)
         if jobs == 1:
             return one_worker()
         if once:
@@ -211,13 +193,13 @@ def work(
         return _team_result(ends, document)
 
     def one_worker() -> Result:
-        store = backend_for(gsd_dir, Place.of(backend_url, namespace, connect_timeout))
+        store = backend_to_claim_from(shared, features)
         problems: list[FeatureProblem] = []
-        step = _CommandStep(command, attempts, as_json)
+        step = _CommandStep(command, attempts, shared.as_json)
         report = locks.run_pool(
             step,
             features,
-            gsd_dir,
+            shared.gsd_dir,
             attempts=attempts,
             wait=wait,
             reclaim_dead=reclaim_dead,
@@ -229,7 +211,7 @@ def work(
         )
         return _work_result(report, document, once, problems)
 
-    respond(as_json, document, action)
+    respond(shared.as_json, document, action)
 
 
 class _CommandStep:
@@ -385,21 +367,20 @@ def _nothing_left(counts: dict[str, int]) -> bool:
     return all(count == 0 for kind, count in counts.items() if kind not in ("done", "failed"))
 
 
-def watch_status(gsd_dir: str, place: Place, as_json: bool, until_done: bool) -> NoReturn:
+def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130) or,
     with ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
     try:
-        if place.url is None:
-            _require_gsd_dir(gsd_dir)
-        store = backend_for(gsd_dir, place)
-        if as_json or not sys.stdout.isatty():
+        require_folder_of_files(shared)
+        store = shared.backend()
+        if shared.as_json or not sys.stdout.isatty():
             code = _watch_lines(store, until_done)
         else:
             code = _watch_terminal(store, until_done)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except (ValueError, LockError, OSError) as error:
-        if as_json:
+        if shared.as_json:
             typer.echo(json.dumps({"error": sentence(error)}, sort_keys=True))
         typer.echo(f"mahabharatha: {sentence(error)}", err=True)
         raise typer.Exit(exit_code_for(error)) from None

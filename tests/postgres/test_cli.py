@@ -283,3 +283,18 @@ def test_a_namespace_over_200_bytes_is_bad_input(where: dict[str, Any]) -> None:
         assert refused.returncode == 2, refused.stderr
         assert "at most 200" in json.loads(refused.stdout)["error"]
         assert "Traceback" not in refused.stderr
+
+
+def test_lock_init_serves_every_namespace_not_the_environments(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """``lock init`` makes the tables of every namespace: a ``MAHABHARATHA_LOCK_NAMESPACE`` that
+    other commands refuse (over 200 bytes) does not stop it. Fails on a rewrite of the CLI's
+    shared options that gave init the environment's namespace (it takes only one given to it)."""
+    env = {"MAHABHARATHA_LOCK_NAMESPACE": "ü" * 101}  # 202 bytes
+    url = pg_server.url()
+    made = cli("lock", "init", "--backend", url, cwd=tmp_path, env=env)
+    assert made.returncode == 0, made.stderr
+    refused = cli("lock", "check", "alpha", "--backend", url, "--json", cwd=tmp_path, env=env)
+    assert refused.returncode == 2, refused.stderr
+    assert "at most 200" in json.loads(refused.stdout)["error"]
