@@ -12,6 +12,7 @@ statements and what a network partition does: ``design/postgres.md``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -35,24 +36,26 @@ try:
 except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
     raise ImportError("a postgresql:// lock URL needs psycopg 3, the postgres extra") from missing
 
-import itertools
-
 from mahabharatha import ownership
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
     BackendError,
+    Capability,
     CleanedEntry,
     FeatureProblem,
     Held,
+    LockBackend,
     LockInfo,
     LockLostError,
     NotHeldError,
     NotOwnerError,
     Owner,
+    ReleaseWait,
     Requester,
     State,
 )
+from mahabharatha.names import feature_folders
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
@@ -553,11 +556,13 @@ class _Row:
     now: float
 
 
-class PostgresBackend:
+class PostgresBackend(LockBackend):
     """Locks in PostgreSQL, keyed by (namespace, feature); see the module's docstring."""
 
     kind = "postgresql"
-    supports_tokens = True
+    capabilities = frozenset(
+        {Capability.TOKENS, Capability.CLAIM_IN_ONE_STEP, Capability.RELEASE_NOTICE}
+    )
     run_lease = RUN_LEASE_SECONDS
     """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless given."""
 
@@ -1099,7 +1104,9 @@ class PostgresBackend:
             held.handle,
         )
 
-    def release_held(self, held: Held) -> bool:
+    def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
+        """Remove exactly ``held`` (one statement; ``wait`` is unused: nothing on a server
+        refuses a release for a while, and a lost answer is retried by :meth:`_run`)."""
         return bool(self._hot(_RELEASE_HELD_NUMBERED, (self.namespace, held.feature, held.token)))
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
@@ -1150,13 +1157,6 @@ class PostgresBackend:
         details = ownership.decode(row.details)
         return owner_liveness(row.pid, row.refreshed + _clock_shift(row.now), details)
 
-    def host_of(self, feature: str) -> tuple[str | None, int | None]:
-        """The holder's host and token (for JSON), (None, None) when free."""
-        row = self._row(feature)
-        if row is None or row.pid is None:
-            return None, None
-        return row.host, row.token
-
     def inspect(self, feature: str) -> LockInfo:
         row = self._row(feature)
         if row is None:
@@ -1186,12 +1186,8 @@ class PostgresBackend:
         return [infos[name] for name in sorted(infos)]
 
     def feature_names(self) -> list[str]:
-        from mahabharatha.backends.files import FileBackend
-
-        try:
-            return FileBackend(self.gsd_dir).feature_names()
-        except FileNotFoundError:
-            return []
+        """The local ``specs`` folders, as on files (a bare ``claim`` offers the same)."""
+        return feature_folders(self.gsd_dir)
 
     # ------------------------------------------------------------------ maintenance
 
@@ -1306,6 +1302,20 @@ class PostgresBackend:
 
     # ------------------------------------------------------------------ waiting
 
+    def pause(self, feature: str, backoff: float, most: float) -> None:
+        """Between two tries of an acquire: wait for ``feature``'s release (LISTEN/NOTIFY),
+        ``most`` seconds at most (the backoff is the poll a missed notification falls to)."""
+        self.wait_for_release(feature, most)
+
+    def release_watch(self, features: Iterable[str]) -> _Listening:
+        """A pool's wait for any of ``features`` to be released: LISTEN while it waits, and no
+        listening connection kept once it ends (a holder keeps none while it works)."""
+        return _Listening(self, list(features))
+
+    def marker_folder(self) -> str | os.PathLike[str]:
+        """The local gsd folder: its ``.completed`` markers count as done here too."""
+        return self.gsd_dir
+
     def wait_for_release(self, feature: str, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a release of ``feature`` (LISTEN/NOTIFY): True
         when one came (or when this is the first call, which only starts listening: the caller
@@ -1418,3 +1428,22 @@ class _Handle:
 
     lease: float
     attempt: bytes
+
+
+class _Listening:
+    """The :class:`~mahabharatha.backends.base.ReleaseWatch` of a server: entered, it starts
+    listening (a release from then on is heard); left, it closes the listening connection."""
+
+    def __init__(self, backend: PostgresBackend, features: list[str]) -> None:
+        self.backend = backend
+        self.features = features
+
+    def __enter__(self) -> _Listening:
+        self.backend.wait_for_any_release(self.features, 0.0)  # starts listening
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.backend.stop_listening()
+
+    def wait(self, seconds: float) -> bool:
+        return self.backend.wait_for_any_release(self.features, seconds)

@@ -50,7 +50,7 @@ from mahabharatha.cli.lock import (
     app,
     complete_feature,
 )
-from mahabharatha.commands._utils import FEATURE_ENV_VAR
+from mahabharatha.detect import FEATURE_ENV_VAR
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
     EXIT_HELD,
