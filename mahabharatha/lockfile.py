@@ -48,6 +48,15 @@ from time import monotonic
 from typing import Final, NamedTuple
 
 from mahabharatha import ownership, proof
+from mahabharatha.backends.base import UnsafeLockPathError
+from mahabharatha.names import (
+    MAX_PID,
+    feature_names_in,
+    is_valid_feature_name,
+    shown_name,
+    validate_feature_name,
+)
+from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 from mahabharatha.states import State as LockState
 
 __all__ = [
@@ -109,21 +118,12 @@ __all__ = [
 STALE_AFTER_SECONDS: Final = 7200.0
 """A lock older than this (strictly) is stale: its holder is presumed gone."""
 
-MAX_PID: Final = 4_194_304
-"""Linux's ``PID_MAX_LIMIT``: no process can have a larger pid."""
-
 FUTURE_SKEW_SECONDS: Final = 86400.0
 """A timestamp up to a day ahead is clock skew between hosts; beyond that it is garbage."""
 
 EMPTY_LOCK_GRACE_SECONDS: Final = 2.0
 """Old writers create ``.lock`` empty and fill it a moment later: an empty lock this young is
 being written, not corrupt."""
-
-MAX_READ_BYTES: Final = 4096
-"""A record is about 30 bytes; we never read more than this from any file we judge."""
-
-MAX_NAME_BYTES: Final = 255
-"""``NAME_MAX`` on Linux and macOS: a longer feature name cannot be a folder."""
 
 GUARD_WAIT_SECONDS: Final = 0.5
 """How long a release or refresh waits for the guard. Holders keep it for a few system calls;
@@ -152,12 +152,8 @@ LOCK_MODE: Final = 0o644
 LOCK_FILE_NAME: Final = ".lock"
 
 _TEMP_RE: Final = re.compile(r"\.lock\.([0-9]+)\.[0-9a-f]+\.tmp", re.ASCII)
-_FEATURE_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 _RECORD_RE: Final = re.compile(r"([0-9]+):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
 
-NOFOLLOW_READ: Final = (
-    os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-)  # O_NONBLOCK: a FIFO or device at the path must not hang the open
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
 _OWN_FDS: Final = (
@@ -180,47 +176,7 @@ _NO_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, *_SYMLINK_ERR
 _NO_TMPFILE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
 
-# --------------------------------------------------------------------------- names and records
-
-
-def validate_feature_name(feature: str) -> None:
-    """Raise ``ValueError`` unless ``feature`` is a safe single path component."""
-    if (
-        not isinstance(feature, str)
-        or not feature
-        or ".." in feature
-        or "/" in feature
-        or "\\" in feature
-        or _FEATURE_NAME_RE.fullmatch(feature) is None
-        or len(feature.encode()) > MAX_NAME_BYTES
-    ):
-        raise ValueError(f"Invalid feature name: {shown_name(feature)}: {NAME_RULE}")
-
-
-NAME_RULE: Final = (
-    "a feature name is a letter or digit, then letters, digits, '.', '_' or '-' "
-    "(no '..'), at most 255 bytes"
-)
-"""What a refused name is told it may be."""
-
-SHOWN_NAME_CHARS: Final = 40
-"""A refused name is echoed up to this many characters: enough to spot it, never a wall."""
-
-
-def shown_name(feature: object) -> str:
-    if not isinstance(feature, str):
-        return f"{type(feature).__name__} {repr(feature)[:SHOWN_NAME_CHARS]}"
-    if len(feature) <= SHOWN_NAME_CHARS:
-        return repr(feature)
-    return f"{feature[:SHOWN_NAME_CHARS]!r}... ({len(feature)} characters)"
-
-
-def is_valid_feature_name(feature: str) -> bool:
-    try:
-        validate_feature_name(feature)
-    except ValueError:
-        return False
-    return True
+# --------------------------------------------------------------------------- records
 
 
 def _parse_syntax(text: str) -> tuple[int, float] | None:
@@ -255,10 +211,6 @@ def format_record(pid: int, timestamp: float) -> bytes:
 
 
 # --------------------------------------------------------------------------- lock entries
-
-
-class UnsafeLockPathError(OSError):
-    """Something other than a lock, or a folder we refuse to follow, stands in the lock's way."""
 
 
 class GuardBusyError(OSError):
@@ -421,19 +373,6 @@ def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None
         return None  # Race: the link or socket we failed to open was replaced by a file
     code = why or errno.EIO  # anything else (an I/O error) is an error, never a judgement
     raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
-
-
-def read_bounded(fd: int, size: int) -> bytes:
-    """Read at most ``MAX_READ_BYTES + 1`` bytes (one more than allowed tells "too big" apart);
-    ``size`` from ``fstat`` lets a lock be read with one system call."""
-    want = MAX_READ_BYTES + 1
-    data = os.read(fd, want)
-    while data and len(data) < min(size, want):  # a short read before the end: read on
-        more = os.read(fd, want - len(data))
-        if not more:
-            break
-        data += more
-    return data
 
 
 def read_lock(dfd: int, *, life: bool = False) -> LockSnapshot:
@@ -662,13 +601,7 @@ def scan_locks(
     except (FileNotFoundError, NotADirectoryError):
         return
     try:
-        with os.scandir(specs) as entries:
-            names = sorted(
-                entry.name
-                for entry in entries
-                if entry.is_dir(follow_symlinks=False) and is_valid_feature_name(entry.name)
-            )
-        for name in names:
+        for name in feature_names_in(specs):
             if not read:
                 yield name, MISSING
                 continue
@@ -915,14 +848,6 @@ def _unlink_quietly(dfd: int, name: str) -> None:
     already published (or the real error is being raised), and debris is swept later."""
     try:  # noqa: SIM105  (suppress() costs a microsecond on every acquire)
         os.unlink(name, dir_fd=dfd)
-    except OSError:
-        pass
-
-
-def close_quietly(fd: int) -> None:
-    """Close after the work is done; on Linux the descriptor is gone even when close fails."""
-    try:  # noqa: SIM105  (suppress() costs a microsecond on every acquire)
-        os.close(fd)
     except OSError:
         pass
 

@@ -28,17 +28,19 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
-from time import monotonic, sleep
+from time import monotonic
 from types import TracebackType
 from typing import Any, Final, NamedTuple, Self, TypedDict, Unpack
 
-from mahabharatha import ownership
-from mahabharatha.backends import lock_url, shared_backend
+from mahabharatha import clock, ownership
+from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
+    RECHECK_SECONDS,
     AcquireResult,
     AlreadyHeldError,
     Attempts,
+    Capability,
     CleanedEntry,
     FeatureProblem,
     HeartbeatStartError,
@@ -52,18 +54,17 @@ from mahabharatha.backends.base import (
     NotHeldError,
     NotOwnerError,
     Owner,
+    ReleaseWait,
     Requester,
     State,
+    UnsafeLockPathError,
     UnsupportedError,
     owner_is_gone,
 )
-from mahabharatha.backends.files import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, FileBackend
 from mahabharatha.backends.liveness import CREATE_TIME_SLACK_SECONDS, owner_liveness
-from mahabharatha.backends.release_watch import POLL_SECONDS, RECHECK_SECONDS
-from mahabharatha.commands import _utils
-from mahabharatha.constants import GSD_DIR
-from mahabharatha.lockfile import MAX_PID, UnsafeLockPathError
-from mahabharatha.lockfile import validate_feature_name as _validate_feature_name
+from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
+from mahabharatha.names import MAX_PID
+from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.proof import WorkProof
 
 __all__ = [
@@ -156,8 +157,7 @@ def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
     is kept for the process (``shared_backend``: one warm connection, closed at exit)."""
     if backend is not None and not isinstance(backend, str):
         return backend
-    url = backend or lock_url()
-    return FileBackend(gsd_dir) if url is None else shared_backend(url, gsd_dir)
+    return shared_backend(backend or lock_url(), gsd_dir)
 
 
 def _owner_pid(pid: int | None) -> int:
@@ -383,12 +383,8 @@ this long between tries: the poll rate when a wake-up is missed, never faster.""
 def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
     """Between two tries: sleep ``delay`` (backoff), or, where the backend wakes waiters on a
     release, wait for that (at most a slice, or what is left of the wait)."""
-    wait_for_release = getattr(backend, "wait_for_release", None)
-    if wait_for_release is None:
-        sleep(delay)
-        return
-    wait_for_release(
-        feature, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
+    backend.pause(
+        feature, delay, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
     )
 
 
@@ -557,7 +553,7 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
     outcome = pool.claim(options)
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
-    with _ReleaseWaiter(pool.store, pool.candidates) as waiter:
+    with pool.store.release_watch(pool.candidates) as watch:
         while True:
             # Race: a release between the claim above and the watch's start was not seen by
             # either: this claim, made with the watch in place, sees it.
@@ -567,7 +563,7 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
             left = None if deadline is None else deadline - monotonic()
             if left is not None and left <= 0:
                 return outcome
-            waiter.wait(RECHECK_SECONDS if left is None else left)
+            watch.wait(RECHECK_SECONDS if left is None else min(left, RECHECK_SECONDS))
 
 
 def _valid_attempts(attempts: int) -> None:
@@ -607,9 +603,8 @@ class _Pool:
 
     def claim(self, options: _ClaimOptions) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
-        try_claim = getattr(self.store, "try_claim", None)
-        if try_claim is not None:
-            return self._claim_in_one_step(try_claim, options)
+        if Capability.CLAIM_IN_ONE_STEP in self.store.capabilities:
+            return self._claim_in_one_step(options)
         done: list[str] = []
         failed: list[str] = []
         busy: list[str] = []
@@ -661,7 +656,7 @@ class _Pool:
         self.store.release_held(outcome.held)
         return finished
 
-    def _claim_in_one_step(self, try_claim: Any, options: _ClaimOptions) -> ClaimOutcome:
+    def _claim_in_one_step(self, options: _ClaimOptions) -> ClaimOutcome:
         """A backend that claims in one statement (PostgreSQL): features done in their local
         folder are left out (both backends mean the same by done). The folders are looked at
         once per pool, and the list offered stays the same from claim to claim (the server
@@ -669,7 +664,7 @@ class _Pool:
         if self.offered is None:
             self.offered = [f for f in self.candidates if not self._done_here(f, options)]
         while True:
-            won: AcquireResult | None = try_claim(
+            won = self.store.try_claim(
                 self.offered,
                 Requester(self.owner, self.details),
                 reclaim_dead=options.reclaim_dead,
@@ -688,8 +683,7 @@ class _Pool:
         busy = tuple(f for f in self.offered if f in held)
         busy_set = set(busy)
         finished = [f for f in self.candidates if f not in busy_set]
-        failed_here = getattr(self.store, "failed_features", None)
-        gave_up = set() if failed_here is None else failed_here()
+        gave_up = self.store.failed_features()
         failed = tuple(f for f in finished if f in gave_up)
         done = tuple(f for f in finished if f not in gave_up)
         return ClaimOutcome(None, busy, done, failed)
@@ -703,50 +697,11 @@ class _Pool:
             return False  # a folder we cannot look into: the server decides alone
 
 
-def _local_markers(store: LockBackend) -> FileBackend | None:
+def _local_markers(store: LockBackend) -> LockBackend | None:
     """The local folders of a backend that keeps its locks elsewhere (PostgreSQL): their
     ``.completed`` markers count as done too. ``None`` on files (the store itself)."""
-    if store.kind == "file":
-        return None
-    gsd_dir = getattr(store, "gsd_dir", None)
-    return None if gsd_dir is None else FileBackend(gsd_dir)
-
-
-class _ReleaseWaiter:
-    """Waits for any of a pool's features to be released: PostgreSQL's NOTIFY, inotify on the
-    feature folders, else a short poll. Entered *before* the claim that found nothing free:
-    a release between that claim and the wait still wakes it."""
-
-    def __init__(self, store: LockBackend, features: Sequence[str]) -> None:
-        self.store = store
-        self.features = features
-        self._watch: Any = None
-
-    def __enter__(self) -> Self:
-        listen = getattr(self.store, "wait_for_any_release", None)
-        if listen is not None:
-            listen(self.features, 0.0)  # starts listening: a release from now on is heard
-        else:
-            watch = getattr(self.store, "release_watch", None)
-            self._watch = None if watch is None else watch(self.features).__enter__()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        if self._watch is not None:
-            self._watch.__exit__(None, None, None)
-        stop_listening = getattr(self.store, "stop_listening", None)
-        if stop_listening is not None:
-            stop_listening()  # a holder keeps no listening connection while it works
-
-    def wait(self, seconds: float) -> None:
-        seconds = min(seconds, RECHECK_SECONDS)
-        listen = getattr(self.store, "wait_for_any_release", None)
-        if listen is not None:
-            listen(self.features, seconds)
-        elif self._watch is not None:
-            self._watch.wait(seconds)
-        else:
-            sleep(min(seconds, POLL_SECONDS))
+    folder = store.marker_folder()
+    return None if folder is None else open_backend(None, folder)
 
 
 # --------------------------------------------------------------------------- done features
@@ -935,8 +890,7 @@ class FeatureLock:
             raise ValueError(f"Invalid lease: {lease!r} (must be a positive number of seconds)")
         if lease is not None:
             return lease
-        default: float | None = getattr(self.backend, "run_lease", None)
-        return default
+        return self.backend.run_lease
 
     @property
     def token(self) -> int | None:
@@ -1056,9 +1010,8 @@ class FeatureLock:
     def _rest_backend(self) -> None:
         """Between refreshes a holder keeps no server connection (a backend that has them:
         PostgreSQL's ``rest``): 200 holders against a server of 40 connection slots."""
-        rest = getattr(self.backend, "rest", None)
-        if rest is not None and self.heartbeat:
-            rest()
+        if self.heartbeat:
+            self.backend.rest()
 
     def _beat_loop(self) -> None:
         assert self.heartbeat is not None
@@ -1083,7 +1036,7 @@ class FeatureLock:
 
     def _with_deadline(self, mine: Held) -> Held:
         """Keep ``mine``'s expiry also as a deadline on the monotonic clock, measured now."""
-        self._deadline = monotonic() + (mine.expires_at - _utils.now())
+        self._deadline = monotonic() + (mine.expires_at - clock.now())
         return mine
 
     def _expired(self) -> bool:
@@ -1094,7 +1047,7 @@ class FeatureLock:
         expires = self.expires_at
         if expires is None:
             return False
-        return _utils.now() > expires or monotonic() > self._deadline
+        return clock.now() > expires or monotonic() > self._deadline
 
     def _declare_lost(self, error: LockLostError) -> None:
         self.lost = error
@@ -1102,13 +1055,15 @@ class FeatureLock:
         if tell is not None:
             tell(error)
 
-    def release(self) -> None:
+    def release(self, wait: ReleaseWait | None = None) -> None:
         """Stop the heartbeat and remove our lock (only if it is still exactly ours).
 
         Does nothing when the lock is not held (never taken, released, lost, or held by the
         process this one was forked from), and never removes another owner's lock. Raises
         ``OSError`` when the lock cannot be removed just now (permissions, an I/O error, the
         folder's guard stayed busy); the lock is then still ours and release can be retried.
+        ``wait``: how to wait where the backend cannot release at once (files: another
+        process's kernel lease on the lock file), as :class:`ReleaseWait` says.
         """
         self._stop_heartbeat()
         with self._mutex:
@@ -1125,7 +1080,7 @@ class FeatureLock:
                 self._mine = None
                 return
             # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
-            self.backend.release_held(mine)
+            self.backend.release_held(mine, wait)
             self._mine = None
 
     def work_proof(self) -> WorkProof | None:
@@ -1138,8 +1093,7 @@ class FeatureLock:
         mine = self._mine
         if mine is None or self._holder_process != os.getpid():
             return None
-        make: Callable[[Held], WorkProof | None] | None = getattr(self.backend, "work_proof", None)
-        return None if make is None else make(mine)
+        return self.backend.work_proof(mine)
 
     def abandon(self) -> None:
         """Stop the heartbeat and forget the lock without removing it: work that escaped us
@@ -1287,7 +1241,7 @@ class PoolLock(FeatureLock):
             raise
         return self
 
-    def release(self) -> None:
+    def release(self, wait: ReleaseWait | None = None) -> None:
         """Keep the lock: :meth:`finish` marks and releases it in one step."""
         self._stop_heartbeat()
 
@@ -1361,7 +1315,7 @@ def run_pool(
     owner = os.getpid()
     found: list[FeatureProblem] = [] if problems is None else problems
     pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
-    lease = _valid_seconds("lease", getattr(store, "run_lease", None))
+    lease = _valid_seconds("lease", store.run_lease)
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
     results: list[WorkResult] = []
     while True:

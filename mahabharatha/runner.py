@@ -15,10 +15,10 @@ when we are interrupted. SIGINT, SIGTERM and SIGHUP are handled from *before* th
   ``SI_USER``, a terminal ``SI_KERNEL``. The Python handlers stay installed for the moment the
   command is being started (the mask is lifted then, so the command does not inherit it).
 
-When the command has ended, the lock is released; a kernel lease on the lock file (another
-process's ``F_SETLEASE``) can refuse that for a while. The release then waits until the kernel
-breaks the lease (``/proc/sys/fs/lease-break-time``, plus a margin), says so on stderr, and a
-signal during that wait ends it at once, leaving the lock (:class:`ReleaseInterrupted`).
+When the command has ended, the lock is released; a backend may be unable to do that at once
+(files: another process's kernel lease on the lock file, ``F_SETLEASE``). The backend then waits
+(files: until the kernel breaks the lease), this module says so on stderr, and a signal during
+that wait ends it at once, leaving the lock (:class:`ReleaseInterrupted`).
 
 If the lock is lost while the command runs (the heartbeat finds it removed or replaced, or
 refreshes failed until it turned stale), the command gets SIGTERM, then SIGKILL after
@@ -45,15 +45,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from functools import cache
 from time import monotonic
 from types import FrameType
 from typing import IO, Final
 
 from mahabharatha import ownership
-from mahabharatha.backends.base import format_duration
+from mahabharatha.backends.base import ReleaseWait
 from mahabharatha.exits import killed_by, shell_status
-from mahabharatha.lockfile import LockBusyError
 from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 from mahabharatha.proof import WorkProof
 
@@ -66,7 +64,6 @@ __all__ = [
     "OnLost",
     "ReleaseInterrupted",
     "WorkLeftError",
-    "lease_break_seconds",
     "run_locked",
 ]
 
@@ -91,17 +88,6 @@ PROOF_FD_ENV: Final = "MAHABHARATHA_LOCK_PROOF_FD"
 """CMD's environment names the descriptor that carries its proof of life (for a CMD that
 starts work through Python's ``subprocess``, which closes descriptors by default:
 ``pass_fds=[int(os.environ[...])]`` keeps that work counted)."""
-LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
-DEFAULT_LEASE_BREAK_SECONDS: Final = 45.0
-"""The kernel's default lease-break time: assumed where the setting cannot be read."""
-LEASE_BREAK_MARGIN_SECONDS: Final = 5.0
-"""Waited beyond the lease-break time: the kernel times the break from the first refused open
-(ours, 0.5 s before we start counting, or another reader's) and may act a little late."""
-RELEASE_RETRY_FIRST_SECONDS: Final = 0.1
-RELEASE_RETRY_MAX_SECONDS: Final = 2.0
-"""Pauses between release tries under a lease (doubling): each try already spins 0.5 s on
-the refused read, so the wait costs a fifth of a CPU at most, and a lease given up is seen
-within about two seconds."""
 
 
 class OnLost(enum.StrEnum):
@@ -594,7 +580,7 @@ def run_locked(
     :class:`CommandNotFoundError` or :class:`CommandNotExecutableError` (both
     :class:`CommandStartError`) when the command cannot be started (lock released),
     :class:`ReleaseInterrupted` when a signal ended the wait for a lease at the release,
-    :class:`~mahabharatha.lockfile.LockBusyError` when the lease outlasted that wait,
+    an ``OSError`` (files: ``LockBusyError``) when a kernel lease outlasted that wait,
     :class:`~mahabharatha.locks.LockLostError` when the lock was lost before the command could
     start (it never starts), and :class:`WorkLeftError` when the command ended but work it
     started outside its group still holds its proof of life (the lock is left held).
@@ -636,58 +622,24 @@ def run_locked(
     return shell_status(returncode)
 
 
-@cache
-def lease_break_seconds() -> float:
-    """How long the kernel lets a lease holder keep a file from others (read once)."""
-    try:
-        with open(LEASE_BREAK_SETTING, "rb") as setting:
-            return max(0.0, float(int(setting.read(32))))
-    except (OSError, ValueError):
-        return DEFAULT_LEASE_BREAK_SECONDS
-
-
-def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
-    """The release's answer when a lease outlasted the wait: the lock stays, and how it goes."""
-    where = f"{busy.filename}: " if busy.filename else ""
-    return LockBusyError(
-        busy.errno,
-        f"{where}still under another process's kernel lease after {format_duration(waited)}; "
-        "the lock stays until it is stale, or until --reclaim-dead takes it",
-        busy.filename,
-    )
-
-
 def _release_after_leases(
     lock: FeatureLock,
     relay: _SignalRelay,
     on_release_wait: Callable[[float], None] | None,
     status: int | None,
 ) -> None:
-    """``lock.release()``; while a kernel lease refuses the read of the lock file, try again
-    until the kernel has broken the lease (bounded), unless a signal ends the wait first."""
+    """``lock.release()``, waiting as long as the backend must (files: until the kernel breaks
+    another process's lease on the lock file, bounded), unless a signal ends the wait first:
+    then :class:`ReleaseInterrupted`, and the lock stays."""
     relay.releasing()
-    deadline: float | None = None
-    pause = RELEASE_RETRY_FIRST_SECONDS
-    while True:
-        try:
-            lock.release()
-            return
-        except LockBusyError as busy:
-            # Race: another process took a lease on our lock file (Samba, a backup tool); the
-            # kernel breaks it after lease-break-time, so the release waits for that.
-            now = monotonic()
-            if deadline is None:
-                bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
-                deadline = now + bound
-                if on_release_wait is not None:
-                    on_release_wait(bound)
-            if now >= deadline:
-                raise _left_under_lease(busy, bound) from None
-        signum = relay.signalled_within(min(pause, deadline - now))
+
+    def pause(seconds: float) -> None:
+        signum = relay.signalled_within(seconds)
         if signum is not None:
             code = None if status is None else shell_status(status)
-            raise ReleaseInterrupted(signum, lock.feature, code) from None
-        pause = min(pause * 2, RELEASE_RETRY_MAX_SECONDS)
+            raise ReleaseInterrupted(signum, lock.feature, code)
+
+    lock.release(ReleaseWait(on_release_wait, pause))
 
 
 PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>

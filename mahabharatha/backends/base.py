@@ -14,22 +14,29 @@ described to a person.
 
 from __future__ import annotations
 
+import abc
 import enum
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
+from time import sleep
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 from mahabharatha.states import State
 
 if TYPE_CHECKING:
     from mahabharatha.ownership import OwnerDetails
+    from mahabharatha.proof import WorkProof
 
 __all__ = [
     "DEFAULT_ATTEMPTS",
+    "POLL_SECONDS",
+    "RECHECK_SECONDS",
     "AcquireResult",
     "AlreadyHeldError",
     "Attempts",
     "BackendError",
+    "Capability",
     "CleanedEntry",
     "FeatureProblem",
     "HeartbeatStartError",
@@ -43,8 +50,11 @@ __all__ = [
     "NotHeldError",
     "NotOwnerError",
     "Owner",
+    "ReleaseWait",
+    "ReleaseWatch",
     "Requester",
     "State",
+    "UnsafeLockPathError",
     "UnsupportedError",
     "describe_holder",
     "format_duration",
@@ -285,6 +295,10 @@ class HeartbeatStartError(LockError):
         return (type(self), (self.feature, self.cause))
 
 
+class UnsafeLockPathError(OSError):
+    """Something other than a lock, or a folder we refuse to follow, stands in the lock's way."""
+
+
 class UnsupportedError(LockError):
     """The backend cannot do what was asked (fencing tokens or a chosen lease on files)."""
 
@@ -343,22 +357,106 @@ class AcquireResult(NamedTuple):
     folder's proof of life and the lock records its pid), details or not."""
 
 
-class LockBackend(Protocol):
+class Capability(enum.StrEnum):
+    """What a backend offers beyond the operations every backend has (tooz's
+    ``CHARACTERISTICS``): declared once per backend in :attr:`LockBackend.capabilities`, read by
+    callers that choose a way of working (never probed with ``getattr``)."""
+
+    TOKENS = "tokens"
+    """Fencing tokens (``verify``, ``Held.token``) and a lease chosen per lock."""
+    CLAIM_IN_ONE_STEP = "claim-in-one-step"
+    """:meth:`LockBackend.try_claim`: the first free feature of a list, in one step."""
+    RELEASE_NOTICE = "release-notice"
+    """A waiter is woken by a release (:meth:`LockBackend.pause`, :meth:`release_watch`)
+    rather than polling."""
+    PROOF_OF_LIFE = "proof-of-life"
+    """A holder's lock carries a proof of life its work inherits (:meth:`work_proof`)."""
+
+
+class ReleaseWait(NamedTuple):
+    """How a release that cannot be done at once may wait (files: another process's kernel
+    lease on the lock file refuses its read until the kernel breaks the lease).
+
+    ``announce(bound)`` is told once, before the wait, how long it may last (seconds);
+    ``pause(seconds)`` sleeps between two tries and may raise to end the wait at once (``lock
+    run``: a signal arrived); the lock is then left as it was."""
+
+    announce: Callable[[float], None] | None
+    pause: Callable[[float], None]
+
+
+class ReleaseWatch(Protocol):
+    """``with backend.release_watch(features) as watch: ... watch.wait(seconds)``: entered
+    *before* the claim that found nothing free, so a release between that claim and the wait
+    still ends the wait."""
+
+    def __enter__(self) -> ReleaseWatch: ...
+
+    def __exit__(self, *_exc: object) -> None: ...
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` (at most :data:`RECHECK_SECONDS`) for a release; True when
+        one came (or may have: look again)."""
+        ...
+
+
+POLL_SECONDS: Final = 0.05
+"""Where no release wakes a waiter: how long it sleeps between claims (20 tries a second, each a
+few system calls per feature)."""
+RECHECK_SECONDS: Final = 1.0
+"""Even where releases wake waiters, a waiter claims again at least this often: a lock that goes
+stale or whose owner dies (``--reclaim-dead``) is not released, so nothing says so."""
+
+
+class _PollingWatch:
+    """The :class:`ReleaseWatch` of a backend that hears no releases: a short sleep."""
+
+    def __enter__(self) -> _PollingWatch:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def wait(self, seconds: float) -> bool:
+        sleep(min(max(0.0, seconds), RECHECK_SECONDS, POLL_SECONDS))
+        return True
+
+
+class LockBackend(abc.ABC):
     """Where locks live. Every method answers at once (none waits for a busy lock); the lock
-    layer waits, refreshes and reports. Feature names are already validated."""
+    layer waits, refreshes and reports. Feature names are already validated.
+
+    The abstract methods are what every backend does. The others are capabilities with a
+    default here (filelock's base class does the same): a caller calls them, never probes, and
+    a backend that lacks one answers one of two ways: the neutral answer where there is one
+    (no proof of life: ``None``; nothing to set up: ``None``; no connection to rest: nothing
+    done), else :class:`UnsupportedError`. What each backend offers is declared in
+    :attr:`capabilities`, for a caller that chooses how to work (a claim in one step)."""
 
     kind: str
     """``"file"`` or ``"postgresql"``: for messages and JSON."""
 
-    supports_tokens: bool
-    """Fencing tokens (``verify``, ``Held.token``) and a lease chosen per lock."""
+    capabilities: frozenset[Capability] = frozenset()
+    """What this backend offers beyond the abstract methods."""
 
+    run_lease: float | None = None
+    """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless it chose one;
+    ``None``: the backend's fixed lease (files: 2 h)."""
+
+    @property
+    def supports_tokens(self) -> bool:
+        """Fencing tokens (``verify``, ``Held.token``) and a lease chosen per lock."""
+        return Capability.TOKENS in self.capabilities
+
+    @abc.abstractmethod
     def where(self) -> str:
         """Where the locks are, for people: a folder, or ``host:port/database`` (no password)."""
-        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of what the backend keeps open (connections); default: nothing."""
+        return None
 
+    @abc.abstractmethod
     def try_acquire(
         self,
         feature: str,
@@ -370,38 +468,39 @@ class LockBackend(Protocol):
         """One attempt: publish the lock, reclaiming a stale or corrupt one (and, with
         ``reclaim_dead``, one whose owner is provably gone). ``lease`` (seconds; ``None``: the
         backend's default, 2 h) raises :class:`UnsupportedError` where it cannot be chosen."""
-        ...
 
+    @abc.abstractmethod
     def refresh(self, held: Held) -> Held:
         """Renew exactly this acquisition (new timestamp / lease); :class:`LockLostError`
         when it is no longer the holder's."""
-        ...
 
-    def release_held(self, held: Held) -> bool:
-        """Remove exactly this acquisition; False if it was already gone (never another's)."""
-        ...
+    @abc.abstractmethod
+    def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
+        """Remove exactly this acquisition; False if it was already gone (never another's).
+        ``wait``: how to wait where the release cannot be done at once (``None``: raise)."""
 
+    @abc.abstractmethod
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
         """Remove ``pid``'s lock on ``feature`` (CLI release): True if removed, False if there
         was none; :class:`NotOwnerError` for another owner's, unless ``force``."""
-        ...
 
+    @abc.abstractmethod
     def inspect(self, feature: str) -> LockInfo:
         """The lock on ``feature`` (state ``free`` when none)."""
-        ...
 
+    @abc.abstractmethod
     def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         """Every lock, by feature name."""
-        ...
 
+    @abc.abstractmethod
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         """Every feature (``feature_names`` and every lock), free and done ones too."""
-        ...
 
+    @abc.abstractmethod
     def feature_names(self) -> list[str]:
         """The features a bare ``claim`` offers, by name (the local ``specs`` folders)."""
-        ...
 
+    @abc.abstractmethod
     def clean(
         self,
         *,
@@ -412,33 +511,91 @@ class LockBackend(Protocol):
     ) -> list[CleanedEntry]:
         """Remove stale and corrupt locks (and debris); active ones stay. ``features``: only
         these (``None``: every feature)."""
-        ...
 
+    @abc.abstractmethod
     def is_done(self, feature: str) -> bool: ...
 
+    @abc.abstractmethod
     def done(self, feature: str, pid: int) -> str:
         """Mark ``feature`` done, then release ``pid``'s lock on it; the time written.
         :class:`NotHeldError` (nothing written) when ``pid`` does not hold it."""
-        ...
 
+    @abc.abstractmethod
     def reopen(self, feature: str) -> bool:
         """Remove the done mark, the failed state and the attempt count; True if there was
         any of them."""
-        ...
 
+    @abc.abstractmethod
     def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
         """Record a failed attempt of ``pid``'s (``reason``: why, or the exit code), then
         release its lock, in that order; the record after it. :class:`NotHeldError`
         (nothing written) when ``pid`` does not hold it. ``limit``: the pool's attempts."""
-        ...
 
+    @abc.abstractmethod
     def attempts(self, feature: str) -> Attempts | None:
         """The feature's failed attempts (``None``: none recorded)."""
-        ...
+
+    # ----------------------------------------------------------------- capabilities
 
     def verify(self, feature: str, token: int) -> bool:
-        """Is ``token`` the current holder's? :class:`UnsupportedError` without tokens."""
-        ...
+        """Is ``token`` the current holder's? (:attr:`Capability.TOKENS`)"""
+        raise UnsupportedError(f"the {self.kind} backend has no fencing tokens")
+
+    def try_claim(
+        self,
+        features: Sequence[str],
+        requester: Requester,
+        *,
+        reclaim_dead: bool = False,
+        lease: float | None = None,
+        include_done: bool = False,
+    ) -> AcquireResult | None:
+        """The first free feature of ``features`` not done (unless ``include_done``) nor
+        failed, taken in one step; ``None`` when none is free
+        (:attr:`Capability.CLAIM_IN_ONE_STEP`)."""
+        raise UnsupportedError(f"the {self.kind} backend claims one feature at a time")
+
+    def failed_features(self) -> set[str]:
+        """The features whose failed attempts reached their limit
+        (:attr:`Capability.CLAIM_IN_ONE_STEP`: what a claim in one step left out)."""
+        raise UnsupportedError(f"the {self.kind} backend lists no failed features at once")
+
+    def pause(self, feature: str, backoff: float, most: float) -> None:
+        """Between two tries of an acquire: sleep ``backoff`` seconds; a backend that hears
+        releases (:attr:`Capability.RELEASE_NOTICE`) waits for one instead, ``most`` seconds
+        at most."""
+        sleep(backoff)
+
+    def release_watch(self, features: Iterable[str]) -> ReleaseWatch:
+        """A watch that wakes a waiter when a lock of ``features`` is released; default: a
+        short poll."""
+        return _PollingWatch()
+
+    def work_proof(self, held: Held) -> WorkProof | None:
+        """The proof of life for the work ``held``'s holder starts (``lock run``'s command);
+        ``None``: the lock carries none (:attr:`Capability.PROOF_OF_LIFE`)."""
+        return None
+
+    def rest(self) -> None:
+        """Between a holder's refreshes: let go of what need not stay open (a server
+        connection); default: nothing."""
+        return None
+
+    def init(self) -> int | None:
+        """Create what the backend needs (a server's tables); the schema version, or ``None``
+        where there is nothing to create."""
+        return None
+
+    def marker_folder(self) -> str | os.PathLike[str] | None:
+        """The local gsd folder whose ``.completed`` markers count as done too, for a backend
+        that keeps its locks elsewhere (PostgreSQL); ``None`` where the markers are the
+        backend's own (files)."""
+        return None
+
+    def mark_done_here(self, feature: str, stamp: str) -> bool:
+        """Publish the done marker in ``feature``'s local folder if there is one; True if
+        written (the folder backend: the marker of another backend's ``done``)."""
+        raise UnsupportedError(f"the {self.kind} backend keeps no local done markers")
 
 
 STATES: Final[Sequence[str]] = tuple(State)

@@ -2,7 +2,7 @@
 
 The default backend, nothing to run. Every read, publish, reclaim, refresh and removal goes
 through the hardened protocol of :mod:`mahabharatha.lockfile` (the clock of every decision is
-:func:`mahabharatha.commands._utils.now`, the contract's clock seam); this module adds what a
+:func:`mahabharatha.clock.now`, read once per call); this module adds what a
 lock layer needs on top: an explicit owner pid with its owner details, the ``--reclaim-dead``
 judgement, the audit trail, listings, clean-up and the ``.completed`` marker. No fencing
 tokens, no chosen lease: the lease is the contract's fixed 2 hours.
@@ -13,35 +13,40 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
+from functools import cache
 from pathlib import Path
-from time import gmtime, strftime
+from time import gmtime, monotonic, strftime
 from typing import Any, Final
 
-from mahabharatha import lockfile, ownership, proof
+from mahabharatha import clock, lockfile, ownership, proof
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
+    Capability,
     CleanedEntry,
     FeatureProblem,
     Held,
+    LockBackend,
     LockInfo,
     LockLostError,
     NotHeldError,
     NotOwnerError,
     Owner,
+    ReleaseWait,
     Requester,
     State,
     UnsupportedError,
+    format_duration,
 )
 from mahabharatha.backends.liveness import Liveness, owner_liveness, per_pid
 from mahabharatha.backends.release_watch import ReleaseWatch
-from mahabharatha.commands import _utils
-from mahabharatha.constants import GSD_DIR
+from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
 from mahabharatha.lockfile import (
     STALE_AFTER_SECONDS,
     EntryKind,
+    LockBusyError,
     LockSnapshot,
     LockState,
     OpenFeatureDir,
@@ -52,21 +57,17 @@ from mahabharatha.lockfile import (
     judge_lock,
     read_lock,
 )
+from mahabharatha.names import feature_folders
 
 __all__ = [
     "ATTEMPTS_RECORD_NAME",
     "AUDIT_LOG_NAME",
     "COMPLETED_MARKER_NAME",
+    "LEASE_BREAK_MARGIN_SECONDS",
     "FileBackend",
     "describe_snapshot",
+    "lease_break_seconds",
 ]
-
-AUDIT_LOG_NAME: Final = "lock-audit.jsonl"
-"""One JSON line per reclaim, forced release and clean, in the gsd folder."""
-
-COMPLETED_MARKER_NAME: Final = ".completed"
-"""A finished feature's marker in its folder (an ISO-8601 time, like the repository's other
-sentinels ``.started`` and ``.plan-complete``): ``claim`` never hands such a feature out."""
 
 ATTEMPTS_RECORD_NAME: Final = ".attempts"
 """A feature's failed attempts beside its ``.completed`` marker: one JSON object (count, the
@@ -80,6 +81,19 @@ MAX_REASON_CHARS: Final = 200
 MAX_ATTEMPTS_BYTES: Final = 3072
 """The record never grows past this (oldest attempts dropped first): well inside the 4 KiB that
 bounded reads accept."""
+
+
+LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
+DEFAULT_LEASE_BREAK_SECONDS: Final = 45.0
+"""The kernel's default lease-break time: assumed where the setting cannot be read."""
+LEASE_BREAK_MARGIN_SECONDS: Final = 5.0
+"""Waited beyond the lease-break time: the kernel times the break from the first refused open
+(ours, 0.5 s before we start counting, or another reader's) and may act a little late."""
+RELEASE_RETRY_FIRST_SECONDS: Final = 0.1
+RELEASE_RETRY_MAX_SECONDS: Final = 2.0
+"""Pauses between release tries under a lease (doubling): each try already spins 0.5 s on
+the refused read, so the wait costs a fifth of a CPU at most, and a lease given up is seen
+within about two seconds."""
 
 
 # --------------------------------------------------------------------------- facts about locks
@@ -144,7 +158,7 @@ class _Problems:
 def _audit(gsd_dir: str | os.PathLike[str], action: str, feature: str, **facts: Any) -> None:
     """Append one JSON line; a lock operation never fails because its log could not be written."""
     entry = {
-        "time": _utils.now(),
+        "time": clock.now(),
         "feature": feature,
         "action": action,
         "by_pid": os.getpid(),
@@ -330,11 +344,11 @@ def _next_attempts(
 # --------------------------------------------------------------------------- the backend
 
 
-class FileBackend:
+class FileBackend(LockBackend):
     """Locks as ``.lock`` files under ``<gsd>/specs``: the :class:`LockBackend` of one folder."""
 
-    kind: str = "file"
-    supports_tokens: bool = False
+    kind = "file"
+    capabilities = frozenset({Capability.PROOF_OF_LIFE, Capability.RELEASE_NOTICE})
 
     def __init__(self, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> None:
         self.gsd_dir = gsd_dir
@@ -344,9 +358,6 @@ class FileBackend:
 
     def where(self) -> str:
         return os.fspath(self.gsd_dir)
-
-    def close(self) -> None:
-        """Nothing to close: every call opens and closes what it needs."""
 
     # ----------------------------------------------------------------- acquiring and holding
 
@@ -362,7 +373,7 @@ class FileBackend:
             raise UnsupportedError(
                 "the file backend has a fixed lease of 2 hours; a lease cannot be chosen"
             )
-        now = _utils.now()
+        now = clock.now()
         rule = _dead_owner_rule if reclaim_dead else age_only
         with OpenFeatureDir(self.gsd_dir, feature, create=True) as dfd:
             assert dfd is not None
@@ -402,7 +413,7 @@ class FileBackend:
         return AcquireResult(held, None, replaced, reason)
 
     def refresh(self, held: Held) -> Held:
-        now = _utils.now()
+        now = clock.now()
         record = lockfile.format_record(held.pid, now)
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             fresh = None if dfd is None else lockfile.replace_if_unchanged(dfd, held.handle, record)
@@ -413,7 +424,15 @@ class FileBackend:
             raise LockLostError(held.feature)
         return _held(held.feature, held.pid, now, fresh)
 
-    def release_held(self, held: Held) -> bool:
+    def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
+        """Remove exactly ``held``'s lock. A kernel lease that another process holds on the
+        lock file refuses its read for a while: with ``wait``, the release is tried again
+        until the kernel breaks the lease (bounded); without, :class:`LockBusyError`."""
+        if wait is None:
+            return self._release_held_once(held)
+        return _through_leases(lambda: self._release_held_once(held), wait)
+
+    def _release_held_once(self, held: Held) -> bool:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             if dfd is None:
                 return False
@@ -430,16 +449,13 @@ class FileBackend:
                 return None
             return proof.WorkProof.made(dfd, slot)
 
-    def verify(self, feature: str, token: int) -> bool:
-        raise UnsupportedError("the file backend has no fencing tokens")
-
     # ----------------------------------------------------------------- releasing
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 return False
-            now = _utils.now()
+            now = clock.now()
             outcome, snapshot = lockfile.release_at(dfd, pid, now, force=force)
             if pid == os.getpid():
                 proof.forget(dfd, _folder(self.gsd_dir, feature))
@@ -472,18 +488,18 @@ class FileBackend:
             snapshot = lockfile.MISSING if dfd is None else read_lock(dfd, life=True)
         if snapshot.kind is EntryKind.DIRECTORY:
             raise _directory_in_the_way(self.gsd_dir, feature)
-        now = _utils.now()
+        now = clock.now()
         return describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now)
 
     def feature_names(self) -> list[str]:
         """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted."""
-        return [feature for feature, _ in lockfile.scan_locks(self.gsd_dir, read=False)]
+        return feature_folders(self.gsd_dir)
 
     def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         """Every feature folder that has a ``.lock`` entry, by name. A folder that cannot be
         looked into is skipped and added to ``problems`` (without that list, its error is
         raised after the scan)."""
-        now = _utils.now()
+        now = clock.now()
         liveness = per_pid()
         skipped = _Problems(self.gsd_dir, problems)
         infos = [
@@ -566,7 +582,7 @@ class FileBackend:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 raise NotHeldError(feature, pid)
-            now = _utils.now()
+            now = clock.now()
             with lockfile.Guard(dfd, wait=True):
                 # Under the guard no reclaim, clean or release can remove the lock: the marker
                 # is written only while the caller really holds it.
@@ -610,7 +626,7 @@ class FileBackend:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 raise NotHeldError(feature, pid, "recorded as failed")
-            now = _utils.now()
+            now = clock.now()
             with lockfile.Guard(dfd, wait=True):
                 # Under the guard no reclaim, clean or release can remove the lock: the attempt
                 # is recorded only while the caller really holds it.
@@ -667,7 +683,7 @@ class FileBackend:
         """Clean one folder, adding to ``found`` as it goes (an error later in the folder must
         not lose what was already removed)."""
         folder = feature_dir_path(self.gsd_dir, feature)
-        now = _utils.now()
+        now = clock.now()
 
         def cleanable(entry: LockSnapshot) -> bool:
             return rule(entry, judge_lock(entry, now))
@@ -699,6 +715,55 @@ class FileBackend:
                     skipped.add(feature, type(error)(error.errno, error.strerror, path))
                     continue
             found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
+
+
+# --------------------------------------------------------------------------- kernel leases
+
+
+@cache
+def lease_break_seconds() -> float:
+    """How long the kernel lets a lease holder keep a file from others (read once)."""
+    try:
+        with open(LEASE_BREAK_SETTING, "rb") as setting:
+            return max(0.0, float(int(setting.read(32))))
+    except (OSError, ValueError):
+        return DEFAULT_LEASE_BREAK_SECONDS
+
+
+def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
+    """``release()``; while a kernel lease refuses the read of the lock file, try again until
+    the kernel has broken the lease (bounded), pausing between tries as ``wait`` says (its
+    pause may raise to end the wait: the lock then stays)."""
+    deadline: float | None = None
+    bound = 0.0
+    pause = RELEASE_RETRY_FIRST_SECONDS
+    while True:
+        try:
+            return release()
+        except LockBusyError as busy:
+            # Race: another process took a lease on our lock file (Samba, a backup tool); the
+            # kernel breaks it after lease-break-time, so the release waits for that.
+            now = monotonic()
+            if deadline is None:
+                bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
+                deadline = now + bound
+                if wait.announce is not None:
+                    wait.announce(bound)
+            if now >= deadline:
+                raise _left_under_lease(busy, bound) from None
+        wait.pause(min(pause, deadline - now))
+        pause = min(pause * 2, RELEASE_RETRY_MAX_SECONDS)
+
+
+def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
+    """The release's answer when a lease outlasted the wait: the lock stays, and how it goes."""
+    where = f"{busy.filename}: " if busy.filename else ""
+    return LockBusyError(
+        busy.errno,
+        f"{where}still under another process's kernel lease after {format_duration(waited)}; "
+        "the lock stays until it is stale, or until --reclaim-dead takes it",
+        busy.filename,
+    )
 
 
 def _folder(gsd_dir: str | os.PathLike[str], feature: str) -> str:

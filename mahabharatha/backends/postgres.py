@@ -12,14 +12,13 @@ statements and what a network partition does: ``design/postgres.md``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import random
-import re
 import secrets
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,28 +30,37 @@ try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg import sql
-    from psycopg.conninfo import conninfo_to_dict
 except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
     raise ImportError("a postgresql:// lock URL needs psycopg 3, the postgres extra") from missing
-
-import itertools
 
 from mahabharatha import ownership
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
     BackendError,
+    Capability,
     CleanedEntry,
     FeatureProblem,
     Held,
+    LockBackend,
     LockInfo,
     LockLostError,
     NotHeldError,
     NotOwnerError,
     Owner,
+    ReleaseWait,
     Requester,
     State,
 )
+from mahabharatha.backends.pg_connection import (
+    CONNECT_TIMEOUT_SECONDS,
+    Connection,
+    first_line,
+    password_of,
+    server_of,
+)
+from mahabharatha.backends.pg_namespace import derive_namespace, normalise_remote
+from mahabharatha.names import feature_folders
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
@@ -61,6 +69,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "PostgresBackend",
     "derive_namespace",
+    "normalise_remote",
 ]
 
 SCHEMA_VERSION: Final = 2
@@ -72,8 +81,6 @@ the file backend."""
 RUN_LEASE_SECONDS: Final = 60.0
 """``lock run`` and ``FeatureLock`` refresh every third of it: a dead host's lock is free again
 within a minute, and a heartbeat may miss twice (a server restart, a lost connection) first."""
-CONNECT_TIMEOUT_SECONDS: Final = 5.0
-"""How long a command waits for the server (to connect, and for any one answer)."""
 CLIENT_ENCODING: Final = "UTF8"
 """Always the package's choice: on a ``SQL_ASCII`` database (initdb's default under the C locale)
 the database's own makes psycopg answer ``bytes`` for text (a refresh that never matched its
@@ -405,136 +412,7 @@ nothing is set, the durability the role or database gives is read instead (``off
 refused), and no named prepared statement is used (another client's ``_pg3_0`` ran in ours)."""
 
 
-# --------------------------------------------------------------------------- connections
-
-
-class _Connection(psycopg.Connection[Any]):
-    """A connection whose every wait for the server ends within ``deadline`` seconds: a server
-    that accepted the connection and then froze (SIGSTOP, a dead host behind a live link)
-    answers nothing, and TCP alone would wait for minutes."""
-
-    deadline: float = CONNECT_TIMEOUT_SECONDS
-    pooled: bool = False
-    """Behind a connection pooler (:meth:`PostgresBackend._set_up_session`): no named prepared
-    statements on it."""
-
-    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        # A caller's own timeout (notifies: what is left of a wait, possibly 0) stands as given.
-        chosen = self.deadline if timeout is None else timeout
-        return super().wait(gen, interval=interval, timeout=chosen)
-
-
-@dataclass(frozen=True)
-class _Server:
-    """Where the server is, for messages: never the password."""
-
-    host: str
-    port: str
-    database: str
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}/{self.database}"
-
-
-_MUST_BE_ENCODED: Final = re.compile(r"[@/?#\[\] ]|%(?![0-9A-Fa-f]{2})")
-"""What a URL's user name and password may not hold as it is (RFC 3986 userinfo): an ``@`` made
-libpq read the password's end as the host (and print it), a ``%``, space or ``[`` made its
-parse error quote the password."""
-_QUOTED: Final = re.compile(r'".*"', re.S)
-
-
-def _server_of(url: str) -> _Server:
-    """host, port and database of ``url`` as libpq would use them (its defaults and PG*
-    variables), for messages only. A URL that libpq cannot parse, or whose password libpq would
-    misread, is refused without a word of it (libpq's own error quotes the part it choked on)."""
-    _refuse_unencoded_userinfo(url)
-    try:
-        given = conninfo_to_dict(url)
-    except psycopg.Error as error:
-        reason = _QUOTED.sub("(not shown)", _first_line(error))
-        raise ValueError(f"not a valid PostgreSQL URL: {reason}") from None
-    env = os.environ
-    host = str(given.get("host") or env.get("PGHOST") or "localhost")
-    port = str(given.get("port") or env.get("PGPORT") or "5432")
-    user = str(given.get("user") or env.get("PGUSER") or _login_name())
-    database = str(given.get("dbname") or env.get("PGDATABASE") or user)
-    return _Server(host, port, database)
-
-
-def _refuse_unencoded_userinfo(url: str) -> None:
-    """ValueError (never quoting the URL) when its user name or password holds a character
-    that must be percent-encoded there."""
-    rest = url.partition("://")[2]
-    before_query = rest.partition("?")[0]
-    userinfo = before_query.rpartition("@")[0]
-    if _MUST_BE_ENCODED.search(userinfo):
-        raise ValueError(
-            "not a valid PostgreSQL URL: its user name or password holds a character that must "
-            "be percent-encoded there (@ as %40, / as %2F, % as %25, a space as %20, [ as %5B)"
-        )
-
-
-def _login_name() -> str:
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return "postgres"
-
-
-def _password_of(url: str) -> str | None:
-    try:
-        value = conninfo_to_dict(url).get("password")
-    except psycopg.Error:
-        return None
-    return str(value) if value else os.environ.get("PGPASSWORD") or None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0].strip() if text else type(error).__name__
-
-
-# --------------------------------------------------------------------------- namespaces
-
-_SCP_LIKE: Final = re.compile(r"^(?:[^@/]+@)?([^:/]+):(?!//)(.*)$")
-_URL_LIKE: Final = re.compile(r"^[a-z][a-z0-9+.-]*://(?:[^@/]*@)?([^/:]+)(?::\d+)?/?(.*)$", re.I)
-
-
-def normalise_remote(url: str) -> str | None:
-    """``git@github.com:org/repo.git`` and ``https://github.com/org/repo`` are one repository:
-    ``github.com/org/repo`` (host lower-cased, no user, port, scheme or ``.git``)."""
-    text = url.strip()
-    match = _URL_LIKE.match(text) or _SCP_LIKE.match(text)
-    if match is None:
-        path, host = text, ""  # a local path: the path itself names the repository
-    else:
-        host, path = match.group(1).lower(), match.group(2)
-    path = path.strip("/")
-    path = path.removesuffix(".git").rstrip("/")
-    name = f"{host}/{path}" if host else path
-    return name or None
-
-
-def derive_namespace(where: str | os.PathLike[str] | None = None) -> str | None:
-    """The namespace of the repository at ``where`` (its ``origin`` remote), or None."""
-    folder = os.fspath(where) if where is not None else os.getcwd()
-    while folder and not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
-    try:
-        done = subprocess.run(
-            ["git", "-C", folder or ".", "config", "--get", "remote.origin.url"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if done.returncode != 0:
-        return None
-    return normalise_remote(done.stdout)
+_Connection = Connection  # the name the tests patch statements on
 
 
 # --------------------------------------------------------------------------- the backend
@@ -553,11 +431,13 @@ class _Row:
     now: float
 
 
-class PostgresBackend:
+class PostgresBackend(LockBackend):
     """Locks in PostgreSQL, keyed by (namespace, feature); see the module's docstring."""
 
     kind = "postgresql"
-    supports_tokens = True
+    capabilities = frozenset(
+        {Capability.TOKENS, Capability.CLAIM_IN_ONE_STEP, Capability.RELEASE_NOTICE}
+    )
     run_lease = RUN_LEASE_SECONDS
     """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless given."""
 
@@ -581,8 +461,8 @@ class PostgresBackend:
                 f"connect timeout must be a positive number of seconds, not {connect_timeout}"
             )
         self._url = url
-        self._server = _server_of(url)
-        self._password = _password_of(url)
+        self._server = server_of(url)
+        self._password = password_of(url)
         self.namespace = namespace
         self.gsd_dir = gsd_dir
         self.connect_timeout = connect_timeout
@@ -737,11 +617,11 @@ class PostgresBackend:
             reason = f"no answer within {self.connect_timeout:g} s"
         elif isinstance(error, pg_errors.InsufficientPrivilege):
             reason = (
-                f"permission denied ({_first_line(error)}); run 'mahabharatha lock init' as the "
+                f"permission denied ({first_line(error)}); run 'mahabharatha lock init' as the "
                 "tables' owner and grant this role SELECT, INSERT, UPDATE, DELETE"
             )
         else:
-            reason = _first_line(error)
+            reason = first_line(error)
         if self._password:
             reason = reason.replace(self._password, "***")
         return BackendError(f"lock server {self._server} (PostgreSQL): {reason}")
@@ -1099,7 +979,9 @@ class PostgresBackend:
             held.handle,
         )
 
-    def release_held(self, held: Held) -> bool:
+    def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
+        """Remove exactly ``held`` (one statement; ``wait`` is unused: nothing on a server
+        refuses a release for a while, and a lost answer is retried by :meth:`_run`)."""
         return bool(self._hot(_RELEASE_HELD_NUMBERED, (self.namespace, held.feature, held.token)))
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
@@ -1150,13 +1032,6 @@ class PostgresBackend:
         details = ownership.decode(row.details)
         return owner_liveness(row.pid, row.refreshed + _clock_shift(row.now), details)
 
-    def host_of(self, feature: str) -> tuple[str | None, int | None]:
-        """The holder's host and token (for JSON), (None, None) when free."""
-        row = self._row(feature)
-        if row is None or row.pid is None:
-            return None, None
-        return row.host, row.token
-
     def inspect(self, feature: str) -> LockInfo:
         row = self._row(feature)
         if row is None:
@@ -1186,12 +1061,8 @@ class PostgresBackend:
         return [infos[name] for name in sorted(infos)]
 
     def feature_names(self) -> list[str]:
-        from mahabharatha.backends.files import FileBackend
-
-        try:
-            return FileBackend(self.gsd_dir).feature_names()
-        except FileNotFoundError:
-            return []
+        """The local ``specs`` folders, as on files (a bare ``claim`` offers the same)."""
+        return feature_folders(self.gsd_dir)
 
     # ------------------------------------------------------------------ maintenance
 
@@ -1306,6 +1177,20 @@ class PostgresBackend:
 
     # ------------------------------------------------------------------ waiting
 
+    def pause(self, feature: str, backoff: float, most: float) -> None:
+        """Between two tries of an acquire: wait for ``feature``'s release (LISTEN/NOTIFY),
+        ``most`` seconds at most (the backoff is the poll a missed notification falls to)."""
+        self.wait_for_release(feature, most)
+
+    def release_watch(self, features: Iterable[str]) -> _Listening:
+        """A pool's wait for any of ``features`` to be released: LISTEN while it waits, and no
+        listening connection kept once it ends (a holder keeps none while it works)."""
+        return _Listening(self, list(features))
+
+    def marker_folder(self) -> str | os.PathLike[str]:
+        """The local gsd folder: its ``.completed`` markers count as done here too."""
+        return self.gsd_dir
+
     def wait_for_release(self, feature: str, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a release of ``feature`` (LISTEN/NOTIFY): True
         when one came (or when this is the first call, which only starts listening: the caller
@@ -1418,3 +1303,22 @@ class _Handle:
 
     lease: float
     attempt: bytes
+
+
+class _Listening:
+    """The :class:`~mahabharatha.backends.base.ReleaseWatch` of a server: entered, it starts
+    listening (a release from then on is heard); left, it closes the listening connection."""
+
+    def __init__(self, backend: PostgresBackend, features: list[str]) -> None:
+        self.backend = backend
+        self.features = features
+
+    def __enter__(self) -> _Listening:
+        self.backend.wait_for_any_release(self.features, 0.0)  # starts listening
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.backend.stop_listening()
+
+    def wait(self, seconds: float) -> bool:
+        return self.backend.wait_for_any_release(self.features, seconds)

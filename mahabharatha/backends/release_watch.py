@@ -24,16 +24,10 @@ from collections.abc import Iterable
 from time import monotonic, sleep
 from typing import Final, Self
 
+from mahabharatha.backends.base import POLL_SECONDS, RECHECK_SECONDS
 from mahabharatha.lockfile import LOCK_FILE_NAME, folder_path
 
 __all__ = ["POLL_SECONDS", "RECHECK_SECONDS", "ReleaseWatch"]
-
-POLL_SECONDS: Final = 0.05
-"""Without inotify: how long a waiter sleeps between claims (20 tries a second, each a few
-system calls per feature)."""
-RECHECK_SECONDS: Final = 1.0
-"""Even with inotify, a waiter claims again at least this often: a lock that goes stale or
-whose owner dies (``--reclaim-dead``) is not unlinked, so no event says so."""
 
 IN_NONBLOCK: Final = os.O_NONBLOCK
 IN_CLOEXEC: Final = os.O_CLOEXEC

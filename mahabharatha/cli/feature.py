@@ -14,10 +14,17 @@ from mahabharatha.cli._output import (
     Result,
     respond,
 )
-from mahabharatha.commands import _utils
-from mahabharatha.commands._utils import detect_feature
 from mahabharatha.constants import STATE_DIR
+from mahabharatha.detect import (
+    CURRENT_FEATURE_FILE,
+    FEATURE_ENV_VAR,
+    detect_feature,
+    feature_from_env,
+    safe_read_text,
+)
 from mahabharatha.exits import EXIT_HELD, EXIT_OK
+from mahabharatha.names import is_valid_feature_name, shown_name
+from mahabharatha.reads import MAX_READ_BYTES
 
 app = typer.Typer(help="The feature being worked on.", no_args_is_help=True)
 
@@ -32,27 +39,27 @@ MarkerDirOption = Annotated[
 
 
 def _invalid_because(name: str) -> str | None:
-    if _utils.is_valid_feature_name(name):
+    if is_valid_feature_name(name):
         return None
-    return f"{_utils._shown_name(name)} is not a valid feature name"
+    return f"{shown_name(name)} is not a valid feature name"
 
 
 def _skipped(gsd_dir: str) -> list[str]:
     """Why detection passed over ``$MAHABHARATHA_FEATURE`` or ``<gsd-dir>/.current-feature``
     (only sources it reached: a valid variable ends the search)."""
     notes: list[str] = []
-    env = _utils._feature_from_env()
+    env = feature_from_env()
     if env:
         why = _invalid_because(env)
         if why is None:
             return notes
-        notes.append(f"skipped ${_utils.FEATURE_ENV_VAR}: {why}")
-    path = Path(gsd_dir) / _utils.CURRENT_FEATURE_FILE
+        notes.append(f"skipped ${FEATURE_ENV_VAR}: {why}")
+    path = Path(gsd_dir) / CURRENT_FEATURE_FILE
     if not os.path.lexists(path):
         return notes
-    text = _utils._safe_read_text(path)
+    text = safe_read_text(path)
     if text is None:
-        limit = _utils.MAX_READ_BYTES
+        limit = MAX_READ_BYTES
         notes.append(f"skipped {path}: not a readable text file of at most {limit} bytes")
     elif text and (why := _invalid_because(text)) is not None:
         notes.append(f"skipped {path}: {why}")
@@ -60,8 +67,8 @@ def _skipped(gsd_dir: str) -> list[str]:
 
 
 def _looked_at(gsd_dir: str) -> str:
-    marker = Path(gsd_dir) / _utils.CURRENT_FEATURE_FILE
-    return f"${_utils.FEATURE_ENV_VAR}, {marker}, {STATE_DIR}/*.json"
+    marker = Path(gsd_dir) / CURRENT_FEATURE_FILE
+    return f"${FEATURE_ENV_VAR}, {marker}, {STATE_DIR}/*.json"
 
 
 @app.command()

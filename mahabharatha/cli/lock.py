@@ -50,7 +50,6 @@ from mahabharatha.cli._render import (
     summary,
     summary_counts,
 )
-from mahabharatha.commands._utils import _validate_feature_name, is_valid_feature_name
 from mahabharatha.exits import EXIT_HELD, EXIT_OK, EXIT_OS_ERROR, EXIT_TEMPFAIL
 from mahabharatha.locks import (
     AlreadyHeldError,
@@ -59,6 +58,8 @@ from mahabharatha.locks import (
     LockInfo,
     LockLostError,
 )
+from mahabharatha.names import is_valid_feature_name
+from mahabharatha.names import validate_feature_name as _validate_feature_name
 
 app = typer.Typer(
     help="Feature locks: one session per feature, across shells and worker pools.",
@@ -830,10 +831,9 @@ def init(
     def action() -> Result:
         tables = shared.place._replace(namespace=shared.namespace_given or "-")  # every namespace
         store = backend_for(shared.gsd_dir, tables)
-        setup = getattr(store, "init", None)
-        if setup is None:
+        version = store.init()
+        if version is None:
             return Result(EXIT_OK, document, "the folder backend needs no set-up")
-        version = setup()
         done = {"backend": store.kind, "schema_version": version}
         return Result(EXIT_OK, done, f"lock tables ready on {store.where()} (schema {version})")
 

@@ -45,7 +45,7 @@ from mahabharatha.cli.lock import (
     complete_feature,
     require_folder_of_files,
 )
-from mahabharatha.commands._utils import FEATURE_ENV_VAR
+from mahabharatha.detect import FEATURE_ENV_VAR
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
     EXIT_HELD,

@@ -2,32 +2,36 @@
 
 ``acquire_feature_lock``, ``release_feature_lock`` and ``check_feature_lock`` keep the
 contract's signatures and answers (bools, ``None``, ``ValueError``); ``detect_feature`` finds the
-feature being worked on. The lock protocol itself (publish, judge, reclaim, release, refresh)
-is :mod:`mahabharatha.lockfile`, which reads no clock: each function here reads
-``time.time()`` of this module once and passes it down, and :func:`now` is the clock of the lock
-layer too (tests replace ``time`` here, the contract's one clock seam).
+feature being worked on. A face like the CLI, and as thin: the lock protocol itself (publish,
+judge, reclaim, release, refresh) is :mod:`mahabharatha.lockfile`, which reads no clock; the
+clock is :mod:`mahabharatha.clock`, the name rules :mod:`mahabharatha.names`, detection
+:mod:`mahabharatha.detect`. Each lock function here reads ``time.time()`` of this module once
+and passes it down.
+
+This module stays the contract's clock seam: tests replace ``time`` (or ``now``) here, and such
+a replacement is written through to :mod:`mahabharatha.clock`, so the folder backend and the
+lock layer, which read the clock there, see it too. Nothing but a face imports this module.
 
 The protocol's names are re-exported here for the callers that know them by this module.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import stat
+import sys
 import time
-from collections.abc import Callable
-from pathlib import Path, PosixPath
-from typing import Final
+import types
+from typing import Any, Final
 
-from mahabharatha import proof
-from mahabharatha.constants import GSD_DIR, STATE_DIR
+from mahabharatha import clock, detect, proof
+from mahabharatha.clock import now
+from mahabharatha.constants import GSD_DIR
+from mahabharatha.detect import CURRENT_FEATURE_FILE, FEATURE_ENV_VAR, detect_feature
 from mahabharatha.lockfile import (
     LOCK_FILE_NAME,
     MAX_PID,
     MAX_READ_BYTES,
     MISSING,
-    NOFOLLOW_READ,
     STALE_AFTER_SECONDS,
     AcquireOutcome,
     EntryKind,
@@ -38,22 +42,18 @@ from mahabharatha.lockfile import (
     OpenFeatureDir,
     age_only,
     busy_error,
-    close_quietly,
     feature_dir_path,
     folder_path,
     format_record,
     is_temp_name,
-    is_valid_feature_name,
     judge_lock,
     named_error,
     parse_record,
-    read_bounded,
     read_lock,
     release_at,
-    shown_name,
     try_acquire,
-    validate_feature_name,
 )
+from mahabharatha.names import is_valid_feature_name, shown_name, validate_feature_name
 
 __all__ = [
     "CURRENT_FEATURE_FILE",
@@ -85,19 +85,34 @@ __all__ = [
     "try_acquire",
 ]
 
-CURRENT_FEATURE_FILE: Final = ".current-feature"
-FEATURE_ENV_VAR: Final = "MAHABHARATHA_FEATURE"
-
-_validate_feature_name = validate_feature_name  # the contract tests' name for it
+# The names the contract's tests and older callers know (the modules above have their homes).
+_validate_feature_name = validate_feature_name
 _shown_name = shown_name
+_safe_read_text = detect.safe_read_text
+_read_small_regular_file = detect.read_small_regular_file
+_CheckedFile = detect.CheckedFile
+_feature_from_env = detect.feature_from_env
+_feature_from_marker = detect.feature_from_marker
+_feature_from_state_files = detect.feature_from_state_files
 
 
-# --------------------------------------------------------------------------- the clock
+# --------------------------------------------------------------------------- the clock seam
+
+_CLOCK_NAMES: Final = frozenset({"time", "now"})
+"""This module's names that are also :mod:`mahabharatha.clock`'s: a replacement of either here
+is one of the clock of every layer (the contract's tests replace ``_utils.time``)."""
 
 
-def now() -> float:
-    """The clock of every lock decision (``time.time()`` of this module, which tests replace)."""
-    return float(time.time())
+class _ClockSeam(types.ModuleType):
+    """This module's type: setting ``time`` or ``now`` on it sets them on the clock too."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _CLOCK_NAMES:
+            setattr(clock, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _ClockSeam
 
 
 def _parse_lock_content(content: str) -> tuple[int, float] | None:
@@ -106,110 +121,6 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
     if not isinstance(content, str):
         return None
     return parse_record(content, time.time())
-
-
-# --------------------------------------------------------------------------- bounded reads
-
-
-def _read_small_regular_file(path: Path) -> bytes | None:
-    """The bytes of ``path`` itself (not a link's target) if it is a regular file of at most
-    ``MAX_READ_BYTES``, read through the very descriptor that was checked; else ``None``."""
-    fd = os.open(path, NOFOLLOW_READ)  # no-follow, non-blocking: a link or FIFO cannot fool us
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
-            return None
-        # Race: the entry may be swapped for a FIFO or a link right now, or the file may grow;
-        # we read this descriptor, never the name again, and at most one byte too many.
-        data = read_bounded(fd, info.st_size)
-    finally:
-        close_quietly(fd)
-    return None if len(data) > MAX_READ_BYTES else data
-
-
-class _CheckedFile(PosixPath):
-    """``path`` as ``Path.read_text`` sees it, its ``open`` serving the bytes already read
-    through the checked descriptor: the decoding (and any test that patches ``read_text``)
-    goes through ``Path.read_text`` as the old module did, while the name is never re-opened."""
-
-    _data: bytes
-
-    def open(  # type: ignore[override]  # (text mode only: all read_text asks for)
-        self,
-        mode: str = "r",
-        buffering: int = -1,
-        encoding: str | None = None,
-        errors: str | None = None,
-        newline: str | None = None,
-    ) -> io.TextIOWrapper:
-        raw = io.BytesIO(self._data)
-        return io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline=newline)
-
-
-def _safe_read_text(path: Path) -> str | None:
-    """Stripped text of a small regular file, or ``None`` when it cannot or should not be read.
-
-    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused through one
-    no-follow, non-blocking descriptor, and what is read is read through that descriptor
-    (bounded), whatever another process does to the name meanwhile; ``Path.read_text`` then
-    decodes it, as the existing callers and tests expect. Lock files are never read this way.
-    """
-    try:
-        data = _read_small_regular_file(Path(path))
-        if data is None:
-            return None
-        checked = _CheckedFile(path)
-        checked._data = data
-        return checked.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-# --------------------------------------------------------------------------- feature detection
-
-
-def _feature_from_env() -> str | None:
-    return os.environ.get(FEATURE_ENV_VAR, "").strip() or None
-
-
-def _feature_from_marker(gsd_dir: str = GSD_DIR) -> str | None:
-    return _safe_read_text(Path(gsd_dir) / CURRENT_FEATURE_FILE)
-
-
-def _feature_from_state_files() -> str | None:
-    """Stem of the newest ``*.json`` state file with a valid name; files may vanish meanwhile."""
-    newest: tuple[float, str] | None = None
-    try:
-        candidates = list(Path(STATE_DIR).glob("*.json"))
-    except OSError:
-        return None
-    for candidate in candidates:
-        if not is_valid_feature_name(candidate.stem):
-            continue
-        try:
-            mtime = candidate.stat().st_mtime
-        except OSError:  # removed between the listing and the stat: skip it
-            continue
-        if newest is None or mtime > newest[0]:
-            newest = (mtime, candidate.stem)
-    return newest[1] if newest else None
-
-
-def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
-    """The feature being worked on: env var, then ``.current-feature``, then newest state file.
-
-    A source that cannot be read, or that names an invalid feature, is skipped.
-    """
-    sources: tuple[Callable[[], str | None], ...] = (
-        _feature_from_env,
-        lambda: _feature_from_marker(gsd_dir),
-        _feature_from_state_files,
-    )
-    for source in sources:
-        name = source()
-        if name and is_valid_feature_name(name):
-            return name
-    return None
 
 
 # --------------------------------------------------------------------------- the legacy functions

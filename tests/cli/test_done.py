@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import locks
+from mahabharatha import clock, locks
 from tests.cli._support import (
     STATUS_KEYS,
     invoke,
@@ -56,7 +56,7 @@ def test_done_by_a_non_holder_exits_1_and_writes_nothing(gsd: Path, holder: int 
     Fails before the fix: no ``lock done`` command."""
     folders(gsd, "f1")
     if holder is not None:
-        write_lock(gsd, "f1", pid=holder, timestamp=locks._utils.now())
+        write_lock(gsd, "f1", pid=holder, timestamp=clock.now())
     before = lock_path(gsd, "f1").read_text() if holder else None
     result = invoke("lock", "done", "f1", "--gsd-dir", gsd, "--pid", ME)
     assert result.exit_code == 1

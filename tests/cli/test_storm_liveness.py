@@ -25,8 +25,8 @@ from typing import Any, Final
 import pytest
 
 from mahabharatha.backends.base import format_duration
+from mahabharatha.backends.files import LEASE_BREAK_MARGIN_SECONDS, lease_break_seconds
 from mahabharatha.exits import EXIT_TEMPFAIL
-from mahabharatha.runner import LEASE_BREAK_MARGIN_SECONDS, lease_break_seconds
 from tests.cli._support import (
     FEATURE,
     HOLD_CMD,
@@ -164,9 +164,9 @@ def test_a_signal_ends_the_wait_for_a_lease_at_once(
 
 SHORT_BOUND_CLI: Final = (
     "import sys\n"
-    "from mahabharatha import runner\n"
-    "runner.lease_break_seconds = lambda: 0.0  # a kernel that breaks leases at once ...\n"
-    "runner.LEASE_BREAK_MARGIN_SECONDS = 1.0  # ... but a lease holder that keeps it\n"
+    "from mahabharatha.backends import files\n"
+    "files.lease_break_seconds = lambda: 0.0  # a kernel that breaks leases at once ...\n"
+    "files.LEASE_BREAK_MARGIN_SECONDS = 1.0  # ... but a lease holder that keeps it\n"
     "from mahabharatha.cli import main\n"
     "main()\n"
 )

@@ -19,6 +19,7 @@ import pytest
 
 from mahabharatha import locks, ownership
 from mahabharatha.backends.base import (
+    Capability,
     LockBackend,
     LockInfo,
     LockLostError,
@@ -114,6 +115,35 @@ def test_tokens_and_leases_are_answered_as_the_backend_says(backend: LockBackend
         backend.verify(FEATURE, 1)
     with pytest.raises(UnsupportedError):
         backend.try_acquire("other-feat", Requester(ME), lease=60.0)
+
+
+def test_declared_capabilities_are_what_the_backend_does(backend: LockBackend) -> None:
+    """Issue 20: a capability is declared once (``capabilities``) and called, never probed; a
+    backend without it answers the one named way (``UnsupportedError``) or the neutral answer
+    (no proof of life: ``None``). Fails if a backend declares what it does not do, or does
+    what it does not declare."""
+    names = ["cap-a", "cap-b"]
+    if Capability.CLAIM_IN_ONE_STEP in backend.capabilities:
+        won = backend.try_claim(names, Requester(ME))
+        assert won is not None and won.held is not None and won.held.feature == "cap-a"
+        assert backend.failed_features() == set()
+        assert backend.release_held(won.held) is True
+    else:
+        with pytest.raises(UnsupportedError):
+            backend.try_claim(names, Requester(ME))
+        with pytest.raises(UnsupportedError):
+            backend.failed_features()
+    assert backend.supports_tokens is (Capability.TOKENS in backend.capabilities)
+    held = _win(backend)
+    work = backend.work_proof(held)
+    try:
+        assert (work is not None) is (Capability.PROOF_OF_LIFE in backend.capabilities)
+    finally:
+        if work is not None:
+            work.close()
+    with backend.release_watch([FEATURE]) as watch:
+        backend.release_held(held)
+        assert watch.wait(SYNC_TIMEOUT)  # woken by the release, or a poll: look again
 
 
 # --------------------------------------------------------------------------- done features

@@ -293,7 +293,7 @@ def test_refreshes_failing_until_the_lease_ends_count_as_a_lost_lock(
 
         later = time.time() + _utils.STALE_AFTER_SECONDS + 60
         monkeypatch.setattr(lockfile, "replace_if_unchanged", disk_full)
-        monkeypatch.setattr(locks._utils, "now", lambda: later)  # the lease has passed
+        monkeypatch.setattr(_utils, "now", lambda: later)  # the lease has passed
         assert told.wait(HANG_GUARD_SECONDS), "the loss was never reported"
         assert holder.lost is not None
         assert "turned stale" in holder.lost.reason

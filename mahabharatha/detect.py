@@ -1,0 +1,136 @@
+"""Which feature is being worked on: ``detect_feature`` and the bounded read it trusts.
+
+Sources, first non-empty valid name wins: the environment variable ``MAHABHARATHA_FEATURE``,
+the ``.current-feature`` marker in the gsd folder, the stem of the newest
+``.mahabharatha/state/*.json``. A source that cannot be read, or that names an invalid feature,
+is skipped. The legacy face (:mod:`mahabharatha.commands._utils`) re-exports these under the
+names its callers know; the CLI's ``feature detect`` uses them directly.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path, PosixPath
+from typing import Final
+
+from mahabharatha.constants import GSD_DIR, STATE_DIR
+from mahabharatha.names import is_valid_feature_name
+from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
+
+__all__ = [
+    "CURRENT_FEATURE_FILE",
+    "FEATURE_ENV_VAR",
+    "detect_feature",
+    "feature_from_env",
+    "safe_read_text",
+]
+
+CURRENT_FEATURE_FILE: Final = ".current-feature"
+FEATURE_ENV_VAR: Final = "MAHABHARATHA_FEATURE"
+
+
+# --------------------------------------------------------------------------- bounded reads
+
+
+def read_small_regular_file(path: Path) -> bytes | None:
+    """The bytes of ``path`` itself (not a link's target) if it is a regular file of at most
+    ``MAX_READ_BYTES``, read through the very descriptor that was checked; else ``None``."""
+    fd = os.open(path, NOFOLLOW_READ)  # no-follow, non-blocking: a link or FIFO cannot fool us
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
+            return None
+        # Race: the entry may be swapped for a FIFO or a link right now, or the file may grow;
+        # we read this descriptor, never the name again, and at most one byte too many.
+        data = read_bounded(fd, info.st_size)
+    finally:
+        close_quietly(fd)
+    return None if len(data) > MAX_READ_BYTES else data
+
+
+class CheckedFile(PosixPath):
+    """``path`` as ``Path.read_text`` sees it, its ``open`` serving the bytes already read
+    through the checked descriptor: the decoding (and any test that patches ``read_text``)
+    goes through ``Path.read_text`` as the old module did, while the name is never re-opened."""
+
+    _data: bytes
+
+    def open(  # type: ignore[override]  # (text mode only: all read_text asks for)
+        self,
+        mode: str = "r",
+        buffering: int = -1,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+    ) -> io.TextIOWrapper:
+        raw = io.BytesIO(self._data)
+        return io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline=newline)
+
+
+def safe_read_text(path: Path) -> str | None:
+    """Stripped text of a small regular file, or ``None`` when it cannot or should not be read.
+
+    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused through one
+    no-follow, non-blocking descriptor, and what is read is read through that descriptor
+    (bounded), whatever another process does to the name meanwhile; ``Path.read_text`` then
+    decodes it, as the existing callers and tests expect. Lock files are never read this way.
+    """
+    try:
+        data = read_small_regular_file(Path(path))
+        if data is None:
+            return None
+        checked = CheckedFile(path)
+        checked._data = data
+        return checked.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+# --------------------------------------------------------------------------- feature detection
+
+
+def feature_from_env() -> str | None:
+    return os.environ.get(FEATURE_ENV_VAR, "").strip() or None
+
+
+def feature_from_marker(gsd_dir: str = GSD_DIR) -> str | None:
+    return safe_read_text(Path(gsd_dir) / CURRENT_FEATURE_FILE)
+
+
+def feature_from_state_files() -> str | None:
+    """Stem of the newest ``*.json`` state file with a valid name; files may vanish meanwhile."""
+    newest: tuple[float, str] | None = None
+    try:
+        candidates = list(Path(STATE_DIR).glob("*.json"))
+    except OSError:
+        return None
+    for candidate in candidates:
+        if not is_valid_feature_name(candidate.stem):
+            continue
+        try:
+            mtime = candidate.stat().st_mtime
+        except OSError:  # removed between the listing and the stat: skip it
+            continue
+        if newest is None or mtime > newest[0]:
+            newest = (mtime, candidate.stem)
+    return newest[1] if newest else None
+
+
+def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
+    """The feature being worked on: env var, then ``.current-feature``, then newest state file.
+
+    A source that cannot be read, or that names an invalid feature, is skipped.
+    """
+    sources: tuple[Callable[[], str | None], ...] = (
+        feature_from_env,
+        lambda: feature_from_marker(gsd_dir),
+        feature_from_state_files,
+    )
+    for source in sources:
+        name = source()
+        if name and is_valid_feature_name(name):
+            return name
+    return None

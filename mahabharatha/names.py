@@ -1,0 +1,95 @@
+"""Feature names: the one rule every entry point checks, how a refused name is shown, and the
+features of a gsd folder (what a bare ``claim`` offers, whichever backend keeps the locks).
+
+A feature name is one safe path component (it names the folder ``<gsd>/specs/<feature>`` and a
+database row alike): a letter or digit, then letters, digits, ``.``, ``_`` or ``-``, no ``..``,
+at most 255 bytes. Also the largest pid any lock may record (:data:`MAX_PID`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Final
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "MAX_PID",
+    "NAME_RULE",
+    "feature_folders",
+    "feature_names_in",
+    "is_valid_feature_name",
+    "shown_name",
+    "validate_feature_name",
+]
+
+MAX_NAME_BYTES: Final = 255
+"""``NAME_MAX`` on Linux and macOS: a longer feature name cannot be a folder."""
+
+MAX_PID: Final = 4_194_304
+"""Linux's ``PID_MAX_LIMIT``: no process can have a larger pid."""
+
+NAME_RULE: Final = (
+    "a feature name is a letter or digit, then letters, digits, '.', '_' or '-' "
+    "(no '..'), at most 255 bytes"
+)
+"""What a refused name is told it may be."""
+
+SHOWN_NAME_CHARS: Final = 40
+"""A refused name is echoed up to this many characters: enough to spot it, never a wall."""
+
+_FEATURE_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+
+
+def validate_feature_name(feature: str) -> None:
+    """Raise ``ValueError`` unless ``feature`` is a safe single path component."""
+    if (
+        not isinstance(feature, str)
+        or not feature
+        or ".." in feature
+        or "/" in feature
+        or "\\" in feature
+        or _FEATURE_NAME_RE.fullmatch(feature) is None
+        or len(feature.encode()) > MAX_NAME_BYTES
+    ):
+        raise ValueError(f"Invalid feature name: {shown_name(feature)}: {NAME_RULE}")
+
+
+def shown_name(feature: object) -> str:
+    if not isinstance(feature, str):
+        return f"{type(feature).__name__} {repr(feature)[:SHOWN_NAME_CHARS]}"
+    if len(feature) <= SHOWN_NAME_CHARS:
+        return repr(feature)
+    return f"{feature[:SHOWN_NAME_CHARS]!r}... ({len(feature)} characters)"
+
+
+def is_valid_feature_name(feature: str) -> bool:
+    try:
+        validate_feature_name(feature)
+    except ValueError:
+        return False
+    return True
+
+
+def feature_folders(gsd_dir: str | os.PathLike[str]) -> list[str]:
+    """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted; none
+    when there is no ``specs`` folder."""
+    try:
+        specs = os.open(os.path.join(os.fspath(gsd_dir), "specs"), os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    try:
+        return feature_names_in(specs)
+    finally:
+        os.close(specs)
+
+
+def feature_names_in(specs: int) -> list[str]:
+    """The valid names of the real folders in the open folder ``specs``, sorted (a symlinked
+    feature folder is refused everywhere, so it is not listed)."""
+    with os.scandir(specs) as entries:
+        return sorted(
+            entry.name
+            for entry in entries
+            if entry.is_dir(follow_symlinks=False) and is_valid_feature_name(entry.name)
+        )

@@ -1,0 +1,95 @@
+"""Issue 20: optional capabilities are declared on the seam and called, never probed.
+
+The lock layer, the runner and the CLI once asked ``getattr(backend, "wait_for_release",
+None)`` and ten other such questions: a backend that misspelt a method silently lost the
+capability. Now :class:`~mahabharatha.backends.base.LockBackend` gives every capability a
+default, and no ``getattr`` in the package looks at anything but a module's constants, an
+object's own attributes (``self``) or an exception.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+import mahabharatha
+from mahabharatha.backends.base import Capability, LockBackend, UnsupportedError
+from mahabharatha.backends.files import FileBackend
+
+PACKAGE_DIR: Final = Path(mahabharatha.__file__).parent
+
+
+def _modules_imported(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return names
+
+
+def _exception_names(tree: ast.Module) -> set[str]:
+    return {
+        node.name for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler) and node.name
+    }
+
+
+def probes_in(source: str) -> list[str]:
+    """Every ``getattr(x, ...)`` whose ``x`` is not a module of the file, ``self`` or a caught
+    exception: a probe of another object's capabilities."""
+    tree = ast.parse(source)
+    allowed = _modules_imported(tree) | _exception_names(tree) | {"self"}
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in {"getattr", "hasattr"}
+            and node.args
+            and not (isinstance(node.args[0], ast.Name) and node.args[0].id in allowed)
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_probes_a_backend_with_getattr() -> None:
+    found = {
+        str(path.relative_to(PACKAGE_DIR)): probes
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if (probes := probes_in(path.read_text(encoding="utf-8")))
+    }
+    assert not found, f"capability probes (declare them on LockBackend instead): {found}"
+
+
+@pytest.mark.parametrize(
+    ("source", "probed"),
+    [
+        ('rest = getattr(self.backend, "rest", None)', True),
+        ('listen = getattr(store, "wait_for_any_release", None)', True),
+        ('if hasattr(store, "init"): pass', True),
+        ('import fcntl\nX = getattr(fcntl, "F_OFD_GETLK", None)', False),
+        ('try:\n    pass\nexcept OSError as error:\n    getattr(error, "sqlstate", None)', False),
+    ],
+)
+def test_the_probe_finder_finds_probes(source: str, probed: bool) -> None:
+    """A guard against a check that finds nothing: the probes this issue removed are found."""
+    assert bool(probes_in(source)) is probed
+
+
+def test_the_folder_backend_answers_what_it_lacks_one_named_way(tmp_path: Path) -> None:
+    backend = FileBackend(tmp_path / "gsd")
+    assert isinstance(backend, LockBackend)
+    assert Capability.TOKENS not in backend.capabilities
+    assert Capability.CLAIM_IN_ONE_STEP not in backend.capabilities
+    for lacking in (
+        lambda: backend.verify("feat", 1),
+        lambda: backend.failed_features(),
+    ):
+        with pytest.raises(UnsupportedError):
+            lacking()
+    assert backend.init() is None  # nothing to set up
+    assert backend.marker_folder() is None  # its markers are its own
+    assert backend.run_lease is None  # the fixed 2 h
+    backend.rest()  # no connection to let go of

@@ -1,0 +1,245 @@
+"""Issue 20 ("one map"): the package's import graph keeps its layers.
+
+The layer rule, bottom to top (``design/lockfile-hardening.md`` section 2 draws it):
+
+* **neutral** modules (the clock, the feature-name rules, owner details, the proof of life,
+  exit codes, constants) import only neutral modules: every layer may use them.
+* **the seam** (``backends/base.py``, the owner judgement beside it, and ``backends/__init__``)
+  imports only neutral modules and the seam. ``backends/__init__.open_backend`` is the one
+  place that names a backend's module (it picks the backend of a URL).
+* **a backend** (the folder backend with its ``.lock`` protocol ``lockfile.py`` and its release
+  watch; PostgreSQL) imports neutral modules, the seam and its own modules: never another
+  backend (PostgreSQL lists a folder's features through a neutral module, not ``FileBackend``).
+* **the lock layer** (``locks.py``, ``runner.py``) talks to the seam only: it imports neutral
+  modules, the seam and the lock layer; never a backend's module, the protocol or a face.
+* **the faces** (the CLI, and the legacy face ``commands/_utils.py``) import everything below
+  them, except a backend's module or the protocol. Nothing but a face imports a face: the
+  legacy face no longer stands below the backends (they took its clock). The one exception:
+  the legacy face is the ``.lock`` protocol's own contract (its tests patch ``_utils.os`` and
+  ``_utils.time`` around the protocol's steps), so it may import ``lockfile``.
+
+Every static import is read (``ast``), function-local ones and ``importlib.import_module`` of
+a literal name included. A module no layer names fails the test: say where it belongs.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+import mahabharatha
+
+PACKAGE_DIR: Final = Path(mahabharatha.__file__).parent
+
+NEUTRAL: Final = "neutral"
+SEAM: Final = "seam"
+FILES: Final = "backend: files"
+POSTGRES: Final = "backend: postgresql"
+LOCK_LAYER: Final = "lock layer"
+FACE: Final = "face"
+
+LAYERS: Final[dict[str, str]] = {
+    "mahabharatha": NEUTRAL,
+    "mahabharatha.clock": NEUTRAL,
+    "mahabharatha.constants": NEUTRAL,
+    "mahabharatha.detect": NEUTRAL,
+    "mahabharatha.exits": NEUTRAL,
+    "mahabharatha.names": NEUTRAL,
+    "mahabharatha.ownership": NEUTRAL,
+    "mahabharatha.proof": NEUTRAL,
+    "mahabharatha.reads": NEUTRAL,
+    "mahabharatha.states": NEUTRAL,
+    "mahabharatha.backends": SEAM,
+    "mahabharatha.backends.base": SEAM,
+    "mahabharatha.backends.liveness": SEAM,
+    "mahabharatha.lockfile": FILES,
+    "mahabharatha.backends.files": FILES,
+    "mahabharatha.backends.release_watch": FILES,
+    "mahabharatha.backends.postgres": POSTGRES,
+    "mahabharatha.backends.pg_connection": POSTGRES,
+    "mahabharatha.backends.pg_namespace": POSTGRES,
+    "mahabharatha.locks": LOCK_LAYER,
+    "mahabharatha.runner": LOCK_LAYER,
+    "mahabharatha.team": LOCK_LAYER,  # lock work -j: the pool's workers forked from one command
+    "mahabharatha.__main__": FACE,
+    "mahabharatha.backends.legacy_server": FACE,  # the legacy face's answers from a server
+    "mahabharatha.commands": FACE,
+    "mahabharatha.cli": FACE,
+}
+"""Every module's layer (a module of a :data:`COVERING` package: its package's)."""
+
+COVERING: Final = frozenset({"mahabharatha.cli", "mahabharatha.commands"})
+"""Packages whose entry covers every module in them (one face each); elsewhere, a new module
+must be placed (``backends/``: is it the seam, or one backend's?)."""
+
+ALLOWED: Final[dict[str, frozenset[str]]] = {
+    NEUTRAL: frozenset({NEUTRAL}),
+    SEAM: frozenset({NEUTRAL, SEAM}),
+    FILES: frozenset({NEUTRAL, SEAM, FILES}),
+    POSTGRES: frozenset({NEUTRAL, SEAM, POSTGRES}),
+    LOCK_LAYER: frozenset({NEUTRAL, SEAM, LOCK_LAYER}),
+    FACE: frozenset({NEUTRAL, SEAM, LOCK_LAYER, FACE}),
+}
+"""Which layers a layer may import."""
+
+EXCEPTIONS: Final[frozenset[tuple[str, str]]] = frozenset(
+    {
+        # The one place that picks a backend (by the URL's scheme).
+        ("mahabharatha.backends", "mahabharatha.backends.files"),
+        ("mahabharatha.backends", "mahabharatha.backends.postgres"),
+        # The legacy face is the .lock protocol's contract (see the module docstring).
+        ("mahabharatha.commands._utils", "mahabharatha.lockfile"),
+    }
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES: Final[dict[str, Path]] = {
+    _module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))
+}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of ``module``: its own entry, else its covering package's."""
+    if module in LAYERS:
+        return LAYERS[module]
+    name = module.rpartition(".")[0]
+    while name:
+        if name in COVERING:
+            return LAYERS[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _resolve(importer: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = importer if MODULES[importer].name == "__init__.py" else importer.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def _target(name: str) -> str:
+    """The package module an imported name is: the longest prefix that is one of ours."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def imports_of(module: str) -> Iterator[tuple[str, int]]:
+    """Every module of the package that ``module`` imports, with the line (static imports
+    anywhere in the file, and ``import_module("...")`` of a literal name)."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        for name in _names_imported(module, node):
+            if name.split(".")[0] == "mahabharatha":
+                target = _target(name)
+                if target and target != module:
+                    yield target, getattr(node, "lineno", 0)
+
+
+def _names_imported(module: str, node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = _resolve(module, node)
+        return [f"{base}.{alias.name}" for alias in node.names] or [base]
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute | ast.Name)
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+        == "import_module"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        return [node.args[0].value]
+    return []
+
+
+def forbidden_arrows() -> list[str]:
+    found = []
+    for module in MODULES:
+        source = layer_of(module)
+        assert source is not None
+        for target, line in sorted(set(imports_of(module))):
+            if (module, target) in EXCEPTIONS or _covered(module, target):
+                continue
+            goal = layer_of(target)
+            assert goal is not None
+            if goal not in ALLOWED[source]:
+                found.append(f"{module} ({source}) -> {target} ({goal}), line {line}")
+            elif source == FACE and goal == FACE and _face_of(module) != _face_of(target):
+                found.append(f"{module} -> {target}: a face imports another face, line {line}")
+    return found
+
+
+def _covered(module: str, target: str) -> bool:
+    """Exceptions name a module; its sub-modules share them (``backends.postgres.*``)."""
+    return any(
+        module == importer and (target == goal or target.startswith(goal + "."))
+        for importer, goal in EXCEPTIONS
+    )
+
+
+def _face_of(module: str) -> str:
+    """Which face a module belongs to: the CLI, the legacy face (``commands`` and its server
+    answers), or ``python -m`` (which starts the CLI)."""
+    if module.startswith("mahabharatha.cli") or module == "mahabharatha.__main__":
+        return "cli"
+    return "legacy"
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [module for module in MODULES if layer_of(module) is None]
+    assert not unplaced, f"say which layer these belong to (LAYERS): {unplaced}"
+
+
+def test_no_import_breaks_the_layer_rule() -> None:
+    """Fails before issue 20: ``locks`` imported ``FileBackend``, ``lockfile`` and ``_utils``
+    (the clock); ``runner`` imported ``lockfile.LockBusyError``; ``postgres`` imported
+    ``FileBackend``; ``files`` took the clock from ``_utils``; the CLI took the name rules from
+    ``_utils``."""
+    arrows = forbidden_arrows()
+    assert not arrows, "imports that break the layer rule:\n" + "\n".join(arrows)
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported", "broken"),
+    [
+        ("mahabharatha.locks", "mahabharatha.backends.files", True),
+        ("mahabharatha.locks", "mahabharatha.lockfile", True),
+        ("mahabharatha.runner", "mahabharatha.commands._utils", True),
+        ("mahabharatha.backends.postgres", "mahabharatha.backends.files", True),
+        ("mahabharatha.backends.files", "mahabharatha.commands._utils", True),
+        ("mahabharatha.backends.base", "mahabharatha.locks", True),
+        ("mahabharatha.clock", "mahabharatha.backends.base", True),
+        ("mahabharatha.cli.lock", "mahabharatha.commands._utils", True),
+        ("mahabharatha.commands._utils", "mahabharatha.backends.files", True),
+        ("mahabharatha.locks", "mahabharatha.backends.base", False),
+        ("mahabharatha.backends.files", "mahabharatha.lockfile", False),
+        ("mahabharatha.cli.lock", "mahabharatha.locks", False),
+        ("mahabharatha.commands._utils", "mahabharatha.lockfile", False),
+        ("mahabharatha.backends", "mahabharatha.backends.postgres", False),
+    ],
+)
+def test_the_rule_itself(importer: str, imported: str, broken: bool) -> None:
+    """The rule refuses the arrows the issue named, and allows the ones the map draws (a
+    guard against a rule that refuses nothing)."""
+    source, goal = layer_of(importer), layer_of(imported)
+    assert source is not None and goal is not None
+    excepted = (importer, imported) in EXCEPTIONS
+    face_to_face = source == FACE == goal and _face_of(importer) != _face_of(imported)
+    refused = not excepted and (goal not in ALLOWED[source] or face_to_face)
+    assert refused is broken
