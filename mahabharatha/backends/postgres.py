@@ -286,23 +286,14 @@ _RELEASE_HELD_NUMBERED: Final = _numbered(_RELEASE_HELD, ("ns", "feature", "toke
 """The hot path's two statements with ``$n`` parameters, for a kept ``RawCursor``
 (``PostgresBackend._hot``): no per-call parse of ``%(name)s`` nor reordering of a dict."""
 
-_ZERO_U64: Final = "'\\x0000000000000000'::bytea"  # an unknown boot or start time
-_ZERO_U32: Final = "'\\x00000000'::bytea"  # an unknown namespace
-_OWNER_COULD_BE: Final = f"""(NOT (details IS NOT NULL
-        AND length(details) BETWEEN {ownership.DETAILS_LAYOUT.size}
-            AND {ownership.MAX_DETAILS_BYTES}
-        AND get_byte(details, 0) IN {ownership.DETAILS_VERSIONS}
-        AND substring(details FROM 2 FOR 8) <> {_ZERO_U64}
-        AND substring(details FROM 10 FOR 4) <> {_ZERO_U32})
-    OR (substring(details FROM 2 FOR 12) = %(place)s::bytea
-        AND (%(start)s::bytea IS NULL
-            OR substring(details FROM 14 FOR 8) IN ({_ZERO_U64}, %(start)s::bytea))))"""
+_OWNER_COULD_BE: Final = ownership.could_own_sql("details")
 """``ownership.could_own`` on the row's details, in the statement that removes the lock (judged
-and removed in one step): details of our format that record a boot and a PID namespace must
-record ours (``place``: ``ownership.place_key``, bytes 2-13; NULL when ours is unknown, and
-then they never match) and, when they record a start time (bytes 14-21), the one the pid runs
+and removed in one step), generated from the details' layout: details of our format that record
+a boot and a PID namespace must record ours (``place``: ``ownership.place_key``; NULL when ours
+is unknown, and then they never match) and, when they record a start time, the one the pid runs
 with now (``start``: ``ownership.start_key``; NULL when it is not running). Rows without such
-details keep the pid and host rule."""
+details keep the pid and host rule. ``tests/postgres/test_owner_rule_sql.py`` checks it
+against the Python rule on many details."""
 
 _RELEASE_PID: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}
