@@ -44,6 +44,7 @@ __all__ = [
     "Requester",
     "State",
     "UnsupportedError",
+    "Verdict",
     "describe_holder",
     "format_duration",
     "owner_is_gone",
@@ -54,11 +55,34 @@ __all__ = [
 
 
 class Owner(enum.StrEnum):
+    """What the one owner judgement (``backends/liveness.py: judge``) says of a lock's owner,
+    in the word ``status`` and JSON show; :class:`Verdict` is the answer it stands for."""
+
     RUNNING = "running"
     WORK_RUNNING = "work-running"  # the owner pid is gone; its proof of life or group lives on
     NOT_RUNNING = "not-running"
     PID_REUSED = "pid-reused"
     UNKNOWN = "unknown"
+
+
+class Verdict(enum.StrEnum):
+    """The answer of the one owner judgement: is the owner alive, gone, the caller itself, or
+    can it not be told here (then only age decides)?"""
+
+    ALIVE = "alive"
+    GONE = "gone"  # provably gone on this host: ``--reclaim-dead`` takes its lock
+    CALLER = "caller"  # the caller itself holds it: "already held by you"
+    UNKNOWN = "unknown"
+
+
+VERDICT_OF: Final = {
+    Owner.RUNNING: Verdict.ALIVE,
+    Owner.WORK_RUNNING: Verdict.ALIVE,
+    Owner.NOT_RUNNING: Verdict.GONE,
+    Owner.PID_REUSED: Verdict.GONE,
+    Owner.UNKNOWN: Verdict.UNKNOWN,
+}
+"""The verdict each owner word stands for (a judgement of liveness is never ``caller``)."""
 
 
 class State(enum.StrEnum):
@@ -108,6 +132,11 @@ class LockInfo:
         # frozen: set through object; a backend may pass "active" or State.ACTIVE alike.
         object.__setattr__(self, "state", State(self.state))
         object.__setattr__(self, "owner", Owner(self.owner))
+
+    @property
+    def verdict(self) -> Verdict:
+        """The owner judgement's answer that ``owner`` carries (not a JSON key of its own)."""
+        return VERDICT_OF[self.owner]
 
     @property
     def held(self) -> bool:
@@ -184,7 +213,7 @@ _WORKING: Final = ", which is not running, but its work still is"
 
 def owner_is_gone(info: LockInfo) -> bool:
     """Is the lock's owner provably gone on this host (``--reclaim-dead`` would take it)?"""
-    return info.owner in _GONE
+    return info.verdict is Verdict.GONE
 
 
 def describe_holder(info: LockInfo) -> str:
@@ -204,8 +233,13 @@ def describe_holder(info: LockInfo) -> str:
         if info.expires_in_seconds is not None
         else ""
     )
-    gone = _GONE.get(info.owner, _WORKING if info.owner is Owner.WORK_RUNNING else "")
+    gone = _GONE[info.owner] if info.verdict is Verdict.GONE else _working(info)
     return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"
+
+
+def _working(info: LockInfo) -> str:
+    """Said of an alive owner whose own pid is gone (its proof of life or group works on)."""
+    return _WORKING if info.owner is Owner.WORK_RUNNING else ""
 
 
 def format_duration(seconds: float) -> str:
