@@ -52,6 +52,7 @@ from mahabharatha.backends.base import (
     Owner,
     Requester,
     State,
+    Verdict,
 )
 
 __all__ = [
@@ -916,7 +917,7 @@ class PostgresBackend:
         if holder is None or holder.pid is None:
             return AcquireResult(None, holder=self.inspect(feature))
         info = self._info(holder)
-        if reclaim_dead and info.owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value):
+        if reclaim_dead and info.verdict is Verdict.GONE:
             params["judged"] = [holder.token]
             taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params))
             if taken:
@@ -1047,8 +1048,7 @@ class PostgresBackend:
         return [
             row.token
             for row in rows
-            if row.token is not None
-            and self._info(row).owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value)
+            if row.token is not None and self._info(row).verdict is Verdict.GONE
         ]
 
     def _won(
@@ -1132,14 +1132,14 @@ class PostgresBackend:
         )
 
     def _judge(self, row: _Row) -> Owner:
-        """The owner judgement of the file backend (only on this boot and PID namespace), with
-        the lock's time moved onto this host's clock."""
-        from mahabharatha.backends.liveness import owner_liveness
+        """The one owner judgement (``liveness.judge``, as on files), with the lock's time
+        moved onto this host's clock."""
+        from mahabharatha.backends.liveness import OwnerFacts, judge
 
         if row.pid is None or row.refreshed is None:
             return Owner.UNKNOWN
         details = ownership.decode(row.details)
-        return owner_liveness(row.pid, row.refreshed + _clock_shift(row.now), details)
+        return judge(OwnerFacts(row.pid, row.refreshed + _clock_shift(row.now), details)).owner
 
     def host_of(self, feature: str) -> tuple[str | None, int | None]:
         """The holder's host and token (for JSON), (None, None) when free."""
@@ -1204,7 +1204,7 @@ class PostgresBackend:
             if reclaim_dead
             and row.token is not None
             and self._info(row).state == "active"
-            and self._info(row).owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value)
+            and self._info(row).verdict is Verdict.GONE
         ]
         if dry_run:
             return [
