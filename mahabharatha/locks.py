@@ -360,7 +360,7 @@ def acquire(
             return outcome.held
         info = outcome.holder
         assert info is not None  # a try that did not win names who stopped it
-        if outcome.holder_is_caller or _held_by(info, outcome.holder_details, callers):
+        if outcome.verdict is Verdict.CALLER or _held_by(info, outcome.holder_details, callers):
             raise AlreadyHeldError(info)  # waiting would wait for ourselves
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:

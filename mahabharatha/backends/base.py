@@ -389,6 +389,14 @@ class AcquireResult(NamedTuple):
     """The backend knows the holder is the caller itself (files: this process holds the
     folder's proof of life and the lock records its pid), details or not."""
 
+    @property
+    def verdict(self) -> Verdict | None:
+        """The owner judgement's answer about ``holder`` (``None``: no holder): ``caller`` when
+        the backend judged it the caller's own, else what ``holder`` carries."""
+        if self.holder_is_caller:
+            return Verdict.CALLER
+        return None if self.holder is None else self.holder.verdict
+
 
 class LockBackend(Protocol):
     """Where locks live. Every method answers at once (none waits for a busy lock); the lock
