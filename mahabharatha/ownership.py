@@ -520,10 +520,15 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
 
 def judgeable(details: OwnerDetails | None) -> bool:
     """May this process judge the recorded pid? Only on its own boot, in its own namespace."""
-    if details is None or details.boot is None or details.ns is None:
+    if not _records_place(details):
         return False
-    here, boot = this_pid_namespace(), this_boot()
-    return here is not None and boot is not None and details.boot == boot and details.ns == here
+    assert details is not None  # _records_place says so
+    return _same_place(details, this_boot(), this_pid_namespace())
+
+
+def _same_place(details: OwnerDetails, boot: str | None, ns: int | None) -> bool:
+    """Do the details record the boot ``boot`` and the PID namespace ``ns`` (both known)?"""
+    return boot is not None and ns is not None and (details.boot, details.ns) == (boot, ns)
 
 
 def _records_place(details: OwnerDetails | None) -> bool:
@@ -571,7 +576,7 @@ def could_be_owner(
     if not _records_place(details):
         return True
     assert details is not None  # _records_place says so
-    if boot is None or ns is None or (details.boot, details.ns) != (boot, ns):
+    if not _same_place(details, boot, ns):
         return False
     if details.start is None:
         return True
