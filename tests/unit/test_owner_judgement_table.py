@@ -71,6 +71,11 @@ def _judged(
     callers: tuple[int, ...] = (),
     alive: bool = True,
 ) -> liveness.Judgement:
+    return judge(facts, callers, alive=alive, facts_of=_enter(monkeypatch, here))
+
+
+def _enter(monkeypatch: pytest.MonkeyPatch, here: World) -> liveness.FactsOfPid:
+    """Make ``here`` the judge's world; how it looks at a pid."""
     monkeypatch.setattr(ownership, "this_boot", lambda: BOOT)
     monkeypatch.setattr(ownership, "this_pid_namespace", lambda: NS)
     monkeypatch.setattr(ownership, "host_name", lambda: here.host)
@@ -87,7 +92,7 @@ def _judged(
         here.asked.append(pid)
         return (here.pid_running, here.pid_start if here.pid_running else None)
 
-    return judge(facts, callers, alive=alive, facts_of=facts_of)
+    return facts_of
 
 
 ALIVE, GONE, CALLER, UNKNOWN = Verdict.ALIVE, Verdict.GONE, Verdict.CALLER, Verdict.UNKNOWN
@@ -326,6 +331,15 @@ def test_a_caller_that_is_not_the_owner_gets_the_owners_liveness(
         Owner.PID_REUSED,
         Rule.PID,
     )
+
+
+@pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
+def test_status_many_locks_judge_gives_the_one_judgements_answer(
+    monkeypatch: pytest.MonkeyPatch, row: tuple[World, OwnerFacts, tuple[Verdict, Owner, Rule]]
+) -> None:
+    here, facts, (_verdict, owner, _rule) = row
+    many = liveness.per_pid(_enter(monkeypatch, here))
+    assert many(facts.pid, facts.timestamp, facts.details, facts.life) is owner
 
 
 def test_every_rule_has_a_row() -> None:
