@@ -1173,7 +1173,9 @@ def release_at(
 def owned_by(snapshot: LockSnapshot, pid: int, now: float) -> bool:
     """Is ``snapshot`` a lock of ``pid``: its record names that pid, and its owner details
     (when they record a boot and PID namespace) show ours and, when they record a start time,
-    the one ``pid`` runs with now? A lock without details is judged by its pid alone."""
+    the one ``pid`` runs with now? A lock without details is judged by its pid alone.
+    (The release rule of the one owner judgement, ``ownership.could_own``: this module sits
+    below ``backends/liveness.py``; PostgreSQL runs the same rule as generated SQL.)"""
     record = snapshot.record_at(now)
     if record is None or record[0] != pid:
         return False

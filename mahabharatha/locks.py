@@ -59,9 +59,15 @@ from mahabharatha.backends.base import (
     State,
     UnsafeLockPathError,
     UnsupportedError,
+    Verdict,
     owner_is_gone,
 )
-from mahabharatha.backends.liveness import CREATE_TIME_SLACK_SECONDS, owner_liveness
+from mahabharatha.backends.liveness import (
+    CREATE_TIME_SLACK_SECONDS,
+    OwnerFacts,
+    judge,
+    owner_liveness,
+)
 from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
@@ -225,18 +231,12 @@ def _try_once(
 def _held_by(
     holder: LockInfo | None, details: ownership.OwnerDetails | None, callers: set[int]
 ) -> bool:
-    """Is the active lock that stopped us the caller's own? Its pid must be a caller's, its
-    host (where the backend records one) ours, and its owner details must show our boot and
-    our PID namespace: the same pid number in a container's namespace, or before a reboot,
-    is someone else. Without readable details we cannot tell, and say "not yours": a wrong
-    "busy" costs a wait, a wrong "yours" tells a caller it holds someone else's lock. Details
-    with a start time other than the one the caller's pid runs with now are a dead owner's
-    whose pid number was reused."""
-    if holder is None or holder.state is not State.ACTIVE or holder.pid not in callers:
+    """Is the active lock that stopped us the caller's own (``caller``, by the one owner
+    judgement: one of ``callers``' pids, on our host, with details that prove it)?"""
+    if holder is None or holder.state is not State.ACTIVE:
         return False
-    if holder.host is not None and holder.host != ownership.host_name():
-        return False
-    return ownership.judgeable(details) and ownership.could_own(details, holder.pid)
+    facts = OwnerFacts(holder.pid, details=details, host=holder.host)
+    return judge(facts, callers, alive=False).verdict is Verdict.CALLER
 
 
 class _SignalsDeferred:
@@ -360,7 +360,7 @@ def acquire(
             return outcome.held
         info = outcome.holder
         assert info is not None  # a try that did not win names who stopped it
-        if outcome.holder_is_caller or _held_by(info, outcome.holder_details, callers):
+        if outcome.verdict is Verdict.CALLER or _held_by(info, outcome.holder_details, callers):
             raise AlreadyHeldError(info)  # waiting would wait for ourselves
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:

@@ -56,7 +56,9 @@ __all__ = [
     "boottime_offset_ticks",
     "claims_proof",
     "command_name_only",
+    "could_be_owner",
     "could_own",
+    "could_own_sql",
     "decode",
     "details_of",
     "group_has_live_member",
@@ -82,7 +84,10 @@ DETAILS_VERSION: Final = 2
 """The first byte of the value: a layout we do not know is treated as no details at all."""
 DETAILS_VERSIONS: Final = (1, DETAILS_VERSION)
 """The layouts we read (version 1 lacks the tail; the database's rule reads the head only)."""
-DETAILS_LAYOUT: Final = struct.Struct("<B8sIQIQ")
+_HEAD_FIELDS: Final = (("version", "B"), ("boot", "8s"), ("ns", "I"), ("start", "Q"))
+"""The head's first fields, by name: the layout below and the database's copy of ``could_own``
+(``could_own_sql``, which reads them by byte offset) are both made from this one list."""
+DETAILS_LAYOUT: Final = struct.Struct("<" + "".join(code for _, code in _HEAD_FIELDS) + "IQ")
 """The head every version shares: version, boot id (8 bytes), PID namespace, start ticks,
 process group, group leader start."""
 DETAILS_TAIL: Final = struct.Struct("<BII")
@@ -515,24 +520,20 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
 
 def judgeable(details: OwnerDetails | None) -> bool:
     """May this process judge the recorded pid? Only on its own boot, in its own namespace."""
-    if details is None or details.boot is None or details.ns is None:
+    if not _records_place(details):
         return False
-    here, boot = this_pid_namespace(), this_boot()
-    return here is not None and boot is not None and details.boot == boot and details.ns == here
+    assert details is not None  # _records_place says so
+    return _same_place(details, this_boot(), this_pid_namespace())
+
+
+def _same_place(details: OwnerDetails, boot: str | None, ns: int | None) -> bool:
+    """Do the details record the boot ``boot`` and the PID namespace ``ns`` (both known)?"""
+    return boot is not None and ns is not None and (details.boot, details.ns) == (boot, ns)
 
 
 def _records_place(details: OwnerDetails | None) -> bool:
     """Do the details record both the owner's boot and its PID namespace?"""
     return details is not None and details.boot is not None and details.ns is not None
-
-
-def _started_otherwise(details: OwnerDetails, pid: int) -> bool:
-    """Is ``pid`` now a process other than the owner the details (of our boot and namespace)
-    recorded: running, with another start time? A pid not running now cannot be told apart."""
-    if details.start is None:
-        return False
-    start = _own_start(pid) if pid == os.getpid() else _start_now(pid)
-    return start is not None and start != details.start
 
 
 def _start_now(pid: int) -> int | None:
@@ -555,11 +556,85 @@ def could_own(details: OwnerDetails | None, pid: int) -> bool:
     No when they record our boot and namespace and a start time, and ``pid`` runs now with
     another one (the owner died and its number was reused). Yes otherwise: details missing
     or partial (an older writer, no extended attributes) leave the pid alone to decide.
+
+    The caller rule of the one owner judgement (``backends/liveness.py: judge``), and of a
+    release by pid under the folder's guard; the database runs ``could_own_sql``, made from
+    the same layout and tested against :func:`could_be_owner` on a real server.
     """
+    return could_be_owner(details, this_boot(), this_pid_namespace(), lambda: _start_of(pid))
+
+
+def could_be_owner(
+    details: OwnerDetails | None,
+    boot: str | None,
+    ns: int | None,
+    start_now: Callable[[], int | None],
+) -> bool:
+    """:func:`could_own` for a judge on ``boot`` in the namespace ``ns`` (``None``: unknown),
+    where the pid runs now with the start time ``start_now()`` (asked only when needed;
+    ``None``: not running)."""
     if not _records_place(details):
         return True
     assert details is not None  # _records_place says so
-    return judgeable(details) and not _started_otherwise(details, pid)
+    if not _same_place(details, boot, ns):
+        return False
+    if details.start is None:
+        return True
+    start = start_now()
+    return start is None or start == details.start
+
+
+def _start_of(pid: int) -> int | None:
+    return _own_start(pid) if pid == os.getpid() else _start_now(pid)
+
+
+def could_own_sql(column: str) -> str:
+    """:func:`could_own` as a SQL condition on the packed details in ``column`` (``bytea``),
+    with the parameters ``%(place)s`` (:func:`place_key`) and ``%(start)s`` (:func:`start_key`):
+    made from ``_HEAD_FIELDS`` and the rules of :func:`decode`, never written out by hand.
+    ``column`` is our own column's name, never input."""
+    boot, ns, start = (_field_sql(column, name) for name in ("boot", "ns", "start"))
+    zero_boot, zero_ns, zero_start = (_zeros(name) for name in ("boot", "ns", "start"))
+    version = f"get_byte({column}, 0)"
+    old_versions = tuple(v for v in DETAILS_VERSIONS if v != DETAILS_VERSION)
+    # decode(): a head of a version we read, and version 2 also has its tail, else not ours.
+    ours = (
+        f"{column} IS NOT NULL"
+        f" AND length({column}) BETWEEN {DETAILS_LAYOUT.size} AND {MAX_DETAILS_BYTES}"
+        f" AND ({version} IN {_sql_list(old_versions)}"
+        f" OR ({version} = {DETAILS_VERSION} AND length({column}) >= {_TAIL_END}))"
+    )
+    records_place = f"{ours} AND {boot} <> {zero_boot} AND {ns} <> {zero_ns}"
+    place = f"substring({column} FROM {_offset('boot') + 1} FOR {_width('boot', 'ns')})"
+    same_start = f"(%(start)s::bytea IS NULL OR {start} IN ({zero_start}, %(start)s::bytea))"
+    return f"(NOT ({records_place}) OR ({place} = %(place)s::bytea AND {same_start}))"
+
+
+def _offset(name: str) -> int:
+    """Where the head's field ``name`` starts (bytes from the value's start)."""
+    codes = [code for _, code in _HEAD_FIELDS]
+    at = [field for field, _ in _HEAD_FIELDS].index(name)
+    return struct.calcsize("<" + "".join(codes[:at]))
+
+
+def _width(first: str, last: str) -> int:
+    """Bytes from the start of the field ``first`` to the end of the field ``last``."""
+    names = [field for field, _ in _HEAD_FIELDS]
+    codes = [code for _, code in _HEAD_FIELDS]
+    return struct.calcsize("<" + "".join(codes[names.index(first) : names.index(last) + 1]))
+
+
+def _field_sql(column: str, name: str) -> str:
+    return f"substring({column} FROM {_offset(name) + 1} FOR {_width(name, name)})"
+
+
+def _zeros(name: str) -> str:
+    """The field ``name`` when unknown (all zero bytes), as a ``bytea`` literal."""
+    return f"'\\x{'00' * _width(name, name)}'::bytea"
+
+
+def _sql_list(values: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(value) for value in values) + ")"
 
 
 def place_key() -> bytes | None:
@@ -582,9 +657,9 @@ _FLAGS_AT: Final = DETAILS_LAYOUT.size
 _SLOT_AT: Final = DETAILS_LAYOUT.size + 5  # after flags (1 byte) and sid (4 bytes)
 _SLOT_LAYOUT: Final = struct.Struct("<I")
 _TAIL_END: Final = DETAILS_LAYOUT.size + DETAILS_TAIL.size
-_NS_LAYOUT: Final = struct.Struct("<I")
+_NS_LAYOUT: Final = struct.Struct("<" + dict(_HEAD_FIELDS)["ns"])
 """The namespace field of ``DETAILS_LAYOUT``, alone."""
-_START_LAYOUT: Final = struct.Struct("<Q")
+_START_LAYOUT: Final = struct.Struct("<" + dict(_HEAD_FIELDS)["start"])
 """The start-time field of ``DETAILS_LAYOUT``, alone."""
 
 

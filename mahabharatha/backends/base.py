@@ -56,6 +56,7 @@ __all__ = [
     "State",
     "UnsafeLockPathError",
     "UnsupportedError",
+    "Verdict",
     "describe_holder",
     "format_duration",
     "owner_is_gone",
@@ -66,11 +67,34 @@ __all__ = [
 
 
 class Owner(enum.StrEnum):
+    """What the one owner judgement (``backends/liveness.py: judge``) says of a lock's owner,
+    in the word ``status`` and JSON show; :class:`Verdict` is the answer it stands for."""
+
     RUNNING = "running"
     WORK_RUNNING = "work-running"  # the owner pid is gone; its proof of life or group lives on
     NOT_RUNNING = "not-running"
     PID_REUSED = "pid-reused"
     UNKNOWN = "unknown"
+
+
+class Verdict(enum.StrEnum):
+    """The answer of the one owner judgement: is the owner alive, gone, the caller itself, or
+    can it not be told here (then only age decides)?"""
+
+    ALIVE = "alive"
+    GONE = "gone"  # provably gone on this host: ``--reclaim-dead`` takes its lock
+    CALLER = "caller"  # the caller itself holds it: "already held by you"
+    UNKNOWN = "unknown"
+
+
+VERDICT_OF: Final = {
+    Owner.RUNNING: Verdict.ALIVE,
+    Owner.WORK_RUNNING: Verdict.ALIVE,
+    Owner.NOT_RUNNING: Verdict.GONE,
+    Owner.PID_REUSED: Verdict.GONE,
+    Owner.UNKNOWN: Verdict.UNKNOWN,
+}
+"""The verdict each owner word stands for (a judgement of liveness is never ``caller``)."""
 
 
 HELD_STATES: Final = frozenset({State.ACTIVE, State.WRITING, State.BUSY})
@@ -105,6 +129,11 @@ class LockInfo:
         # frozen: set through object; a backend may pass "active" or State.ACTIVE alike.
         object.__setattr__(self, "state", State(self.state))
         object.__setattr__(self, "owner", Owner(self.owner))
+
+    @property
+    def verdict(self) -> Verdict:
+        """The owner judgement's answer that ``owner`` carries (not a JSON key of its own)."""
+        return VERDICT_OF[self.owner]
 
     @property
     def held(self) -> bool:
@@ -181,7 +210,7 @@ _WORKING: Final = ", which is not running, but its work still is"
 
 def owner_is_gone(info: LockInfo) -> bool:
     """Is the lock's owner provably gone on this host (``--reclaim-dead`` would take it)?"""
-    return info.owner in _GONE
+    return info.verdict is Verdict.GONE
 
 
 def describe_holder(info: LockInfo) -> str:
@@ -201,8 +230,13 @@ def describe_holder(info: LockInfo) -> str:
         if info.expires_in_seconds is not None
         else ""
     )
-    gone = _GONE.get(info.owner, _WORKING if info.owner is Owner.WORK_RUNNING else "")
+    gone = _GONE[info.owner] if info.verdict is Verdict.GONE else _working(info)
     return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"
+
+
+def _working(info: LockInfo) -> str:
+    """Said of an alive owner whose own pid is gone (its proof of life or group works on)."""
+    return _WORKING if info.owner is Owner.WORK_RUNNING else ""
 
 
 def format_duration(seconds: float) -> str:
@@ -355,6 +389,14 @@ class AcquireResult(NamedTuple):
     holder_is_caller: bool = False
     """The backend knows the holder is the caller itself (files: this process holds the
     folder's proof of life and the lock records its pid), details or not."""
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The owner judgement's answer about ``holder`` (``None``: no holder): ``caller`` when
+        the backend judged it the caller's own, else what ``holder`` carries."""
+        if self.holder_is_caller:
+            return Verdict.CALLER
+        return None if self.holder is None else self.holder.verdict
 
 
 class Capability(enum.StrEnum):

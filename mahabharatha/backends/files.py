@@ -38,9 +38,10 @@ from mahabharatha.backends.base import (
     Requester,
     State,
     UnsupportedError,
+    Verdict,
     format_duration,
 )
-from mahabharatha.backends.liveness import Liveness, owner_liveness, per_pid
+from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
 from mahabharatha.backends.release_watch import ReleaseWatch
 from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
 from mahabharatha.lockfile import (
@@ -201,8 +202,16 @@ def _dead_owner_rule(snapshot: LockSnapshot, state: LockState) -> bool:
     record = snapshot.record
     if state is not LockState.ACTIVE or record is None:
         return False
-    verdict = owner_liveness(*record, snapshot.owner_details, snapshot.life)
-    return verdict in (Owner.NOT_RUNNING, Owner.PID_REUSED)
+    facts = OwnerFacts(*record, snapshot.owner_details, snapshot.life)
+    return judge(facts).verdict is Verdict.GONE
+
+
+def _proof_says_caller(holder: LockInfo, requester: Requester, proof_ours: bool) -> bool:
+    """Is the lock that stopped ``requester`` its own by the proof of life this process holds
+    in the folder (the judgement's ``own-proof`` rule; details are judged by the lock layer,
+    which knows every pid that counts as the caller)?"""
+    facts = OwnerFacts(holder.pid, proof_ours=proof_ours)
+    return judge(facts, (requester.pid,), alive=False).verdict is Verdict.CALLER
 
 
 def _reclaim_reason(state: LockState | None) -> str:
@@ -393,7 +402,7 @@ class FileBackend(LockBackend):
                 None,
                 holder,
                 holder_details=outcome.holder.owner_details,
-                holder_is_caller=mine_already and holder.pid == requester.pid,
+                holder_is_caller=_proof_says_caller(holder, requester, mine_already),
             )
         reason = None
         replaced = None

@@ -1,27 +1,43 @@
-"""Is a lock's owner still running? The owner judgement of the contract, for every backend.
+"""Is a lock's owner alive, gone, or the caller itself? The one owner judgement, for every
+backend and for the CLI's messages: :func:`judge`.
 
-Where the lock carries a proof of life (:mod:`mahabharatha.proof`), the kernel answers: alive
-while any process holds it (``work-running`` when the owner pid itself is gone), gone when
-nobody does, unless the owner led its own process group and that group lives on, or the exact
-owner process still runs. Without a proof, a pid means something only on the boot and PID
-namespace it was recorded in (its owner details say which, :mod:`mahabharatha.ownership`);
-elsewhere the answer is ``unknown`` and age decides; on ours the owner is alive while it, its
-process group or its session has a live process.
+Its inputs are the facts of one lock (:class:`OwnerFacts`: the recorded pid and timestamp, the
+owner details, what the folder's proof of life said) and, for "already held by you", the pids
+that count as the caller. Its answer (:class:`Judgement`) is a :class:`Verdict` (alive, gone,
+caller, unknown), the :class:`Owner` word ``status`` shows, and the :class:`Rule` that decided.
+
+The caller first: the lock names one of the caller's pids and this process holds the lock's
+proof of life, or the owner details show our boot, our PID namespace and the start time that pid
+runs with now. Then liveness. Where the lock carries a proof of life (:mod:`mahabharatha.proof`),
+the kernel answers: alive while any process holds it (``work-running`` when the owner pid
+itself is gone), gone when nobody does, unless the owner led its own process group and that
+group lives on, or the exact owner process still runs. Without a proof, a pid means something
+only on the boot and PID namespace it was recorded in (its owner details say which,
+:mod:`mahabharatha.ownership`); elsewhere the answer is ``unknown`` and age decides; on ours the
+owner is alive while it, its process group or its session has a live process. A proof that was
+claimed but not looked at is never called gone. The long form, with who calls it:
+``design/lockfile-hardening.md``, "One judgement".
 """
 
 from __future__ import annotations
 
+import enum
 import os
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Collection
+from typing import Final, NamedTuple
 
 from mahabharatha import ownership
-from mahabharatha.backends.base import Owner
+from mahabharatha.backends.base import VERDICT_OF, Owner, Verdict
 from mahabharatha.proof import Life
 
 __all__ = [
     "CREATE_TIME_SLACK_SECONDS",
+    "Judgement",
     "Liveness",
+    "OwnerFacts",
+    "Rule",
+    "Verdict",
+    "judge",
     "owner_liveness",
     "per_pid",
     "proof_decides",
@@ -40,6 +56,61 @@ Liveness = Callable[[int | None, float | None, OwnerDetails | None, Life | None]
 """Judges a lock's owner from its pid, timestamp, owner details and proof of life."""
 FactsOf = Callable[[], ProcessFacts]
 """The owner pid's facts, asked only when a judgement needs them."""
+FactsOfPid = Callable[[int], ProcessFacts]
+"""How a judge looks at a pid (``process_facts``, or ``per_pid``'s cache of it)."""
+
+
+class OwnerFacts(NamedTuple):
+    """What a lock says about its owner: the judgement's input.
+
+    ``life``: the folder's proof as looked at with the lock (``None``: not looked at).
+    ``host``: the holder's host where the backend records one (PostgreSQL; files: ``None``).
+    ``proof_ours``: this process holds the proof of life of the folder the lock is in."""
+
+    pid: int | None
+    timestamp: float | None = None
+    details: OwnerDetails | None = None
+    life: Life | None = None
+    host: str | None = None
+    proof_ours: bool = False
+
+
+class Rule(enum.StrEnum):
+    """Which rule decided (the reason word: the unit table pins each one)."""
+
+    NO_PID = "no-pid"  # no record to judge
+    OWN_PROOF = "own-proof"  # caller: this process holds the proof of the lock naming its pid
+    SAME_PROCESS = "same-process"  # caller: our boot and namespace, the pid's start time
+    NOT_ASKED = "not-asked"  # only "is it the caller?" was asked, and it is not
+    PROOF_HELD = "proof-held"  # somebody holds the proof: alive
+    PROOF_FREE = "proof-free"  # nobody holds it: gone
+    OWN_PROCESS = "own-process"  # proof free, but the exact owner process runs on
+    OWN_GROUP = "own-group"  # proof free, but the group the owner led lives on
+    GROUP_UNSEEN = "group-unseen"  # proof free; the group the owner led is another namespace's
+    PROOF_UNSEEN = "proof-unseen"  # a proof claimed but not looked at: never gone
+    ELSEWHERE = "elsewhere"  # no details, or another boot or PID namespace: age decides
+    PID = "pid"  # no proof: the recorded pid's own fate
+    GROUP = "group"  # no proof, pid gone: its process group lives on
+    SESSION = "session"  # no proof, pid and group gone: its session lives on
+
+
+class Judgement(NamedTuple):
+    """The one owner judgement's answer: ``verdict``, the ``owner`` word ``status`` shows for
+    it (``running`` for the caller), and the ``rule`` that decided."""
+
+    verdict: Verdict
+    owner: Owner
+    rule: Rule
+
+
+_JUDGEMENTS: Final = {
+    (owner, rule): Judgement(VERDICT_OF[owner], owner, rule) for owner in Owner for rule in Rule
+}
+"""Every liveness answer, made once: ``status`` judges thousands of locks."""
+
+
+def _said(owner: Owner, rule: Rule) -> Judgement:
+    return _JUDGEMENTS[owner, rule]
 
 
 def process_facts(pid: int) -> ProcessFacts:
@@ -91,64 +162,104 @@ def proof_decides(details: OwnerDetails | None, life: Life | None) -> bool:
     )
 
 
-def _by_proof(
-    pid: int, timestamp: float | None, details: OwnerDetails, life: Life, facts: FactsOf
-) -> Owner:
-    """The owner judgement for a lock with a proof of life: alive while anyone holds it."""
-    pid_judgeable = ownership.judgeable(details)  # our PID namespace: the pid means ours
-    if life is Life.HELD:
-        if not pid_judgeable:
-            return Owner.RUNNING  # alive by the kernel's word; its pid is another namespace's
-        own = _owner(facts(), timestamp, details)
-        return Owner.RUNNING if own is Owner.RUNNING else Owner.WORK_RUNNING
-    if not pid_judgeable:
-        return Owner.NOT_RUNNING if details.pgid != pid else Owner.UNKNOWN
-    # A live owner that closed its descriptors (a daemon's closerange) let its proof go but
-    # still works: its exact process (same start time) keeps the lock. Never two holders.
-    own = _owner(facts(), timestamp, details)
-    if own is Owner.RUNNING:
-        return own
-    # A holder that led its own process group (a setsid worker, a shell job): the group counts.
-    if details.pgid == pid and ownership.group_has_live_member(pid, details.gstart):
-        return Owner.WORK_RUNNING
-    return own
+def judge(
+    facts: OwnerFacts,
+    callers: Collection[int] = (),
+    *,
+    alive: bool = True,
+    facts_of: FactsOfPid = process_facts,
+) -> Judgement:
+    """Is the owner of the lock these ``facts`` describe alive, gone, or the caller (one of
+    ``callers``)? ``alive`` False: only the caller is asked (no look at the process table; the
+    answer is ``caller`` or ``unknown``). ``facts_of``: how a pid is looked at (``per_pid``
+    asks once per pid)."""
+    pid = facts.pid
+    if pid is None:
+        return _said(Owner.UNKNOWN, Rule.NO_PID)
+    if pid in callers:
+        mine = _as_caller(facts, pid)
+        if mine is not None:
+            return mine
+    if not alive:
+        return _said(Owner.UNKNOWN, Rule.NOT_ASKED)
+    return _liveness(pid, facts.timestamp, facts.details, facts.life, lambda: facts_of(pid))
 
 
-def _by_pid(
-    pid: int, timestamp: float | None, details: OwnerDetails | None, facts: FactsOf
-) -> Owner:
-    """The owner judgement without a proof: only on our own boot and PID namespace; alive
-    while any process of the group, or of the session, it took the lock in is alive."""
-    if details is None or not ownership.judgeable(details):
-        return Owner.UNKNOWN  # another boot, namespace or host, or an older writer: age decides
-    verdict = _owner(facts(), timestamp, details)
-    if verdict is Owner.RUNNING:
-        return verdict
-    # Race: a SIGKILLed ``lock run`` whose command (or its children) still works: not dead.
-    if details.pgid is not None and ownership.group_has_live_member(details.pgid, details.gstart):
-        return Owner.WORK_RUNNING
-    # Race: work moved to a group of its own (GNU timeout's setpgid) stays in the session.
-    if details.sid is not None and ownership.session_has_live_member(details.sid):
-        return Owner.WORK_RUNNING
-    return verdict
+def _as_caller(facts: OwnerFacts, pid: int) -> Judgement | None:
+    """The caller's own lock (its pid is the lock's): by its proof of life, or by details that
+    show our boot, our PID namespace and the pid's start time. Without readable details we
+    cannot tell, and say "not yours": a wrong "busy" costs a wait, a wrong "yours" tells a
+    caller it holds someone else's lock (the same pid number in a container's namespace, or
+    before a reboot, is someone else; so is a reused pid)."""
+    if facts.host is not None and facts.host != ownership.host_name():
+        return None
+    if facts.proof_ours:
+        return Judgement(Verdict.CALLER, Owner.RUNNING, Rule.OWN_PROOF)
+    if ownership.judgeable(facts.details) and ownership.could_own(facts.details, pid):
+        return Judgement(Verdict.CALLER, Owner.RUNNING, Rule.SAME_PROCESS)
+    return None
 
 
-def _judge(
+def _liveness(
     pid: int,
     timestamp: float | None,
     details: OwnerDetails | None,
     life: Life | None,
-    facts: FactsOf,
-) -> Owner:
-    """The one owner judgement of the contract: the proof of life where the lock has one, the
-    pid, group and session rules where it has none."""
+    pid_facts: FactsOf,
+) -> Judgement:
+    """The proof of life where the lock has one, the pid, group and session rules where it has
+    none."""
     if details is not None and life is not None and proof_decides(details, life):
-        return _by_proof(pid, timestamp, details, life, facts)
-    if details is not None and details.proof:
+        return _by_proof(pid, timestamp, details, life, pid_facts)
+    said = _by_pid(pid, timestamp, details, pid_facts)
+    if details is not None and details.proof and said.verdict is Verdict.GONE:
         # A proof we could not look at (asked without it, another kernel): never called dead.
-        verdict = _by_pid(pid, timestamp, details, facts)
-        return Owner.UNKNOWN if verdict in (Owner.NOT_RUNNING, Owner.PID_REUSED) else verdict
-    return _by_pid(pid, timestamp, details, facts)
+        return _said(Owner.UNKNOWN, Rule.PROOF_UNSEEN)
+    return said
+
+
+def _by_proof(
+    pid: int, timestamp: float | None, details: OwnerDetails, life: Life, pid_facts: FactsOf
+) -> Judgement:
+    """The owner judgement for a lock with a proof of life: alive while anyone holds it."""
+    pid_judgeable = ownership.judgeable(details)  # our PID namespace: the pid means ours
+    if life is Life.HELD:
+        if not pid_judgeable:
+            return _said(Owner.RUNNING, Rule.PROOF_HELD)  # its pid is another namespace's
+        own = _owner(pid_facts(), timestamp, details)
+        return _said(Owner.RUNNING if own is Owner.RUNNING else Owner.WORK_RUNNING, Rule.PROOF_HELD)
+    if not pid_judgeable:
+        if details.pgid == pid:
+            return _said(Owner.UNKNOWN, Rule.GROUP_UNSEEN)
+        return _said(Owner.NOT_RUNNING, Rule.PROOF_FREE)
+    # A live owner that closed its descriptors (a daemon's closerange) let its proof go but
+    # still works: its exact process (same start time) keeps the lock. Never two holders.
+    own = _owner(pid_facts(), timestamp, details)
+    if own is Owner.RUNNING:
+        return _said(own, Rule.OWN_PROCESS)
+    # A holder that led its own process group (a setsid worker, a shell job): the group counts.
+    if details.pgid == pid and ownership.group_has_live_member(pid, details.gstart):
+        return _said(Owner.WORK_RUNNING, Rule.OWN_GROUP)
+    return _said(own, Rule.PROOF_FREE)
+
+
+def _by_pid(
+    pid: int, timestamp: float | None, details: OwnerDetails | None, pid_facts: FactsOf
+) -> Judgement:
+    """The owner judgement without a proof: only on our own boot and PID namespace; alive
+    while any process of the group, or of the session, it took the lock in is alive."""
+    if details is None or not ownership.judgeable(details):
+        return _said(Owner.UNKNOWN, Rule.ELSEWHERE)  # or an older writer: age decides
+    own = _owner(pid_facts(), timestamp, details)
+    if own is Owner.RUNNING:
+        return _said(own, Rule.PID)
+    # Race: a SIGKILLed ``lock run`` whose command (or its children) still works: not dead.
+    if details.pgid is not None and ownership.group_has_live_member(details.pgid, details.gstart):
+        return _said(Owner.WORK_RUNNING, Rule.GROUP)
+    # Race: work moved to a group of its own (GNU timeout's setpgid) stays in the session.
+    if details.sid is not None and ownership.session_has_live_member(details.sid):
+        return _said(Owner.WORK_RUNNING, Rule.SESSION)
+    return _said(own, Rule.PID)
 
 
 def owner_liveness(
@@ -157,17 +268,13 @@ def owner_liveness(
     details: OwnerDetails | None = None,
     life: Life | None = None,
 ) -> Owner:
-    """Is the lock's owner alive? By its proof of life where it has one (``life``, looked at by
-    the caller with the lock); otherwise ``unknown`` unless its ``details`` show our boot and
-    PID namespace (a pid means nothing on another host, boot or namespace)."""
-    if pid is None:
-        return Owner.UNKNOWN
-    return _judge(pid, timestamp, details, life, lambda: process_facts(pid))
+    """:func:`judge`'s owner word for one lock (the :data:`Liveness` of ``inspect``)."""
+    return judge(OwnerFacts(pid, timestamp, details, life)).owner
 
 
-def per_pid(facts_of: Callable[[int], ProcessFacts] = process_facts) -> Liveness:
-    """Ask the process table once per pid (many locks share few owners), judge each lock's
-    details against the answer."""
+def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
+    """:func:`judge`'s owner word for many locks, asking the process table once per pid (many
+    locks share few owners)."""
     seen: dict[int, ProcessFacts] = {}
 
     def facts(pid: int) -> ProcessFacts:
@@ -183,6 +290,8 @@ def per_pid(facts_of: Callable[[int], ProcessFacts] = process_facts) -> Liveness
     ) -> Owner:
         if pid is None:
             return Owner.UNKNOWN
-        return _judge(pid, timestamp, details, life, lambda: facts(pid))
+        # judge() of a lock with no caller to ask, entered past its input record: status
+        # judges thousands of locks (the unit table checks both give one answer).
+        return _liveness(pid, timestamp, details, life, lambda: facts(pid)).owner
 
     return liveness

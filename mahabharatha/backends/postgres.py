@@ -51,6 +51,7 @@ from mahabharatha.backends.base import (
     ReleaseWait,
     Requester,
     State,
+    Verdict,
 )
 from mahabharatha.backends.pg_connection import (
     CONNECT_TIMEOUT_SECONDS,
@@ -293,23 +294,14 @@ _RELEASE_HELD_NUMBERED: Final = _numbered(_RELEASE_HELD, ("ns", "feature", "toke
 """The hot path's two statements with ``$n`` parameters, for a kept ``RawCursor``
 (``PostgresBackend._hot``): no per-call parse of ``%(name)s`` nor reordering of a dict."""
 
-_ZERO_U64: Final = "'\\x0000000000000000'::bytea"  # an unknown boot or start time
-_ZERO_U32: Final = "'\\x00000000'::bytea"  # an unknown namespace
-_OWNER_COULD_BE: Final = f"""(NOT (details IS NOT NULL
-        AND length(details) BETWEEN {ownership.DETAILS_LAYOUT.size}
-            AND {ownership.MAX_DETAILS_BYTES}
-        AND get_byte(details, 0) IN {ownership.DETAILS_VERSIONS}
-        AND substring(details FROM 2 FOR 8) <> {_ZERO_U64}
-        AND substring(details FROM 10 FOR 4) <> {_ZERO_U32})
-    OR (substring(details FROM 2 FOR 12) = %(place)s::bytea
-        AND (%(start)s::bytea IS NULL
-            OR substring(details FROM 14 FOR 8) IN ({_ZERO_U64}, %(start)s::bytea))))"""
+_OWNER_COULD_BE: Final = ownership.could_own_sql("details")
 """``ownership.could_own`` on the row's details, in the statement that removes the lock (judged
-and removed in one step): details of our format that record a boot and a PID namespace must
-record ours (``place``: ``ownership.place_key``, bytes 2-13; NULL when ours is unknown, and
-then they never match) and, when they record a start time (bytes 14-21), the one the pid runs
+and removed in one step), generated from the details' layout: details of our format that record
+a boot and a PID namespace must record ours (``place``: ``ownership.place_key``; NULL when ours
+is unknown, and then they never match) and, when they record a start time, the one the pid runs
 with now (``start``: ``ownership.start_key``; NULL when it is not running). Rows without such
-details keep the pid and host rule."""
+details keep the pid and host rule. ``tests/postgres/test_owner_rule_sql.py`` checks it
+against the Python rule on many details."""
 
 _RELEASE_PID: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}
@@ -805,7 +797,7 @@ class PostgresBackend(LockBackend):
         if holder is None or holder.pid is None:
             return AcquireResult(None, holder=self.inspect(feature))
         info = self._info(holder)
-        if reclaim_dead and info.owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value):
+        if reclaim_dead and info.verdict is Verdict.GONE:
             params["judged"] = [holder.token]
             taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params))
             if taken:
@@ -936,8 +928,7 @@ class PostgresBackend(LockBackend):
         return [
             row.token
             for row in rows
-            if row.token is not None
-            and self._info(row).owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value)
+            if row.token is not None and self._info(row).verdict is Verdict.GONE
         ]
 
     def _won(
@@ -1023,14 +1014,14 @@ class PostgresBackend(LockBackend):
         )
 
     def _judge(self, row: _Row) -> Owner:
-        """The owner judgement of the file backend (only on this boot and PID namespace), with
-        the lock's time moved onto this host's clock."""
-        from mahabharatha.backends.liveness import owner_liveness
+        """The one owner judgement (``liveness.judge``, as on files), with the lock's time
+        moved onto this host's clock."""
+        from mahabharatha.backends.liveness import OwnerFacts, judge
 
         if row.pid is None or row.refreshed is None:
             return Owner.UNKNOWN
         details = ownership.decode(row.details)
-        return owner_liveness(row.pid, row.refreshed + _clock_shift(row.now), details)
+        return judge(OwnerFacts(row.pid, row.refreshed + _clock_shift(row.now), details)).owner
 
     def inspect(self, feature: str) -> LockInfo:
         row = self._row(feature)
@@ -1084,7 +1075,7 @@ class PostgresBackend(LockBackend):
             if reclaim_dead
             and row.token is not None
             and self._info(row).state == "active"
-            and self._info(row).owner in (Owner.NOT_RUNNING.value, Owner.PID_REUSED.value)
+            and self._info(row).verdict is Verdict.GONE
         ]
         if dry_run:
             return [

@@ -11,9 +11,9 @@ from mahabharatha.backends.base import (
     HELD_STATES,
     LockInfo,
     State,
+    Verdict,
     describe_holder,
     format_duration,
-    owner_is_gone,
 )
 
 if TYPE_CHECKING:
@@ -55,8 +55,9 @@ def _seconds(value: float | None) -> str:
 
 
 def is_reclaimable(info: LockInfo) -> bool:
-    """Is it held only by an owner that is provably gone on this host (``--reclaim-dead``)?"""
-    return info.state in HELD_STATES and owner_is_gone(info)
+    """Is it held only by an owner that is provably gone on this host (``--reclaim-dead``)?
+    The backend's owner judgement says so (``gone``); nothing is judged again here."""
+    return info.state in HELD_STATES and info.verdict is Verdict.GONE
 
 
 def _kind(info: LockInfo) -> str:
