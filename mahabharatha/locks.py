@@ -431,12 +431,14 @@ class ClaimOutcome(NamedTuple):
 
     ``busy``: features held by others at the last look (one may come back: its worker fails,
     dies or releases it); ``done`` and ``failed``: finished ones (``failed``: their failed
-    attempts reached the limit). Nothing held and nothing busy: nothing is left to claim."""
+    attempts reached the limit); ``mine``: features the claimer itself holds (waiting for them
+    would wait for itself). Nothing held and nothing busy: nothing is left to claim."""
 
     held: Held | None
     busy: tuple[str, ...] = ()
     done: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
+    mine: tuple[str, ...] = ()
 
     @property
     def nothing_left(self) -> bool:
@@ -605,26 +607,29 @@ class _Pool:
         del self.problems[:]  # each round reports what it could not try
         if Capability.CLAIM_IN_ONE_STEP in self.store.capabilities:
             return self._claim_in_one_step(options)
-        done: list[str] = []
-        failed: list[str] = []
-        busy: list[str] = []
+        seen: dict[str, list[str]] = {"done": [], "failed": [], "busy": [], "mine": []}
         for feature in self.candidates:
             known = self.finished.get(feature)
             if known is not None:
-                (done if known == "done" else failed).append(feature)
+                seen[known].append(feature)
                 continue
-            try:
-                verdict = self._claim_one(feature, options)
-            except OSError as error:
-                where = str(error.filename or self.store.where())
-                self.problems.append(FeatureProblem(feature, where, error))
-                continue
+            verdict = self._tried(feature, options)
             if isinstance(verdict, Held):
-                return ClaimOutcome(verdict, tuple(busy), tuple(done), tuple(failed))
-            if verdict != "busy":
+                return _outcome_of(seen)._replace(held=verdict)
+            if verdict in ("done", "failed"):
                 self.finished[feature] = verdict
-            {"done": done, "failed": failed, "busy": busy}[verdict].append(feature)
-        return ClaimOutcome(None, tuple(busy), tuple(done), tuple(failed))
+            if verdict is not None:
+                seen[verdict].append(feature)
+        return _outcome_of(seen)
+
+    def _tried(self, feature: str, options: _ClaimOptions) -> Held | str | None:
+        """:meth:`_claim_one`, with an OS error kept in ``problems`` (``None``: not tried)."""
+        try:
+            return self._claim_one(feature, options)
+        except OSError as error:
+            where = str(error.filename or self.store.where())
+            self.problems.append(FeatureProblem(feature, where, error))
+            return None
 
     def _finished(self, feature: str, options: _ClaimOptions) -> str | None:
         """``done`` or ``failed`` when the feature is finished, else None."""
@@ -638,7 +643,7 @@ class _Pool:
 
     def _claim_one(self, feature: str, options: _ClaimOptions) -> Held | str:
         """Take ``feature`` unless it is finished: the acquisition, or why not (``done``,
-        ``failed``, ``busy``)."""
+        ``failed``, ``busy``, ``mine``: held by the claimer itself)."""
         finished = self._finished(feature, options)
         if finished is not None:
             return finished  # cheap: most finished features are skipped without their lock
@@ -646,7 +651,7 @@ class _Pool:
             self.store, feature, self.owner, options.reclaim_dead, self.details, options.lease
         )
         if outcome.held is None:
-            return "busy"
+            return "mine" if self._holds(outcome) else "busy"
         # Race: a worker marked the feature done (or recorded its last failed attempt) and
         # released it between our first look and our acquire. Both publish before they
         # release, so now that we hold the lock the mark is certainly visible: give it back.
@@ -655,6 +660,12 @@ class _Pool:
             return outcome.held
         self.store.release_held(outcome.held)
         return finished
+
+    def _holds(self, outcome: AcquireResult) -> bool:
+        """Is the lock that stopped our try the claimer's own (the one owner judgement)?"""
+        if outcome.verdict is Verdict.CALLER:
+            return True
+        return _held_by(outcome.holder, outcome.holder_details, {self.owner})
 
     def _claim_in_one_step(self, options: _ClaimOptions) -> ClaimOutcome:
         """A backend that claims in one statement (PostgreSQL): features done in their local
@@ -680,13 +691,24 @@ class _Pool:
             self.store.release_held(won.held)
             self.offered = [f for f in self.offered if f != won.held.feature]
         held = {info.feature for info in self.store.status() if info.held}
-        busy = tuple(f for f in self.offered if f in held)
-        busy_set = set(busy)
-        finished = [f for f in self.candidates if f not in busy_set]
+        busy = [f for f in self.offered if f in held]
+        unfinished = set(busy)
+        finished = [f for f in self.candidates if f not in unfinished]
         gave_up = self.store.failed_features()
-        failed = tuple(f for f in finished if f in gave_up)
-        done = tuple(f for f in finished if f not in gave_up)
-        return ClaimOutcome(None, busy, done, failed)
+        seen = {
+            "done": [f for f in finished if f not in gave_up],
+            "failed": [f for f in finished if f in gave_up],
+            "busy": [],
+            "mine": [],
+        }
+        # The statement skips every held row, the claimer's own too: one try each tells them
+        # apart (only when nothing was claimed; it may also take one released meanwhile).
+        for feature in busy:
+            verdict = self._tried(feature, options)
+            if isinstance(verdict, Held):
+                return ClaimOutcome(verdict)
+            seen[verdict or "busy"].append(feature)
+        return _outcome_of(seen)
 
     def _done_here(self, feature: str, options: _ClaimOptions) -> bool:
         if options.include_done or self.local is None:
@@ -695,6 +717,17 @@ class _Pool:
             return self.local.is_done(feature)
         except OSError:
             return False  # a folder we cannot look into: the server decides alone
+
+
+def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
+    """A claim round that took nothing: what each feature was."""
+    return ClaimOutcome(
+        None,
+        tuple(seen["busy"]),
+        tuple(seen["done"]),
+        tuple(seen["failed"]),
+        tuple(seen["mine"]),
+    )
 
 
 def _local_markers(store: LockBackend) -> LockBackend | None:

@@ -416,6 +416,11 @@ def claim(
         if held is None and outcome.busy:
             busy = f"no free feature to claim now: {len(outcome.busy)} held by others"
             return Result(EXIT_TEMPFAIL, found, message=busy, warnings=warned)
+        if held is None and outcome.mine:
+            # Waiting would wait for ourselves: the rest is done, failed or the caller's own.
+            yours = ", ".join(outcome.mine)
+            left = f"nothing else to claim: the caller already holds {yours}"
+            return Result(EXIT_HELD, {**found, "mine": list(outcome.mine)}, message=left)
         if held is None:
             left = "nothing left to claim: every feature is done or failed"
             return Result(EXIT_HELD, found, message=left, warnings=warned)

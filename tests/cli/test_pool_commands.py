@@ -152,6 +152,28 @@ def test_claim_exits_0_claimed_75_held_by_others_1_nothing_left(gsd: Path) -> No
     assert invoke("lock", "claim", "--gsd-dir", gsd, "--pid", "1", "--wait", "0").exit_code == 1
 
 
+def test_a_claimer_holding_the_rest_is_told_so_and_never_waits_for_itself(gsd: Path) -> None:
+    """Fails on the old code: the claimer's own locks counted as "held by others", so a shell
+    worker that claimed again got 75, and with ``--wait`` it waited for itself (for ever: here,
+    until the subprocess's hang guard). Run as a real process, as a worker shell would."""
+    _features(gsd, "alpha", "beta")
+    for _ in range(2):
+        assert invoke("lock", "claim", "--gsd-dir", gsd, "--pid", _owner()).exit_code == 0
+    again = subprocess.run(
+        [*CLI, "lock", "claim", "--gsd-dir", str(gsd), "--pid", _owner(), "--wait", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    assert again.returncode == 1, again.stderr
+    document = json.loads(again.stdout)
+    assert document["mine"] == ["alpha", "beta"]
+    assert "already holds alpha, beta" in document["error"]
+    # Held by someone else too: that one may come back, so the answer is still "wait" (75).
+    others = invoke("lock", "claim", "--gsd-dir", gsd, "--pid", "1")
+    assert others.exit_code == 75
+
+
 def test_claim_wait_is_woken_by_the_release_not_by_its_recheck(
     gsd: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

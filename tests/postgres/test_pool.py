@@ -76,6 +76,22 @@ def test_one_command_of_four_jobs_finishes_thirty_features_on_postgresql(
     pool_test.assert_every_feature_finished_once(pool_test.log(tmp_path), tmp_path, files=False)
 
 
+def test_a_claimer_holding_the_rest_never_waits_for_itself_on_postgresql(
+    on_server: str, tmp_path: Path
+) -> None:
+    """The one-statement claim skips every held row, the claimer's own too: before the fix a
+    claimer holding the rest got 75, and with ``--wait`` waited for itself."""
+    for name in ("alpha", "beta"):
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    me = str(os.getpid())
+    for _ in range(2):
+        assert cli("lock", "claim", "--pid", me, cwd=tmp_path).returncode == 0
+    again = cli("lock", "claim", "--pid", me, "--wait", "--json", cwd=tmp_path)
+    assert again.returncode == 1, again.stderr
+    assert json.loads(again.stdout)["mine"] == ["alpha", "beta"]
+    assert cli("lock", "claim", "--pid", "1", cwd=tmp_path).returncode == 75
+
+
 def test_claim_exit_codes_fail_and_reopen_on_postgresql(on_server: str, tmp_path: Path) -> None:
     (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
     me = str(os.getpid())
