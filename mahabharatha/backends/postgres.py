@@ -1319,6 +1319,14 @@ class PostgresBackend:
         ``timeout``."""
         return self.wait_for_any_release((feature,), timeout)
 
+    def async_release_listener(self) -> Any:
+        """The running event loop's listener for releases of this backend's locks
+        (:class:`~mahabharatha.backends.postgres_async.AsyncReleaseListener`): what
+        ``AsyncFeatureLock`` waits on, without blocking its loop."""
+        from mahabharatha.backends.postgres_async import listener_for
+
+        return listener_for(self)
+
     def stop_listening(self) -> None:
         """Close the listening connection (a pool's worker that took a feature: many workers
         must not keep a connection each while they work)."""
