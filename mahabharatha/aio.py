@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from functools import partial
@@ -118,6 +119,51 @@ _IN_FLIGHT_GUARD: Final = threading.Lock()
 def _calls_of(store: LockBackend) -> _Calls:
     with _IN_FLIGHT_GUARD:
         return _IN_FLIGHT.setdefault(id(store), _Calls())
+
+
+class _Gate:
+    """The tasks of one loop that want one feature for one owner pid, queued (FIFO).
+
+    The backend's lock is the process's (its owner pid, its proof of life): a second task of
+    the same process asking the backend would be told "already held by you". Tasks of one loop
+    take turns here first, and only the one at the front contends with other processes."""
+
+    def __init__(self) -> None:
+        self.turn = asyncio.Lock()
+        self.owner: asyncio.Task[Any] | None = None
+
+    async def enter(self, left: float | None) -> bool:
+        """Wait for our turn (``left`` seconds at most; ``None``: for ever); False when the
+        wait ran out (or, with nothing left, when another task has the turn)."""
+        if left is not None and left <= 0 and self.turn.locked():
+            return False
+        try:
+            async with asyncio.timeout(left):
+                await self.turn.acquire()
+        except TimeoutError:
+            return False
+        self.owner = asyncio.current_task()
+        return True
+
+    def leave(self) -> None:
+        self.owner = None
+        self.turn.release()
+
+
+_Gates = dict[tuple[Any, ...], _Gate]
+_GATES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gates]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each running loop's gates, by (backend place, feature, owner pid)."""
+
+
+def _gate_of(store: LockBackend, feature: str, pid: int) -> _Gate:
+    place = (store.kind, store.where(), getattr(store, "namespace", None), feature, pid)
+    gates = _GATES.setdefault(asyncio.get_running_loop(), {})
+    gate = gates.get(place)
+    if gate is None:
+        gate = gates[place] = _Gate()
+    return gate
 
 
 async def _settled(future: asyncio.Future[Any]) -> bool:
@@ -314,9 +360,19 @@ class AsyncFeatureLock:
         it leaves no lock behind.
         """
         state = self._state
-        if state._mine is not None:
+        if state._mine is not None or self._gate is not None:
             raise LockError(f"this AsyncFeatureLock already holds {self.feature!r}")
-        state.adopt(await self._wait_for_lock(state.on_wait if on_wait is None else on_wait))
+        deadline = None if state.timeout is None else monotonic() + max(0.0, state.timeout)
+        gate = await self._turn(deadline)
+        try:
+            held = await self._wait_for_lock(
+                state.on_wait if on_wait is None else on_wait, deadline
+            )
+        except BaseException:
+            gate.leave()
+            raise
+        self._gate = gate
+        state.adopt(held)
         self._lost_override = on_lost
         self._rest()
         if self.heartbeat:
@@ -327,13 +383,27 @@ class AsyncFeatureLock:
             )
         return self
 
-    async def _wait_for_lock(self, on_wait: WaitCallback | None) -> Held:
+    _gate: _Gate | None = None
+
+    async def _turn(self, deadline: float | None) -> _Gate:
+        """This task's turn among the loop's tasks asking for the feature for the same owner;
+        the errors of a busy lock when the wait for it runs out."""
+        gate = _gate_of(self.backend, self.feature, self.pid)
+        if gate.owner is not None and gate.owner is asyncio.current_task():
+            # Not reentrant: waiting for our own turn would wait for ever.
+            holder = await self._call(partial(self.backend.inspect, self.feature))
+            raise AlreadyHeldError(holder)
+        if not await gate.enter(None if deadline is None else deadline - monotonic()):
+            holder = await self._call(partial(self.backend.inspect, self.feature))
+            raise (LockTimeoutError if self.timeout else LockHeldError)(holder)
+        return gate
+
+    async def _wait_for_lock(self, on_wait: WaitCallback | None, deadline: float | None) -> Held:
         """``locks.acquire``'s loop, each pause an await: try, judge who stopped us, wait."""
         state = self._state
         store = state.backend
         details = ownership.details_of(state.pid, state.command)
         callers = {state.pid, *state.caller_pids}
-        deadline = None if state.timeout is None else monotonic() + max(0.0, state.timeout)
         delays = locks._backoff_delays()
         listener = getattr(store, "async_release_listener", None)
         released = _Wake(None if listener is None else listener(), self.feature)
@@ -419,7 +489,16 @@ class AsyncFeatureLock:
         try:
             await self._stop_beat()
         finally:
-            await self._call(self._state.release)
+            try:
+                await self._call(self._state.release)
+            finally:
+                # The next task of this loop may try once the lock is gone (or, if the release
+                # failed, once it knows: its own try then says who holds it).
+                gate, self._gate = self._gate, None
+                if gate is not None and self._state._mine is None:
+                    gate.leave()
+                elif gate is not None:
+                    self._gate = gate  # still ours: a retried release lets the next one in
             self._rest()
 
     async def __aenter__(self) -> Self:
