@@ -37,6 +37,8 @@ HANG_GUARD_SECONDS: Final = 30.0
 PROCESSES: Final = 3
 TASKS_PER_PROCESS: Final = 6
 CONTENDED: Final = ("alpha", "beta")
+INSIDE_SECONDS: Final = 0.002
+"""How long a holder stays inside (a widened window, never a synchronisation)."""
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,9 @@ async def _contend(place: Place, process: int, rounds: int) -> tuple[list[str], 
                     clashes.append(f"process {process} task {index} entered {feature} held")
                     continue
                 os.close(fd)
-                for _ in range(3):
-                    await asyncio.sleep(0)  # the loop's other tasks try meanwhile
+                # The loop's other tasks, and the other processes, try meanwhile: a stay long
+                # enough for a server round trip widens the window a second holder would use.
+                await asyncio.sleep(INSIDE_SECONDS)
                 entries += 1
                 os.unlink(marker)
 
@@ -163,14 +166,16 @@ def test_tasks_of_many_processes_never_hold_a_feature_together(place: Place) -> 
 
 
 def test_a_task_asking_again_for_its_own_lock_is_told_so_not_left_waiting(place: Place) -> None:
-    """Not reentrant, as ``FeatureLock``: the holding task's second ask raises at once."""
+    """Not reentrant, as ``FeatureLock``: the holding task's second ask raises at once.
+    Fails when the task waits for its own turn (tried: the hang guard ended the wait)."""
 
     async def main() -> None:
         backend = place.open()
         try:
             async with AsyncFeatureLock(FEATURE, place.gsd, backend=backend, heartbeat=None):
                 with pytest.raises(locks.AlreadyHeldError):
-                    await AsyncFeatureLock(FEATURE, place.gsd, backend=backend).acquire()
+                    async with asyncio.timeout(HANG_GUARD_SECONDS):
+                        await AsyncFeatureLock(FEATURE, place.gsd, backend=backend).acquire()
         finally:
             backend.close()
 
@@ -204,8 +209,9 @@ async def _ping_pong(rounds: int) -> int:
 def test_a_task_waiting_for_a_held_lock_lets_the_other_tasks_run(place: Place) -> None:
     """While one task waits for a lock another process holds, two others play 100 rounds of
     ping-pong; only then is the holder told to let go, and the waiter gets the lock. Fails on
-    a wait that blocks the loop (tried: ``time.sleep`` between tries: the waiter, never
-    yielding, got the lock only after the holder's hang guard, before the rounds were played)."""
+    a wait that blocks the loop (tried on both backends: the blocking ``locks.acquire`` called
+    from the task; on files also ``time.sleep`` between tries: the waiter got the lock only
+    after the holder's hang guard, before the rounds were played)."""
 
     async def main(let_go: Any) -> None:
         backend = place.open()
