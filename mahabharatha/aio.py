@@ -112,13 +112,17 @@ class _Calls:
             return self.count == 0
 
 
-_IN_FLIGHT: Final[dict[int, _Calls]] = {}
-_IN_FLIGHT_GUARD: Final = threading.Lock()
+_IN_FLIGHT: Final[weakref.WeakKeyDictionary[Any, _Calls]] = weakref.WeakKeyDictionary()
+_IN_FLIGHT_GUARD: Final = threading.Lock()  # Race: two loops' first locks on one backend
 
 
 def _calls_of(store: LockBackend) -> _Calls:
+    """The count of ``store``'s calls in flight, one per backend object (kept with it)."""
     with _IN_FLIGHT_GUARD:
-        return _IN_FLIGHT.setdefault(id(store), _Calls())
+        try:
+            return _IN_FLIGHT.setdefault(store, _Calls())
+        except TypeError:  # a backend that cannot be weakly referenced: counted per lock
+            return _Calls()
 
 
 class _Gate:
@@ -155,15 +159,17 @@ _GATES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gates]] = (
     weakref.WeakKeyDictionary()
 )
 """Each running loop's gates, by (backend place, feature, owner pid)."""
+_GATES_GUARD: Final = threading.Lock()  # Race: loops in two threads adding their first gates
 
 
 def _gate_of(store: LockBackend, feature: str, pid: int) -> _Gate:
     place = (store.kind, store.where(), getattr(store, "namespace", None), feature, pid)
-    gates = _GATES.setdefault(asyncio.get_running_loop(), {})
-    gate = gates.get(place)
-    if gate is None:
-        gate = gates[place] = _Gate()
-    return gate
+    with _GATES_GUARD:
+        gates = _GATES.setdefault(asyncio.get_running_loop(), {})
+        gate = gates.get(place)
+        if gate is None:
+            gate = gates[place] = _Gate()
+        return gate
 
 
 async def _settled(future: asyncio.Future[Any]) -> bool:

@@ -64,6 +64,7 @@ class AsyncReleaseListener:
         self.backend = backend
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._starting = asyncio.Lock()  # Race: waiters woken by a dead listener each made one
         self._behind_pooler = False
 
     def watch(self, feature: str) -> asyncio.Event:
@@ -90,14 +91,20 @@ class AsyncReleaseListener:
         if self._behind_pooler:
             await asyncio.sleep(timeout)  # no LISTEN behind a pooler: poll, once per slice
             return False
-        if self._reader is None or self._reader.done():
-            return await self._start(timeout)
+        if not self._listening():
+            async with self._starting:
+                if not self._listening():
+                    return await self._start(timeout)
+            return True  # another waiter started it meanwhile: look again, then wait
         try:
             async with asyncio.timeout(timeout):
                 await seen.wait()
         except TimeoutError:
             return False
         return True
+
+    def _listening(self) -> bool:
+        return self._reader is not None and not self._reader.done()
 
     async def _start(self, timeout: float) -> bool:
         try:

@@ -500,3 +500,55 @@ def test_with_the_url_in_the_environment_the_async_lock_is_on_the_server(
 
     asyncio.run(main())
     assert state_of(server) is State.FREE
+
+
+@pytest.mark.postgres
+def test_the_waiting_tasks_of_a_loop_share_one_listening_connection_closed_after_them(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    """Ten tasks wait for one held feature on one listening connection (the server's slots:
+    ``max_connections``), and once nobody waits it is closed. Fails with a listener per
+    waiter (tried: ten connections)."""
+    from tests.support.postgres import admin_execute
+
+    place = Place(tmp_path, pg_server.url(), f"async-{uuid.uuid4().hex[:12]}")
+    count = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+
+    def listeners() -> int:
+        found = admin_execute(pg_server, count, "mahabharatha-wait-async")
+        return int(str(found[0][0]))
+
+    async def take_and_give_back(backend: LockBackend, pid: int, busy: asyncio.Event) -> None:
+        told = busy.set
+        async with AsyncFeatureLock(
+            FEATURE, tmp_path, backend=backend, pid=pid, on_wait=lambda *_: told()
+        ):
+            pass
+
+    async def main(let_go: Any) -> None:
+        backend = place.open()
+        try:
+            # Owners of their own (pids of their own): each task contends on the server, none
+            # queues behind another task of this loop.
+            told = [asyncio.Event() for _ in range(10)]
+            waiters = [
+                asyncio.create_task(take_and_give_back(backend, 100 + index, told[index]))
+                for index in range(10)
+            ]
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
+                for busy in told:
+                    await busy.wait()
+                while listeners() == 0:
+                    await asyncio.sleep(0.01)
+            assert listeners() == 1
+            let_go.set()
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
+                await asyncio.gather(*waiters)
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
+                while listeners() != 0:  # nobody waits: the connection is let go
+                    await asyncio.sleep(0.01)
+        finally:
+            backend.close()
+
+    with held_elsewhere(place) as let_go:
+        asyncio.run(main(let_go))
