@@ -240,6 +240,8 @@ class AsyncFeatureLock:
         self._on_loop = self._state.backend.kind in ON_THE_LOOP_KINDS
         self._calls = _calls_of(self._state.backend)
         self._beating: asyncio.Task[None] | None = None
+        self._gate: _Gate | None = None  # our turn among this loop's tasks, while we hold
+        self._lost_override: Callable[[LockLostError], None] | None = None  # this hold's
 
     # ------------------------------------------------------------------ what FeatureLock says
 
@@ -389,8 +391,6 @@ class AsyncFeatureLock:
             )
         return self
 
-    _gate: _Gate | None = None
-
     async def _turn(self, deadline: float | None) -> _Gate:
         """This task's turn among the loop's tasks asking for the feature for the same owner;
         the errors of a busy lock when the wait for it runs out."""
@@ -452,8 +452,6 @@ class AsyncFeatureLock:
         return (LockTimeoutError if self.timeout else LockHeldError)(judged)
 
     # ------------------------------------------------------------------ holding
-
-    _lost_override: Callable[[LockLostError], None] | None = None
 
     async def _beat(self) -> None:
         """The heartbeat: ``FeatureLock``'s rule (``_beat_once``: refresh, retry sooner on an OS
