@@ -182,6 +182,52 @@ def test_a_task_asking_again_for_its_own_lock_is_told_so_not_left_waiting(place:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("timeout", [0.0, 0.2])
+def test_a_held_lock_raises_what_feature_lock_raises_naming_the_holder(
+    place: Place, timeout: float
+) -> None:
+    """``timeout=0`` tries once (``LockHeldError``), a wait that runs out is
+    ``LockTimeoutError`` (also a ``TimeoutError``), each naming the holder's pid, as
+    ``FeatureLock``; the same for a task whose turn behind another task of its loop never
+    came. Fails when every busy lock is a plain ``LockHeldError`` (tried)."""
+    expected = locks.LockTimeoutError if timeout else locks.LockHeldError
+
+    async def main(holder_pid: int) -> None:
+        backend = place.open()
+        try:
+            with pytest.raises(expected) as raised:
+                await AsyncFeatureLock(
+                    FEATURE, place.gsd, backend=backend, timeout=timeout
+                ).acquire()
+            assert raised.value.info.pid == holder_pid
+            assert (timeout > 0) == isinstance(raised.value, TimeoutError)
+        finally:
+            backend.close()
+
+    async def behind_a_task_of_ours() -> None:
+        backend = place.open()
+        try:
+            async with AsyncFeatureLock(FEATURE, place.gsd, backend=backend, heartbeat=None):
+                other = asyncio.create_task(
+                    AsyncFeatureLock(FEATURE, place.gsd, backend=backend, timeout=timeout).acquire()
+                )
+                with pytest.raises(expected) as raised:
+                    await other
+                assert raised.value.info.pid == os.getpid()
+        finally:
+            backend.close()
+
+    with held_elsewhere(place):
+        holder = place.open()
+        try:
+            holder_pid = holder.inspect(FEATURE).pid
+        finally:
+            holder.close()
+        assert holder_pid is not None and holder_pid != os.getpid()
+        asyncio.run(main(holder_pid))
+    asyncio.run(behind_a_task_of_ours())
+
+
 # --------------------------------------------------------------------------- the loop runs on
 
 
