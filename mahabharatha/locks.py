@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from time import monotonic
 from types import TracebackType
-from typing import Any, Final, NamedTuple, Self, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, Unpack
 
 from mahabharatha import clock, ownership
 from mahabharatha.backends import lock_url, open_backend, shared_backend
@@ -73,6 +73,9 @@ from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.proof import WorkProof
 
+if TYPE_CHECKING:
+    from mahabharatha.aio import AsyncFeatureLock
+
 __all__ = [
     "AUDIT_LOG_NAME",
     "COMPLETED_MARKER_NAME",
@@ -80,6 +83,7 @@ __all__ = [
     "DEFAULT_ATTEMPTS",
     "HEARTBEAT_SECONDS",
     "AlreadyHeldError",
+    "AsyncFeatureLock",
     "Attempts",
     "ClaimOutcome",
     "CleanedEntry",
@@ -122,6 +126,18 @@ __all__ = [
     "survey",
     "work",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``AsyncFeatureLock`` (:mod:`mahabharatha.aio`), imported on first use: asyncio stays out
+    of every CLI call's cold start, and ``aio`` (which builds on this module) out of its
+    import."""
+    if name == "AsyncFeatureLock":
+        from mahabharatha.aio import AsyncFeatureLock
+
+        return AsyncFeatureLock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 HEARTBEAT_SECONDS: Final = 30.0
 """How often a holder rewrites its timestamp: far inside the 2-hour stale limit, and at least
@@ -1048,24 +1064,31 @@ class FeatureLock:
 
     def _beat_loop(self) -> None:
         assert self.heartbeat is not None
-        interval = self.heartbeat
-        while not self._stop.wait(interval):
-            try:
-                self.refresh()
-            except LockLostError as error:
-                self._declare_lost(error)
-                return
-            except OSError as error:
-                # A transient failure (busy guard, full disk): retry sooner, and keep the error
-                # where the holder can see it; ``held`` turns False if the lock expires meanwhile.
-                self.heartbeat_error = error
-                interval = max(self.heartbeat / 4, 0.01)
-                if self._expired():
-                    reason = f"refreshes failed until the lock turned stale ({error})"
-                    self._declare_lost(LockLostError(self.feature, reason))
-                    return
-                continue
-            self.heartbeat_error, interval = None, self.heartbeat
+        interval: float | None = self.heartbeat
+        while interval is not None and not self._stop.wait(interval):
+            interval = self._beat_once()
+
+    def _beat_once(self) -> float | None:
+        """One heartbeat: refresh, and say when the next is due (seconds), or ``None`` once
+        the lock is lost (:attr:`lost` set, ``on_lost`` told). The rule of every heartbeat,
+        this thread's and ``AsyncFeatureLock``'s task."""
+        assert self.heartbeat is not None
+        try:
+            self.refresh()
+        except LockLostError as error:
+            self._declare_lost(error)
+            return None
+        except OSError as error:
+            # A transient failure (busy guard, full disk): retry sooner, and keep the error
+            # where the holder can see it; ``held`` turns False if the lock expires meanwhile.
+            self.heartbeat_error = error
+            if self._expired():
+                reason = f"refreshes failed until the lock turned stale ({error})"
+                self._declare_lost(LockLostError(self.feature, reason))
+                return None
+            return max(self.heartbeat / 4, 0.01)
+        self.heartbeat_error = None
+        return self.heartbeat
 
     def _with_deadline(self, mine: Held) -> Held:
         """Keep ``mine``'s expiry also as a deadline on the monotonic clock, measured now."""

@@ -413,6 +413,10 @@ class Capability(enum.StrEnum):
     rather than polling."""
     PROOF_OF_LIFE = "proof-of-life"
     """A holder's lock carries a proof of life its work inherits (:meth:`work_proof`)."""
+    LOCAL_CALLS = "local-calls"
+    """Every call is a few system calls on this host (microseconds, never a wait): an event
+    loop may make them itself (``AsyncFeatureLock``); without it, a call is a network round
+    trip, made in a worker thread."""
 
 
 class ReleaseWait(NamedTuple):
@@ -484,6 +488,10 @@ class LockBackend(abc.ABC):
     run_lease: float | None = None
     """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless it chose one;
     ``None``: the backend's fixed lease (files: 2 h)."""
+
+    namespace: str | None = None
+    """The lock space within :meth:`where` (PostgreSQL's namespace; files: ``None``, the
+    folder is the space)."""
 
     @property
     def supports_tokens(self) -> bool:
@@ -616,6 +624,12 @@ class LockBackend(abc.ABC):
     def work_proof(self, held: Held) -> WorkProof | None:
         """The proof of life for the work ``held``'s holder starts (``lock run``'s command);
         ``None``: the lock carries none (:attr:`Capability.PROOF_OF_LIFE`)."""
+        return None
+
+    def async_release_listener(self) -> Any:
+        """The running event loop's listener for this backend's releases (what
+        ``AsyncFeatureLock`` waits on without blocking its loop); default ``None``: it polls
+        with a backoff (:attr:`Capability.RELEASE_NOTICE` by another way, or none)."""
         return None
 
     def rest(self) -> None:

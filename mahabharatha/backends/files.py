@@ -357,7 +357,9 @@ class FileBackend(LockBackend):
     """Locks as ``.lock`` files under ``<gsd>/specs``: the :class:`LockBackend` of one folder."""
 
     kind = "file"
-    capabilities = frozenset({Capability.PROOF_OF_LIFE, Capability.RELEASE_NOTICE})
+    capabilities = frozenset(
+        {Capability.PROOF_OF_LIFE, Capability.RELEASE_NOTICE, Capability.LOCAL_CALLS}
+    )
 
     def __init__(self, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> None:
         self.gsd_dir = gsd_dir

@@ -455,7 +455,7 @@ class PostgresBackend(LockBackend):
         self._url = url
         self._server = server_of(url)
         self._password = password_of(url)
-        self.namespace = namespace
+        self.namespace: str = namespace
         self.gsd_dir = gsd_dir
         self.connect_timeout = connect_timeout
         self._conn: _Connection | None = None
@@ -1194,6 +1194,14 @@ class PostgresBackend(LockBackend):
         here is bounded: the listener's statements by ``--connect-timeout``, notifications by
         ``timeout``."""
         return self.wait_for_any_release((feature,), timeout)
+
+    def async_release_listener(self) -> Any:
+        """The running event loop's listener for releases of this backend's locks
+        (:class:`~mahabharatha.backends.postgres_async.AsyncReleaseListener`): what
+        ``AsyncFeatureLock`` waits on, without blocking its loop."""
+        from mahabharatha.backends.postgres_async import listener_for
+
+        return listener_for(self)
 
     def stop_listening(self) -> None:
         """Close the listening connection (a pool's worker that took a feature: many workers

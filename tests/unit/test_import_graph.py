@@ -62,8 +62,10 @@ LAYERS: Final[dict[str, str]] = {
     "mahabharatha.backends.postgres": POSTGRES,
     "mahabharatha.backends.pg_connection": POSTGRES,
     "mahabharatha.backends.pg_namespace": POSTGRES,
+    "mahabharatha.backends.postgres_async": POSTGRES,
     "mahabharatha.locks": LOCK_LAYER,
     "mahabharatha.runner": LOCK_LAYER,
+    "mahabharatha.aio": LOCK_LAYER,  # AsyncFeatureLock: the lock layer driven from an event loop
     "mahabharatha.team": LOCK_LAYER,  # lock work -j: the pool's workers forked from one command
     "mahabharatha.__main__": FACE,
     "mahabharatha.backends.legacy_server": FACE,  # the legacy face's answers from a server

@@ -1,0 +1,537 @@
+"""Feature locks for asyncio programs: ``async with AsyncFeatureLock(feature, ...)``.
+
+The same lock as :class:`~mahabharatha.locks.FeatureLock`, held from an event loop::
+
+    async with AsyncFeatureLock("auth-flow", timeout=30):
+        ...  # exclusive work; the lock is refreshed by a task of this loop
+
+Same arguments, attributes and errors as ``FeatureLock`` (``timeout``, ``heartbeat``, ``lost``,
+``on_lost``, ``LockTimeoutError``, ...), on every backend (files; PostgreSQL through ``url=`` or
+``MAHABHARATHA_LOCK_URL``). This module only schedules; the lock is ``FeatureLock``'s own
+(its state, its refresh, its lost-lock rule, its release) and each step is the backend's:
+
+- **Waiting** never blocks the loop. On files, a try is a few system calls (microseconds),
+  made on the loop, with ``asyncio.sleep`` between tries (the backoff of ``locks.acquire``).
+  On PostgreSQL a try is a round trip, made in a worker thread (bounded by the backend's
+  deadlines), and between tries the task waits for the release's NOTIFY on an async
+  connection (``backends/postgres_async.py``), one per loop, at most a slice at a time.
+- **The heartbeat** is one asyncio task per lock (no thread of its own): on files it refreshes
+  on the loop, on PostgreSQL in a worker thread of the loop's default executor.
+- **Cancellation** never leaves a lock behind nor holds one the caller does not know about: a
+  backend call in a thread is not abandoned when its task is cancelled; the task waits for it
+  (bounded), gives back what it took, and only then lets ``CancelledError`` go on. The exit
+  of ``async with`` releases on any exception, ``CancelledError`` too.
+- **A lost lock** is reported as ``FeatureLock`` reports it: :attr:`lost` set, ``on_lost``
+  called (on the loop), :meth:`refresh` raising :class:`LockLostError`.
+
+Why a class of its own and not ``async with FeatureLock``: ``acquire()`` cannot be a coroutine
+and a plain call at once, and one object carrying a thread heartbeat and a task heartbeat
+would let a ``with`` and an ``async with`` race on it. The switch is ``with FeatureLock`` to
+``async with AsyncFeatureLock`` (and ``await`` before ``acquire``, ``refresh``, ``release``).
+The long form: ``design/async.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from functools import partial
+from time import monotonic
+from types import TracebackType
+from typing import Any, Final, Self, TypeVar
+
+from mahabharatha import locks, ownership
+from mahabharatha.backends.base import (
+    AcquireResult,
+    AlreadyHeldError,
+    Capability,
+    Held,
+    LockBackend,
+    LockError,
+    LockHeldError,
+    LockInfo,
+    LockLostError,
+    LockTimeoutError,
+)
+from mahabharatha.constants import GSD_DIR
+from mahabharatha.locks import HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS, FeatureLock, WaitCallback
+from mahabharatha.proof import WorkProof
+
+__all__ = ["AsyncFeatureLock"]
+
+_T = TypeVar("_T")
+
+
+class _LoopHeldLock(FeatureLock):
+    """``FeatureLock``'s state and rules for a hold driven by an event loop: no heartbeat
+    thread (the loop's task beats), and the backend rested by the loop, between calls."""
+
+    def _start_heartbeat(self) -> None:
+        return None  # the loop's task refreshes (``AsyncFeatureLock._beat``)
+
+    def _rest_backend(self) -> None:
+        return None  # Race: a rest from one lock's thread closed the connection under another's
+
+    def adopt(self, held: Held) -> None:
+        """Make ``held`` this object's acquisition (as ``FeatureLock.acquire`` does)."""
+        self._holder_process = os.getpid()
+        self._lost_override = None  # ``on_lost`` is told by the loop, never by a thread
+        self.lost = None
+        self._mine = self._with_deadline(held)
+
+
+class _Calls:
+    """The backend calls of one backend in flight in worker threads, counted: the loop rests
+    the backend (lets its connection go) only when none is, never under a call."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.guard = threading.Lock()  # loops of several threads may share one backend
+
+    def start(self, loop: asyncio.AbstractEventLoop, call: Callable[[], _T]) -> asyncio.Future[_T]:
+        with self.guard:
+            self.count += 1
+        future = loop.run_in_executor(None, call)
+        future.add_done_callback(self._ended)  # counted until the thread ends, cancelled or not
+        return future
+
+    def _ended(self, _future: object) -> None:
+        with self.guard:
+            self.count -= 1
+
+    def idle(self) -> bool:
+        with self.guard:
+            return self.count == 0
+
+
+_IN_FLIGHT: Final[weakref.WeakKeyDictionary[Any, _Calls]] = weakref.WeakKeyDictionary()
+_IN_FLIGHT_GUARD: Final = threading.Lock()  # Race: two loops' first locks on one backend
+
+
+def _calls_of(store: LockBackend) -> _Calls:
+    """The count of ``store``'s calls in flight, one per backend object (kept with it)."""
+    with _IN_FLIGHT_GUARD:
+        try:
+            return _IN_FLIGHT.setdefault(store, _Calls())
+        except TypeError:  # a backend that cannot be weakly referenced: counted per lock
+            return _Calls()
+
+
+class _Gate:
+    """The tasks of one loop that want one feature for one owner pid, queued (FIFO).
+
+    The backend's lock is the process's (its owner pid, its proof of life): a second task of
+    the same process asking the backend would be told "already held by you". Tasks of one loop
+    take turns here first, and only the one at the front contends with other processes."""
+
+    def __init__(self) -> None:
+        self.turn = asyncio.Lock()
+        self.owner: asyncio.Task[Any] | None = None
+
+    async def enter(self, left: float | None) -> bool:
+        """Wait for our turn (``left`` seconds at most; ``None``: for ever); False when the
+        wait ran out (or, with nothing left, when another task has the turn)."""
+        if left is not None and left <= 0 and self.turn.locked():
+            return False
+        try:
+            async with asyncio.timeout(left):
+                await self.turn.acquire()
+        except TimeoutError:
+            return False
+        self.owner = asyncio.current_task()
+        return True
+
+    def leave(self) -> None:
+        self.owner = None
+        self.turn.release()
+
+
+_Gates = dict[tuple[Any, ...], _Gate]
+_GATES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gates]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each running loop's gates, by (backend place, feature, owner pid)."""
+_GATES_GUARD: Final = threading.Lock()  # Race: loops in two threads adding their first gates
+
+
+def _gate_of(store: LockBackend, feature: str, pid: int) -> _Gate:
+    place = (store.kind, store.where(), store.namespace, feature, pid)
+    with _GATES_GUARD:
+        gates = _GATES.setdefault(asyncio.get_running_loop(), {})
+        gate = gates.get(place)
+        if gate is None:
+            gate = gates[place] = _Gate()
+        return gate
+
+
+async def _settled(future: asyncio.Future[Any]) -> bool:
+    """Wait until ``future`` is done, also when this task is cancelled meanwhile; True when it
+    was (the caller then raises ``CancelledError`` once it has put things right)."""
+    task = asyncio.current_task()
+    assert task is not None
+    before = task.cancelling()
+    while not future.done():
+        # A cancellation of ours is counted by ``cancelling``; the future's own outcome (an
+        # error, its cancellation) is the caller's to read: either way, wait on.
+        with suppress(asyncio.CancelledError, Exception):
+            await asyncio.shield(future)
+    return task.cancelling() > before
+
+
+class AsyncFeatureLock:
+    """Hold a feature lock for a block of an asyncio program, refreshed by a task of the loop.
+
+    Takes :class:`~mahabharatha.locks.FeatureLock`'s arguments, means the same by each, and
+    raises the same errors: ``timeout`` (seconds; 0 tries once, ``None`` waits for ever),
+    ``heartbeat`` (seconds between refreshes; ``None`` for none), ``pid``, ``reclaim_dead``,
+    ``on_wait(info, seconds_left)``, ``on_lost(error)`` (both called on the loop), ``url`` or
+    ``backend`` (default ``MAHABHARATHA_LOCK_URL``, else the files of ``gsd_dir``), ``lease``.
+
+    Waiting lets the loop's other tasks run; a task cancelled while it waits, or inside the
+    block, leaves no lock behind. Not reentrant, as ``FeatureLock`` is not.
+
+    Attributes:
+        lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
+            found it taken away (``lock release --force``, a reclaim after it went stale).
+            Check it after the block if the work must not have run unlocked.
+        heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
+    """
+
+    def __init__(
+        self,
+        feature: str,
+        gsd_dir: str | os.PathLike[str] = GSD_DIR,
+        *,
+        pid: int | None = None,
+        timeout: float | None = None,
+        reclaim_dead: bool = False,
+        heartbeat: float | None = HEARTBEAT_SECONDS,
+        on_wait: WaitCallback | None = None,
+        command: Sequence[str] | None = None,
+        on_lost: Callable[[LockLostError], None] | None = None,
+        caller_pids: Iterable[int] = (),
+        backend: LockBackend | str | None = None,
+        lease: float | None = None,
+        url: str | None = None,
+    ) -> None:
+        self._state = _LoopHeldLock(
+            feature,
+            gsd_dir,
+            pid=pid,
+            timeout=timeout,
+            reclaim_dead=reclaim_dead,
+            heartbeat=heartbeat,
+            on_wait=on_wait,
+            command=command,
+            caller_pids=caller_pids,
+            backend=backend,
+            lease=lease,
+            url=url,
+        )
+        self.on_lost = on_lost
+        self._on_loop = Capability.LOCAL_CALLS in self._state.backend.capabilities
+        self._calls = _calls_of(self._state.backend)
+        self._beating: asyncio.Task[None] | None = None
+        self._gate: _Gate | None = None  # our turn among this loop's tasks, while we hold
+        self._lost_override: Callable[[LockLostError], None] | None = None  # this hold's
+
+    # ------------------------------------------------------------------ what FeatureLock says
+
+    @property
+    def feature(self) -> str:
+        return self._state.feature
+
+    @property
+    def gsd_dir(self) -> str | os.PathLike[str]:
+        return self._state.gsd_dir
+
+    @property
+    def backend(self) -> LockBackend:
+        return self._state.backend
+
+    @property
+    def pid(self) -> int:
+        return self._state.pid
+
+    @property
+    def timeout(self) -> float | None:
+        return self._state.timeout
+
+    @property
+    def heartbeat(self) -> float | None:
+        return self._state.heartbeat
+
+    @property
+    def lease(self) -> float | None:
+        return self._state.lease
+
+    @property
+    def lost(self) -> LockLostError | None:
+        return self._state.lost
+
+    @property
+    def heartbeat_error(self) -> OSError | None:
+        return self._state.heartbeat_error
+
+    @property
+    def held(self) -> bool:
+        """As :attr:`FeatureLock.held`: ours, as far as we know, and not yet stale."""
+        return self._state.held
+
+    @property
+    def expires_at(self) -> float | None:
+        """As :attr:`FeatureLock.expires_at` (epoch seconds; None when not held)."""
+        return self._state.expires_at
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of our acquisition (None: not held, or files: no tokens)."""
+        return self._state.token
+
+    def work_proof(self) -> WorkProof | None:
+        """As :meth:`FeatureLock.work_proof`: a proof of life to pass to a child."""
+        return self._state.work_proof()
+
+    def __repr__(self) -> str:
+        return repr(self._state).replace(type(self._state).__name__, type(self).__name__, 1)
+
+    # ------------------------------------------------------------------ backend calls
+
+    async def _call(self, call: Callable[[], _T]) -> _T:
+        """Run one backend call: on the loop for files, else in a worker thread. A task
+        cancelled while the thread runs waits for it to end (its deadlines bound it), then
+        raises ``CancelledError``: what the call did (a refresh, a release) is done first."""
+        if self._on_loop:
+            return call()
+        future = self._calls.start(asyncio.get_running_loop(), call)
+        if await _settled(future):
+            raise asyncio.CancelledError
+        return future.result()
+
+    async def _try(self, try_once: Callable[[], AcquireResult]) -> AcquireResult:
+        """One try (``_call``); cancelled while it ran in its thread, the lock it took, if
+        any, is released before ``CancelledError`` goes on."""
+        if self._on_loop:
+            return try_once()
+        future = self._calls.start(asyncio.get_running_loop(), try_once)
+        if await _settled(future):
+            # Race: cancelled while the try ran in its thread: the lock it took is taken all
+            # the same, and nobody would know of it: give it back first.
+            if not future.cancelled() and future.exception() is None:
+                await self._give_back(future.result())
+            raise asyncio.CancelledError
+        return future.result()
+
+    async def _give_back(self, outcome: AcquireResult) -> None:
+        """Release a lock a cancelled try took (waited for, even if cancelled again)."""
+        if outcome.held is None:
+            return
+        future = self._calls.start(
+            asyncio.get_running_loop(), partial(self.backend.release_held, outcome.held)
+        )
+        await _settled(future)
+        if not future.cancelled():
+            future.exception()  # read: a failed give-back leaves a lock that ages out (lease)
+
+    def _rest(self) -> None:
+        """Let the backend's connection go between calls (PostgreSQL: ``rest``), as a
+        ``FeatureLock`` with a heartbeat does, when no call of it is in flight."""
+        if self.heartbeat and self._calls.idle():
+            self.backend.rest()
+
+    # ------------------------------------------------------------------ acquiring
+
+    async def acquire(
+        self,
+        *,
+        on_wait: WaitCallback | None = None,
+        on_lost: Callable[[LockLostError], None] | None = None,
+    ) -> Self:
+        """Take the lock (waiting as ``timeout`` says, without blocking the loop) and start
+        the heartbeat task; return self. ``on_wait`` and ``on_lost`` replace the object's own
+        for this acquisition only.
+
+        Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
+        when a wait ran out), :class:`AlreadyHeldError` when the owner pid already holds it,
+        :class:`LockError` when this object already holds it, ``UnsafeLockPathError`` (an
+        ``OSError``) when something stands in the lock's way, and ``OSError`` for other
+        trouble (a disk, an unreachable server: ``BackendError``). Cancelled while it waits,
+        it leaves no lock behind.
+        """
+        state = self._state
+        if state._mine is not None or self._gate is not None:
+            raise LockError(f"this AsyncFeatureLock already holds {self.feature!r}")
+        deadline = None if state.timeout is None else monotonic() + max(0.0, state.timeout)
+        gate = await self._turn(deadline)
+        try:
+            held = await self._wait_for_lock(
+                state.on_wait if on_wait is None else on_wait, deadline
+            )
+        except BaseException:
+            gate.leave()
+            raise
+        self._gate = gate
+        state.adopt(held)
+        self._lost_override = on_lost
+        self._rest()
+        if self.heartbeat:
+            # No await between the lock taken and its heartbeat started: nothing can cancel
+            # this task in between (a cancellation lands at an await).
+            self._beating = asyncio.get_running_loop().create_task(
+                self._beat(), name=f"lock-heartbeat-{self.feature}"
+            )
+        return self
+
+    async def _turn(self, deadline: float | None) -> _Gate:
+        """This task's turn among the loop's tasks asking for the feature for the same owner;
+        the errors of a busy lock when the wait for it runs out."""
+        gate = _gate_of(self.backend, self.feature, self.pid)
+        if gate.owner is not None and gate.owner is asyncio.current_task():
+            # Not reentrant: waiting for our own turn would wait for ever.
+            holder = await self._call(partial(self.backend.inspect, self.feature))
+            raise AlreadyHeldError(holder)
+        if not await gate.enter(None if deadline is None else deadline - monotonic()):
+            holder = await self._call(partial(self.backend.inspect, self.feature))
+            raise (LockTimeoutError if self.timeout else LockHeldError)(holder)
+        return gate
+
+    async def _wait_for_lock(self, on_wait: WaitCallback | None, deadline: float | None) -> Held:
+        """``locks.acquire``'s loop, each pause an await: try, judge who stopped us, wait."""
+        state = self._state
+        store = state.backend
+        details = ownership.details_of(state.pid, state.command)
+        callers = {state.pid, *state.caller_pids}
+        delays = locks._backoff_delays()
+        released = _Wake(store.async_release_listener(), self.feature)
+        try:
+            while True:
+                # Race: a release between this try and the wait below: the event, cleared
+                # before the try, is set by it and the wait ends at once.
+                released.clear()
+                try_once = partial(
+                    locks._try_uninterrupted,
+                    store,
+                    self.feature,
+                    state.pid,
+                    state.reclaim_dead,
+                    details,
+                    state.lease,
+                )
+                outcome = await self._try(try_once)
+                if outcome.held is not None:
+                    return outcome.held
+                holder = outcome.holder
+                assert holder is not None  # a try that did not win names who stopped it
+                if outcome.holder_is_caller or locks._held_by(
+                    holder, outcome.holder_details, callers
+                ):
+                    raise AlreadyHeldError(holder)  # waiting would wait for ourselves
+                left = None if deadline is None else deadline - monotonic()
+                if left is not None and left <= 0:
+                    raise await self._busy_error(holder)
+                if on_wait is not None:
+                    on_wait(holder, left)
+                delay = next(delays)
+                await released.wait(delay if left is None else min(delay, left), left)
+        finally:
+            released.close()
+
+    async def _busy_error(self, holder: LockInfo) -> LockHeldError:
+        """The error of a wait that ran out (or a single try), its holder judged once."""
+        judged = await self._call(partial(locks._judged, self.backend, holder))
+        return (LockTimeoutError if self.timeout else LockHeldError)(judged)
+
+    # ------------------------------------------------------------------ holding
+
+    async def _beat(self) -> None:
+        """The heartbeat: ``FeatureLock``'s rule (``_beat_once``: refresh, retry sooner on an OS
+        error, lost when refused or past the lease), paced by ``asyncio.sleep``."""
+        interval = self.heartbeat
+        while interval:
+            await asyncio.sleep(interval)
+            interval = await self._call(self._state._beat_once)
+            self._rest()
+        lost = self._state.lost
+        tell = self.on_lost if self._lost_override is None else self._lost_override
+        if lost is not None and tell is not None:
+            tell(lost)
+
+    async def refresh(self) -> None:
+        """Renew our lock now; :class:`LockLostError` when it is no longer ours."""
+        await self._call(self._state.refresh)
+        self._rest()
+
+    async def _stop_beat(self) -> None:
+        beating, self._beating = self._beating, None
+        if beating is None or beating is asyncio.current_task():
+            return
+        beating.cancel()
+        # A refresh in a thread runs to its end before the release below: never under it.
+        interrupted = await _settled(beating)
+        if not beating.cancelled() and (error := beating.exception()) is not None:
+            # The heartbeat ended on an error outside its rule (``on_lost`` raised): told as a
+            # thread's is, by the loop's exception handler, never lost in silence.
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": f"the heartbeat of {self!r} failed", "exception": error}
+            )
+        if interrupted:
+            raise asyncio.CancelledError
+
+    async def release(self) -> None:
+        """Stop the heartbeat and remove our lock (only if it is still exactly ours), as
+        :meth:`FeatureLock.release`; cancelled meanwhile, it still releases first."""
+        try:
+            await self._stop_beat()
+        finally:
+            try:
+                await self._call(self._state.release)
+            finally:
+                # The next task of this loop may try once the lock is gone (or, if the release
+                # failed, once it knows: its own try then says who holds it).
+                gate, self._gate = self._gate, None
+                if gate is not None and self._state._mine is None:
+                    gate.leave()
+                elif gate is not None:
+                    self._gate = gate  # still ours: a retried release lets the next one in
+            self._rest()
+
+    async def __aenter__(self) -> Self:
+        return await self.acquire()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release()
+
+
+class _Wake:
+    """What a waiter waits on between tries: a release heard on PostgreSQL (NOTIFY on the
+    loop's listening connection), else the backoff's sleep (files: a try costs microseconds)."""
+
+    def __init__(self, listener: Any, feature: str) -> None:
+        self.listener = listener
+        self.feature = feature
+        self.seen: asyncio.Event | None = None if listener is None else listener.watch(feature)
+
+    def clear(self) -> None:
+        if self.seen is not None:
+            self.seen.clear()
+
+    async def wait(self, delay: float, left: float | None) -> None:
+        if self.seen is None:
+            await asyncio.sleep(delay)
+            return
+        slice_ = WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
+        await self.listener.wait(self.seen, slice_)
+
+    def close(self) -> None:
+        if self.seen is not None:
+            self.listener.unwatch(self.feature, self.seen)
+            self.seen = None
