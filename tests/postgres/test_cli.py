@@ -61,7 +61,10 @@ def test_commands_answer_with_host_and_token(where: dict[str, Any]) -> None:
     assert cli("lock", "verify", "alpha", "--token", wrong, *opts, cwd=cwd).returncode == 1
     claimed = json.loads(cli("lock", "claim", *opts, "--json", cwd=cwd).stdout)
     assert claimed["feature"] == "beta" and claimed["token"] > acquired["token"]
-    assert cli("lock", "claim", *opts, cwd=cwd).returncode == 75  # none free: held by others
+    # None free: for another owner they are held by others (wait), for this caller its own
+    # (exit 1 at once: a claim never waits for itself).
+    assert cli("lock", "claim", *opts, "--pid", "1", cwd=cwd).returncode == 75
+    assert cli("lock", "claim", *opts, cwd=cwd).returncode == 1
     assert cli("lock", "done", "beta", *opts, cwd=cwd).returncode == 0
     assert cli("lock", "release", "alpha", *opts, cwd=cwd).returncode == 0
     listed = json.loads(cli("lock", "status", "--all", *opts, "--json", cwd=cwd).stdout)["features"]
