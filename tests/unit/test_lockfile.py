@@ -93,18 +93,38 @@ CORRUPT_CONTENTS = [
 
 
 def test_atomic_acquire_race_simulation(mocker: Any, gsd: str) -> None:
+    # The contract's seam, kept as the old tests wrote it: a patched os.open that raises
+    # FileExistsError answers False. It no longer reaches a publish (the first os.open is the
+    # folder's); the lost creation race itself is the next test's.
     mocker.patch(f"{UTILS}.os.open", side_effect=FileExistsError)
     assert acquire_feature_lock("feat", gsd_dir=gsd) is False
     assert not lock_of(gsd).exists()
 
 
+def _legacy_acquire(gsd: str) -> bool:
+    return acquire_feature_lock("feat", gsd_dir=gsd)
+
+
+def _layer_acquire(gsd: str) -> bool:
+    """The lock layer's acquire: no ``except FileExistsError`` above the publish, so a lost
+    race that leaked out of :func:`lockfile.publish` would raise here instead of "held"."""
+    from mahabharatha import locks
+
+    try:
+        locks.acquire("feat", gsd)
+    except locks.LockHeldError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("unnamed", [True, False], ids=["O_TMPFILE", "named-temp"])
+@pytest.mark.parametrize("acquire", [_legacy_acquire, _layer_acquire], ids=["legacy", "locks"])
 def test_a_publish_that_loses_the_link_race_leaves_the_winners_lock(
-    mocker: Any, gsd: str, unnamed: bool
+    mocker: Any, gsd: str, unnamed: bool, acquire: Callable[[str], bool]
 ) -> None:
     """The old case above patches ``os.open``, whose first call is now the folder's open, so
     no publish runs there. Here the race is lost at the publish itself: another process's
-    lock appears between our write and our ``link``. The acquire answers False, the winner's
+    lock appears between our write and our ``link``. The acquire answers "held", the winner's
     lock is left byte for byte, and this process keeps no proof of life for it."""
     from mahabharatha import lockfile, proof
 
@@ -116,8 +136,9 @@ def test_a_publish_that_loses_the_link_race_leaves_the_winners_lock(
         put_lock(gsd, theirs)  # the winner's link lands first
         real_link(*args, **kwargs)  # ours then fails with FileExistsError, as it would
 
-    mocker.patch("os.link", side_effect=beaten_to_it)
-    assert acquire_feature_lock("feat", gsd_dir=gsd) is False
+    link = mocker.patch("os.link", side_effect=beaten_to_it)
+    assert acquire(gsd) is False
+    assert link.call_count == 1  # the publish ran, and lost
     assert lock_of(gsd).read_text() == theirs
     folder = os.open(Path(gsd) / "specs" / "feat", os.O_RDONLY | os.O_DIRECTORY)
     try:
