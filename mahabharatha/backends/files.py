@@ -10,6 +10,7 @@ tokens, no chosen lease: the lease is the contract's fixed 2 hours.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
@@ -84,6 +85,48 @@ bounded reads accept."""
 
 # --------------------------------------------------------------------------- facts about locks
 
+_STATE_OF: Final = {state: State(state.value) for state in LockState}
+"""A judged lock's state as :class:`LockInfo` shows it (a look-up: ``status`` asks per lock)."""
+
+_ACTIVE: Final = LockState.ACTIVE
+_UNKNOWN: Final = Owner.UNKNOWN
+"""Members bound once: on Python 3.11 each ``Enum.X`` look-up is a descriptor call."""
+
+_INFO_DEFAULTS: Final = {
+    field.name: field.default
+    for field in dataclasses.fields(LockInfo)
+    if field.default is not dataclasses.MISSING
+}
+
+
+def _listed_info(
+    feature: str,
+    state: State,
+    pid: int | None,
+    timestamp: float | None,
+    age: float | None,
+    expires: float | None,
+    owner: Owner,
+) -> LockInfo:
+    """``LockInfo(feature, state, pid, timestamp, age, expires, owner)`` for a state and an
+    owner that are members already, made without the frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field and ``__post_init__``'s checks: the costliest step of a
+    ``status`` line, ``bench/PROFILE.md``). Equal to what the constructor makes
+    (``tests/unit/test_status_listing.py`` compares them)."""
+    info = object.__new__(LockInfo)
+    fields = {
+        **_INFO_DEFAULTS,
+        "feature": feature,
+        "state": state,
+        "pid": pid,
+        "timestamp": timestamp,
+        "age_seconds": age,
+        "expires_in_seconds": expires,
+        "owner": owner,
+    }
+    object.__setattr__(info, "__dict__", fields)
+    return info
+
 
 def describe_snapshot(
     feature: str,
@@ -94,24 +137,19 @@ def describe_snapshot(
 ) -> LockInfo:
     """A lock as :class:`LockInfo` says it (``liveness`` None: owner ``unknown``, unasked)."""
     record = snapshot.record_at(now)
-    pid, timestamp = record if record else (None, None)
-    if timestamp is not None:
-        age: float | None = max(0.0, now - timestamp)
-    elif snapshot.kind is EntryKind.MISSING:
-        age = None
-    else:
-        age = max(0.0, now - snapshot.mtime)
-    expires = (
-        max(0.0, STALE_AFTER_SECONDS - (now - timestamp))
-        if state is LockState.ACTIVE and timestamp is not None
-        else None
-    )
+    if record is None:
+        missing = snapshot.kind is EntryKind.MISSING
+        age = None if missing else max(0.0, now - snapshot.mtime)
+        return _listed_info(feature, _STATE_OF[state], None, None, age, None, _UNKNOWN)
+    pid, timestamp = record
+    held_for = now - timestamp
+    expires = max(0.0, STALE_AFTER_SECONDS - held_for) if state is _ACTIVE else None
     owner = (
-        liveness(pid, timestamp, snapshot.owner_details, snapshot.life)
-        if liveness and pid is not None
-        else Owner.UNKNOWN
+        liveness(pid, timestamp, snapshot.owner_details, snapshot.life) if liveness else _UNKNOWN
     )
-    return LockInfo(feature, State(state.value), pid, timestamp, age, expires, owner)
+    return _listed_info(
+        feature, _STATE_OF[state], pid, timestamp, max(0.0, held_for), expires, owner
+    )
 
 
 def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
@@ -486,12 +524,13 @@ class FileBackend:
         now = _utils.now()
         liveness = per_pid()
         skipped = _Problems(self.gsd_dir, problems)
+        missing = lockfile.MISSING.kind
         infos = [
             describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now, liveness)
             for feature, snapshot in lockfile.scan_locks(
                 self.gsd_dir, on_error=skipped.add, life=True
             )
-            if snapshot.kind is not EntryKind.MISSING
+            if snapshot.kind is not missing
         ]
         skipped.settle()
         return infos
