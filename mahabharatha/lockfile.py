@@ -466,13 +466,13 @@ def read_lock(dfd: int, *, life: bool = False) -> LockSnapshot:
     With ``life``, a lock whose details claim a proof of life gets the folder's answer
     (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.proof`).
     """
-    snapshot = _look(dfd)
+    snapshot = _read_lock_once(dfd) or _look(dfd, READ_ATTEMPTS - 1)
     if snapshot.content is None and _is_busy(snapshot):
         deadline = monotonic() + READ_WAIT_SECONDS
         while _is_busy(snapshot) and monotonic() < deadline:
             os.sched_yield()  # Race: a lease holder is giving its lease up; look again
             snapshot = _look(dfd)
-    slot = ownership.proof_slot(snapshot.owner) if life else None
+    slot = ownership.proof_slot(snapshot.owner) if life and snapshot.owner else None
     if slot is not None:
         # Race: the proof is looked at after the read, and it is this lock's own slot: a
         # proof of an earlier lock (kept by a forked child, escaped work) says nothing here.
@@ -484,11 +484,8 @@ def _is_busy(snapshot: LockSnapshot) -> bool:
     return snapshot.content is None and snapshot.read_errno in _BUSY_ERRNOS
 
 
-def _look(dfd: int) -> LockSnapshot:
-    snapshot = _read_lock_once(dfd)
-    if snapshot is not None:  # nearly always: the loop below is for an entry being swapped
-        return snapshot
-    for _ in range(READ_ATTEMPTS - 2):
+def _look(dfd: int, attempts: int = READ_ATTEMPTS) -> LockSnapshot:
+    for _ in range(attempts - 1):
         snapshot = _read_lock_once(dfd)
         if snapshot is not None:
             return snapshot

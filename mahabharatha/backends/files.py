@@ -10,7 +10,6 @@ tokens, no chosen lease: the lease is the contract's fixed 2 hours.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import stat
@@ -89,14 +88,9 @@ _STATE_OF: Final = {state: State(state.value) for state in LockState}
 """A judged lock's state as :class:`LockInfo` shows it (a look-up: ``status`` asks per lock)."""
 
 _ACTIVE: Final = LockState.ACTIVE
+_SHOWN_ACTIVE: Final = State.ACTIVE
 _UNKNOWN: Final = Owner.UNKNOWN
 """Members bound once: on Python 3.11 each ``Enum.X`` look-up is a descriptor call."""
-
-_INFO_DEFAULTS: Final = {
-    field.name: field.default
-    for field in dataclasses.fields(LockInfo)
-    if field.default is not dataclasses.MISSING
-}
 
 
 def _listed_info(
@@ -114,8 +108,7 @@ def _listed_info(
     ``status`` line, ``bench/PROFILE.md``). Equal to what the constructor makes
     (``tests/unit/test_status_listing.py`` compares them)."""
     info = object.__new__(LockInfo)
-    fields = {
-        **_INFO_DEFAULTS,
+    fields = {  # every field; a default changed in LockInfo fails the test named above
         "feature": feature,
         "state": state,
         "pid": pid,
@@ -123,6 +116,10 @@ def _listed_info(
         "age_seconds": age,
         "expires_in_seconds": expires,
         "owner": owner,
+        "host": None,
+        "token": None,
+        "attempts": 0,
+        "reason": None,
     }
     object.__setattr__(info, "__dict__", fields)
     return info
@@ -143,13 +140,15 @@ def describe_snapshot(
         return _listed_info(feature, _STATE_OF[state], None, None, age, None, _UNKNOWN)
     pid, timestamp = record
     held_for = now - timestamp
-    expires = max(0.0, STALE_AFTER_SECONDS - held_for) if state is _ACTIVE else None
+    if state is _ACTIVE:  # most listed locks: no look-up (an Enum's hash is Python code)
+        expires: float | None = max(0.0, STALE_AFTER_SECONDS - held_for)
+        shown = _SHOWN_ACTIVE
+    else:
+        expires, shown = None, _STATE_OF[state]
     owner = (
         liveness(pid, timestamp, snapshot.owner_details, snapshot.life) if liveness else _UNKNOWN
     )
-    return _listed_info(
-        feature, _STATE_OF[state], pid, timestamp, max(0.0, held_for), expires, owner
-    )
+    return _listed_info(feature, shown, pid, timestamp, max(0.0, held_for), expires, owner)
 
 
 def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
