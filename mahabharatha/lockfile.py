@@ -386,7 +386,7 @@ class LockSnapshot:
 
     @property
     def text(self) -> str | None:
-        if self.kind is not EntryKind.FILE or self.content is None:
+        if self.kind is not _FILE or self.content is None:
             return None
         try:
             return self.content.decode("utf-8")
