@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gc
 import io
 import os
 import statistics
@@ -39,6 +40,7 @@ from bench.contenders import FEATURE, gsd_with_feature, link_floor_try  # noqa: 
 
 TMPFILE = getattr(os, "O_TMPFILE", 0)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
@@ -341,104 +343,110 @@ def profile_sections(work: Path, cycles: int, locks_count: int) -> str:
     )
 
 
-def _per_pid_liveness() -> Callable[[int | None, float | None, Any, Any], Any]:
-    """What a per-pid cache would cost: ask psutil once per pid, compare start times in Python
-    (the rule of ``owner_liveness``, same answers)."""
-    import psutil
+def _own_tree(tree: Path, count: int) -> None:
+    """``count`` locks published by this package (owner details, a proof of life) by a child
+    that then exits: every lock is judged by its proof, and its owner found gone."""
+    from mahabharatha import proof
+    from mahabharatha.commands import _utils
 
-    from mahabharatha import locks
-
-    seen: dict[int, tuple[bool, float] | None] = {}
-
-    def liveness(
-        pid: int | None, timestamp: float | None, _details: Any = None, _life: Any = None
-    ) -> Any:
-        if pid is None:
-            return locks.Owner.UNKNOWN
-        if pid not in seen:
-            try:
-                process = psutil.Process(pid)
-                seen[pid] = (process.status() == psutil.STATUS_ZOMBIE, process.create_time())
-            except psutil.NoSuchProcess:
-                seen[pid] = None
-        facts = seen[pid]
-        if facts is None or facts[0]:
-            return locks.Owner.NOT_RUNNING
-        if timestamp is not None and facts[1] > timestamp + locks.CREATE_TIME_SLACK_SECONDS:
-            return locks.Owner.PID_REUSED
-        return locks.Owner.RUNNING
-
-    return liveness
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        code = 0
+        try:
+            for index in range(count):
+                _utils.acquire_feature_lock(f"feat-{index:05d}", str(tree))
+                proof.let_go_of_all()  # one descriptor at a time, the lock stays
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(child, 0)
+    if status != 0:
+        raise RuntimeError("the child could not publish the locks")
 
 
-def status_breakdown(tree: Path, locks_count: int) -> str:
-    """``status`` as it is, with a per-pid liveness cache, and with no liveness at all (by
-    replacing ``locks.owner_liveness`` for the measurement only), against the bare loop."""
-    from bench.scenarios import bare_status_loop
-    from mahabharatha import locks
+def _our_system_calls(tree: Path) -> Callable[[], object]:
+    """The system calls a status makes per lock (folder opened without following a link,
+    the lock opened in it, fstat, read, the owner details, two closes) with no judgement: the
+    floor of this design."""
 
-    original = locks.owner_liveness
-    per_pid = _per_pid_liveness
-
-    def with_liveness(make: Callable[[], Callable[..., Any]] | None) -> Callable[[], None]:
-        def call() -> None:
-            stand_in = make() if make else (lambda _p, _t: locks.Owner.UNKNOWN)
-            locks.owner_liveness = stand_in  # type: ignore[assignment]  # measurement only
-            try:
-                locks.status(tree)
-            finally:
-                locks.owner_liveness = original
-
-        return call
-
-    def lean() -> None:
-        """A status loop with the same per-lock answers, built from the same primitives: the
-        folder opened relative to one ``specs`` descriptor (no pathlib, no context manager),
-        liveness cached per pid, each record parsed once."""
-        from mahabharatha.backends import files
-        from mahabharatha.commands import _utils
-
-        now = _utils.now()
-        liveness = per_pid()
-        specs = os.open(tree / "specs", DIR_FLAGS)
-        infos = []
+    def loop() -> list[tuple[str, bytes, list[str]]]:
+        found = []
+        specs = os.open(tree / "specs", os.O_RDONLY | os.O_DIRECTORY)
         try:
             with os.scandir(specs) as entries:
                 names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
             for name in names:
-                if not _utils.is_valid_feature_name(name):
-                    continue
+                dfd = os.open(name, DIR_FLAGS, dir_fd=specs)
                 try:
-                    dfd = os.open(name, DIR_FLAGS, dir_fd=specs)
-                except OSError:
-                    continue
-                try:
-                    snapshot = _utils.read_lock(dfd)
+                    fd = os.open(".lock", READ_FLAGS, dir_fd=dfd)
+                    try:
+                        os.fstat(fd)
+                        content = os.read(fd, 4097)
+                        found.append((name, content, os.listxattr(fd)))
+                    finally:
+                        os.close(fd)
                 finally:
                     os.close(dfd)
-                if snapshot.kind is not _utils.EntryKind.MISSING:
-                    state = _utils.judge_lock(snapshot, now)
-                    infos.append(files.describe_snapshot(name, snapshot, state, now, liveness))
         finally:
             os.close(specs)
-        if len(infos) != locks_count:
-            raise RuntimeError(f"lean status saw {len(infos)} locks")
+        return found
 
-    timings = _interleaved(
+    return loop
+
+
+def _cpu_interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median CPU seconds of each call, rounds interleaved (CPU time: the machine is shared,
+    and a status is all CPU once the tree is in the page cache)."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    names = list(calls)
+    for round_no in range(rounds):
+        for name in names[round_no % len(names) :] + names[: round_no % len(names)]:
+            gc.collect()
+            start = time.process_time()
+            calls[name]()
+            samples[name].append(time.process_time() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def status_breakdown(tree: Path, locks_count: int) -> str:
+    """Where a status's time goes: the bare loop, our system calls alone, the scan (reads
+    and proofs, no judgement), the judgement and the listing of the scanned locks, the whole
+    ``locks.status`` on older writers' locks (the scenario's tree), and on ours."""
+    from bench.scenarios import bare_status_loop
+    from mahabharatha import lockfile, locks
+    from mahabharatha.backends.files import describe_snapshot
+    from mahabharatha.backends.liveness import per_pid
+
+    own = tree.parent / "status-own"
+    _own_tree(own, locks_count)
+    scanned = list(lockfile.scan_locks(tree, life=True))
+
+    def judged() -> list[object]:
+        now, liveness = time.time(), per_pid()
+        return [
+            describe_snapshot(name, snap, lockfile.judge_lock(snap, now), now, liveness)
+            for name, snap in scanned
+        ]
+
+    seconds = _cpu_interleaved(
         {
-            "locks.status as is": with_liveness(lambda: original),
-            "lean loop (prototype, see docstring)": lean,
-            "locks.status, per-pid liveness cache": with_liveness(per_pid),
-            "locks.status, no liveness lookup": with_liveness(None),
             "bare scandir + open/fstat/read loop": lambda: bare_status_loop(str(tree)),
+            "our system calls, no judgement": _our_system_calls(tree),
+            "lockfile.scan_locks (reads, proofs)": lambda: list(
+                lockfile.scan_locks(tree, life=True)
+            ),
+            "judge + describe the scanned locks": judged,
+            "locks.status, older writers' locks": lambda: locks.status(tree),
+            "locks.status, locks of this package": lambda: locks.status(own),
         },
-        1,
-        5,
+        9,
     )
-    per_lock = {name: value / locks_count for name, value in timings.items()}
+    per_lock = {name: value / locks_count * 1e6 for name, value in seconds.items()}
     return "\n".join(
         [
-            f"## 3d. status over {locks_count} locks, variants (us per lock)",
+            f"## 3d. status over {locks_count} locks, where the time goes (CPU us per lock)",
             "",
             _table(per_lock, "bare scandir + open/fstat/read loop"),
             "",

@@ -43,15 +43,7 @@ _FEATURE_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 
 def validate_feature_name(feature: str) -> None:
     """Raise ``ValueError`` unless ``feature`` is a safe single path component."""
-    if (
-        not isinstance(feature, str)
-        or not feature
-        or ".." in feature
-        or "/" in feature
-        or "\\" in feature
-        or _FEATURE_NAME_RE.fullmatch(feature) is None
-        or len(feature.encode()) > MAX_NAME_BYTES
-    ):
+    if not is_valid_feature_name(feature):
         raise ValueError(f"Invalid feature name: {shown_name(feature)}: {NAME_RULE}")
 
 
@@ -64,11 +56,14 @@ def shown_name(feature: object) -> str:
 
 
 def is_valid_feature_name(feature: str) -> bool:
-    try:
-        validate_feature_name(feature)
-    except ValueError:
-        return False
-    return True
+    """Is ``feature`` a safe single path component? (Asked of every folder a scan lists.)"""
+    # The pattern allows no "/" or "\\"; ".." is the one bad name it lets through.
+    return (
+        isinstance(feature, str)
+        and _FEATURE_NAME_RE.fullmatch(feature) is not None
+        and ".." not in feature
+        and len(feature.encode()) <= MAX_NAME_BYTES
+    )
 
 
 def feature_folders(gsd_dir: str | os.PathLike[str]) -> list[str]:

@@ -24,6 +24,8 @@ def read_bounded(fd: int, size: int) -> bytes:
     ``size`` from ``fstat`` lets a lock be read with one system call."""
     want = MAX_READ_BYTES + 1
     data = os.read(fd, want)
+    if len(data) >= size:  # the whole file in one call (the common case)
+        return data
     while data and len(data) < min(size, want):  # a short read before the end: read on
         more = os.read(fd, want - len(data))
         if not more:

@@ -127,8 +127,10 @@ class LockInfo:
 
     def __post_init__(self) -> None:
         # frozen: set through object; a backend may pass "active" or State.ACTIVE alike.
-        object.__setattr__(self, "state", State(self.state))
-        object.__setattr__(self, "owner", Owner(self.owner))
+        if self.state.__class__ is not State:  # a member already (status: per lock) is kept
+            object.__setattr__(self, "state", State(self.state))
+        if self.owner.__class__ is not Owner:
+            object.__setattr__(self, "owner", Owner(self.owner))
 
     @property
     def verdict(self) -> Verdict:

@@ -99,6 +99,46 @@ within about two seconds."""
 
 # --------------------------------------------------------------------------- facts about locks
 
+_STATE_OF: Final = {state: State(state.value) for state in LockState}
+"""A judged lock's state as :class:`LockInfo` shows it (a look-up: ``status`` asks per lock)."""
+
+_ACTIVE: Final = LockState.ACTIVE
+_SHOWN_ACTIVE: Final = State.ACTIVE
+_UNKNOWN: Final = Owner.UNKNOWN
+"""Members bound once: on Python 3.11 each ``Enum.X`` look-up is a descriptor call."""
+
+
+def _listed_info(
+    feature: str,
+    state: State,
+    pid: int | None,
+    timestamp: float | None,
+    age: float | None,
+    expires: float | None,
+    owner: Owner,
+) -> LockInfo:
+    """``LockInfo(feature, state, pid, timestamp, age, expires, owner)`` for a state and an
+    owner that are members already, made without the frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field and ``__post_init__``'s checks: the costliest step of a
+    ``status`` line, ``bench/PROFILE.md``). Equal to what the constructor makes
+    (``tests/unit/test_status_listing.py`` compares them)."""
+    info = object.__new__(LockInfo)
+    fields = {  # every field; a default changed in LockInfo fails the test named above
+        "feature": feature,
+        "state": state,
+        "pid": pid,
+        "timestamp": timestamp,
+        "age_seconds": age,
+        "expires_in_seconds": expires,
+        "owner": owner,
+        "host": None,
+        "token": None,
+        "attempts": 0,
+        "reason": None,
+    }
+    object.__setattr__(info, "__dict__", fields)
+    return info
+
 
 def describe_snapshot(
     feature: str,
@@ -109,24 +149,21 @@ def describe_snapshot(
 ) -> LockInfo:
     """A lock as :class:`LockInfo` says it (``liveness`` None: owner ``unknown``, unasked)."""
     record = snapshot.record_at(now)
-    pid, timestamp = record if record else (None, None)
-    if timestamp is not None:
-        age: float | None = max(0.0, now - timestamp)
-    elif snapshot.kind is EntryKind.MISSING:
-        age = None
+    if record is None:
+        missing = snapshot.kind is EntryKind.MISSING
+        age = None if missing else max(0.0, now - snapshot.mtime)
+        return _listed_info(feature, _STATE_OF[state], None, None, age, None, _UNKNOWN)
+    pid, timestamp = record
+    held_for = now - timestamp
+    if state is _ACTIVE:  # most listed locks: no look-up (an Enum's hash is Python code)
+        expires: float | None = max(0.0, STALE_AFTER_SECONDS - held_for)
+        shown = _SHOWN_ACTIVE
     else:
-        age = max(0.0, now - snapshot.mtime)
-    expires = (
-        max(0.0, STALE_AFTER_SECONDS - (now - timestamp))
-        if state is LockState.ACTIVE and timestamp is not None
-        else None
-    )
+        expires, shown = None, _STATE_OF[state]
     owner = (
-        liveness(pid, timestamp, snapshot.owner_details, snapshot.life)
-        if liveness and pid is not None
-        else Owner.UNKNOWN
+        liveness(pid, timestamp, snapshot.owner_details, snapshot.life) if liveness else _UNKNOWN
     )
-    return LockInfo(feature, state, pid, timestamp, age, expires, owner)
+    return _listed_info(feature, shown, pid, timestamp, max(0.0, held_for), expires, owner)
 
 
 def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
@@ -513,12 +550,13 @@ class FileBackend(LockBackend):
         now = clock.now()
         liveness = per_pid()
         skipped = _Problems(self.gsd_dir, problems)
+        missing = EntryKind.MISSING  # bound once: an Enum look-up per lock costs (3.11)
         infos = [
             describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now, liveness)
             for feature, snapshot in lockfile.scan_locks(
                 self.gsd_dir, on_error=skipped.add, life=True
             )
-            if snapshot.kind is not EntryKind.MISSING
+            if snapshot.kind is not missing
         ]
         skipped.settle()
         return infos

@@ -161,7 +161,9 @@ def test_a_ctrl_c_reaches_every_job_once_and_releases_every_feature(pool: Path) 
     (pool / "wait.sh").write_text(WAIT_FOR_SIGNAL)
     (pool / "wait.sh").chmod(0o755)
     os.mkfifo(pool / "started.fifo")
-    started = os.open(pool / "started.fifo", os.O_RDONLY | os.O_NONBLOCK)
+    # Read and write: a writer that came and went leaves no end-of-file behind (select would
+    # then say "readable" while the next writer has opened but not yet written).
+    started = os.open(pool / "started.fifo", os.O_RDWR)
     env = {**os.environ, "POOL": str(pool)}
     env.pop("MAHABHARATHA_FEATURE", None)
     command = subprocess.Popen(

@@ -31,12 +31,14 @@ def _child(work: Callable[[int], Any], index: int, answer: Connection) -> None:
         answer.close()
 
 
-def run_team(count: int, work: Callable[[int], Any]) -> list[Any]:
+def run_team(count: int, work: Callable[[int], Any], context: Any = CTX) -> list[Any]:
     """Run ``work(i)`` for i in 0..count-1, each in its own forked process; their answers in
-    order. A child that raised fails the caller with its traceback; every child is reaped."""
-    pipes = [CTX.Pipe(duplex=False) for _ in range(count)]
+    order. A child that raised fails the caller with its traceback; every child is reaped.
+    ``context``: another start method's (``spawn``: then ``work`` must pickle, e.g. a
+    ``functools.partial`` of a module-level function)."""
+    pipes = [context.Pipe(duplex=False) for _ in range(count)]
     team = [
-        CTX.Process(target=_child, args=(work, index, sender))
+        context.Process(target=_child, args=(work, index, sender))
         for index, (_, sender) in enumerate(pipes)
     ]
     for process in team:

@@ -86,7 +86,8 @@ def test_connection_terminated_mid_statement(
     make_backend: Callable[..., Any], pg_server: PgServer, operation: str
 ) -> None:
     """pg_terminate_backend on the connection while its statement waits in the server: the
-    call retries on a new connection and succeeds (or says BackendError); one holder at most."""
+    call retries on a new connection and succeeds, and what it is told matches the row it
+    holds (never "failed" while holding one, never "held" without one)."""
     backend = make_backend()
     backend.try_claim(["c0"], Requester(1))  # the rows exist: claim goes straight to its statement
     backend.release("c0", 1, force=True)
@@ -111,15 +112,28 @@ def test_connection_terminated_mid_statement(
         assert wait_until(lambda: _waiting_backend_pid(pg_server) not in (None, victim))
     worker.join(10)
     assert not worker.is_alive()
-    assert "error" in answer or answer.get("value") is not None or operation == "release"
-    holders = admin_execute(
-        pg_server,
-        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = %s AND pid = %s",
-        backend.namespace,
-        os.getpid(),
-    )
-    expected = {"acquire": 1, "claim": 1, "release": 0, "heartbeat": 1}[operation]
-    assert holders == [(expected,)]
+    held_tokens = [
+        row[0]
+        for row in admin_execute(
+            pg_server,
+            "SELECT token FROM mahabharatha_locks WHERE namespace = %s AND pid = %s",
+            backend.namespace,
+            os.getpid(),
+        )
+    ]
+    # The invariant: an error means the caller holds nothing; a caller that holds is told so.
+    if "error" in answer:
+        assert held_tokens == [] or operation == "release", (answer["error"], held_tokens)
+    # One lost answer is within MAX_LOST_ANSWERS (design/postgres.md, "A lost answer"): the
+    # call is run again on a new connection and answers; "failed" is never the answer here.
+    assert "error" not in answer, answer["error"]
+    told = answer["value"]
+    if operation == "release":
+        assert told is True
+        assert held_tokens == []
+    else:
+        assert told is not None  # acquire and claim: won; heartbeat: refreshed
+        assert held_tokens == [told.token]  # told it holds exactly the row it holds
 
 
 def test_a_lost_answer_is_retried_without_a_second_lock(

@@ -4,6 +4,7 @@ server; ``FeatureLock`` and the ``locks`` functions also take the URL directly."
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.commands import _utils
+from tests.conformance._procs import SYNC_TIMEOUT, run_team
 from tests.support.postgres import PgServer, admin_execute
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,9 +63,9 @@ def _take(entry_point: str, gsd: str) -> bool:
     return True
 
 
-def _worker(entry_point: str, gsd: str, start: Any, answers: Any) -> None:
-    start.wait()
-    answers.put((entry_point, _take(entry_point, gsd)))
+def _take_at_once(chosen: tuple[str, ...], gsd: str, start: Any, index: int) -> tuple[str, bool]:
+    start.wait(SYNC_TIMEOUT)
+    return chosen[index], _take(chosen[index], gsd)
 
 
 def test_every_entry_point_racing_for_one_feature_gives_one_holder(on_server: Path) -> None:
@@ -71,23 +73,10 @@ def test_every_entry_point_racing_for_one_feature_gives_one_holder(on_server: Pa
     and its lock is on the server. Failed before: ``locks``, ``FeatureLock`` and the legacy
     functions used files while the CLI used the server: a holder on each (two or more)."""
     context = multiprocessing.get_context("spawn")  # no connection crosses a fork
-    chosen = [kind for kind in ENTRY_POINTS for _ in range(WORKERS_PER_ENTRY_POINT)]
+    chosen = tuple(kind for kind in ENTRY_POINTS for _ in range(WORKERS_PER_ENTRY_POINT))
     start = context.Barrier(len(chosen))
-    answers = context.Queue()
-    workers = [
-        context.Process(target=_worker, args=(kind, str(on_server), start, answers))
-        for kind in chosen
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        results = [answers.get(timeout=JOIN_SECONDS) for _ in workers]
-    finally:
-        for worker in workers:
-            worker.join(JOIN_SECONDS)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+    work = functools.partial(_take_at_once, chosen, str(on_server), start)
+    results = run_team(len(chosen), work, context)
     assert sum(won for _, won in results) == 1, results
     assert not any((on_server / "specs" / "feat").iterdir())  # nothing on files
 

@@ -5,7 +5,6 @@ no named prepared statement there."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -14,13 +13,13 @@ import pytest
 
 from mahabharatha.backends.base import BackendError, Requester
 from mahabharatha.backends.postgres import PostgresBackend
+from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team
 from tests.support.postgres import APP_USER, PgServer, admin_execute, pgbouncer
 
 WORKERS = 4
 FEATURES = 60
 POOL_SIZE = 2
 """Fewer server connections than workers: every server connection serves several clients."""
-JOIN_SECONDS = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +29,13 @@ def pooler(pg_server: PgServer) -> Iterator[str]:
         yield f"postgresql://{APP_USER}@127.0.0.1:{port}/mh"
 
 
-def _work_through(url: str, namespace: str, start: Any, answers: Any) -> None:
+def _work_through(url: str, namespace: str) -> tuple[str, list[str], str | None]:
     """Claim, then mark done, every feature of this worker's own list (names shared by every
     worker's list, in its own namespace); report what it was given."""
-    from mahabharatha.backends.postgres import PostgresBackend
-
     names = [f"f{number:03d}" for number in range(FEATURES)]
     backend: Any = PostgresBackend(url, namespace=namespace, gsd_dir="/nonexistent")
     got: list[str] = []
     error = None
-    start.wait()
     try:
         while (won := backend.try_claim(names, Requester(os.getpid()))) is not None:
             got.append(won.held.feature)
@@ -48,7 +44,7 @@ def _work_through(url: str, namespace: str, start: Any, answers: Any) -> None:
         error = str(failed)
     finally:
         backend.close()
-    answers.put((namespace, got, error))
+    return namespace, got, error
 
 
 def test_a_claim_storm_behind_a_transaction_pooler_gives_each_feature_once(
@@ -58,24 +54,14 @@ def test_a_claim_storm_behind_a_transaction_pooler_gives_each_feature_once(
     barrier). Failed before: psycopg's ``_pg3_N`` statements (and the registered claim) ran on
     server connections another client had prepared them on: errors, or a worker told it held a
     feature of another namespace."""
-    context = multiprocessing.get_context("fork")
-    start = context.Barrier(WORKERS)
-    answers = context.Queue()
+    start = CTX.Barrier(WORKERS)
     spaces = [f"{namespace}-{number}" for number in range(WORKERS)]
-    workers = [
-        context.Process(target=_work_through, args=(pooler, space, start, answers))
-        for space in spaces
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        results = [answers.get(timeout=JOIN_SECONDS) for _ in workers]
-    finally:
-        for worker in workers:
-            worker.join(JOIN_SECONDS)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+
+    def at_once(index: int) -> tuple[str, list[str], str | None]:
+        start.wait(SYNC_TIMEOUT)
+        return _work_through(pooler, spaces[index])
+
+    results = run_team(WORKERS, at_once)
     expected = [f"f{number:03d}" for number in range(FEATURES)]
     for space, got, error in results:
         assert error is None, error

@@ -8,6 +8,7 @@ the module clock through its one seam (``mahabharatha.commands._utils.time``), a
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from mahabharatha.commands._utils import (
     release_feature_lock,
 )
 from tests.support.marks import needs_fifo, needs_symlinks, not_root
-from tests.support.reads import fail_read_text
+from tests.support.reads import LockReadFailure, fail_lock_reads, fail_read_text
 from tests.unit.conftest import NOW, UTILS
 
 """The fixed value the mocked module clock returns."""
@@ -93,18 +94,38 @@ CORRUPT_CONTENTS = [
 
 
 def test_atomic_acquire_race_simulation(mocker: Any, gsd: str) -> None:
+    # The contract's seam, kept as the old tests wrote it: a patched os.open that raises
+    # FileExistsError answers False. It no longer reaches a publish (the first os.open is the
+    # folder's); the lost creation race itself is the next test's.
     mocker.patch(f"{UTILS}.os.open", side_effect=FileExistsError)
     assert acquire_feature_lock("feat", gsd_dir=gsd) is False
     assert not lock_of(gsd).exists()
 
 
+def _legacy_acquire(gsd: str) -> bool:
+    return acquire_feature_lock("feat", gsd_dir=gsd)
+
+
+def _layer_acquire(gsd: str) -> bool:
+    """The lock layer's acquire: no ``except FileExistsError`` above the publish, so a lost
+    race that leaked out of :func:`lockfile.publish` would raise here instead of "held"."""
+    from mahabharatha import locks
+
+    try:
+        locks.acquire("feat", gsd)
+    except locks.LockHeldError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("unnamed", [True, False], ids=["O_TMPFILE", "named-temp"])
+@pytest.mark.parametrize("acquire", [_legacy_acquire, _layer_acquire], ids=["legacy", "locks"])
 def test_a_publish_that_loses_the_link_race_leaves_the_winners_lock(
-    mocker: Any, gsd: str, unnamed: bool
+    mocker: Any, gsd: str, unnamed: bool, acquire: Callable[[str], bool]
 ) -> None:
     """The old case above patches ``os.open``, whose first call is now the folder's open, so
     no publish runs there. Here the race is lost at the publish itself: another process's
-    lock appears between our write and our ``link``. The acquire answers False, the winner's
+    lock appears between our write and our ``link``. The acquire answers "held", the winner's
     lock is left byte for byte, and this process keeps no proof of life for it."""
     from mahabharatha import lockfile, proof
 
@@ -116,8 +137,9 @@ def test_a_publish_that_loses_the_link_race_leaves_the_winners_lock(
         put_lock(gsd, theirs)  # the winner's link lands first
         real_link(*args, **kwargs)  # ours then fails with FileExistsError, as it would
 
-    mocker.patch("os.link", side_effect=beaten_to_it)
-    assert acquire_feature_lock("feat", gsd_dir=gsd) is False
+    link = mocker.patch("os.link", side_effect=beaten_to_it)
+    assert acquire(gsd) is False
+    assert link.call_count == 1  # the publish ran, and lost
     assert lock_of(gsd).read_text() == theirs
     folder = os.open(Path(gsd) / "specs" / "feat", os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -448,29 +470,52 @@ def test_check_reports_none_without_a_lock(gsd: str) -> None:
     assert not Path(gsd).exists()
 
 
-# --- reading a lock through Path.read_text must never crash (seam of the old tests) -----------
+# --- a lock whose read fails: one answer per failure -------------------------------------------
+# Lock files are read through one no-follow open and a bounded os.read (lockfile.read_lock),
+# not Path.read_text: the failures are injected there, and each test checks it was reached.
+# (The old module's two cases above keep the Path.read_text seam the contract names.)
 
-READ_ERRORS = [
-    pytest.param(OSError("simulated"), id="OSError"),
-    pytest.param(PermissionError("simulated"), id="PermissionError"),
-    pytest.param(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), id="Unicode"),
+DENIED = PermissionError(errno.EACCES, "simulated")
+UNREADABLE_FAILURES = [
+    pytest.param(LockReadFailure("open", error=DENIED), id="open-EACCES"),
+    pytest.param(LockReadFailure("read", error=DENIED), id="read-EACCES"),
+    pytest.param(LockReadFailure("read", data=b"\xff\xfe:\xfa"), id="read-not-UTF-8"),
 ]
+"""Lasting reasons: the lock is unreadable, so it is reclaimed like a corrupt one."""
+IO_ERROR = LockReadFailure("read", error=OSError(errno.EIO, "simulated"))
+"""Not a judgement of the lock: the caller gets the error, and the lock is left alone."""
 
 
-@pytest.mark.parametrize("exc", READ_ERRORS)
-def test_read_text_failures_on_an_active_lock_never_escape(
-    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, exc: Exception
+@pytest.mark.parametrize("failure", UNREADABLE_FAILURES)
+def test_an_active_lock_that_cannot_be_read_is_unreadable_and_reclaimed(
+    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, failure: LockReadFailure
 ) -> None:
-    # The lock may be read without Path.read_text, so only "answers, does not raise" is promised.
     put_lock(gsd, record(OTHER_PID, NOW - 60))
-    fail_read_text(monkeypatch, ".lock", exc)
-    info = check_feature_lock("feat", gsd_dir=gsd)
-    assert info is None or info["pid"] == OTHER_PID
-    assert isinstance(acquire_feature_lock("feat", gsd_dir=gsd), bool)
-    assert release_feature_lock("feat", gsd_dir=gsd) is None
+    hits = fail_lock_reads(monkeypatch, failure)
+    assert check_feature_lock("feat", gsd_dir=gsd) is None
+    assert hits, "the injected read failure was never reached"
+    assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    monkeypatch.undo()
+    assert lock_of(gsd).read_text() == record(MY_PID, NOW)
 
 
-@pytest.mark.parametrize("exc", READ_ERRORS)
+def test_an_io_error_reading_an_active_lock_is_an_error_and_leaves_it(
+    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = put_lock(gsd, record(OTHER_PID, NOW - 60))
+    before = os.lstat(path)
+    hits = fail_lock_reads(monkeypatch, IO_ERROR)
+    for call in (check_feature_lock, acquire_feature_lock, release_feature_lock):
+        with pytest.raises(OSError) as raised:
+            call("feat", gsd_dir=gsd)
+        assert raised.value.errno == errno.EIO
+    assert hits.count("read") >= 3, "the injected read failure was not reached by every call"
+    monkeypatch.undo()
+    assert path.read_text() == record(OTHER_PID, NOW - 60)
+    assert os.lstat(path).st_ino == before.st_ino
+
+
+@pytest.mark.parametrize("failure", UNREADABLE_FAILURES)
 @pytest.mark.parametrize(
     "content",
     [
@@ -478,24 +523,33 @@ def test_read_text_failures_on_an_active_lock_never_escape(
         pytest.param("garbage", id="corrupt"),
     ],
 )
-def test_read_text_failures_on_a_stale_or_corrupt_lock_still_reclaim_it(
-    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, exc: Exception, content: str
+def test_a_stale_or_corrupt_lock_that_cannot_be_read_is_still_reclaimed(
+    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, failure: LockReadFailure, content: str
 ) -> None:
     path = put_lock(gsd, content)
-    fail_read_text(monkeypatch, ".lock", exc)
+    hits = fail_lock_reads(monkeypatch, failure)
     assert check_feature_lock("feat", gsd_dir=gsd) is None
     assert acquire_feature_lock("feat", gsd_dir=gsd) is True
+    assert hits, "the injected read failure was never reached"
     monkeypatch.undo()
     assert path.read_text() == record(MY_PID, NOW)
 
 
-@pytest.mark.parametrize("exc", READ_ERRORS)
-def test_a_stale_or_corrupt_lock_failing_read_text_is_removed_by_release(
-    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, exc: Exception
+@pytest.mark.parametrize("failure", UNREADABLE_FAILURES)
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(record(OTHER_PID, NOW - 60), id="active"),
+        pytest.param("garbage", id="corrupt"),
+    ],
+)
+def test_a_lock_that_cannot_be_read_is_removed_by_release(
+    clock: Any, gsd: str, monkeypatch: pytest.MonkeyPatch, failure: LockReadFailure, content: str
 ) -> None:
-    path = put_lock(gsd, "garbage")
-    fail_read_text(monkeypatch, ".lock", exc)
+    path = put_lock(gsd, content)
+    hits = fail_lock_reads(monkeypatch, failure)
     release_feature_lock("feat", gsd_dir=gsd)
+    assert hits, "the injected read failure was never reached"
     assert not os.path.lexists(path)
 
 
