@@ -1136,6 +1136,8 @@ def try_acquire(
     may_reclaim: MayReclaim = age_only,
     owner: bytes | None = None,
     pledge: proof.Pledge | None = None,
+    *,
+    look_first: bool = False,
 ) -> AcquireOutcome:
     """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``.
 
@@ -1143,11 +1145,17 @@ def try_acquire(
     ``pledge``: the proof of life the holder (this process) takes with the lock and keeps
     while it holds it (``None``: the lock carries no proof). A rule other
     than :func:`age_only` judges owners, so it is given each lock's proof (``snapshot.life``).
+    ``look_first``: read the lock before publishing, and answer at once when it is held and
+    may not be reclaimed (a held lock then costs a read, not an inode; see :func:`_held_now`).
     """
     record = format_record(pid, now)
     if owner is None:
         owner = ownership.details_of(pid)
     judges_owners = may_reclaim is not age_only
+    if look_first:
+        busy = _held_now(dfd, now, may_reclaim, judges_owners)
+        if busy is not None:
+            return busy
     holder, state = MISSING, LockState.FREE
     deadline: float | None = None  # one guard wait per call, however many rounds
     for _ in range(MAX_ROUNDS):
@@ -1182,6 +1190,27 @@ def try_acquire(
         if won is None:
             return AcquireOutcome(None, holder, state)
         return AcquireOutcome(won, replaced=holder, replaced_state=state)
+    return AcquireOutcome(None, holder, state)
+
+
+def _held_now(
+    dfd: int, now: float, may_reclaim: MayReclaim, judges_owners: bool
+) -> AcquireOutcome | None:
+    """The answer "held" when the lock in ``dfd`` is held and may not be reclaimed, read
+    without publishing anything; ``None``: try to publish (no lock, or one to reclaim).
+
+    It is the answer a failed publish gives (the same read, the same judgement), one step
+    earlier: a pool's claim walks past every feature the other workers hold, and a waiter
+    tries a held lock again and again; each such try made an inode, linked it in vain and
+    dropped it, which contending workers pay for in the file system's journal. Race: the
+    lock is released just after this read: "held" was true when read, as it is when a
+    publish fails and the read after it sees the lock; the next try takes it."""
+    holder = read_lock(dfd, life=judges_owners)
+    if holder.kind is EntryKind.MISSING or holder.kind is EntryKind.DIRECTORY:
+        return None  # free, or in the way: the publish below says which
+    state = judge_lock(holder, now)
+    if state is LockState.FREE or may_reclaim(holder, state):
+        return None
     return AcquireOutcome(None, holder, state)
 
 

@@ -430,7 +430,7 @@ class FileBackend(LockBackend):
             pledge = proof.Pledge(dfd, requester.pid == os.getpid(), _folder(self.gsd_dir, feature))
             with pledge as proven:
                 outcome = lockfile.try_acquire(
-                    dfd, requester.pid, now, rule, requester.details, proven
+                    dfd, requester.pid, now, rule, requester.details, proven, look_first=True
                 )
                 if outcome.mine is not None:
                     pledge.keep()
