@@ -37,6 +37,7 @@ owner judged alive by that proof) and :class:`WorkLeftError` says so.
 from __future__ import annotations
 
 import enum
+import errno
 import math
 import os
 import signal
@@ -45,6 +46,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from functools import cache
 from time import monotonic
 from types import FrameType
 from typing import IO, Final
@@ -679,6 +681,88 @@ def _parent_death_hook() -> Callable[[], None] | None:
     return die_with_parent
 
 
+SETPRIV: Final = "setpriv"
+"""util-linux's ``setpriv``: ``setpriv --pdeathsig KILL -- CMD`` asks for the parent-death
+signal and then becomes CMD (one process, CMD's pid)."""
+
+
+def _spawned_words(
+    command: Sequence[str], env: Mapping[str, str] | None
+) -> tuple[list[str], Callable[[], None] | None]:
+    """The words to start and the ``preexec_fn`` that give CMD the parent-death signal.
+
+    A ``preexec_fn`` makes Python fork this interpreter (it cannot ``vfork`` with one): about
+    1.5 ms of CPU per command in page faults, most of a short command's cost in a pool. Where
+    util-linux's ``setpriv`` can set the signal, CMD is started through it instead, and Python
+    uses ``vfork``. ``setpriv`` then runs CMD, so a command that cannot be started must be
+    told here, as ``Popen`` would tell it (its own message would be a "failed attempt").
+    Race: ``lock run`` killed between the start and ``setpriv``'s ``prctl`` (microseconds)
+    leaves CMD running; its proof of life keeps the lock held until it ends (safe, as for a
+    command that changed its credentials, section 13 of the design)."""
+    hook = _parent_death_hook()
+    wrapper = _setpriv_with_pdeathsig() if hook is not None else None
+    if wrapper is None:
+        return list(command), hook
+    _check_can_start(command[0], env)
+    return [
+        wrapper,
+        "--pdeathsig",
+        PARENT_DEATH_SIGNAL.name.removeprefix("SIG"),
+        "--",
+        *command,
+    ], None
+
+
+@cache
+def _setpriv_with_pdeathsig() -> str | None:
+    """``setpriv``'s path when it can set the parent-death signal (asked once per process:
+    an older or a busybox ``setpriv`` may not know ``--pdeathsig``)."""
+    import shutil
+
+    path = shutil.which(SETPRIV)
+    if path is None:
+        return None
+    try:
+        done = subprocess.run(
+            [path, "--pdeathsig", "KILL", "--", "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=SETPRIV_PROBE_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if done.returncode == 0 else None
+
+
+SETPRIV_PROBE_SECONDS: Final = 5.0  # a hang guard for the one probe, never reached in practice
+
+
+def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
+    """Raise what ``Popen`` raises for a command that cannot be started: ``FileNotFoundError``
+    (no such command on ``PATH``), ``PermissionError`` (a folder, or no execute permission)."""
+    path = program if os.sep in program else _on_path(program, env)
+    if path is None or not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+
+
+def _on_path(program: str, env: Mapping[str, str] | None) -> str | None:
+    """Where ``PATH`` (CMD's own) finds ``program``: an executable first, else the first
+    entry of that name (a folder, a file without execute permission: it then cannot be
+    executed, ``EACCES``, as ``execvp`` says)."""
+    import shutil
+
+    search = (env if env is not None else os.environ).get("PATH", os.defpath)
+    found = shutil.which(program, path=search)
+    if found is not None:
+        return found
+    entries = (os.path.join(folder or os.curdir, program) for folder in search.split(os.pathsep))
+    return next((entry for entry in entries if os.path.exists(entry)), None)
+
+
 TOKEN_ENV: Final = "MAHABHARATHA_LOCK_TOKEN"
 """CMD's copy of the lock's fencing token (backends with tokens): a resource that checks it
 (``lock verify FEATURE --token N``) refuses a holder whose lock was taken over."""
@@ -709,12 +793,13 @@ def _start(
         _become_subreaper()  # CMD shares our group: its orphans must stay findable
     passed = () if work is None or work.fd is None else (work.fd,)
     try:
+        words, hook = _spawned_words(command, env)
         # CMD leads a group of its own (signals reach all of it), except as a terminal's
         # foreground job; its proof of life goes with it and its children (pass_fds).
         child = subprocess.Popen(
-            list(command),
+            words,
             stdout=stdout,
-            preexec_fn=_parent_death_hook(),
+            preexec_fn=hook,
             env=env,
             pass_fds=passed,
             process_group=0 if own_group else None,

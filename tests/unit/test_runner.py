@@ -99,3 +99,49 @@ def test_the_lock_records_this_process_while_the_command_runs(gsd: str) -> None:
     with os.fdopen(read) as seen:
         assert seen.read().split(":")[0] == str(os.getpid())
     assert code == 0
+
+
+needs_setpriv = pytest.mark.skipif(
+    runner._setpriv_with_pdeathsig() is None, reason="no setpriv that sets --pdeathsig"
+)
+
+
+@needs_setpriv
+def test_cmd_is_started_through_setpriv_without_a_forking_hook() -> None:
+    """Where setpriv sets the parent-death signal, Python may vfork (no ``preexec_fn``): the
+    fork of the interpreter was most of a short command's cost in a pool."""
+    words, hook = runner._spawned_words(["true", "x"], None)
+    assert hook is None
+    assert words[1:] == ["--pdeathsig", "KILL", "--", "true", "x"]
+
+
+def test_without_setpriv_the_prctl_hook_asks_for_the_signal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "_setpriv_with_pdeathsig", lambda: None)
+    words, hook = runner._spawned_words(["true"], None)
+    assert words == ["true"]
+    assert (hook is None) == (runner._parent_death_hook() is None)
+
+
+@needs_setpriv
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda path: None, FileNotFoundError),
+        (lambda path: path.mkdir(), PermissionError),
+        (lambda path: path.write_text("#!/bin/sh\n"), PermissionError),  # no execute bit
+    ],
+    ids=["missing", "a-folder", "not-executable"],
+)
+def test_a_command_that_cannot_start_is_told_before_setpriv_runs(
+    tmp_path: Path, make: Any, error: type[OSError]
+) -> None:
+    """setpriv would run and fail as the command (a failed attempt, its own message): the
+    runner tells what ``Popen`` would have told, by path and by ``PATH``."""
+    program = tmp_path / "cmd"
+    make(program)
+    with pytest.raises(error):
+        runner._spawned_words([str(program)], None)
+    with pytest.raises(error):
+        runner._spawned_words(["cmd"], {"PATH": str(tmp_path)})
