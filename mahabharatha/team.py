@@ -210,14 +210,18 @@ def report_from_document(document: dict[str, Any]) -> WorkReport | None:
     )
 
 
-ENDED_FIRST: Final = ("stopped", "waited-out", "finished")
+ENDED_FIRST: Final = ("stopped", "finished", "waited-out")
 """Which worker's ending the pool's report takes: a stopped worker (a signal, a command that
-cannot start) says most, then a wait that ran out (features still held), then finished."""
+cannot start) says most, then finished, then a wait that ran out. Race: a teammate's wait can
+run out on a feature a worker of the team still holds, which that worker then finishes; a
+worker that finished saw every feature done or failed, which stays so (only ``reopen`` undoes
+it), so finished is the later fact, and the pool is finished with nothing busy."""
 
 
 def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
-    """The pool's report: every result, the features failed for good and those still held,
-    and the ending that says most (:data:`ENDED_FIRST`)."""
+    """The pool's report: every result, the features failed for good, the ending that says
+    most (:data:`ENDED_FIRST`), and the features still held when that ending is a wait that
+    ran out (none once a worker finished)."""
     if not reports:
         raise ValueError("no report to merge")
     ended = min(reports, key=lambda report: _rank(report.ended))
@@ -226,7 +230,7 @@ def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
         ended.ended,
         results,
         _union(report.failed for report in reports),
-        _union(report.busy for report in reports if report.ended == "waited-out"),
+        _union(report.busy for report in reports if ended.ended == report.ended == "waited-out"),
         ended.exit_code,
     )
 

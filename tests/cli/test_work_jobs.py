@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from typing import Final
 import psutil
 import pytest
 
-from tests.cli._support import SYNC_TIMEOUT, assert_no_traceback
+from tests.cli._support import SYNC_TIMEOUT, assert_no_traceback, wait_for
 from tests.cli.test_work_pool import (
     ATTEMPTS,
     BROKEN,
@@ -211,3 +212,65 @@ def test_jobs_that_cannot_be_are_bad_input(pool: Path, extra: tuple[str, ...]) -
     assert done.returncode == 2, done.stderr
     assert "--jobs" in json.loads(done.stdout)["error"]
     assert not list((pool / ".gsd" / "specs").glob("*/.completed"))
+
+
+HOLD_UNTIL_GO: Final = r"""#!/bin/sh
+# Says which worker runs it (on the FIFO), then waits for the test's go.
+echo "$PPID" > "$POOL/started.fifo"
+read -r _ < "$POOL/go.fifo"
+"""
+
+
+@needs_fifo
+def test_a_pool_finished_after_a_worker_waited_out_is_finished(tmp_path: Path) -> None:
+    """Failed before the merge ranked finished above waited-out: one worker holds the only
+    feature, its teammate's ``--wait 0`` runs out (exit 75, ``busy`` naming it), then the
+    holder finishes it. The pool's answer said 75, "1 feature(s) still held by others", and
+    listed as busy a feature its own results showed done. A worker that finished saw every
+    feature done or failed, later than any wait ran out (a finished feature stays finished):
+    the pool is finished, exit 0, nothing busy."""
+    (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
+    (tmp_path / "hold.sh").write_text(HOLD_UNTIL_GO)
+    (tmp_path / "hold.sh").chmod(0o755)
+    os.mkfifo(tmp_path / "started.fifo")
+    os.mkfifo(tmp_path / "go.fifo")
+    started = os.open(tmp_path / "started.fifo", os.O_RDONLY | os.O_NONBLOCK)
+    env = {**os.environ, "POOL": str(tmp_path)}
+    env.pop("MAHABHARATHA_FEATURE", None)
+    command = subprocess.Popen(
+        [*CLI, "lock", "work", "--json", "-j", "2", "--wait", "0", "--", "./hold.sh", "{}"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        holder = int(read_with_deadline(started).decode().split()[0])
+        team_of = psutil.Process(command.pid)
+        wait_for(lambda: len(team_of.children()) == 2, what="both workers forked")
+        (teammate,) = [w.pid for w in team_of.children() if w.pid != holder]
+        exited = os.pidfd_open(teammate)  # readable once it has exited (a zombie till reaped)
+        try:
+            ready, _, _ = select.select([exited], [], [], SYNC_TIMEOUT)
+            assert ready, "the teammate's --wait 0 did not run out"
+        finally:
+            os.close(exited)
+        go = os.open(tmp_path / "go.fifo", os.O_WRONLY)
+        os.write(go, b"go\n")  # the holder's command may end now: alpha is done after
+        os.close(go)
+        out, err = command.communicate(timeout=SYNC_TIMEOUT)
+    finally:
+        os.close(started)
+        _kill_session(command.pid)
+        command.wait()
+    assert_no_traceback(out, err)
+    document = json.loads(out)
+    assert sorted(w["exit_code"] for w in document["workers"]) == [0, 75], document
+    assert [(r["feature"], r["outcome"]) for r in document["results"]] == [("alpha", "done")]
+    assert command.returncode == 0, err
+    assert document["ended"] == "finished"
+    assert document["busy"] == []
+    assert "still held" not in err
