@@ -163,6 +163,9 @@ def test_a_ctrl_c_reaches_every_job_once_and_releases_every_feature(pool: Path) 
     (pool / "wait.sh").chmod(0o755)
     os.mkfifo(pool / "started.fifo")
     started = os.open(pool / "started.fifo", os.O_RDONLY | os.O_NONBLOCK)
+    # Race: between two builds' writes the FIFO has no writer (select says readable, EOF) and
+    # the second may open it then (read: EAGAIN). A writer of ours keeps it open throughout.
+    kept_open = os.open(pool / "started.fifo", os.O_WRONLY | os.O_NONBLOCK)
     env = {**os.environ, "POOL": str(pool)}
     env.pop("MAHABHARATHA_FEATURE", None)
     command = subprocess.Popen(
@@ -186,6 +189,7 @@ def test_a_ctrl_c_reaches_every_job_once_and_releases_every_feature(pool: Path) 
         out, err = command.communicate(timeout=SYNC_TIMEOUT)
     finally:
         os.close(started)
+        os.close(kept_open)
         _kill_session(command.pid)
         command.wait()
     assert_no_traceback(out, err)
