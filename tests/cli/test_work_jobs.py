@@ -278,3 +278,57 @@ def test_a_pool_finished_after_a_worker_waited_out_is_finished(tmp_path: Path) -
     assert document["ended"] == "finished"
     assert document["busy"] == []
     assert "still held" not in err
+
+
+SIGNALLED_WHILE_ANSWERING: Final = r"""
+# lock work -j 2, whose workers get SIGTERM at the moment each sends its answer (the pool done,
+# its report made): as a forwarded Ctrl-C or TERM that comes just as the pool ends.
+import os, signal, sys
+from mahabharatha.cli import main, pool
+
+TEAM = os.getpid()
+made = pool._work_result
+
+
+class Interrupting(dict):
+    def items(self):  # json.dumps calls it while the answer is being written
+        if os.getpid() != TEAM:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().items()
+
+
+def answered_then_signalled(*args, **kwargs):
+    result = made(*args, **kwargs)
+    return result._replace(document=Interrupting(result.document))
+
+
+pool._work_result = answered_then_signalled
+sys.argv = ["mahabharatha", *sys.argv[1:]]
+main()
+"""
+
+
+WORK_TWO_JOBS: Final = ("lock", "work", "--json", "-j", "2")
+
+
+def test_a_signal_as_a_worker_answers_does_not_lose_its_results(tmp_path: Path) -> None:
+    """Failed before each worker held INT, TERM and HUP back once its pool was over: a signal
+    forwarded between its report and the end of its answer ended it with half an answer or
+    none (exit 70), and the pool's document lost every result of that worker though each of
+    its features was done. The signal comes at that moment (the worker sends it to itself as
+    its answer is written); both workers' answers still arrive whole."""
+    for name in ("alpha", "beta"):
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    done = subprocess.run(
+        [CLI[0], "-c", SIGNALLED_WHILE_ANSWERING, *WORK_TWO_JOBS, "--", "true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    assert_no_traceback(done.stdout, done.stderr)
+    document = json.loads(done.stdout)
+    assert "without an answer" not in done.stderr
+    assert [w["exit_code"] for w in document["workers"]] == [0, 0], document
+    assert sorted(r["feature"] for r in document["results"]) == ["alpha", "beta"]
+    assert done.returncode == 0, done.stderr
