@@ -5,9 +5,11 @@ interpreter's start-up. So the N workers are forks of this process, made after i
 imported and before it opens a backend, takes a lock or starts a thread: they share the imports
 and nothing else. Each worker
 
-- leads a process group of its own: a Ctrl-C at a terminal reaches this process (the terminal's
-  foreground job) and not the workers, and this process forwards INT, TERM and HUP to every
-  worker once, so a worker never gets one signal twice (from the terminal and from us);
+- leads a session of its own, away from the terminal (stdin /dev/null in place of one): a
+  Ctrl-C at a terminal reaches this process (the terminal's foreground job) and not the
+  workers, and this process forwards INT, TERM and HUP to every worker once, so a worker never
+  gets one signal twice (from the terminal and from us); a command that reads the terminal
+  is never stopped by it (SIGTTIN) with nobody to continue it;
 - runs the worker loop exactly as a lone ``lock work`` does (its own backend connection, its
   own locks and their proof of life, its own commands): the pool's promises hold as they do for
   N separate workers, including a worker that is killed (its feature is taken again by the
@@ -122,7 +124,7 @@ def _be_worker(
     try:
         for fd in foreign:  # the other workers' answers are not ours to hold open
             os.close(fd)
-        os.setpgid(0, 0)  # a group of our own: the terminal's signals reach only the parent
+        _leave_the_terminal()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         answer = json.dumps(job()).encode()
         with suppress(OSError):  # the parent is gone: nobody to tell
@@ -132,6 +134,21 @@ def _be_worker(
         status = WORKER_FAILED
     finally:
         os._exit(status)
+
+
+def _leave_the_terminal() -> None:
+    """A session of our own (and so a group of our own: the terminal's signals reach only the
+    parent), with no controlling terminal, and stdin /dev/null in place of a terminal (as
+    ``xargs`` gives its commands). Race: a worker in a background group of the terminal's
+    session, and its command, are stopped by SIGTTIN (a read: a prompt, a pager) or SIGTTOU
+    (a mode change), and nobody continues them, as they are not the shell's jobs: the team
+    never ends, its features held by live owners. Out of the session nothing stops them: a
+    read of stdin ends (end of input), ``/dev/tty`` cannot be opened."""
+    if os.isatty(0):
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    os.setsid()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -11,11 +11,14 @@ and pipes, never by sleeping.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import select
 import signal
 import subprocess
+import termios
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -80,11 +83,18 @@ def team(
 
 
 def _kill_session(sid: int) -> None:
-    """Every process of the team's session (the command, its workers' groups, their builds)."""
+    """Every process of the team's session (the command, its builds' groups) and every one
+    of its descendants (its workers lead sessions of their own)."""
+    team: list[psutil.Process] = []
+    with suppress(psutil.Error):
+        team = psutil.Process(sid).children(recursive=True)
     for process in psutil.process_iter():
         with suppress(psutil.Error):
             if os.getsid(process.pid) == sid:
-                process.kill()
+                team.append(process)
+    for process in team:
+        with suppress(psutil.Error):
+            process.kill()
 
 
 def test_one_command_of_four_jobs_finishes_thirty_features_with_failures(pool: Path) -> None:
@@ -114,6 +124,11 @@ def test_a_killed_job_is_replaced_by_the_others(pool: Path) -> None:
     """One worker of the team SIGKILLed mid-build (its build runs on in a session of its own):
     nobody builds that feature while the orphan runs, the team finishes it afterwards and
     only then ends, saying on stderr that a worker died without an answer."""
+    a_killed_job_is_replaced(pool, files=True)
+
+
+def a_killed_job_is_replaced(pool: Path, *, files: bool) -> None:
+    """The killed-worker team test; ``files``: the locks and attempts are in the folders."""
     victim_feature = FEATURES[0]
     os.mkfifo(pool / "exited.fifo")
     os.mkfifo(pool / "go.fifo")
@@ -129,6 +144,7 @@ def test_a_killed_job_is_replaced_by_the_others(pool: Path) -> None:
             os.close(go)
             while read_with_deadline(exited):  # EOF: the orphan has exited
                 pass
+            assert not _held_by(pool, victim_feature, worker_pid), "its owner is judged alive"
             out, err = command.communicate(timeout=POOL_TIMEOUT)
     finally:
         os.close(exited)
@@ -141,8 +157,22 @@ def test_a_killed_job_is_replaced_by_the_others(pool: Path) -> None:
     partial = lines.index(f"end-partial {victim_feature}")
     starts = [i for i, line in enumerate(lines) if line == f"start {victim_feature}"]
     assert len(starts) == 2 and starts[1] > partial, lines
-    assert_every_feature_finished_once(lines, pool)
-    assert leftover_locks(pool) == []
+    assert_every_feature_finished_once(lines, pool, files=files)
+    if files:
+        assert leftover_locks(pool) == []
+
+
+def _held_by(pool: Path, feature: str, pid: int) -> bool:
+    """Does ``lock status`` say ``pid`` holds ``feature``, not reclaimable (judged alive)?"""
+    shown = subprocess.run(
+        [*CLI, "lock", "status", "--all", "--json"],
+        cwd=pool,
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    entries = [e for e in json.loads(shown.stdout)["features"] if e["feature"] == feature]
+    return any(e["pid"] == pid and not e["reclaimable"] for e in entries)
 
 
 WAIT_FOR_SIGNAL: Final = r"""#!/bin/sh
@@ -332,3 +362,66 @@ def test_a_signal_as_a_worker_answers_does_not_lose_its_results(tmp_path: Path) 
     assert [w["exit_code"] for w in document["workers"]] == [0, 0], document
     assert sorted(r["feature"] for r in document["results"]) == ["alpha", "beta"]
     assert done.returncode == 0, done.stderr
+
+
+READS_THE_TERMINAL: Final = r"""
+read -r line                      # stdin: the terminal the team was started at
+echo "stdin $?" > "out-$1"
+read -r line < /dev/tty           # the terminal itself, whatever stdin is
+echo "tty $?" >> "out-$1"
+"""
+
+
+def _as_terminal_foreground_job() -> None:
+    """In the child, after ``setsid``: the pty on stdin becomes its controlling terminal, and
+    its group the terminal's foreground job (as a shell runs a command typed at a prompt)."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@posix_signals
+def test_a_command_that_reads_the_terminal_does_not_stop_the_team(tmp_path: Path) -> None:
+    """Failed before each worker left the terminal: run at a terminal, a worker and its
+    command are in background groups of the terminal's session, so a command that reads it
+    (a prompt, a pager, ``read``) was stopped by SIGTTIN, and nobody ever continued it (the
+    groups are not the shell's jobs): the team never ended, its locks held by live owners.
+    Now a worker leads a session of its own, with no controlling terminal, and its stdin is
+    /dev/null when the team's is a terminal (as ``xargs`` gives its commands): such a read
+    ends at once (end of input, or no terminal), never stops."""
+    for name in ("alpha", "beta"):
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    main, secondary = pty.openpty()
+    env = {**os.environ}
+    env.pop("MAHABHARATHA_FEATURE", None)
+    command = subprocess.Popen(
+        [*CLI, "lock", "work", "-j", "2", "--", "sh", "-c", READS_THE_TERMINAL, "sh", "{}"],
+        cwd=tmp_path,
+        env=env,
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        start_new_session=True,
+        preexec_fn=_as_terminal_foreground_job,
+    )
+    os.close(secondary)
+    try:
+        seen = b""
+        while True:  # until the team's end closes the terminal (its output drained meanwhile)
+            ready, _, _ = select.select([main], [], [], SYNC_TIMEOUT)
+            assert ready, f"the team did not end: {seen!r}"
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: every process of the session closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        code = command.wait(timeout=SYNC_TIMEOUT)
+    finally:
+        os.close(main)
+        _kill_session(command.pid)
+        command.wait()
+    assert code == 0, seen
+    for name in ("alpha", "beta"):
+        stdin_read, tty_read = (tmp_path / f"out-{name}").read_text().split("\n")[:2]
+        assert stdin_read == "stdin 1"  # end of input
+        assert tty_read != "tty 0"  # no terminal to read
