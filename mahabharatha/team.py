@@ -60,7 +60,8 @@ def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
     """Run ``job`` in ``jobs`` forked workers at once; return how each ended, in start order.
 
     ``job`` returns a JSON-able answer; it must handle its own errors (an exception that
-    escapes it ends its worker with status 70 and no answer). Call this before any thread is
+    escapes it ends its worker with status 70 and no answer; a ``KeyboardInterrupt``, as its
+    signal would: 128+n). Call this before any thread is
     started and before any lock or connection is opened: a fork copies only the calling
     thread, and a worker must share no descriptor of a lock or a server with the others.
     A fork that fails after the first leaves a smaller team (the ``OSError`` is raised only
@@ -130,6 +131,10 @@ def _be_worker(
         with suppress(OSError):  # the parent is gone: nobody to tell
             _write_all(write_fd, answer)
         status = 0
+    except KeyboardInterrupt as stop:
+        # Race: a signal forwarded while the workers were forked is delivered as this one
+        # unblocks it, before its job answers anything: it ends as that signal ends a process.
+        status = 128 + getattr(stop, "signum", signal.SIGINT)
     except BaseException:  # whatever it was: a forked worker must never run on as the parent
         status = WORKER_FAILED
     finally:

@@ -425,3 +425,43 @@ def test_a_command_that_reads_the_terminal_does_not_stop_the_team(tmp_path: Path
         stdin_read, tty_read = (tmp_path / f"out-{name}").read_text().split("\n")[:2]
         assert stdin_read == "stdin 1"  # end of input
         assert tty_read != "tty 0"  # no terminal to read
+
+
+SIGNALLED_AS_FORKED: Final = r"""
+# lock work -j 2, whose workers get SIGTERM before they start (as the command forwards a
+# signal that came while it forked them): the signal is pending until the worker unblocks it.
+import os, signal, sys
+from mahabharatha import team
+from mahabharatha.cli import main
+
+leave = team._leave_the_terminal
+
+
+def signalled_then_leave():
+    os.kill(os.getpid(), signal.SIGTERM)  # blocked here: delivered as the worker unblocks
+    leave()
+
+
+team._leave_the_terminal = signalled_then_leave
+sys.argv = ["mahabharatha", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_signal_before_the_workers_start_ends_the_team_with_its_code(tmp_path: Path) -> None:
+    """Failed before a worker ended by a signal before its job began exited with that signal's
+    code: it ended 70 (a software error), and so did the team, with no feature touched. Now
+    each ends 143 (TERM), and so does the team, as a lone ``lock work`` would."""
+    (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
+    done = subprocess.run(
+        [CLI[0], "-c", SIGNALLED_AS_FORKED, *WORK_TWO_JOBS, "--", "true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    assert_no_traceback(done.stdout, done.stderr)
+    document = json.loads(done.stdout)
+    assert [w["exit_code"] for w in document["workers"]] == [143, 143], document
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert not (tmp_path / ".gsd" / "specs" / "alpha" / ".completed").exists()
