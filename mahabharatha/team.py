@@ -60,10 +60,10 @@ def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
     """Run ``job`` in ``jobs`` forked workers at once; return how each ended, in start order.
 
     ``job`` returns a JSON-able answer; it must handle its own errors (an exception that
-    escapes it ends its worker with status 70 and no answer; a ``KeyboardInterrupt``, as its
-    signal would: 128+n). Call this before any thread is
-    started and before any lock or connection is opened: a fork copies only the calling
-    thread, and a worker must share no descriptor of a lock or a server with the others.
+    escapes it ends its worker with status 70 and no answer; a ``KeyboardInterrupt`` as its
+    signal would, 128+n). Call this before any thread is started and before any lock or
+    connection is opened: a fork copies only the calling thread, and a worker must share no
+    descriptor of a lock or a server with the others.
     A fork that fails after the first leaves a smaller team (the ``OSError`` is raised only
     when no worker could start).
     """
