@@ -5,9 +5,11 @@ interpreter's start-up. So the N workers are forks of this process, made after i
 imported and before it opens a backend, takes a lock or starts a thread: they share the imports
 and nothing else. Each worker
 
-- leads a process group of its own: a Ctrl-C at a terminal reaches this process (the terminal's
-  foreground job) and not the workers, and this process forwards INT, TERM and HUP to every
-  worker once, so a worker never gets one signal twice (from the terminal and from us);
+- leads a session of its own, away from the terminal (stdin /dev/null in place of one): a
+  Ctrl-C at a terminal reaches this process (the terminal's foreground job) and not the
+  workers, and this process forwards INT, TERM and HUP to every worker once, so a worker never
+  gets one signal twice (from the terminal and from us); a command that reads the terminal
+  is never stopped by it (SIGTTIN) with nobody to continue it;
 - runs the worker loop exactly as a lone ``lock work`` does (its own backend connection, its
   own locks and their proof of life, its own commands): the pool's promises hold as they do for
   N separate workers, including a worker that is killed (its feature is taken again by the
@@ -58,9 +60,10 @@ def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
     """Run ``job`` in ``jobs`` forked workers at once; return how each ended, in start order.
 
     ``job`` returns a JSON-able answer; it must handle its own errors (an exception that
-    escapes it ends its worker with status 70 and no answer). Call this before any thread is
-    started and before any lock or connection is opened: a fork copies only the calling
-    thread, and a worker must share no descriptor of a lock or a server with the others.
+    escapes it ends its worker with status 70 and no answer; a ``KeyboardInterrupt`` as its
+    signal would, 128+n). Call this before any thread is started and before any lock or
+    connection is opened: a fork copies only the calling thread, and a worker must share no
+    descriptor of a lock or a server with the others.
     A fork that fails after the first leaves a smaller team (the ``OSError`` is raised only
     when no worker could start).
     """
@@ -122,16 +125,35 @@ def _be_worker(
     try:
         for fd in foreign:  # the other workers' answers are not ours to hold open
             os.close(fd)
-        os.setpgid(0, 0)  # a group of our own: the terminal's signals reach only the parent
+        _leave_the_terminal()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         answer = json.dumps(job()).encode()
         with suppress(OSError):  # the parent is gone: nobody to tell
             _write_all(write_fd, answer)
         status = 0
+    except KeyboardInterrupt as stop:
+        # Race: a signal forwarded while the workers were forked is delivered as this one
+        # unblocks it, before its job answers anything: it ends as that signal ends a process.
+        status = 128 + getattr(stop, "signum", signal.SIGINT)
     except BaseException:  # whatever it was: a forked worker must never run on as the parent
         status = WORKER_FAILED
     finally:
         os._exit(status)
+
+
+def _leave_the_terminal() -> None:
+    """A session of our own (and so a group of our own: the terminal's signals reach only the
+    parent), with no controlling terminal, and stdin /dev/null in place of a terminal (as
+    ``xargs`` gives its commands). Race: a worker in a background group of the terminal's
+    session, and its command, are stopped by SIGTTIN (a read: a prompt, a pager) or SIGTTOU
+    (a mode change), and nobody continues them, as they are not the shell's jobs: the team
+    never ends, its features held by live owners. Out of the session nothing stops them: a
+    read of stdin ends (end of input), ``/dev/tty`` cannot be opened."""
+    if os.isatty(0):
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    os.setsid()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -210,14 +232,18 @@ def report_from_document(document: dict[str, Any]) -> WorkReport | None:
     )
 
 
-ENDED_FIRST: Final = ("stopped", "waited-out", "finished")
+ENDED_FIRST: Final = ("stopped", "finished", "waited-out")
 """Which worker's ending the pool's report takes: a stopped worker (a signal, a command that
-cannot start) says most, then a wait that ran out (features still held), then finished."""
+cannot start) says most, then finished, then a wait that ran out. Race: a teammate's wait can
+run out on a feature a worker of the team still holds, which that worker then finishes; a
+worker that finished saw every feature done or failed, which stays so (only ``reopen`` undoes
+it), so finished is the later fact, and the pool is finished with nothing busy."""
 
 
 def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
-    """The pool's report: every result, the features failed for good and those still held,
-    and the ending that says most (:data:`ENDED_FIRST`)."""
+    """The pool's report: every result, the features failed for good, the ending that says
+    most (:data:`ENDED_FIRST`), and the features still held when that ending is a wait that
+    ran out (none once a worker finished)."""
     if not reports:
         raise ValueError("no report to merge")
     ended = min(reports, key=lambda report: _rank(report.ended))
@@ -226,7 +252,7 @@ def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
         ended.ended,
         results,
         _union(report.failed for report in reports),
-        _union(report.busy for report in reports if report.ended == "waited-out"),
+        _union(report.busy for report in reports if ended.ended == report.ended == "waited-out"),
         ended.exit_code,
     )
 

@@ -189,8 +189,17 @@ def work(
         if once:
             raise ValueError("--once takes one feature: it cannot be shared by --jobs workers")
         # Forked before this process opens a backend: every worker connects on its own.
-        ends = team.run_team(jobs, lambda: _worker_answer(answer(document, one_worker)))
+        ends = team.run_team(jobs, lambda: _worker_answer(answer(document, team_worker)))
         return _team_result(ends, document)
+
+    def team_worker() -> Result:
+        try:
+            return one_worker()
+        finally:
+            # Race: a signal forwarded once this worker's pool is over (its report made) would
+            # end it before its answer is written, and the team's report would lose its
+            # results. Held back till it exits (os._exit drops them): nothing is left to stop.
+            signal.pthread_sigmask(signal.SIG_BLOCK, team.TEAM_SIGNALS)
 
     def one_worker() -> Result:
         store = backend_to_claim_from(shared, features)

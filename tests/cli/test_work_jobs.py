@@ -11,10 +11,14 @@ and pipes, never by sleeping.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
+import termios
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -23,7 +27,7 @@ from typing import Final
 import psutil
 import pytest
 
-from tests.cli._support import SYNC_TIMEOUT, assert_no_traceback
+from tests.cli._support import SYNC_TIMEOUT, assert_no_traceback, wait_for
 from tests.cli.test_work_pool import (
     ATTEMPTS,
     BROKEN,
@@ -79,11 +83,18 @@ def team(
 
 
 def _kill_session(sid: int) -> None:
-    """Every process of the team's session (the command, its workers' groups, their builds)."""
+    """Every process of the team's session (the command, its builds' groups) and every one
+    of its descendants (its workers lead sessions of their own)."""
+    team: list[psutil.Process] = []
+    with suppress(psutil.Error):
+        team = psutil.Process(sid).children(recursive=True)
     for process in psutil.process_iter():
         with suppress(psutil.Error):
             if os.getsid(process.pid) == sid:
-                process.kill()
+                team.append(process)
+    for process in team:
+        with suppress(psutil.Error):
+            process.kill()
 
 
 def test_one_command_of_four_jobs_finishes_thirty_features_with_failures(pool: Path) -> None:
@@ -113,6 +124,11 @@ def test_a_killed_job_is_replaced_by_the_others(pool: Path) -> None:
     """One worker of the team SIGKILLed mid-build (its build runs on in a session of its own):
     nobody builds that feature while the orphan runs, the team finishes it afterwards and
     only then ends, saying on stderr that a worker died without an answer."""
+    a_killed_job_is_replaced(pool, files=True)
+
+
+def a_killed_job_is_replaced(pool: Path, *, files: bool) -> None:
+    """The killed-worker team test; ``files``: the locks and attempts are in the folders."""
     victim_feature = FEATURES[0]
     os.mkfifo(pool / "exited.fifo")
     os.mkfifo(pool / "go.fifo")
@@ -128,6 +144,7 @@ def test_a_killed_job_is_replaced_by_the_others(pool: Path) -> None:
             os.close(go)
             while read_with_deadline(exited):  # EOF: the orphan has exited
                 pass
+            assert not _held_by(pool, victim_feature, worker_pid), "its owner is judged alive"
             out, err = command.communicate(timeout=POOL_TIMEOUT)
     finally:
         os.close(exited)
@@ -140,8 +157,22 @@ def test_a_killed_job_is_replaced_by_the_others(pool: Path) -> None:
     partial = lines.index(f"end-partial {victim_feature}")
     starts = [i for i, line in enumerate(lines) if line == f"start {victim_feature}"]
     assert len(starts) == 2 and starts[1] > partial, lines
-    assert_every_feature_finished_once(lines, pool)
-    assert leftover_locks(pool) == []
+    assert_every_feature_finished_once(lines, pool, files=files)
+    if files:
+        assert leftover_locks(pool) == []
+
+
+def _held_by(pool: Path, feature: str, pid: int) -> bool:
+    """Does ``lock status`` say ``pid`` holds ``feature``, not reclaimable (judged alive)?"""
+    shown = subprocess.run(
+        [*CLI, "lock", "status", "--all", "--json"],
+        cwd=pool,
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    entries = [e for e in json.loads(shown.stdout)["features"] if e["feature"] == feature]
+    return any(e["pid"] == pid and not e["reclaimable"] for e in entries)
 
 
 WAIT_FOR_SIGNAL: Final = r"""#!/bin/sh
@@ -161,9 +192,10 @@ def test_a_ctrl_c_reaches_every_job_once_and_releases_every_feature(pool: Path) 
     (pool / "wait.sh").write_text(WAIT_FOR_SIGNAL)
     (pool / "wait.sh").chmod(0o755)
     os.mkfifo(pool / "started.fifo")
-    # Read and write: a writer that came and went leaves no end-of-file behind (select would
-    # then say "readable" while the next writer has opened but not yet written).
-    started = os.open(pool / "started.fifo", os.O_RDWR)
+    started = os.open(pool / "started.fifo", os.O_RDONLY | os.O_NONBLOCK)
+    # Race: between two builds' writes the FIFO has no writer (select says readable, EOF) and
+    # the second may open it then (read: EAGAIN). A writer of ours keeps it open throughout.
+    kept_open = os.open(pool / "started.fifo", os.O_WRONLY | os.O_NONBLOCK)
     env = {**os.environ, "POOL": str(pool)}
     env.pop("MAHABHARATHA_FEATURE", None)
     command = subprocess.Popen(
@@ -187,6 +219,7 @@ def test_a_ctrl_c_reaches_every_job_once_and_releases_every_feature(pool: Path) 
         out, err = command.communicate(timeout=SYNC_TIMEOUT)
     finally:
         os.close(started)
+        os.close(kept_open)
         _kill_session(command.pid)
         command.wait()
     assert_no_traceback(out, err)
@@ -213,3 +246,222 @@ def test_jobs_that_cannot_be_are_bad_input(pool: Path, extra: tuple[str, ...]) -
     assert done.returncode == 2, done.stderr
     assert "--jobs" in json.loads(done.stdout)["error"]
     assert not list((pool / ".gsd" / "specs").glob("*/.completed"))
+
+
+HOLD_UNTIL_GO: Final = r"""#!/bin/sh
+# Says which worker runs it (on the FIFO), then waits for the test's go.
+echo "$PPID" > "$POOL/started.fifo"
+read -r _ < "$POOL/go.fifo"
+"""
+
+
+@needs_fifo
+def test_a_pool_finished_after_a_worker_waited_out_is_finished(tmp_path: Path) -> None:
+    """Failed before the merge ranked finished above waited-out: one worker holds the only
+    feature, its teammate's ``--wait 0`` runs out (exit 75, ``busy`` naming it), then the
+    holder finishes it. The pool's answer said 75, "1 feature(s) still held by others", and
+    listed as busy a feature its own results showed done. A worker that finished saw every
+    feature done or failed, later than any wait ran out (a finished feature stays finished):
+    the pool is finished, exit 0, nothing busy."""
+    (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
+    (tmp_path / "hold.sh").write_text(HOLD_UNTIL_GO)
+    (tmp_path / "hold.sh").chmod(0o755)
+    os.mkfifo(tmp_path / "started.fifo")
+    os.mkfifo(tmp_path / "go.fifo")
+    started = os.open(tmp_path / "started.fifo", os.O_RDONLY | os.O_NONBLOCK)
+    env = {**os.environ, "POOL": str(tmp_path)}
+    env.pop("MAHABHARATHA_FEATURE", None)
+    command = subprocess.Popen(
+        [*CLI, "lock", "work", "--json", "-j", "2", "--wait", "0", "--", "./hold.sh", "{}"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        holder = int(read_with_deadline(started).decode().split()[0])
+        team_of = psutil.Process(command.pid)
+        wait_for(lambda: len(team_of.children()) == 2, what="both workers forked")
+        (teammate,) = [w.pid for w in team_of.children() if w.pid != holder]
+        exited = os.pidfd_open(teammate)  # readable once it has exited (a zombie till reaped)
+        try:
+            ready, _, _ = select.select([exited], [], [], SYNC_TIMEOUT)
+            assert ready, "the teammate's --wait 0 did not run out"
+        finally:
+            os.close(exited)
+        go = os.open(tmp_path / "go.fifo", os.O_WRONLY)
+        os.write(go, b"go\n")  # the holder's command may end now: alpha is done after
+        os.close(go)
+        out, err = command.communicate(timeout=SYNC_TIMEOUT)
+    finally:
+        os.close(started)
+        _kill_session(command.pid)
+        command.wait()
+    assert_no_traceback(out, err)
+    document = json.loads(out)
+    assert sorted(w["exit_code"] for w in document["workers"]) == [0, 75], document
+    assert [(r["feature"], r["outcome"]) for r in document["results"]] == [("alpha", "done")]
+    assert command.returncode == 0, err
+    assert document["ended"] == "finished"
+    assert document["busy"] == []
+    assert "still held" not in err
+
+
+SIGNALLED_WHILE_ANSWERING: Final = r"""
+# lock work -j 2, whose workers get SIGTERM at the moment each sends its answer (the pool done,
+# its report made): as a forwarded Ctrl-C or TERM that comes just as the pool ends.
+import os, signal, sys
+from mahabharatha.cli import main, pool
+
+TEAM = os.getpid()
+made = pool._work_result
+
+
+class Interrupting(dict):
+    def items(self):  # json.dumps calls it while the answer is being written
+        if os.getpid() != TEAM:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().items()
+
+
+def answered_then_signalled(*args, **kwargs):
+    result = made(*args, **kwargs)
+    return result._replace(document=Interrupting(result.document))
+
+
+pool._work_result = answered_then_signalled
+sys.argv = ["mahabharatha", *sys.argv[1:]]
+main()
+"""
+
+
+WORK_TWO_JOBS: Final = ("lock", "work", "--json", "-j", "2")
+
+
+def test_a_signal_as_a_worker_answers_does_not_lose_its_results(tmp_path: Path) -> None:
+    """Failed before each worker held INT, TERM and HUP back once its pool was over: a signal
+    forwarded between its report and the end of its answer ended it with half an answer or
+    none (exit 70), and the pool's document lost every result of that worker though each of
+    its features was done. The signal comes at that moment (the worker sends it to itself as
+    its answer is written); both workers' answers still arrive whole."""
+    for name in ("alpha", "beta"):
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    done = subprocess.run(
+        [CLI[0], "-c", SIGNALLED_WHILE_ANSWERING, *WORK_TWO_JOBS, "--", "true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    assert_no_traceback(done.stdout, done.stderr)
+    document = json.loads(done.stdout)
+    assert "without an answer" not in done.stderr
+    assert [w["exit_code"] for w in document["workers"]] == [0, 0], document
+    assert sorted(r["feature"] for r in document["results"]) == ["alpha", "beta"]
+    assert done.returncode == 0, done.stderr
+
+
+READS_THE_TERMINAL: Final = r"""
+read -r line                      # stdin: the terminal the team was started at
+echo "stdin $?" > "out-$1"
+read -r line < /dev/tty           # the terminal itself, whatever stdin is
+echo "tty $?" >> "out-$1"
+"""
+
+
+def _as_terminal_foreground_job() -> None:
+    """In the child, after ``setsid``: the pty on stdin becomes its controlling terminal, and
+    its group the terminal's foreground job (as a shell runs a command typed at a prompt)."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@posix_signals
+def test_a_command_that_reads_the_terminal_does_not_stop_the_team(tmp_path: Path) -> None:
+    """Failed before each worker left the terminal: run at a terminal, a worker and its
+    command are in background groups of the terminal's session, so a command that reads it
+    (a prompt, a pager, ``read``) was stopped by SIGTTIN, and nobody ever continued it (the
+    groups are not the shell's jobs): the team never ended, its locks held by live owners.
+    Now a worker leads a session of its own, with no controlling terminal, and its stdin is
+    /dev/null when the team's is a terminal (as ``xargs`` gives its commands): such a read
+    ends at once (end of input, or no terminal), never stops."""
+    for name in ("alpha", "beta"):
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    main, secondary = pty.openpty()
+    env = {**os.environ}
+    env.pop("MAHABHARATHA_FEATURE", None)
+    command = subprocess.Popen(
+        [*CLI, "lock", "work", "-j", "2", "--", "sh", "-c", READS_THE_TERMINAL, "sh", "{}"],
+        cwd=tmp_path,
+        env=env,
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        start_new_session=True,
+        preexec_fn=_as_terminal_foreground_job,
+    )
+    os.close(secondary)
+    try:
+        seen = b""
+        while True:  # until the team's end closes the terminal (its output drained meanwhile)
+            ready, _, _ = select.select([main], [], [], SYNC_TIMEOUT)
+            assert ready, f"the team did not end: {seen!r}"
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: every process of the session closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        code = command.wait(timeout=SYNC_TIMEOUT)
+    finally:
+        os.close(main)
+        _kill_session(command.pid)
+        command.wait()
+    assert code == 0, seen
+    for name in ("alpha", "beta"):
+        stdin_read, tty_read = (tmp_path / f"out-{name}").read_text().split("\n")[:2]
+        assert stdin_read == "stdin 1"  # end of input
+        assert tty_read != "tty 0"  # no terminal to read
+
+
+SIGNALLED_AS_FORKED: Final = r"""
+# lock work -j 2, whose workers get SIGTERM before they start (as the command forwards a
+# signal that came while it forked them): the signal is pending until the worker unblocks it.
+import os, signal, sys
+from mahabharatha import team
+from mahabharatha.cli import main
+
+leave = team._leave_the_terminal
+
+
+def signalled_then_leave():
+    os.kill(os.getpid(), signal.SIGTERM)  # blocked here: delivered as the worker unblocks
+    leave()
+
+
+team._leave_the_terminal = signalled_then_leave
+sys.argv = ["mahabharatha", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_signal_before_the_workers_start_ends_the_team_with_its_code(tmp_path: Path) -> None:
+    """Failed before a worker ended by a signal before its job began exited with that signal's
+    code: it ended 70 (a software error), and so did the team, with no feature touched. Now
+    each ends 143 (TERM), and so does the team, as a lone ``lock work`` would."""
+    (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
+    done = subprocess.run(
+        [CLI[0], "-c", SIGNALLED_AS_FORKED, *WORK_TWO_JOBS, "--", "true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+    assert_no_traceback(done.stdout, done.stderr)
+    document = json.loads(done.stdout)
+    assert [w["exit_code"] for w in document["workers"]] == [143, 143], document
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert not (tmp_path / ".gsd" / "specs" / "alpha" / ".completed").exists()

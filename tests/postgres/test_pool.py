@@ -20,6 +20,7 @@ from mahabharatha import locks
 from tests.cli import test_work_jobs as jobs_test
 from tests.cli import test_work_pool as pool_test
 from tests.cli._support import SYNC_TIMEOUT
+from tests.support.marks import needs_fifo, posix_signals
 from tests.support.postgres import PgServer
 
 CLI = (sys.executable, "-m", "mahabharatha")
@@ -90,6 +91,14 @@ def test_a_claimer_holding_the_rest_never_waits_for_itself_on_postgresql(
     assert again.returncode == 1, again.stderr
     assert json.loads(again.stdout)["mine"] == ["alpha", "beta"]
     assert cli("lock", "claim", "--pid", "1", cwd=tmp_path).returncode == 75
+
+
+@needs_fifo
+@posix_signals
+def test_a_killed_job_of_a_team_is_replaced_on_postgresql(on_server: str, tmp_path: Path) -> None:
+    """``lock work -j 4 --reclaim-dead`` on the server, one worker SIGKILLed mid-build: its
+    feature is built again once its orphaned build ends, and the team then finishes."""
+    jobs_test.a_killed_job_is_replaced(pool_test.make_pool(tmp_path), files=False)
 
 
 def test_claim_exit_codes_fail_and_reopen_on_postgresql(on_server: str, tmp_path: Path) -> None:
