@@ -545,7 +545,14 @@ def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay)
 
 @contextmanager
 def _relaying(relay: _SignalRelay) -> Iterator[None]:
-    previous = {sig: signal.signal(sig, relay) for sig in FORWARDED_SIGNALS}
+    """The relay handles the forwarded signals during the block, except a signal someone set
+    to be ignored (``nohup``: HUP; a script's background job: INT): it stays ignored, for us and
+    for CMD, which inherits an ignored signal across ``exec`` (a handled one it would not)."""
+    previous = {
+        sig: signal.signal(sig, relay)
+        for sig in FORWARDED_SIGNALS
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:

@@ -180,7 +180,13 @@ class _Forwarding:
                     os.kill(worker.pid, signum)
 
     def start(self) -> None:
-        self.previous = {signum: signal.signal(signum, self) for signum in TEAM_SIGNALS}
+        # A signal someone set to be ignored (nohup: HUP) stays ignored, as the workers
+        # (forked with it ignored) and their commands ignore it too.
+        self.previous = {
+            signum: signal.signal(signum, self)
+            for signum in TEAM_SIGNALS
+            if signal.getsignal(signum) is not signal.SIG_IGN
+        }
 
     def stop(self) -> None:
         for signum, handler in self.previous.items():
