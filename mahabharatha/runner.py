@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from functools import cache
 from time import monotonic
-from types import FrameType
-from typing import IO, Final
+from types import FrameType, TracebackType
+from typing import IO, Final, Self
 
 from mahabharatha import ownership
 from mahabharatha.backends.base import ReleaseWait
@@ -65,6 +65,7 @@ __all__ = [
     "Interrupted",
     "OnLost",
     "ReleaseInterrupted",
+    "Run",
     "WorkLeftError",
     "run_locked",
 ]
@@ -560,52 +561,88 @@ def _relaying(relay: _SignalRelay) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_locked(
-    lock: FeatureLock,
-    command: Sequence[str],
-    stdout: IO[str] | None = None,
-    on_acquired: Callable[[], None] | None = None,
-    *,
-    waiting: AbstractContextManager[object] | None = None,
-    on_lost: OnLost = OnLost.TERMINATE,
-    notify_lost: Callable[[LockLostError], None] | None = None,
-    on_release_wait: Callable[[float], None] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> int:
-    """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
+class Run:
+    """``lock run`` in two steps, so that its caller can act between them (the CLI enters its
+    waiting line around :meth:`acquire` and notes the holder before :meth:`command`; nothing
+    here calls back up into it)::
 
-    ``env``: variables added to the command's environment (``lock work``: the feature).
+        with Run(lock, on_lost=..., notify_lost=..., on_release_wait=...) as run:
+            run.acquire()  # waiting as ``lock`` was configured
+            ...  # the lock is held
+            code = run.command(command, stdout)
 
-    ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
-    is gone before the command's output or any error. ``on_acquired`` is called once the lock
-    is ours, before the command starts. When the lock
-    is lost while the command runs, ``lock.lost`` says why afterwards, ``notify_lost`` is called
-    at once, and ``on_lost`` says what happens to the command. When a kernel lease keeps the
-    lock file from being read at the release, ``on_release_wait(seconds)`` is called once and
-    the release waits for the kernel to break the lease, at most that long.
-
-    Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
-    :class:`Interrupted` when a signal arrives before the command started, and
-    :class:`CommandNotFoundError` or :class:`CommandNotExecutableError` (both
-    :class:`CommandStartError`) when the command cannot be started (lock released),
-    :class:`ReleaseInterrupted` when a signal ended the wait for a lease at the release,
-    an ``OSError`` (files: ``LockBusyError``) when a kernel lease outlasted that wait,
-    :class:`~mahabharatha.locks.LockLostError` when the lock was lost before the command could
-    start (it never starts), and :class:`WorkLeftError` when the command ended but work it
-    started outside its group still holds its proof of life (the lock is left held).
+    Entering hands the forwarded signals to the run's relay (see the module docstring), from
+    before the lock is taken; leaving gives them back. Once :meth:`acquire` has returned, the
+    lock is released whatever happens: by :meth:`command` when it ends, else (an error between
+    the two steps) on leaving the block. :func:`run_locked` documents the arguments and what
+    each step raises.
     """
-    relay = _SignalRelay()
-    watch = _LossWatch(on_lost, notify_lost)
-    returncode: int | None = None
-    with _relaying(relay), _senders_known(relay):
-        with waiting if waiting is not None else nullcontext():
-            lock.acquire(
-                on_wait=relay.waiting(lock.on_wait), on_lost=watch.also_telling(lock.on_lost)
-            )
+
+    def __init__(
+        self,
+        lock: FeatureLock,
+        *,
+        on_lost: OnLost = OnLost.TERMINATE,
+        notify_lost: Callable[[LockLostError], None] | None = None,
+        on_release_wait: Callable[[float], None] | None = None,
+    ) -> None:
+        self.lock = lock
+        self._relay = _SignalRelay()
+        self._watch = _LossWatch(on_lost, notify_lost)
+        self._on_release_wait = on_release_wait
+        self._held = False  # acquired, and not yet given to a release
+        self._block: AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> Self:
+        block = self._signals_then_release()
+        block.__enter__()
+        self._block = block
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> bool | None:
+        block, self._block = self._block, None
+        if block is None:
+            raise RuntimeError("Run left without being entered")
+        return block.__exit__(kind, error, trace)
+
+    @contextmanager
+    def _signals_then_release(self) -> Iterator[None]:
+        with _relaying(self._relay), _senders_known(self._relay):
+            try:
+                yield
+            finally:
+                if self._held:  # an error between acquire and command: never leave it held
+                    self._release(None)
+
+    def acquire(self) -> None:
+        """Take the lock (raises what ``lock.acquire`` raises, and :class:`Interrupted` when a
+        signal ends the wait)."""
+        self.lock.acquire(
+            on_wait=self._relay.waiting(self.lock.on_wait),
+            on_lost=self._watch.also_telling(self.lock.on_lost),
+        )
+        self._held = True
+
+    def command(
+        self,
+        command: Sequence[str],
+        stdout: IO[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> int:
+        """Run ``command`` under the lock taken by :meth:`acquire`, then release it; return
+        the command's exit code as a shell reports it."""
+        if not self._held:
+            raise RuntimeError("Run.command needs the lock: call Run.acquire first")
+        lock, relay, watch = self.lock, self._relay, self._watch
+        returncode: int | None = None
         work: WorkProof | None = None
         try:
-            if on_acquired is not None:
-                on_acquired()
             relay.raise_if_pending()
             if lock.lost is not None:
                 raise lock.lost  # Race: lost between the acquire and now: CMD never starts
@@ -627,8 +664,57 @@ def run_locked(
         finally:
             if work is not None:
                 work.close()
-            _release_after_leases(lock, relay, on_release_wait, returncode)
-    return shell_status(returncode)
+            self._release(returncode)
+        return shell_status(returncode)
+
+    def _release(self, status: int | None) -> None:
+        self._held = False  # one release only, whether it succeeds or raises
+        _release_after_leases(self.lock, self._relay, self._on_release_wait, status)
+
+
+def run_locked(
+    lock: FeatureLock,
+    command: Sequence[str],
+    stdout: IO[str] | None = None,
+    on_acquired: Callable[[], None] | None = None,
+    *,
+    waiting: AbstractContextManager[object] | None = None,
+    on_lost: OnLost = OnLost.TERMINATE,
+    notify_lost: Callable[[LockLostError], None] | None = None,
+    on_release_wait: Callable[[float], None] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
+    One call for the two steps of :class:`Run`.
+
+    ``env``: variables added to the command's environment (``lock work``: the feature).
+
+    ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
+    is gone before the command's output or any error. ``on_acquired`` is called once the lock
+    is ours, before the command starts. When the lock
+    is lost while the command runs, ``lock.lost`` says why afterwards, ``notify_lost`` is called
+    at once, and ``on_lost`` says what happens to the command. When a kernel lease keeps the
+    lock file from being read at the release, ``on_release_wait(seconds)`` is called once and
+    the release waits for the kernel to break the lease, at most that long.
+
+    Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
+    :class:`Interrupted` when a signal arrives before the command started, and
+    :class:`CommandNotFoundError` or :class:`CommandNotExecutableError` (both
+    :class:`CommandStartError`) when the command cannot be started (lock released),
+    :class:`ReleaseInterrupted` when a signal ended the wait for a lease at the release,
+    an ``OSError`` (files: ``LockBusyError``) when a kernel lease outlasted that wait,
+    :class:`~mahabharatha.locks.LockLostError` when the lock was lost before the command could
+    start (it never starts), and :class:`WorkLeftError` when the command ended but work it
+    started outside its group still holds its proof of life (the lock is left held).
+    """
+    with Run(
+        lock, on_lost=on_lost, notify_lost=notify_lost, on_release_wait=on_release_wait
+    ) as run:
+        with waiting if waiting is not None else nullcontext():
+            run.acquire()
+        if on_acquired is not None:
+            on_acquired()
+        return run.command(command, stdout, env=env)
 
 
 def _release_after_leases(

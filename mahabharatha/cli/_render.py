@@ -172,8 +172,8 @@ class WaitingLine:
 
     Leaving the block erases the line, whatever ends the wait (the lock, an error, Ctrl-C), so
     no answer or error is ever glued onto it. Not a terminal: says nothing (``callback`` is
-    None). ``lock run`` hands the line to ``run_locked``, which enters it around the wait only,
-    so it is gone before the command's own output starts.
+    None). ``lock run`` enters the line around its run's acquire only (``runner.Run``), so it
+    is gone before the command's own output starts.
     """
 
     def __init__(self) -> None:

@@ -655,7 +655,7 @@ def run_command(
 
     def action() -> Result:
         try:
-            line = WaitingLine()  # entered by run_locked around the wait only
+            line = WaitingLine()  # entered around the wait only: gone before CMD's output
             store = shared.backend()
             for warning in _valid_case_warnings(shared.gsd_dir, feature):
                 typer.echo(f"mahabharatha: {warning}", err=True)
@@ -673,16 +673,16 @@ def run_command(
             )
             # With --json our stdout is for the one document: the command's goes to stderr.
             stdout = sys.stderr if shared.as_json else None
-            code = runner.run_locked(
+            with runner.Run(
                 holder,
-                command,
-                stdout,
-                on_acquired=lambda: _note_holder(holder, document),
-                waiting=line,
                 on_lost=on_lost,
                 notify_lost=tell,
                 on_release_wait=lambda bound: _warn_release_wait(feature, bound),
-            )
+            ) as run:
+                with line:
+                    run.acquire()
+                _note_holder(holder, document)
+                code = run.command(command, stdout)
         except runner.ReleaseInterrupted as stop:  # the command ran; its lock was left
             stopped = {**document, "exit_code": stop.status}
             return Result(stop.exit_code, stopped, message=str(stop))
