@@ -127,7 +127,7 @@ def test_the_waiting_line_is_erased_before_the_error(
 
 def test_the_waiting_line_is_gone_before_the_commands_output(tmp_path: Path, gsd: Path) -> None:
     """``lock run`` waits at a terminal, the holder lets go, CMD writes to the same terminal:
-    CMD's first words follow an erase, never the waiting line (``run_locked`` enters the line
+    CMD's first words follow an erase, never the waiting line (``lock run`` enters the line
     around the wait only)."""
     lock = write_lock(gsd, pid=1, timestamp=time.time())  # someone else's: lock run waits
     argv = cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--timeout", "20")
