@@ -140,7 +140,7 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         lockfile.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
-            _utils.try_acquire(dfd, os.getpid(), time.time())
+            _utils.publish_or_reclaim(dfd, os.getpid(), time.time())
         finally:
             os.close(dfd)
         lockfile.validate_feature_name(FEATURE)

@@ -26,7 +26,7 @@ clock once per operation; ``time.monotonic`` only bounds the waits (guard, busy 
 
 Where each operation is: parse (:func:`parse_record`), snapshot and judge (:func:`read_lock`,
 :func:`judge_lock`), the folder descriptor (:class:`OpenFeatureDir`), the guard
-(:class:`Guard`), publish (:func:`publish`), reclaim (:func:`try_acquire`), release
+(:class:`Guard`), publish (:func:`publish`), reclaim (:func:`publish_or_reclaim`), release
 (:func:`release_at`, :func:`release_mine`), refresh (:func:`replace_if_unchanged`),
 remove-if-unchanged (:func:`remove_if_unchanged`), sweep (:func:`sweep_orphan_temps`), scan
 (:func:`scan_locks`).
@@ -96,6 +96,7 @@ __all__ = [
     "owned_by",
     "parse_record",
     "publish",
+    "publish_or_reclaim",
     "publish_proven",
     "read_bounded",
     "read_lock",
@@ -109,7 +110,6 @@ __all__ = [
     "scan_locks",
     "shown_name",
     "sweep_orphan_temps",
-    "try_acquire",
     "validate_feature_name",
     "with_name",
     "write_all",
@@ -1129,7 +1129,7 @@ def _reclaim(
         return publish_proven(dfd, record, now, owner, pledge)
 
 
-def try_acquire(
+def publish_or_reclaim(
     dfd: int,
     pid: int,
     now: float,

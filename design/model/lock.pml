@@ -1,6 +1,6 @@
 /*
  * lock.pml -- SPIN model of mahabharatha's hardened feature lock:
- * mahabharatha/commands/_utils.py (_publish, try_acquire, _reclaim, remove_if_unchanged,
+ * mahabharatha/commands/_utils.py (_publish, publish_or_reclaim, _reclaim, remove_if_unchanged,
  * release_at, remove_judged, replace_if_unchanged) as driven by mahabharatha/locks.py
  * (acquire, FeatureLock.refresh, FeatureLock.release).
  *
@@ -197,7 +197,7 @@ cycle:
 #endif
 
     /* ======================= try_acquire(dfd, pid, now) ======================= */
-    /* locks._try_once: now = _utils.now();  try_acquire: record = format_record(pid, now) */
+    /* locks._try_once: now = _utils.now();  publish_or_reclaim: record = format_record(pid, now) */
     t = now;
 top:
     /* for _ in range(MAX_ROUNDS) */

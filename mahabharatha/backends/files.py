@@ -429,7 +429,7 @@ class FileBackend(LockBackend):
             # with us. Ours does: a descriptor of the folder holds it while we hold the lock.
             pledge = proof.Pledge(dfd, requester.pid == os.getpid(), _folder(self.gsd_dir, feature))
             with pledge as proven:
-                outcome = lockfile.try_acquire(
+                outcome = lockfile.publish_or_reclaim(
                     dfd, requester.pid, now, rule, requester.details, proven, look_first=True
                 )
                 if outcome.mine is not None:

@@ -49,9 +49,9 @@ from mahabharatha.lockfile import (
     judge_lock,
     named_error,
     parse_record,
+    publish_or_reclaim,
     read_lock,
     release_at,
-    try_acquire,
 )
 from mahabharatha.names import is_valid_feature_name, shown_name, validate_feature_name
 
@@ -79,10 +79,10 @@ __all__ = [
     "is_valid_feature_name",
     "judge_lock",
     "now",
+    "publish_or_reclaim",
     "read_lock",
     "release_at",
     "release_feature_lock",
-    "try_acquire",
 ]
 
 # The names the contract's tests and older callers know (the modules above have their homes).
@@ -145,7 +145,7 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
             # A descriptor of the folder holds our proof of life while we hold the lock.
             pledge = proof.Pledge(dfd, True, folder_path(gsd_dir, feature))
             with pledge as proven:
-                won = try_acquire(dfd, os.getpid(), time.time(), pledge=proven).acquired
+                won = publish_or_reclaim(dfd, os.getpid(), time.time(), pledge=proven).acquired
                 if won:
                     pledge.keep()
             return won

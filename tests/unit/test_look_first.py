@@ -86,9 +86,9 @@ def test_the_legacy_functions_keep_their_publish_first(tmp_path: Path) -> None:
     folder.mkdir(parents=True)
     dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        first = lockfile.try_acquire(dfd, 1, time.time())
+        first = lockfile.publish_or_reclaim(dfd, 1, time.time())
         assert first.mine is not None
-        second = lockfile.try_acquire(dfd, 2, time.time())
+        second = lockfile.publish_or_reclaim(dfd, 2, time.time())
         assert second.mine is None and second.state is lockfile.LockState.ACTIVE
     finally:
         os.close(dfd)
