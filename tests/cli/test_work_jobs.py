@@ -46,6 +46,21 @@ from tests.support.marks import needs_fifo, posix_signals
 JOBS: Final = 4
 
 
+def start_command(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A ``lock work`` command with its answer and its stderr piped, in a session of its own
+    (the terminal's foreground job's place: a signal to its group reaches it alone)."""
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 @pytest.fixture
 def pool(tmp_path: Path) -> Path:
     return make_pool(tmp_path)
@@ -65,16 +80,7 @@ def team(
     }
     full_env.pop("MAHABHARATHA_FEATURE", None)
     argv = [*CLI, "lock", "work", "--json", "-j", str(JOBS), "--attempts", str(ATTEMPTS)]
-    command = subprocess.Popen(
-        [*argv, *extra, "--", "./build-feature.sh", "{}"],
-        cwd=pool,
-        env=full_env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    command = start_command([*argv, *extra, "--", "./build-feature.sh", "{}"], pool, full_env)
     try:
         yield command
     finally:
@@ -198,15 +204,8 @@ def test_a_ctrl_c_reaches_every_job_once_and_releases_every_feature(pool: Path) 
     kept_open = os.open(pool / "started.fifo", os.O_WRONLY | os.O_NONBLOCK)
     env = {**os.environ, "POOL": str(pool)}
     env.pop("MAHABHARATHA_FEATURE", None)
-    command = subprocess.Popen(
-        [*CLI, "lock", "work", "--json", "-j", "2", "--", "./wait.sh", "{}"],
-        cwd=pool,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own group, as a terminal's foreground job
+    command = start_command(
+        [*CLI, "lock", "work", "--json", "-j", "2", "--", "./wait.sh", "{}"], pool, env
     )
     try:
         said = b""
@@ -271,15 +270,10 @@ def test_a_pool_finished_after_a_worker_waited_out_is_finished(tmp_path: Path) -
     started = os.open(tmp_path / "started.fifo", os.O_RDONLY | os.O_NONBLOCK)
     env = {**os.environ, "POOL": str(tmp_path)}
     env.pop("MAHABHARATHA_FEATURE", None)
-    command = subprocess.Popen(
+    command = start_command(
         [*CLI, "lock", "work", "--json", "-j", "2", "--wait", "0", "--", "./hold.sh", "{}"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        tmp_path,
+        env,
     )
     try:
         holder = int(read_with_deadline(started).decode().split()[0])
