@@ -706,7 +706,7 @@ class _Pool:
             # done all the same; give the lock back and leave it out from now on.
             self.store.release_held(won.held)
             self.offered = [f for f in self.offered if f != won.held.feature]
-        held = {info.feature for info in self.store.status() if info.held}
+        held = {info.feature: info for info in self.store.status() if info.held}
         busy = [f for f in self.offered if f in held]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
@@ -717,14 +717,19 @@ class _Pool:
             "busy": [],
             "mine": [],
         }
-        # The statement skips every held row, the claimer's own too: one try each tells them
-        # apart (only when nothing was claimed; it may also take one released meanwhile).
+        # The statement skips every held row, the claimer's own too. A row under the
+        # claimer's pid on this host may be its own: one try tells (the owner judgement, on
+        # the row's details); any other row is someone else's without a round trip. Race: a
+        # try may also take one released meanwhile.
         for feature in busy:
-            verdict = self._tried(feature, options)
+            verdict = self._tried(feature, options) if self._may_be_mine(held[feature]) else None
             if isinstance(verdict, Held):
                 return ClaimOutcome(verdict)
             seen[verdict or "busy"].append(feature)
         return _outcome_of(seen)
+
+    def _may_be_mine(self, holder: LockInfo) -> bool:
+        return holder.pid == self.owner and holder.host in (None, ownership.host_name())
 
     def _done_here(self, feature: str, options: _ClaimOptions) -> bool:
         if options.include_done or self.local is None:
