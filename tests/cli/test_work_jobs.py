@@ -335,6 +335,17 @@ main()
 WORK_TWO_JOBS: Final = ("lock", "work", "--json", "-j", "2")
 
 
+def _team_under(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``lock work --json -j 2 -- true`` run by ``script`` (which steers the team's moment)."""
+    return subprocess.run(
+        [CLI[0], "-c", script, *WORK_TWO_JOBS, "--", "true"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=SYNC_TIMEOUT,
+    )
+
+
 def test_a_signal_as_a_worker_answers_does_not_lose_its_results(tmp_path: Path) -> None:
     """Failed before each worker held INT, TERM and HUP back once its pool was over: a signal
     forwarded between its report and the end of its answer ended it with half an answer or
@@ -343,13 +354,7 @@ def test_a_signal_as_a_worker_answers_does_not_lose_its_results(tmp_path: Path) 
     its answer is written); both workers' answers still arrive whole."""
     for name in ("alpha", "beta"):
         (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
-    done = subprocess.run(
-        [CLI[0], "-c", SIGNALLED_WHILE_ANSWERING, *WORK_TWO_JOBS, "--", "true"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=SYNC_TIMEOUT,
-    )
+    done = _team_under(SIGNALLED_WHILE_ANSWERING, tmp_path)
     assert_no_traceback(done.stdout, done.stderr)
     document = json.loads(done.stdout)
     assert "without an answer" not in done.stderr
@@ -447,13 +452,7 @@ def test_a_signal_before_the_workers_start_ends_the_team_with_its_code(tmp_path:
     code: it ended 70 (a software error), and so did the team, with no feature touched. Now
     each ends 143 (TERM), and so does the team, as a lone ``lock work`` would."""
     (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
-    done = subprocess.run(
-        [CLI[0], "-c", SIGNALLED_AS_FORKED, *WORK_TWO_JOBS, "--", "true"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=SYNC_TIMEOUT,
-    )
+    done = _team_under(SIGNALLED_AS_FORKED, tmp_path)
     assert_no_traceback(done.stdout, done.stderr)
     document = json.loads(done.stdout)
     assert [w["exit_code"] for w in document["workers"]] == [143, 143], document
