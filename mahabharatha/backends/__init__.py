@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import os
 import re
@@ -14,7 +15,14 @@ from typing import Any, Final
 from mahabharatha.backends.base import LockBackend
 from mahabharatha.constants import GSD_DIR
 
-__all__ = ["LOCK_URL_ENV", "POSTGRES_EXTRA_HINT", "lock_url", "open_backend", "shared_backend"]
+__all__ = [
+    "LOCK_URL_ENV",
+    "POSTGRES_EXTRA_HINT",
+    "load_backend_code",
+    "lock_url",
+    "open_backend",
+    "shared_backend",
+]
 
 LOCK_URL_ENV: Final = "MAHABHARATHA_LOCK_URL"
 """Names the lock server for every entry point: the CLI, the ``locks`` functions, ``FeatureLock``
@@ -57,14 +65,30 @@ def open_backend(
 
 
 def _postgres(url: str, gsd_dir: str | os.PathLike[str], **options: Any) -> LockBackend:
+    backend: LockBackend = _postgres_module().PostgresBackend.from_url(
+        url, gsd_dir=gsd_dir, **options
+    )
+    return backend
+
+
+def _postgres_module() -> Any:
     try:
-        postgres = importlib.import_module("mahabharatha.backends.postgres")
+        return importlib.import_module("mahabharatha.backends.postgres")
     except ImportError as error:  # the module, or psycopg under it, is not installed
         raise RuntimeError(
             f"PostgreSQL locks need the optional driver: {POSTGRES_EXTRA_HINT} ({error})"
         ) from error
-    backend: LockBackend = postgres.PostgresBackend.from_url(url, gsd_dir=gsd_dir, **options)
-    return backend
+
+
+def load_backend_code(url: str | None) -> None:
+    """Import the code of the backends a command on ``url`` uses (the folder backend always:
+    a server's pool also reads its local done markers; PostgreSQL's driver when ``url`` names
+    a server) without opening anything: a team of workers forked afterwards shares the import
+    instead of paying for it once each. A missing driver is left for :func:`open_backend`."""
+    importlib.import_module("mahabharatha.backends.files")
+    if url is not None and url.startswith(POSTGRES_SCHEMES):
+        with contextlib.suppress(RuntimeError):
+            _postgres_module()
 
 
 def lock_url() -> str | None:

@@ -19,6 +19,7 @@ import typer
 from typer.core import TyperCommand
 
 from mahabharatha import locks, runner, team
+from mahabharatha.backends import load_backend_code
 from mahabharatha.backends.base import LockBackend, format_duration
 from mahabharatha.cli._output import (
     PidOption,
@@ -188,7 +189,9 @@ def work(
             return one_worker()
         if once:
             raise ValueError("--once takes one feature: it cannot be shared by --jobs workers")
-        # Forked before this process opens a backend: every worker connects on its own.
+        # Forked before this process opens a backend: every worker connects on its own. The
+        # backend's code is imported first, once for the team, not once in each worker.
+        load_backend_code(shared.place.url)
         ends = team.run_team(jobs, lambda: _worker_answer(answer(document, team_worker)))
         return _team_result(ends, document)
 

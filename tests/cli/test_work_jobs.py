@@ -19,6 +19,7 @@ import select
 import signal
 import subprocess
 import termios
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -458,3 +459,43 @@ def test_a_signal_before_the_workers_start_ends_the_team_with_its_code(tmp_path:
     assert [w["exit_code"] for w in document["workers"]] == [143, 143], document
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     assert not (tmp_path / ".gsd" / "specs" / "alpha" / ".completed").exists()
+
+
+def modules_imported_after_the_fork(folder: Path) -> list[str]:
+    """The modules ``lock work -j N -- true`` imports in its workers (after the fork). Under
+    ``-X importtime`` each process reports every module it imports, on the stderr the workers
+    share with the team: a module imported after the fork is reported once more for each more
+    worker, so the reports of -j 2 and -j 3 (each over four fresh features, in a namespace
+    of its own on a server) differ by exactly those modules."""
+
+    def counts(jobs: int) -> Counter[str]:
+        pool = folder / f"pool-of-{jobs}"
+        for name in ("a", "b", "c", "d"):
+            (pool / ".gsd" / "specs" / name).mkdir(parents=True)
+        space = os.environ.get("MAHABHARATHA_LOCK_NAMESPACE", "")
+        done = subprocess.run(
+            [CLI[0], "-X", "importtime", *CLI[1:], "lock", "work", "-j", str(jobs), "--", "true"],
+            cwd=pool,
+            env={**os.environ, "MAHABHARATHA_LOCK_NAMESPACE": f"{space}-{jobs}"},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=POOL_TIMEOUT,
+        )
+        assert done.returncode == 0, done.stderr
+        return Counter(
+            line.rsplit("|", 1)[1].strip()
+            for line in done.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line
+        )
+
+    two, three = counts(2), counts(3)
+    assert two["mahabharatha.cli.pool"] == 1  # the report was read: the test can fail
+    return sorted(name for name in two.keys() | three.keys() if two[name] != three[name])
+
+
+def test_the_workers_import_nothing_after_the_fork(tmp_path: Path) -> None:
+    """The team imports what its workers run (the folder backend, the runner's helpers) before
+    it forks them: a module imported after the fork is imported once per worker, and a pool
+    of 8 paid for it 8 times on two cores (the lock protocol's modules, about 15 ms each)."""
+    assert modules_imported_after_the_fork(tmp_path) == []

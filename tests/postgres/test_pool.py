@@ -158,3 +158,9 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
     assert answer == ["alpha"]
     locks.release("alpha", backend=store)
     store.close()
+
+
+def test_the_workers_import_no_driver_after_the_fork(on_server: str, tmp_path: Path) -> None:
+    """On PostgreSQL the team imports the driver (psycopg, about 90 ms) before it forks its
+    workers, not once in each of them."""
+    assert jobs_test.modules_imported_after_the_fork(tmp_path) == []
