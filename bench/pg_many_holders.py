@@ -1,8 +1,9 @@
-"""Many workers, few connections (issue 17 item 15): N concurrent ``lock run`` holders against
-one PostgreSQL server with a small ``max_connections``, each holding its own feature for a
-while with the default lease (60 s, refreshed every 20 s).
+"""Many workers, few connections (issue 17 item 15): N concurrent ``lock run`` (or ``lock
+work``) holders against one PostgreSQL server with a small ``max_connections``, each holding
+its own feature for a while with the default lease (60 s, refreshed every 20 s).
 
     python bench/pg_many_holders.py [--holders 200] [--max-connections 40] [--hold 30]
+                                    [--command run|work]
 
 Printed (one JSON document): every holder's exit code (none may be 3, the server unreachable,
 nor 76, a lost lock), the seconds until all held (from the first start), the most server
@@ -45,7 +46,13 @@ def _commits(server: PgServer) -> int:
     )
 
 
-def measure(holders: int, max_connections: int, hold: float) -> dict[str, Any]:
+HOLDER_COMMANDS = {"run": ["lock", "run", "--timeout", "0"], "work": ["lock", "work"]}
+"""Each holder's command, its feature and the rest appended."""
+
+
+def measure(
+    holders: int, max_connections: int, hold: float, command: str = "run"
+) -> dict[str, Any]:
     server = start_server({"max_connections": str(max_connections)})
     work = Path(server.base, "work")
     work.mkdir()
@@ -60,7 +67,7 @@ def measure(holders: int, max_connections: int, hold: float) -> dict[str, Any]:
             capture_output=True,
         )
         cmd = ["sleep", str(hold)]
-        opts = ["--backend", url, "--namespace", "many", "--timeout", "0", "--"]
+        opts = ["--backend", url, "--namespace", "many", "--"]
         started = time.monotonic()
         running = [
             subprocess.Popen(
@@ -68,8 +75,7 @@ def measure(holders: int, max_connections: int, hold: float) -> dict[str, Any]:
                     sys.executable,
                     "-m",
                     "mahabharatha",
-                    "lock",
-                    "run",
+                    *HOLDER_COMMANDS[command],
                     f"f{number:03d}",
                     *opts,
                     *cmd,
@@ -110,6 +116,7 @@ def measure(holders: int, max_connections: int, hold: float) -> dict[str, Any]:
             if process.stderr is not None:
                 process.stderr.close()
         return {
+            "command": f"lock {command}",
             "holders": holders,
             "max_connections": max_connections,
             "hold_seconds": hold,
@@ -129,8 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--holders", type=int, default=200)
     parser.add_argument("--max-connections", type=int, default=40)
     parser.add_argument("--hold", type=float, default=30.0)
+    parser.add_argument("--command", choices=sorted(HOLDER_COMMANDS), default="run")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.holders, args.max_connections, args.hold), indent=2))
+    found = measure(args.holders, args.max_connections, args.hold, args.command)
+    print(json.dumps(found, indent=2))
 
 
 if __name__ == "__main__":

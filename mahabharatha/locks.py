@@ -143,6 +143,17 @@ HEARTBEAT_SECONDS: Final = 30.0
 """How often a holder rewrites its timestamp: far inside the 2-hour stale limit, and at least
 every 60 s as the contract asks, so a clock jump of a minute cannot make a live lock stale."""
 
+POOL_CONNECTION_GRACE_SECONDS: Final = 0.25
+"""A pool worker keeps its server connection (PostgreSQL) this long into each command, then
+lets go of it until the command ends: a quick command's done and the next claim reuse it (no
+reconnect per feature), a long one holds no connection slot while it runs (200 workers, 40
+slots)."""
+
+POOL_CONNECTION_TURN_SECONDS: Final = 1.0
+"""A pool worker whose commands are all quick lets go of its connection between two features
+once it has kept it this long: a slot freed at least every second lets a worker that could not
+connect in (its connect is retried for ``--connect-timeout``)."""
+
 BACKOFF_FIRST_SECONDS: Final = 0.002
 BACKOFF_MAX_SECONDS: Final = 0.025
 """Waiters poll from 2 ms up to 25 ms apart (jittered): a released lock is taken within tens
@@ -1302,6 +1313,17 @@ class PoolLock(FeatureLock):
             raise
         return self
 
+    def _beat_loop(self) -> None:
+        """The heartbeat, after a grace in which the claim's connection stays for the work's
+        end (a quick command's done and the next claim use it); past the grace the work is
+        a long one, and the holder keeps no connection while it runs."""
+        assert self.heartbeat is not None
+        if self._stop.wait(min(POOL_CONNECTION_GRACE_SECONDS, self.heartbeat)):
+            return  # the work ended within the grace: the worker's next steps use the connection
+        with self._mutex:
+            self._rest_backend()
+        super()._beat_loop()
+
     def release(self, wait: ReleaseWait | None = None) -> None:
         """Keep the lock: :meth:`finish` marks and releases it in one step."""
         self._stop_heartbeat()
@@ -1379,7 +1401,11 @@ def run_pool(
     lease = _valid_seconds("lease", store.run_lease)
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
     results: list[WorkResult] = []
+    turn = monotonic() + POOL_CONNECTION_TURN_SECONDS
     while True:
+        if monotonic() >= turn:  # quick commands only: let another worker's connection in
+            store.rest()
+            turn = monotonic() + POOL_CONNECTION_TURN_SECONDS
         outcome = _claim_waiting(pool, options, wait)
         if outcome.held is None:
             if found and problems is None:

@@ -36,16 +36,27 @@ def _rows(server: PgServer, query: str) -> int:
     return count
 
 
-def test_more_lock_run_holders_than_connection_slots_all_hold_and_finish(
-    crowded_server: PgServer, tmp_path: Path
+HOLDER_COMMANDS = {
+    "run": ["lock", "run", "{feature}", "--lease", str(LEASE_SECONDS), "--timeout", "0"],
+    "work": ["lock", "work", "{feature}"],
+}
+"""Each holder of its own feature: ``lock run`` refreshes every second (its short lease); a
+``lock work`` worker (the run lease: refreshes every 20 s) must let go of its connection long
+before its first refresh."""
+
+
+@pytest.mark.parametrize("command", sorted(HOLDER_COMMANDS))
+def test_more_holders_than_connection_slots_all_hold_and_finish(
+    crowded_server: PgServer, tmp_path: Path, command: str
 ) -> None:
-    """40 ``lock run`` holders, each of its own feature, against 17 connection slots; each CMD
-    waits for a byte on its stdin (sent once every holder has held and refreshed its lock).
-    Failed before: a holder kept its connection for its whole run, so the 18th and later
-    could not connect (exit 3)."""
+    """40 ``lock run`` (or ``lock work``) holders, each of its own feature, against 17
+    connection slots; each CMD waits for a byte on its stdin (sent once every holder holds its
+    lock, and every ``lock run`` has refreshed it). Failed before: a holder kept its
+    connection for its whole run, so the 18th and later could not connect (exit 3); ``lock
+    work`` kept it until its first refresh, 20 s later."""
     url = crowded_server.url()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    opts = ["--backend", url, "--namespace", "crowd", "--lease", str(LEASE_SECONDS)]
+    opts = ["--backend", url, "--namespace", "crowd"]
     made = subprocess.run(
         [sys.executable, "-m", "mahabharatha", "lock", "init", "--backend", url],
         capture_output=True,
@@ -55,18 +66,19 @@ def test_more_lock_run_holders_than_connection_slots_all_hold_and_finish(
         timeout=HANG_GUARD_SECONDS,
     )
     assert made.returncode == 0, made.stderr
-    run_until_a_byte = ["--timeout", "0", "--", "head", "-c", "1"]
+    refreshed = " AND refreshed_at > acquired_at" if command == "run" else ""
     holders = [
         subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "mahabharatha",
-                "lock",
-                "run",
-                f"f{number:02d}",
+                *(word.format(feature=f"f{number:02d}") for word in HOLDER_COMMANDS[command]),
                 *opts,
-                *run_until_a_byte,
+                "--",
+                "head",
+                "-c",
+                "1",
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
@@ -85,7 +97,7 @@ def test_more_lock_run_holders_than_connection_slots_all_hold_and_finish(
                 _rows(
                     crowded_server,
                     "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd'"
-                    " AND pid IS NOT NULL AND refreshed_at > acquired_at",
+                    f" AND pid IS NOT NULL{refreshed}",
                 )
                 == HOLDERS
             )
