@@ -41,12 +41,13 @@ import errno
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from functools import cache
+from functools import cache, lru_cache
 from time import monotonic
 from types import FrameType, TracebackType
 from typing import IO, Final, Self
@@ -491,12 +492,24 @@ PR_SET_CHILD_SUBREAPER: Final = 36  # <linux/prctl.h>
 
 def _become_subreaper() -> None:
     """Orphans of CMD's tree become our children (not init's), so we can find them (Linux)."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+@cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), looked up once per process (a ``dlopen`` and a symbol lookup:
+    once per command, it was a tenth of a pool's per-feature cost); None where there is none."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     import ctypes
 
-    with suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
 
 
 def _start_of(pid: int) -> int | None:
@@ -752,13 +765,8 @@ def _parent_death_hook() -> Callable[[], None] | None:
     function and two system calls, touching no Python lock (the import lock is held across the
     fork by ``subprocess`` itself, and glibc's ``fork`` leaves ``malloc`` usable).
     """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None:
         return None
     parent = os.getpid()
     getpid, getppid, kill, signum = os.getpid, os.getppid, os.kill, int(PARENT_DEATH_SIGNAL)
@@ -792,10 +800,11 @@ def _spawned_words(
     Race: ``lock run`` killed between the start and ``setpriv``'s ``prctl`` (microseconds)
     leaves CMD running; its proof of life keeps the lock held until it ends (safe, as for a
     command that changed its credentials, section 13 of the design)."""
-    hook = _parent_death_hook()
-    wrapper = _setpriv_with_pdeathsig() if hook is not None else None
+    if _prctl() is None:
+        return list(command), None  # no parent-death signal to ask for here
+    wrapper = _setpriv_with_pdeathsig()
     if wrapper is None:
-        return list(command), hook
+        return list(command), _parent_death_hook()
     _check_can_start(command[0], env)
     return [
         wrapper,
@@ -835,20 +844,37 @@ SETPRIV_PROBE_SECONDS: Final = 5.0  # a hang guard for the one probe, never reac
 def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
     """Raise what ``Popen`` raises for a command that cannot be started: ``FileNotFoundError``
     (no such command on ``PATH``), ``PermissionError`` (a folder, or no execute permission)."""
-    path = program if os.sep in program else _on_path(program, env)
-    if path is None or not os.path.exists(path):
+    if os.sep in program:
+        _check_startable(program, program)
+        return
+    search = (env if env is not None else os.environ).get("PATH", os.defpath)
+    try:
+        # A pool starts the same program for every feature: PATH is searched once, and the
+        # place found is checked again each time (two system calls, not one per PATH entry).
+        _check_startable(_found_on_path(program, search), program)
+    except OSError:
+        _found_on_path.cache_clear()  # moved or gone since: search again before saying so
+        _check_startable(_found_on_path(program, search), program)
+
+
+def _check_startable(path: str | None, program: str) -> None:
+    try:
+        found = None if path is None else os.stat(path)
+    except OSError:
+        found = None
+    if path is None or found is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
+    if stat.S_ISDIR(found.st_mode) or not os.access(path, os.X_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
 
 
-def _on_path(program: str, env: Mapping[str, str] | None) -> str | None:
-    """Where ``PATH`` (CMD's own) finds ``program``: an executable first, else the first
-    entry of that name (a folder, a file without execute permission: it then cannot be
-    executed, ``EACCES``, as ``execvp`` says)."""
+@lru_cache(maxsize=16)
+def _found_on_path(program: str, search: str) -> str | None:
+    """Where the ``PATH`` ``search`` (CMD's own) finds ``program``: an executable first, else
+    the first entry of that name (a folder, a file without execute permission: it then cannot
+    be executed, ``EACCES``, as ``execvp`` says)."""
     import shutil
 
-    search = (env if env is not None else os.environ).get("PATH", os.defpath)
     found = shutil.which(program, path=search)
     if found is not None:
         return found

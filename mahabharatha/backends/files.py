@@ -267,6 +267,22 @@ def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> Unsa
 # --------------------------------------------------------------------------- done markers
 
 
+def _surely_absent(gsd_dir: str | os.PathLike[str], feature: str, name: str) -> bool:
+    """Is the feature folder's file ``name`` certainly not there? One ``lstat`` by path: most
+    features of a pool are neither done nor failed, and a claim asks about each one it passes
+    (the careful look costs an open and a close of the folder more). A missing file is missing
+    however the path's folders are reached; a file found, or a path that cannot be looked at,
+    is left to the careful look through the folder opened without following a link, which
+    alone says what the file is (or refuses the folder)."""
+    try:
+        os.lstat(f"{lockfile.folder_path(gsd_dir, feature)}/{name}")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _marker_present(dfd: int) -> bool:
     """Is there a completion marker (a regular file, not followed if a link) in the folder?"""
     try:
@@ -615,6 +631,8 @@ class FileBackend(LockBackend):
     # ----------------------------------------------------------------- done features
 
     def is_done(self, feature: str) -> bool:
+        if _surely_absent(self.gsd_dir, feature, COMPLETED_MARKER_NAME):
+            return False
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             return dfd is not None and _marker_present(dfd)
 
@@ -668,6 +686,8 @@ class FileBackend(LockBackend):
     # ----------------------------------------------------------------- failed attempts
 
     def attempts(self, feature: str) -> Attempts | None:
+        if _surely_absent(self.gsd_dir, feature, ATTEMPTS_RECORD_NAME):
+            return None
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             return None if dfd is None else _read_attempts(dfd)
 

@@ -145,3 +145,30 @@ def test_a_command_that_cannot_start_is_told_before_setpriv_runs(
         runner._spawned_words([str(program)], None)
     with pytest.raises(error):
         runner._spawned_words(["cmd"], {"PATH": str(tmp_path)})
+
+
+@needs_setpriv
+def test_a_command_found_once_and_gone_since_is_told_as_gone(tmp_path: Path) -> None:
+    """The place ``PATH`` gave for a pool's command is remembered (one search per program, not
+    one per feature) and checked again at every start: a command removed, or replaced by a
+    folder, since the last start is told as ``Popen`` would tell it; one that moved to another
+    ``PATH`` entry is found there."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    program = first / "cmd"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    env = {"PATH": f"{first}{os.pathsep}{second}"}
+    runner._spawned_words(["cmd"], env)  # found in first/
+    program.unlink()
+    with pytest.raises(FileNotFoundError):
+        runner._spawned_words(["cmd"], env)
+    program.mkdir()
+    with pytest.raises(PermissionError):
+        runner._spawned_words(["cmd"], env)
+    moved = second / "cmd"
+    moved.write_text("#!/bin/sh\n")
+    moved.chmod(0o755)
+    words, _ = runner._spawned_words(["cmd"], env)  # the folder in first/ is passed over
+    assert words[-1] == "cmd"
