@@ -8,6 +8,7 @@ one step of the backend's (done, or a failed attempt, then the release), never a
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -192,6 +193,10 @@ def work(
         # Forked before this process opens a backend: every worker connects on its own. The
         # backend's code is imported first, once for the team, not once in each worker.
         load_backend_code(shared.place.url)
+        # What start-up made stays till the end (as ``main`` says of the CLI's own): out of the
+        # collector's sight, no worker's collection touches (copies) those pages after the
+        # fork, and no final collection walks them at exit.
+        gc.freeze()
         ends = team.run_team(jobs, lambda: _worker_answer(answer(document, team_worker)))
         return _team_result(ends, document)
 
