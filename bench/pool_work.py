@@ -4,11 +4,12 @@
 
 Eight ``lock work`` workers (console script, each a process of its own, started at once) take
 400 features, each command ``sleep 0.05`` (the target: at most 1.2x xargs) and ``true`` (pure
-overhead), against ``xargs -P 8 -n 1`` running the same 400 commands, side by side in each
-round, on files and on PostgreSQL (a throw-away server, as the tests start one). The overhead
-per feature is (pool - xargs) / features * workers: what one worker spends per feature beyond
-the command itself. Writes its section of ``bench/results/results.md`` (between markers, so
-the rest of the page, written by ``bench/run.py``, stays).
+overhead), against ``xargs -P 8 -I {}`` (one command per feature) running the same 400
+commands, side by side in each round, on files and on PostgreSQL (a throw-away server, as the
+tests start one). The overhead per feature is (pool - xargs) / features * workers: what one
+worker spends per feature beyond the command itself. Writes its section of
+``bench/results/results.md`` (between markers, so the rest of the page, written by
+``bench/run.py``, stays).
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def section(rows: list[dict[str, object]], features: int, workers: int, rounds: 
         "## (11) A pool of `lock work` workers against `xargs -P` (issue 18)",
         "",
         f"Produced by `python3 bench/pool_work.py` on {stamp}: {workers} `lock work` workers over "
-        f"{features} features against `xargs -P {workers} -n 1` running the same commands, side by "
+        f"{features} features against `xargs -P {workers} -I {{}}` (one command per feature) "
+        "running the same commands, side by "
         f"side, median of {rounds} rounds. The pool runs two ways: {workers} separate `lock work` "
         f"commands (the README's shell loop: {workers} interpreter start-ups), and one "
         f"`lock work -j {workers}` (one command, as `xargs -P {workers}` is: one start-up, the "
