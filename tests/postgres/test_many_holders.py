@@ -127,3 +127,67 @@ def test_more_holders_than_connection_slots_all_hold_and_finish(
         "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd' AND pid IS NOT NULL",
     )
     assert held == 0  # every one released
+
+
+QUICK_WORKERS = 30
+QUICK_FEATURES = 1500
+"""Enough quick features (``sleep 0.05`` each) that the 17 workers that connect first are still
+at work when the others' connect timeout (2 s) runs out."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lock work worker of quick commands keeps its connection between features and, "
+    "at its turn, lets go of it only to reconnect at once: a worker that found no slot never "
+    "gets one (exit 3); see the review of issue 18",
+)
+def test_more_workers_of_quick_commands_than_connection_slots_all_finish(
+    crowded_server: PgServer, tmp_path: Path
+) -> None:
+    """30 ``lock work`` workers of one shared pool of quick commands against 17 connection
+    slots: the contract's many holders (revision 4) are also workers of quick commands. The
+    slot a worker frees once a second (``POOL_CONNECTION_TURN_SECONDS``) must let a waiting
+    worker in before its ``--connect-timeout`` runs out; none may exit 3."""
+    url = crowded_server.url()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    made = subprocess.run(
+        [sys.executable, "-m", "mahabharatha", "lock", "init", "--backend", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=HANG_GUARD_SECONDS,
+    )
+    assert made.returncode == 0, made.stderr
+    for number in range(QUICK_FEATURES):
+        (tmp_path / ".gsd" / "specs" / f"q{number:04d}").mkdir(parents=True)
+    work = [
+        "lock",
+        "work",
+        "--backend",
+        url,
+        "--namespace",
+        "crowd-quick",
+        "--connect-timeout",
+        "2",
+    ]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "mahabharatha", *work, "--", "sleep", "0.05"],
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for _ in range(QUICK_WORKERS)
+    ]
+    codes = []
+    for worker in workers:
+        try:
+            _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            _, stderr = worker.communicate()
+        codes.append((worker.returncode, stderr.decode(errors="replace")[-300:]))
+    assert all(code == 0 for code, _ in codes), [entry for entry in codes if entry[0] != 0][:3]

@@ -8,11 +8,14 @@ release would report a loss that never was)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import Final
 
 from mahabharatha import locks
+from mahabharatha.backends import open_backend
 from tests.cli._support import SYNC_TIMEOUT, read_record, wait_for
 
 BEAT: Final = 0.02
@@ -85,3 +88,100 @@ def test_letting_go_waits_out_a_running_step_and_none_runs_after() -> None:
         assert first.steps == steps_at_let_go  # never stepped again once let go of
     finally:
         beats.close()
+
+
+class _GatedPoolLock(locks.PoolLock):
+    """A pool lock whose heartbeat steps say when they start and wait at ``gate``."""
+
+    entered: threading.Event
+    gate: threading.Event
+
+    def pool_beat(self, first: bool) -> float | None:
+        self.entered.set()
+        self.gate.wait(SYNC_TIMEOUT * 2)  # set by the test once its child is judged
+        return super().pool_beat(first)
+
+
+def _claimed(gsd: Path) -> _GatedPoolLock:
+    held = locks.claim_held(["a"], gsd)
+    assert held is not None
+    lock = _GatedPoolLock(
+        held, gsd, backend=open_backend(None, gsd), heartbeat=BEAT, command=None, lease=None
+    )
+    lock.entered, lock.gate = threading.Event(), threading.Event()
+    return lock
+
+
+def _exit_code_of(child: int) -> int | None:
+    """``child``'s exit code once it ended (``None``: still running)."""
+    done, status = os.waitpid(child, os.WNOHANG)
+    return None if done == 0 else os.waitstatus_to_exitcode(status)
+
+
+def test_a_child_forked_during_a_heartbeat_step_lets_go_of_its_lock_without_waiting(
+    tmp_path: Path,
+) -> None:
+    """Fork-safe as a ``FeatureLock`` is: the child of a worker forked while the worker's
+    heartbeat thread was stepping its lock has no such thread; its release must not wait for
+    that step to end (it hung for ever: the copied heartbeat still said the step ran)."""
+    gsd = tmp_path / ".gsd"
+    (gsd / "specs" / "a").mkdir(parents=True)
+    lock = _claimed(gsd)
+    lock.acquire()
+    child = 0
+    try:
+        assert lock.entered.wait(SYNC_TIMEOUT)  # the heartbeat thread is inside the step
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the child
+            try:
+                lock.release()
+                os._exit(0 if not lock.held else 2)
+            except BaseException:
+                os._exit(1)
+        ended: list[int | None] = [None]
+
+        def child_ended() -> bool:
+            ended[0] = _exit_code_of(child)
+            return ended[0] is not None
+
+        wait_for(child_ended, what="the forked child's release")
+        child = 0
+        assert ended[0] == 0
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        lock.gate.set()
+        result = lock.finish(0, None, locks.DEFAULT_ATTEMPTS)
+    assert result.outcome == "done"  # the parent's lock was its own throughout
+
+
+def test_an_on_lost_callback_that_releases_the_lock_does_not_hang_the_worker(
+    tmp_path: Path,
+) -> None:
+    """``on_lost`` runs in the heartbeat thread, inside its step; a callback that releases the
+    lock (as it may a ``FeatureLock``'s) made ``let_go`` wait for that very step to end: the
+    heartbeat thread waited on itself, then the worker's ``finish`` on it, for ever."""
+    gsd = tmp_path / ".gsd"
+    (gsd / "specs" / "a").mkdir(parents=True)
+    told = threading.Event()
+    ended: list[locks.WorkReport] = []
+    finished = threading.Event()
+
+    def step(lock: locks.PoolLock) -> locks.WorkResult:
+        def lost(error: locks.LockLostError) -> None:
+            lock.release()
+            told.set()
+
+        lock.acquire(on_lost=lost)
+        locks.release(lock.feature, gsd, force=True)  # taken away: the next refresh sees it
+        assert told.wait(SYNC_TIMEOUT)
+        return lock.finish(0, None, locks.DEFAULT_ATTEMPTS)
+
+    def worker() -> None:
+        ended.append(locks.run_pool(step, ["a"], gsd, heartbeat=BEAT, once=True))
+        finished.set()
+
+    threading.Thread(target=worker, daemon=True).start()
+    assert finished.wait(SYNC_TIMEOUT * 2)
+    assert [result.outcome for result in ended[0].results] == ["lost"]
