@@ -1069,7 +1069,7 @@ class FeatureLock:
             target=self._beat_loop, name=f"lock-heartbeat-{self.feature}", daemon=True
         )
         try:
-            self._beat.start()
+            start_without_signals(self._beat)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
             self._beat = None
             raise HeartbeatStartError(self.feature, str(error)) from error
@@ -1288,6 +1288,22 @@ class WorkReport(NamedTuple):
     """``stopped``: the exit code the step asked for (a signal's)."""
 
 
+def start_without_signals(thread: threading.Thread) -> None:
+    """Start ``thread`` with :data:`DEFERRED_SIGNALS` blocked in it (a thread starts with its
+    starter's mask). A signal for the process then goes to a thread that takes it: the main
+    thread, whose wait (for ``lock run``'s command: ``waitpid``) it interrupts, so its Python
+    handler runs at once. Race: a helper thread that took it would only flag it, and the main
+    thread would run the handler (forward it to CMD) once CMD had ended."""
+    if not hasattr(signal, "pthread_sigmask"):
+        thread.start()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED_SIGNALS)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class PoolHeartbeat:
     """One heartbeat thread for a pool worker's whole run, keeping fresh the one lock it holds
     at a time (:class:`PoolLock`). A thread started and joined per feature made the worker wait
@@ -1346,7 +1362,7 @@ class PoolHeartbeat:
     def _start(self, lock: PoolLock) -> None:
         self._thread = threading.Thread(target=self._loop, name="lock-heartbeat-pool", daemon=True)
         try:
-            self._thread.start()
+            start_without_signals(self._thread)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
             self._thread = None
             self.let_go(lock)

@@ -55,7 +55,13 @@ from typing import IO, Final, Self
 from mahabharatha import ownership
 from mahabharatha.backends.base import ReleaseWait
 from mahabharatha.exits import killed_by, shell_status
-from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
+from mahabharatha.locks import (
+    FeatureLock,
+    LockInfo,
+    LockLostError,
+    WaitCallback,
+    start_without_signals,
+)
 from mahabharatha.proof import WorkProof
 
 __all__ = [
@@ -349,8 +355,16 @@ class _SenderReader:
 def _senders_known(relay: _SignalRelay) -> Iterator[None]:
     """Block the forwarded signals in this thread (and in the threads it starts from now on:
     the heartbeat, the loss watch) and read them with their senders. On leaving, signals that
-    came meanwhile reach the Python handler when the mask is lifted."""
-    if not _READ_SENDERS:
+    came meanwhile reach the Python handler when the mask is lifted.
+
+    Only where the sender can matter: with stdin a terminal (a Ctrl-C there reaches CMD in our
+    foreground group from the kernel too, and is not forwarded again). Otherwise every signal
+    is forwarded whoever sent it (CMD leads a group of its own), the Python handler does that,
+    and a reader started and stopped for every command (a pool's worker, whose stdin is never
+    a terminal) was a thread for nothing: two waits per feature for it to be scheduled. Our
+    other threads start with the signals blocked (``locks.start_without_signals``), so the
+    handler runs in the main thread at once."""
+    if not _READ_SENDERS or not _stdin_is_a_terminal():
         yield
         return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
@@ -368,6 +382,13 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
     finally:
         reader.stop()
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _stdin_is_a_terminal() -> bool:
+    try:
+        return sys.stdin is not None and os.isatty(sys.stdin.fileno())
+    except (OSError, ValueError):  # closed, or not a real file
+        return False
 
 
 @contextmanager
@@ -428,7 +449,7 @@ class _LossWatch:
             target=self._act, args=(child, error), name="lock-run-lost", daemon=True
         )
         try:
-            acting.start()
+            start_without_signals(acting)
         except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
             self._notify(error)
             if self.policy is OnLost.TERMINATE:
