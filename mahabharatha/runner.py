@@ -13,7 +13,9 @@ when we are interrupted. SIGINT, SIGTERM and SIGHUP are handled from *before* th
   SIGINT would hurt many programs. To tell the two apart, the signals are kept blocked and taken
   with ``sigwaitinfo`` by a reader thread, which sees who sent each (``si_code``): ``kill`` sends
   ``SI_USER``, a terminal ``SI_KERNEL``. The Python handlers stay installed for the moment the
-  command is being started (the mask is lifted then, so the command does not inherit it).
+  command is being started (the mask is lifted then, so the command does not inherit it). With
+  stdin not a terminal the command leads a group of its own and every signal is forwarded:
+  no reader is needed, and the Python handlers forward them.
 
 When the command has ended, the lock is released; a backend may be unable to do that at once
 (files: another process's kernel lease on the lock file, ``F_SETLEASE``). The backend then waits
