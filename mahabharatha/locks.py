@@ -1553,7 +1553,7 @@ def run_pool(
     try:
         turn = monotonic() + POOL_CONNECTION_TURN_SECONDS
         while True:
-            if monotonic() >= turn:  # quick commands only: let another worker's connection in
+            if monotonic() >= turn:  # quick commands only: free the slot now and then (a limit)
                 store.rest()
                 turn = monotonic() + POOL_CONNECTION_TURN_SECONDS
             outcome = _claim_waiting(pool, options, wait)

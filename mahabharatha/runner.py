@@ -522,8 +522,9 @@ def _become_subreaper() -> None:
 
 @cache
 def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` (Linux), looked up once per process (a ``dlopen`` and a symbol lookup:
-    once per command, it was a tenth of a pool's per-feature cost); None where there is none."""
+    """libc's ``prctl`` (Linux), looked up once per process (a ``dlopen`` and a symbol lookup
+    per command were, with the ``PATH`` search below, a tenth of a quick command's cost in a
+    pool's worker); None where there is none."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
