@@ -36,6 +36,22 @@ def _rows(server: PgServer, query: str) -> int:
     return count
 
 
+def _tables_made(url: str) -> dict[str, str]:
+    """``lock init`` on the crowded server (before the crowd: it needs a slot of its own); the
+    environment the holders run in."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    made = subprocess.run(
+        [sys.executable, "-m", "mahabharatha", "lock", "init", "--backend", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=HANG_GUARD_SECONDS,
+    )
+    assert made.returncode == 0, made.stderr
+    return env
+
+
 HOLDER_COMMANDS = {
     "run": ["lock", "run", "{feature}", "--lease", str(LEASE_SECONDS), "--timeout", "0"],
     "work": ["lock", "work", "{feature}"],
@@ -55,17 +71,8 @@ def test_more_holders_than_connection_slots_all_hold_and_finish(
     connection for its whole run, so the 18th and later could not connect (exit 3); ``lock
     work`` kept it until its first refresh, 20 s later."""
     url = crowded_server.url()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = _tables_made(url)
     opts = ["--backend", url, "--namespace", "crowd"]
-    made = subprocess.run(
-        [sys.executable, "-m", "mahabharatha", "lock", "init", "--backend", url],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=HANG_GUARD_SECONDS,
-    )
-    assert made.returncode == 0, made.stderr
     refreshed = " AND refreshed_at > acquired_at" if command == "run" else ""
     holders = [
         subprocess.Popen(
@@ -149,16 +156,7 @@ def test_more_workers_of_quick_commands_than_connection_slots_all_finish(
     slot a worker frees once a second (``POOL_CONNECTION_TURN_SECONDS``) must let a waiting
     worker in before its ``--connect-timeout`` runs out; none may exit 3."""
     url = crowded_server.url()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    made = subprocess.run(
-        [sys.executable, "-m", "mahabharatha", "lock", "init", "--backend", url],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=HANG_GUARD_SECONDS,
-    )
-    assert made.returncode == 0, made.stderr
+    env = _tables_made(url)
     for number in range(QUICK_FEATURES):
         (tmp_path / ".gsd" / "specs" / f"q{number:04d}").mkdir(parents=True)
     work = [
