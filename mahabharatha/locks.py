@@ -149,12 +149,15 @@ lets go of it until the command ends: a quick command's done and the next claim 
 reconnect per feature), a long one holds no connection slot while it runs (200 workers, 40
 slots)."""
 
-POOL_CONNECTION_TURN_SECONDS: Final = 1.0
-"""A pool worker whose commands are all quick lets go of its connection between two features
-once it has kept it this long. Known limit: it connects again at once (its next claim), so a
-worker that found no free slot, retrying 20 ms to 0.5 s apart, rarely catches the slot freed;
-with more such workers than slots it exits 3 when ``--connect-timeout`` runs out (a strict
-xfail in ``tests/postgres/test_many_holders.py`` pins it)."""
+POOL_SLOTS_LOOK_SECONDS: Final = 0.5
+"""How often a pool worker that keeps its server connection between features (PostgreSQL,
+quick commands) asks whether the server's connection slots are nearly all taken
+(:meth:`~mahabharatha.backends.base.LockBackend.crowded`, one query on that connection). Once
+they are, the worker lets go of its connection before each command for the rest of its run:
+more workers than slots all get in (a worker that found no slot retries for
+``--connect-timeout``), for a reconnect per feature. Before, every worker let go of its
+connection once a second and connected again at once: 20 reconnects in a pool of 8 on a
+server with slots to spare, and a waiting worker rarely caught the slot freed."""
 
 BACKOFF_FIRST_SECONDS: Final = 0.002
 BACKOFF_MAX_SECONDS: Final = 0.025
@@ -1551,11 +1554,8 @@ def run_pool(
     results: list[WorkResult] = []
     beats = PoolHeartbeat()  # one thread for the worker's whole run, not one per feature
     try:
-        turn = monotonic() + POOL_CONNECTION_TURN_SECONDS
+        crowded = False
         while True:
-            if monotonic() >= turn:  # quick commands only: free the slot now and then (a limit)
-                store.rest()
-                turn = monotonic() + POOL_CONNECTION_TURN_SECONDS
             outcome = _claim_waiting(pool, options, wait)
             if outcome.held is None:
                 if found and problems is None:
@@ -1571,6 +1571,9 @@ def run_pool(
                 lease=lease,
                 beats=beats,
             )
+            crowded = crowded or store.crowded(POOL_SLOTS_LOOK_SECONDS)
+            if crowded:
+                store.rest()  # others wait for a slot: CMD runs holding none
             try:
                 result = step(lock)
             except StopWork as stop:

@@ -639,6 +639,12 @@ class LockBackend(abc.ABC):
         connection); default: nothing."""
         return None
 
+    def crowded(self, within: float) -> bool:
+        """Are the server's connection slots nearly all taken (seen at most ``within`` seconds
+        ago)? Then a pool's worker keeps its connection only while it talks to the server, so
+        the workers waiting for a slot get one. Default: False (no server, no slots)."""
+        return False
+
     def init(self) -> int | None:
         """Create what the backend needs (a server's tables); the schema version, or ``None``
         where there is nothing to create."""

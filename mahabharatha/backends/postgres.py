@@ -385,6 +385,21 @@ SELECT setval('mahabharatha_lock_token', greatest(
 """``lock init`` puts a sequence made again (dropped, or a table restored without it) above every
 token the rows hold."""
 
+_SLOTS: Final = """
+SELECT current_setting('max_connections')::int
+    - current_setting('superuser_reserved_connections')::int
+    - coalesce(current_setting('reserved_connections', true)::int, 0) AS usable,
+    (SELECT count(*) FROM pg_stat_get_activity(NULL) AS a
+        WHERE a.backend_type = 'client backend'
+            OR (a.backend_type IS NULL AND a.usesysid IS NOT NULL AND a.datid IS NOT NULL)
+    )::int AS taken"""
+"""The server's connection slots an ordinary role may use, and how many client sessions take
+one now. Another role's session shows a ``NULL`` ``backend_type`` to a role that may not see
+it, and is counted when it has a user and a database (the server's own processes lack one or
+both: the logical replication launcher has a user, no database); a parallel or replication
+worker is counted too, the error on the side of "taken". The function under
+``pg_stat_activity``, without the view's joins: a third of its time (0.2 ms)."""
+
 _SESSION_SET_UP: Final = """
 SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), d.direct,
     CASE WHEN d.direct THEN set_config('synchronous_commit', 'on', false)
@@ -461,6 +476,9 @@ class PostgresBackend(LockBackend):
         self._conn: _Connection | None = None
         self._listener: _Connection | None = None
         self._behind_pooler = False  # seen by the listener's set-up: waiters poll, never LISTEN
+        self._slots_scarce = False  # were the server's connection slots nearly all taken?
+        self._slots_seen = -math.inf  # when that was seen (monotonic)
+        self._slots_hidden = False  # the role may not look at the server's sessions
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
@@ -581,6 +599,33 @@ class PostgresBackend(LockBackend):
                 "(default_transaction_read_only is on for this server, database or role), "
                 "which cannot keep locks: point the lock URL at the primary, or turn it off"
             )
+
+    def crowded(self, within: float) -> bool:
+        """Are the server's connection slots nearly all taken (:func:`_few_slots`)? Asked on
+        the connection kept (one round trip) when the last look is older than ``within``
+        seconds; never by connecting: with no connection, the last look's answer. Never behind
+        a pooler (whose own client slots cannot be seen), nor where the role may not look
+        (``pg_stat_get_activity`` revoked): not crowded, as before there was a look."""
+        conn = self._conn
+        if self._slots_hidden or conn is None or conn.closed or conn.pooled:
+            return self._slots_scarce
+        if time.monotonic() - self._slots_seen < within:
+            return self._slots_scarce
+        try:
+            found = conn.execute(_SLOTS, prepare=False).fetchone()
+        except pg_errors.InsufficientPrivilege:
+            self._slots_hidden = True  # the role's setting: never asked again
+            return self._slots_scarce
+        except psycopg.Error:
+            # A lost or frozen connection: the caller's next statement connects again (and
+            # says what is wrong, if anything).
+            self._drop_connection()
+            return self._slots_scarce
+        assert found is not None
+        usable, taken = found
+        self._slots_seen = time.monotonic()
+        self._slots_scarce = usable - taken <= _few_slots(usable)
+        return self._slots_scarce
 
     def rest(self) -> None:
         """Let go of this backend's server connections until its next call: a holder between
@@ -1212,7 +1257,11 @@ class PostgresBackend(LockBackend):
         """:meth:`wait_for_release` for any of ``features`` (a pool waiting for the next one
         that comes free: a release, a ``done``, a reclaim of one of them)."""
         deadline = time.monotonic() + max(0.0, timeout)
-        if self._behind_pooler:
+        if self._slots_scarce:
+            # A crowded server: a second connection to listen on would take a slot a worker
+            # needs to record its done. Poll, once per wait, holding no connection meanwhile.
+            self.rest()
+        if self._behind_pooler or self._slots_scarce:
             # A transaction-mode pooler keeps no LISTEN for us: it would stay on a server
             # connection and deliver releases to whichever client gets it next (psycopg keeps
             # unread notifications without bound). Poll instead, once per wait.
@@ -1251,6 +1300,12 @@ class PostgresBackend(LockBackend):
             with suppress(psycopg.Error, OSError):
                 self._listener.close()
         self._listener = None
+
+
+def _few_slots(usable: int) -> int:
+    """How few free connection slots make a server crowded: a tenth of them, at least one
+    (a worker that cannot connect finds none free)."""
+    return max(1, usable // 10)
 
 
 def _out_of_slots(error: psycopg.OperationalError) -> bool:

@@ -10,8 +10,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from mahabharatha.backends.postgres import PostgresBackend
 from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,19 +144,15 @@ QUICK_FEATURES = 1500
 at work when the others' connect timeout (2 s) runs out."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a lock work worker of quick commands keeps its connection between features and, "
-    "at its turn, lets go of it only to reconnect at once: a worker that found no slot never "
-    "gets one (exit 3); see the review of issue 18",
-)
 def test_more_workers_of_quick_commands_than_connection_slots_all_finish(
     crowded_server: PgServer, tmp_path: Path
 ) -> None:
     """30 ``lock work`` workers of one shared pool of quick commands against 17 connection
-    slots: the contract's many holders (revision 4) are also workers of quick commands. The
-    slot a worker frees once a second (``POOL_CONNECTION_TURN_SECONDS``) must let a waiting
-    worker in before its ``--connect-timeout`` runs out; none may exit 3."""
+    slots: the contract's many holders (revision 4) are also workers of quick commands. None
+    may exit 3: a worker that finds no slot must get one before its ``--connect-timeout`` runs
+    out. Failed before (a strict xfail): the workers connected first kept their connections
+    between features, letting go once a second only to connect again at once; now they see
+    the server crowded and let go of it during each command."""
     url = crowded_server.url()
     env = _tables_made(url)
     for number in range(QUICK_FEATURES):
@@ -189,3 +187,47 @@ def test_more_workers_of_quick_commands_than_connection_slots_all_finish(
             _, stderr = worker.communicate()
         codes.append((worker.returncode, stderr.decode(errors="replace")[-300:]))
     assert all(code == 0 for code, _ in codes), [entry for entry in codes if entry[0] != 0][:3]
+
+
+def test_a_server_is_crowded_when_a_tenth_of_its_slots_or_fewer_are_free(
+    crowded_server: PgServer,
+) -> None:
+    """17 slots for the app role: crowded with 1 free, not with 2. The sessions that take the
+    others are the admin role's, which the app role may not see the kind of (``NULL``
+    ``backend_type``): counting only visible client sessions said "not crowded" with none free.
+    A look is asked of the server only when the last is older than ``within``."""
+    backend = PostgresBackend(crowded_server.url(), namespace="crowd-look")
+    others: list[psycopg.Connection[tuple[object, ...]]] = []
+    try:
+        backend.status()  # connected: the session's start saw 16 slots free
+        assert not backend.crowded(0.0)
+        usable = MAX_CONNECTIONS - 3
+        others = [psycopg.connect(crowded_server.admin_url()) for _ in range(usable - 3)]
+        assert not backend.crowded(0.0)  # 2 free
+        others.append(psycopg.connect(crowded_server.admin_url()))
+        assert not backend.crowded(60.0)  # seen 2 free just now: not asked again
+        assert backend.crowded(0.0)  # 1 free
+    finally:
+        for conn in others:
+            conn.close()
+        backend.close()
+
+
+def test_a_role_that_may_not_look_at_the_sessions_is_never_crowded(
+    crowded_server: PgServer,
+) -> None:
+    """A server that revoked ``pg_stat_get_activity`` from its roles: the look is refused, the
+    backend answers "not crowded" (as before there was a look) and asks no more, and its
+    connection still works. A refused look that ended the connection, or raised, would fail
+    every pool on such a server."""
+    revoke = "REVOKE EXECUTE ON FUNCTION pg_stat_get_activity(integer) FROM PUBLIC"
+    backend = PostgresBackend(crowded_server.url(), namespace="crowd-hidden")
+    admin_execute(crowded_server, revoke)
+    try:
+        backend.status()
+        assert not backend.crowded(0.0)
+        assert backend._slots_hidden  # told once: never asked again
+        assert backend.status() == []  # the same connection, still usable
+    finally:
+        admin_execute(crowded_server, revoke.replace("REVOKE", "GRANT").replace("FROM", "TO"))
+        backend.close()
