@@ -23,14 +23,15 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``signal``)
 import math
 import os
+import random
 import signal
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
-from time import monotonic
+from time import monotonic, sleep
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
 from mahabharatha import clock, ownership
 from mahabharatha.backends import lock_url, open_backend, shared_backend
@@ -56,6 +57,7 @@ from mahabharatha.backends.base import (
     Owner,
     ReleaseWait,
     Requester,
+    ServerFullError,
     State,
     UnsafeLockPathError,
     UnsupportedError,
@@ -138,6 +140,8 @@ def __getattr__(name: str) -> Any:
         return AsyncFeatureLock
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+_T = TypeVar("_T")
 
 HEARTBEAT_SECONDS: Final = 30.0
 """How often a holder rewrites its timestamp: far inside the 2-hour stale limit, and at least
@@ -577,6 +581,21 @@ def claim_next(
     if problems is None and found and outcome.held is None:
         raise found[0].error
     return outcome
+
+
+def _claim_patiently(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
+    """:func:`_claim_waiting`, asked again while the server has no free connection slot: the
+    worker holds nothing, so it waits for a slot as it would for a feature (at most ``wait``
+    seconds; ``None``: for ever). More workers than slots all finish: a slot comes free when
+    another worker lets go of it, or ends."""
+    deadline = None if wait is None else monotonic() + wait
+    while True:
+        try:
+            return _claim_waiting(pool, options, wait)
+        except ServerFullError:
+            if deadline is not None and monotonic() >= deadline:
+                raise
+        _pause_for_a_slot()
 
 
 def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
@@ -1493,18 +1512,43 @@ class PoolLock(FeatureLock):
                     self.backend.release_held(mine)
             return WorkResult(feature, "lost", exit_code)
         if exit_code == 0:
-            _mark_done(self.backend, feature, mine.pid)
+            _while_leased(mine, lambda: _mark_done(self.backend, feature, mine.pid))
             return WorkResult(feature, "done", 0)
         if exit_code is None:
-            self.backend.release_held(mine)
+            _while_leased(mine, lambda: self.backend.release_held(mine))
             return WorkResult(feature, "released", None, 0, reason)
         why = reason or f"exit code {exit_code}"
         try:
-            record = self.backend.fail(feature, mine.pid, why, limit)
+            record = _while_leased(mine, lambda: self.backend.fail(feature, mine.pid, why, limit))
         except UnsupportedError:
-            self.backend.release_held(mine)
+            _while_leased(mine, lambda: self.backend.release_held(mine))
             return WorkResult(feature, "released", exit_code, 0, why)
         return WorkResult(feature, "failed", exit_code, record.tries, why)
+
+
+def _while_leased(mine: Held, operation: Callable[[], _T]) -> _T:
+    """``operation`` (the end of a hold: done, a failed attempt, a release), asked again while
+    the server has no free connection slot and ``mine``'s lease lasts. The lock is still ours
+    till then; giving up at ``--connect-timeout`` left it held till the lease ran out, and a
+    done command's outcome lost (its feature run again)."""
+    ends = monotonic() + (mine.expires_at - clock.now())
+    while True:
+        try:
+            return operation()
+        except ServerFullError:
+            if monotonic() >= ends:
+                raise
+        _pause_for_a_slot()
+
+
+def _pause_for_a_slot() -> None:
+    """Between two rounds of connecting refused for want of a slot (each round retries for
+    ``--connect-timeout``): a jittered pause, so that refused workers do not come back at once
+    (each refused connection costs the server a process)."""
+    sleep(random.uniform(SLOT_PAUSE_SECONDS / 2, SLOT_PAUSE_SECONDS))
+
+
+SLOT_PAUSE_SECONDS: Final = 0.5
 
 
 class StopWork(Exception):
@@ -1556,7 +1600,7 @@ def run_pool(
     try:
         crowded = False
         while True:
-            outcome = _claim_waiting(pool, options, wait)
+            outcome = _claim_patiently(pool, options, wait)
             if outcome.held is None:
                 if found and problems is None:
                     raise found[0].error

@@ -53,6 +53,7 @@ __all__ = [
     "ReleaseWait",
     "ReleaseWatch",
     "Requester",
+    "ServerFullError",
     "State",
     "UnsafeLockPathError",
     "UnsupportedError",
@@ -342,6 +343,12 @@ class UnsupportedError(LockError):
 class BackendError(OSError):
     """The place where locks live cannot be reached or used (a server down, a login refused, a
     connection lost). Its message names the place (never a password); the CLI exits 3."""
+
+
+class ServerFullError(BackendError):
+    """The server refused every connection for want of a free slot (``max_connections``) until
+    ``--connect-timeout`` ran out: it is there, and busy. A pool's worker waits on for a slot
+    (its turn comes when another lets go of one); elsewhere it is a :class:`BackendError`."""
 
 
 # --------------------------------------------------------------------------- the seam

@@ -50,6 +50,7 @@ from mahabharatha.backends.base import (
     Owner,
     ReleaseWait,
     Requester,
+    ServerFullError,
     State,
     Verdict,
 )
@@ -661,7 +662,10 @@ class PostgresBackend(LockBackend):
             reason = first_line(error)
         if self._password:
             reason = reason.replace(self._password, "***")
-        return BackendError(f"lock server {self._server} (PostgreSQL): {reason}")
+        said = f"lock server {self._server} (PostgreSQL): {reason}"
+        if isinstance(error, psycopg.OperationalError) and _out_of_slots(error):
+            return ServerFullError(said)
+        return BackendError(said)
 
     def _run(self, operation: Callable[[_Connection], _T], *, retry: bool = True) -> _T:
         """Run ``operation`` on the warm connection. A connection lost under it (a server

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -231,3 +232,116 @@ def test_a_role_that_may_not_look_at_the_sessions_is_never_crowded(
     finally:
         admin_execute(crowded_server, revoke.replace("REVOKE", "GRANT").replace("FROM", "TO"))
         backend.close()
+
+
+USABLE_SLOTS = MAX_CONNECTIONS - 3
+REFUSED_TIMEOUT = 1
+"""The workers' ``--connect-timeout`` while every slot is taken: they used to exit 3 after it."""
+REFUSED_WINDOW_SECONDS = 3.0 * REFUSED_TIMEOUT
+"""How long a refused worker is watched: it must still be waiting for a slot at the end (the
+property is a duration: nothing else to synchronise on)."""
+
+
+def _app_sessions(server: PgServer) -> int:
+    return _rows(
+        server,
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = 'mh_app'",
+    )
+
+
+def _take_every_slot(server: PgServer) -> list[psycopg.Connection[tuple[object, ...]]]:
+    """Every slot the app role may use, taken by the admin role (which keeps the reserved ones
+    for the test's own looks)."""
+    return [psycopg.connect(server.admin_url()) for _ in range(USABLE_SLOTS)]
+
+
+def _worker(env: dict[str, str], cwd: Path, *words: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mahabharatha", "lock", "work", *words],
+        cwd=cwd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
+def _still_waiting_after_the_window(worker: subprocess.Popen[bytes]) -> bool:
+    """Is ``worker`` still running once the window has passed (False as soon as it ends)?"""
+    ends = time.monotonic() + REFUSED_WINDOW_SECONDS
+    wait_until(lambda: worker.poll() is not None or time.monotonic() > ends, 60.0)
+    return worker.poll() is None
+
+
+def test_a_worker_refused_for_want_of_a_slot_waits_for_one_and_finishes(
+    crowded_server: PgServer, tmp_path: Path
+) -> None:
+    """Every slot taken before a ``lock work`` worker (holding nothing) starts: it keeps
+    asking past its ``--connect-timeout`` and, once slots come free, does the whole pool.
+    Failed before: it exited 3 after the timeout (a worker that found no slot among many)."""
+    url = crowded_server.url()
+    env = _tables_made(url)
+    names = ["s0", "s1", "s2"]
+    for name in names:
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    taken = _take_every_slot(crowded_server)
+    try:
+        worker = _worker(
+            env, tmp_path, "--backend", url, "--namespace", "crowd-wait",
+            "--connect-timeout", str(REFUSED_TIMEOUT), "--", "true",
+        )  # fmt: skip
+        assert _still_waiting_after_the_window(worker)
+    finally:
+        for conn in taken:
+            conn.close()
+    _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
+    assert worker.returncode == 0, stderr.decode(errors="replace")[-300:]
+    done = _rows(
+        crowded_server,
+        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd-wait'"
+        " AND done_at IS NOT NULL AND pid IS NULL",
+    )
+    assert done == len(names)
+
+
+def test_a_holder_whose_command_ended_waits_for_a_slot_to_mark_it_done(
+    crowded_server: PgServer, tmp_path: Path
+) -> None:
+    """A ``lock work`` worker's long command runs while it holds no connection; every slot is
+    taken meanwhile; the command ends. The worker keeps asking for a slot while its lease
+    lasts, then marks the feature done and releases it. Failed before: it exited 3 at its
+    ``--connect-timeout`` with the command's success unrecorded and the lock left held until
+    its lease ran out (the feature then run again by another worker)."""
+    url = crowded_server.url()
+    env = _tables_made(url)
+    (tmp_path / ".gsd" / "specs" / "long").mkdir(parents=True)
+    worker = _worker(
+        env, tmp_path, "long", "--backend", url, "--namespace", "crowd-done",
+        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "head", "-c", "1",
+    )  # fmt: skip
+    held = (
+        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd-done' AND pid IS NOT NULL"
+    )
+    # Holding its lock, and (past the connection's grace) no connection.
+    assert wait_until(lambda: _rows(crowded_server, held) == 1, HANG_GUARD_SECONDS)
+    assert wait_until(lambda: _app_sessions(crowded_server) == 0, HANG_GUARD_SECONDS)
+    taken = _take_every_slot(crowded_server)
+    try:
+        assert worker.stdin is not None
+        with worker.stdin:
+            worker.stdin.write(b"x")  # the command ends: the worker must record it
+        worker.stdin = None
+        assert _still_waiting_after_the_window(worker)
+        assert _rows(crowded_server, held) == 1  # not released unmarked, not lost
+    finally:
+        for conn in taken:
+            conn.close()
+    _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
+    assert worker.returncode == 0, stderr.decode(errors="replace")[-300:]
+    assert _rows(crowded_server, held) == 0
+    done = _rows(
+        crowded_server,
+        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd-done'"
+        " AND done_at IS NOT NULL",
+    )
+    assert done == 1
