@@ -583,19 +583,37 @@ def claim_next(
     return outcome
 
 
-def _claim_patiently(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
+def _claim_patiently(
+    pool: _Pool,
+    options: _ClaimOptions,
+    wait: float | None,
+    on_server_full: Callable[[ServerFullError], None],
+) -> ClaimOutcome:
     """:func:`_claim_waiting`, asked again while the server has no free connection slot: the
     worker holds nothing, so it waits for a slot as it would for a feature (at most ``wait``
-    seconds; ``None``: for ever). More workers than slots all finish: a slot comes free when
-    another worker lets go of it, or ends."""
+    seconds; ``None``: for ever), and says so (``on_server_full``). More workers than slots
+    all finish: a slot comes free when another worker lets go of it, or ends."""
     deadline = None if wait is None else monotonic() + wait
     while True:
         try:
             return _claim_waiting(pool, options, wait)
-        except ServerFullError:
+        except ServerFullError as full:
             if deadline is not None and monotonic() >= deadline:
                 raise
+            on_server_full(full)
         _pause_for_a_slot()
+
+
+def _once(tell: Callable[[ServerFullError], None] | None) -> Callable[[ServerFullError], None]:
+    """``tell``, called the first time only (nothing when ``None``)."""
+    told: list[bool] = []
+
+    def tell_once(error: ServerFullError) -> None:
+        if tell is not None and not told:
+            told.append(True)
+            tell(error)
+
+    return tell_once
 
 
 def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
@@ -1579,12 +1597,15 @@ def run_pool(
     command: Sequence[str] | None = None,
     on_result: Callable[[WorkResult], None] | None = None,
     problems: list[FeatureProblem] | None = None,
+    on_server_full: Callable[[ServerFullError], None] | None = None,
 ) -> WorkReport:
     """The worker loop under :func:`work` and ``lock work``: claim (as :func:`claim_next`,
     owner this process), run ``step`` with the lock held, again; while nothing is free but
     others hold features, wait for a release (``wait`` seconds at most each time; ``None``:
     for ever). Ends when nothing is left, when the wait ran out, after one feature with
-    ``once``, or when a step raises :class:`StopWork`."""
+    ``once``, or when a step raises :class:`StopWork`. ``on_server_full`` is told, once per
+    run, that the server turned the worker away for want of a connection slot (it waits on
+    for one)."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     _valid_attempts(attempts)
@@ -1599,8 +1620,9 @@ def run_pool(
     beats = PoolHeartbeat()  # one thread for the worker's whole run, not one per feature
     try:
         crowded = False
+        told = _once(on_server_full)
         while True:
-            outcome = _claim_patiently(pool, options, wait)
+            outcome = _claim_patiently(pool, options, wait, told)
             if outcome.held is None:
                 if found and problems is None:
                     raise found[0].error

@@ -21,7 +21,7 @@ from typer.core import TyperCommand
 
 from mahabharatha import locks, runner, team
 from mahabharatha.backends import load_backend_code
-from mahabharatha.backends.base import LockBackend, format_duration
+from mahabharatha.backends.base import BackendError, LockBackend, format_duration
 from mahabharatha.cli._output import (
     PidOption,
     ReclaimDeadOption,
@@ -225,6 +225,7 @@ def work(
             command=command,
             on_result=lambda result: _say(result, attempts),
             problems=problems,
+            on_server_full=_say_server_full,
         )
         return _work_result(report, document, once, problems)
 
@@ -279,6 +280,15 @@ def _say(result: WorkResult, limit: int) -> None:
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
     typer.echo(f"mahabharatha: {result.feature}: {said}", err=True)
+
+
+def _say_server_full(error: BackendError) -> None:
+    """Said once on stderr when the server turns the worker away for want of a slot."""
+    typer.echo(
+        f"mahabharatha: {error}; waiting for a free connection slot (Ctrl-C to stop, --wait "
+        "to bound the wait)",
+        err=True,
+    )
 
 
 def _worker_answer(result: Result) -> dict[str, Any]:

@@ -277,8 +277,9 @@ def test_a_worker_refused_for_want_of_a_slot_waits_for_one_and_finishes(
     crowded_server: PgServer, tmp_path: Path
 ) -> None:
     """Every slot taken before a ``lock work`` worker (holding nothing) starts: it keeps
-    asking past its ``--connect-timeout`` and, once slots come free, does the whole pool.
-    Failed before: it exited 3 after the timeout (a worker that found no slot among many)."""
+    asking past its ``--connect-timeout``, says so once, and, once slots come free, does the
+    whole pool. Failed before: it exited 3 after the timeout (a worker that found no slot
+    among many)."""
     url = crowded_server.url()
     env = _tables_made(url)
     names = ["s0", "s1", "s2"]
@@ -295,7 +296,9 @@ def test_a_worker_refused_for_want_of_a_slot_waits_for_one_and_finishes(
         for conn in taken:
             conn.close()
     _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
-    assert worker.returncode == 0, stderr.decode(errors="replace")[-300:]
+    said = stderr.decode(errors="replace")
+    assert worker.returncode == 0, said[-300:]
+    assert said.count("waiting for a free connection slot") == 1, said  # told, once
     done = _rows(
         crowded_server,
         "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd-wait'"
