@@ -387,19 +387,31 @@ SELECT setval('mahabharatha_lock_token', greatest(
 token the rows hold."""
 
 _SLOTS: Final = """
-SELECT current_setting('max_connections')::int
-    - current_setting('superuser_reserved_connections')::int
-    - coalesce(current_setting('reserved_connections', true)::int, 0) AS usable,
-    (SELECT count(*) FROM pg_stat_get_activity(NULL) AS a
-        WHERE a.backend_type = 'client backend'
-            OR (a.backend_type IS NULL AND a.usesysid IS NOT NULL AND a.datid IS NOT NULL)
-    )::int AS taken"""
-"""The server's connection slots an ordinary role may use, and how many client sessions take
-one now. Another role's session shows a ``NULL`` ``backend_type`` to a role that may not see
-it, and is counted when it has a user and a database (the server's own processes lack one or
-both: the logical replication launcher has a user, no database); a parallel or replication
-worker is counted too, the error on the side of "taken". The function under
-``pg_stat_activity``, without the view's joins: a third of its time (0.2 ms)."""
+WITH sessions AS (
+    SELECT a.usesysid, a.datid FROM pg_stat_get_activity(NULL) AS a
+    WHERE a.backend_type = 'client backend'
+        OR (a.backend_type IS NULL AND a.usesysid IS NOT NULL AND a.datid IS NOT NULL)
+), limits AS (
+    SELECT current_setting('max_connections')::int
+        - current_setting('superuser_reserved_connections')::int
+        - coalesce(current_setting('reserved_connections', true)::int, 0) AS usable,
+        (SELECT count(*) FROM sessions)::int AS taken
+    UNION ALL
+    SELECT r.rolconnlimit, (SELECT count(*) FROM sessions WHERE usesysid = r.oid)::int
+    FROM pg_roles AS r WHERE r.rolname = current_user AND r.rolconnlimit >= 0
+    UNION ALL
+    SELECT d.datconnlimit, (SELECT count(*) FROM sessions WHERE datid = d.oid)::int
+    FROM pg_database AS d WHERE d.datname = current_database() AND d.datconnlimit >= 0
+)
+SELECT usable, taken FROM limits ORDER BY usable - taken, usable LIMIT 1"""
+"""The tightest of the limits on this role's connections, as (slots, taken): the server's
+slots an ordinary role may use, the role's ``CONNECTION LIMIT`` and the database's, each with
+the client sessions that count against it. Another role's session shows a ``NULL``
+``backend_type`` to a role that may not see it, and is counted when it has a user and a
+database (the server's own processes lack one or both: the logical replication launcher has a
+user, no database); a parallel or replication worker is counted too, the error on the side of
+"taken". The function under ``pg_stat_activity``, without the view's joins: a third of its
+time."""
 
 _SESSION_SET_UP: Final = """
 SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), d.direct,

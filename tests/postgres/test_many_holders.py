@@ -348,3 +348,25 @@ def test_a_holder_whose_command_ended_waits_for_a_slot_to_mark_it_done(
         " AND done_at IS NOT NULL",
     )
     assert done == 1
+
+
+@pytest.mark.parametrize("limited", ["ROLE mh_app", "DATABASE mh"])
+def test_a_role_or_database_near_its_own_connection_limit_is_crowded(
+    crowded_server: PgServer, limited: str
+) -> None:
+    """The role's (or the database's) ``CONNECTION LIMIT`` (3) is tighter than the server's
+    slots: two of the role's sessions leave one free, crowded; one leaves two, not. A look at
+    the server's slots alone said "not crowded" while a fourth session would be refused."""
+    admin_execute(crowded_server, f"ALTER {limited} CONNECTION LIMIT 3")
+    backend = PostgresBackend(crowded_server.url(), namespace="crowd-role")
+    other = None
+    try:
+        backend.status()
+        assert not backend.crowded(0.0)
+        other = psycopg.connect(crowded_server.url())
+        assert backend.crowded(0.0)
+    finally:
+        admin_execute(crowded_server, f"ALTER {limited} CONNECTION LIMIT -1")
+        if other is not None:
+            other.close()
+        backend.close()
