@@ -1293,7 +1293,8 @@ class PostgresBackend(LockBackend):
                 self._listener = listener
                 self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 return True
-            return self._notified({(self.namespace, feature) for feature in features}, deadline)
+            wanted = {(self.namespace, feature) for feature in features}
+            return _notified(self._listener, wanted, deadline)
         except psycopg.Error:
             # Race: the listener died (or froze) between two tries; a release sent meanwhile
             # was never heard. Look again, no sooner than a wait would have (no busy loop when
@@ -1302,14 +1303,48 @@ class PostgresBackend(LockBackend):
             time.sleep(max(0.0, deadline - time.monotonic()))
             return True
 
-    def _notified(self, wanted: set[tuple[str, str]], deadline: float) -> bool:
-        assert self._listener is not None
-        while (left := deadline - time.monotonic()) > 0:
-            for note in self._listener.notifies(timeout=left):
-                with suppress(ValueError, TypeError):
-                    if tuple(json.loads(note.payload)) in wanted:
-                        return True
-        return False
+    def _listen_on_claims_connection(self) -> _Connection | None:
+        """LISTEN on the connection the claims use, when there is one that can: a pool's
+        waiting worker needs no second connection (at a pool's end every waiting worker
+        opened one, a server process each: 20-40 ms of the last 65 ms of a pool of 8). None
+        behind a pooler or on a crowded server (both poll), or with no connection kept."""
+        conn = self._conn
+        if self._behind_pooler or self._slots_scarce or conn is None or conn.closed:
+            return None
+        if conn.pooled:
+            return None
+        try:
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except psycopg.Error:
+            self._drop_connection()  # its state is unknown; the next claim connects again
+            return None
+        return conn
+
+    def _notified_on_claims_connection(
+        self, conn: _Connection, wanted: set[tuple[str, str]], deadline: float
+    ) -> bool:
+        """:func:`_notified` on the claims' connection ``conn`` (LISTENing)."""
+        try:
+            return _notified(conn, wanted, deadline)
+        except psycopg.Error:
+            # Race: the connection died (or froze) between two tries; a release sent meanwhile
+            # was never heard. Look again, no sooner than a wait would have.
+            if conn is self._conn:
+                self._drop_connection()
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return True
+
+    def _stop_listening_on(self, conn: _Connection) -> None:
+        """UNLISTEN on the claims' connection, and drop what it heard meanwhile (nobody waits
+        for it now: a later wait would wake for a release long past)."""
+        if conn is not self._conn or conn.closed:
+            return
+        try:
+            conn.execute(f"UNLISTEN {NOTIFY_CHANNEL}")
+            for _ in conn.notifies(timeout=0):
+                pass
+        except psycopg.Error:
+            self._drop_connection()  # its state is unknown; the next claim connects again
 
     def _drop_listener(self) -> None:
         if self._listener is not None:
@@ -1377,18 +1412,47 @@ class _Handle:
 
 class _Listening:
     """The :class:`~mahabharatha.backends.base.ReleaseWatch` of a server: entered, it starts
-    listening (a release from then on is heard); left, it closes the listening connection."""
+    listening (a release from then on is heard), on the connection the claims use where it
+    can, else on the backend's listening connection; left, it stops listening (that
+    connection closed)."""
 
     def __init__(self, backend: PostgresBackend, features: list[str]) -> None:
         self.backend = backend
         self.features = features
+        self.wanted = {(backend.namespace, feature) for feature in features}
+        self.conn: _Connection | None = None  # the claims' connection, LISTENing
 
     def __enter__(self) -> _Listening:
-        self.backend.wait_for_any_release(self.features, 0.0)  # starts listening
+        self.conn = self.backend._listen_on_claims_connection()
+        if self.conn is None:
+            self.backend.wait_for_any_release(self.features, 0.0)  # starts listening
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.backend._stop_listening_on(conn)
         self.backend.stop_listening()
 
     def wait(self, seconds: float) -> bool:
+        conn = self.conn
+        if conn is not None and conn is self.backend._conn and not conn.closed:
+            deadline = time.monotonic() + max(0.0, seconds)
+            return self.backend._notified_on_claims_connection(conn, self.wanted, deadline)
+        # Race: the claims' connection was let go of or lost since (a refresh's rest in another
+        # thread, a server restart): its LISTEN went with it. The backend's listener takes over
+        # (its first call only starts listening and says "look again").
+        self.conn = None
         return self.backend.wait_for_any_release(self.features, seconds)
+
+
+def _notified(conn: _Connection, wanted: set[tuple[str, str]], deadline: float) -> bool:
+    """Did a release of one of ``wanted`` (namespace, feature) come on ``conn`` (LISTENing)
+    before ``deadline``? Notifications heard between two waits come first (psycopg keeps
+    them)."""
+    while (left := deadline - time.monotonic()) > 0:
+        for note in conn.notifies(timeout=left):
+            with suppress(ValueError, TypeError):
+                if tuple(json.loads(note.payload)) in wanted:
+                    return True
+    return False

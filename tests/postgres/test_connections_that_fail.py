@@ -101,6 +101,38 @@ def test_a_waiter_whose_listener_is_terminated_listens_again_and_acquires(
     assert json.loads(out)["acquired"]
 
 
+def claimers(pg_server: PgServer) -> list[int]:
+    """The sessions a pool's claims use (a waiting claimer LISTENs on its own), idle."""
+    rows = admin_execute(
+        pg_server,
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'mahabharatha'"
+        " AND datname = 'mh' AND state = 'idle'",
+    )
+    return [int(row[0]) for row in rows]  # type: ignore[call-overload]
+
+
+def test_a_pool_waiter_whose_connection_is_terminated_listens_again_and_claims(
+    pg_server: PgServer, namespace: str, held_elsewhere: Any, tmp_path: Path
+) -> None:
+    """``lock claim --wait`` listens on the connection its claims use; that session is
+    terminated while it waits, then the holder releases: the claimer connects again, hears
+    the release (or finds it at its next look) and claims, never exit 3 for a healthy
+    server."""
+    (tmp_path / ".gsd" / "specs" / "feat").mkdir(parents=True)
+    opts = ["--backend", pg_server.url(), "--namespace", namespace, "--json"]
+    waiter = start_cli(
+        "lock", "claim", "feat", "--wait", "50", "--pid", str(os.getpid()), *opts, cwd=tmp_path
+    )
+    try:
+        assert wait_until(lambda: bool(claimers(pg_server)), timeout=HANG_GUARD_SECONDS)
+        admin_execute(pg_server, "SELECT pg_terminate_backend(%s)", claimers(pg_server)[0])
+        held_elsewhere.release("feat", 1, force=True)
+    finally:
+        code, out, err = finish(waiter)
+    assert code == 0, err
+    assert json.loads(out)["feature"] == "feat"
+
+
 @pytest.fixture
 def impatient_database(pg_server: PgServer) -> Iterator[str]:
     """A database whose idle sessions the server ends after 300 ms (``idle_session_timeout``,

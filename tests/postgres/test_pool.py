@@ -129,7 +129,9 @@ def test_a_local_completed_marker_means_done_on_postgresql(on_server: str, tmp_p
 def test_claim_wait_is_woken_by_notify_on_postgresql(
     on_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The recheck is pushed past the deadline: only the release's NOTIFY can end the wait."""
+    """The recheck is pushed past the deadline: only the release's NOTIFY can end the wait.
+    It is heard on the connection the claims use: the waiter opens no second, listening one
+    (failed before: at a pool's end every waiting worker opened one, a server process each)."""
     (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     assert cli("lock", "acquire", "alpha", "--pid", "1", cwd=tmp_path).returncode == 0
@@ -138,14 +140,13 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
 
     store: Any = open_backend(os.environ["MAHABHARATHA_LOCK_URL"], ".gsd", namespace=on_server)
     waiting = threading.Event()
-    original = store.wait_for_any_release
+    original = store._notified_on_claims_connection
 
-    def noted(features: Any, seconds: float) -> bool:
-        if seconds > 0:
-            waiting.set()
-        return bool(original(features, seconds))
+    def noted(conn: Any, wanted: Any, deadline: float) -> bool:
+        waiting.set()
+        return bool(original(conn, wanted, deadline))
 
-    store.wait_for_any_release = noted
+    store._notified_on_claims_connection = noted
     answer: list[str | None] = []
     claimer = threading.Thread(
         target=lambda: answer.append(locks.claim(["alpha"], backend=store, wait=SYNC_TIMEOUT)),
@@ -156,6 +157,7 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
     assert cli("lock", "release", "alpha", "--pid", "1", cwd=tmp_path).returncode == 0
     claimer.join(SYNC_TIMEOUT)
     assert answer == ["alpha"]
+    assert store._listener is None  # no second connection was opened to listen
     locks.release("alpha", backend=store)
     store.close()
 
