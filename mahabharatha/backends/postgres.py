@@ -495,6 +495,8 @@ class PostgresBackend(LockBackend):
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
+        # (feature, pid) -> the attempt id of a done whose answer never came (:meth:`done`)
+        self._unanswered_done: dict[tuple[str, int], bytes] = {}
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
@@ -1162,14 +1164,19 @@ class PostgresBackend(LockBackend):
         return bool(self._rows(_IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int) -> str:
+        # Race: a done committed, its answer lost, and no connection to ask again on (every
+        # slot taken: ServerFullError); a pool's worker calls again. A new attempt id would
+        # find the feature done by "someone else" (NotHeldError): the unanswered one finds it.
+        attempt = self._unanswered_done.setdefault((feature, pid), secrets.token_bytes(16))
         params = self._params(
             feature=feature,
             pid=pid,
             host=self._host,
-            attempt=secrets.token_bytes(16),  # a retry after a lost answer finds its own mark
+            attempt=attempt,  # a retry after a lost answer finds its own mark
             **_owner_keys(pid),
         )
         found = self._rows(_DONE, params)
+        self._unanswered_done.pop((feature, pid), None)  # answered: the next done is new
         if not found:
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:

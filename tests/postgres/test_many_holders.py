@@ -370,3 +370,58 @@ def test_a_role_or_database_near_its_own_connection_limit_is_crowded(
         if other is not None:
             other.close()
         backend.close()
+
+
+def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again(
+    crowded_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool worker's done commits on the server, its answer is lost (the connection dies),
+    and every slot is taken when it connects again: a ServerFullError. The worker asks again
+    while its lease lasts (``_while_leased``) and must find its own done mark. Failed before:
+    each ``done`` call drew a new attempt id, so the call asked again found the feature done
+    by "someone else", unheld, and raised NotHeldError: a done command reported as an error."""
+    from mahabharatha import locks
+    from mahabharatha.backends import postgres
+
+    url = crowded_server.url()
+    _tables_made(url)
+    backend = PostgresBackend(url, namespace="crowd-lost-done", connect_timeout=REFUSED_TIMEOUT)
+    taken: list[psycopg.Connection[tuple[object, ...]]] = []
+    real_rows = backend._rows
+    lost: list[bool] = []
+
+    def answer_lost_then_full(query: str, params: dict[str, object]) -> list[tuple[object, ...]]:
+        if query is not postgres._DONE or lost:
+            return real_rows(query, params)
+        lost.append(True)
+        real_rows(query, params)  # committed on the server ...
+        taken.extend(_take_every_slot(crowded_server))
+        assert backend._conn is not None
+        backend._conn.close()  # ... and its answer lost: asked again on a new connection
+        return real_rows(query, params)
+
+    def free_the_slots() -> None:
+        while taken:
+            taken.pop().close()
+
+    monkeypatch.setattr(backend, "_rows", answer_lost_then_full)
+    monkeypatch.setattr(locks, "_pause_for_a_slot", free_the_slots)
+    try:
+        claimed = locks.claim_next(["f"], tmp_path / ".gsd", backend=backend)
+        assert claimed.held is not None
+        lock = locks.PoolLock(
+            claimed.held,
+            tmp_path / ".gsd",
+            backend=backend,
+            heartbeat=None,
+            command=None,
+            lease=backend.run_lease,
+        )
+        lock.acquire()
+        result = lock.finish(0, None, locks.DEFAULT_ATTEMPTS)
+        assert lost  # the answer was lost, and the reconnect refused
+        assert result.outcome == "done"
+        assert backend.is_done("f")
+    finally:
+        free_the_slots()
+        backend.close()
