@@ -594,14 +594,17 @@ def _claim_patiently(
     seconds; ``None``: for ever), and says so (``on_server_full``). More workers than slots
     all finish: a slot comes free when another worker lets go of it, or ends."""
     deadline = None if wait is None else monotonic() + wait
+    left = wait
     while True:
         try:
-            return _claim_waiting(pool, options, wait)
+            return _claim_waiting(pool, options, left)
         except ServerFullError as full:
             if deadline is not None and monotonic() >= deadline:
                 raise
             on_server_full(full)
         _pause_for_a_slot()
+        # The wait for a slot counts against ``wait``: asked again, the claim waits what is left.
+        left = None if deadline is None else max(0.0, deadline - monotonic())
 
 
 def _once(tell: Callable[[ServerFullError], None] | None) -> Callable[[ServerFullError], None]:
