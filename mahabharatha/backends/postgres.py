@@ -497,6 +497,7 @@ class PostgresBackend(LockBackend):
         self._ensured: dict[str, bool] = {}
         # (feature, pid) -> the attempt id of a done whose answer never came (:meth:`done`)
         self._unanswered_done: dict[tuple[str, int], bytes] = {}
+        self._unanswered_claims: dict[int, bytes] = {}  # pid -> a claim's (:meth:`try_claim`)
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
@@ -885,11 +886,31 @@ class PostgresBackend(LockBackend):
             return None
         names = self._joined(features)
         params = self._take_params(None, requester, lease)
-        params.update(names=names, include_done=include_done)
+        # Race: a claim committed, its answer lost, and no connection to ask again on (every
+        # slot taken: ServerFullError); a pool's worker claims again once a slot is free. A new
+        # attempt id would see the feature held by the worker itself and pass it over (left
+        # held, never run, till the lease ran out): the unanswered one takes it up.
+        attempt = self._unanswered_claims.setdefault(requester.pid, params["attempt"])
+        lost_before = attempt is not params["attempt"]
+        params.update(names=names, include_done=include_done, attempt=attempt)
         if reclaim_dead:
             params["judged"] = self._judged_dead(features)
+        answer = self._claim_rounds(params, features, requester, checked=lost_before)
+        self._unanswered_claims.pop(requester.pid, None)  # answered: the next claim is new
+        return answer
+
+    def _claim_rounds(
+        self,
+        params: dict[str, Any],
+        features: Sequence[str],
+        requester: Requester,
+        *,
+        checked: bool,
+    ) -> AcquireResult | None:
+        """:meth:`try_claim`'s statement, again while rows are missing (made between)."""
+        names = params["names"]
         for _ in range(MAX_CLAIM_ROUNDS):
-            missing, taken = self._run(self._claim_statement(params, features))
+            missing, taken = self._run(self._claim_statement(params, features, checked=checked))
             if taken is not None:
                 self._remember_rows(names, features)
                 reason = "owner judged gone" if params["judged"] else "expired"
@@ -937,16 +958,16 @@ class PostgresBackend(LockBackend):
     # see the feature list and was 30x slower over 1,000 features. A registered list is
     # written into its statement instead, which is then prepared (``_CLAIM_REGISTERED``).
     def _claim_statement(
-        self, params: dict[str, Any], features: Sequence[str]
+        self, params: dict[str, Any], features: Sequence[str], *, checked: bool = False
     ) -> Callable[[_Connection], tuple[int, Sequence[Any] | None]]:
         """The claim to run, answering (names without a row, the taken row or None): the
         registered one for a sorted list whose rows this backend has seen, else the one that
-        sends the list (lean when sorted and seen); always the checked one on a retry (it puts
-        our own lost attempt first)."""
+        sends the list (lean when sorted and seen); always the checked one on a retry, or when
+        ``checked`` (an earlier call's answer was lost: it puts our own lost attempt first)."""
         lean = self._ensured.get(params["names"], False)
         registered = lean and not params["judged"]
         first = _CLAIM_SORTED if lean else _CLAIM_CHECKED
-        calls = itertools.count()
+        calls = itertools.count(1 if checked else 0)
 
         def run(conn: _Connection) -> tuple[int, Sequence[Any] | None]:
             retry = next(calls) > 0

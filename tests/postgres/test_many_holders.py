@@ -10,10 +10,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from mahabharatha import locks
+from mahabharatha.backends import postgres
 from mahabharatha.backends.postgres import PostgresBackend
 from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
 
@@ -380,9 +383,6 @@ def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again
     while its lease lasts (``_while_leased``) and must find its own done mark. Failed before:
     each ``done`` call drew a new attempt id, so the call asked again found the feature done
     by "someone else", unheld, and raised NotHeldError: a done command reported as an error."""
-    from mahabharatha import locks
-    from mahabharatha.backends import postgres
-
     url = crowded_server.url()
     _tables_made(url)
     backend = PostgresBackend(url, namespace="crowd-lost-done", connect_timeout=REFUSED_TIMEOUT)
@@ -422,6 +422,55 @@ def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again
         assert lost  # the answer was lost, and the reconnect refused
         assert result.outcome == "done"
         assert backend.is_done("f")
+    finally:
+        free_the_slots()
+        backend.close()
+
+
+def test_a_claim_whose_answer_was_lost_on_a_full_server_is_taken_up_when_asked_again(
+    crowded_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool worker's claim takes a feature on the server, its answer is lost, and every slot
+    is taken when it connects again: a ServerFullError, and the worker (holding nothing that
+    it knows of) claims again once a slot is free. That claim must find its own lost attempt
+    and run the feature. Failed before: the new claim drew a new attempt id, saw the feature
+    held by the worker itself ("mine", not waited for), and the pool ended "finished" with
+    the feature neither run nor done, its lock held until the lease ran out."""
+    url = crowded_server.url()
+    _tables_made(url)
+    backend = PostgresBackend(url, namespace="crowd-lost-claim", connect_timeout=REFUSED_TIMEOUT)
+    taken: list[psycopg.Connection[tuple[object, ...]]] = []
+    real_statement = backend._claim_statement
+    lost: list[bool] = []
+
+    def answer_lost_then_full(params: Any, features: Any, **how: Any) -> Any:
+        real = real_statement(params, features, **how)
+
+        def run(conn: Any) -> Any:
+            answer = real(conn)
+            if answer[1] is not None and not lost:
+                lost.append(True)  # committed on the server, and then ...
+                taken.extend(_take_every_slot(crowded_server))
+                conn.close()
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return answer
+
+        return run
+
+    def free_the_slots() -> None:
+        while taken:
+            taken.pop().close()
+
+    monkeypatch.setattr(backend, "_claim_statement", answer_lost_then_full)
+    monkeypatch.setattr(locks, "_pause_for_a_slot", free_the_slots)
+    ran: list[str] = []
+    try:
+        report = locks.work(ran.append, ["f"], tmp_path / ".gsd", backend=backend, wait=None)
+        assert lost  # the answer was lost, and the reconnect refused
+        assert ran == ["f"]
+        assert [result.outcome for result in report.results] == ["done"]
+        assert backend.is_done("f")
+        assert [info.feature for info in backend.status() if info.held] == []
     finally:
         free_the_slots()
         backend.close()
