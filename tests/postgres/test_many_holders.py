@@ -474,3 +474,46 @@ def test_a_claim_whose_answer_was_lost_on_a_full_server_is_taken_up_when_asked_a
     finally:
         free_the_slots()
         backend.close()
+
+
+STOP_GUARD_SECONDS = 20.0
+"""Far more than a connect timeout (1 s) and the pause after it, far less than the lease
+(60 s): a worker told to stop must not wait out its lease for a slot to release in."""
+
+
+def test_a_worker_told_to_stop_on_a_full_server_ends_without_waiting_out_its_lease(
+    crowded_server: PgServer, tmp_path: Path
+) -> None:
+    """SIGTERM (as ``lock work -j`` forwards it) reaches a worker whose command runs while
+    every slot is taken: the command ends by the signal, and the lock cannot be released (no
+    slot). The worker must end after one round of connecting, exit 3 (the server's error, as
+    before slots were waited for), leaving the lock to its lease. Failed before: it asked
+    again for a slot to release in, silently, for the whole lease (60 s)."""
+    url = crowded_server.url()
+    env = _tables_made(url)
+    (tmp_path / ".gsd" / "specs" / "stopped").mkdir(parents=True)
+    worker = _worker(
+        env, tmp_path, "stopped", "--backend", url, "--namespace", "crowd-stop",
+        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "head", "-c", "1",
+    )  # fmt: skip
+    held = (
+        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd-stop' AND pid IS NOT NULL"
+    )
+    assert wait_until(lambda: _rows(crowded_server, held) == 1, HANG_GUARD_SECONDS)
+    assert wait_until(lambda: _app_sessions(crowded_server) == 0, HANG_GUARD_SECONDS)
+    taken = _take_every_slot(crowded_server)
+    try:
+        worker.terminate()  # CMD's stdin stays open: it ends by the forwarded signal only
+        try:
+            worker.wait(timeout=STOP_GUARD_SECONDS)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a worker told to stop waited for a slot to release its lock in")
+    finally:
+        for conn in taken:
+            conn.close()
+        if worker.poll() is None:
+            worker.kill()
+        _, stderr = worker.communicate()
+    said = stderr.decode(errors="replace")
+    assert worker.returncode == 3, said[-300:]
+    assert "connection slots" in said or "too many clients" in said, said[-300:]
