@@ -495,9 +495,10 @@ class PostgresBackend(LockBackend):
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
-        # (feature, pid) -> the attempt id of a done whose answer never came (:meth:`done`)
-        self._unanswered_done: dict[tuple[str, int], bytes] = {}
-        self._unanswered_claims: dict[int, bytes] = {}  # pid -> a claim's (:meth:`try_claim`)
+        # (feature, pid, thread) -> the attempt id of a done whose answer never came (:meth:`done`)
+        self._unanswered_done: dict[tuple[str, int, int], bytes] = {}
+        # (pid, thread) -> the attempt id of a claim whose answer never came (:meth:`try_claim`)
+        self._unanswered_claims: dict[tuple[int, int], bytes] = {}
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
@@ -890,13 +891,16 @@ class PostgresBackend(LockBackend):
         # slot taken: ServerFullError); a pool's worker claims again once a slot is free. A new
         # attempt id would see the feature held by the worker itself and pass it over (left
         # held, never run, till the lease ran out): the unanswered one takes it up.
-        attempt = self._unanswered_claims.setdefault(requester.pid, params["attempt"])
+        # Race: threads of one process share a backend: each its own lost attempt, or one
+        # thread's claim would take up the feature another just took (two holders).
+        lost_key = (requester.pid, threading.get_ident())
+        attempt = self._unanswered_claims.setdefault(lost_key, params["attempt"])
         lost_before = attempt is not params["attempt"]
         params.update(names=names, include_done=include_done, attempt=attempt)
         if reclaim_dead:
             params["judged"] = self._judged_dead(features)
         answer = self._claim_rounds(params, features, requester, checked=lost_before)
-        self._unanswered_claims.pop(requester.pid, None)  # answered: the next claim is new
+        self._unanswered_claims.pop(lost_key, None)  # answered: the next claim is new
         return answer
 
     def _claim_rounds(
@@ -1188,7 +1192,8 @@ class PostgresBackend(LockBackend):
         # Race: a done committed, its answer lost, and no connection to ask again on (every
         # slot taken: ServerFullError); a pool's worker calls again. A new attempt id would
         # find the feature done by "someone else" (NotHeldError): the unanswered one finds it.
-        attempt = self._unanswered_done.setdefault((feature, pid), secrets.token_bytes(16))
+        lost_key = (feature, pid, threading.get_ident())
+        attempt = self._unanswered_done.setdefault(lost_key, secrets.token_bytes(16))
         params = self._params(
             feature=feature,
             pid=pid,
@@ -1197,7 +1202,7 @@ class PostgresBackend(LockBackend):
             **_owner_keys(pid),
         )
         found = self._rows(_DONE, params)
-        self._unanswered_done.pop((feature, pid), None)  # answered: the next done is new
+        self._unanswered_done.pop(lost_key, None)  # answered: the next done is new
         if not found:
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:

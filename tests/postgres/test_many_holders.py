@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.backends import postgres
+from mahabharatha.backends.base import Requester, ServerFullError
 from mahabharatha.backends.postgres import PostgresBackend
 from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
 
@@ -517,3 +519,57 @@ def test_a_worker_told_to_stop_on_a_full_server_ends_without_waiting_out_its_lea
     said = stderr.decode(errors="replace")
     assert worker.returncode == 3, said[-300:]
     assert "connection slots" in said or "too many clients" in said, said[-300:]
+
+
+def test_another_threads_claim_never_takes_up_a_lost_claim(
+    crowded_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads of one process share a backend (``shared_backend``). Thread A's claim of "f"
+    commits, its answer is lost and the reconnect refused (ServerFullError): A keeps its lost
+    attempt to take up when it claims again. Thread B's claim, with the same pid, must not take
+    it up: it takes "g". Keyed by pid alone, B took "f" (two holders in one process)."""
+    url = crowded_server.url()
+    _tables_made(url)
+    backend = PostgresBackend(url, namespace="crowd-lost-thread", connect_timeout=REFUSED_TIMEOUT)
+    requester = Requester(os.getpid(), None)
+    taken: list[psycopg.Connection[tuple[object, ...]]] = []
+    real_statement = backend._claim_statement
+    lost: list[bool] = []
+
+    def answer_lost_then_full(params: Any, features: Any, **how: Any) -> Any:
+        real = real_statement(params, features, **how)
+
+        def run(conn: Any) -> Any:
+            answer = real(conn)
+            if answer[1] is not None and not lost:
+                lost.append(True)
+                taken.extend(_take_every_slot(crowded_server))
+                conn.close()
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return answer
+
+        return run
+
+    monkeypatch.setattr(backend, "_claim_statement", answer_lost_then_full)
+    errors: list[BaseException] = []
+
+    def thread_a() -> None:
+        try:
+            backend.try_claim(["f", "g"], requester, lease=60.0)
+        except BaseException as error:  # the lost answer: ServerFullError
+            errors.append(error)
+
+    try:
+        first = threading.Thread(target=thread_a)
+        first.start()
+        first.join()
+        assert lost and [type(error) for error in errors] == [ServerFullError]
+        while taken:
+            taken.pop().close()
+        won = backend.try_claim(["f", "g"], requester, lease=60.0)  # thread B: this one
+        assert won is not None and won.held is not None
+        assert won.held.feature == "g"
+    finally:
+        while taken:
+            taken.pop().close()
+        backend.close()
