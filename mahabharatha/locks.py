@@ -594,14 +594,17 @@ def _claim_patiently(
     seconds; ``None``: for ever), and says so (``on_server_full``). More workers than slots
     all finish: a slot comes free when another worker lets go of it, or ends."""
     deadline = None if wait is None else monotonic() + wait
+    left = wait
     while True:
         try:
-            return _claim_waiting(pool, options, wait)
+            return _claim_waiting(pool, options, left)
         except ServerFullError as full:
             if deadline is not None and monotonic() >= deadline:
                 raise
             on_server_full(full)
         _pause_for_a_slot()
+        # The wait for a slot counts against ``wait``: asked again, the claim waits what is left.
+        left = None if deadline is None else max(0.0, deadline - monotonic())
 
 
 def _once(tell: Callable[[ServerFullError], None] | None) -> Callable[[ServerFullError], None]:
@@ -1533,7 +1536,9 @@ class PoolLock(FeatureLock):
             _while_leased(mine, lambda: _mark_done(self.backend, feature, mine.pid))
             return WorkResult(feature, "done", 0)
         if exit_code is None:
-            _while_leased(mine, lambda: self.backend.release_held(mine))
+            # A stop (a signal, CMD not started, an interrupted task): one try, never a wait
+            # for a slot as long as the lease; the lock would come free at its end anyway.
+            self.backend.release_held(mine)
             return WorkResult(feature, "released", None, 0, reason)
         why = reason or f"exit code {exit_code}"
         try:
@@ -1545,7 +1550,7 @@ class PoolLock(FeatureLock):
 
 
 def _while_leased(mine: Held, operation: Callable[[], _T]) -> _T:
-    """``operation`` (the end of a hold: done, a failed attempt, a release), asked again while
+    """``operation`` (the end of a hold: done, a failed attempt), asked again while
     the server has no free connection slot and ``mine``'s lease lasts. The lock is still ours
     till then; giving up at ``--connect-timeout`` left it held till the lease ran out, and a
     done command's outcome lost (its feature run again)."""

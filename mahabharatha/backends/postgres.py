@@ -495,6 +495,10 @@ class PostgresBackend(LockBackend):
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
+        # (feature, pid, thread) -> the attempt id of a done whose answer never came (:meth:`done`)
+        self._unanswered_done: dict[tuple[str, int, int], bytes] = {}
+        # (pid, thread) -> the attempt id of a claim whose answer never came (:meth:`try_claim`)
+        self._unanswered_claims: dict[tuple[int, int], bytes] = {}
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
@@ -883,11 +887,34 @@ class PostgresBackend(LockBackend):
             return None
         names = self._joined(features)
         params = self._take_params(None, requester, lease)
-        params.update(names=names, include_done=include_done)
+        # Race: a claim committed, its answer lost, and no connection to ask again on (every
+        # slot taken: ServerFullError); a pool's worker claims again once a slot is free. A new
+        # attempt id would see the feature held by the worker itself and pass it over (left
+        # held, never run, till the lease ran out): the unanswered one takes it up.
+        # Race: threads of one process share a backend: each its own lost attempt, or one
+        # thread's claim would take up the feature another just took (two holders).
+        lost_key = (requester.pid, threading.get_ident())
+        attempt = self._unanswered_claims.setdefault(lost_key, params["attempt"])
+        lost_before = attempt is not params["attempt"]
+        params.update(names=names, include_done=include_done, attempt=attempt)
         if reclaim_dead:
             params["judged"] = self._judged_dead(features)
+        answer = self._claim_rounds(params, features, requester, checked=lost_before)
+        self._unanswered_claims.pop(lost_key, None)  # answered: the next claim is new
+        return answer
+
+    def _claim_rounds(
+        self,
+        params: dict[str, Any],
+        features: Sequence[str],
+        requester: Requester,
+        *,
+        checked: bool,
+    ) -> AcquireResult | None:
+        """:meth:`try_claim`'s statement, again while rows are missing (made between)."""
+        names = params["names"]
         for _ in range(MAX_CLAIM_ROUNDS):
-            missing, taken = self._run(self._claim_statement(params, features))
+            missing, taken = self._run(self._claim_statement(params, features, checked=checked))
             if taken is not None:
                 self._remember_rows(names, features)
                 reason = "owner judged gone" if params["judged"] else "expired"
@@ -935,16 +962,16 @@ class PostgresBackend(LockBackend):
     # see the feature list and was 30x slower over 1,000 features. A registered list is
     # written into its statement instead, which is then prepared (``_CLAIM_REGISTERED``).
     def _claim_statement(
-        self, params: dict[str, Any], features: Sequence[str]
+        self, params: dict[str, Any], features: Sequence[str], *, checked: bool = False
     ) -> Callable[[_Connection], tuple[int, Sequence[Any] | None]]:
         """The claim to run, answering (names without a row, the taken row or None): the
         registered one for a sorted list whose rows this backend has seen, else the one that
-        sends the list (lean when sorted and seen); always the checked one on a retry (it puts
-        our own lost attempt first)."""
+        sends the list (lean when sorted and seen); always the checked one on a retry, or when
+        ``checked`` (an earlier call's answer was lost: it puts our own lost attempt first)."""
         lean = self._ensured.get(params["names"], False)
         registered = lean and not params["judged"]
         first = _CLAIM_SORTED if lean else _CLAIM_CHECKED
-        calls = itertools.count()
+        calls = itertools.count(1 if checked else 0)
 
         def run(conn: _Connection) -> tuple[int, Sequence[Any] | None]:
             retry = next(calls) > 0
@@ -1162,14 +1189,20 @@ class PostgresBackend(LockBackend):
         return bool(self._rows(_IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int) -> str:
+        # Race: a done committed, its answer lost, and no connection to ask again on (every
+        # slot taken: ServerFullError); a pool's worker calls again. A new attempt id would
+        # find the feature done by "someone else" (NotHeldError): the unanswered one finds it.
+        lost_key = (feature, pid, threading.get_ident())
+        attempt = self._unanswered_done.setdefault(lost_key, secrets.token_bytes(16))
         params = self._params(
             feature=feature,
             pid=pid,
             host=self._host,
-            attempt=secrets.token_bytes(16),  # a retry after a lost answer finds its own mark
+            attempt=attempt,  # a retry after a lost answer finds its own mark
             **_owner_keys(pid),
         )
         found = self._rows(_DONE, params)
+        self._unanswered_done.pop(lost_key, None)  # answered: the next done is new
         if not found:
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:

@@ -7,13 +7,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from mahabharatha import locks
+from mahabharatha.backends import postgres
+from mahabharatha.backends.base import Requester, ServerFullError
 from mahabharatha.backends.postgres import PostgresBackend
 from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
 
@@ -369,4 +374,202 @@ def test_a_role_or_database_near_its_own_connection_limit_is_crowded(
         admin_execute(crowded_server, f"ALTER {limited} CONNECTION LIMIT -1")
         if other is not None:
             other.close()
+        backend.close()
+
+
+def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again(
+    crowded_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool worker's done commits on the server, its answer is lost (the connection dies),
+    and every slot is taken when it connects again: a ServerFullError. The worker asks again
+    while its lease lasts (``_while_leased``) and must find its own done mark. Failed before:
+    each ``done`` call drew a new attempt id, so the call asked again found the feature done
+    by "someone else", unheld, and raised NotHeldError: a done command reported as an error."""
+    url = crowded_server.url()
+    _tables_made(url)
+    backend = PostgresBackend(url, namespace="crowd-lost-done", connect_timeout=REFUSED_TIMEOUT)
+    taken: list[psycopg.Connection[tuple[object, ...]]] = []
+    real_rows = backend._rows
+    lost: list[bool] = []
+
+    def answer_lost_then_full(query: str, params: dict[str, object]) -> list[tuple[object, ...]]:
+        if query is not postgres._DONE or lost:
+            return real_rows(query, params)
+        lost.append(True)
+        real_rows(query, params)  # committed on the server ...
+        taken.extend(_take_every_slot(crowded_server))
+        assert backend._conn is not None
+        backend._conn.close()  # ... and its answer lost: asked again on a new connection
+        return real_rows(query, params)
+
+    def free_the_slots() -> None:
+        while taken:
+            taken.pop().close()
+
+    monkeypatch.setattr(backend, "_rows", answer_lost_then_full)
+    monkeypatch.setattr(locks, "_pause_for_a_slot", free_the_slots)
+    try:
+        claimed = locks.claim_next(["f"], tmp_path / ".gsd", backend=backend)
+        assert claimed.held is not None
+        lock = locks.PoolLock(
+            claimed.held,
+            tmp_path / ".gsd",
+            backend=backend,
+            heartbeat=None,
+            command=None,
+            lease=backend.run_lease,
+        )
+        lock.acquire()
+        result = lock.finish(0, None, locks.DEFAULT_ATTEMPTS)
+        assert lost  # the answer was lost, and the reconnect refused
+        assert result.outcome == "done"
+        assert backend.is_done("f")
+    finally:
+        free_the_slots()
+        backend.close()
+
+
+def test_a_claim_whose_answer_was_lost_on_a_full_server_is_taken_up_when_asked_again(
+    crowded_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool worker's claim takes a feature on the server, its answer is lost, and every slot
+    is taken when it connects again: a ServerFullError, and the worker (holding nothing that
+    it knows of) claims again once a slot is free. That claim must find its own lost attempt
+    and run the feature. Failed before: the new claim drew a new attempt id, saw the feature
+    held by the worker itself ("mine", not waited for), and the pool ended "finished" with
+    the feature neither run nor done, its lock held until the lease ran out."""
+    url = crowded_server.url()
+    _tables_made(url)
+    backend = PostgresBackend(url, namespace="crowd-lost-claim", connect_timeout=REFUSED_TIMEOUT)
+    taken: list[psycopg.Connection[tuple[object, ...]]] = []
+    real_statement = backend._claim_statement
+    lost: list[bool] = []
+
+    def answer_lost_then_full(params: Any, features: Any, **how: Any) -> Any:
+        real = real_statement(params, features, **how)
+
+        def run(conn: Any) -> Any:
+            answer = real(conn)
+            if answer[1] is not None and not lost:
+                lost.append(True)  # committed on the server, and then ...
+                taken.extend(_take_every_slot(crowded_server))
+                conn.close()
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return answer
+
+        return run
+
+    def free_the_slots() -> None:
+        while taken:
+            taken.pop().close()
+
+    monkeypatch.setattr(backend, "_claim_statement", answer_lost_then_full)
+    monkeypatch.setattr(locks, "_pause_for_a_slot", free_the_slots)
+    ran: list[str] = []
+    try:
+        report = locks.work(ran.append, ["f"], tmp_path / ".gsd", backend=backend, wait=None)
+        assert lost  # the answer was lost, and the reconnect refused
+        assert ran == ["f"]
+        assert [result.outcome for result in report.results] == ["done"]
+        assert backend.is_done("f")
+        assert [info.feature for info in backend.status() if info.held] == []
+    finally:
+        free_the_slots()
+        backend.close()
+
+
+STOP_GUARD_SECONDS = 20.0
+"""Far more than a connect timeout (1 s) and the pause after it, far less than the lease
+(60 s): a worker told to stop must not wait out its lease for a slot to release in."""
+
+
+def test_a_worker_told_to_stop_on_a_full_server_ends_without_waiting_out_its_lease(
+    crowded_server: PgServer, tmp_path: Path
+) -> None:
+    """SIGTERM (as ``lock work -j`` forwards it) reaches a worker whose command runs while
+    every slot is taken: the command ends by the signal, and the lock cannot be released (no
+    slot). The worker must end after one round of connecting, exit 3 (the server's error, as
+    before slots were waited for), leaving the lock to its lease. Failed before: it asked
+    again for a slot to release in, silently, for the whole lease (60 s)."""
+    url = crowded_server.url()
+    env = _tables_made(url)
+    (tmp_path / ".gsd" / "specs" / "stopped").mkdir(parents=True)
+    worker = _worker(
+        env, tmp_path, "stopped", "--backend", url, "--namespace", "crowd-stop",
+        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "head", "-c", "1",
+    )  # fmt: skip
+    held = (
+        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd-stop' AND pid IS NOT NULL"
+    )
+    assert wait_until(lambda: _rows(crowded_server, held) == 1, HANG_GUARD_SECONDS)
+    assert wait_until(lambda: _app_sessions(crowded_server) == 0, HANG_GUARD_SECONDS)
+    taken = _take_every_slot(crowded_server)
+    try:
+        worker.terminate()  # CMD's stdin stays open: it ends by the forwarded signal only
+        try:
+            worker.wait(timeout=STOP_GUARD_SECONDS)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a worker told to stop waited for a slot to release its lock in")
+    finally:
+        for conn in taken:
+            conn.close()
+        if worker.poll() is None:
+            worker.kill()
+        _, stderr = worker.communicate()
+    said = stderr.decode(errors="replace")
+    assert worker.returncode == 3, said[-300:]
+    assert "connection slots" in said or "too many clients" in said, said[-300:]
+
+
+def test_another_threads_claim_never_takes_up_a_lost_claim(
+    crowded_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads of one process share a backend (``shared_backend``). Thread A's claim of "f"
+    commits, its answer is lost and the reconnect refused (ServerFullError): A keeps its lost
+    attempt to take up when it claims again. Thread B's claim, with the same pid, must not take
+    it up: it takes "g". Keyed by pid alone, B took "f" (two holders in one process)."""
+    url = crowded_server.url()
+    _tables_made(url)
+    backend = PostgresBackend(url, namespace="crowd-lost-thread", connect_timeout=REFUSED_TIMEOUT)
+    requester = Requester(os.getpid(), None)
+    taken: list[psycopg.Connection[tuple[object, ...]]] = []
+    real_statement = backend._claim_statement
+    lost: list[bool] = []
+
+    def answer_lost_then_full(params: Any, features: Any, **how: Any) -> Any:
+        real = real_statement(params, features, **how)
+
+        def run(conn: Any) -> Any:
+            answer = real(conn)
+            if answer[1] is not None and not lost:
+                lost.append(True)
+                taken.extend(_take_every_slot(crowded_server))
+                conn.close()
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return answer
+
+        return run
+
+    monkeypatch.setattr(backend, "_claim_statement", answer_lost_then_full)
+    errors: list[BaseException] = []
+
+    def thread_a() -> None:
+        try:
+            backend.try_claim(["f", "g"], requester, lease=60.0)
+        except BaseException as error:  # the lost answer: ServerFullError
+            errors.append(error)
+
+    try:
+        first = threading.Thread(target=thread_a)
+        first.start()
+        first.join()
+        assert lost and [type(error) for error in errors] == [ServerFullError]
+        while taken:
+            taken.pop().close()
+        won = backend.try_claim(["f", "g"], requester, lease=60.0)  # thread B: this one
+        assert won is not None and won.held is not None
+        assert won.held.feature == "g"
+    finally:
+        while taken:
+            taken.pop().close()
         backend.close()

@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from mahabharatha import clock, locks, ownership
+from mahabharatha.backends.base import ServerFullError
 from mahabharatha.backends.files import FileBackend
 from mahabharatha.constants import COMPLETED_MARKER_NAME
 from tests.cli._support import write_lock
@@ -35,3 +38,34 @@ def test_a_round_that_takes_nothing_names_every_feature_in_order(tmp_path: Path)
     (gsd / "specs" / "b" / ".lock").unlink()
     third = pool.claim(options)
     assert third.held is not None and third.held.feature == "b"
+
+
+def test_a_wait_for_a_slot_counts_against_the_wait_for_a_feature(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lock work --wait 10``: the first claim is refused for want of a connection slot after
+    its connect timeout (4 s on a fake clock); the claim asked again may wait for a feature
+    only what is left of the 10 s. Failed before: it was given the whole ``--wait`` again, so a
+    worker could wait twice as long as asked (and more, a connect timeout on top)."""
+    now = [100.0]
+    given: list[float | None] = []
+
+    def claim_refused_then_busy(
+        pool: locks._Pool, options: locks._ClaimOptions, wait: float | None
+    ) -> locks.ClaimOutcome:
+        given.append(wait)
+        if len(given) == 1:
+            now[0] += 4.0  # the connect timeout, spent refused
+            raise ServerFullError("lock server x (PostgreSQL): sorry, too many clients already")
+        return locks.ClaimOutcome(None, busy=("b",))
+
+    monkeypatch.setattr(locks, "monotonic", lambda: now[0])
+    monkeypatch.setattr(locks, "_claim_waiting", claim_refused_then_busy)
+    monkeypatch.setattr(locks, "_pause_for_a_slot", lambda: None)
+    pool = _pool(tmp_path / ".gsd", ["b"])
+    options = locks._ClaimOptions(False, False, None, None)
+    told: list[ServerFullError] = []
+    outcome = locks._claim_patiently(pool, options, 10.0, told.append)
+    assert outcome.busy == ("b",) and len(told) == 1
+    assert given[0] == 10.0
+    assert given[1] is not None and given[1] <= 10.0 - 4.0
