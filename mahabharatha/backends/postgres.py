@@ -398,14 +398,15 @@ WITH sessions AS (
         (SELECT count(*) FROM sessions)::int AS taken
     UNION ALL
     SELECT r.rolconnlimit, (SELECT count(*) FROM sessions WHERE usesysid = r.oid)::int
-    FROM pg_roles AS r WHERE r.rolname = current_user AND r.rolconnlimit >= 0
+    FROM pg_roles AS r WHERE r.rolname = session_user AND r.rolconnlimit >= 0
     UNION ALL
     SELECT d.datconnlimit, (SELECT count(*) FROM sessions WHERE datid = d.oid)::int
     FROM pg_database AS d WHERE d.datname = current_database() AND d.datconnlimit >= 0
 )
 SELECT usable, taken FROM limits ORDER BY usable - taken, usable LIMIT 1"""
 """The tightest of the limits on this role's connections, as (slots, taken): the server's
-slots an ordinary role may use, the role's ``CONNECTION LIMIT`` and the database's, each with
+slots an ordinary role may use, the login role's ``CONNECTION LIMIT`` (``session_user``: a
+``SET ROLE`` does not move the count) and the database's, each with
 the client sessions that count against it. Another role's session shows a ``NULL``
 ``backend_type`` to a role that may not see it, and is counted when it has a user and a
 database (the server's own processes lack one or both: the logical replication launcher has a

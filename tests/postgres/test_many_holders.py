@@ -573,3 +573,37 @@ def test_another_threads_claim_never_takes_up_a_lost_claim(
         while taken:
             taken.pop().close()
         backend.close()
+
+
+def test_the_login_roles_connection_limit_counts_under_another_current_role(
+    crowded_server: PgServer,
+) -> None:
+    """The app role's sessions start as another role (``ALTER ROLE ... SET role``): the limit
+    that refuses a connection is the login role's, and so is the count. Looking up
+    ``current_user`` found the other role, unlimited: never crowded."""
+    setup = [
+        "CREATE ROLE mh_stand_in NOLOGIN",
+        "GRANT mh_stand_in TO mh_app",
+        "ALTER ROLE mh_app SET role = 'mh_stand_in'",
+        "ALTER ROLE mh_app CONNECTION LIMIT 3",
+    ]
+    undo = [
+        "ALTER ROLE mh_app CONNECTION LIMIT -1",
+        "ALTER ROLE mh_app RESET role",
+        "DROP ROLE IF EXISTS mh_stand_in",
+    ]
+    for statement in setup:
+        admin_execute(crowded_server, statement)
+    backend = PostgresBackend(crowded_server.url(), namespace="crowd-stand-in")
+    other = None
+    try:
+        backend._connection()  # a session of the app role, running as mh_stand_in
+        assert not backend.crowded(0.0)
+        other = psycopg.connect(crowded_server.url())
+        assert backend.crowded(0.0)
+    finally:
+        if other is not None:
+            other.close()
+        backend.close()
+        for statement in undo:
+            admin_execute(crowded_server, statement)
