@@ -1471,6 +1471,8 @@ class PoolLock(FeatureLock):
         self._claimed: Held | None = held
         self._own_beats = beats is None  # a lock made alone keeps a heartbeat of its own
         self._beats = PoolHeartbeat() if beats is None else beats
+        # Told when the server turns away the end of this hold for want of a slot (run_pool's).
+        self.on_server_full: Callable[[ServerFullError], None] | None = None
 
     def acquire(
         self,
@@ -1533,7 +1535,9 @@ class PoolLock(FeatureLock):
                     self.backend.release_held(mine)
             return WorkResult(feature, "lost", exit_code)
         if exit_code == 0:
-            _while_leased(mine, lambda: _mark_done(self.backend, feature, mine.pid))
+            _while_leased(
+                mine, lambda: _mark_done(self.backend, feature, mine.pid), self.on_server_full
+            )
             return WorkResult(feature, "done", 0)
         if exit_code is None:
             # A stop (a signal, CMD not started, an interrupted task): one try, never a wait
@@ -1542,25 +1546,34 @@ class PoolLock(FeatureLock):
             return WorkResult(feature, "released", None, 0, reason)
         why = reason or f"exit code {exit_code}"
         try:
-            record = _while_leased(mine, lambda: self.backend.fail(feature, mine.pid, why, limit))
+            record = _while_leased(
+                mine, lambda: self.backend.fail(feature, mine.pid, why, limit), self.on_server_full
+            )
         except UnsupportedError:
-            _while_leased(mine, lambda: self.backend.release_held(mine))
+            _while_leased(mine, lambda: self.backend.release_held(mine), self.on_server_full)
             return WorkResult(feature, "released", exit_code, 0, why)
         return WorkResult(feature, "failed", exit_code, record.tries, why)
 
 
-def _while_leased(mine: Held, operation: Callable[[], _T]) -> _T:
+def _while_leased(
+    mine: Held,
+    operation: Callable[[], _T],
+    on_server_full: Callable[[ServerFullError], None] | None = None,
+) -> _T:
     """``operation`` (the end of a hold: done, a failed attempt), asked again while
-    the server has no free connection slot and ``mine``'s lease lasts. The lock is still ours
-    till then; giving up at ``--connect-timeout`` left it held till the lease ran out, and a
-    done command's outcome lost (its feature run again)."""
+    the server has no free connection slot and ``mine``'s lease lasts, saying so
+    (``on_server_full``). The lock is still ours till then; giving up at ``--connect-timeout``
+    left it held till the lease ran out, and a done command's outcome lost (its feature run
+    again)."""
     ends = monotonic() + (mine.expires_at - clock.now())
     while True:
         try:
             return operation()
-        except ServerFullError:
+        except ServerFullError as full:
             if monotonic() >= ends:
                 raise
+            if on_server_full is not None:
+                on_server_full(full)
         _pause_for_a_slot()
 
 
@@ -1610,7 +1623,7 @@ def run_pool(
     for ever). Ends when nothing is left, when the wait ran out, after one feature with
     ``once``, or when a step raises :class:`StopWork`. ``on_server_full`` is told, once per
     run, that the server turned the worker away for want of a connection slot (it waits on
-    for one)."""
+    for one, to claim or to record a command's outcome)."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     _valid_attempts(attempts)
@@ -1642,6 +1655,7 @@ def run_pool(
                 lease=lease,
                 beats=beats,
             )
+            lock.on_server_full = told
             crowded = crowded or store.crowded(POOL_SLOTS_LOOK_SECONDS)
             if crowded:
                 store.rest()  # others wait for a slot: CMD runs holding none

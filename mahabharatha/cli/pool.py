@@ -285,8 +285,7 @@ def _say(result: WorkResult, limit: int) -> None:
 def _say_server_full(error: BackendError) -> None:
     """Said once on stderr when the server turns the worker away for want of a slot."""
     typer.echo(
-        f"mahabharatha: {error}; waiting for a free connection slot (Ctrl-C to stop, --wait "
-        "to bound the wait)",
+        f"mahabharatha: {error}; waiting for a free connection slot (Ctrl-C to stop)",
         err=True,
     )
 

@@ -345,7 +345,9 @@ def test_a_holder_whose_command_ended_waits_for_a_slot_to_mark_it_done(
         for conn in taken:
             conn.close()
     _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
-    assert worker.returncode == 0, stderr.decode(errors="replace")[-300:]
+    said = stderr.decode(errors="replace")
+    assert worker.returncode == 0, said[-300:]
+    assert said.count("waiting for a free connection slot") == 1, said  # told, once
     assert _rows(crowded_server, held) == 0
     done = _rows(
         crowded_server,
