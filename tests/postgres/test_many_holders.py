@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,43 @@ def _take_every_slot(server: PgServer) -> list[psycopg.Connection[tuple[object, 
     return [psycopg.connect(server.admin_url()) for _ in range(USABLE_SLOTS)]
 
 
+@contextmanager
+def _every_slot_taken(server: PgServer) -> Iterator[None]:
+    """:func:`_take_every_slot` while the block runs."""
+    taken = _take_every_slot(server)
+    try:
+        yield
+    finally:
+        for conn in taken:
+            conn.close()
+
+
+def _held(namespace: str) -> str:
+    """The count of ``namespace``'s held locks."""
+    return (
+        "SELECT count(*) FROM mahabharatha_locks"
+        f" WHERE namespace = '{namespace}' AND pid IS NOT NULL"
+    )
+
+
+def _long_holder_at_rest(
+    server: PgServer, cwd: Path, feature: str, namespace: str
+) -> subprocess.Popen[bytes]:
+    """A ``lock work`` worker of ``feature`` whose command (``head -c 1``) runs until a byte
+    comes on the worker's stdin; returned once it holds the lock and, past the connection's
+    grace, holds no connection."""
+    url = server.url()
+    env = _tables_made(url)
+    (cwd / ".gsd" / "specs" / feature).mkdir(parents=True)
+    worker = _worker(
+        env, cwd, feature, "--backend", url, "--namespace", namespace,
+        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "head", "-c", "1",
+    )  # fmt: skip
+    assert wait_until(lambda: _rows(server, _held(namespace)) == 1, HANG_GUARD_SECONDS)
+    assert wait_until(lambda: _app_sessions(server) == 0, HANG_GUARD_SECONDS)
+    return worker
+
+
 def _worker(env: dict[str, str], cwd: Path, *words: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "mahabharatha", "lock", "work", *words],
@@ -290,16 +328,12 @@ def test_a_worker_refused_for_want_of_a_slot_waits_for_one_and_finishes(
     names = ["s0", "s1", "s2"]
     for name in names:
         (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
-    taken = _take_every_slot(crowded_server)
-    try:
+    with _every_slot_taken(crowded_server):
         worker = _worker(
             env, tmp_path, "--backend", url, "--namespace", "crowd-wait",
             "--connect-timeout", str(REFUSED_TIMEOUT), "--", "true",
         )  # fmt: skip
         assert _still_waiting_after_the_window(worker)
-    finally:
-        for conn in taken:
-            conn.close()
     _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
     said = stderr.decode(errors="replace")
     assert worker.returncode == 0, said[-300:]
@@ -320,30 +354,15 @@ def test_a_holder_whose_command_ended_waits_for_a_slot_to_mark_it_done(
     lasts, then marks the feature done and releases it. Failed before: it exited 3 at its
     ``--connect-timeout`` with the command's success unrecorded and the lock left held until
     its lease ran out (the feature then run again by another worker)."""
-    url = crowded_server.url()
-    env = _tables_made(url)
-    (tmp_path / ".gsd" / "specs" / "long").mkdir(parents=True)
-    worker = _worker(
-        env, tmp_path, "long", "--backend", url, "--namespace", "crowd-done",
-        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "head", "-c", "1",
-    )  # fmt: skip
-    held = (
-        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd-done' AND pid IS NOT NULL"
-    )
-    # Holding its lock, and (past the connection's grace) no connection.
-    assert wait_until(lambda: _rows(crowded_server, held) == 1, HANG_GUARD_SECONDS)
-    assert wait_until(lambda: _app_sessions(crowded_server) == 0, HANG_GUARD_SECONDS)
-    taken = _take_every_slot(crowded_server)
-    try:
+    worker = _long_holder_at_rest(crowded_server, tmp_path, "long", "crowd-done")
+    held = _held("crowd-done")
+    with _every_slot_taken(crowded_server):
         assert worker.stdin is not None
         with worker.stdin:
             worker.stdin.write(b"x")  # the command ends: the worker must record it
         worker.stdin = None
         assert _still_waiting_after_the_window(worker)
         assert _rows(crowded_server, held) == 1  # not released unmarked, not lost
-    finally:
-        for conn in taken:
-            conn.close()
     _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
     said = stderr.decode(errors="replace")
     assert worker.returncode == 0, said[-300:]
@@ -493,28 +512,15 @@ def test_a_worker_told_to_stop_on_a_full_server_ends_without_waiting_out_its_lea
     slot). The worker must end after one round of connecting, exit 3 (the server's error, as
     before slots were waited for), leaving the lock to its lease. Failed before: it asked
     again for a slot to release in, silently, for the whole lease (60 s)."""
-    url = crowded_server.url()
-    env = _tables_made(url)
-    (tmp_path / ".gsd" / "specs" / "stopped").mkdir(parents=True)
-    worker = _worker(
-        env, tmp_path, "stopped", "--backend", url, "--namespace", "crowd-stop",
-        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "head", "-c", "1",
-    )  # fmt: skip
-    held = (
-        "SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd-stop' AND pid IS NOT NULL"
-    )
-    assert wait_until(lambda: _rows(crowded_server, held) == 1, HANG_GUARD_SECONDS)
-    assert wait_until(lambda: _app_sessions(crowded_server) == 0, HANG_GUARD_SECONDS)
-    taken = _take_every_slot(crowded_server)
+    worker = _long_holder_at_rest(crowded_server, tmp_path, "stopped", "crowd-stop")
     try:
-        worker.terminate()  # CMD's stdin stays open: it ends by the forwarded signal only
-        try:
-            worker.wait(timeout=STOP_GUARD_SECONDS)
-        except subprocess.TimeoutExpired:
-            pytest.fail("a worker told to stop waited for a slot to release its lock in")
+        with _every_slot_taken(crowded_server):
+            worker.terminate()  # CMD's stdin stays open: it ends by the forwarded signal only
+            try:
+                worker.wait(timeout=STOP_GUARD_SECONDS)
+            except subprocess.TimeoutExpired:
+                pytest.fail("a worker told to stop waited for a slot to release its lock in")
     finally:
-        for conn in taken:
-            conn.close()
         if worker.poll() is None:
             worker.kill()
         _, stderr = worker.communicate()
