@@ -1457,6 +1457,7 @@ class PoolLock(FeatureLock):
         command: Sequence[str] | None,
         lease: float | None,
         beats: PoolHeartbeat | None = None,
+        on_server_full: Callable[[ServerFullError], None] | None = None,
     ) -> None:
         super().__init__(
             held.feature,
@@ -1472,7 +1473,7 @@ class PoolLock(FeatureLock):
         self._own_beats = beats is None  # a lock made alone keeps a heartbeat of its own
         self._beats = PoolHeartbeat() if beats is None else beats
         # Told when the server turns away the end of this hold for want of a slot (run_pool's).
-        self.on_server_full: Callable[[ServerFullError], None] | None = None
+        self.on_server_full = on_server_full
 
     def acquire(
         self,
@@ -1654,8 +1655,8 @@ def run_pool(
                 command=command,
                 lease=lease,
                 beats=beats,
+                on_server_full=told,
             )
-            lock.on_server_full = told
             crowded = crowded or store.crowded(POOL_SLOTS_LOOK_SECONDS)
             if crowded:
                 store.rest()  # others wait for a slot: CMD runs holding none
