@@ -175,6 +175,10 @@ class _Phase(enum.Enum):
     RELEASING = "releasing"  # the command is over: a signal ends a wait for the release
 
 
+_NEEDS_NO_CONT: Final = frozenset({signal.SIGKILL, signal.SIGCONT, signal.SIGSTOP, 0})
+"""Signals that a stopped process does not need continuing for (SIGKILL ends it stopped)."""
+
+
 class _Child:
     """The running command, signalled through a pidfd where there is one; with ``own_group``
     it leads a process group of its own, and signals go to that whole group."""
@@ -191,7 +195,14 @@ class _Child:
 
     def send(self, signum: int) -> None:
         """Signal the command's whole group when it leads one; as a terminal's foreground job
-        (it shares ours), the command and what it started that is still in our group."""
+        (it shares ours), the command and what it started that is still in our group. A
+        signal that asks to end (not SIGKILL) is followed by SIGCONT: a stopped process
+        (SIGSTOP, Ctrl-Z, a read from the background) keeps it pending until continued."""
+        follow = (signum,) if signum in _NEEDS_NO_CONT else (signum, signal.SIGCONT)
+        for each in follow:
+            self._send_once(each)
+
+    def _send_once(self, signum: int) -> None:
         if not self.own_group:
             self._send_to_command(signum)
             _signal_our_work(signum, but=self.popen.pid)
@@ -248,6 +259,7 @@ class _SignalRelay:
         self.phase = _Phase.PREPARING
         self.child: _Child | None = None
         self.pending: int | None = None
+        self.received: int | None = None  # the first signal that came once CMD was started
         self.woken = threading.Event()  # set with ``pending``: ends a wait at once
         # Reentrant: the Python handler may run in the main thread while it holds this lock.
         self._mutex = threading.RLock()
@@ -259,6 +271,8 @@ class _SignalRelay:
     def deliver(self, signum: int, *, from_kernel: bool | None) -> None:
         """Act on a signal; ``from_kernel``: sent by the kernel (None: not known)."""
         with self._mutex:
+            if self.phase is not _Phase.PREPARING and self.received is None:
+                self.received = signum  # lock work stops on it, whatever CMD made of it
             if self.phase is _Phase.RUNNING:
                 self._forward(signum, from_kernel)
             else:
@@ -303,6 +317,7 @@ class _SignalRelay:
         with self._mutex:
             self.child, self.phase = child, _Phase.RUNNING
             if self.pending is not None:
+                self.received = self.pending
                 child.send(self.pending)  # it did not exist when the signal came: send it now
 
     def _forward(self, signum: int, from_kernel: bool | None) -> None:
@@ -562,9 +577,15 @@ def work_grace_seconds() -> float:
 
 def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
     """After CMD ended: wait (a grace, then SIGKILL to CMD's group) until nothing holds the
-    work's proof (without a proof, a file system that has none: until CMD's group is empty);
-    True when something that left the group still holds it."""
-    running = work.running if work is not None else child.group_lives
+    work's proof *and* CMD's group is empty; True when something still runs after that (work
+    that left the group holding the proof, or a member the SIGKILL did not take down)."""
+
+    def running() -> bool:
+        # Race: work can drop the proof and stay in CMD's group (a Python subprocess child,
+        # closed descriptors; a shell's ``exec 5>>log`` over the proof's number): a free
+        # proof alone would let a second holder in beside it.
+        return (work is not None and work.running()) or child.group_lives()
+
     if not running():
         return False
     deadline = monotonic() + work_grace_seconds()
@@ -687,6 +708,11 @@ class Run:
             with _unmasked():
                 child = _start(relay, command, stdout, _child_env(lock.token, work, env), work)
             watch.started(child)
+            if child.own_group:
+                # Race: lock run SIGKILLed from here on leaves work that dropped the proof in
+                # CMD's group: recorded, the judge counts it. (Before this one write, CMD
+                # itself dies with us by the parent-death signal.)
+                lock.record_work_group(child.popen.pid, child.start)
             try:
                 returncode = child.popen.wait()
             finally:
@@ -703,6 +729,13 @@ class Run:
                 work.close()
             self._release(returncode)
         return shell_status(returncode)
+
+    @property
+    def signalled(self) -> int | None:
+        """The first signal (INT, TERM, HUP) this process received once the command was
+        started, ``None`` for none: what tells ``lock work`` to stop, whatever CMD made of it
+        (a CMD that catches TERM and exits 1 was still told to stop)."""
+        return self._relay.received
 
     def _release(self, status: int | None) -> None:
         self._held = False  # one release only, whether it succeeds or raises
