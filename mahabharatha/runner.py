@@ -8,14 +8,15 @@ when we are interrupted. SIGINT, SIGTERM and SIGHUP are handled from *before* th
   lock operation, so it cannot strand a half-taken lock); one that arrives after the lock is
   taken but before the command starts releases the lock, and the command never starts;
 * while the command starts, a signal is remembered and sent to it as soon as it exists;
-* while it runs, a signal is forwarded to it, except one the kernel sent to our whole
-  foreground process group (a Ctrl-C at the terminal): that one reached it already, and a second
-  SIGINT would hurt many programs. To tell the two apart, the signals are kept blocked and taken
-  with ``sigwaitinfo`` by a reader thread, which sees who sent each (``si_code``): ``kill`` sends
-  ``SI_USER``, a terminal ``SI_KERNEL``. The Python handlers stay installed for the moment the
-  command is being started (the mask is lifted then, so the command does not inherit it). With
-  stdin not a terminal the command leads a group of its own and every signal is forwarded:
-  no reader is needed, and the Python handlers forward them.
+* while it runs, a signal is forwarded to it (then SIGCONT, so a stopped CMD ends too), except
+  one the kernel sent to our whole process group (a Ctrl-C at the terminal, a hang-up): that
+  one reached it already, and a second SIGINT would hurt many programs. To tell the two apart,
+  the signals are kept blocked and taken with ``sigwaitinfo`` by a reader thread, which sees
+  who sent each (``si_code``): ``kill`` sends ``SI_USER``, a terminal ``SI_KERNEL``. The
+  Python handlers stay installed for the moment the command is being started (the mask is
+  lifted then, so the command does not inherit it). With stdin not a terminal the command
+  leads a group of its own and every signal is forwarded: no reader is needed, and the Python
+  handlers forward them.
 
 When the command has ended, the lock is released; a backend may be unable to do that at once
 (files: another process's kernel lease on the lock file, ``F_SETLEASE``). The backend then waits
@@ -26,9 +27,11 @@ If the lock is lost while the command runs (the heartbeat finds it removed or re
 refreshes failed until it turned stale), the command gets SIGTERM, then SIGKILL after
 :data:`LOST_KILL_GRACE_SECONDS` (``OnLost.TERMINATE``), or keeps running (``OnLost.WARN``).
 
-**The command's tree.** CMD runs in a process group of its own (unless ``lock run`` is the
-foreground job of a terminal: then CMD shares its group, so that the terminal's Ctrl-C, Ctrl-Z
-and reads reach it as usual), and every signal forwarded to it goes to that whole group. CMD
+**The command's tree.** CMD runs in a process group of its own (unless ``lock run`` is a job
+of its terminal, in the foreground or started with ``&``: then CMD shares its group, so that
+the terminal's Ctrl-C, Ctrl-Z and reads, ``fg``, ``bg`` and a hang-up reach both as one job),
+and every signal forwarded to it goes to that whole group; that group is recorded with the
+lock, and counts as the owner's work until it is empty. CMD
 inherits a proof of life of its own (:class:`~mahabharatha.proof.WorkProof`), which its
 children inherit in turn. When CMD has ended, ``lock run`` releases only once no process holds
 that proof: it waits :data:`WORK_GRACE_SECONDS`, then SIGKILLs CMD's group, and if something
@@ -329,16 +332,19 @@ class _SignalRelay:
 
 
 def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> bool:
-    """Did the kernel send this signal to our whole foreground group, the child included (a
-    Ctrl-C at the terminal)? Then forwarding it would deliver it twice. ``kill`` reaches only us.
+    """Did the kernel send this signal to our whole group, the child included (a Ctrl-C at the
+    terminal; a hang-up, or an orphaned stopped job's SIGHUP)? Then forwarding it would deliver
+    it twice. ``kill`` reaches only us.
 
     Without the sender (``from_kernel`` None), a SIGINT in the foreground is taken for a Ctrl-C.
     """
     if from_kernel is False or (from_kernel is None and signum != signal.SIGINT):
         return False
     try:
-        foreground = os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-        return foreground and os.getpgid(child_pid) == os.getpgrp()
+        shares = os.getpgid(child_pid) == os.getpgrp()
+        if from_kernel:
+            return shares  # the kernel signals groups, never one member of ours alone
+        return shares and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
     except (OSError, ValueError):
         return False
 
@@ -556,10 +562,19 @@ def _start_of(pid: int) -> int | None:
     return None if stat is None else stat.start
 
 
-def _in_terminal_foreground() -> bool:
-    """Is ``lock run`` the foreground job of its terminal (CMD then shares its group)?"""
+def _in_terminal_job() -> bool:
+    """Is ``lock run`` a job of its terminal (stdin is its controlling terminal), in the
+    foreground or in the background (``lock run F -- CMD &``)? CMD then shares its group.
+
+    Race: CMD in a group of its own while ``lock run`` was a background job was no job of the
+    shell's: its read of the terminal stopped it alone (SIGTTIN goes to the reader's group),
+    ``jobs`` said Running, ``fg`` continued and gave the terminal to ``lock run``'s group only,
+    so CMD stayed stopped for ever and Ctrl-C never reached it. In the job's group the kernel
+    and the shell treat both as one job: a read stops both, ``fg``/``bg`` continue both,
+    Ctrl-C and Ctrl-Z reach both, a hang-up ends both."""
     try:
-        return os.isatty(sys.stdin.fileno()) and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+        stdin = sys.stdin.fileno()
+        return os.isatty(stdin) and os.tcgetpgrp(stdin) > 0  # ENOTTY: not our terminal
     except (OSError, ValueError):
         return False
 
@@ -964,7 +979,7 @@ def _start(
     env: dict[str, str] | None = None,
     work: WorkProof | None = None,
 ) -> _Child:
-    own_group = not _in_terminal_foreground()
+    own_group = not _in_terminal_job()
     if not own_group:
         _become_subreaper()  # CMD shares our group: its orphans must stay findable
     passed = () if work is None or work.fd is None else (work.fd,)

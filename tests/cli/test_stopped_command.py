@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
@@ -71,7 +72,8 @@ def test_status_shows_a_holder_whose_command_is_stopped_as_stopped(
     wait_for(lambda: locks.inspect(FEATURE, gsd).owner == "running", what="the lock")
     os.kill(cmd, signal.SIGSTOP)
     wait_for(lambda: stopped(cmd), what="CMD to stop")
-    wait_for(lambda: _recorded(gsd), what="CMD's group to be recorded")
+    with suppress(AssertionError):  # never comes on 211f242: the word below is what fails
+        wait_for(lambda: _recorded(gsd), what="CMD's group to be recorded")
 
     shown = run_cli("lock", "status", "--json", "--gsd-dir", gsd, cwd=tmp_path)
     (entry,) = [e for e in json.loads(shown.stdout)["features"] if e["feature"] == FEATURE]
