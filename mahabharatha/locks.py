@@ -1241,9 +1241,9 @@ class FeatureLock:
             if self._mine is None:
                 return
             try:
-                self._mine = self._with_deadline(
-                    self.backend.record_work_group(self._mine, pgid, leader_start)
-                )
+                fresh = self.backend.record_work_group(self._mine, pgid, leader_start)
+                if fresh is not self._mine:  # rewritten (files): a refresh, a new deadline
+                    self._mine = self._with_deadline(fresh)
             except LockLostError as error:
                 self._mine, lost = None, error
             except OSError as error:
