@@ -197,7 +197,7 @@ class _Child:
             self._pidfd = os.pidfd_open(popen.pid)
 
     def send(self, signum: int) -> None:
-        """Signal the command's whole group when it leads one; as a terminal's foreground job
+        """Signal the command's whole group when it leads one; as a job of a terminal
         (it shares ours), the command and what it started that is still in our group. A
         signal that asks to end (not SIGKILL) is followed by SIGCONT: a stopped process
         (SIGSTOP, Ctrl-Z, a read from the background) keeps it pending until continued."""
