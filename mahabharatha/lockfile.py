@@ -1008,12 +1008,14 @@ def publish_proven(
     return mine
 
 
-def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockSnapshot | None:
+def replace_if_unchanged(
+    dfd: int, judged: LockSnapshot, record: bytes, owner: bytes | None = None
+) -> LockSnapshot | None:
     """Atomically swap ``.lock`` for ``record`` if it is still the holder's ``judged`` lock.
 
     Returns the new lock's snapshot, or ``None`` if the lock is no longer the one judged.
-    The owner details of ``judged`` are carried forward: the owner and its group are the ones
-    that took the lock.
+    The owner details of ``judged`` are carried forward (the owner and its group are the ones
+    that took the lock), unless ``owner`` gives new ones (``lock run``: its command's group).
     """
     with Guard(dfd, wait=True):
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
@@ -1024,8 +1026,8 @@ def replace_if_unchanged(dfd: int, judged: LockSnapshot, record: bytes) -> LockS
             # rename() swaps the whole file at once: readers see the old or the new record.
             os.rename(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
 
-        owner = judged.owner
-        return _published(_place_temp(dfd, record, owner, rename), record, owner)
+        details = judged.owner if owner is None else owner
+        return _published(_place_temp(dfd, record, details, rename), record, details)
 
 
 def orphan_temps(dfd: int, now: float) -> list[str]:

@@ -1230,6 +1230,29 @@ class FeatureLock:
             return None
         return self.backend.work_proof(mine)
 
+    def record_work_group(self, pgid: int, leader_start: int | None) -> None:
+        """Record with the lock the process group ``pgid`` (leader started at
+        ``leader_start``) that ``lock run`` made for its command: its members count as the
+        owner's work, also after this process died (proof or no proof). Best effort: a lock
+        found lost is declared so (as the heartbeat would), a failed write leaves the lock
+        as it was."""
+        with self._mutex:
+            self._forget_if_forked()
+            if self._mine is None:
+                return
+            try:
+                fresh = self.backend.record_work_group(self._mine, pgid, leader_start)
+                if fresh is not self._mine:  # rewritten (files): a refresh, a new deadline
+                    self._mine = self._with_deadline(fresh)
+            except LockLostError as error:
+                self._mine, lost = None, error
+            except OSError as error:
+                self.heartbeat_error = error
+                return
+            else:
+                return
+        self._declare_lost(lost)
+
     def abandon(self) -> None:
         """Stop the heartbeat and forget the lock without removing it: work that escaped us
         still holds its proof of life, so the lock must stay held (it ages out after 2 h)."""
@@ -1305,7 +1328,9 @@ class WorkResult(NamedTuple):
     ``outcome``: ``done`` (marked done), ``failed`` (a failed attempt recorded; ``attempts``
     counts them, and the feature is failed for good once they reach the limit), ``released``
     (given back unmarked: the work was interrupted, or the backend keeps no attempts), ``lost``
-    (the lock was taken away while the work ran: nothing marked)."""
+    (the lock was taken away while the work ran: nothing marked), ``left`` (CMD failed and
+    work it started still holds the lock: nothing recorded, the lock stays until that work
+    ends). A ``done`` whose work still runs keeps its lock too; ``reason`` says so."""
 
     feature: str
     outcome: str
@@ -1470,6 +1495,7 @@ class PoolLock(FeatureLock):
             lease=lease,
         )
         self._claimed: Held | None = held
+        self._left: Held | None = None  # abandoned to work that still holds its proof
         self._own_beats = beats is None  # a lock made alone keeps a heartbeat of its own
         self._beats = PoolHeartbeat() if beats is None else beats
         # Told when the server turns away the end of this hold for want of a slot (run_pool's).
@@ -1522,6 +1548,34 @@ class PoolLock(FeatureLock):
         """Keep the lock: :meth:`finish` marks and releases it in one step."""
         self._stop_heartbeat()
 
+    def abandon(self) -> None:
+        """Leave the lock held for work that still holds its proof of life; kept aside for
+        :meth:`finish_leaving_work`, which records the outcome without a release."""
+        with self._mutex:
+            self._left = self._mine
+        super().abandon()
+
+    def finish_leaving_work(self, exit_code: int, limit: int) -> WorkResult:
+        """End a hold that :meth:`abandon` left to work still running: exit code 0 marks the
+        feature done and the lock stays until that work ends; another records nothing (a
+        failed attempt would release the lock under the running work)."""
+        self._stop_heartbeat()
+        with self._mutex:
+            left, self._left = self._left, None
+        feature = self.feature
+        if left is None or self.lost is not None:
+            return WorkResult(feature, "lost", exit_code)
+        if exit_code != 0:
+            return WorkResult(feature, "left", exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}")
+        try:
+            _while_leased(left, lambda: self.backend.mark_done_holding(left), self.on_server_full)
+        except UnsupportedError:  # no proof of life here: the release cannot let a holder in
+            _while_leased(
+                left, lambda: _mark_done(self.backend, feature, left.pid), self.on_server_full
+            )
+            return WorkResult(feature, "done", 0)
+        return WorkResult(feature, "done", 0, 0, WORK_LEFT)
+
     def finish(self, exit_code: int | None, reason: str | None, limit: int) -> WorkResult:
         """End the hold: exit code 0 marks the feature done, another records a failed attempt
         (``reason``), ``None`` releases it unmarked; each releases the lock."""
@@ -1554,6 +1608,12 @@ class PoolLock(FeatureLock):
             _while_leased(mine, lambda: self.backend.release_held(mine), self.on_server_full)
             return WorkResult(feature, "released", exit_code, 0, why)
         return WorkResult(feature, "failed", exit_code, record.tries, why)
+
+
+WORK_LEFT: Final = (
+    "its work still runs outside its process group; the lock stays held until it ends"
+)
+"""What a result says of work that CMD left running, holding the lock's proof of life."""
 
 
 def _while_leased(

@@ -26,6 +26,8 @@ its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
   that group's leader if it was running (tells a reused group number apart);
 * ``flags``: ``PROOF_FLAG`` when the holder holds the folder's proof of life
   (:mod:`mahabharatha.proof`): then the kernel, not the pid, says whether it is alive;
+  ``WORK_GROUP_FLAG`` when ``pgid`` and ``gstart`` are the process group ``lock run`` made for
+  its command (recorded once the command started): its members are the owner's work;
 * ``sid``: the owner's session when it took the lock. A lock without a proof (a CLI ``acquire``
   on behalf of its shell) stays alive while any process of that session lives: GNU ``timeout``
   moves work to a group of its own, but not out of the session;
@@ -50,6 +52,7 @@ __all__ = [
     "MAX_COMMAND_CHARS",
     "MAX_DETAILS_BYTES",
     "PROOF_FLAG",
+    "WORK_GROUP_FLAG",
     "XATTR_NAME",
     "OwnerDetails",
     "attach",
@@ -62,6 +65,7 @@ __all__ = [
     "decode",
     "details_of",
     "group_has_live_member",
+    "holder_stopped",
     "host_name",
     "is_alive",
     "judgeable",
@@ -75,6 +79,7 @@ __all__ = [
     "this_boot",
     "this_pid_namespace",
     "with_proof",
+    "with_work_group",
 ]
 
 XATTR_NAME: Final = "user.mahabharatha.owner"
@@ -94,6 +99,9 @@ DETAILS_TAIL: Final = struct.Struct("<BII")
 """Version 2's tail after the head: flags, session id, proof slot."""
 PROOF_FLAG: Final = 0x01
 """The holder holds the folder's proof of life (published with the lock, never added later)."""
+WORK_GROUP_FLAG: Final = 0x02
+"""``pgid``/``gstart`` name the group the holder made for its command (``lock run``): work
+that left the proof behind but not that group still counts (revision 5)."""
 INLINE_BYTES: Final = 52
 """The largest value of this name that ext4 (256-byte inodes) keeps inside the inode."""
 MAX_DETAILS_BYTES: Final = 512
@@ -123,6 +131,7 @@ class OwnerDetails(NamedTuple):
     sid: int | None = None
     proof: bool = False
     slot: int | None = None  # the lock's own bytes of the folder's proof (mahabharatha.proof)
+    work_group: bool = False  # pgid/gstart: the group lock run made for its command
 
 
 class ProcStat(NamedTuple):
@@ -322,6 +331,25 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
     return _scan_for_member(pgid, unseen_alive=others_only)
 
 
+_STOPPED_STATES: Final = frozenset({"T", "t"})  # stopped by a signal; stopped by a tracer
+
+
+def holder_stopped(pid: int, details: OwnerDetails | None) -> bool:
+    """Is the holder ``pid`` (the one these details name), or the leader of the group
+    ``lock run`` made for its command, stopped (SIGSTOP, Ctrl-Z, a read from the background)?
+    Only on our own boot and PID namespace; a process with another start time is not it."""
+    if details is None or not judgeable(details):
+        return False
+    looks = [(pid, details.start)]
+    if details.work_group and details.pgid is not None:
+        looks.append((details.pgid, details.gstart))
+    for each, start in looks:
+        stat = proc_stat(each)
+        if stat is not None and stat.state in _STOPPED_STATES and start in (None, stat.start):
+            return True
+    return False
+
+
 def session_has_live_member(sid: int) -> bool:
     """Is any process of the session ``sid`` still alive (zombies do not count)? Only on the
     rare path where a proof-less lock's owner and its group are gone.
@@ -482,12 +510,25 @@ def _encode(details: OwnerDetails) -> bytes:
         details.start or 0,
         details.pgid or 0,
         details.gstart or 0,
-    ) + DETAILS_TAIL.pack(PROOF_FLAG if details.proof else 0, details.sid or 0, details.slot or 0)
+    ) + DETAILS_TAIL.pack(_flags_of(details), details.sid or 0, details.slot or 0)
     host = (details.host or "").encode("utf-8", "replace")[: INLINE_BYTES - len(head)]
     host = host.decode("utf-8", "ignore").encode()  # never cut a character in two
     if details.cmd is None:
         return head + host
     return (head + host + b"\0" + details.cmd.encode("utf-8", "replace"))[:MAX_DETAILS_BYTES]
+
+
+def _flags_of(details: OwnerDetails) -> int:
+    return (PROOF_FLAG if details.proof else 0) | (WORK_GROUP_FLAG if details.work_group else 0)
+
+
+def with_work_group(raw: bytes | None, pgid: int, leader_start: int | None) -> bytes | None:
+    """``raw`` (details of the current version) naming ``pgid`` (whose leader started at
+    ``leader_start``) as the group made for the holder's command; anything else as it is."""
+    details = decode(raw)
+    if raw is None or details is None or raw[0] != DETAILS_VERSION:
+        return raw
+    return _encode(details._replace(pgid=pgid, gstart=leader_start, work_group=True))
 
 
 def decode(raw: bytes | None) -> OwnerDetails | None:
@@ -515,6 +556,7 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
         sid=sid or None,
         proof=bool(flags & PROOF_FLAG) and slot != 0,
         slot=slot or None,
+        work_group=bool(flags & WORK_GROUP_FLAG) and pgid != 0,
     )
 
 

@@ -196,6 +196,22 @@ def work_running(fd: int, slot: int) -> bool:
         raise
 
 
+FIRST_FREE_FD: Final = 10
+"""Where the descriptor handed to work goes: shell scripts name 3-9 freely (``exec 5>>log``
+closes whatever was number 5), so a proof there would be let go of by the first such line."""
+
+
+def _above_shell_numbers(fd: int) -> int:
+    """``fd`` moved to a number of at least :data:`FIRST_FREE_FD` (same open file
+    description, close-on-exec: ``pass_fds`` clears that for the child it is passed to)."""
+    if fd >= FIRST_FREE_FD:
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, FIRST_FREE_FD)
+    finally:
+        os.close(fd)
+
+
 class WorkProof:
     """The proof a holder hands to the work it starts: a new open file description of the
     folder holding ``LIFE``, ``PENDING`` and ``WORK``. Pass :attr:`fd` to the child (for
@@ -208,7 +224,7 @@ class WorkProof:
     def __init__(self, folder_fd: int, slot: int) -> None:
         # A new open of the same folder: its own open file description (dup would share ours).
         self.slot = slot
-        self.fd: int | None = open_folder(folder_fd)
+        self.fd: int | None = _above_shell_numbers(open_folder(folder_fd))
         self._watch = open_folder(folder_fd)
         try:
             _set(self.fd, fcntl.F_RDLCK, _byte(slot, LIFE_BYTE), 3)

@@ -8,14 +8,15 @@ when we are interrupted. SIGINT, SIGTERM and SIGHUP are handled from *before* th
   lock operation, so it cannot strand a half-taken lock); one that arrives after the lock is
   taken but before the command starts releases the lock, and the command never starts;
 * while the command starts, a signal is remembered and sent to it as soon as it exists;
-* while it runs, a signal is forwarded to it, except one the kernel sent to our whole
-  foreground process group (a Ctrl-C at the terminal): that one reached it already, and a second
-  SIGINT would hurt many programs. To tell the two apart, the signals are kept blocked and taken
-  with ``sigwaitinfo`` by a reader thread, which sees who sent each (``si_code``): ``kill`` sends
-  ``SI_USER``, a terminal ``SI_KERNEL``. The Python handlers stay installed for the moment the
-  command is being started (the mask is lifted then, so the command does not inherit it). With
-  stdin not a terminal the command leads a group of its own and every signal is forwarded:
-  no reader is needed, and the Python handlers forward them.
+* while it runs, a signal is forwarded to it (then SIGCONT, so a stopped CMD ends too), except
+  one the kernel sent to our whole process group (a Ctrl-C at the terminal, a hang-up): that
+  one reached it already, and a second SIGINT would hurt many programs. To tell the two apart,
+  the signals are kept blocked and taken with ``sigwaitinfo`` by a reader thread, which sees
+  who sent each (``si_code``): ``kill`` sends ``SI_USER``, a terminal ``SI_KERNEL``. The
+  Python handlers stay installed for the moment the command is being started (the mask is
+  lifted then, so the command does not inherit it). With stdin not a terminal the command
+  leads a group of its own and every signal is forwarded: no reader is needed, and the Python
+  handlers forward them.
 
 When the command has ended, the lock is released; a backend may be unable to do that at once
 (files: another process's kernel lease on the lock file, ``F_SETLEASE``). The backend then waits
@@ -26,9 +27,11 @@ If the lock is lost while the command runs (the heartbeat finds it removed or re
 refreshes failed until it turned stale), the command gets SIGTERM, then SIGKILL after
 :data:`LOST_KILL_GRACE_SECONDS` (``OnLost.TERMINATE``), or keeps running (``OnLost.WARN``).
 
-**The command's tree.** CMD runs in a process group of its own (unless ``lock run`` is the
-foreground job of a terminal: then CMD shares its group, so that the terminal's Ctrl-C, Ctrl-Z
-and reads reach it as usual), and every signal forwarded to it goes to that whole group. CMD
+**The command's tree.** CMD runs in a process group of its own (unless ``lock run`` is a job
+of its terminal, in the foreground or started with ``&``: then CMD shares its group, so that
+the terminal's Ctrl-C, Ctrl-Z and reads, ``fg``, ``bg`` and a hang-up reach both as one job),
+and every signal forwarded to it goes to that whole group; that group is recorded with the
+lock, and counts as the owner's work until it is empty. CMD
 inherits a proof of life of its own (:class:`~mahabharatha.proof.WorkProof`), which its
 children inherit in turn. When CMD has ended, ``lock run`` releases only once no process holds
 that proof: it waits :data:`WORK_GRACE_SECONDS`, then SIGKILLs CMD's group, and if something
@@ -175,6 +178,10 @@ class _Phase(enum.Enum):
     RELEASING = "releasing"  # the command is over: a signal ends a wait for the release
 
 
+_NEEDS_NO_CONT: Final = frozenset({signal.SIGKILL, signal.SIGCONT, signal.SIGSTOP, 0})
+"""Signals that a stopped process does not need continuing for (SIGKILL ends it stopped)."""
+
+
 class _Child:
     """The running command, signalled through a pidfd where there is one; with ``own_group``
     it leads a process group of its own, and signals go to that whole group."""
@@ -190,8 +197,15 @@ class _Child:
             self._pidfd = os.pidfd_open(popen.pid)
 
     def send(self, signum: int) -> None:
-        """Signal the command's whole group when it leads one; as a terminal's foreground job
-        (it shares ours), the command and what it started that is still in our group."""
+        """Signal the command's whole group when it leads one; as a job of a terminal
+        (it shares ours), the command and what it started that is still in our group. A
+        signal that asks to end (not SIGKILL) is followed by SIGCONT: a stopped process
+        (SIGSTOP, Ctrl-Z, a read from the background) keeps it pending until continued."""
+        follow = (signum,) if signum in _NEEDS_NO_CONT else (signum, signal.SIGCONT)
+        for each in follow:
+            self._send_once(each)
+
+    def _send_once(self, signum: int) -> None:
         if not self.own_group:
             self._send_to_command(signum)
             _signal_our_work(signum, but=self.popen.pid)
@@ -248,6 +262,7 @@ class _SignalRelay:
         self.phase = _Phase.PREPARING
         self.child: _Child | None = None
         self.pending: int | None = None
+        self.received: int | None = None  # the first signal that came once CMD was started
         self.woken = threading.Event()  # set with ``pending``: ends a wait at once
         # Reentrant: the Python handler may run in the main thread while it holds this lock.
         self._mutex = threading.RLock()
@@ -259,6 +274,8 @@ class _SignalRelay:
     def deliver(self, signum: int, *, from_kernel: bool | None) -> None:
         """Act on a signal; ``from_kernel``: sent by the kernel (None: not known)."""
         with self._mutex:
+            if self.phase is not _Phase.PREPARING and self.received is None:
+                self.received = signum  # lock work stops on it, whatever CMD made of it
             if self.phase is _Phase.RUNNING:
                 self._forward(signum, from_kernel)
             else:
@@ -303,6 +320,7 @@ class _SignalRelay:
         with self._mutex:
             self.child, self.phase = child, _Phase.RUNNING
             if self.pending is not None:
+                self.received = self.pending
                 child.send(self.pending)  # it did not exist when the signal came: send it now
 
     def _forward(self, signum: int, from_kernel: bool | None) -> None:
@@ -314,16 +332,19 @@ class _SignalRelay:
 
 
 def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> bool:
-    """Did the kernel send this signal to our whole foreground group, the child included (a
-    Ctrl-C at the terminal)? Then forwarding it would deliver it twice. ``kill`` reaches only us.
+    """Did the kernel send this signal to our whole group, the child included (a Ctrl-C at the
+    terminal; a hang-up, or an orphaned stopped job's SIGHUP)? Then forwarding it would deliver
+    it twice. ``kill`` reaches only us.
 
     Without the sender (``from_kernel`` None), a SIGINT in the foreground is taken for a Ctrl-C.
     """
     if from_kernel is False or (from_kernel is None and signum != signal.SIGINT):
         return False
     try:
-        foreground = os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-        return foreground and os.getpgid(child_pid) == os.getpgrp()
+        shares = os.getpgid(child_pid) == os.getpgrp()
+        if from_kernel:
+            return shares  # the kernel signals groups, never one member of ours alone
+        return shares and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
     except (OSError, ValueError):
         return False
 
@@ -541,10 +562,19 @@ def _start_of(pid: int) -> int | None:
     return None if stat is None else stat.start
 
 
-def _in_terminal_foreground() -> bool:
-    """Is ``lock run`` the foreground job of its terminal (CMD then shares its group)?"""
+def _in_terminal_job() -> bool:
+    """Is ``lock run`` a job of its terminal (stdin is its controlling terminal), in the
+    foreground or in the background (``lock run F -- CMD &``)? CMD then shares its group.
+
+    Race: CMD in a group of its own while ``lock run`` was a background job was no job of the
+    shell's: its read of the terminal stopped it alone (SIGTTIN goes to the reader's group),
+    ``jobs`` said Running, ``fg`` continued and gave the terminal to ``lock run``'s group only,
+    so CMD stayed stopped for ever and Ctrl-C never reached it. In the job's group the kernel
+    and the shell treat both as one job: a read stops both, ``fg``/``bg`` continue both,
+    Ctrl-C and Ctrl-Z reach both, a hang-up ends both."""
     try:
-        return os.isatty(sys.stdin.fileno()) and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+        stdin = sys.stdin.fileno()
+        return os.isatty(stdin) and os.tcgetpgrp(stdin) > 0  # ENOTTY: not our terminal
     except (OSError, ValueError):
         return False
 
@@ -562,9 +592,15 @@ def work_grace_seconds() -> float:
 
 def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
     """After CMD ended: wait (a grace, then SIGKILL to CMD's group) until nothing holds the
-    work's proof (without a proof, a file system that has none: until CMD's group is empty);
-    True when something that left the group still holds it."""
-    running = work.running if work is not None else child.group_lives
+    work's proof *and* CMD's group is empty; True when something still runs after that (work
+    that left the group holding the proof, or a member the SIGKILL did not take down)."""
+
+    def running() -> bool:
+        # Race: work can drop the proof and stay in CMD's group (a Python subprocess child,
+        # closed descriptors; a shell's ``exec 5>>log`` over the proof's number): a free
+        # proof alone would let a second holder in beside it.
+        return (work is not None and work.running()) or child.group_lives()
+
     if not running():
         return False
     deadline = monotonic() + work_grace_seconds()
@@ -687,6 +723,11 @@ class Run:
             with _unmasked():
                 child = _start(relay, command, stdout, _child_env(lock.token, work, env), work)
             watch.started(child)
+            if child.own_group:
+                # Race: lock run SIGKILLed from here on leaves work that dropped the proof in
+                # CMD's group: recorded, the judge counts it. (Before this one write, CMD
+                # itself dies with us by the parent-death signal.)
+                lock.record_work_group(child.popen.pid, child.start)
             try:
                 returncode = child.popen.wait()
             finally:
@@ -703,6 +744,13 @@ class Run:
                 work.close()
             self._release(returncode)
         return shell_status(returncode)
+
+    @property
+    def signalled(self) -> int | None:
+        """The first signal (INT, TERM, HUP) this process received once the command was
+        started, ``None`` for none: what tells ``lock work`` to stop, whatever CMD made of it
+        (a CMD that catches TERM and exits 1 was still told to stop)."""
+        return self._relay.received
 
     def _release(self, status: int | None) -> None:
         self._held = False  # one release only, whether it succeeds or raises
@@ -931,7 +979,7 @@ def _start(
     env: dict[str, str] | None = None,
     work: WorkProof | None = None,
 ) -> _Child:
-    own_group = not _in_terminal_foreground()
+    own_group = not _in_terminal_job()
     if not own_group:
         _become_subreaper()  # CMD shares our group: its orphans must stay findable
     passed = () if work is None or work.fd is None else (work.fd,)

@@ -73,6 +73,7 @@ class Owner(enum.StrEnum):
 
     RUNNING = "running"
     WORK_RUNNING = "work-running"  # the owner pid is gone; its proof of life or group lives on
+    STOPPED = "stopped"  # alive, but the holder (or its command's group) is stopped (SIGSTOP)
     NOT_RUNNING = "not-running"
     PID_REUSED = "pid-reused"
     UNKNOWN = "unknown"
@@ -91,6 +92,7 @@ class Verdict(enum.StrEnum):
 VERDICT_OF: Final = {
     Owner.RUNNING: Verdict.ALIVE,
     Owner.WORK_RUNNING: Verdict.ALIVE,
+    Owner.STOPPED: Verdict.ALIVE,
     Owner.NOT_RUNNING: Verdict.GONE,
     Owner.PID_REUSED: Verdict.GONE,
     Owner.UNKNOWN: Verdict.UNKNOWN,
@@ -629,6 +631,19 @@ class LockBackend(abc.ABC):
         """A watch that wakes a waiter when a lock of ``features`` is released; default: a
         short poll."""
         return _PollingWatch()
+
+    def record_work_group(self, held: Held, pgid: int, leader_start: int | None) -> Held:
+        """Record with ``held`` the process group ``pgid`` made for its holder's command (whose
+        leader started at ``leader_start``), so that a judge counts its members as the owner's
+        work. Default: nothing (a backend without a proof of life judges by the holder's
+        group and session, and the command's group is in that session)."""
+        return held
+
+    def mark_done_holding(self, held: Held) -> str:
+        """Mark ``held``'s feature done and keep its lock (``lock work``: CMD succeeded, and
+        work it left running still holds the lock): the time written. Default: unsupported
+        (a backend without a proof of life never sees such work)."""
+        raise UnsupportedError(f"the {self.kind} backend marks done only with a release")
 
     def work_proof(self, held: Held) -> WorkProof | None:
         """The proof of life for the work ``held``'s holder starts (``lock run``'s command);

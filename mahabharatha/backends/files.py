@@ -292,6 +292,27 @@ def _marker_present(dfd: int) -> bool:
     return stat.S_ISREG(info.st_mode)
 
 
+def _mark_done_holding(dfd: int, feature: str, pid: int) -> tuple[str, LockSnapshot]:
+    """Publish the done marker while ``pid`` holds the feature's lock: the time written and
+    the lock judged. :class:`NotHeldError` / :class:`NotOwnerError` (nothing written) when
+    ``pid`` does not hold it."""
+    now = clock.now()
+    with lockfile.Guard(dfd, wait=True):
+        # Under the guard no reclaim, clean or release can remove the lock: the marker
+        # is written only while the caller really holds it.
+        mine = read_lock(dfd)
+        record = mine.record_at(now)
+        # Another PID namespace's holder with the same pid number is not the caller.
+        if not lockfile.owned_by(mine, pid, now):
+            state = judge_lock(mine, now)
+            if record is None or state is LockState.FREE:
+                raise NotHeldError(feature, pid)
+            raise NotOwnerError(describe_snapshot(feature, mine, state, now))
+        stamp = _iso_time(now)
+        _publish_marker(dfd, stamp + "\n")
+    return stamp, mine
+
+
 def _iso_time(epoch: float) -> str:
     # time.strftime, not datetime: the CLI's cold start pays for every module it imports.
     whole = int(epoch)
@@ -477,10 +498,23 @@ class FileBackend(LockBackend):
         return AcquireResult(held, None, replaced, reason)
 
     def refresh(self, held: Held) -> Held:
+        return self._rewrite(held, None)
+
+    def record_work_group(self, held: Held, pgid: int, leader_start: int | None) -> Held:
+        """Refresh ``held``, its owner details now naming ``pgid`` as its command's group."""
+        details = ownership.with_work_group(held.handle.owner, pgid, leader_start)
+        return self._rewrite(held, details)
+
+    def _rewrite(self, held: Held, owner: bytes | None) -> Held:
+        """A refresh; ``owner``: new owner details (``None``: the lock's own, carried on)."""
         now = clock.now()
         record = lockfile.format_record(held.pid, now)
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            fresh = None if dfd is None else lockfile.replace_if_unchanged(dfd, held.handle, record)
+            fresh = (
+                None
+                if dfd is None
+                else lockfile.replace_if_unchanged(dfd, held.handle, record, owner)
+            )
             if fresh is None and dfd is not None:
                 # Not ours any more: our proof must not keep theirs alive.
                 proof.forget(dfd, _folder(self.gsd_dir, held.feature))
@@ -649,26 +683,21 @@ class FileBackend(LockBackend):
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 raise NotHeldError(feature, pid)
-            now = clock.now()
-            with lockfile.Guard(dfd, wait=True):
-                # Under the guard no reclaim, clean or release can remove the lock: the marker
-                # is written only while the caller really holds it.
-                mine = read_lock(dfd)
-                record = mine.record_at(now)
-                # Another PID namespace's holder with the same pid number is not the caller.
-                if not lockfile.owned_by(mine, pid, now):
-                    state = judge_lock(mine, now)
-                    if record is None or state is LockState.FREE:
-                        raise NotHeldError(feature, pid)
-                    raise NotOwnerError(describe_snapshot(feature, mine, state, now))
-                stamp = _iso_time(now)
-                # Race: marker first, release second. A claimer that wins the lock after our
-                # release is sure to see the marker, so a finished feature is never built again.
-                _publish_marker(dfd, stamp + "\n")
+            # Race: marker first, release second. A claimer that wins the lock after our
+            # release is sure to see the marker, so a finished feature is never built again.
+            stamp, mine = _mark_done_holding(dfd, feature, pid)
             lockfile.release_mine(dfd, mine)
             if pid == os.getpid():
                 proof.forget(dfd, _folder(self.gsd_dir, feature))
         return stamp
+
+    def mark_done_holding(self, held: Held) -> str:
+        """Mark ``held``'s feature done and keep its lock (work its command left running
+        still holds the lock's proof of life): the time written."""
+        with OpenFeatureDir(self.gsd_dir, held.feature, create=False, refuse=True) as dfd:
+            if dfd is None:
+                raise NotHeldError(held.feature, held.pid)
+            return _mark_done_holding(dfd, held.feature, held.pid)[0]
 
     def reopen(self, feature: str) -> bool:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:

@@ -86,6 +86,7 @@ class Rule(enum.StrEnum):
     PROOF_FREE = "proof-free"  # nobody holds it: gone
     OWN_PROCESS = "own-process"  # proof free, but the exact owner process runs on
     OWN_GROUP = "own-group"  # proof free, but the group the owner led lives on
+    WORK_GROUP = "work-group"  # proof free, but the group lock run made for CMD lives on
     GROUP_UNSEEN = "group-unseen"  # proof free; the group the owner led is another namespace's
     PROOF_UNSEEN = "proof-unseen"  # a proof claimed but not looked at: never gone
     ELSEWHERE = "elsewhere"  # no details, or another boot or PID namespace: age decides
@@ -229,7 +230,7 @@ def _by_proof(
         own = _owner(pid_facts(), timestamp, details)
         return _said(Owner.RUNNING if own is Owner.RUNNING else Owner.WORK_RUNNING, Rule.PROOF_HELD)
     if not pid_judgeable:
-        if details.pgid == pid:
+        if details.pgid == pid or details.work_group:
             return _said(Owner.UNKNOWN, Rule.GROUP_UNSEEN)
         return _said(Owner.NOT_RUNNING, Rule.PROOF_FREE)
     # A live owner that closed its descriptors (a daemon's closerange) let its proof go but
@@ -240,7 +241,21 @@ def _by_proof(
     # A holder that led its own process group (a setsid worker, a shell job): the group counts.
     if details.pgid == pid and ownership.group_has_live_member(pid, details.gstart):
         return _said(Owner.WORK_RUNNING, Rule.OWN_GROUP)
+    if _work_group_lives(details):
+        return _said(Owner.WORK_RUNNING, Rule.WORK_GROUP)
     return _said(own, Rule.PROOF_FREE)
+
+
+def _work_group_lives(details: OwnerDetails) -> bool:
+    """Revision 5: the group ``lock run`` made for its command (recorded with the lock) counts
+    as the owner's work while any member lives: a Python ``subprocess`` child or a shell's
+    ``exec 5>>log`` drops the proof but stays there. Only a group so recorded: the group a
+    ``multiprocessing`` worker shares is its parent's, never its work."""
+    return (
+        details.work_group
+        and details.pgid is not None
+        and ownership.group_has_live_member(details.pgid, details.gstart)
+    )
 
 
 def _by_pid(
@@ -269,7 +284,20 @@ def owner_liveness(
     life: Life | None = None,
 ) -> Owner:
     """:func:`judge`'s owner word for one lock (the :data:`Liveness` of ``inspect``)."""
-    return judge(OwnerFacts(pid, timestamp, details, life)).owner
+    owner = judge(OwnerFacts(pid, timestamp, details, life)).owner
+    return owner if pid is None else _as_shown(owner, pid, details)
+
+
+def _as_shown(owner: Owner, pid: int, details: OwnerDetails | None) -> Owner:
+    """The word ``status`` shows: a live holder that is stopped (itself, or the group
+    ``lock run`` made for its command) shows as ``stopped``: it keeps its lock but does no
+    work until it is continued. Never a verdict of its own (alive all the same)."""
+    if owner in _LIVE_WORDS and ownership.holder_stopped(pid, details):
+        return Owner.STOPPED
+    return owner
+
+
+_LIVE_WORDS: Final = frozenset({Owner.RUNNING, Owner.WORK_RUNNING})
 
 
 def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
@@ -292,6 +320,7 @@ def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
             return Owner.UNKNOWN
         # judge() of a lock with no caller to ask, entered past its input record: status
         # judges thousands of locks (the unit table checks both give one answer).
-        return _liveness(pid, timestamp, details, life, lambda: facts(pid)).owner
+        owner = _liveness(pid, timestamp, details, life, lambda: facts(pid)).owner
+        return _as_shown(owner, pid, details)
 
     return liveness

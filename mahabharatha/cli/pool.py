@@ -70,9 +70,6 @@ __all__ = ["fail", "watch_status", "work"]
 
 FEATURE_PLACEHOLDER: Final = "{}"
 """Replaced by the feature's name in every argument of ``lock work``'s command (as xargs -I)."""
-INTERRUPTING_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""A command that ended by one of these was interrupted (``lock work`` forwards them to it):
-its feature is released unmarked, not counted as a failed attempt, and the worker stops."""
 
 
 @app.command()
@@ -243,14 +240,13 @@ class _CommandStep:
     def __call__(self, lock: PoolLock) -> WorkResult:
         feature = lock.feature
         argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in self.command]
+        run = runner.Run(lock, on_release_wait=lambda bound: _warn_release_wait(feature, bound))
         try:
-            code = runner.run_locked(
-                lock,
-                argv,
-                self.stdout,
-                on_release_wait=lambda bound: _warn_release_wait(feature, bound),
-                env={FEATURE_ENV_VAR: feature},
-            )
+            with run:
+                run.acquire()
+                code = run.command(argv, self.stdout, env={FEATURE_ENV_VAR: feature})
+        except runner.WorkLeftError as left:
+            return self._left_running(lock, left, run.signalled)
         except runner.CommandStartError as unstarted:
             # Every feature would fail the same way, and not by its own fault: release it
             # unmarked (no attempt counted against it), and stop this worker.
@@ -262,10 +258,25 @@ class _CommandStep:
         except BaseException:
             lock.finish(None, None, self.attempts)  # whatever went wrong: never leave it held
             raise
-        if lock.lost is None and code in {killed_by(s) for s in INTERRUPTING_SIGNALS}:
-            result = lock.finish(None, f"interrupted (exit code {code})", self.attempts)
-            raise StopWork(result, code)
+        told = run.signalled
+        if lock.lost is None and told is not None:
+            # Race: CMD caught the signal and exited 1 (or 0): the worker was still told to
+            # stop. Released unmarked, no attempt counted, as for a CMD the signal ended.
+            why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
+            raise StopWork(lock.finish(None, why, self.attempts), killed_by(told))
         return lock.finish(code, None, self.attempts)
+
+    def _left_running(
+        self, lock: PoolLock, left: runner.WorkLeftError, told: int | None
+    ) -> WorkResult:
+        """CMD ended but work it started outside its group still holds its proof of life:
+        the lock stays held until that work ends (``lock run`` left it so). A success is
+        recorded all the same (the feature is done), and the worker goes on; told to stop,
+        it stops."""
+        result = lock.finish_leaving_work(left.status, self.attempts)
+        if told is not None:
+            raise StopWork(result, killed_by(told))
+        return result
 
 
 def _say(result: WorkResult, limit: int) -> None:
@@ -274,7 +285,9 @@ def _say(result: WorkResult, limit: int) -> None:
         final = " (failed: no more attempts)" if result.attempts >= limit else ""
         said = f"attempt {result.attempts} of {limit} failed: {result.reason}{final}"
     elif result.outcome == "done":
-        said = "done"
+        said = "done" if result.reason is None else f"done ({result.reason})"
+    elif result.outcome == "left":
+        said = f"not marked: {result.reason}"
     elif result.outcome == "lost":
         said = f"lost its lock while CMD ran (exit code {result.exit_code}): not marked"
     else:

@@ -44,7 +44,11 @@ forced release is not part of the storm: it is an override, and its holder's com
 stopped (TERM, a grace, KILL) while the next holder may already run. When issue 16 landed,
 with the proof of life switched off by hand (``proof.supported()`` returning False, not
 committed) seeds 1 and 2 both gave overlaps (seed 1: more than six, among them plain,
-``timeout``, ``setsid`` and relay runs); with it, none (re-checked below).
+``timeout``, ``setsid`` and relay runs); with it, none (re-checked below). Issue 26 adds two
+more (``dropped``: the work lets the proof go but stays in CMD's group, as a Python
+``subprocess`` child or a shell's ``exec 5>>log`` does; ``stopped``: CMD stops itself while its
+work runs, and a forwarded TERM must still end it): on 211f242, where ``lock run`` released
+once the proof was free and never looked at CMD's group, seed 1 gave two overlaps.
 
 Size: ``MAHABHARATHA_STRESS`` host runs of ``lock run`` (default ``DEFAULT_RUNS``, about 15 s on
 two loaded cores), a third as many in PID namespaces; claimers go on while runs remain. The
@@ -145,7 +149,7 @@ LEASE_HOLD: Final = (0.4, 1.4)
 """Longer than the 0.5 s a reader retries a refused read, often: then it must judge ``busy``."""
 
 COMMAND: Final = r"""
-import fcntl, os, sys, time
+import fcntl, os, signal, sys, time
 occupancy, log, marks, label, work, escape = sys.argv[1:7]
 def note(event):
     with open(log, "a") as out:
@@ -163,24 +167,40 @@ child = os.fork()
 if child == 0:  # keeps the occupancy (inherited descriptor) for the whole work
     if escape == "setsid":  # the work leaves CMD's group and session
         os.setsid()
+    if escape == "dropped":  # lets the proof go, as a subprocess child or `exec N>` does
+        os.close(int(os.environ["MAHABHARATHA_LOCK_PROOF_FD"]))
     stages = 3 if escape == "relay" else 0
     for _ in range(stages):  # a relay: each stage starts the next in the background, exits
         if os.fork():
             os._exit(0)
     time.sleep(float(work))
     note("leave")
+    if escape == "stopped":
+        os.kill(os.getppid(), signal.SIGCONT)  # CMD was stopped for the whole work
     os._exit(0)
 os.close(fd)
-if escape == "none":
+if escape == "stopped":
+    os.kill(os.getpid(), signal.SIGSTOP)  # a forwarded TERM must still end it
+if escape in ("none", "stopped"):
     os.waitpid(child, 0)
 """
 """CMD of ``lock run``: argv occupancy-file log marks-dir label work-seconds escape. With
 ``escape`` other than ``none`` CMD does not wait for its child: the work goes on without it,
-in a session of its own (``setsid``) or as a relay of short-lived stages (``relay``)."""
+in a session of its own (``setsid``), as a relay of short-lived stages (``relay``), or in CMD's
+group without the proof (``dropped``); ``stopped``: CMD stops itself while its child works."""
 
-ESCAPES: Final = (("none", 0.4), ("setsid", 0.2), ("relay", 0.2), ("timeout", 0.2))
+ESCAPES: Final = (
+    ("none", 0.3),
+    ("setsid", 0.15),
+    ("relay", 0.15),
+    ("timeout", 0.15),
+    ("dropped", 0.15),
+    ("stopped", 0.1),
+)
 """How a run's work leaves (issue 16): not at all; ``setsid``; a relay; CMD under GNU
-``timeout`` (which moves it to a group of its own). Shares of the runs."""
+``timeout`` (which moves it to a group of its own). Issue 26: the work drops the proof but
+stays in CMD's group (a Python ``subprocess`` child, a shell's ``exec 5>>log``), and CMD
+stopped (SIGSTOP) while its work runs. Shares of the runs."""
 SIGTERM_SHARE: Final = 0.3
 """Of the killer's signals to runners, this share is SIGTERM (forwarded to CMD's group, then
 ``lock run`` waits for what is left of its work), the rest SIGKILL."""

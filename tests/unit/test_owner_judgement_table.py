@@ -44,6 +44,7 @@ class World:
     live_sessions: frozenset[int] = frozenset()
     started_after_lock: bool = False  # a process at the pid began after the lock was written
     host: str = HOST
+    stopped: bool = False  # the holder, or its command's recorded group, is stopped (SIGSTOP)
     asked: list[int] = field(default_factory=list)  # pids whose facts were asked
 
 
@@ -86,6 +87,7 @@ def _enter(monkeypatch: pytest.MonkeyPatch, here: World) -> liveness.FactsOfPid:
         ownership, "group_has_live_member", lambda pgid, _start: pgid in here.live_groups
     )
     monkeypatch.setattr(ownership, "session_has_live_member", lambda sid: sid in here.live_sessions)
+    monkeypatch.setattr(ownership, "holder_stopped", lambda _pid, _details: here.stopped)
     monkeypatch.setattr(liveness, "_started_after", lambda _s, _t: here.started_after_lock)
 
     def facts_of(pid: int) -> liveness.ProcessFacts:
@@ -150,6 +152,32 @@ ROWS = {
         World(live_groups=frozenset({GROUP}), live_sessions=frozenset({SESSION})),
         OwnerFacts(PID, LOCKED_AT, _proof(), Life.FREE),
         (GONE, Owner.NOT_RUNNING, Rule.PROOF_FREE),
+    ),
+    # ---- issue 26 item 1: the group lock run made for its command (recorded with the lock)
+    "proof free, recorded group alive (CMD's work dropped the proof)": (
+        World(live_groups=frozenset({GROUP})),
+        OwnerFacts(PID, LOCKED_AT, _proof(work_group=True), Life.FREE),
+        (ALIVE, Owner.WORK_RUNNING, Rule.WORK_GROUP),
+    ),
+    "proof free, recorded group ended": (
+        World(live_sessions=frozenset({SESSION})),
+        OwnerFacts(PID, LOCKED_AT, _proof(work_group=True), Life.FREE),
+        (GONE, Owner.NOT_RUNNING, Rule.PROOF_FREE),
+    ),
+    "proof free, parent's group alive (a multiprocessing worker: not recorded as its work)": (
+        World(live_groups=frozenset({GROUP})),
+        OwnerFacts(PID, LOCKED_AT, _proof(work_group=False), Life.FREE),
+        (GONE, Owner.NOT_RUNNING, Rule.PROOF_FREE),
+    ),
+    "proof free, recorded group of another PID namespace": (
+        World(),
+        OwnerFacts(PID, LOCKED_AT, _proof(ns=OTHER_NS, work_group=True), Life.FREE),
+        (UNKNOWN, Owner.UNKNOWN, Rule.GROUP_UNSEEN),
+    ),
+    "no proof, owner dead, its recorded group lives": (
+        World(live_groups=frozenset({GROUP})),
+        OwnerFacts(PID, LOCKED_AT, _details(work_group=True)),
+        (ALIVE, Owner.WORK_RUNNING, Rule.GROUP),
     ),
     "proof free, owner of another PID namespace": (
         World(pid_running=True),
@@ -340,6 +368,28 @@ def test_status_many_locks_judge_gives_the_one_judgements_answer(
     here, facts, (_verdict, owner, _rule) = row
     many = liveness.per_pid(_enter(monkeypatch, here))
     assert many(facts.pid, facts.timestamp, facts.details, facts.life) is owner
+
+
+@pytest.mark.parametrize(
+    ("row", "shown"),
+    [
+        ("proof held, owner runs", Owner.STOPPED),
+        ("proof free, recorded group alive (CMD's work dropped the proof)", Owner.STOPPED),
+        ("proof free, owner pid dead", Owner.NOT_RUNNING),
+        ("no proof, another boot", Owner.UNKNOWN),
+    ],
+)
+def test_status_shows_a_stopped_live_holder_as_stopped_and_judges_it_alive(
+    monkeypatch: pytest.MonkeyPatch, row: str, shown: Owner
+) -> None:
+    """Issue 26 item 5: the word ``status`` shows; the verdict (what a reclaim acts on) is
+    the one judgement's, untouched by the holder being stopped."""
+    here, facts, answer = ROWS[row]
+    stopped = World(**{**here.__dict__, "stopped": True, "asked": []})
+    many = liveness.per_pid(_enter(monkeypatch, stopped))
+    assert many(facts.pid, facts.timestamp, facts.details, facts.life) is shown
+    assert tuple(_judged(monkeypatch, stopped, facts)) == answer
+    assert VERDICT_OF[shown] is answer[0]
 
 
 def test_every_rule_has_a_row() -> None:

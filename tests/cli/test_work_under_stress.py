@@ -1,0 +1,162 @@
+"""``lock work`` under stress (issue 26, items 7 and 8): right answers, whatever CMD does.
+
+Item 7: CMD exits 0 but leaves work that holds its proof of life (``setsid -f``): the success
+is recorded (done), the lock stays held until that work ends, the document and stderr say so,
+and the worker goes on with the other features (no traceback, no dead ``-j`` worker).
+Item 8: whether the worker stops is decided by the signal it received, not by CMD's exit code:
+a CMD that catches TERM and exits 1 was still told to stop. Commands say they started through
+files, the test waits for them (``/proc`` and the files, with a deadline), and every process
+a test starts is killed and reaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from mahabharatha import proof, runner
+from tests.cli._support import SYNC_TIMEOUT, assert_no_traceback, wait_for
+from tests.cli.test_proof_of_life import alive
+from tests.cli.test_work_jobs import _kill_session, start_command
+from tests.cli.test_work_pool import CLI, POOL_TIMEOUT
+from tests.support.marks import needs_fifo, needs_proc, posix_signals
+
+pytestmark = [needs_proc, posix_signals]
+
+FEATURES: Final = ("alpha", "beta", "gamma")
+
+LEAVE_WORK: Final = r"""#!/bin/sh
+# alpha's build leaves a job running out of its group (holding its proof), then succeeds.
+[ "$1" = alpha ] && setsid -f "$PYTHON" -c "$JOB" </dev/null >/dev/null 2>&1
+echo "$1" >> "$POOL/built.log"
+exit 0
+"""
+
+JOB: Final = (
+    "import os, sys\n"
+    "pool = os.environ['POOL']\n"
+    "open(pool + '/job.pid.tmp', 'w').write(str(os.getpid()))\n"
+    "os.rename(pool + '/job.pid.tmp', pool + '/job.pid')\n"
+    "open(pool + '/job.fifo').read()  # until the test opens and closes the FIFO's other end\n"
+)
+
+CATCH_TERM: Final = r"""#!/bin/sh
+# Catches TERM (as many builds do, to clean up) and exits 1 "because it was interrupted".
+exec "$PYTHON" -c '
+import os, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+signal.signal(signal.SIGINT, lambda *_: sys.exit(1))
+signal.signal(signal.SIGHUP, lambda *_: sys.exit(1))
+open(os.environ["POOL"] + "/started-" + sys.argv[1], "w").close()
+signal.pause()
+sys.exit(0)
+' "$1"
+"""
+
+
+@pytest.fixture
+def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "pool"
+    for feature in FEATURES:
+        (folder / ".gsd" / "specs" / feature).mkdir(parents=True)
+    for name, text in (("leave-work.sh", LEAVE_WORK), ("catch-term.sh", CATCH_TERM)):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    monkeypatch.setenv(runner.GRACE_ENV, "0.2")  # the job left the group: no grace ends it
+    return folder
+
+
+def _env(pool: Path) -> dict[str, str]:
+    env = {**os.environ, "POOL": str(pool), "PYTHON": sys.executable, "JOB": JOB}
+    env.pop("MAHABHARATHA_FEATURE", None)
+    return env
+
+
+@pytest.fixture
+def job_ends(pool: Path) -> Iterator[None]:
+    """The FIFO the leftover job waits on; at the end the job is told to end (and killed)."""
+    os.mkfifo(pool / "job.fifo")
+    yield
+    pid_file = pool / "job.pid"
+    if pid_file.exists():
+        with suppress(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def _done(pool: Path, feature: str) -> bool:
+    return (pool / ".gsd" / "specs" / feature / ".completed").exists()
+
+
+@needs_fifo
+@pytest.mark.skipif(not proof.supported(), reason="no open-file-description locks here")
+@pytest.mark.parametrize("jobs", [1, 2], ids=["alone", "two-jobs"])
+def test_a_success_that_leaves_work_is_done_and_the_worker_goes_on(
+    pool: Path, job_ends: None, jobs: int
+) -> None:
+    """Fails on 211f242: ``lock work`` printed a traceback, exited 1 without a document, did
+    not mark alpha done and never built beta and gamma; with ``-j 2`` the worker died with
+    status 70."""
+    argv = [*CLI, "lock", "work", "--json", "-j", str(jobs), *FEATURES, "--", "./leave-work.sh"]
+    command = start_command([*argv, "{}"], pool, _env(pool))
+    try:
+        out, err = command.communicate(timeout=POOL_TIMEOUT)
+        job = int((pool / "job.pid").read_text())
+        assert alive(job), "the job was meant to outlive its build"
+    finally:
+        _kill_session(command.pid)
+        command.wait()
+    assert_no_traceback(out, err)
+    assert command.returncode == 0, err
+    document = json.loads(out)
+    assert document["ended"] == "finished"
+    outcomes = {r["feature"]: (r["outcome"], r["reason"]) for r in document["results"]}
+    assert outcomes.keys() == set(FEATURES)
+    assert outcomes["alpha"][0] == "done"
+    assert "stays held" in (outcomes["alpha"][1] or "")
+    assert all(outcomes[f] == ("done", None) for f in ("beta", "gamma"))
+    assert "alpha: done (its work still runs" in err
+    assert all(_done(pool, feature) for feature in FEATURES)
+    # The lock stays while the job holds its proof; nothing else was left held.
+    assert sorted(p.parent.name for p in (pool / ".gsd" / "specs").glob("*/.lock")) == ["alpha"]
+
+    with open(pool / "job.fifo", "w"):
+        pass  # the job reads end of input and ends
+    wait_for(lambda: not alive(job), what="the job to end")
+
+
+@pytest.mark.parametrize("jobs", [1, 2], ids=["alone", "two-jobs"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_is_obeyed_even_when_cmd_caught_it_and_exited_1(
+    pool: Path, jobs: int, signum: int
+) -> None:
+    """Fails on 211f242: CMD's exit 1 was taken for a failed attempt (``.attempts`` written),
+    and the worker went on to the next feature (whose build then waited for ever: the wait
+    below ran out)."""
+    argv = [*CLI, "lock", "work", "--json", "-j", str(jobs), *FEATURES, "--", "./catch-term.sh"]
+    command = start_command([*argv, "{}"], pool, _env(pool))
+    try:
+        wait_for(lambda: len(list(pool.glob("started-*"))) == jobs, what="every worker's build")
+        os.kill(command.pid, signum)
+        out, err = command.communicate(timeout=SYNC_TIMEOUT)
+    finally:
+        _kill_session(command.pid)
+        command.wait()
+    assert_no_traceback(out, err)
+    assert command.returncode == 128 + signum, err
+    document = json.loads(out)
+    assert document["ended"] == "stopped"
+    assert {r["outcome"] for r in document["results"]} == {"released"}
+    assert len(document["results"]) == jobs
+    specs = pool / ".gsd" / "specs"
+    assert not list(specs.glob("*/.attempts")), "a stop was counted as a failed attempt"
+    assert not list(specs.glob("*/.completed"))
+    assert not list(specs.glob("*/.lock"))
+    assert len(list(pool.glob("started-*"))) == jobs, "a worker went on after it was stopped"
