@@ -123,6 +123,7 @@ __all__ = [
     "owner_liveness",
     "release",
     "reopen",
+    "reopen_finished",
     "run_pool",
     "status",
     "survey",
@@ -627,6 +628,7 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
     outcome = pool.claim(options)
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
+    pool.tell_waiting(outcome.busy)
     with pool.store.release_watch(pool.candidates) as watch:
         while True:
             # Race: a release between the claim above and the watch's start was not seen by
@@ -677,6 +679,41 @@ class _Pool:
         # walk was a tenth of a claim's time in a pool of 400, and grew with the pool).
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
+        # --retry-delay: a feature rests this long after a failed attempt. When a rest ends,
+        # by the attempt's record (any worker's; where the claim reads it) or this worker's.
+        self.retry_delay = 0.0
+        self.rest_until: dict[str, float] = {}
+        # Told once per run which feature (and holder) the worker waits for.
+        self.on_waiting: Callable[[LockInfo], None] | None = None
+
+    def tell_waiting(self, busy: Sequence[str]) -> None:
+        """Say once (``on_waiting``) what the first wait is for: the first feature held by
+        others, its holder judged (``free``: it rests after a failed attempt)."""
+        tell, self.on_waiting = self.on_waiting, None
+        if tell is None or not busy:
+            return
+        try:
+            info = self.store.inspect(busy[0])
+        except OSError:
+            info = LockInfo(busy[0], State.FREE, None, None, None, None, Owner.UNKNOWN)
+        tell(info)
+
+    def rest(self, feature: str) -> None:
+        """``feature``'s attempt failed here: it is not taken again for ``retry_delay``."""
+        if self.retry_delay > 0:
+            self.rest_until[feature] = clock.now() + self.retry_delay
+
+    def _resting(self, feature: str, record: Attempts | None = None) -> bool:
+        """Is ``feature`` resting after a failed attempt (this worker's, or the one its
+        ``record`` names last)? It counts as held by others: the pool waits for it."""
+        now = clock.now()
+        ends = self.rest_until.get(feature, 0.0)
+        if record is not None and record.history and self.retry_delay > 0:
+            at = record.history[-1].get("at")
+            if isinstance(at, int | float) and math.isfinite(at):
+                # A time ahead of ours (another host's clock, a forged record) rests no longer.
+                ends = max(ends, min(float(at), now) + self.retry_delay)
+        return now < ends
 
     def claim(self, options: _ClaimOptions) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
@@ -722,14 +759,17 @@ class _Pool:
             return None
 
     def _finished(self, feature: str, options: _ClaimOptions) -> str | None:
-        """``done`` or ``failed`` when the feature is finished, else None."""
+        """``done`` or ``failed`` when the feature is finished, ``busy`` while it rests after
+        a failed attempt, else None."""
         if not options.include_done and self.store.is_done(feature):
             return "done"
         record = self.store.attempts(feature)
         if record is None:
             return None
         limit = record.limit if options.attempts is None else options.attempts
-        return "failed" if record.tries >= limit else None
+        if record.tries >= limit:
+            return "failed"
+        return "busy" if self._resting(feature, record) else None
 
     def _claim_one(self, feature: str, options: _ClaimOptions) -> Held | str:
         """Take ``feature`` unless it is finished: the acquisition, or why not (``done``,
@@ -764,9 +804,13 @@ class _Pool:
         keeps a prepared claim per list)."""
         if self.offered is None:
             self.offered = [f for f in self.candidates if not self._done_here(f, options)]
+        # Features resting after this worker's failed attempt are not offered this round (a
+        # list of its own: the usual one keeps its prepared statement).
+        resting = {f for f in self.rest_until if self._resting(f)}
+        offered = [f for f in self.offered if f not in resting] if resting else self.offered
         while True:
             won = self.store.try_claim(
-                self.offered,
+                offered,
                 Requester(self.owner, self.details),
                 reclaim_dead=options.reclaim_dead,
                 lease=options.lease,
@@ -780,8 +824,9 @@ class _Pool:
             # done all the same; give the lock back and leave it out from now on.
             self.store.release_held(won.held)
             self.offered = [f for f in self.offered if f != won.held.feature]
+            offered = [f for f in offered if f != won.held.feature]
         held = {info.feature: info for info in self.store.status() if info.held}
-        busy = [f for f in self.offered if f in held]
+        busy = [f for f in self.offered if f in held or f in resting]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
         gave_up = self.store.failed_features()
@@ -796,7 +841,8 @@ class _Pool:
         # the row's details); any other row is someone else's without a round trip. Race: a
         # try may also take one released meanwhile.
         for feature in busy:
-            verdict = self._tried(feature, options) if self._may_be_mine(held[feature]) else None
+            mine = feature in held and self._may_be_mine(held[feature])
+            verdict = self._tried(feature, options) if mine else None
             if isinstance(verdict, Held):
                 return ClaimOutcome(verdict)
             seen[verdict or "busy"].append(feature)
@@ -916,6 +962,27 @@ def reopen(
     if local is not None:
         reopened = local.reopen(feature) or reopened
     return reopened
+
+
+def reopen_finished(
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    failed_only: bool = False,
+    backend: LockBackend | str | None = None,
+) -> list[str]:
+    """:func:`reopen` every feature that is failed (``failed_only``) or also done, or has
+    failed attempts; the features reopened, by name. A pool is reset in one call, not one
+    process per feature."""
+    store = _backend(backend, gsd_dir)
+    names = store.feature_names()
+    if failed_only:
+        names = [name for name in names if _failed_for_good(store, name)]
+    return [name for name in names if reopen(name, backend=store)]
+
+
+def _failed_for_good(store: LockBackend, feature: str) -> bool:
+    record = store.attempts(feature)
+    return record is not None and record.failed
 
 
 # --------------------------------------------------------------------------- releasing
@@ -1587,6 +1654,11 @@ def _pause_for_a_slot() -> None:
 
 SLOT_PAUSE_SECONDS: Final = 0.5
 
+RETRY_DELAY_SECONDS: Final = 1.0
+"""A failed feature rests this long before its next attempt (``lock work --retry-delay``): a
+command failing for a passing cause (a busy port, a flaky fetch) is not tried three times in
+a second."""
+
 
 class StopWork(Exception):
     """Raised by a step whose work was interrupted (a signal): the loop ends with ``result``,
@@ -1617,6 +1689,8 @@ def run_pool(
     on_result: Callable[[WorkResult], None] | None = None,
     problems: list[FeatureProblem] | None = None,
     on_server_full: Callable[[ServerFullError], None] | None = None,
+    retry_delay: float = RETRY_DELAY_SECONDS,
+    on_waiting: Callable[[LockInfo], None] | None = None,
 ) -> WorkReport:
     """The worker loop under :func:`work` and ``lock work``: claim (as :func:`claim_next`,
     owner this process), run ``step`` with the lock held, again; while nothing is free but
@@ -1624,7 +1698,10 @@ def run_pool(
     for ever). Ends when nothing is left, when the wait ran out, after one feature with
     ``once``, or when a step raises :class:`StopWork`. ``on_server_full`` is told, once per
     run, that the server turned the worker away for want of a connection slot (it waits on
-    for one, to claim or to record a command's outcome)."""
+    for one, to claim or to record a command's outcome); ``on_waiting``, once per run, which
+    feature (and holder) the worker waits for when only features held by others are left.
+    A feature whose attempt failed rests ``retry_delay`` seconds before it is claimed again
+    (meanwhile it counts as held)."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     _valid_attempts(attempts)
@@ -1633,6 +1710,8 @@ def run_pool(
     owner = os.getpid()
     found: list[FeatureProblem] = [] if problems is None else problems
     pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
+    pool.retry_delay = _valid_seconds("retry_delay", retry_delay) or 0.0
+    pool.on_waiting = on_waiting
     lease = _valid_seconds("lease", store.run_lease)
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
     results: list[WorkResult] = []
@@ -1668,6 +1747,8 @@ def run_pool(
                     on_result(stop.result)
                 return WorkReport("stopped", tuple(results), exit_code=stop.exit_code)
             results.append(result)
+            if result.outcome == "failed":
+                pool.rest(result.feature)
             if on_result is not None:
                 on_result(result)
             if once:

@@ -746,18 +746,56 @@ def done(
 @app.command()
 @with_shared_options
 def reopen(
-    feature: FeatureArg,
     shared: Shared,
+    features: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[FEATURE]...",
+            autocompletion=complete_feature,
+            help="The features to reopen (folders under <gsd-dir>/specs).",
+        ),
+    ] = None,
+    failed: Annotated[bool, typer.Option("--failed", help="Reopen every failed feature.")] = False,
+    every: Annotated[
+        bool,
+        typer.Option("--all", help="Reopen every done or failed feature (reset the pool)."),
+    ] = False,
 ) -> None:
-    """Remove FEATURE's done marker so that claim hands it out again (a lock stays as it is)."""
-    document: dict[str, Any] = {"feature": feature, "reopened": False}
+    """Clear the done marker, failed state and attempts of FEATURE(s), of every failed one
+    (--failed) or of every feature (--all), so that claim hands them out again (a lock stays
+    as it is)."""
+    named = list(features or [])
+    one = len(named) == 1 and not (failed or every)
+    document: dict[str, Any] = (
+        {"feature": named[0], "reopened": False} if one else {"features": named, "reopened": []}
+    )
 
     def action() -> Result:
-        removed = locks.reopen(feature, backend=shared.backend())
-        text = f"reopened {feature}" if removed else f"{feature} was not marked done"
-        return Result(EXIT_OK, {**document, "reopened": removed}, text)
+        store = shared.backend()
+        if one:
+            removed = locks.reopen(named[0], backend=store)
+            text = f"reopened {named[0]}" if removed else f"{named[0]} was not done nor failed"
+            return Result(EXIT_OK, {**document, "reopened": removed}, text)
+        reopened = _reopen_many(store, named, failed, every)
+        text = (
+            f"reopened {len(reopened)}: {', '.join(reopened)}" if reopened else "nothing to reopen"
+        )
+        return Result(EXIT_OK, {**document, "reopened": reopened}, text)
 
     respond(shared.as_json, document, action)
+
+
+def _reopen_many(store: LockBackend, named: list[str], failed: bool, every: bool) -> list[str]:
+    """The features ``lock reopen`` reopened: those named, or every failed (or finished) one."""
+    if named and (failed or every):
+        raise ValueError("name features, or give --failed or --all, not both")
+    if failed and every:
+        raise ValueError("--failed and --all: choose one (--all includes the failed)")
+    if not named and not (failed or every):
+        raise ValueError("name the features to reopen, or give --failed or --all")
+    if named:
+        return [name for name in named if locks.reopen(name, backend=store)]
+    return locks.reopen_finished(failed_only=failed, backend=store)
 
 
 def _on_wait(

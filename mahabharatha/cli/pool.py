@@ -21,7 +21,13 @@ from typer.core import TyperCommand
 
 from mahabharatha import locks, runner, team
 from mahabharatha.backends import load_backend_code
-from mahabharatha.backends.base import BackendError, LockBackend, format_duration
+from mahabharatha.backends.base import (
+    BackendError,
+    LockBackend,
+    State,
+    describe_holder,
+    format_duration,
+)
 from mahabharatha.cli._output import (
     PidOption,
     ReclaimDeadOption,
@@ -163,6 +169,19 @@ def work(
         bool,
         typer.Option("--once", help="Take one feature, run CMD, exit with its code."),
     ] = False,
+    retry_delay: Annotated[
+        float,
+        typer.Option(
+            "--retry-delay",
+            min=0,
+            callback=finite_seconds,
+            metavar="SECONDS",
+            help=(
+                "A feature whose attempt failed is not tried again for SECONDS (by any worker "
+                f"that reads its record). Default {locks.RETRY_DELAY_SECONDS:g}."
+            ),
+        ),
+    ] = locks.RETRY_DELAY_SECONDS,
     jobs: Annotated[
         int,
         typer.Option(
@@ -226,6 +245,8 @@ def work(
             on_result=lambda result: _say(result, attempts),
             problems=problems,
             on_server_full=_say_server_full,
+            retry_delay=retry_delay,
+            on_waiting=_say_waiting,
         )
         return _work_result(report, document, once, problems)
 
@@ -280,6 +301,15 @@ def _say(result: WorkResult, limit: int) -> None:
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
     typer.echo(f"mahabharatha: {result.feature}: {said}", err=True)
+
+
+def _say_waiting(info: LockInfo) -> None:
+    """Said once on stderr when only features held by others are left: what it waits for."""
+    if info.state is State.FREE:  # not held: it rests after a failed attempt (--retry-delay)
+        said = f"feature {info.feature!r} rests after a failed attempt (--retry-delay)"
+    else:
+        said = describe_holder(info)
+    typer.echo(f"mahabharatha: waiting: {said} (Ctrl-C to stop)", err=True)
 
 
 def _say_server_full(error: BackendError) -> None:
