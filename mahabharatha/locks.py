@@ -33,7 +33,7 @@ from time import monotonic, sleep
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
-from mahabharatha import clock, ownership
+from mahabharatha import clock, logs, ownership
 from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
@@ -62,6 +62,7 @@ from mahabharatha.backends.base import (
     UnsafeLockPathError,
     UnsupportedError,
     Verdict,
+    describe_holder,
     owner_is_gone,
 )
 from mahabharatha.backends.liveness import (
@@ -261,8 +262,22 @@ def _try_once(
 ) -> AcquireResult:
     requester = Requester(pid, details)
     if lease is None:  # the seam's default: a backend that cannot choose a lease never sees one
-        return backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead)
-    return backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease)
+        return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead))
+    return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease))
+
+
+def _said(outcome: AcquireResult) -> AcquireResult:
+    """``outcome``, logged when it reclaimed another holder's lock to win (both backends)."""
+    if outcome.held is not None and outcome.replaced is not None:
+        old = outcome.replaced
+        logs.say(
+            logs.INFO,
+            "reclaimed feature %r from pid %s (%s)",
+            old.feature,
+            old.pid,
+            outcome.reason or old.state,
+        )
+    return outcome
 
 
 def _held_by(
@@ -391,6 +406,7 @@ def acquire(
     callers = {owner, *caller_pids}
     deadline = None if timeout is None else monotonic() + max(0.0, timeout)
     delays = _backoff_delays()
+    said_waiting = False
     while True:
         outcome = _try_uninterrupted(store, feature, owner, reclaim_dead, details, lease)
         if outcome.held is not None:
@@ -402,6 +418,9 @@ def acquire(
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:
             raise (LockTimeoutError if timeout else LockHeldError)(_judged(store, info))
+        if not said_waiting:
+            said_waiting = True
+            logs.say(logs.INFO, "waiting: %s", describe_holder(info))
         if on_wait is not None:
             on_wait(info, left)
         delay = next(delays)
@@ -609,12 +628,15 @@ def _claim_patiently(
 
 
 def _once(tell: Callable[[ServerFullError], None] | None) -> Callable[[ServerFullError], None]:
-    """``tell``, called the first time only (nothing when ``None``)."""
+    """``tell``, called the first time only (nothing when ``None``), and logged then."""
     told: list[bool] = []
 
     def tell_once(error: ServerFullError) -> None:
-        if tell is not None and not told:
-            told.append(True)
+        if told:
+            return
+        told.append(True)
+        logs.say(logs.WARNING, "%s; waiting for a free connection slot", error)
+        if tell is not None:
             tell(error)
 
     return tell_once
@@ -685,18 +707,24 @@ class _Pool:
         self.rest_until: dict[str, float] = {}
         # Told once per run which feature (and holder) the worker waits for.
         self.on_waiting: Callable[[LockInfo], None] | None = None
+        self.told_waiting = False
 
     def tell_waiting(self, busy: Sequence[str]) -> None:
         """Say once (``on_waiting``) what the first wait is for: the first feature held by
         others, its holder judged (``free``: it rests after a failed attempt)."""
-        tell, self.on_waiting = self.on_waiting, None
-        if tell is None or not busy:
+        if self.told_waiting or not busy:
             return
+        self.told_waiting = True
         try:
             info = self.store.inspect(busy[0])
         except OSError:
             info = LockInfo(busy[0], State.FREE, None, None, None, None, Owner.UNKNOWN)
-        tell(info)
+        if info.state is State.FREE:
+            logs.say(logs.INFO, "waiting: feature %r rests after a failed attempt", info.feature)
+        else:
+            logs.say(logs.INFO, "waiting: %s", describe_holder(info))
+        if self.on_waiting is not None:
+            self.on_waiting(info)
 
     def rest(self, feature: str) -> None:
         """``feature``'s attempt failed here: it is not taken again for ``retry_delay``."""
@@ -818,6 +846,7 @@ class _Pool:
             )
             if won is None or won.held is None:
                 break
+            _said(won)
             if not self._done_here(won.held.feature, options):
                 return ClaimOutcome(won.held)
             # Race: its folder got a marker after the pool looked (another checkout's done):
@@ -1252,6 +1281,7 @@ class FeatureLock:
         return clock.now() > expires or monotonic() > self._deadline
 
     def _declare_lost(self, error: LockLostError) -> None:
+        logs.say(logs.WARNING, "%s", error)
         self.lost = error
         tell = self.on_lost if self._lost_override is None else self._lost_override
         if tell is not None:
@@ -1379,6 +1409,8 @@ class WorkResult(NamedTuple):
     exit_code: int | None
     attempts: int = 0
     reason: str | None = None
+    log: str | None = None
+    """The file the attempt's output went to (``lock work --log-dir``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()

@@ -52,7 +52,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 from functools import cache, lru_cache
 from time import monotonic
 from types import FrameType, TracebackType
-from typing import IO, Final, Self
+from typing import IO, Any, Final, Self
 
 from mahabharatha import ownership
 from mahabharatha.backends.base import ReleaseWait
@@ -668,12 +668,14 @@ class Run:
     def command(
         self,
         command: Sequence[str],
-        stdout: IO[str] | None = None,
+        stdout: IO[Any] | None = None,
         *,
         env: Mapping[str, str] | None = None,
+        stderr: IO[Any] | None = None,
     ) -> int:
         """Run ``command`` under the lock taken by :meth:`acquire`, then release it; return
-        the command's exit code as a shell reports it."""
+        the command's exit code as a shell reports it. ``stdout``/``stderr``: where its
+        output goes (``None``: ours)."""
         if not self._held:
             raise RuntimeError("Run.command needs the lock: call Run.acquire first")
         lock, relay, watch = self.lock, self._relay, self._watch
@@ -685,7 +687,9 @@ class Run:
                 raise lock.lost  # Race: lost between the acquire and now: CMD never starts
             work = lock.work_proof()
             with _unmasked():
-                child = _start(relay, command, stdout, _child_env(lock.token, work, env), work)
+                child = _start(
+                    relay, command, stdout, _child_env(lock.token, work, env), work, stderr
+                )
             watch.started(child)
             try:
                 returncode = child.popen.wait()
@@ -712,7 +716,7 @@ class Run:
 def run_locked(
     lock: FeatureLock,
     command: Sequence[str],
-    stdout: IO[str] | None = None,
+    stdout: IO[Any] | None = None,
     on_acquired: Callable[[], None] | None = None,
     *,
     waiting: AbstractContextManager[object] | None = None,
@@ -720,11 +724,13 @@ def run_locked(
     notify_lost: Callable[[LockLostError], None] | None = None,
     on_release_wait: Callable[[float], None] | None = None,
     env: Mapping[str, str] | None = None,
+    stderr: IO[Any] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
     One call for the two steps of :class:`Run`.
 
-    ``env``: variables added to the command's environment (``lock work``: the feature).
+    ``env``: variables added to the command's environment (``lock work``: the feature);
+    ``stdout``/``stderr``: where its output goes (``None``: ours).
 
     ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
     is gone before the command's output or any error. ``on_acquired`` is called once the lock
@@ -751,7 +757,7 @@ def run_locked(
             run.acquire()
         if on_acquired is not None:
             on_acquired()
-        return run.command(command, stdout, env=env)
+        return run.command(command, stdout, env=env, stderr=stderr)
 
 
 def _release_after_leases(
@@ -927,9 +933,10 @@ def _child_env(
 def _start(
     relay: _SignalRelay,
     command: Sequence[str],
-    stdout: IO[str] | None,
+    stdout: IO[Any] | None,
     env: dict[str, str] | None = None,
     work: WorkProof | None = None,
+    stderr: IO[Any] | None = None,
 ) -> _Child:
     own_group = not _in_terminal_foreground()
     if not own_group:
@@ -942,6 +949,7 @@ def _start(
         child = subprocess.Popen(
             words,
             stdout=stdout,
+            stderr=stderr,
             preexec_fn=hook,
             env=env,
             pass_fds=passed,

@@ -13,8 +13,9 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from time import monotonic, sleep, time
-from typing import Annotated, Any, Final, NoReturn
+from typing import IO, Annotated, Any, Final, NamedTuple, NoReturn
 
 import typer
 from typer.core import TyperCommand
@@ -38,12 +39,14 @@ from mahabharatha.cli._output import (
     default_owner,
     exit_code_for,
     finite_seconds,
+    note,
     problem_warnings,
     respond,
     sentence,
     with_shared_options,
 )
 from mahabharatha.cli._render import status_renderable, summary_counts
+from mahabharatha.cli._work_output import CommandOutput, command_output
 from mahabharatha.cli.lock import (
     AttemptsOption,
     FeatureArg,
@@ -182,6 +185,22 @@ def work(
             ),
         ),
     ] = locks.RETRY_DELAY_SECONDS,
+    tag: Annotated[
+        bool,
+        typer.Option("--tag", help="Prefix each line of CMD's output with [FEATURE]."),
+    ] = False,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-dir",
+            metavar="DIR",
+            file_okay=False,
+            help=(
+                "Write CMD's output to one file per feature attempt in DIR (made if missing); "
+                "status --all names each feature's last."
+            ),
+        ),
+    ] = None,
     jobs: Annotated[
         int,
         typer.Option(
@@ -231,7 +250,8 @@ def work(
     def one_worker() -> Result:
         store = backend_to_claim_from(shared, features)
         problems: list[FeatureProblem] = []
-        step = _CommandStep(command, attempts, shared.as_json)
+        output = _Output(tag, log_dir, shared.gsd_dir, sys.stderr if shared.as_json else None)
+        step = _CommandStep(command, attempts, output)
         report = locks.run_pool(
             step,
             features,
@@ -253,24 +273,48 @@ def work(
     respond(shared.as_json, document, action)
 
 
+class _Output(NamedTuple):
+    """Where CMD's output goes: tagged (``--tag``), to a file per attempt (``--log-dir``), and
+    its stdout untold (``None``: ours; ``--json``: stderr, stdout is for the document)."""
+
+    tag: bool
+    log_dir: Path | None
+    gsd_dir: str
+    stdout: IO[Any] | None
+
+
 class _CommandStep:
     """One feature of ``lock work``: CMD run by ``run_locked`` under the claimed lock."""
 
-    def __init__(self, command: list[str], attempts: int, as_json: bool) -> None:
+    def __init__(self, command: list[str], attempts: int, output: _Output) -> None:
         self.command = command
         self.attempts = attempts
-        self.stdout = sys.stderr if as_json else None  # --json: stdout is for the document
+        self.output = output
 
     def __call__(self, lock: PoolLock) -> WorkResult:
+        feature = lock.feature
+        given = self.output
+        with command_output(
+            feature,
+            tag=given.tag,
+            log_dir=given.log_dir,
+            gsd_dir=given.gsd_dir,
+            stdout=given.stdout,
+        ) as output:
+            result = self._run(lock, output)
+        return result._replace(log=output.log)
+
+    def _run(self, lock: PoolLock, output: CommandOutput) -> WorkResult:
         feature = lock.feature
         argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in self.command]
         try:
             code = runner.run_locked(
                 lock,
                 argv,
-                self.stdout,
+                output.stdout,
                 on_release_wait=lambda bound: _warn_release_wait(feature, bound),
                 env={FEATURE_ENV_VAR: feature},
+                stderr=output.stderr,
             )
         except runner.CommandStartError as unstarted:
             # Every feature would fail the same way, and not by its own fault: release it
@@ -300,7 +344,7 @@ def _say(result: WorkResult, limit: int) -> None:
         said = f"lost its lock while CMD ran (exit code {result.exit_code}): not marked"
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
-    typer.echo(f"mahabharatha: {result.feature}: {said}", err=True)
+    note(f"{result.feature}: {said}")
 
 
 def _say_waiting(info: LockInfo) -> None:
@@ -309,15 +353,12 @@ def _say_waiting(info: LockInfo) -> None:
         said = f"feature {info.feature!r} rests after a failed attempt (--retry-delay)"
     else:
         said = describe_holder(info)
-    typer.echo(f"mahabharatha: waiting: {said} (Ctrl-C to stop)", err=True)
+    note(f"waiting: {said} (Ctrl-C to stop)")
 
 
 def _say_server_full(error: BackendError) -> None:
     """Said once on stderr when the server turns the worker away for want of a slot."""
-    typer.echo(
-        f"mahabharatha: {error}; waiting for a free connection slot (Ctrl-C to stop)",
-        err=True,
-    )
+    note(f"{error}; waiting for a free connection slot (Ctrl-C to stop)")
 
 
 def _worker_answer(result: Result) -> dict[str, Any]:

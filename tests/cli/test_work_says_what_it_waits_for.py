@@ -10,9 +10,7 @@ from typing import Any
 from tests.cli._support import cli_argv, run_cli
 
 
-def test_a_waiting_worker_names_the_feature_and_its_holder_once(
-    tmp_path: Path, spawn: Any
-) -> None:
+def test_a_waiting_worker_names_the_feature_and_its_holder_once(tmp_path: Path, spawn: Any) -> None:
     """The holder is this test (an interactive ``acquire`` of a live process): the worker
     says whom it waits for, once, then runs the feature when it is released and exits 0.
     Failed on 211f242: the worker waited in silence (no line on stderr until the end)."""
