@@ -45,7 +45,7 @@ from mahabharatha.cli._output import (
     sentence,
     with_shared_options,
 )
-from mahabharatha.cli._render import status_renderable, summary_counts
+from mahabharatha.cli._render import summary_counts, watch_table
 from mahabharatha.cli._work_output import CommandOutput, command_output
 from mahabharatha.cli.lock import (
     AttemptsOption,
@@ -437,6 +437,10 @@ def _work_result(
 WATCH_SECONDS: Final = 1.0
 """How often ``status --watch`` looks again (and redraws at a terminal)."""
 BAR_WIDTH: Final = 40
+TOP_LINES: Final = 3
+"""The bar, the counts that are not zero, the rate and estimate: always on screen, on top."""
+SPARE_LINES: Final = 1
+"""The line the cursor rests on under the view: a view that filled it would scroll."""
 
 
 class _Progress:
@@ -446,7 +450,8 @@ class _Progress:
         self.started = monotonic()
         self.first_finished: int | None = None
 
-    def line(self, counts: dict[str, int]) -> str:
+    def rate(self, counts: dict[str, int]) -> str:
+        """The rate of finishing since the watch began, and the time left at that rate."""
         total = sum(counts.values())
         finished = counts["done"] + counts["failed"]
         if self.first_finished is None:
@@ -454,10 +459,21 @@ class _Progress:
         elapsed = monotonic() - self.started
         rate = (finished - self.first_finished) / elapsed if elapsed > 0 else 0.0
         left = total - finished
-        eta = f", about {format_duration(left / rate)} left" if rate > 0 and left else ""
-        shown = ", ".join(f"{count} {kind}" for kind, count in counts.items() if kind != "done")
-        per_minute = f"{rate * 60:.1f}/min"
-        return f"{counts['done']}/{total} done, {shown}; {per_minute}{eta}"
+        if not left:
+            return "nothing left to claim"
+        eta = f"about {format_duration(left / rate)} left" if rate > 0 else "no estimate yet"
+        return f"{rate * 60:.1f}/min, {eta}"
+
+
+COUNT_ORDER: Final = ("held", "failed", "reclaimable", "stale", "free")
+"""The counts line, most telling first: what runs, what failed, what needs a hand."""
+
+
+def counts_line(counts: dict[str, int]) -> str:
+    """The counts that are not zero (done is on the bar's line), in :data:`COUNT_ORDER`."""
+    kinds = [*COUNT_ORDER, *(kind for kind in counts if kind not in (*COUNT_ORDER, "done"))]
+    shown = [f"{counts[kind]} {kind}" for kind in kinds if counts.get(kind)]
+    return ", ".join(shown) if shown else "every feature done"
 
 
 def _nothing_left(counts: dict[str, int]) -> bool:
@@ -491,15 +507,23 @@ def _survey(store: LockBackend) -> list[LockInfo]:
     return locks.survey(backend=store, problems=problems)
 
 
+def _what_changes(info: LockInfo) -> tuple[object, ...]:
+    """What of a feature makes a new line off a terminal: its state and holder, its failed
+    attempts; not its ages, which change every second while anything is held."""
+    return (info.feature, info.state, info.pid, info.host, info.token, info.owner, info.attempts)
+
+
 def _watch_lines(store: LockBackend, until_done: bool) -> int:
-    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``."""
+    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``.
+    A change is a count or a holder (:func:`_what_changes`), never an age ticking."""
     last: object = None
     while True:
         infos = _survey(store)
         counts = summary_counts(infos)
-        now = [info.to_dict() for info in infos]
+        now = [_what_changes(info) for info in infos]
         if now != last:
-            document = {"time": time(), "summary": counts, "features": now}
+            features = [info.to_dict() for info in infos]
+            document = {"time": time(), "summary": counts, "features": features}
             typer.echo(json.dumps(document, sort_keys=True))
             sys.stdout.flush()
             last = now
@@ -509,23 +533,38 @@ def _watch_lines(store: LockBackend, until_done: bool) -> int:
 
 
 def _watch_terminal(store: LockBackend, until_done: bool) -> int:
-    """The live view: the status table and a progress bar, redrawn every second. Rich's
-    ``Live`` hides the cursor while it draws and shows it again however the watch ends."""
-    from rich.console import Group
+    """The live view, redrawn every second, fitted to the terminal: the bar, the counts that
+    are not zero and the estimate on top, then the features, held ones first, cut to the
+    rows left. Rich's ``Live`` hides the cursor while it draws and shows it again however the
+    watch ends."""
+    from rich.console import Console, Group
     from rich.live import Live
     from rich.progress_bar import ProgressBar
+    from rich.table import Table
     from rich.text import Text
 
     progress = _Progress()
+    console = Console()
+
+    def line(text: str) -> Text:
+        return Text(text, no_wrap=True, overflow="ellipsis")
 
     def view(infos: list[LockInfo]) -> tuple[Group, dict[str, int]]:
         counts = summary_counts(infos)
-        total = max(1, sum(counts.values()))
-        bar = ProgressBar(total=total, completed=counts["done"], width=BAR_WIDTH)
-        return Group(status_renderable(infos), bar, Text(progress.line(counts))), counts
+        total = sum(counts.values())
+        width, height = console.size
+        done = f" {counts['done']}/{total} done"
+        bar_width = max(10, min(BAR_WIDTH, width - len(done)))
+        bar = ProgressBar(total=max(1, total), completed=counts["done"], width=bar_width)
+        top = Table.grid()
+        top.add_row(bar, line(done))
+        rows = max(0, height - TOP_LINES - SPARE_LINES)
+        listed = watch_table(infos, rows)
+        parts = [top, line(counts_line(counts)), line(progress.rate(counts)), *listed]
+        return Group(*parts), counts
 
     shown, counts = view(_survey(store))
-    with Live(shown, auto_refresh=False, transient=False) as live:
+    with Live(shown, console=console, auto_refresh=False, transient=False) as live:
         while not (until_done and _nothing_left(counts)):
             sleep(WATCH_SECONDS)
             shown, counts = view(_survey(store))
