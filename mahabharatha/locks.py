@@ -21,6 +21,7 @@ folder in the way) stays an :class:`OSError`.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``signal``)
+import dataclasses
 import math
 import os
 import random
@@ -245,8 +246,43 @@ def survey(
 ) -> list[LockInfo]:
     """Every feature, by name: its lock as :func:`status` lists it, or state ``done`` (a
     completion marker and no lock) or ``free`` (neither). Folders that cannot be looked into
-    are skipped and reported as :func:`status` does."""
-    return _backend(backend, gsd_dir).survey(problems=problems)
+    are skipped and reported as :func:`status` does. On a backend that keeps its locks
+    elsewhere (PostgreSQL), a feature free there but done or failed in its local folder is
+    shown so, exactly as :func:`claim` skips it."""
+    store = _backend(backend, gsd_dir)
+    infos = store.survey(problems=problems)
+    local = _local_markers(store)
+    return infos if local is None else [_as_finished_here(local, info) for info in infos]
+
+
+def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
+    """``info``, shown ``done`` or ``failed`` when it is free but so in its local folder."""
+    if info.state is not State.FREE:
+        return info
+    finished = _finished_in(local, info.feature, include_done=False, attempts=None)
+    if finished is None:
+        return info
+    state, record = finished
+    shown = dataclasses.replace(info, state=state)
+    return shown if record is None else shown.with_attempts(record.tries, record.last_reason)
+
+
+def _finished_in(
+    local: LockBackend, feature: str, *, include_done: bool, attempts: int | None
+) -> tuple[State, Attempts | None] | None:
+    """Is ``feature`` done (its marker) or failed (its attempts at the limit: ``attempts``, or
+    the one recorded) in the local folders? One answer for claim and status; a folder that
+    cannot be looked into says nothing (the server decides alone)."""
+    try:
+        if not include_done and local.is_done(feature):
+            return State.DONE, None
+        record = local.attempts(feature)
+    except OSError:
+        return None
+    if record is None:
+        return None
+    limit = record.limit if attempts is None else attempts
+    return (State.FAILED, record) if record.tries >= limit else None
 
 
 # --------------------------------------------------------------------------- acquiring
@@ -701,6 +737,7 @@ class _Pool:
         # walk was a tenth of a claim's time in a pool of 400, and grew with the pool).
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
+        self.here: dict[str, str] = {}  # one-statement claims: done or failed locally
         # --retry-delay: a feature rests this long after a failed attempt. When a rest ends,
         # by the attempt's record (any worker's; where the claim reads it) or this worker's.
         self.retry_delay = 0.0
@@ -826,12 +863,15 @@ class _Pool:
         return _held_by(outcome.holder, outcome.holder_details, {self.owner})
 
     def _claim_in_one_step(self, options: _ClaimOptions) -> ClaimOutcome:
-        """A backend that claims in one statement (PostgreSQL): features done in their local
-        folder are left out (both backends mean the same by done). The folders are looked at
+        """A backend that claims in one statement (PostgreSQL): features done or failed in
+        their local folder are left out (both backends mean the same by done and failed, and
+        :func:`survey` shows them so). The folders are looked at
         once per pool, and the list offered stays the same from claim to claim (the server
         keeps a prepared claim per list)."""
         if self.offered is None:
-            self.offered = [f for f in self.candidates if not self._done_here(f, options)]
+            here = ((f, self._finished_here(f, options)) for f in self.candidates)
+            self.here = {f: finished for f, finished in here if finished is not None}
+            self.offered = [f for f in self.candidates if f not in self.here]
         # Features resting after this worker's failed attempt are not offered this round (a
         # list of its own: the usual one keeps its prepared statement).
         resting = {f for f in self.rest_until if self._resting(f)}
@@ -847,7 +887,7 @@ class _Pool:
             if won is None or won.held is None:
                 break
             _said(won)
-            if not self._done_here(won.held.feature, options):
+            if self._finished_here(won.held.feature, options) is None:
                 return ClaimOutcome(won.held)
             # Race: its folder got a marker after the pool looked (another checkout's done):
             # done all the same; give the lock back and leave it out from now on.
@@ -858,7 +898,9 @@ class _Pool:
         busy = [f for f in self.offered if f in held or f in resting]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
-        gave_up = self.store.failed_features()
+        gave_up = self.store.failed_features() | {
+            f for f, finished in self.here.items() if finished == "failed"
+        }
         seen = {
             "done": [f for f in finished if f not in gave_up],
             "failed": [f for f in finished if f in gave_up],
@@ -880,13 +922,15 @@ class _Pool:
     def _may_be_mine(self, holder: LockInfo) -> bool:
         return holder.pid == self.owner and holder.host in (None, ownership.host_name())
 
-    def _done_here(self, feature: str, options: _ClaimOptions) -> bool:
-        if options.include_done or self.local is None:
-            return False
-        try:
-            return self.local.is_done(feature)
-        except OSError:
-            return False  # a folder we cannot look into: the server decides alone
+    def _finished_here(self, feature: str, options: _ClaimOptions) -> str | None:
+        """``done`` or ``failed`` when the feature's local folder says so (both backends mean
+        the same by done and failed), else None."""
+        if self.local is None:
+            return None
+        found = _finished_in(
+            self.local, feature, include_done=options.include_done, attempts=options.attempts
+        )
+        return None if found is None else str(found[0])
 
 
 def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
