@@ -20,7 +20,7 @@ from typing import IO, Annotated, Any, Final, NamedTuple, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from mahabharatha import locks, runner, team
+from mahabharatha import locks, logs, runner, team
 from mahabharatha.backends import load_backend_code
 from mahabharatha.backends.base import (
     BackendError,
@@ -231,6 +231,7 @@ def work(
         # Forked before this process opens a backend: every worker connects on its own. The
         # backend's code is imported first, once for the team, not once in each worker.
         load_backend_code(shared.place.url)
+        logs.logger()  # a worker that waits logs it: logging imported once, not once a worker
         # What start-up made stays till the end (as ``main`` says of the CLI's own): out of the
         # collector's sight, no worker's collection touches (copies) those pages after the
         # fork, and no final collection walks them at exit.
