@@ -9,6 +9,7 @@ suffix for a second attempt within that second).
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import sys
@@ -88,7 +89,7 @@ def _new_log(log_dir: Path, feature: str) -> Iterator[IO[bytes]]:
 def _tagging(prefix: bytes, target: IO[Any]) -> Iterator[IO[bytes]]:
     """A pipe whose lines are written to ``target`` with ``prefix``, by a thread of its own."""
     read_fd, write_fd = os.pipe()
-    sink = target.buffer if hasattr(target, "buffer") else target
+    sink = target.buffer if isinstance(target, io.TextIOWrapper) else target  # bytes go there
     pump = threading.Thread(target=_pump, args=(read_fd, prefix, sink), daemon=True)
     pump.start()
     writer = os.fdopen(write_fd, "wb")
