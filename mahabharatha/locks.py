@@ -1845,13 +1845,15 @@ def work(
     backend: LockBackend | str | None = None,
     heartbeat: float | None = HEARTBEAT_SECONDS,
     on_result: Callable[[WorkResult], None] | None = None,
+    retry_delay: float = RETRY_DELAY_SECONDS,
 ) -> WorkReport:
     """Work through a pool of features in this process: claim one, call ``task(feature)``
     holding its lock (refreshed in the background), mark it done when ``task`` returns, or
     record a failed attempt when it raises an ``Exception`` (its text is the reason) or
     returns ``False``; then the next. While nothing is free but other workers hold features,
     it waits for one to come back (``wait`` seconds at most; ``None``: for ever). A feature
-    that failed ``attempts`` times is skipped until :func:`reopen`.
+    that failed ``attempts`` times is skipped until :func:`reopen`; one that failed fewer
+    times rests ``retry_delay`` seconds before its next attempt.
 
     Returns a :class:`WorkReport` (``ended`` ``finished`` once every feature is done or
     failed). A ``KeyboardInterrupt`` (or any other ``BaseException``) releases the feature
@@ -1881,4 +1883,5 @@ def work(
         backend=backend,
         heartbeat=heartbeat,
         on_result=on_result,
+        retry_delay=retry_delay,
     )
