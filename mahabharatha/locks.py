@@ -21,6 +21,7 @@ folder in the way) stays an :class:`OSError`.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``signal``)
+import dataclasses
 import math
 import os
 import random
@@ -33,7 +34,7 @@ from time import monotonic, sleep
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
-from mahabharatha import clock, ownership
+from mahabharatha import clock, logs, ownership
 from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
@@ -62,6 +63,7 @@ from mahabharatha.backends.base import (
     UnsafeLockPathError,
     UnsupportedError,
     Verdict,
+    describe_holder,
     owner_is_gone,
 )
 from mahabharatha.backends.liveness import (
@@ -123,6 +125,7 @@ __all__ = [
     "owner_liveness",
     "release",
     "reopen",
+    "reopen_finished",
     "run_pool",
     "status",
     "survey",
@@ -243,8 +246,43 @@ def survey(
 ) -> list[LockInfo]:
     """Every feature, by name: its lock as :func:`status` lists it, or state ``done`` (a
     completion marker and no lock) or ``free`` (neither). Folders that cannot be looked into
-    are skipped and reported as :func:`status` does."""
-    return _backend(backend, gsd_dir).survey(problems=problems)
+    are skipped and reported as :func:`status` does. On a backend that keeps its locks
+    elsewhere (PostgreSQL), a feature free there but done or failed in its local folder is
+    shown so, exactly as :func:`claim` skips it."""
+    store = _backend(backend, gsd_dir)
+    infos = store.survey(problems=problems)
+    local = _local_markers(store)
+    return infos if local is None else [_as_finished_here(local, info) for info in infos]
+
+
+def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
+    """``info``, shown ``done`` or ``failed`` when it is free but so in its local folder."""
+    if info.state is not State.FREE:
+        return info
+    finished = _finished_in(local, info.feature, include_done=False, attempts=None)
+    if finished is None:
+        return info
+    state, record = finished
+    shown = dataclasses.replace(info, state=state)
+    return shown if record is None else shown.with_attempts(record.tries, record.last_reason)
+
+
+def _finished_in(
+    local: LockBackend, feature: str, *, include_done: bool, attempts: int | None
+) -> tuple[State, Attempts | None] | None:
+    """Is ``feature`` done (its marker) or failed (its attempts at the limit: ``attempts``, or
+    the one recorded) in the local folders? One answer for claim and status; a folder that
+    cannot be looked into says nothing (the server decides alone)."""
+    try:
+        if not include_done and local.is_done(feature):
+            return State.DONE, None
+        record = local.attempts(feature)
+    except OSError:
+        return None
+    if record is None:
+        return None
+    limit = record.limit if attempts is None else attempts
+    return (State.FAILED, record) if record.tries >= limit else None
 
 
 # --------------------------------------------------------------------------- acquiring
@@ -260,8 +298,22 @@ def _try_once(
 ) -> AcquireResult:
     requester = Requester(pid, details)
     if lease is None:  # the seam's default: a backend that cannot choose a lease never sees one
-        return backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead)
-    return backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease)
+        return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead))
+    return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease))
+
+
+def _said(outcome: AcquireResult) -> AcquireResult:
+    """``outcome``, logged when it reclaimed another holder's lock to win (both backends)."""
+    if outcome.held is not None and outcome.replaced is not None:
+        old = outcome.replaced
+        logs.say(
+            logs.INFO,
+            "reclaimed feature %r from pid %s (%s)",
+            old.feature,
+            old.pid,
+            outcome.reason or old.state,
+        )
+    return outcome
 
 
 def _held_by(
@@ -390,6 +442,7 @@ def acquire(
     callers = {owner, *caller_pids}
     deadline = None if timeout is None else monotonic() + max(0.0, timeout)
     delays = _backoff_delays()
+    said_waiting = False
     while True:
         outcome = _try_uninterrupted(store, feature, owner, reclaim_dead, details, lease)
         if outcome.held is not None:
@@ -401,6 +454,9 @@ def acquire(
         left = None if deadline is None else deadline - monotonic()
         if left is not None and left <= 0:
             raise (LockTimeoutError if timeout else LockHeldError)(_judged(store, info))
+        if not said_waiting:
+            said_waiting = True
+            logs.say(logs.INFO, "waiting: %s", describe_holder(info))
         if on_wait is not None:
             on_wait(info, left)
         delay = next(delays)
@@ -608,12 +664,15 @@ def _claim_patiently(
 
 
 def _once(tell: Callable[[ServerFullError], None] | None) -> Callable[[ServerFullError], None]:
-    """``tell``, called the first time only (nothing when ``None``)."""
+    """``tell``, called the first time only (nothing when ``None``), and logged then."""
     told: list[bool] = []
 
     def tell_once(error: ServerFullError) -> None:
-        if tell is not None and not told:
-            told.append(True)
+        if told:
+            return
+        told.append(True)
+        logs.say(logs.WARNING, "%s; waiting for a free connection slot", error)
+        if tell is not None:
             tell(error)
 
     return tell_once
@@ -627,6 +686,7 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
     outcome = pool.claim(options)
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
+    pool.tell_waiting(outcome.busy)
     with pool.store.release_watch(pool.candidates) as watch:
         while True:
             # Race: a release between the claim above and the watch's start was not seen by
@@ -677,6 +737,48 @@ class _Pool:
         # walk was a tenth of a claim's time in a pool of 400, and grew with the pool).
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
+        self.here: dict[str, str] = {}  # one-statement claims: done or failed locally
+        # --retry-delay: a feature rests this long after a failed attempt. When a rest ends,
+        # by the attempt's record (any worker's; where the claim reads it) or this worker's.
+        self.retry_delay = 0.0
+        self.rest_until: dict[str, float] = {}
+        # Told once per run which feature (and holder) the worker waits for.
+        self.on_waiting: Callable[[LockInfo], None] | None = None
+        self.told_waiting = False
+
+    def tell_waiting(self, busy: Sequence[str]) -> None:
+        """Say once (``on_waiting``) what the first wait is for: the first feature held by
+        others, its holder judged (``free``: it rests after a failed attempt)."""
+        if self.told_waiting or not busy:
+            return
+        self.told_waiting = True
+        try:
+            info = self.store.inspect(busy[0])
+        except OSError:
+            info = LockInfo(busy[0], State.FREE, None, None, None, None, Owner.UNKNOWN)
+        if info.state is State.FREE:
+            logs.say(logs.INFO, "waiting: feature %r rests after a failed attempt", info.feature)
+        else:
+            logs.say(logs.INFO, "waiting: %s", describe_holder(info))
+        if self.on_waiting is not None:
+            self.on_waiting(info)
+
+    def rest(self, feature: str) -> None:
+        """``feature``'s attempt failed here: it is not taken again for ``retry_delay``."""
+        if self.retry_delay > 0:
+            self.rest_until[feature] = clock.now() + self.retry_delay
+
+    def _resting(self, feature: str, record: Attempts | None = None) -> bool:
+        """Is ``feature`` resting after a failed attempt (this worker's, or the one its
+        ``record`` names last)? It counts as held by others: the pool waits for it."""
+        now = clock.now()
+        ends = self.rest_until.get(feature, 0.0)
+        if record is not None and record.history and self.retry_delay > 0:
+            at = record.history[-1].get("at")
+            if isinstance(at, int | float) and math.isfinite(at):
+                # A time ahead of ours (another host's clock, a forged record) rests no longer.
+                ends = max(ends, min(float(at), now) + self.retry_delay)
+        return now < ends
 
     def claim(self, options: _ClaimOptions) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
@@ -722,14 +824,17 @@ class _Pool:
             return None
 
     def _finished(self, feature: str, options: _ClaimOptions) -> str | None:
-        """``done`` or ``failed`` when the feature is finished, else None."""
+        """``done`` or ``failed`` when the feature is finished, ``busy`` while it rests after
+        a failed attempt, else None."""
         if not options.include_done and self.store.is_done(feature):
             return "done"
         record = self.store.attempts(feature)
         if record is None:
             return None
         limit = record.limit if options.attempts is None else options.attempts
-        return "failed" if record.tries >= limit else None
+        if record.tries >= limit:
+            return "failed"
+        return "busy" if self._resting(feature, record) else None
 
     def _claim_one(self, feature: str, options: _ClaimOptions) -> Held | str:
         """Take ``feature`` unless it is finished: the acquisition, or why not (``done``,
@@ -758,15 +863,22 @@ class _Pool:
         return _held_by(outcome.holder, outcome.holder_details, {self.owner})
 
     def _claim_in_one_step(self, options: _ClaimOptions) -> ClaimOutcome:
-        """A backend that claims in one statement (PostgreSQL): features done in their local
-        folder are left out (both backends mean the same by done). The folders are looked at
+        """A backend that claims in one statement (PostgreSQL): features done or failed in
+        their local folder are left out (both backends mean the same by done and failed, and
+        :func:`survey` shows them so). The folders are looked at
         once per pool, and the list offered stays the same from claim to claim (the server
         keeps a prepared claim per list)."""
         if self.offered is None:
-            self.offered = [f for f in self.candidates if not self._done_here(f, options)]
+            here = ((f, self._finished_here(f, options)) for f in self.candidates)
+            self.here = {f: finished for f, finished in here if finished is not None}
+            self.offered = [f for f in self.candidates if f not in self.here]
+        # Features resting after this worker's failed attempt are not offered this round (a
+        # list of its own: the usual one keeps its prepared statement).
+        resting = {f for f in self.rest_until if self._resting(f)}
+        offered = [f for f in self.offered if f not in resting] if resting else self.offered
         while True:
             won = self.store.try_claim(
-                self.offered,
+                offered,
                 Requester(self.owner, self.details),
                 reclaim_dead=options.reclaim_dead,
                 lease=options.lease,
@@ -774,17 +886,21 @@ class _Pool:
             )
             if won is None or won.held is None:
                 break
-            if not self._done_here(won.held.feature, options):
+            _said(won)
+            if self._finished_here(won.held.feature, options) is None:
                 return ClaimOutcome(won.held)
             # Race: its folder got a marker after the pool looked (another checkout's done):
             # done all the same; give the lock back and leave it out from now on.
             self.store.release_held(won.held)
             self.offered = [f for f in self.offered if f != won.held.feature]
+            offered = [f for f in offered if f != won.held.feature]
         held = {info.feature: info for info in self.store.status() if info.held}
-        busy = [f for f in self.offered if f in held]
+        busy = [f for f in self.offered if f in held or f in resting]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
-        gave_up = self.store.failed_features()
+        gave_up = self.store.failed_features() | {
+            f for f, finished in self.here.items() if finished == "failed"
+        }
         seen = {
             "done": [f for f in finished if f not in gave_up],
             "failed": [f for f in finished if f in gave_up],
@@ -796,7 +912,8 @@ class _Pool:
         # the row's details); any other row is someone else's without a round trip. Race: a
         # try may also take one released meanwhile.
         for feature in busy:
-            verdict = self._tried(feature, options) if self._may_be_mine(held[feature]) else None
+            mine = feature in held and self._may_be_mine(held[feature])
+            verdict = self._tried(feature, options) if mine else None
             if isinstance(verdict, Held):
                 return ClaimOutcome(verdict)
             seen[verdict or "busy"].append(feature)
@@ -805,13 +922,15 @@ class _Pool:
     def _may_be_mine(self, holder: LockInfo) -> bool:
         return holder.pid == self.owner and holder.host in (None, ownership.host_name())
 
-    def _done_here(self, feature: str, options: _ClaimOptions) -> bool:
-        if options.include_done or self.local is None:
-            return False
-        try:
-            return self.local.is_done(feature)
-        except OSError:
-            return False  # a folder we cannot look into: the server decides alone
+    def _finished_here(self, feature: str, options: _ClaimOptions) -> str | None:
+        """``done`` or ``failed`` when the feature's local folder says so (both backends mean
+        the same by done and failed), else None."""
+        if self.local is None:
+            return None
+        found = _finished_in(
+            self.local, feature, include_done=options.include_done, attempts=options.attempts
+        )
+        return None if found is None else str(found[0])
 
 
 def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
@@ -916,6 +1035,27 @@ def reopen(
     if local is not None:
         reopened = local.reopen(feature) or reopened
     return reopened
+
+
+def reopen_finished(
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    failed_only: bool = False,
+    backend: LockBackend | str | None = None,
+) -> list[str]:
+    """:func:`reopen` every feature that is failed (``failed_only``) or also done, or has
+    failed attempts; the features reopened, by name. A pool is reset in one call, not one
+    process per feature."""
+    store = _backend(backend, gsd_dir)
+    names = store.feature_names()
+    if failed_only:
+        names = [name for name in names if _failed_for_good(store, name)]
+    return [name for name in names if reopen(name, backend=store)]
+
+
+def _failed_for_good(store: LockBackend, feature: str) -> bool:
+    record = store.attempts(feature)
+    return record is not None and record.failed
 
 
 # --------------------------------------------------------------------------- releasing
@@ -1185,6 +1325,7 @@ class FeatureLock:
         return clock.now() > expires or monotonic() > self._deadline
 
     def _declare_lost(self, error: LockLostError) -> None:
+        logs.say(logs.WARNING, "%s", error)
         self.lost = error
         tell = self.on_lost if self._lost_override is None else self._lost_override
         if tell is not None:
@@ -1337,6 +1478,8 @@ class WorkResult(NamedTuple):
     exit_code: int | None
     attempts: int = 0
     reason: str | None = None
+    log: str | None = None
+    """The file the attempt's output went to (``lock work --log-dir``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()
@@ -1647,6 +1790,11 @@ def _pause_for_a_slot() -> None:
 
 SLOT_PAUSE_SECONDS: Final = 0.5
 
+RETRY_DELAY_SECONDS: Final = 1.0
+"""A failed feature rests this long before its next attempt (``lock work --retry-delay``): a
+command failing for a passing cause (a busy port, a flaky fetch) is not tried three times in
+a second."""
+
 
 class StopWork(Exception):
     """Raised by a step whose work was interrupted (a signal): the loop ends with ``result``,
@@ -1677,6 +1825,8 @@ def run_pool(
     on_result: Callable[[WorkResult], None] | None = None,
     problems: list[FeatureProblem] | None = None,
     on_server_full: Callable[[ServerFullError], None] | None = None,
+    retry_delay: float = RETRY_DELAY_SECONDS,
+    on_waiting: Callable[[LockInfo], None] | None = None,
 ) -> WorkReport:
     """The worker loop under :func:`work` and ``lock work``: claim (as :func:`claim_next`,
     owner this process), run ``step`` with the lock held, again; while nothing is free but
@@ -1684,7 +1834,10 @@ def run_pool(
     for ever). Ends when nothing is left, when the wait ran out, after one feature with
     ``once``, or when a step raises :class:`StopWork`. ``on_server_full`` is told, once per
     run, that the server turned the worker away for want of a connection slot (it waits on
-    for one, to claim or to record a command's outcome)."""
+    for one, to claim or to record a command's outcome); ``on_waiting``, once per run, which
+    feature (and holder) the worker waits for when only features held by others are left.
+    A feature whose attempt failed rests ``retry_delay`` seconds before it is claimed again
+    (meanwhile it counts as held)."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     _valid_attempts(attempts)
@@ -1693,6 +1846,8 @@ def run_pool(
     owner = os.getpid()
     found: list[FeatureProblem] = [] if problems is None else problems
     pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
+    pool.retry_delay = _valid_seconds("retry_delay", retry_delay) or 0.0
+    pool.on_waiting = on_waiting
     lease = _valid_seconds("lease", store.run_lease)
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
     results: list[WorkResult] = []
@@ -1728,6 +1883,8 @@ def run_pool(
                     on_result(stop.result)
                 return WorkReport("stopped", tuple(results), exit_code=stop.exit_code)
             results.append(result)
+            if result.outcome == "failed":
+                pool.rest(result.feature)
             if on_result is not None:
                 on_result(result)
             if once:
@@ -1748,13 +1905,15 @@ def work(
     backend: LockBackend | str | None = None,
     heartbeat: float | None = HEARTBEAT_SECONDS,
     on_result: Callable[[WorkResult], None] | None = None,
+    retry_delay: float = RETRY_DELAY_SECONDS,
 ) -> WorkReport:
     """Work through a pool of features in this process: claim one, call ``task(feature)``
     holding its lock (refreshed in the background), mark it done when ``task`` returns, or
     record a failed attempt when it raises an ``Exception`` (its text is the reason) or
     returns ``False``; then the next. While nothing is free but other workers hold features,
     it waits for one to come back (``wait`` seconds at most; ``None``: for ever). A feature
-    that failed ``attempts`` times is skipped until :func:`reopen`.
+    that failed ``attempts`` times is skipped until :func:`reopen`; one that failed fewer
+    times rests ``retry_delay`` seconds before its next attempt.
 
     Returns a :class:`WorkReport` (``ended`` ``finished`` once every feature is done or
     failed). A ``KeyboardInterrupt`` (or any other ``BaseException``) releases the feature
@@ -1784,4 +1943,5 @@ def work(
         backend=backend,
         heartbeat=heartbeat,
         on_result=on_result,
+        retry_delay=retry_delay,
     )

@@ -55,7 +55,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 from functools import cache, lru_cache
 from time import monotonic
 from types import FrameType, TracebackType
-from typing import IO, Final, Self
+from typing import IO, Any, Final, Self
 
 from mahabharatha import ownership
 from mahabharatha.backends.base import ReleaseWait
@@ -704,12 +704,14 @@ class Run:
     def command(
         self,
         command: Sequence[str],
-        stdout: IO[str] | None = None,
+        stdout: IO[Any] | None = None,
         *,
         env: Mapping[str, str] | None = None,
+        stderr: IO[Any] | None = None,
     ) -> int:
         """Run ``command`` under the lock taken by :meth:`acquire`, then release it; return
-        the command's exit code as a shell reports it."""
+        the command's exit code as a shell reports it. ``stdout``/``stderr``: where its
+        output goes (``None``: ours)."""
         if not self._held:
             raise RuntimeError("Run.command needs the lock: call Run.acquire first")
         lock, relay, watch = self.lock, self._relay, self._watch
@@ -721,7 +723,9 @@ class Run:
                 raise lock.lost  # Race: lost between the acquire and now: CMD never starts
             work = lock.work_proof()
             with _unmasked():
-                child = _start(relay, command, stdout, _child_env(lock.token, work, env), work)
+                child = _start(
+                    relay, command, stdout, _child_env(lock.token, work, env), work, stderr
+                )
             watch.started(child)
             if child.own_group:
                 # Race: lock run SIGKILLed from here on leaves work that dropped the proof in
@@ -760,7 +764,7 @@ class Run:
 def run_locked(
     lock: FeatureLock,
     command: Sequence[str],
-    stdout: IO[str] | None = None,
+    stdout: IO[Any] | None = None,
     on_acquired: Callable[[], None] | None = None,
     *,
     waiting: AbstractContextManager[object] | None = None,
@@ -768,11 +772,13 @@ def run_locked(
     notify_lost: Callable[[LockLostError], None] | None = None,
     on_release_wait: Callable[[float], None] | None = None,
     env: Mapping[str, str] | None = None,
+    stderr: IO[Any] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
     One call for the two steps of :class:`Run`.
 
-    ``env``: variables added to the command's environment (``lock work``: the feature).
+    ``env``: variables added to the command's environment (``lock work``: the feature);
+    ``stdout``/``stderr``: where its output goes (``None``: ours).
 
     ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
     is gone before the command's output or any error. ``on_acquired`` is called once the lock
@@ -799,7 +805,7 @@ def run_locked(
             run.acquire()
         if on_acquired is not None:
             on_acquired()
-        return run.command(command, stdout, env=env)
+        return run.command(command, stdout, env=env, stderr=stderr)
 
 
 def _release_after_leases(
@@ -975,9 +981,10 @@ def _child_env(
 def _start(
     relay: _SignalRelay,
     command: Sequence[str],
-    stdout: IO[str] | None,
+    stdout: IO[Any] | None,
     env: dict[str, str] | None = None,
     work: WorkProof | None = None,
+    stderr: IO[Any] | None = None,
 ) -> _Child:
     own_group = not _in_terminal_job()
     if not own_group:
@@ -990,6 +997,7 @@ def _start(
         child = subprocess.Popen(
             words,
             stdout=stdout,
+            stderr=stderr,
             preexec_fn=hook,
             env=env,
             pass_fds=passed,

@@ -1,5 +1,5 @@
-"""Suite-wide set-up: the PostgreSQL server that the PostgreSQL tests share, and a SIGINT that
-reaches the CLI processes the tests start.
+"""Suite-wide set-up: the PostgreSQL server that the PostgreSQL tests share, a SIGINT that
+reaches the CLI processes the tests start, and a run that fails when it leaves files behind.
 
 Any test that uses ``pg_server`` is marked ``postgres``. Without PostgreSQL (or psycopg) those
 tests skip with a reason saying what to install; with ``MAHABHARATHA_REQUIRE_POSTGRES=1`` (CI) a
@@ -17,7 +17,10 @@ import pytest
 from mahabharatha import proof
 from tests.support import postgres
 
-pytest_plugins = ("tests.support.tally",)  # a collected test that reports no outcome fails the run
+pytest_plugins = (
+    "tests.support.tally",  # a collected test that reports no outcome fails the run
+    "tests.support.clean_checkout",  # so does a run that leaves new files in the checkout
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

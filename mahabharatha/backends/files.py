@@ -415,6 +415,7 @@ def _next_attempts(
     """The record after one more failed attempt."""
     attempt = {
         "time": _iso_time(now),
+        "at": now,  # the epoch seconds a --retry-delay rest is counted from
         "host": ownership.host_name(),
         "pid": pid,
         "reason": reason[:MAX_REASON_CHARS],

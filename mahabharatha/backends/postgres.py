@@ -1232,6 +1232,7 @@ class PostgresBackend(LockBackend):
     def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
         entry = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "at": time.time(),  # the epoch seconds a --retry-delay rest is counted from
             "host": self._host,
             "pid": pid,
             "reason": reason[:MAX_REASON_CHARS],

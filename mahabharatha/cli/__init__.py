@@ -17,7 +17,7 @@ from typer.main import get_command_name
 from mahabharatha.cli import feature, lock
 from mahabharatha.cli import pool as _pool  # noqa: F401  (registers lock fail, lock work)
 from mahabharatha.cli._click import ClickException, Context
-from mahabharatha.cli._output import asks_for_json, emit_usage_error
+from mahabharatha.cli._output import asks_for_json, emit_usage_error, set_verbosity
 
 ARGV_KEY = "mahabharatha.argv"
 """Where the root context keeps the command line, so that a usage error found deeper (a
@@ -87,8 +87,22 @@ def _options(
             help="Print the version and exit.",
         ),
     ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="Say only errors on stderr (no notes, no warnings)."),
+    ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            help="Also say the library's messages (waits, reclaims, lost locks); -vv: more.",
+        ),
+    ] = 0,
 ) -> None:
     """Work on features without stepping on each other: feature locks and detection."""
+    set_verbosity(quiet, verbose)
 
 
 app.add_typer(lock.app, name="lock")

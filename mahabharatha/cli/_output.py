@@ -71,10 +71,12 @@ __all__ = [
     "given_gsd_dir_exists",
     "holder_fields",
     "lock_entry",
+    "note",
     "problem_fields",
     "problem_warnings",
     "respond",
     "sentence",
+    "set_verbosity",
     "wait_seconds",
     "what_to_do",
     "with_shared_options",
@@ -592,7 +594,7 @@ def _write(result: Result, as_json: bool) -> None:
     elif result.text:
         typer.echo(result.text)
     for warning in result.warnings:
-        typer.echo(f"mahabharatha: {warning}", err=True)
+        note(warning)
     if result.message:
         typer.echo(f"mahabharatha: {result.message}", err=True)
     sys.stdout.flush()  # a write error (a full disk, a closed pipe) shows here, not at exit
@@ -644,6 +646,35 @@ def given_gsd_dir_exists() -> None:
     if not is_folder:
         create = "; --create makes it" if "create" in ctx.params else ""
         raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names an existing gsd folder{create})")
+
+
+class _Verbosity:
+    """What reaches stderr besides errors (``-q``/``-v`` of the root command)."""
+
+    quiet = False
+
+
+def set_verbosity(quiet: bool, verbose: int) -> None:
+    """``-q``: notes (a pool's line per feature, what a wait is for, warnings) are not said,
+    only errors. ``-v``: the library's own messages (the ``mahabharatha`` logger: waits,
+    reclaims, lost locks, server-full waits) reach stderr too; ``-vv`` its debug ones."""
+    _Verbosity.quiet = quiet
+    if verbose and not quiet:
+        import logging  # only -v pays for it: kept out of every other call's cold start
+
+        from mahabharatha import logs
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("mahabharatha: %(message)s"))
+        found = logs.logger()
+        found.addHandler(handler)
+        found.setLevel(logs.INFO if verbose == 1 else logs.DEBUG)
+
+
+def note(text: str) -> None:
+    """A line for the person on stderr that is not an error (``-q`` silences it)."""
+    if not _Verbosity.quiet:
+        typer.echo(f"mahabharatha: {text}", err=True)
 
 
 def respond(

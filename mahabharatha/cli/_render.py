@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from time import monotonic
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from mahabharatha.backends.base import (
     HELD_STATES,
@@ -25,10 +25,10 @@ __all__ = [
     "GoneHolderNotice",
     "WaitingLine",
     "is_reclaimable",
-    "status_renderable",
     "status_table",
     "summary",
     "summary_counts",
+    "watch_table",
 ]
 
 RECLAIMABLE: Final = "reclaimable"
@@ -152,9 +152,40 @@ def _table_of(rows: list[tuple[str, ...]]) -> Table:
     return table
 
 
-def status_renderable(infos: list[LockInfo]) -> Table:
-    """The status table as a rich renderable (``status --watch`` redraws it)."""
-    return _table_of([_row(info) for info in infos])
+WATCH_TABLE_LINES: Final = 2
+"""A watch table's own lines: its header and the rule under it."""
+
+
+def _watch_rank(info: LockInfo) -> int:
+    """Held first (what runs now), then what needs a look (failed, stale, odd), free, done."""
+    kind = _kind(info)
+    if kind in ("held", RECLAIMABLE):
+        return 0
+    return {"free": 2, "done": 3}.get(kind, 1)
+
+
+def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
+    """``status --watch``'s list in at most ``lines`` lines: held features first, one line
+    each (a long cell ends in an ellipsis, never wraps), and a last line counting those left
+    out. Empty when not even one feature fits."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    ordered = sorted(infos, key=lambda info: (_watch_rank(info), info.feature))
+    room = lines - WATCH_TABLE_LINES
+    if room < 1 or not ordered:
+        return []
+    if len(ordered) > room:
+        room -= 1  # the "more" line takes one
+    shown, left_out = ordered[: max(0, room)], len(ordered) - max(0, room)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name in COLUMNS:
+        table.add_column(name, no_wrap=True, overflow="ellipsis")
+    for info in shown:
+        table.add_row(*_row(info))
+    more = [Text(f"... and {left_out} more", no_wrap=True)] if left_out else []
+    return [table, *more]
 
 
 REDRAW_SECONDS: Final = 1.0

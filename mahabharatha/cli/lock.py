@@ -34,6 +34,7 @@ from mahabharatha.cli._output import (
     finite_seconds,
     holder_fields,
     lock_entry,
+    note,
     problem_fields,
     problem_warnings,
     respond,
@@ -509,14 +510,29 @@ def status(
         infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
         listed = [lock_entry(i) for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
+        logs = _last_logs(shared.gsd_dir, infos) if show_all else {}
+        for entry in listed:
+            if entry["feature"] in logs:
+                entry["log"] = logs[entry["feature"]]
+        footer = "\n".join(
+            [summary(every), *(f"last log of {name}: {path}" for name, path in logs.items())]
+        )
         return Result(
             EXIT_OK,
             _status_document(listed, every),
-            show=lambda: status_table(infos, summary(every)),
+            show=lambda: status_table(infos, footer),
             warnings=problem_warnings(problems),
         )
 
     respond(shared.as_json, _status_document([], []), action)
+
+
+def _last_logs(gsd_dir: str, infos: list[LockInfo]) -> dict[str, str]:
+    """The features whose attempts wrote a log (``lock work --log-dir``): its last file."""
+    from mahabharatha.cli._work_output import last_log  # only status --all reads them
+
+    found = {info.feature: last_log(gsd_dir, info.feature) for info in infos}
+    return {feature: path for feature, path in found.items() if path is not None}
 
 
 @app.command()
@@ -658,7 +674,7 @@ def run_command(
             line = WaitingLine()  # entered around the wait only: gone before CMD's output
             store = shared.backend()
             for warning in _valid_case_warnings(shared.gsd_dir, feature):
-                typer.echo(f"mahabharatha: {warning}", err=True)
+                note(warning)
             holder = locks.FeatureLock(
                 feature,
                 shared.gsd_dir,
@@ -746,18 +762,56 @@ def done(
 @app.command()
 @with_shared_options
 def reopen(
-    feature: FeatureArg,
     shared: Shared,
+    features: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[FEATURE]...",
+            autocompletion=complete_feature,
+            help="The features to reopen (folders under <gsd-dir>/specs).",
+        ),
+    ] = None,
+    failed: Annotated[bool, typer.Option("--failed", help="Reopen every failed feature.")] = False,
+    every: Annotated[
+        bool,
+        typer.Option("--all", help="Reopen every done or failed feature (reset the pool)."),
+    ] = False,
 ) -> None:
-    """Remove FEATURE's done marker so that claim hands it out again (a lock stays as it is)."""
-    document: dict[str, Any] = {"feature": feature, "reopened": False}
+    """Clear the done marker, failed state and attempts of FEATURE(s), of every failed one
+    (--failed) or of every feature (--all), so that claim hands them out again (a lock stays
+    as it is)."""
+    named = list(features or [])
+    one = len(named) == 1 and not (failed or every)
+    document: dict[str, Any] = (
+        {"feature": named[0], "reopened": False} if one else {"features": named, "reopened": []}
+    )
 
     def action() -> Result:
-        removed = locks.reopen(feature, backend=shared.backend())
-        text = f"reopened {feature}" if removed else f"{feature} was not marked done"
-        return Result(EXIT_OK, {**document, "reopened": removed}, text)
+        store = shared.backend()
+        if one:
+            removed = locks.reopen(named[0], backend=store)
+            text = f"reopened {named[0]}" if removed else f"{named[0]} was not done nor failed"
+            return Result(EXIT_OK, {**document, "reopened": removed}, text)
+        reopened = _reopen_many(store, named, failed, every)
+        text = (
+            f"reopened {len(reopened)}: {', '.join(reopened)}" if reopened else "nothing to reopen"
+        )
+        return Result(EXIT_OK, {**document, "reopened": reopened}, text)
 
     respond(shared.as_json, document, action)
+
+
+def _reopen_many(store: LockBackend, named: list[str], failed: bool, every: bool) -> list[str]:
+    """The features ``lock reopen`` reopened: those named, or every failed (or finished) one."""
+    if named and (failed or every):
+        raise ValueError("name features, or give --failed or --all, not both")
+    if failed and every:
+        raise ValueError("--failed and --all: choose one (--all includes the failed)")
+    if not named and not (failed or every):
+        raise ValueError("name the features to reopen, or give --failed or --all")
+    if named:
+        return [name for name in named if locks.reopen(name, backend=store)]
+    return locks.reopen_finished(failed_only=failed, backend=store)
 
 
 def _on_wait(
@@ -791,11 +845,10 @@ def _warn_lost(lost: LockLostError, on_lost: runner.OnLost) -> None:
 
 def _warn_release_wait(feature: str, bound: float) -> None:
     """Said on stderr when a kernel lease holds up ``lock run``'s release."""
-    typer.echo(
-        f"mahabharatha: another process holds a kernel lease on the lock of {feature!r}; "
+    note(
+        f"another process holds a kernel lease on the lock of {feature!r}; "
         f"waiting up to {format_duration(bound)} for the kernel to break it, then releasing "
-        "(Ctrl-C leaves the lock behind)",
-        err=True,
+        "(Ctrl-C leaves the lock behind)"
     )
 
 

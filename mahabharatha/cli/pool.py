@@ -13,15 +13,22 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from time import monotonic, sleep, time
-from typing import Annotated, Any, Final, NoReturn
+from typing import IO, Annotated, Any, Final, NamedTuple, NoReturn
 
 import typer
 from typer.core import TyperCommand
 
-from mahabharatha import locks, runner, team
+from mahabharatha import locks, logs, runner, team
 from mahabharatha.backends import load_backend_code
-from mahabharatha.backends.base import BackendError, LockBackend, format_duration
+from mahabharatha.backends.base import (
+    BackendError,
+    LockBackend,
+    State,
+    describe_holder,
+    format_duration,
+)
 from mahabharatha.cli._output import (
     PidOption,
     ReclaimDeadOption,
@@ -32,12 +39,14 @@ from mahabharatha.cli._output import (
     default_owner,
     exit_code_for,
     finite_seconds,
+    note,
     problem_warnings,
     respond,
     sentence,
     with_shared_options,
 )
-from mahabharatha.cli._render import status_renderable, summary_counts
+from mahabharatha.cli._render import summary_counts, watch_table
+from mahabharatha.cli._work_output import CommandOutput, command_output
 from mahabharatha.cli.lock import (
     AttemptsOption,
     FeatureArg,
@@ -160,6 +169,35 @@ def work(
         bool,
         typer.Option("--once", help="Take one feature, run CMD, exit with its code."),
     ] = False,
+    retry_delay: Annotated[
+        float,
+        typer.Option(
+            "--retry-delay",
+            min=0,
+            callback=finite_seconds,
+            metavar="SECONDS",
+            help=(
+                "A feature whose attempt failed is not tried again for SECONDS (by any worker "
+                f"that reads its record). Default {locks.RETRY_DELAY_SECONDS:g}."
+            ),
+        ),
+    ] = locks.RETRY_DELAY_SECONDS,
+    tag: Annotated[
+        bool,
+        typer.Option("--tag", help="Prefix each line of CMD's output with [FEATURE]."),
+    ] = False,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-dir",
+            metavar="DIR",
+            file_okay=False,
+            help=(
+                "Write CMD's output to one file per feature attempt in DIR (made if missing); "
+                "status --all names each feature's last."
+            ),
+        ),
+    ] = None,
     jobs: Annotated[
         int,
         typer.Option(
@@ -190,6 +228,7 @@ def work(
         # Forked before this process opens a backend: every worker connects on its own. The
         # backend's code is imported first, once for the team, not once in each worker.
         load_backend_code(shared.place.url)
+        logs.logger()  # a worker that waits logs it: logging imported once, not once a worker
         # What start-up made stays till the end (as ``main`` says of the CLI's own): out of the
         # collector's sight, no worker's collection touches (copies) those pages after the
         # fork, and no final collection walks them at exit.
@@ -209,7 +248,8 @@ def work(
     def one_worker() -> Result:
         store = backend_to_claim_from(shared, features)
         problems: list[FeatureProblem] = []
-        step = _CommandStep(command, attempts, shared.as_json)
+        output = _Output(tag, log_dir, shared.gsd_dir, sys.stderr if shared.as_json else None)
+        step = _CommandStep(command, attempts, output)
         report = locks.run_pool(
             step,
             features,
@@ -223,28 +263,55 @@ def work(
             on_result=lambda result: _say(result, attempts),
             problems=problems,
             on_server_full=_say_server_full,
+            retry_delay=retry_delay,
+            on_waiting=_say_waiting,
         )
         return _work_result(report, document, once, problems)
 
     respond(shared.as_json, document, action)
 
 
+class _Output(NamedTuple):
+    """Where CMD's output goes: tagged (``--tag``), to a file per attempt (``--log-dir``), and
+    its stdout untold (``None``: ours; ``--json``: stderr, stdout is for the document)."""
+
+    tag: bool
+    log_dir: Path | None
+    gsd_dir: str
+    stdout: IO[Any] | None
+
+
 class _CommandStep:
     """One feature of ``lock work``: CMD run by ``run_locked`` under the claimed lock."""
 
-    def __init__(self, command: list[str], attempts: int, as_json: bool) -> None:
+    def __init__(self, command: list[str], attempts: int, output: _Output) -> None:
         self.command = command
         self.attempts = attempts
-        self.stdout = sys.stderr if as_json else None  # --json: stdout is for the document
+        self.output = output
 
     def __call__(self, lock: PoolLock) -> WorkResult:
+        feature = lock.feature
+        given = self.output
+        with command_output(
+            feature,
+            tag=given.tag,
+            log_dir=given.log_dir,
+            gsd_dir=given.gsd_dir,
+            stdout=given.stdout,
+        ) as output:
+            result = self._run(lock, output)
+        return result._replace(log=output.log)
+
+    def _run(self, lock: PoolLock, output: CommandOutput) -> WorkResult:
         feature = lock.feature
         argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in self.command]
         run = runner.Run(lock, on_release_wait=lambda bound: _warn_release_wait(feature, bound))
         try:
             with run:
                 run.acquire()
-                code = run.command(argv, self.stdout, env={FEATURE_ENV_VAR: feature})
+                code = run.command(
+                    argv, output.stdout, env={FEATURE_ENV_VAR: feature}, stderr=output.stderr
+                )
         except runner.WorkLeftError as left:
             return self._left_running(lock, left, run.signalled)
         except runner.CommandStartError as unstarted:
@@ -292,15 +359,21 @@ def _say(result: WorkResult, limit: int) -> None:
         said = f"lost its lock while CMD ran (exit code {result.exit_code}): not marked"
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
-    typer.echo(f"mahabharatha: {result.feature}: {said}", err=True)
+    note(f"{result.feature}: {said}")
+
+
+def _say_waiting(info: LockInfo) -> None:
+    """Said once on stderr when only features held by others are left: what it waits for."""
+    if info.state is State.FREE:  # not held: it rests after a failed attempt (--retry-delay)
+        said = f"feature {info.feature!r} rests after a failed attempt (--retry-delay)"
+    else:
+        said = describe_holder(info)
+    note(f"waiting: {said} (Ctrl-C to stop)")
 
 
 def _say_server_full(error: BackendError) -> None:
     """Said once on stderr when the server turns the worker away for want of a slot."""
-    typer.echo(
-        f"mahabharatha: {error}; waiting for a free connection slot (Ctrl-C to stop)",
-        err=True,
-    )
+    note(f"{error}; waiting for a free connection slot (Ctrl-C to stop)")
 
 
 def _worker_answer(result: Result) -> dict[str, Any]:
@@ -379,6 +452,10 @@ def _work_result(
 WATCH_SECONDS: Final = 1.0
 """How often ``status --watch`` looks again (and redraws at a terminal)."""
 BAR_WIDTH: Final = 40
+TOP_LINES: Final = 3
+"""The bar, the counts that are not zero, the rate and estimate: always on screen, on top."""
+SPARE_LINES: Final = 1
+"""The line the cursor rests on under the view: a view that filled it would scroll."""
 
 
 class _Progress:
@@ -388,7 +465,8 @@ class _Progress:
         self.started = monotonic()
         self.first_finished: int | None = None
 
-    def line(self, counts: dict[str, int]) -> str:
+    def rate(self, counts: dict[str, int]) -> str:
+        """The rate of finishing since the watch began, and the time left at that rate."""
         total = sum(counts.values())
         finished = counts["done"] + counts["failed"]
         if self.first_finished is None:
@@ -396,10 +474,21 @@ class _Progress:
         elapsed = monotonic() - self.started
         rate = (finished - self.first_finished) / elapsed if elapsed > 0 else 0.0
         left = total - finished
-        eta = f", about {format_duration(left / rate)} left" if rate > 0 and left else ""
-        shown = ", ".join(f"{count} {kind}" for kind, count in counts.items() if kind != "done")
-        per_minute = f"{rate * 60:.1f}/min"
-        return f"{counts['done']}/{total} done, {shown}; {per_minute}{eta}"
+        if not left:
+            return "nothing left to claim"
+        eta = f"about {format_duration(left / rate)} left" if rate > 0 else "no estimate yet"
+        return f"{rate * 60:.1f}/min, {eta}"
+
+
+COUNT_ORDER: Final = ("held", "failed", "reclaimable", "stale", "free")
+"""The counts line, most telling first: what runs, what failed, what needs a hand."""
+
+
+def counts_line(counts: dict[str, int]) -> str:
+    """The counts that are not zero (done is on the bar's line), in :data:`COUNT_ORDER`."""
+    kinds = [*COUNT_ORDER, *(kind for kind in counts if kind not in (*COUNT_ORDER, "done"))]
+    shown = [f"{counts[kind]} {kind}" for kind in kinds if counts.get(kind)]
+    return ", ".join(shown) if shown else "every feature done"
 
 
 def _nothing_left(counts: dict[str, int]) -> bool:
@@ -433,15 +522,23 @@ def _survey(store: LockBackend) -> list[LockInfo]:
     return locks.survey(backend=store, problems=problems)
 
 
+def _what_changes(info: LockInfo) -> tuple[object, ...]:
+    """What of a feature makes a new line off a terminal: its state and holder, its failed
+    attempts; not its ages, which change every second while anything is held."""
+    return (info.feature, info.state, info.pid, info.host, info.token, info.owner, info.attempts)
+
+
 def _watch_lines(store: LockBackend, until_done: bool) -> int:
-    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``."""
+    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``.
+    A change is a count or a holder (:func:`_what_changes`), never an age ticking."""
     last: object = None
     while True:
         infos = _survey(store)
         counts = summary_counts(infos)
-        now = [info.to_dict() for info in infos]
+        now = [_what_changes(info) for info in infos]
         if now != last:
-            document = {"time": time(), "summary": counts, "features": now}
+            features = [info.to_dict() for info in infos]
+            document = {"time": time(), "summary": counts, "features": features}
             typer.echo(json.dumps(document, sort_keys=True))
             sys.stdout.flush()
             last = now
@@ -451,23 +548,38 @@ def _watch_lines(store: LockBackend, until_done: bool) -> int:
 
 
 def _watch_terminal(store: LockBackend, until_done: bool) -> int:
-    """The live view: the status table and a progress bar, redrawn every second. Rich's
-    ``Live`` hides the cursor while it draws and shows it again however the watch ends."""
-    from rich.console import Group
+    """The live view, redrawn every second, fitted to the terminal: the bar, the counts that
+    are not zero and the estimate on top, then the features, held ones first, cut to the
+    rows left. Rich's ``Live`` hides the cursor while it draws and shows it again however the
+    watch ends."""
+    from rich.console import Console, Group
     from rich.live import Live
     from rich.progress_bar import ProgressBar
+    from rich.table import Table
     from rich.text import Text
 
     progress = _Progress()
+    console = Console()
+
+    def line(text: str) -> Text:
+        return Text(text, no_wrap=True, overflow="ellipsis")
 
     def view(infos: list[LockInfo]) -> tuple[Group, dict[str, int]]:
         counts = summary_counts(infos)
-        total = max(1, sum(counts.values()))
-        bar = ProgressBar(total=total, completed=counts["done"], width=BAR_WIDTH)
-        return Group(status_renderable(infos), bar, Text(progress.line(counts))), counts
+        total = sum(counts.values())
+        width, height = console.size
+        done = f" {counts['done']}/{total} done"
+        bar_width = max(10, min(BAR_WIDTH, width - len(done)))
+        bar = ProgressBar(total=max(1, total), completed=counts["done"], width=bar_width)
+        top = Table.grid()
+        top.add_row(bar, line(done))
+        rows = max(0, height - TOP_LINES - SPARE_LINES)
+        listed = watch_table(infos, rows)
+        parts = [top, line(counts_line(counts)), line(progress.rate(counts)), *listed]
+        return Group(*parts), counts
 
     shown, counts = view(_survey(store))
-    with Live(shown, auto_refresh=False, transient=False) as live:
+    with Live(shown, console=console, auto_refresh=False, transient=False) as live:
         while not (until_done and _nothing_left(counts)):
             sleep(WATCH_SECONDS)
             shown, counts = view(_survey(store))

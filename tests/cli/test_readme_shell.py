@@ -1,7 +1,8 @@
 """The README's "At a shell" examples, taken from README.md and run in order in one bash, as a
 reader would type them (issue 19, item 2): each answers as the README shows, with the exit code
 its comment gives ("exit N"; 0 otherwise). Also: the README and the design name an install
-command that works from the checkout, and document the audit log (items 1 and 6).
+command that works from the checkout, and document the audit log (items 1 and 6); the README's
+first screens hold what a newcomer needs (issue 28, item 10).
 """
 
 from __future__ import annotations
@@ -114,9 +115,43 @@ AUDIT_KEYS: Final = ("time", "feature", "action", "by_pid", "old_record", "new_o
 
 
 def test_the_audit_log_and_its_keys_are_documented_for_users() -> None:
-    """Fails on the old docs: ``lock-audit.jsonl`` was named only in the design's internals."""
-    for doc in (README, ROOT / "design" / "contract.md"):
+    """Fails on the old docs: ``lock-audit.jsonl`` was named only in the design's internals.
+    It is in the CLI's reference (moved there from the README, issue 28) and the contract."""
+    for doc in (ROOT / "design" / "reference.md", ROOT / "design" / "contract.md"):
         text = doc.read_text()
         assert "<gsd-dir>/lock-audit.jsonl" in text, doc
         for key in AUDIT_KEYS:
             assert f"`{key}`" in text, (doc, key)
+
+
+FIRST_SCREENS: Final = 60
+"""Lines a newcomer reads before scrolling far: three screens of a 24-row terminal, less the
+first block of commands."""
+COMMANDS: Final = (
+    *(f"lock {name}" for name in ("acquire", "release", "check", "claim", "done", "fail")),
+    *(f"lock {name}" for name in ("run", "work", "status", "clean", "reopen")),
+    "feature detect",
+)
+
+
+def test_the_readme_starts_with_a_quick_start_the_three_ways_and_the_exit_codes() -> None:
+    """Failed on 211f242: the README went from its first block straight into the shell
+    reference, and its exit codes were one paragraph of 20 lines far below."""
+    lines = README.read_text().splitlines()[:FIRST_SCREENS]
+    first = "\n".join(lines)
+    assert "## Quick start" in first
+    for way in ("**At a shell**", "**In a pool of workers**", "**From Python**"):
+        assert way in first, way
+    table = [line for line in lines if line.startswith("| `")]
+    for command in COMMANDS:
+        rows = [row for row in table if f"`{command}`" in row or f"`{command.split()[1]}`" in row]
+        assert rows, f"no exit-code row for {command}"
+
+
+def test_the_readme_first_block_keeps_its_two_commands() -> None:
+    """CI (``.ci/run``) runs the second line of the first block: it must stay the test command."""
+    text = README.read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.DOTALL)
+    assert block is not None and text.index("```bash") < text.index("## ")
+    commands = [line for line in block.group(1).splitlines() if line.strip()]
+    assert len(commands) == 2 and "pytest" in commands[1], commands

@@ -113,20 +113,49 @@ needs_time_namespaces = pytest.mark.skipif(
 )
 
 
-def _hidepid_mount_permitted() -> bool:
-    """Can this process mount a ``/proc`` with ``hidepid=2`` in a new mount namespace and run
-    this interpreter with this package as ``nobody`` there (root, with ``unshare`` and
-    ``setpriv``; a checkout or virtual environment in a 0700 folder fails the last part)?"""
+def _closed_folder(path: str) -> str | None:
+    """The first folder on the way to ``path`` that others may not enter (no ``o+x``)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        try:
+            if not os.stat(folder).st_mode & 0o001:
+                return folder
+        except OSError:
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+def hidepid_unavailable(python: str = sys.executable, package: str | None = None) -> str | None:
+    """Why the hidden-owner tests cannot run here (``None``: they can). They mount a ``/proc``
+    with ``hidepid=2`` in a new mount namespace (root, ``unshare``) and run ``python`` with
+    this package as ``nobody`` there (``setpriv``); a checkout or virtual environment in a
+    folder only its owner may enter (``mktemp -d`` makes 0700 ones) stops the last part."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if unshare is None or setpriv is None or os.geteuid() != 0:
-        return False
-    imports = f"{shlex.quote(sys.executable)} -c 'import mahabharatha.locks'"
+        return "needs root, unshare and setpriv to mount a /proc with hidepid=2 and run as nobody"
+    if not _succeeds([unshare, "--mount", "sh", "-c", "mount -t proc -o hidepid=2 proc /proc"]):
+        return "cannot mount a /proc with hidepid=2 here (unshare --mount refused or no procfs)"
+    imports = f"{shlex.quote(python)} -c 'import mahabharatha.locks'"
     nobody = f"{setpriv} --reuid 65534 --regid 65534 --clear-groups {imports}"
-    script = f"mount -t proc -o hidepid=2 proc /proc && {nobody}"
-    return _succeeds([unshare, "--mount", "sh", "-c", script])
+    if _succeeds(
+        [unshare, "--mount", "sh", "-c", f"mount -t proc -o hidepid=2 proc /proc && {nobody}"]
+    ):
+        return None
+    for path in (python, package or os.path.dirname(os.path.dirname(__file__))):
+        closed = _closed_folder(path)
+        if closed is not None:
+            return (
+                f"nobody cannot run {python} with this package: {closed} is closed to others "
+                f"(mode {os.stat(closed).st_mode & 0o777:o}); put the checkout and its virtual "
+                "environment in a folder others may enter (chmod 755)"
+            )
+    return f"nobody cannot run {python} with this package (import mahabharatha.locks failed)"
 
 
+_HIDEPID_UNAVAILABLE = hidepid_unavailable()
 needs_hidepid = pytest.mark.skipif(
-    not _hidepid_mount_permitted(),
-    reason="needs root to mount a /proc with hidepid=2 (unshare --mount) and setpriv",
+    _HIDEPID_UNAVAILABLE is not None, reason=_HIDEPID_UNAVAILABLE or "runs here"
 )

@@ -48,6 +48,7 @@ LAYERS: Final[dict[str, str]] = {
     "mahabharatha.constants": NEUTRAL,
     "mahabharatha.detect": NEUTRAL,
     "mahabharatha.exits": NEUTRAL,
+    "mahabharatha.logs": NEUTRAL,
     "mahabharatha.names": NEUTRAL,
     "mahabharatha.ownership": NEUTRAL,
     "mahabharatha.proof": NEUTRAL,

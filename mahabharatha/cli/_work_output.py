@@ -1,0 +1,134 @@
+"""Where ``lock work``'s command writes: ours, prefixed with its feature (``--tag``), and/or one
+file per feature attempt (``--log-dir``), whose name ``status --all`` shows afterwards.
+
+The last log of a feature is named in ``<gsd-dir>/specs/<feature>/.last-log`` (its path, one
+line), written when the attempt starts; ``status --all`` reads it back. A log file is never
+overwritten: its name carries the time the attempt started and the worker's pid (and a
+suffix for a second attempt within that second).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from time import gmtime, strftime, time
+from typing import IO, Any, Final, NamedTuple
+
+__all__ = ["LAST_LOG_NAME", "CommandOutput", "command_output", "last_log"]
+
+LAST_LOG_NAME: Final = ".last-log"
+PUMP_JOIN_SECONDS: Final = 5.0
+"""How long the end of an attempt waits for its tagged output to be written out. Work the
+command left behind may keep the pipe open for ever: its later lines still go out, tagged, from
+a thread that no longer holds the worker up."""
+
+
+class CommandOutput(NamedTuple):
+    """The command's ``stdout`` and ``stderr`` (``None``: ours), and the log file's path."""
+
+    stdout: IO[Any] | None
+    stderr: IO[Any] | None
+    log: str | None
+
+
+@contextmanager
+def command_output(
+    feature: str,
+    *,
+    tag: bool,
+    log_dir: Path | None,
+    gsd_dir: str | os.PathLike[str],
+    stdout: IO[Any] | None,
+) -> Iterator[CommandOutput]:
+    """The outputs of one attempt at ``feature``; ``stdout``: where its stdout goes untold
+    (``None``: ours; ``--json`` passes stderr, stdout being the document's)."""
+    with ExitStack() as stack:
+        log: str | None = None
+        out_to: IO[Any] | None = stdout
+        err_to: IO[Any] | None = None
+        if log_dir is not None:
+            opened = stack.enter_context(_new_log(log_dir, feature))
+            log = os.path.abspath(opened.name)
+            _remember(gsd_dir, feature, log)
+            out_to = err_to = opened
+        if not tag:
+            yield CommandOutput(out_to, err_to, log)
+            return
+        prefix = f"[{feature}] ".encode()
+        out = stack.enter_context(_tagging(prefix, out_to or sys.stdout))
+        err = stack.enter_context(_tagging(prefix, err_to or sys.stderr))
+        yield CommandOutput(out, err, log)
+
+
+@contextmanager
+def _new_log(log_dir: Path, feature: str) -> Iterator[IO[bytes]]:
+    stamp = strftime("%Y%m%dT%H%M%SZ", gmtime(time()))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for again in itertools.count():
+        suffix = f"-{again}" if again else ""
+        try:
+            # "x": never append to, nor replace, another attempt's log (a retry in the same
+            # second by the same worker takes the next suffix).
+            opened = open(  # noqa: SIM115  (closed by the with below, once it is ours)
+                log_dir / f"{feature}.{stamp}.{os.getpid()}{suffix}.log", "xb"
+            )
+        except FileExistsError:
+            continue
+        with opened:
+            yield opened
+        return
+
+
+@contextmanager
+def _tagging(prefix: bytes, target: IO[Any]) -> Iterator[IO[bytes]]:
+    """A pipe whose lines are written to ``target`` with ``prefix``, by a thread of its own."""
+    read_fd, write_fd = os.pipe()
+    sink = target.buffer if isinstance(target, io.TextIOWrapper) else target  # bytes go there
+    pump = threading.Thread(target=_pump, args=(read_fd, prefix, sink), daemon=True)
+    pump.start()
+    writer = os.fdopen(write_fd, "wb")
+    try:
+        yield writer
+    finally:
+        writer.close()  # the command has ended: EOF once its leftovers close their copies
+        pump.join(PUMP_JOIN_SECONDS)
+
+
+def _pump(read_fd: int, prefix: bytes, sink: IO[bytes]) -> None:
+    with open(read_fd, "rb") as lines, suppress(OSError, ValueError):
+        for line in lines:
+            sink.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
+            sink.flush()
+
+
+def _marker(gsd_dir: str | os.PathLike[str], feature: str) -> Path:
+    return Path(gsd_dir) / "specs" / feature / LAST_LOG_NAME
+
+
+def _remember(gsd_dir: str | os.PathLike[str], feature: str, log: str) -> None:
+    """Name ``log`` as the feature's last (atomically: a reader sees the old name or this)."""
+    marker = _marker(gsd_dir, feature)
+    if not marker.parent.is_dir():
+        return  # a server's feature with no folder here: nothing to name it in
+    temp = marker.with_name(f"{LAST_LOG_NAME}.{os.getpid()}.tmp")
+    with suppress(FileNotFoundError):
+        temp.unlink()  # an earlier attempt of this pid that died between the two steps
+    # O_EXCL | O_NOFOLLOW: never write through a link someone put at the temporary name.
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with open(fd, "w") as written:
+        written.write(log + "\n")
+    os.replace(temp, marker)
+
+
+def last_log(gsd_dir: str | os.PathLike[str], feature: str) -> str | None:
+    """The path of the feature's last log (``None``: none named, or unreadable)."""
+    try:
+        return _marker(gsd_dir, feature).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None

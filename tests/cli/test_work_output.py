@@ -1,0 +1,63 @@
+"""``lock work --tag`` prefixes each line of CMD's output with its feature; ``--log-dir DIR``
+keeps one file per feature attempt, named in the JSON and in ``status --all``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Final
+
+from tests.cli._support import run_cli
+
+FEATURES: Final = ("f01", "f02", "f03", "f04")
+SAYS: Final = "echo out {}; echo more {}; echo err {} >&2"
+"""CMD: two lines on stdout and one on stderr, each naming its feature."""
+
+
+def _pool(tmp_path: Path) -> Path:
+    for name in FEATURES:
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    return tmp_path
+
+
+def test_tag_prefixes_every_line_of_cmd_with_its_feature(tmp_path: Path) -> None:
+    """Two workers at once: every line CMD wrote comes out whole, prefixed by the feature it
+    names, on the stream CMD wrote it to. Failed on 211f242: no ``--tag`` (exit 2)."""
+    done = run_cli(
+        *("lock", "work", "-j", "2", "--tag", "--", "sh", "-c", SAYS), cwd=_pool(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr
+    out = sorted(done.stdout.splitlines())
+    assert out == sorted(f"[{n}] {w} {n}" for n in FEATURES for w in ("out", "more")), out
+    err = [line for line in done.stderr.splitlines() if not line.startswith("mahabharatha:")]
+    assert sorted(err) == sorted(f"[{n}] err {n}" for n in FEATURES), done.stderr
+
+
+FLAKY: Final = "echo try {}; mkdir tried-{} 2>/dev/null && exit 1; exit 0"
+"""CMD: fails at its first attempt at each feature, succeeds at the second."""
+
+
+def test_log_dir_keeps_one_file_per_attempt_named_in_the_json_and_status(tmp_path: Path) -> None:
+    """Each feature is tried twice: two files each, each holding one attempt's output (both
+    streams); the JSON names each attempt's file; ``status --all`` (JSON and table) names
+    the last. Failed on 211f242: no ``--log-dir`` (exit 2)."""
+    pool = _pool(tmp_path)
+    done = run_cli(
+        *("lock", "work", "--log-dir", "logs", "--retry-delay", "0", "--json"),
+        *("--", "sh", "-c", FLAKY + " >&2"),
+        cwd=pool,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)["results"]
+    assert len(results) == 2 * len(FEATURES)
+    for result in results:
+        log = Path(result["log"])
+        assert log.parent == pool / "logs" and log.name.startswith(result["feature"] + ".")
+        assert log.read_text() == f"try {result['feature']}\n"
+    assert len({result["log"] for result in results}) == len(results)  # one file per attempt
+    last = {result["feature"]: result["log"] for result in results}
+    listed = run_cli("lock", "status", "--all", "--json", cwd=pool)
+    entries = json.loads(listed.stdout)["features"]
+    assert {entry["feature"]: entry["log"] for entry in entries} == last
+    table = run_cli("lock", "status", "--all", cwd=pool).stdout
+    assert all(f"last log of {name}: {path}" in table for name, path in last.items()), table
