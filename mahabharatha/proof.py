@@ -45,6 +45,8 @@ import threading
 from time import monotonic
 from typing import Final, Protocol
 
+from mahabharatha import ownership
+
 __all__ = [
     "LIFE_BYTE",
     "PENDING_BYTE",
@@ -99,6 +101,7 @@ class Life(enum.Enum):
     HELD = "held"
     FREE = "free"
     UNKNOWN = "unknown"
+    OTHER_FOLDER = "other-folder"  # the folder at the path is not the one the lock recorded
 
 
 def _lock_request(kind: int, start: int, length: int) -> bytes:
@@ -156,15 +159,20 @@ def drop_pending(fd: int, slot: int) -> None:
     _set(fd, fcntl.F_UNLCK, _byte(slot, PENDING_BYTE))
 
 
-def life_of(fd: int, slot: int) -> Life:
+def life_of(fd: int, slot: int, folder: int | None = None) -> Life:
     """Does anyone (another open file description than ``fd``'s) hold the proof of the lock
-    whose slot is ``slot``?
+    whose slot is ``slot``, kept in the folder tagged ``folder`` (``None``: not recorded)?
+
+    Another folder at the path (copied with ``cp -a`` and swapped in, restored from a backup)
+    holds nobody's proof: ``OTHER_FOLDER``, which no judge calls dead.
 
     ``LIFE`` held: yes. Otherwise ``PENDING`` held means a publisher is between its try and its
     ``LIFE`` (or lost and is letting go): look again for at most ``PENDING_WAIT_SECONDS``.
     """
     if not supported():
         return Life.UNKNOWN
+    if folder is not None and folder != ownership.folder_tag(*identity_of(fd)):
+        return Life.OTHER_FOLDER  # Race: the folder was swapped since the lock was published
     deadline: float | None = None
     try:
         while True:

@@ -181,6 +181,17 @@ ROWS = {
         OwnerFacts(PID, LOCKED_AT, _proof(boot=OTHER_BOOT), Life.FREE),
         (UNKNOWN, Owner.UNKNOWN, Rule.ELSEWHERE),
     ),
+    # ---- issue 26, item 3: the proof's folder (its identity is recorded with the lock)
+    "proof recorded in another folder than the one at the path (a copy swapped in)": (
+        World(),
+        OwnerFacts(PID, LOCKED_AT, _proof(), Life.OTHER_FOLDER),
+        (UNKNOWN, Owner.UNKNOWN, Rule.OTHER_FOLDER),
+    ),
+    "proof recorded in another folder, a group the owner did not lead lives": (
+        World(live_groups=frozenset({GROUP})),
+        OwnerFacts(PID, LOCKED_AT, _proof(), Life.OTHER_FOLDER),
+        (UNKNOWN, Owner.UNKNOWN, Rule.OTHER_FOLDER),
+    ),
     # ---- no proof: pid, then its group, then its session, only on our boot and namespace
     "no proof, no details (older writer)": (
         World(),
