@@ -11,6 +11,7 @@ the issue's runs): its group says nothing about it.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 from pathlib import Path
@@ -84,3 +85,16 @@ def test_work_handed_the_proof_keeps_a_killed_holders_lock_until_it_ends(
     taken = reclaim(tmp_path, gsd)
     assert taken.returncode == 0, taken.stderr
     assert holder_pid(gsd) == os.getpid()
+
+
+def test_the_handed_proof_is_one_per_hold_and_let_go_with_the_lock(gsd: Path) -> None:
+    """A worker started after the release gets nothing to hold: there is no lock to vouch for
+    (and a closed descriptor's number is never sent on)."""
+    lock = locks.FeatureLock(FEATURE, gsd, heartbeat=None)
+    assert lock.proof_fds == ()
+    with lock:
+        (fd,) = lock.proof_fds
+        assert lock.proof_fds == (fd,)
+        handed = lock.proof_for_workers()
+    assert lock.proof_fds == ()
+    assert pickle.loads(pickle.dumps(handed)).fd is None
