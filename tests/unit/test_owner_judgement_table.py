@@ -166,6 +166,11 @@ ROWS = {
         OwnerFacts(PID, LOCKED_AT, _proof(), Life.UNKNOWN),
         (UNKNOWN, Owner.UNKNOWN, Rule.PROOF_UNSEEN),
     ),
+    "proof not lookable by this judge (another user's, issue 26 item 4), owner pid dead": (
+        World(),
+        OwnerFacts(PID, LOCKED_AT, _proof(), Life.UNKNOWN),
+        (UNKNOWN, Owner.UNKNOWN, Rule.PROOF_UNSEEN),
+    ),
     "proof not looked at, owner pid dead": (
         World(),
         OwnerFacts(PID, LOCKED_AT, _proof(), None),
