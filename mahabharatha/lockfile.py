@@ -408,7 +408,7 @@ def read_lock(dfd: int, *, life: bool = False) -> LockSnapshot:
     if slot is not None:
         # Race: the proof is looked at after the read, and it is this lock's own slot: a
         # proof of an earlier lock (kept by a forked child, escaped work) says nothing here.
-        snapshot.life = proof.life_of(dfd, slot)
+        snapshot.life = proof.life_of(dfd, slot, ownership.proof_folder(snapshot.owner))
     return snapshot
 
 
@@ -991,8 +991,9 @@ def publish_proven(
     if pledge is None or pledge.fd is None or not proof.hold_pending(pledge.fd, pledge.slot):
         return publish(dfd, record, now, owner)
     fd, slot = pledge.fd, pledge.slot
+    folder = 0 if pledge.identity is None else ownership.folder_tag(*pledge.identity)
     try:
-        mine = publish(dfd, record, now, ownership.with_proof(owner, slot))
+        mine = publish(dfd, record, now, ownership.with_proof(owner, slot, folder))
     except BaseException:
         with suppress(OSError):
             proof.drop_pending(fd, slot)

@@ -75,7 +75,7 @@ from mahabharatha.backends.liveness import (
 from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
-from mahabharatha.proof import WorkProof
+from mahabharatha.proof import HandedProof, WorkProof
 
 if TYPE_CHECKING:
     from mahabharatha.aio import AsyncFeatureLock
@@ -1149,6 +1149,7 @@ class FeatureLock:
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        self._handed: WorkProof | None = None  # the proof handed on (``proof_fds``), made once
         _LIVE_LOCKS.add(self)
 
     def _chosen_lease(self, lease: float | None) -> float | None:
@@ -1174,6 +1175,7 @@ class FeatureLock:
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._beat = None
+        self._handed = None  # its descriptors stay open here: this child is the holder's work
 
     @property
     def held(self) -> bool:
@@ -1354,10 +1356,12 @@ class FeatureLock:
                 with suppress(OSError):
                     self.backend.release_held(mine)
                 self._mine = None
+                self._close_handed()
                 return
             # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
             self.backend.release_held(mine, wait)
             self._mine = None
+            self._close_handed()
 
     def work_proof(self) -> WorkProof | None:
         """A proof of life for work this holder starts (``lock run``'s command): pass its
@@ -1394,12 +1398,46 @@ class FeatureLock:
                 return
         self._declare_lost(lost)
 
+    @property
+    def proof_fds(self) -> tuple[int, ...]:
+        """The descriptors that carry this lock's proof of life to a child that does not
+        inherit ours: ``subprocess.Popen(..., pass_fds=lock.proof_fds)``. The owner then stays
+        alive while any such child runs, even after this process died. Empty when the lock is
+        not held here or carries no proof (a lock server, a file system without one). Valid
+        until the lock is let go; children started without them are not the lock's work."""
+        handed = self._handed_proof()
+        return () if handed is None or handed.fd is None else (handed.fd,)
+
+    def proof_for_workers(self) -> HandedProof:
+        """This lock's proof of life for ``multiprocessing`` workers started with ``spawn`` or
+        ``forkserver`` (which inherit no descriptors): pass it as the pool's ``initializer``
+        (``Pool(initializer=lock.proof_for_workers())``), or call it in your own initializer
+        or worker. Workers started while the lock is held then keep its owner alive while they
+        work, even after this process died; start them inside the ``with`` block."""
+        return HandedProof(self._handed_proof())
+
+    def _handed_proof(self) -> WorkProof | None:
+        """The one work proof this hold hands on, made at the first request (off the
+        acquire-release cycle) and closed when the lock is let go."""
+        with self._mutex:
+            if self._handed is None or self._handed.fd is None:
+                self._handed = self.work_proof()
+            return self._handed
+
+    def _close_handed(self) -> None:
+        """Our copy of the handed proof goes; children and workers keep theirs (they held an
+        old lock's slot once it is let go, which vouches for no later lock)."""
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            handed.close()
+
     def abandon(self) -> None:
         """Stop the heartbeat and forget the lock without removing it: work that escaped us
         still holds its proof of life, so the lock must stay held (it ages out after 2 h)."""
         self._stop_heartbeat()
         with self._mutex:
             self._mine = None
+            self._close_handed()
 
     def _stop_heartbeat(self) -> None:
         self._stop.set()

@@ -6,10 +6,10 @@ the file's descriptor *before* the file is linked (or renamed) to ``.lock``: a r
 record and its details together or not at all, and they can never disagree. The value is packed
 binary, little-endian (``DETAILS_LAYOUT``), then text::
 
-    version (1 byte, 2) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
-    | flags (1 byte) | sid (u32) | slot (u32) | host (UTF-8) [ | NUL | cmd (UTF-8) ]
+    version (1 byte, 3) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
+    | flags (1 byte) | sid (u32) | slot (u32) | folder (u32) | host (UTF-8) [ | NUL | cmd ]
 
-(Version 1, still read, had neither ``flags`` nor ``sid``; its first 33 bytes are the same.)
+(Versions 1 and 2, still read, lacked the tail and ``folder``; their first bytes are the same.)
 
 Unknown numbers are 0. Small on purpose: ext4 keeps an attribute of up to ``INLINE_BYTES`` in
 the inode itself; a larger one costs a disk block per lock, which made an acquire-release
@@ -31,6 +31,9 @@ its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
 * ``sid``: the owner's session when it took the lock. A lock without a proof (a CLI ``acquire``
   on behalf of its shell) stays alive while any process of that session lives: GNU ``timeout``
   moves work to a group of its own, but not out of the session;
+* ``folder``: the identity of the folder that holds the proof (:func:`folder_tag` of its
+  ``st_dev`` and ``st_ino``): a judge that finds another folder at the path (copied with
+  ``cp -a`` and swapped in, restored from a backup) holds no proof to look at: ``unknown``;
 * ``host`` and, for ``lock run``, ``cmd`` (the command, cut to ``MAX_COMMAND_CHARS``): for people.
 
 Without the attribute (an older writer, a file system without extended attributes) the lock is
@@ -64,6 +67,7 @@ __all__ = [
     "could_own_sql",
     "decode",
     "details_of",
+    "folder_tag",
     "group_has_live_member",
     "holder_stopped",
     "host_name",
@@ -72,6 +76,7 @@ __all__ = [
     "pid_exists",
     "place_key",
     "proc_stat",
+    "proof_folder",
     "proof_slot",
     "read_attached",
     "session_has_live_member",
@@ -85,9 +90,9 @@ __all__ = [
 XATTR_NAME: Final = "user.mahabharatha.owner"
 """One attribute for everything: set with one system call, in the inode on ext4 (user.*: no
 privilege needed)."""
-DETAILS_VERSION: Final = 2
+DETAILS_VERSION: Final = 3
 """The first byte of the value: a layout we do not know is treated as no details at all."""
-DETAILS_VERSIONS: Final = (1, DETAILS_VERSION)
+DETAILS_VERSIONS: Final = (1, 2, DETAILS_VERSION)
 """The layouts we read (version 1 lacks the tail; the database's rule reads the head only)."""
 _HEAD_FIELDS: Final = (("version", "B"), ("boot", "8s"), ("ns", "I"), ("start", "Q"))
 """The head's first fields, by name: the layout below and the database's copy of ``could_own``
@@ -96,7 +101,10 @@ DETAILS_LAYOUT: Final = struct.Struct("<" + "".join(code for _, code in _HEAD_FI
 """The head every version shares: version, boot id (8 bytes), PID namespace, start ticks,
 process group, group leader start."""
 DETAILS_TAIL: Final = struct.Struct("<BII")
-"""Version 2's tail after the head: flags, session id, proof slot."""
+"""The tail after the head (versions 2 and 3): flags, session id, proof slot."""
+FOLDER_FIELD: Final = struct.Struct("<I")
+"""Version 3's last number: the proof folder's tag (:func:`folder_tag`; 0: unknown). Four
+bytes, not the whole identity: the value must stay inside the inode (``INLINE_BYTES``)."""
 PROOF_FLAG: Final = 0x01
 """The holder holds the folder's proof of life (published with the lock, never added later)."""
 WORK_GROUP_FLAG: Final = 0x02
@@ -132,6 +140,7 @@ class OwnerDetails(NamedTuple):
     proof: bool = False
     slot: int | None = None  # the lock's own bytes of the folder's proof (mahabharatha.proof)
     work_group: bool = False  # pgid/gstart: the group lock run made for its command
+    folder: int | None = None  # the tag of the folder holding the proof (folder_tag)
 
 
 class ProcStat(NamedTuple):
@@ -434,11 +443,26 @@ def command_name_only(raw: bytes | None) -> bytes | None:
 def proof_slot(raw: bytes | None) -> int | None:
     """The slot of the proof of life the packed details ``raw`` claim, ``None`` for none.
     (Read on every judged lock: looks at five bytes instead of decoding.)"""
-    if raw is None or len(raw) < _TAIL_END or raw[0] != DETAILS_VERSION:
+    if raw is None or len(raw) < _TAIL_END or raw[0] not in _PROOF_VERSIONS:
         return None
     if not raw[_FLAGS_AT] & PROOF_FLAG:
         return None
     return _SLOT_LAYOUT.unpack_from(raw, _SLOT_AT)[0] or None
+
+
+def proof_folder(raw: bytes | None) -> int | None:
+    """The tag of the folder the packed details ``raw`` say holds their proof (``None``: not
+    recorded, an older writer)."""
+    if raw is None or len(raw) < _FOLDER_END or raw[0] != DETAILS_VERSION:
+        return None
+    return FOLDER_FIELD.unpack_from(raw, _TAIL_END)[0] or None
+
+
+def folder_tag(dev: int, ino: int) -> int:
+    """A folder's identity in four bytes, never 0 (0 is "not recorded"). Two folders of one
+    file system differ unless their inode numbers differ by a multiple of 2**32; a copy on
+    another device collides once in 2**32."""
+    return ((ino ^ (dev * 0x9E3779B1)) & 0xFFFF_FFFF) or 1
 
 
 def claims_proof(raw: bytes | None) -> bool:
@@ -446,10 +470,11 @@ def claims_proof(raw: bytes | None) -> bool:
     return proof_slot(raw) is not None
 
 
-def with_proof(raw: bytes | None, slot: int) -> bytes | None:
+def with_proof(raw: bytes | None, slot: int, folder: int = 0) -> bytes | None:
     """``raw`` (details of the current version) saying that the holder holds the proof of
-    life of ``slot``; anything else is returned as it is (no details: no proof is claimed)."""
-    if not raw or len(raw) < _TAIL_END or raw[0] != DETAILS_VERSION:
+    life of ``slot`` in the folder tagged ``folder``; anything else is returned as it is (no
+    details: no proof is claimed)."""
+    if not raw or len(raw) < _FOLDER_END or raw[0] != DETAILS_VERSION:
         return raw
     flags = bytes([raw[_FLAGS_AT] | PROOF_FLAG])
     return (
@@ -457,7 +482,8 @@ def with_proof(raw: bytes | None, slot: int) -> bytes | None:
         + flags
         + raw[_FLAGS_AT + 1 : _SLOT_AT]
         + _SLOT_LAYOUT.pack(slot)
-        + raw[_TAIL_END:]
+        + FOLDER_FIELD.pack(folder)
+        + raw[_FOLDER_END:]
     )
 
 
@@ -511,6 +537,7 @@ def _encode(details: OwnerDetails) -> bytes:
         details.pgid or 0,
         details.gstart or 0,
     ) + DETAILS_TAIL.pack(_flags_of(details), details.sid or 0, details.slot or 0)
+    head += FOLDER_FIELD.pack(details.folder or 0)
     host = (details.host or "").encode("utf-8", "replace")[: INLINE_BYTES - len(head)]
     host = host.decode("utf-8", "ignore").encode()  # never cut a character in two
     if details.cmd is None:
@@ -538,12 +565,14 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
     version, boot, ns, start, pgid, gstart = DETAILS_LAYOUT.unpack_from(raw)
     if version not in DETAILS_VERSIONS:
         return None
-    flags, sid, slot, text_at = 0, 0, 0, DETAILS_LAYOUT.size
-    if version == DETAILS_VERSION:
-        if len(raw) < _TAIL_END:
+    flags, sid, slot, folder, text_at = 0, 0, 0, 0, DETAILS_LAYOUT.size
+    if version in _PROOF_VERSIONS:
+        text_at = _TEXT_AT[version]
+        if len(raw) < text_at:
             return None
         flags, sid, slot = DETAILS_TAIL.unpack_from(raw, DETAILS_LAYOUT.size)
-        text_at = _TAIL_END
+    if version == DETAILS_VERSION:
+        folder = FOLDER_FIELD.unpack_from(raw, _TAIL_END)[0]
     host, separator, cmd = raw[text_at:].partition(b"\0")
     return OwnerDetails(
         boot=boot.hex() if any(boot) else None,
@@ -557,6 +586,7 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
         proof=bool(flags & PROOF_FLAG) and slot != 0,
         slot=slot or None,
         work_group=bool(flags & WORK_GROUP_FLAG) and pgid != 0,
+        folder=folder or None,
     )
 
 
@@ -638,13 +668,16 @@ def could_own_sql(column: str) -> str:
     boot, ns, start = (_field_sql(column, name) for name in ("boot", "ns", "start"))
     zero_boot, zero_ns, zero_start = (_zeros(name) for name in ("boot", "ns", "start"))
     version = f"get_byte({column}, 0)"
-    old_versions = tuple(v for v in DETAILS_VERSIONS if v != DETAILS_VERSION)
-    # decode(): a head of a version we read, and version 2 also has its tail, else not ours.
+    old_versions = tuple(v for v in DETAILS_VERSIONS if v not in _TEXT_AT)
+    # decode(): a head of a version we read, and the later versions also have their tail.
+    tails = "".join(
+        f" OR ({version} = {number} AND length({column}) >= {end})"
+        for number, end in _TEXT_AT.items()
+    )
     ours = (
         f"{column} IS NOT NULL"
         f" AND length({column}) BETWEEN {DETAILS_LAYOUT.size} AND {MAX_DETAILS_BYTES}"
-        f" AND ({version} IN {_sql_list(old_versions)}"
-        f" OR ({version} = {DETAILS_VERSION} AND length({column}) >= {_TAIL_END}))"
+        f" AND ({version} IN {_sql_list(old_versions)}{tails})"
     )
     records_place = f"{ours} AND {boot} <> {zero_boot} AND {ns} <> {zero_ns}"
     place = f"substring({column} FROM {_offset('boot') + 1} FOR {_width('boot', 'ns')})"
@@ -699,6 +732,10 @@ _FLAGS_AT: Final = DETAILS_LAYOUT.size
 _SLOT_AT: Final = DETAILS_LAYOUT.size + 5  # after flags (1 byte) and sid (4 bytes)
 _SLOT_LAYOUT: Final = struct.Struct("<I")
 _TAIL_END: Final = DETAILS_LAYOUT.size + DETAILS_TAIL.size
+_FOLDER_END: Final = _TAIL_END + FOLDER_FIELD.size
+_TEXT_AT: Final = {2: _TAIL_END, DETAILS_VERSION: _FOLDER_END}
+"""Where the host name starts, by the versions that have a tail."""
+_PROOF_VERSIONS: Final = tuple(_TEXT_AT)
 _NS_LAYOUT: Final = struct.Struct("<" + dict(_HEAD_FIELDS)["ns"])
 """The namespace field of ``DETAILS_LAYOUT``, alone."""
 _START_LAYOUT: Final = struct.Struct("<" + dict(_HEAD_FIELDS)["start"])

@@ -43,13 +43,16 @@ import os
 import struct
 import threading
 from time import monotonic
-from typing import Final
+from typing import Final, Protocol
+
+from mahabharatha import ownership
 
 __all__ = [
     "LIFE_BYTE",
     "PENDING_BYTE",
     "PENDING_WAIT_SECONDS",
     "WORK_BYTE",
+    "HandedProof",
     "Life",
     "Pledge",
     "WorkProof",
@@ -98,6 +101,7 @@ class Life(enum.Enum):
     HELD = "held"
     FREE = "free"
     UNKNOWN = "unknown"
+    OTHER_FOLDER = "other-folder"  # the folder at the path is not the one the lock recorded
 
 
 def _lock_request(kind: int, start: int, length: int) -> bytes:
@@ -155,15 +159,20 @@ def drop_pending(fd: int, slot: int) -> None:
     _set(fd, fcntl.F_UNLCK, _byte(slot, PENDING_BYTE))
 
 
-def life_of(fd: int, slot: int) -> Life:
+def life_of(fd: int, slot: int, folder: int | None = None) -> Life:
     """Does anyone (another open file description than ``fd``'s) hold the proof of the lock
-    whose slot is ``slot``?
+    whose slot is ``slot``, kept in the folder tagged ``folder`` (``None``: not recorded)?
+
+    Another folder at the path (copied with ``cp -a`` and swapped in, restored from a backup)
+    holds nobody's proof: ``OTHER_FOLDER``, which no judge calls dead.
 
     ``LIFE`` held: yes. Otherwise ``PENDING`` held means a publisher is between its try and its
     ``LIFE`` (or lost and is letting go): look again for at most ``PENDING_WAIT_SECONDS``.
     """
     if not supported():
         return Life.UNKNOWN
+    if folder is not None and folder != ownership.folder_tag(*identity_of(fd)):
+        return Life.OTHER_FOLDER  # Race: the folder was swapped since the lock was published
     deadline: float | None = None
     try:
         while True:
@@ -257,6 +266,49 @@ class WorkProof:
         if self._watch >= 0:
             os.close(self._watch)
             self._watch = -1
+
+
+class HandedProof:
+    """A work proof handed to processes that do not inherit our descriptors: ``multiprocessing``
+    workers of the ``spawn`` and ``forkserver`` start methods. Pickled while such a worker is
+    started, it sends the proof's descriptor along (``multiprocessing.reduction.DupFd``: the same
+    open file description, so the worker holds the proof from its first instruction); call it in
+    the worker (for example as the pool's ``initializer``) to say that the worker's work is the
+    lock's. Under ``fork`` nothing is sent: the worker inherits every descriptor anyway.
+
+    Started after the proof was closed (the lock was let go), a worker gets nothing to hold.
+    """
+
+    __slots__ = ("_source", "fd")
+
+    def __init__(self, source: WorkProof | None = None, fd: int | None = None) -> None:
+        self._source = source
+        self.fd = fd  # in a worker: the descriptor that arrived with it
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        fd = None if self._source is None else self._source.fd
+        if fd is None:
+            return (HandedProof, ())
+        from multiprocessing import reduction  # only when a worker is started: cold start
+
+        # Race: the fd number is read while the worker is being started, never kept from
+        # earlier: a proof closed since (lock released) is not handed on as a reused number.
+        return (_arrived, (reduction.DupFd(fd),))
+
+    def __call__(self) -> None:
+        """In the worker: nothing to do, the descriptor arrived with the worker and stays open
+        for as long as it runs (so the lock's owner counts as alive while it works)."""
+
+
+class _Detachable(Protocol):
+    """What ``multiprocessing.reduction.DupFd`` gives: the descriptor, once in the worker."""
+
+    def detach(self) -> int: ...
+
+
+def _arrived(passed: _Detachable) -> HandedProof:
+    """In a worker being started: the handed descriptor, kept open for the worker's life."""
+    return HandedProof(fd=passed.detach())
 
 
 # --------------------------------------------------------------------------- what we hold

@@ -15,7 +15,8 @@ group lives on, or the exact owner process still runs. Without a proof, a pid me
 only on the boot and PID namespace it was recorded in (its owner details say which,
 :mod:`mahabharatha.ownership`); elsewhere the answer is ``unknown`` and age decides; on ours the
 owner is alive while it, its process group or its session has a live process. A proof that was
-claimed but not looked at is never called gone. The long form, with who calls it:
+claimed but not looked at, or recorded in another folder than the one at the path now (a
+copy swapped in), is never called gone. The long form, with who calls it:
 ``design/lockfile-hardening.md``, "One judgement".
 """
 
@@ -89,6 +90,7 @@ class Rule(enum.StrEnum):
     WORK_GROUP = "work-group"  # proof free, but the group lock run made for CMD lives on
     GROUP_UNSEEN = "group-unseen"  # proof free; the group the owner led is another namespace's
     PROOF_UNSEEN = "proof-unseen"  # a proof claimed but not looked at: never gone
+    OTHER_FOLDER = "other-folder"  # the folder at the path is not the proof's: never gone
     ELSEWHERE = "elsewhere"  # no details, or another boot or PID namespace: age decides
     PID = "pid"  # no proof: the recorded pid's own fate
     GROUP = "group"  # no proof, pid gone: its process group lives on
@@ -210,6 +212,10 @@ def _liveness(
 ) -> Judgement:
     """The proof of life where the lock has one, the pid, group and session rules where it has
     none."""
+    if details is not None and details.proof and life is Life.OTHER_FOLDER:
+        # A folder copied and swapped in (or restored) holds nobody's proof: the owner's
+        # work may run on in the old one, so nothing here may call it dead.
+        return _said(Owner.UNKNOWN, Rule.OTHER_FOLDER)
     if details is not None and life is not None and proof_decides(details, life):
         return _by_proof(pid, timestamp, details, life, pid_facts)
     said = _by_pid(pid, timestamp, details, pid_facts)

@@ -194,6 +194,11 @@ ROWS = {
         OwnerFacts(PID, LOCKED_AT, _proof(), Life.UNKNOWN),
         (UNKNOWN, Owner.UNKNOWN, Rule.PROOF_UNSEEN),
     ),
+    "proof not lookable by this judge (another user's, issue 26 item 4), owner pid dead": (
+        World(),
+        OwnerFacts(PID, LOCKED_AT, _proof(), Life.UNKNOWN),
+        (UNKNOWN, Owner.UNKNOWN, Rule.PROOF_UNSEEN),
+    ),
     "proof not looked at, owner pid dead": (
         World(),
         OwnerFacts(PID, LOCKED_AT, _proof(), None),
@@ -208,6 +213,17 @@ ROWS = {
         World(),
         OwnerFacts(PID, LOCKED_AT, _proof(boot=OTHER_BOOT), Life.FREE),
         (UNKNOWN, Owner.UNKNOWN, Rule.ELSEWHERE),
+    ),
+    # ---- issue 26, item 3: the proof's folder (its identity is recorded with the lock)
+    "proof recorded in another folder than the one at the path (a copy swapped in)": (
+        World(),
+        OwnerFacts(PID, LOCKED_AT, _proof(), Life.OTHER_FOLDER),
+        (UNKNOWN, Owner.UNKNOWN, Rule.OTHER_FOLDER),
+    ),
+    "proof recorded in another folder, a group the owner did not lead lives": (
+        World(live_groups=frozenset({GROUP})),
+        OwnerFacts(PID, LOCKED_AT, _proof(), Life.OTHER_FOLDER),
+        (UNKNOWN, Owner.UNKNOWN, Rule.OTHER_FOLDER),
     ),
     # ---- no proof: pid, then its group, then its session, only on our boot and namespace
     "no proof, no details (older writer)": (
