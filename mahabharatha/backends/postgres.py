@@ -56,6 +56,7 @@ from mahabharatha.backends.base import (
 )
 from mahabharatha.backends.pg_connection import (
     CONNECT_TIMEOUT_SECONDS,
+    SLOTS_TAKEN_SQLSTATE,
     Connection,
     first_line,
     password_of,
@@ -1394,14 +1395,16 @@ def _few_slots(usable: int) -> int:
 
 
 def _out_of_slots(error: psycopg.OperationalError) -> bool:
-    """The server refused a connection because every slot is taken (SQLSTATE 53300, "sorry,
-    too many clients already"; "remaining connection slots are reserved" past the reserve)."""
+    """The server refused a connection because no slot is free for it: SQLSTATE 53300
+    (``too_many_connections``), whatever the limit (the server's, the role's or the database's
+    ``CONNECTION LIMIT``) and whatever the language of its message (``lc_messages``). The
+    English text counts only for a refusal that came without a SQLSTATE (libpq not found to
+    make its errors verbose: :func:`~mahabharatha.backends.pg_connection._verbose_errors`)."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate is not None:
+        return bool(sqlstate == SLOTS_TAKEN_SQLSTATE)
     text = str(error)
-    return (
-        getattr(error, "sqlstate", None) == "53300"
-        or "too many clients" in text
-        or "remaining connection slots are reserved" in text
-    )
+    return "too many clients" in text or "remaining connection slots are reserved" in text
 
 
 def _clock_shift(server_now: float) -> float:
