@@ -527,8 +527,8 @@ class PostgresBackend(LockBackend):
         if chosen is None:
             raise ValueError(
                 "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
-                "none could be derived: the --gsd-dir folder is in no git repository with an "
-                "'origin' remote"
+                "none could be derived: the --gsd-dir folder is in no git repository whose "
+                "'origin' remote names one stably (none, or a relative path such as ../up.git)"
             )
         timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
         return cls(url, namespace=chosen, gsd_dir=gsd_dir, connect_timeout=timeout)
