@@ -537,8 +537,9 @@ class PostgresBackend(LockBackend):
         if chosen is None:
             raise ValueError(
                 "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
-                "none could be derived: the --gsd-dir folder is in no git repository whose "
-                "'origin' remote names one stably (none, or a relative path such as ../up.git)"
+                "none could be derived: the --gsd-dir folder is in no git repository with an "
+                "'origin' remote that names one repository stably (a relative path such as "
+                "../up.git names another one from each folder)"
             )
         timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
         return cls(url, namespace=chosen, gsd_dir=gsd_dir, connect_timeout=timeout)
@@ -739,7 +740,9 @@ class PostgresBackend(LockBackend):
 
         return self._run(run)
 
-    def _hot(self, statement: str, values: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _hot(
+        self, statement: str, values: Sequence[Any], sent: list[float] | None = None
+    ) -> list[tuple[Any, ...]]:
         """Run an acquire or a release of a held lock (``_ACQUIRE_NUMBERED``,
         ``_RELEASE_HELD_NUMBERED``), the uncontended cycle's two statements: on one cursor kept
         per connection (``conn.execute`` builds a cursor per call), prepared on first use
@@ -747,6 +750,8 @@ class PostgresBackend(LockBackend):
         integer text to print on the server and parse here). Same retries as :meth:`_run`."""
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            if sent is not None:
+                sent.append(time.monotonic())  # connected: a lease it sets runs from no earlier
             return self._on_kept_cursor(conn, statement, values, binary=True)
 
         return self._run(run)
@@ -864,10 +869,11 @@ class PostgresBackend(LockBackend):
     ) -> AcquireResult:
         params = self._take_params(feature, requester, lease)
         holder: _Row | None = None
+        sent: list[float] = []
         for _ in range(MAX_CLAIM_ROUNDS):
-            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params))
+            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
-                return self._won(taken[0], requester, params, reason="expired")
+                return self._won(taken[0], requester, params, reason="expired", sent=sent[-1])
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:
                 break  # Race: otherwise it was released between the two statements: try again
@@ -876,9 +882,10 @@ class PostgresBackend(LockBackend):
         info = self._info(holder)
         if reclaim_dead and info.verdict is Verdict.GONE:
             params["judged"] = [holder.token]
-            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params))
+            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
-                return self._won(taken[0], requester, params, reason=f"owner {info.owner}")
+                reason = f"owner {info.owner}"
+                return self._won(taken[0], requester, params, reason=reason, sent=sent[-1])
             again = self._row(feature)
             if again is not None and again.pid is not None:
                 holder, info = again, self._info(again)
@@ -1032,7 +1039,13 @@ class PostgresBackend(LockBackend):
         ]
 
     def _won(
-        self, row: Sequence[Any], requester: Requester, params: dict[str, Any], *, reason: str
+        self,
+        row: Sequence[Any],
+        requester: Requester,
+        params: dict[str, Any],
+        *,
+        reason: str,
+        sent: float | None = None,
     ) -> AcquireResult:
         feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
         shift = _clock_shift(now)
@@ -1043,6 +1056,7 @@ class PostgresBackend(LockBackend):
             expires_at=expires + shift,
             token=int(token),
             handle=_Handle(params["lease"], params["attempt"]),
+            sent=sent,
         )
         replaced = None
         if prev_pid is not None and prev_ts is not None:
@@ -1056,7 +1070,14 @@ class PostgresBackend(LockBackend):
     # ------------------------------------------------------------------ holding
 
     def refresh(self, held: Held) -> Held:
-        found = self._rows(_REFRESH, self._params(feature=held.feature, token=held.token))
+        params = self._params(feature=held.feature, token=held.token)
+        sent: list[float] = []
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            sent.append(time.monotonic())  # connected: the new lease runs from no earlier
+            return conn.execute(_REFRESH, params).fetchall()
+
+        found = self._run(run)
         if not found:
             raise LockLostError(held.feature, "its lease ran out, or it was released or taken over")
         refreshed, expires, now = found[0]
@@ -1068,6 +1089,7 @@ class PostgresBackend(LockBackend):
             expires + shift,
             held.token,
             held.handle,
+            sent[-1],
         )
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
