@@ -380,7 +380,10 @@ def _try_uninterrupted(
         with _SignalsDeferred():
             # Race: Ctrl-C right after link() published our lock: deferred to the end of this
             # block, by when ``outcome`` knows the exact lock to take back.
+            sent = monotonic()  # the lease on the server runs from no earlier than this
             outcome = _try_once(backend, feature, pid, reclaim_dead, details, lease)
+            if outcome.held is not None and outcome.held.sent is None:  # else the backend's
+                outcome = outcome._replace(held=outcome.held._replace(sent=sent))
     except BaseException:
         if outcome is not None and outcome.held is not None:
             with _SignalsDeferred():  # a second Ctrl-C must not cut the take-back short
@@ -466,6 +469,19 @@ def acquire(
 LEASE_REFRESHES: Final = 3
 """A holder with a chosen lease (PostgreSQL) refreshes at least 3 times per lease: two
 refreshes may fail (a server restart, a lost connection) before the lock is in danger."""
+
+CUT_OFF_NOTICE_SECONDS: Final = 11.0
+"""A holder whose refreshes do not get through (a frozen link: no answer, no reset) declares
+its lock lost this long (at most a quarter of the lease) before its lease can run out on the
+server, counted from when it *sent* the last statement that set the lease; ``lock run`` then
+sends CMD SIGTERM, and SIGKILL a fifth of this before the lease's end (8.8 s of grace on the
+60 s lease), so CMD is gone before the lock can be given away."""
+
+
+def cut_off_notice(lease: float) -> float:
+    """:data:`CUT_OFF_NOTICE_SECONDS` for a lease of ``lease`` seconds."""
+    return min(CUT_OFF_NOTICE_SECONDS, lease / 4)
+
 
 WAKE_UP_SLICE_SECONDS: Final = 0.25
 """A backend that wakes waiters on release (PostgreSQL's LISTEN/NOTIFY) is waited on for at most
@@ -1150,6 +1166,8 @@ class FeatureLock:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._handed: WorkProof | None = None  # the proof handed on (``proof_fds``), made once
+        self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
+        self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
         _LIVE_LOCKS.add(self)
 
     def _chosen_lease(self, lease: float | None) -> float | None:
@@ -1176,13 +1194,15 @@ class FeatureLock:
         self._stop = threading.Event()
         self._beat = None
         self._handed = None  # its descriptors stay open here: this child is the holder's work
+        self._cut_off = None
+        self._declaring = threading.Lock()
 
     @property
     def held(self) -> bool:
         """True while our lock is on disk, as far as we know, and not yet stale (and we are the
         process that took it, not a child forked from it)."""
-        if self._holder_process != os.getpid():
-            return False
+        if self._holder_process != os.getpid() or self.lost is not None:
+            return False  # a forked child's, or given up (the cut-off before the lease's end)
         return self.expires_at is not None and not self._expired()
 
     @property
@@ -1253,11 +1273,30 @@ class FeatureLock:
         self._beat = threading.Thread(
             target=self._beat_loop, name=f"lock-heartbeat-{self.feature}", daemon=True
         )
+        if self.lease is not None:  # a lease on a server, which gives it away once it ends
+            self._cut_off = threading.Thread(
+                target=self._cut_off_loop, name=f"lock-cut-off-{self.feature}", daemon=True
+            )
         try:
             start_without_signals(self._beat)
+            if self._cut_off is not None:
+                start_without_signals(self._cut_off)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
-            self._beat = None
+            self._stop_heartbeat()
             raise HeartbeatStartError(self.feature, str(error)) from error
+
+    def _cut_off_loop(self) -> None:
+        """Declare the lock lost :func:`cut_off_notice` before its lease can end on the server,
+        unless a refresh got through meanwhile (it moves ``_deadline``). The heartbeat alone
+        cannot: a refresh on a frozen link blocks it for ``--connect-timeout`` at a time."""
+        assert self.lease is not None
+        notice = cut_off_notice(self.lease)
+        while (left := self._deadline - notice - monotonic()) > 0:
+            if self._stop.wait(left):
+                return  # released (or lost by the heartbeat's own finding)
+        reason = f"no refresh got through, and its lease can run out in {notice:g} s"
+        self._stop.set()  # the heartbeat ends too: the lock is given up
+        self._declare_lost(LockLostError(self.feature, reason, self._deadline - notice / 5))
 
     def _forget_if_forked(self) -> None:
         """In a child forked from the holder, this object's lock is the parent's: never touch it."""
@@ -1270,8 +1309,12 @@ class FeatureLock:
             self._forget_if_forked()
             if self._mine is None:
                 raise LockLostError(self.feature)
+            sent = monotonic()  # the new lease runs from no earlier than this
             try:
-                self._mine = self._with_deadline(self.backend.refresh(self._mine))
+                refreshed = self.backend.refresh(self._mine)
+                if refreshed.sent is None:  # else the backend's, once connected
+                    refreshed = refreshed._replace(sent=sent)
+                self._mine = self._with_deadline(refreshed)
             except LockLostError:
                 self._mine = None
                 raise
@@ -1312,8 +1355,13 @@ class FeatureLock:
         return self.heartbeat
 
     def _with_deadline(self, mine: Held) -> Held:
-        """Keep ``mine``'s expiry also as a deadline on the monotonic clock, measured now."""
-        self._deadline = monotonic() + (mine.expires_at - clock.now())
+        """Keep ``mine``'s expiry also as a deadline on the monotonic clock: its lease from
+        when the statement that set it was sent (the server's lease cannot end sooner),
+        else from now."""
+        if mine.sent is None:
+            self._deadline = monotonic() + (mine.expires_at - clock.now())
+        else:
+            self._deadline = mine.sent + (mine.expires_at - mine.timestamp)
         return mine
 
     def _expired(self) -> bool:
@@ -1327,8 +1375,12 @@ class FeatureLock:
         return clock.now() > expires or monotonic() > self._deadline
 
     def _declare_lost(self, error: LockLostError) -> None:
+        with self._declaring:
+            # Race: the cut-off and the heartbeat finding the loss at once: told once.
+            if self.lost is not None:
+                return
+            self.lost = error
         logs.say(logs.WARNING, "%s", error)
-        self.lost = error
         tell = self.on_lost if self._lost_override is None else self._lost_override
         if tell is not None:
             tell(error)
@@ -1441,9 +1493,10 @@ class FeatureLock:
 
     def _stop_heartbeat(self) -> None:
         self._stop.set()
-        if self._beat is not None and self._beat is not threading.current_thread():
-            self._beat.join()
-        self._beat = None
+        for thread in (self._beat, self._cut_off):
+            if thread is not None and thread.ident and thread is not threading.current_thread():
+                thread.join()
+        self._beat = self._cut_off = None
 
     def __enter__(self) -> Self:
         return self.acquire()

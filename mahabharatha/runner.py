@@ -428,6 +428,15 @@ def _unmasked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _grace_before(stop_by: float | None) -> float:
+    """CMD's grace after SIGTERM for a lost lock: :data:`LOST_KILL_GRACE_SECONDS`, cut short
+    to end by ``stop_by`` (monotonic), when the lease may still run on the server (a cut-off
+    holder: CMD must be gone before the lock can be given away)."""
+    if stop_by is None:
+        return LOST_KILL_GRACE_SECONDS
+    return max(0.0, min(LOST_KILL_GRACE_SECONDS, stop_by - monotonic()))
+
+
 class _LossWatch:
     """Applies the lost-lock rule to the command: called by the heartbeat when the lock is lost,
     it acts in a thread of its own (the grace must not hold up anyone)."""
@@ -489,7 +498,7 @@ class _LossWatch:
         if self.policy is OnLost.WARN:
             return
         child.send(signal.SIGTERM)
-        if not self._ended.wait(LOST_KILL_GRACE_SECONDS):
+        if not self._ended.wait(_grace_before(error.stop_by)):
             child.send(signal.SIGKILL)
 
     def ended(self) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "lock_url",
     "open_backend",
     "shared_backend",
+    "url_holds_password",
 ]
 
 LOCK_URL_ENV: Final = "MAHABHARATHA_LOCK_URL"
@@ -89,6 +90,20 @@ def load_backend_code(url: str | None) -> None:
     if url is not None and url.startswith(POSTGRES_SCHEMES):
         with contextlib.suppress(RuntimeError):
             _postgres_module()
+
+
+def url_holds_password(url: str) -> bool:
+    """Does ``url`` carry a password (``user:PASSWORD@host``, or a ``password`` parameter)?
+    Read without the driver: the CLI asks on every call that names a URL."""
+    rest = url.partition("://")[2]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if authority.rpartition("@")[0].partition(":")[2]:
+        return True
+    query = rest.partition("?")[2].partition("#")[0]
+    return any(
+        name == "password" and value
+        for name, _, value in (part.partition("=") for part in query.split("&"))
+    )
 
 
 def lock_url() -> str | None:

@@ -310,13 +310,19 @@ class AlreadyHeldError(LockHeldError):
 class LockLostError(LockError):
     """A holder found its lock gone or replaced (forced release, or it went stale)."""
 
-    def __init__(self, feature: str, reason: str | None = None) -> None:
+    def __init__(
+        self, feature: str, reason: str | None = None, stop_by: float | None = None
+    ) -> None:
         self.feature = feature
         self.reason = reason or "it was removed or replaced by another owner"
+        self.stop_by = stop_by
+        """When the work done under the lock must be gone (monotonic): the holder's lease may
+        still run on the server, and can be given away only after; None when it is already
+        gone (then the work gets its full grace)."""
         super().__init__(f"lost the lock on {feature!r}: {self.reason}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature, self.reason))
+        return (type(self), (self.feature, self.reason, self.stop_by))
 
 
 class HeartbeatStartError(LockError):
@@ -382,6 +388,10 @@ class Held(NamedTuple):
     expires_at: float
     token: int | None = None
     handle: Any = None
+    sent: float | None = None
+    """When the statement that set this lease was sent (monotonic): the lease on the server
+    runs from no earlier (``locks.acquire`` sets it; a cut-off holder's deadline counts from
+    it)."""
 
 
 class AcquireResult(NamedTuple):

@@ -7,16 +7,23 @@ the server is bounded. Imported only for a ``postgresql://`` URL (it needs psyco
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import sys
+from collections.abc import Generator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Final
 
 import psycopg
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.waiting import Ready, Wait
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
+    "SLOTS_TAKEN_SQLSTATE",
     "Connection",
     "Server",
     "first_line",
@@ -26,6 +33,16 @@ __all__ = [
 
 CONNECT_TIMEOUT_SECONDS: Final = 5.0
 """How long a command waits for the server (to connect, and for any one answer)."""
+
+
+SLOTS_TAKEN_SQLSTATE: Final = "53300"
+"""too_many_connections: the server's ``max_connections`` (past the reserved slots), a role's
+or a database's ``CONNECTION LIMIT``, in whatever language the server speaks."""
+PQERRORS_VERBOSE: Final = 2
+"""libpq's ``PGVerbosity``: its error text then carries the server's SQLSTATE."""
+_SQLSTATE_IN_TEXT: Final = re.compile(r"(\S+:  )([0-9A-Z]{5}): ")
+"""``FATAL:  53300: ...`` as verbose libpq writes a server's error (severity, two spaces, code)."""
+_LOCATION_LINE: Final = re.compile(r"^LOCATION: .*\n?", re.M)
 
 
 class Connection(psycopg.Connection[Any]):
@@ -42,6 +59,78 @@ class Connection(psycopg.Connection[Any]):
         # A caller's own timeout (notifies: what is left of a wait, possibly 0) stands as given.
         chosen = self.deadline if timeout is None else timeout
         return super().wait(gen, interval=interval, timeout=chosen)
+
+    @classmethod
+    def _connect_gen(cls, conninfo: str = "") -> Any:
+        """psycopg's own connection generator, but a refusal carries the server's SQLSTATE
+        (``sqlstate``): the message alone is in the server's language (``lc_messages``)."""
+        pgconn = yield from _connect_telling_sqlstate(conninfo)
+        return cls(pgconn)
+
+
+def _connect_telling_sqlstate(conninfo: str) -> Generator[tuple[int, Wait], Ready, Any]:
+    """Connect as psycopg does (``psycopg.generators.connect``), with libpq's verbose errors:
+    libpq keeps no SQLSTATE of a connection it could not make, only the text it writes."""
+    pgconn = pq.PGconn.connect_start(conninfo.encode())
+    _verbose_errors(pgconn)
+    while True:
+        if pgconn.status == pq.ConnStatus.BAD:
+            raise _refusal(pgconn, "connection is bad")
+        status = pgconn.connect_poll()
+        if status == pq.PollingStatus.OK:
+            break
+        if status == pq.PollingStatus.READING or status == pq.PollingStatus.WRITING:
+            wait = Wait.R if status == pq.PollingStatus.READING else Wait.W
+            while not (yield pgconn.socket, wait):
+                pass
+        elif status == pq.PollingStatus.FAILED:
+            raise _refusal(pgconn, "connection failed")
+        else:
+            pgconn.finish()
+            raise psycopg.InternalError(f"unexpected poll status: {status}")
+    pgconn.nonblocking = 1
+    return pgconn
+
+
+def _refusal(pgconn: Any, what: str) -> psycopg.OperationalError:
+    """The error of a connection not made: the text libpq would write by default, and the
+    server's SQLSTATE (when it sent one) as ``sqlstate``."""
+    said = pgconn.get_error_message()
+    pgconn.finish()
+    found = _SQLSTATE_IN_TEXT.search(said)
+    text = _LOCATION_LINE.sub("", _SQLSTATE_IN_TEXT.sub(r"\1", said))
+    error = psycopg.OperationalError(f"{what}: {text}")
+    error.sqlstate = found.group(2) if found else None
+    return error
+
+
+def _verbose_errors(pgconn: Any) -> None:
+    """``PQsetErrorVerbosity(VERBOSE)`` on ``pgconn`` (psycopg has no call for it), through
+    the libpq that psycopg loaded; nothing when that library cannot be found."""
+    libpq = _loaded_libpq()
+    if libpq is not None:
+        libpq.PQsetErrorVerbosity(ctypes.c_void_p(pgconn.pgconn_ptr), PQERRORS_VERBOSE)
+
+
+@cache
+def _loaded_libpq() -> ctypes.CDLL | None:
+    """The libpq psycopg runs on (psycopg-binary bundles its own, loaded privately): found
+    among the files this process has mapped, opened again (the same library, not a copy)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {line.split()[-1] for line in maps if "/libpq" in line}
+    except OSError:
+        return None
+    for path in sorted(paths, key=lambda found: "psycopg" not in found):
+        try:
+            libpq = ctypes.CDLL(path)
+            libpq.PQsetErrorVerbosity.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        except (OSError, AttributeError):
+            continue
+        return libpq
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,22 @@
 """The default lock namespace of a checkout: its repository, named by its ``origin`` remote.
 
-Two checkouts of one repository on two hosts share locks; two repositories never do. Plain
-``git``; no database driver needed.
+The namespace identifies the repository, not the spelling of its remote: two checkouts of one
+repository (on one host or two) share locks, two repositories never do.
+
+- A hosted remote (``https://``, ``ssh://``, ``git://``, scp-like ``git@host:org/repo``) is
+  ``host/path``: no scheme, user, password or port; the host lower-cased; the path without
+  empty segments, trailing slashes or one ``.git``. Paths keep their case (a self-hosted server
+  on a case-sensitive filesystem may serve ``Repo`` and ``repo`` as two repositories), except on
+  :data:`CASE_INSENSITIVE_HOSTS`, whose paths are lower-cased (GitHub serves ``Org/Repo`` and
+  ``org/repo`` as one repository).
+- A local repository (an absolute path, or ``file://``) is the real path of its git folder
+  (symlinks resolved; ``/srv/up`` that git reads as ``/srv/up.git``, and a working tree's
+  ``.git``, found as git finds them). Hosts that see one repository at one path share its
+  locks; a path that does not exist here is its absolute, normalised spelling.
+- A relative path (``../up.git``) names a different repository from every folder: no
+  namespace (the caller says to pass ``--namespace``), as with no ``origin`` at all.
+
+Plain ``git`` and the filesystem; no database driver needed.
 """
 
 from __future__ import annotations
@@ -11,35 +26,81 @@ import re
 import subprocess
 from typing import Final
 
-__all__ = ["derive_namespace", "normalise_remote"]
+__all__ = ["CASE_INSENSITIVE_HOSTS", "derive_namespace", "normalise_remote"]
+
+CASE_INSENSITIVE_HOSTS: Final = frozenset({"github.com", "gitlab.com", "bitbucket.org"})
+"""Hosts whose repository paths are case-insensitive (``Org/Repo`` is ``org/repo``)."""
 
 _SCP_LIKE: Final = re.compile(r"^(?:[^@/]+@)?([^:/]+):(?!//)(.*)$")
-_URL_LIKE: Final = re.compile(r"^[a-z][a-z0-9+.-]*://(?:[^@/]*@)?([^/:]+)(?::\d+)?/?(.*)$", re.I)
+_URL_LIKE: Final = re.compile(r"^([a-z][a-z0-9+.-]*)://(?:[^@/]*@)?([^/:]*)(?::\d*)?(/.*)?$", re.I)
+_GIT_SUFFIX: Final = ".git"
 
 
 def normalise_remote(url: str) -> str | None:
-    """``git@github.com:org/repo.git`` and ``https://github.com/org/repo`` are one repository:
-    ``github.com/org/repo`` (host lower-cased, no user, port, scheme or ``.git``)."""
+    """The repository ``url`` names (see the module's docstring), or None when it names none
+    stably (a relative path, nothing)."""
     text = url.strip()
-    match = _URL_LIKE.match(text) or _SCP_LIKE.match(text)
-    if match is None:
-        path, host = text, ""  # a local path: the path itself names the repository
-    else:
-        host, path = match.group(1).lower(), match.group(2)
-    path = path.strip("/")
-    path = path.removesuffix(".git").rstrip("/")
-    name = f"{host}/{path}" if host else path
-    return name or None
+    if not text:
+        return None
+    match = _URL_LIKE.match(text)
+    if match is not None:
+        scheme, host, path = match.group(1).lower(), match.group(2), match.group(3) or ""
+        if scheme == "file":
+            return _local_identity(path) if host in ("", "localhost") else None
+        return _hosted(host, path)
+    if os.path.isabs(text):
+        return _local_identity(text)
+    scp = _SCP_LIKE.match(text)
+    if scp is not None:
+        return _hosted(scp.group(1), scp.group(2))
+    return None  # a relative path: another repository from each folder it is read in
+
+
+def _hosted(host: str, path: str) -> str | None:
+    host = host.lower()
+    segments = [segment for segment in path.split("/") if segment]
+    if segments and segments[-1].endswith(_GIT_SUFFIX):
+        segments[-1] = segments[-1].removesuffix(_GIT_SUFFIX)
+    name = "/".join(segment for segment in segments if segment)
+    if host in CASE_INSENSITIVE_HOSTS:
+        name = name.lower()
+    if not host or not name:
+        return None
+    return f"{host}/{name}"
+
+
+def _local_identity(path: str) -> str | None:
+    """The real path of the git folder ``path`` names, as git's local transport finds it
+    (``path/.git``, ``path.git``, ``path`` itself); else ``path`` absolute and normalised."""
+    if not path or not os.path.isabs(path):
+        return None
+    real = os.path.realpath(path)
+    for candidate in (os.path.join(real, ".git"), real + _GIT_SUFFIX, real):
+        if _is_git_folder(candidate):
+            return os.path.realpath(candidate)
+    return os.path.normpath(real)
+
+
+def _is_git_folder(folder: str) -> bool:
+    """A repository's own folder (bare, or a working tree's ``.git``): ``HEAD``, ``objects``
+    and ``refs`` in it."""
+    return (
+        os.path.isfile(os.path.join(folder, "HEAD"))
+        and os.path.isdir(os.path.join(folder, "objects"))
+        and os.path.isdir(os.path.join(folder, "refs"))
+    )
 
 
 def derive_namespace(where: str | os.PathLike[str] | None = None) -> str | None:
-    """The namespace of the repository at ``where`` (its ``origin`` remote), or None."""
+    """The namespace of the repository at ``where`` (its ``origin`` remote), or None (no
+    repository, no ``origin``, or one that names no stable repository: a relative path)."""
     folder = os.fspath(where) if where is not None else os.getcwd()
     while folder and not os.path.isdir(folder):
         folder = os.path.dirname(folder)
     try:
         done = subprocess.run(
-            ["git", "-C", folder or ".", "config", "--get", "remote.origin.url"],
+            # get-url: the remote as git fetches it (after any url.*.insteadOf rewriting)
+            ["git", "-C", folder or ".", "remote", "get-url", "origin"],
             capture_output=True,
             text=True,
             timeout=10,

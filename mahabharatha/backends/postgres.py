@@ -56,6 +56,7 @@ from mahabharatha.backends.base import (
 )
 from mahabharatha.backends.pg_connection import (
     CONNECT_TIMEOUT_SECONDS,
+    SLOTS_TAKEN_SQLSTATE,
     Connection,
     first_line,
     password_of,
@@ -94,7 +95,11 @@ repository's ``host/org/repo``."""
 MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 """libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
-"""One channel for every release; the payload names the namespace and feature."""
+"""The channel of this schema's wake-ups (one for every release; no payload)."""
+WAKE_UP_INTERVAL_SECONDS: Final = 0.25
+"""A waiter looks at most once per this long however many wake-ups come (anyone who may connect
+may NOTIFY the channel: a flood of forged ones drove one waiter to 1,271 statements in 3 s); the
+slice of an acquire's wait (``locks.WAKE_UP_SLICE_SECONDS``)."""
 SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
 SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
 """Between two connection attempts refused for want of a slot: from 20 ms, doubling, to 0.5 s
@@ -279,14 +284,19 @@ ON CONFLICT DO NOTHING"""
 """Rows with no holder for features never locked before (sorted: concurrent claimers insert in
 one order and cannot deadlock)."""
 
-_NOTIFY: Final = f"pg_notify('{NOTIFY_CHANNEL}', json_build_array(namespace, feature)::text)"
+_WAKE: Final = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
+"""The wake-up sent after a release, a done, a failed attempt or a clean has committed, in a
+transaction of its own (:meth:`PostgresBackend._wake_waiters`): a notification that cannot be
+queued (the cluster's queue full: one listener in an open transaction anywhere holds its tail)
+never undoes or stops the release. No payload: any role that may connect to any database may
+LISTEN, and a name in it would tell every team's feature names."""
 
 _LET_GO: Final = "pid = NULL, details = NULL, host = NULL, attempt = NULL"
 
 _RELEASE_HELD: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
-RETURNING {_NOTIFY}"""
+RETURNING 1"""
 
 _ACQUIRE_PARAMS: Final = ("ns", "feature", "pid", "details", "host", "attempt", "lease", "judged")
 """The parameters of ``_ACQUIRE`` (and of a take's parameter dict), in their ``$n`` order."""
@@ -309,7 +319,7 @@ UPDATE mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid IS NOT NULL
     AND (%(force)s OR (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s
         AND {_OWNER_COULD_BE}))
-RETURNING {_NOTIFY}"""
+RETURNING 1"""
 
 _REFRESH: Final = f"""
 UPDATE mahabharatha_locks SET refreshed_at = now(), expires_at = now() + lease
@@ -325,7 +335,7 @@ UPDATE mahabharatha_locks SET pid = NULL, details = NULL, host = NULL, attempt =
 WHERE namespace = %(ns)s AND feature = %(feature)s AND (
     (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE})
     OR (pid IS NULL AND done_at IS NOT NULL AND attempt = %(attempt)s))
-RETURNING {_NOTIFY}, date_part('epoch', done_at)"""
+RETURNING date_part('epoch', done_at)"""
 """Mark done and release in one statement: both or neither. The row keeps the call's attempt
 id: a retry after a lost answer finds its own done mark (and answers it), never "not held"."""
 
@@ -359,7 +369,7 @@ UPDATE mahabharatha_locks SET {_LET_GO}, failures = failures + 1, last_failure =
     done_at = CASE WHEN failures + 1 >= %(limit)s THEN now() ELSE done_at END
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
     AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE}
-RETURNING {_NOTIFY}, failures"""
+RETURNING failures"""
 """Record a failed attempt and release in one statement: both or neither. A feature whose
 attempts reach the pool's limit is closed the way a done one is (``done_at``: every claim
 statement already skips it) and flagged ``failed``, which tells the two apart."""
@@ -372,7 +382,7 @@ _CLEAN: Final = f"""
 UPDATE mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND pid IS NOT NULL AND feature = ANY(%(features)s::text[])
     AND (expires_at < now() OR token = ANY(%(judged)s::bigint[]))
-RETURNING feature, {_NOTIFY}"""
+RETURNING feature"""
 
 _SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha_schema"
 
@@ -493,6 +503,7 @@ class PostgresBackend(LockBackend):
         self._slots_scarce = False  # were the server's connection slots nearly all taken?
         self._slots_seen = -math.inf  # when that was seen (monotonic)
         self._slots_hidden = False  # the role may not look at the server's sessions
+        self._woken = -math.inf  # when a wait last ended woken (monotonic): one per interval
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
@@ -527,7 +538,8 @@ class PostgresBackend(LockBackend):
             raise ValueError(
                 "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
                 "none could be derived: the --gsd-dir folder is in no git repository with an "
-                "'origin' remote"
+                "'origin' remote that names one repository stably (a relative path such as "
+                "../up.git names another one from each folder)"
             )
         timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
         return cls(url, namespace=chosen, gsd_dir=gsd_dir, connect_timeout=timeout)
@@ -728,7 +740,9 @@ class PostgresBackend(LockBackend):
 
         return self._run(run)
 
-    def _hot(self, statement: str, values: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _hot(
+        self, statement: str, values: Sequence[Any], sent: list[float] | None = None
+    ) -> list[tuple[Any, ...]]:
         """Run an acquire or a release of a held lock (``_ACQUIRE_NUMBERED``,
         ``_RELEASE_HELD_NUMBERED``), the uncontended cycle's two statements: on one cursor kept
         per connection (``conn.execute`` builds a cursor per call), prepared on first use
@@ -736,6 +750,8 @@ class PostgresBackend(LockBackend):
         integer text to print on the server and parse here). Same retries as :meth:`_run`."""
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            if sent is not None:
+                sent.append(time.monotonic())  # connected: a lease it sets runs from no earlier
             return self._on_kept_cursor(conn, statement, values, binary=True)
 
         return self._run(run)
@@ -853,10 +869,11 @@ class PostgresBackend(LockBackend):
     ) -> AcquireResult:
         params = self._take_params(feature, requester, lease)
         holder: _Row | None = None
+        sent: list[float] = []
         for _ in range(MAX_CLAIM_ROUNDS):
-            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params))
+            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
-                return self._won(taken[0], requester, params, reason="expired")
+                return self._won(taken[0], requester, params, reason="expired", sent=sent[-1])
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:
                 break  # Race: otherwise it was released between the two statements: try again
@@ -865,9 +882,10 @@ class PostgresBackend(LockBackend):
         info = self._info(holder)
         if reclaim_dead and info.verdict is Verdict.GONE:
             params["judged"] = [holder.token]
-            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params))
+            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
-                return self._won(taken[0], requester, params, reason=f"owner {info.owner}")
+                reason = f"owner {info.owner}"
+                return self._won(taken[0], requester, params, reason=reason, sent=sent[-1])
             again = self._row(feature)
             if again is not None and again.pid is not None:
                 holder, info = again, self._info(again)
@@ -1021,7 +1039,13 @@ class PostgresBackend(LockBackend):
         ]
 
     def _won(
-        self, row: Sequence[Any], requester: Requester, params: dict[str, Any], *, reason: str
+        self,
+        row: Sequence[Any],
+        requester: Requester,
+        params: dict[str, Any],
+        *,
+        reason: str,
+        sent: float | None = None,
     ) -> AcquireResult:
         feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
         shift = _clock_shift(now)
@@ -1032,6 +1056,7 @@ class PostgresBackend(LockBackend):
             expires_at=expires + shift,
             token=int(token),
             handle=_Handle(params["lease"], params["attempt"]),
+            sent=sent,
         )
         replaced = None
         if prev_pid is not None and prev_ts is not None:
@@ -1045,7 +1070,14 @@ class PostgresBackend(LockBackend):
     # ------------------------------------------------------------------ holding
 
     def refresh(self, held: Held) -> Held:
-        found = self._rows(_REFRESH, self._params(feature=held.feature, token=held.token))
+        params = self._params(feature=held.feature, token=held.token)
+        sent: list[float] = []
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            sent.append(time.monotonic())  # connected: the new lease runs from no earlier
+            return conn.execute(_REFRESH, params).fetchall()
+
+        found = self._run(run)
         if not found:
             raise LockLostError(held.feature, "its lease ran out, or it was released or taken over")
         refreshed, expires, now = found[0]
@@ -1057,18 +1089,23 @@ class PostgresBackend(LockBackend):
             expires + shift,
             held.token,
             held.handle,
+            sent[-1],
         )
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
         """Remove exactly ``held`` (one statement; ``wait`` is unused: nothing on a server
         refuses a release for a while, and a lost answer is retried by :meth:`_run`)."""
-        return bool(self._hot(_RELEASE_HELD_NUMBERED, (self.namespace, held.feature, held.token)))
+        released = self._hot(_RELEASE_HELD_NUMBERED, (self.namespace, held.feature, held.token))
+        if released:
+            self._wake_waiters()
+        return bool(released)
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
         params = self._params(
             feature=feature, pid=pid, host=self._host, force=force, **_owner_keys(pid)
         )
         if self._rows(_RELEASE_PID, params):
+            self._wake_waiters()
             return True
         holder = self._row(feature)
         if holder is None or holder.pid is None:
@@ -1177,10 +1214,12 @@ class PostgresBackend(LockBackend):
         removed = self._rows(
             _CLEAN, self._params(judged=judged, features=[row.feature for row in rows])
         )
+        if removed:
+            self._wake_waiters()
         states = {row.feature: self._info(row).state for row in rows}
         return [
             CleanedEntry(feature, self._path(feature), "lock", states.get(feature, "stale"), True)
-            for feature, _ in sorted(removed)
+            for (feature,) in sorted(removed)
         ]
 
     def _path(self, feature: str) -> str:
@@ -1209,7 +1248,24 @@ class PostgresBackend(LockBackend):
             if holder is not None and holder.pid is not None:
                 raise NotOwnerError(self._info(holder))
             raise NotHeldError(feature, pid)
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][1]))
+        self._wake_waiters()
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][0]))
+
+    def _wake_waiters(self) -> None:
+        """Wake every waiter on this schema's channel (:data:`_WAKE`), after a release, a done,
+        a failed attempt or a clean has committed: best effort. A wake-up not sent costs a
+        waiter the rest of its slice, never the release its success."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        try:
+            conn.execute(_WAKE, prepare=False)
+        except psycopg.Error as error:
+            if error.sqlstate is None:
+                # The link was lost or froze after the release's answer: its state is unknown;
+                # the next call connects again. (The server's own refusal, e.g. its
+                # notification queue full, leaves the connection as it was.)
+                self._drop_connection()
 
     def reopen(self, feature: str) -> bool:
         return bool(self._rows(_REOPEN, self._params(feature=feature)))
@@ -1255,7 +1311,8 @@ class PostgresBackend(LockBackend):
             if holder is not None and holder.pid is not None:
                 raise NotOwnerError(self._info(holder))
             raise NotHeldError(feature, pid, "recorded as failed")
-        tries = int(found[0][1])
+        self._wake_waiters()
+        tries = int(found[0][0])
         return Attempts(tries, limit, (entry,))
 
     def failed_features(self) -> set[str]:
@@ -1328,8 +1385,7 @@ class PostgresBackend(LockBackend):
                 self._listener = listener
                 self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
                 return True
-            wanted = {(self.namespace, feature) for feature in features}
-            return _notified(self._listener, wanted, deadline)
+            return self._heard(self._listener, deadline)
         except psycopg.Error:
             # Race: the listener died (or froze) between two tries; a release sent meanwhile
             # was never heard. Look again, no sooner than a wait would have (no busy loop when
@@ -1355,12 +1411,18 @@ class PostgresBackend(LockBackend):
             return None
         return conn
 
-    def _notified_on_claims_connection(
-        self, conn: _Connection, wanted: set[tuple[str, str]], deadline: float
-    ) -> bool:
-        """:func:`_notified` on the claims' connection ``conn`` (LISTENing)."""
+    def _heard(self, conn: _Connection, deadline: float) -> bool:
+        """:func:`_notified` on ``conn`` (LISTENing), this backend's waits at most one wake-up
+        per :data:`WAKE_UP_INTERVAL_SECONDS` apart."""
+        woken = _notified(conn, deadline, self._woken + WAKE_UP_INTERVAL_SECONDS)
+        if woken:
+            self._woken = time.monotonic()
+        return woken
+
+    def _notified_on_claims_connection(self, conn: _Connection, deadline: float) -> bool:
+        """:meth:`_heard` on the claims' connection ``conn`` (LISTENing)."""
         try:
-            return _notified(conn, wanted, deadline)
+            return self._heard(conn, deadline)
         except psycopg.Error:
             # Race: the connection died (or froze) between two tries; a release sent meanwhile
             # was never heard. Look again, no sooner than a wait would have.
@@ -1395,14 +1457,16 @@ def _few_slots(usable: int) -> int:
 
 
 def _out_of_slots(error: psycopg.OperationalError) -> bool:
-    """The server refused a connection because every slot is taken (SQLSTATE 53300, "sorry,
-    too many clients already"; "remaining connection slots are reserved" past the reserve)."""
+    """The server refused a connection because no slot is free for it: SQLSTATE 53300
+    (``too_many_connections``), whatever the limit (the server's, the role's or the database's
+    ``CONNECTION LIMIT``) and whatever the language of its message (``lc_messages``). The
+    English text counts only for a refusal that came without a SQLSTATE (libpq not found to
+    make its errors verbose: :func:`~mahabharatha.backends.pg_connection._verbose_errors`)."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate is not None:
+        return bool(sqlstate == SLOTS_TAKEN_SQLSTATE)
     text = str(error)
-    return (
-        getattr(error, "sqlstate", None) == "53300"
-        or "too many clients" in text
-        or "remaining connection slots are reserved" in text
-    )
+    return "too many clients" in text or "remaining connection slots are reserved" in text
 
 
 def _clock_shift(server_now: float) -> float:
@@ -1454,7 +1518,6 @@ class _Listening:
     def __init__(self, backend: PostgresBackend, features: list[str]) -> None:
         self.backend = backend
         self.features = features
-        self.wanted = {(backend.namespace, feature) for feature in features}
         self.conn: _Connection | None = None  # the claims' connection, LISTENing
 
     def __enter__(self) -> _Listening:
@@ -1473,7 +1536,7 @@ class _Listening:
         conn = self.conn
         if conn is not None and conn is self.backend._conn and not conn.closed:
             deadline = time.monotonic() + max(0.0, seconds)
-            return self.backend._notified_on_claims_connection(conn, self.wanted, deadline)
+            return self.backend._notified_on_claims_connection(conn, deadline)
         # Race: the claims' connection was let go of or lost since (a refresh's rest in another
         # thread, a server restart): its LISTEN went with it. The backend's listener takes over
         # (its first call only starts listening and says "look again").
@@ -1481,13 +1544,19 @@ class _Listening:
         return self.backend.wait_for_any_release(self.features, seconds)
 
 
-def _notified(conn: _Connection, wanted: set[tuple[str, str]], deadline: float) -> bool:
-    """Did a release of one of ``wanted`` (namespace, feature) come on ``conn`` (LISTENing)
-    before ``deadline``? Notifications heard between two waits come first (psycopg keeps
-    them)."""
-    while (left := deadline - time.monotonic()) > 0:
-        for note in conn.notifies(timeout=left):
-            with suppress(ValueError, TypeError):
-                if tuple(json.loads(note.payload)) in wanted:
-                    return True
-    return False
+def _notified(conn: _Connection, deadline: float, not_before: float) -> bool:
+    """Did a wake-up come on ``conn`` (LISTENing) before ``deadline``? Wake-ups heard between
+    two waits come first (psycopg keeps them). A wake-up is a hint: it names nothing, and the
+    caller looks again either way. One heard before ``not_before`` (the last wake was too
+    recent) ends the wait only then: the wake-ups meanwhile are read and dropped."""
+    for _note in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
+        break
+    else:
+        return False
+    # Race: a flood of wake-ups (anyone who may connect can NOTIFY the channel): each one read,
+    # so none piles up, and none looked at before ``not_before``.
+    until = min(deadline, not_before)
+    while (left := until - time.monotonic()) > 0:
+        for _note in conn.notifies(timeout=left):
+            pass
+    return True

@@ -1,7 +1,7 @@
 """Waiting for a release on PostgreSQL from an event loop: LISTEN on psycopg's AsyncConnection.
 
 :class:`~mahabharatha.aio.AsyncFeatureLock` waits for a busy lock without blocking its loop.
-On PostgreSQL a release sends a NOTIFY (``pg_notify`` in the release statements); this module
+On PostgreSQL a release is followed by a NOTIFY on the schema's channel; this module
 hears it on an :class:`psycopg.AsyncConnection`, read by one task, so the loop's other tasks
 run while any number of its tasks wait. One listening connection per event loop and backend,
 shared by every task of that loop waiting on that backend, open only while one of them waits
@@ -16,14 +16,18 @@ backend's connect timeout, a wait for a notification by the caller's slice.
 from __future__ import annotations
 
 import asyncio
-import json
+import time
 import weakref
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 
-from mahabharatha.backends.postgres import CLIENT_ENCODING, NOTIFY_CHANNEL
+from mahabharatha.backends.postgres import (
+    CLIENT_ENCODING,
+    NOTIFY_CHANNEL,
+    WAKE_UP_INTERVAL_SECONDS,
+)
 
 if TYPE_CHECKING:
     from mahabharatha.backends.postgres import PostgresBackend
@@ -66,6 +70,8 @@ class AsyncReleaseListener:
         self._reader: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()  # Race: waiters woken by a dead listener each made one
         self._behind_pooler = False
+        self._woken = -float("inf")  # when the waiters were last woken (monotonic)
+        self._wake_later: asyncio.TimerHandle | None = None  # a wake-up kept for its time
 
     def watch(self, feature: str) -> asyncio.Event:
         """An event set by every release of ``feature`` from now on (once listening)."""
@@ -145,16 +151,13 @@ class AsyncReleaseListener:
         return conn
 
     async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Hand each release of this namespace to its feature's waiters, until cancelled (the
-        last waiter left) or the connection fails (then every waiter looks again at once, and
-        the next wait listens on a new connection)."""
-        namespace = self.backend.namespace
+        """Wake every waiter at each wake-up (it names nothing: a hint to look again), at most
+        once per :data:`WAKE_UP_INTERVAL_SECONDS`, until cancelled (the last waiter left) or
+        the connection fails (then every waiter looks again at once, and the next wait listens
+        on a new connection)."""
         try:
-            async for note in conn.notifies():
-                with suppress(ValueError, TypeError):
-                    space, feature = json.loads(note.payload)
-                    if space == namespace:
-                        self._wake(feature)
+            async for _note in conn.notifies():
+                self._wake_in_time()
         except (psycopg.Error, OSError):
             # Race: the listener died (idle_session_timeout, a terminated backend); a release
             # sent meanwhile was never heard: wake every waiter to look again.
@@ -162,9 +165,25 @@ class AsyncReleaseListener:
                 for seen in watchers:
                     seen.set()
         finally:
+            if self._wake_later is not None:
+                self._wake_later.cancel()
+                self._wake_later = None
             with suppress(psycopg.Error, OSError):
                 await conn.close()
 
-    def _wake(self, feature: str) -> None:
-        for seen in self._watchers.get(feature, ()):
-            seen.set()
+    def _wake_in_time(self) -> None:
+        """Wake the waiters now, or, when they were woken less than an interval ago, once the
+        interval is over. Race: a flood of forged wake-ups (anyone who may connect can NOTIFY
+        the channel) costs each waiter one look per interval, never one per notification."""
+        due = self._woken + WAKE_UP_INTERVAL_SECONDS - time.monotonic()
+        if due <= 0:
+            self._wake_all()
+        elif self._wake_later is None:
+            self._wake_later = asyncio.get_running_loop().call_later(due, self._wake_all)
+
+    def _wake_all(self) -> None:
+        self._wake_later = None
+        self._woken = time.monotonic()
+        for watchers in list(self._watchers.values()):
+            for seen in watchers:
+                seen.set()

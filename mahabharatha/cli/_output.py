@@ -22,7 +22,7 @@ from typing import Annotated, Any, Final, NamedTuple, NoReturn
 import typer
 
 from mahabharatha import runner
-from mahabharatha.backends import open_backend
+from mahabharatha.backends import open_backend, url_holds_password
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
 from mahabharatha.cli._render import is_reclaimable
@@ -101,9 +101,27 @@ class Place(NamedTuple):
 
     @classmethod
     def of(cls, url: str | None, namespace: str | None, connect_timeout: float) -> Place:
+        if url:
+            _say_if_password_on_argv(url)
         chosen = url or os.environ.get(URL_ENV) or None
         named = namespace or os.environ.get(NAMESPACE_ENV) or None
         return cls(chosen, named, connect_timeout)
+
+
+PASSWORD_ON_ARGV: Final = (
+    "mahabharatha: the password in --backend is visible to other users of this machine "
+    "(ps shows a command's arguments while it runs); give it through PGPASSWORD, ~/.pgpass "
+    "or PGSERVICE (pg_service.conf) instead"
+)
+_SAID: Final[set[str]] = set()  # what this process has said once already
+
+
+def _say_if_password_on_argv(url: str) -> None:
+    """Once per process, on stderr: a ``--backend`` URL holding a password. Only the command
+    line matters (``ps``); ``MAHABHARATHA_LOCK_URL`` is the process's own environment."""
+    if url_holds_password(url) and PASSWORD_ON_ARGV not in _SAID:
+        _SAID.add(PASSWORD_ON_ARGV)
+        typer.echo(PASSWORD_ON_ARGV, err=True)
 
 
 FILES: Final = Place()

@@ -166,10 +166,11 @@ def test_wait_for_release_wakes_on_notify(make_backend: Callable[..., Any]) -> N
 @pytest.mark.parametrize(
     ("remote", "expected"),
     [
-        ("git@github.com:Org/repo.git", "github.com/Org/repo"),
-        ("https://user@GitHub.com/Org/repo.git/", "github.com/Org/repo"),
-        ("ssh://git@github.com:22/Org/repo", "github.com/Org/repo"),
-        ("/srv/git/repo.git", "srv/git/repo"),
+        ("git@github.com:Org/repo.git", "github.com/org/repo"),
+        ("https://user@GitHub.com/Org/repo.git/", "github.com/org/repo"),
+        ("ssh://git@github.com:22/Org/repo", "github.com/org/repo"),
+        ("git@git.example.org:Org/repo.git", "git.example.org/Org/repo"),
+        ("/nowhere/git/repo.git", "/nowhere/git/repo.git"),
     ],
 )
 def test_namespace_from_the_origin_remote(remote: str, expected: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from mahabharatha import locks
 from mahabharatha.backends.base import BackendError, Requester
 from mahabharatha.commands import _utils
+from tests.support.postgres import wait_until
 
 LEASE_SECONDS = 2.0
 LOST_WITHIN_SECONDS = LEASE_SECONDS + 3.0
@@ -40,9 +41,15 @@ def test_a_wall_clock_step_back_during_a_partition_does_not_extend_the_lease(
         monkeypatch.setattr(backend, "refresh", partitioned)
         monkeypatch.setattr(_utils, "now", lambda: real_now() - STEP_BACK_SECONDS)
         assert told.wait(LOST_WITHIN_SECONDS), "the lease ran out and the holder was never told"
-        assert holder.lost is not None and "turned stale" in holder.lost.reason
+        assert holder.lost is not None
+        # Told by the cut-off before the lease's end (issue 27), or by a failed refresh after.
+        assert any(why in holder.lost.reason for why in ("turned stale", "no refresh got"))
         assert not holder.held
-        assert backend.try_acquire("feat", Requester(1)).held is not None  # truly free
+        # Truly free once the server's lease ends (the cut-off tells the holder before it).
+        assert wait_until(
+            lambda: backend.try_acquire("feat", Requester(1)).held is not None,
+            LOST_WITHIN_SECONDS,
+        )
     finally:
         monkeypatch.undo()
         holder.release()

@@ -142,9 +142,9 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
     waiting = threading.Event()
     original = store._notified_on_claims_connection
 
-    def noted(conn: Any, wanted: Any, deadline: float) -> bool:
+    def noted(conn: Any, deadline: float) -> bool:
         waiting.set()
-        return bool(original(conn, wanted, deadline))
+        return bool(original(conn, deadline))
 
     store._notified_on_claims_connection = noted
     answer: list[str | None] = []
