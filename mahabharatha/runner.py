@@ -150,13 +150,21 @@ class WorkLeftError(Exception):
     of life: the lock was left held (judged alive) until they end. ``status``: CMD's exit
     code, as ``lock run`` reports it."""
 
-    def __init__(self, feature: str, status: int) -> None:
+    def __init__(
+        self, feature: str, status: int, still_running: Callable[[], bool] | None = None
+    ) -> None:
         super().__init__(
             f"the command's work left its process group and still runs; lock {feature!r} "
             "stays held (its owner judged alive) until that work ends"
         )
         self.feature = feature
         self.status = status
+        self._still_running = still_running
+
+    def still_running(self) -> bool:
+        """Does that work still run (its proof held, or CMD's group not empty)? Asked by a
+        holder that waits for it to end before it gives the lock back (``lock work``)."""
+        return self._still_running is None or self._still_running()
 
 
 class CommandStartError(OSError):
@@ -590,6 +598,21 @@ def work_grace_seconds() -> float:
     return seconds if math.isfinite(seconds) and seconds >= 0 else WORK_GRACE_SECONDS
 
 
+def _still_running(work: WorkProof | None, child: _Child) -> Callable[[], bool]:
+    """Does CMD's leftover work still run? Its proof's watch closes once it answers no."""
+
+    def running() -> bool:
+        nonlocal work
+        if (work is not None and work.running()) or child.group_lives():
+            return True
+        if work is not None:
+            work.close()
+            work = None
+        return False
+
+    return running
+
+
 def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
     """After CMD ended: wait (a grace, then SIGKILL to CMD's group) until nothing holds the
     work's proof *and* CMD's group is empty; True when something still runs after that (work
@@ -738,7 +761,9 @@ class Run:
                 # Race: work that left CMD's group still runs: releasing now would let a
                 # second holder in beside it. Its proof keeps the lock held until it ends.
                 lock.abandon()
-                raise WorkLeftError(lock.feature, shell_status(returncode))
+                left = _still_running(work, child)
+                work = None  # its watch goes with the error: asked until the work ends
+                raise WorkLeftError(lock.feature, shell_status(returncode), left)
         finally:
             if work is not None:
                 work.close()
