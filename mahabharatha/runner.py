@@ -565,6 +565,12 @@ def _prctl() -> Callable[..., int] | None:
     return prctl
 
 
+def _leader_start(pgid: int) -> int | None:
+    """The start time of the group ``pgid``'s leader, ``None`` when it is gone."""
+    stat = ownership.proc_stat(pgid)
+    return stat.start if stat is not None and stat.pgrp == pgid else None
+
+
 def _start_of(pid: int) -> int | None:
     stat = ownership.proc_stat(pid)
     return None if stat is None else stat.start
@@ -751,6 +757,11 @@ class Run:
                 # CMD's group: recorded, the judge counts it. (Before this one write, CMD
                 # itself dies with us by the parent-death signal.)
                 lock.record_work_group(child.popen.pid, child.start)
+            elif os.getpgrp() != os.getpid():
+                # Race: the same, CMD sharing a terminal job's group that a script (not we)
+                # leads: the judge's own-group rule never sees it. Members older than us are
+                # not CMD's work: the judge counts only those started since we did.
+                lock.record_work_group(os.getpgrp(), _leader_start(os.getpgrp()))
             try:
                 returncode = child.popen.wait()
             finally:
