@@ -1004,6 +1004,7 @@ class FeatureLock:
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
         self._mine: Held | None = None
+        self._work_group_due: tuple[int, int | None] | None = None  # to record at the next beat
         self._deadline = 0.0  # ``_mine``'s expiry on the monotonic clock (``_with_deadline``)
         self._holder_process: int | None = None  # a forked child shares this object, not the lock
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
@@ -1129,11 +1130,21 @@ class FeatureLock:
             if self._mine is None:
                 raise LockLostError(self.feature)
             try:
-                self._mine = self._with_deadline(self.backend.refresh(self._mine))
+                self._mine = self._with_deadline(self._refreshed(self._mine))
             except LockLostError:
                 self._mine = None
                 raise
             self._rest_backend()
+
+    def _refreshed(self, mine: Held) -> Held:
+        """``mine`` refreshed; with a command's group still to record, recorded in the same
+        write (then no longer due)."""
+        due = self._work_group_due
+        if due is None:
+            return self.backend.refresh(mine)
+        fresh = self.backend.record_work_group(mine, *due)
+        self._work_group_due = None
+        return fresh if fresh is not mine else self.backend.refresh(mine)
 
     def _rest_backend(self) -> None:
         """Between refreshes a holder keeps no server connection (a backend that has them:
@@ -1233,9 +1244,9 @@ class FeatureLock:
     def record_work_group(self, pgid: int, leader_start: int | None) -> None:
         """Record with the lock the process group ``pgid`` (leader started at
         ``leader_start``) that ``lock run`` made for its command: its members count as the
-        owner's work, also after this process died (proof or no proof). Best effort: a lock
-        found lost is declared so (as the heartbeat would), a failed write leaves the lock
-        as it was."""
+        owner's work, also after this process died (proof or no proof). A lock found lost is
+        declared so (as the heartbeat would); a failed write (a busy guard, a full disk) is
+        tried again by each heartbeat until one succeeds."""
         with self._mutex:
             self._forget_if_forked()
             if self._mine is None:
@@ -1247,7 +1258,11 @@ class FeatureLock:
             except LockLostError as error:
                 self._mine, lost = None, error
             except OSError as error:
+                # Race: a guard kept past its wait (another process's reclaim under load, a
+                # foreign flock) left the group unrecorded for good: a SIGKILL from then on
+                # let a second holder in beside work that dropped the proof in that group.
                 self.heartbeat_error = error
+                self._work_group_due = (pgid, leader_start)
                 return
             else:
                 return
