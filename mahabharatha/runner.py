@@ -577,8 +577,10 @@ def _start_of(pid: int) -> int | None:
 
 
 def _in_terminal_job() -> bool:
-    """Is ``lock run`` a job of its terminal (stdin is its controlling terminal), in the
-    foreground or in the background (``lock run F -- CMD &``)? CMD then shares its group.
+    """Is ``lock run`` a job of its terminal (stdin, stdout or stderr is its controlling
+    terminal), in the foreground or in the background (``lock run F -- CMD &``)? CMD then
+    shares its group. Any of the three: ``lock run F -- CMD <file`` or ``echo y | lock run``
+    typed at a shell is a job all the same (Ctrl-Z stopped ``lock run`` alone, CMD ran on).
 
     Race: CMD in a group of its own while ``lock run`` was a background job was no job of the
     shell's: its read of the terminal stopped it alone (SIGTTIN goes to the reader's group),
@@ -586,10 +588,15 @@ def _in_terminal_job() -> bool:
     so CMD stayed stopped for ever and Ctrl-C never reached it. In the job's group the kernel
     and the shell treat both as one job: a read stops both, ``fg``/``bg`` continue both,
     Ctrl-C and Ctrl-Z reach both, a hang-up ends both."""
+    return any(_our_terminal(stream) for stream in (sys.stdin, sys.stdout, sys.stderr))
+
+
+def _our_terminal(stream: IO[str] | None) -> bool:
+    """Is ``stream`` our controlling terminal?"""
     try:
-        stdin = sys.stdin.fileno()
-        return os.isatty(stdin) and os.tcgetpgrp(stdin) > 0  # ENOTTY: not our terminal
-    except (OSError, ValueError):
+        fd = stream.fileno() if stream is not None else -1
+        return fd >= 0 and os.isatty(fd) and os.tcgetpgrp(fd) > 0  # ENOTTY: not our terminal
+    except (OSError, ValueError, AttributeError):
         return False
 
 

@@ -159,13 +159,17 @@ def test_a_background_lock_run_whose_command_reads_the_terminal_is_resumed_by_fg
     assert not lock_path(gsd).exists()
 
 
+@pytest.mark.parametrize("redirect", ["", " </dev/null"], ids=["stdin-terminal", "stdin-file"])
 def test_ctrl_z_bg_fg_and_ctrl_c_reach_lock_run_and_its_command_as_one_job(
-    terminal: Terminal, gsd: Path
+    terminal: Terminal, gsd: Path, redirect: str
 ) -> None:
     """Ctrl-Z stops the job (both processes), ``bg`` and ``fg`` continue it, Ctrl-C ends it
-    once (exit 130) and the lock is freed."""
+    once (exit 130) and the lock is freed; also with stdin redirected (``< file``, ``echo y
+    |``): still a job of the terminal. Fails on the reviewed merge (f9cad1f) with stdin a
+    file: CMD led a group of its own, so Ctrl-Z stopped ``lock run`` alone while CMD ran on
+    (the wait for the job to stop ran out)."""
     argv = cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--")
-    terminal.run([*argv, sys.executable, "-c", WAIT_FOR_CTRL_C])
+    terminal.run([*argv, sys.executable, "-c", WAIT_FOR_CTRL_C], redirect)
     terminal.read_until("cmd-ready")
     run, cmd = _lock_run(terminal)
 
