@@ -1160,6 +1160,7 @@ class FeatureLock:
         self.lost: LockLostError | None = None
         self.heartbeat_error: OSError | None = None
         self._mine: Held | None = None
+        self._work_group_due: tuple[int, int | None] | None = None  # to record at the next beat
         self._deadline = 0.0  # ``_mine``'s expiry on the monotonic clock (``_with_deadline``)
         self._holder_process: int | None = None  # a forked child shares this object, not the lock
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
@@ -1311,7 +1312,7 @@ class FeatureLock:
                 raise LockLostError(self.feature)
             sent = monotonic()  # the new lease runs from no earlier than this
             try:
-                refreshed = self.backend.refresh(self._mine)
+                refreshed = self._refreshed(self._mine)
                 if refreshed.sent is None:  # else the backend's, once connected
                     refreshed = refreshed._replace(sent=sent)
                 self._mine = self._with_deadline(refreshed)
@@ -1319,6 +1320,16 @@ class FeatureLock:
                 self._mine = None
                 raise
             self._rest_backend()
+
+    def _refreshed(self, mine: Held) -> Held:
+        """``mine`` refreshed; with a command's group still to record, recorded in the same
+        write (then no longer due)."""
+        due = self._work_group_due
+        if due is None:
+            return self.backend.refresh(mine)
+        fresh = self.backend.record_work_group(mine, *due)
+        self._work_group_due = None
+        return fresh if fresh is not mine else self.backend.refresh(mine)
 
     def _rest_backend(self) -> None:
         """Between refreshes a holder keeps no server connection (a backend that has them:
@@ -1430,9 +1441,9 @@ class FeatureLock:
     def record_work_group(self, pgid: int, leader_start: int | None) -> None:
         """Record with the lock the process group ``pgid`` (leader started at
         ``leader_start``) that ``lock run`` made for its command: its members count as the
-        owner's work, also after this process died (proof or no proof). Best effort: a lock
-        found lost is declared so (as the heartbeat would), a failed write leaves the lock
-        as it was."""
+        owner's work, also after this process died (proof or no proof). A lock found lost is
+        declared so (as the heartbeat would); a failed write (a busy guard, a full disk) is
+        tried again by each heartbeat until one succeeds."""
         with self._mutex:
             self._forget_if_forked()
             if self._mine is None:
@@ -1444,7 +1455,11 @@ class FeatureLock:
             except LockLostError as error:
                 self._mine, lost = None, error
             except OSError as error:
+                # Race: a guard kept past its wait (another process's reclaim under load, a
+                # foreign flock) left the group unrecorded for good: a SIGKILL from then on
+                # let a second holder in beside work that dropped the proof in that group.
                 self.heartbeat_error = error
+                self._work_group_due = (pgid, leader_start)
                 return
             else:
                 return
@@ -1730,6 +1745,9 @@ class PoolLock(FeatureLock):
         )
         self._claimed: Held | None = held
         self._left: Held | None = None  # abandoned to work that still holds its proof
+        # A failed command's leftover work: asked until it ends (then the attempt is recorded).
+        self.left_running: Callable[[], bool] | None = None
+        self._left_code = 1
         self._own_beats = beats is None  # a lock made alone keeps a heartbeat of its own
         self._beats = PoolHeartbeat() if beats is None else beats
         # Told when the server turns away the end of this hold for want of a slot (run_pool's).
@@ -1789,10 +1807,13 @@ class PoolLock(FeatureLock):
             self._left = self._mine
         super().abandon()
 
-    def finish_leaving_work(self, exit_code: int, limit: int) -> WorkResult:
+    def finish_leaving_work(
+        self, exit_code: int, limit: int, still_running: Callable[[], bool] | None = None
+    ) -> WorkResult:
         """End a hold that :meth:`abandon` left to work still running: exit code 0 marks the
-        feature done and the lock stays until that work ends; another records nothing (a
-        failed attempt would release the lock under the running work)."""
+        feature done and the lock stays until that work ends; another records nothing yet (a
+        failed attempt would release the lock under the running work): once
+        ``still_running`` answers no, :meth:`finish_left_work` records it and releases."""
         self._stop_heartbeat()
         with self._mutex:
             left, self._left = self._left, None
@@ -1800,6 +1821,10 @@ class PoolLock(FeatureLock):
         if left is None or self.lost is not None:
             return WorkResult(feature, "lost", exit_code)
         if exit_code != 0:
+            if still_running is not None:
+                with self._mutex:
+                    self._left, self.left_running = left, still_running
+                self._left_code = exit_code
             return WorkResult(feature, "left", exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}")
         try:
             _while_leased(left, lambda: self.backend.mark_done_holding(left), self.on_server_full)
@@ -1809,6 +1834,13 @@ class PoolLock(FeatureLock):
             )
             return WorkResult(feature, "done", 0)
         return WorkResult(feature, "done", 0, 0, WORK_LEFT)
+
+    def finish_left_work(self, limit: int) -> WorkResult:
+        """The work a failed command left (:meth:`finish_leaving_work`) has ended: its failed
+        attempt is recorded and the lock released, so that the feature can be built again."""
+        with self._mutex:
+            self._mine, self._left, self.left_running = self._left, None, None
+        return self.finish(self._left_code, None, limit)
 
     def finish(self, exit_code: int | None, reason: str | None, limit: int) -> WorkResult:
         """End the hold: exit code 0 marks the feature done, another records a failed attempt
@@ -1943,11 +1975,25 @@ def run_pool(
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
     results: list[WorkResult] = []
     beats = PoolHeartbeat()  # one thread for the worker's whole run, not one per feature
+    leaving: list[PoolLock] = []  # held for work a failed command left running
     try:
         crowded = False
         told = _once(on_server_full)
         while True:
             outcome = _claim_patiently(pool, options, wait, told)
+            if outcome.held is None and outcome.nothing_left and leaving:
+                # Race: only features whose failed command left work are ours still; the
+                # other workers wait for them (their owner, us, lives): wait for that work
+                # to end, record the attempt, release, and claim again.
+                over = _left_work_ended(leaving, wait)
+                for each in over:
+                    leaving.remove(each)
+                    result = each.finish_left_work(attempts)
+                    results.append(result)
+                    if on_result is not None:
+                        on_result(result)
+                if over:
+                    continue
             if outcome.held is None:
                 if found and problems is None:
                     raise found[0].error
@@ -1978,10 +2024,32 @@ def run_pool(
                 pool.rest(result.feature)
             if on_result is not None:
                 on_result(result)
+            if lock.left_running is not None:
+                leaving.append(lock)
             if once:
                 return WorkReport("once", tuple(results))
     finally:
         beats.close()
+
+
+def _left_work_ended(leaving: list[PoolLock], wait: float | None) -> list[PoolLock]:
+    """The locks of ``leaving`` whose command's leftover work has ended, once one has (at
+    most ``wait`` seconds; ``None``: for ever); none when the wait ran out."""
+    deadline = None if wait is None else monotonic() + wait
+    while True:
+        ended = [lock for lock in leaving if not _still_running(lock)]
+        if ended or (deadline is not None and monotonic() >= deadline):
+            return ended
+        sleep(LEFT_WORK_POLL_SECONDS)
+
+
+def _still_running(lock: PoolLock) -> bool:
+    return lock.left_running is not None and lock.left_running()
+
+
+LEFT_WORK_POLL_SECONDS: Final = 0.1
+"""How often a worker with nothing else to claim asks whether work left by a failed command
+has ended (a proof of life gives no wake-up of its own)."""
 
 
 def work(

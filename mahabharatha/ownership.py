@@ -69,6 +69,7 @@ __all__ = [
     "details_of",
     "folder_tag",
     "group_has_live_member",
+    "group_has_work_since",
     "holder_stopped",
     "host_name",
     "is_alive",
@@ -340,6 +341,30 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
     return _scan_for_member(pgid, unseen_alive=others_only)
 
 
+def group_has_work_since(pgid: int, leader_start: int | None, since: int | None) -> bool:
+    """:func:`group_has_live_member`, counting only members that started at or after
+    ``since`` (clock ticks after boot; ``None``: all), never the caller itself: the group
+    ``lock run`` recorded for its command's work. A command's work started after ``lock run``
+    did; a terminal job's group that CMD shares also holds the script that started ``lock
+    run`` (older) and maybe its next try (the caller): neither is that work."""
+    if since is None:
+        return group_has_live_member(pgid, leader_start)
+    others_only = False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False  # no process at all is in that group
+    except PermissionError:
+        others_only = True  # members exist, every one another user's: look at them below
+    except OSError:
+        return True  # cannot tell: never call an owner dead on a failed look
+    leader = proc_stat(pgid)
+    reused = leader is not None and leader.pgrp == pgid and leader_start not in (None, leader.start)
+    if reused:
+        return False  # Race: group ended and its number was reused by a new leader
+    return _scan_for_member(pgid, unseen_alive=others_only, since=since)
+
+
 _STOPPED_STATES: Final = frozenset({"T", "t"})  # stopped by a signal; stopped by a tracer
 
 
@@ -379,10 +404,11 @@ def session_has_live_member(sid: int) -> bool:
     return False
 
 
-def _scan_for_member(pgid: int, *, unseen_alive: bool = False) -> bool:
+def _scan_for_member(pgid: int, *, unseen_alive: bool = False, since: int | None = None) -> bool:
     """Look through the process table for a live member of ``pgid`` (only on the rare path
     where the owner itself is gone). ``unseen_alive``: ``killpg`` said members exist; if this
-    ``/proc`` shows none of them, not even a zombie, it hides them (``hidepid``): alive."""
+    ``/proc`` shows none of them, not even a zombie, it hides them (``hidepid``): alive.
+    ``since``: only members started then or later count, and never the caller."""
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
@@ -391,6 +417,9 @@ def _scan_for_member(pgid: int, *, unseen_alive: bool = False) -> bool:
     for pid in pids:
         stat = proc_stat(pid)
         if stat is None or stat.pgrp != pgid:
+            continue
+        if since is not None and (stat.start < since or pid == os.getpid()):
+            seen = True  # a member, but not the work: not hidden either
             continue
         if is_alive(stat, pid):
             return True

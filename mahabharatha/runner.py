@@ -150,13 +150,21 @@ class WorkLeftError(Exception):
     of life: the lock was left held (judged alive) until they end. ``status``: CMD's exit
     code, as ``lock run`` reports it."""
 
-    def __init__(self, feature: str, status: int) -> None:
+    def __init__(
+        self, feature: str, status: int, still_running: Callable[[], bool] | None = None
+    ) -> None:
         super().__init__(
             f"the command's work left its process group and still runs; lock {feature!r} "
             "stays held (its owner judged alive) until that work ends"
         )
         self.feature = feature
         self.status = status
+        self._still_running = still_running
+
+    def still_running(self) -> bool:
+        """Does that work still run (its proof held, or CMD's group not empty)? Asked by a
+        holder that waits for it to end before it gives the lock back (``lock work``)."""
+        return self._still_running is None or self._still_running()
 
 
 class CommandStartError(OSError):
@@ -566,14 +574,22 @@ def _prctl() -> Callable[..., int] | None:
     return prctl
 
 
+def _leader_start(pgid: int) -> int | None:
+    """The start time of the group ``pgid``'s leader, ``None`` when it is gone."""
+    stat = ownership.proc_stat(pgid)
+    return stat.start if stat is not None and stat.pgrp == pgid else None
+
+
 def _start_of(pid: int) -> int | None:
     stat = ownership.proc_stat(pid)
     return None if stat is None else stat.start
 
 
 def _in_terminal_job() -> bool:
-    """Is ``lock run`` a job of its terminal (stdin is its controlling terminal), in the
-    foreground or in the background (``lock run F -- CMD &``)? CMD then shares its group.
+    """Is ``lock run`` a job of its terminal (stdin, stdout or stderr is its controlling
+    terminal), in the foreground or in the background (``lock run F -- CMD &``)? CMD then
+    shares its group. Any of the three: ``lock run F -- CMD <file`` or ``echo y | lock run``
+    typed at a shell is a job all the same (Ctrl-Z stopped ``lock run`` alone, CMD ran on).
 
     Race: CMD in a group of its own while ``lock run`` was a background job was no job of the
     shell's: its read of the terminal stopped it alone (SIGTTIN goes to the reader's group),
@@ -581,10 +597,15 @@ def _in_terminal_job() -> bool:
     so CMD stayed stopped for ever and Ctrl-C never reached it. In the job's group the kernel
     and the shell treat both as one job: a read stops both, ``fg``/``bg`` continue both,
     Ctrl-C and Ctrl-Z reach both, a hang-up ends both."""
+    return any(_our_terminal(stream) for stream in (sys.stdin, sys.stdout, sys.stderr))
+
+
+def _our_terminal(stream: IO[str] | None) -> bool:
+    """Is ``stream`` our controlling terminal?"""
     try:
-        stdin = sys.stdin.fileno()
-        return os.isatty(stdin) and os.tcgetpgrp(stdin) > 0  # ENOTTY: not our terminal
-    except (OSError, ValueError):
+        fd = stream.fileno() if stream is not None else -1
+        return fd >= 0 and os.isatty(fd) and os.tcgetpgrp(fd) > 0  # ENOTTY: not our terminal
+    except (OSError, ValueError, AttributeError):
         return False
 
 
@@ -597,6 +618,21 @@ def work_grace_seconds() -> float:
     except ValueError:
         return WORK_GRACE_SECONDS
     return seconds if math.isfinite(seconds) and seconds >= 0 else WORK_GRACE_SECONDS
+
+
+def _still_running(work: WorkProof | None, child: _Child) -> Callable[[], bool]:
+    """Does CMD's leftover work still run? Its proof's watch closes once it answers no."""
+
+    def running() -> bool:
+        nonlocal work
+        if (work is not None and work.running()) or child.group_lives():
+            return True
+        if work is not None:
+            work.close()
+            work = None
+        return False
+
+    return running
 
 
 def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
@@ -741,6 +777,11 @@ class Run:
                 # CMD's group: recorded, the judge counts it. (Before this one write, CMD
                 # itself dies with us by the parent-death signal.)
                 lock.record_work_group(child.popen.pid, child.start)
+            elif os.getpgrp() != os.getpid():
+                # Race: the same, CMD sharing a terminal job's group that a script (not we)
+                # leads: the judge's own-group rule never sees it. Members older than us are
+                # not CMD's work: the judge counts only those started since we did.
+                lock.record_work_group(os.getpgrp(), _leader_start(os.getpgrp()))
             try:
                 returncode = child.popen.wait()
             finally:
@@ -751,7 +792,9 @@ class Run:
                 # Race: work that left CMD's group still runs: releasing now would let a
                 # second holder in beside it. Its proof keeps the lock held until it ends.
                 lock.abandon()
-                raise WorkLeftError(lock.feature, shell_status(returncode))
+                left = _still_running(work, child)
+                work = None  # its watch goes with the error: asked until the work ends
+                raise WorkLeftError(lock.feature, shell_status(returncode), left)
         finally:
             if work is not None:
                 work.close()

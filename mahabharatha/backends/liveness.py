@@ -256,11 +256,12 @@ def _work_group_lives(details: OwnerDetails) -> bool:
     """Revision 5: the group ``lock run`` made for its command (recorded with the lock) counts
     as the owner's work while any member lives: a Python ``subprocess`` child or a shell's
     ``exec 5>>log`` drops the proof but stays there. Only a group so recorded: the group a
-    ``multiprocessing`` worker shares is its parent's, never its work."""
+    ``multiprocessing`` worker shares is its parent's, never its work. Only members started
+    since the owner did: a terminal job's group that CMD shares holds older processes too."""
     return (
         details.work_group
         and details.pgid is not None
-        and ownership.group_has_live_member(details.pgid, details.gstart)
+        and ownership.group_has_work_since(details.pgid, details.gstart, details.start)
     )
 
 

@@ -340,7 +340,7 @@ class _CommandStep:
         the lock stays held until that work ends (``lock run`` left it so). A success is
         recorded all the same (the feature is done), and the worker goes on; told to stop,
         it stops."""
-        result = lock.finish_leaving_work(left.status, self.attempts)
+        result = lock.finish_leaving_work(left.status, self.attempts, left.still_running)
         if told is not None:
             raise StopWork(result, killed_by(told))
         return result

@@ -25,8 +25,9 @@ from typing import Final
 import psutil
 import pytest
 
-from mahabharatha import ownership
+from mahabharatha import ownership, proof
 from tests.cli._support import FEATURE, SYNC_TIMEOUT, cli_argv, lock_path, wait_for
+from tests.cli.test_proof_of_life import assert_nobody_else_gets_it, second_run
 from tests.support.marks import needs_proc, posix_signals
 
 pytestmark = [
@@ -158,13 +159,17 @@ def test_a_background_lock_run_whose_command_reads_the_terminal_is_resumed_by_fg
     assert not lock_path(gsd).exists()
 
 
+@pytest.mark.parametrize("redirect", ["", " </dev/null"], ids=["stdin-terminal", "stdin-file"])
 def test_ctrl_z_bg_fg_and_ctrl_c_reach_lock_run_and_its_command_as_one_job(
-    terminal: Terminal, gsd: Path
+    terminal: Terminal, gsd: Path, redirect: str
 ) -> None:
     """Ctrl-Z stops the job (both processes), ``bg`` and ``fg`` continue it, Ctrl-C ends it
-    once (exit 130) and the lock is freed."""
+    once (exit 130) and the lock is freed; also with stdin redirected (``< file``, ``echo y
+    |``): still a job of the terminal. Fails on the reviewed merge (f9cad1f) with stdin a
+    file: CMD led a group of its own, so Ctrl-Z stopped ``lock run`` alone while CMD ran on
+    (the wait for the job to stop ran out)."""
     argv = cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--")
-    terminal.run([*argv, sys.executable, "-c", WAIT_FOR_CTRL_C])
+    terminal.run([*argv, sys.executable, "-c", WAIT_FOR_CTRL_C], redirect)
     terminal.read_until("cmd-ready")
     run, cmd = _lock_run(terminal)
 
@@ -196,3 +201,48 @@ def test_a_hang_up_ends_a_background_lock_run_and_its_stopped_command(
     wait_for(lambda: _state(run.pid) in ("gone", "Z"), what="lock run to end")
     wait_for(lambda: _state(cmd.pid) in ("gone", "Z"), what="CMD to end")
     assert not lock_path(gsd).exists()
+
+
+DROP_THE_PROOF: Final = (
+    "import subprocess, signal, sys\n"
+    "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]])  # close_fds: no proof\n"
+    "signal.pause()  # until lock run dies (its parent-death signal)\n"
+)
+"""CMD: starts the job without the proof (Python's default), in the group it shares."""
+
+JOB_SAYS_ITS_PID: Final = (
+    "import os, signal, sys, time\n"
+    "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid()))\n"
+    "os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "time.sleep(600)  # the work; the fixture kills the shell's whole session at the end\n"
+)
+
+
+@pytest.mark.skipif(not proof.supported(), reason="no open-file-description locks here")
+def test_a_sigkilled_lock_run_in_a_scripts_terminal_job_keeps_the_lock_for_its_work(
+    terminal: Terminal, tmp_path: Path, gsd: Path
+) -> None:
+    """A script typed at the terminal runs ``lock run`` (the job's group is the script's, not
+    ``lock run``'s own), whose CMD starts work that drops the proof and stays in that group;
+    ``lock run`` is SIGKILLed (CMD dies with it). Fails on the reviewed merge (f9cad1f): CMD
+    shared the job's group and nothing recorded it, so the owner was judged ``not-running``
+    and ``--reclaim-dead`` ran a second holder beside the work (the owner word below)."""
+    job_file = tmp_path / "job.pid"
+    marker = tmp_path / "second"
+    argv = cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--")
+    cmd = [*argv, sys.executable, "-c", DROP_THE_PROOF, JOB_SAYS_ITS_PID, str(job_file)]
+    terminal.run(["sh", "-c", shlex.join(cmd) + "; echo script-over"])
+    wait_for(job_file.exists, what="the job to start")
+    job = psutil.Process(int(job_file.read_text()))
+    run = psutil.Process(job.ppid()).parent()
+    assert run is not None and os.getpgid(run.pid) != run.pid  # the script leads the job
+    assert os.getpgid(job.pid) == os.getpgid(run.pid)  # CMD shared the job's group
+
+    run.kill()
+    terminal.read_until("script-over")
+    assert job.is_running(), "the work was meant to outlive lock run and CMD"
+    assert_nobody_else_gets_it(tmp_path, gsd, marker)
+
+    job.kill()
+    job.wait(timeout=SYNC_TIMEOUT)
+    assert second_run(tmp_path, gsd, marker).returncode == 0

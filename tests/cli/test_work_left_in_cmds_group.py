@@ -12,6 +12,7 @@ stdin and ``/proc``; every process a test starts is ended and reaped.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -211,3 +212,52 @@ def test_the_recorded_group_travels_in_the_owner_details() -> None:
     assert before is not None and after is not None
     assert not before.work_group
     assert after == before._replace(pgid=4242, gstart=17, work_group=True)
+
+
+def test_a_group_not_recorded_for_a_busy_guard_is_recorded_by_the_next_heartbeat(
+    tmp_path: Path, gsd: Path, spawn: Any, jobs: list[int]
+) -> None:
+    """Another process keeps the feature folder's guard (a reclaim under load, any user's
+    ``flock`` on the folder) past the half second the record waits for it. Fails on the
+    reviewed merge (f9cad1f): the group was then never recorded (every refresh carried the
+    old details), so with ``lock run`` SIGKILLed the job that dropped the proof in CMD's
+    group did not count: ``not-running``, and ``--reclaim-dead`` ran a second holder beside
+    it. (The look for the recorded group gives up after a while without failing: on the old
+    code it never comes, and the overlap is what fails.)"""
+    marker = tmp_path / "second"
+    folder = lock_path(gsd).parent
+    folder.mkdir(parents=True)
+    guard = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # taking a free lock needs no guard; recording does
+        first = spawn(
+            cli_argv(
+                "lock", "run", FEATURE, "--gsd-dir", gsd, "--heartbeat", "0.1", "--",
+                sys.executable, "-c", POPEN_THEN_WAIT, JOB,
+            ),
+            stdin=subprocess.PIPE,
+        )  # fmt: skip
+        job = job_pid(first)
+        jobs.append(job)
+        # Race: the guard goes only once lock run gave up recording and waits for CMD.
+        wait_for(lambda: _waits_for_a_child(first.pid), what="lock run to wait for CMD")
+        assert _recorded_group(gsd) is None
+    finally:
+        os.close(guard)
+    with suppress(AssertionError):
+        wait_for(lambda: _recorded_group(gsd) is not None, what="CMD's group to be recorded")
+    os.kill(first.pid, signal.SIGKILL)
+    first.proc.wait(timeout=SYNC_TIMEOUT)
+    assert alive(job), "the job was meant to outlive lock run and CMD"
+
+    assert_nobody_else_gets_it(tmp_path, gsd, marker)
+    first.send("x")  # the job ends
+    wait_gone(job)
+
+
+def _waits_for_a_child(pid: int) -> bool:
+    """Is ``pid``'s main thread blocked in ``wait4`` (lock run past its start of CMD)?"""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text() == "do_wait"
+    except OSError:
+        return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import suppress
@@ -48,6 +49,18 @@ JOB: Final = (
     "open(pool + '/job.fifo').read()  # until the test opens and closes the FIFO's other end\n"
 )
 
+FAIL_LEAVING_WORK: Final = r"""#!/bin/sh
+# alpha's first build leaves a job running out of its group (holding its proof) and fails;
+# its second build succeeds.
+if [ "$1" = alpha ] && [ ! -e "$POOL/left-once" ]; then
+    : > "$POOL/left-once"
+    setsid -f "$PYTHON" -c "$JOB" </dev/null >/dev/null 2>&1
+    exit 1
+fi
+echo "$1" >> "$POOL/built.log"
+exit 0
+"""
+
 CATCH_TERM: Final = r"""#!/bin/sh
 # Catches TERM (as many builds do, to clean up) and exits 1 "because it was interrupted".
 exec "$PYTHON" -c '
@@ -67,7 +80,12 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "pool"
     for feature in FEATURES:
         (folder / ".gsd" / "specs" / feature).mkdir(parents=True)
-    for name, text in (("leave-work.sh", LEAVE_WORK), ("catch-term.sh", CATCH_TERM)):
+    scripts = (
+        ("leave-work.sh", LEAVE_WORK),
+        ("fail-leaving-work.sh", FAIL_LEAVING_WORK),
+        ("catch-term.sh", CATCH_TERM),
+    )
+    for name, text in scripts:
         (folder / name).write_text(text)
         (folder / name).chmod(0o755)
     monkeypatch.setenv(runner.GRACE_ENV, "0.2")  # the job left the group: no grace ends it
@@ -130,6 +148,53 @@ def test_a_success_that_leaves_work_is_done_and_the_worker_goes_on(
     with open(pool / "job.fifo", "w"):
         pass  # the job reads end of input and ends
     wait_for(lambda: not alive(job), what="the job to end")
+
+
+@needs_fifo
+@pytest.mark.skipif(not proof.supported(), reason="no open-file-description locks here")
+@pytest.mark.parametrize("jobs", [1, 2], ids=["alone", "two-jobs"])
+def test_a_failure_that_leaves_work_is_retried_once_the_work_ends(
+    pool: Path, job_ends: None, jobs: int
+) -> None:
+    """A failed CMD that leaves work holding its proof: the lock stays while the work runs,
+    then the failed attempt is recorded, the lock released and the feature built again; the
+    pool finishes. Fails on the reviewed merge (f9cad1f): alone, the worker ended
+    ``finished`` with alpha neither done nor failed and its lock left behind; with ``-j 2``
+    the other worker waited on alpha's lock (its owner exited, the lock judged dead but not
+    stale) and the pool never finished (the wait below ran out)."""
+    argv = [*CLI, "lock", "work", "--json", "-j", str(jobs), *FEATURES, "--"]
+    stderr_path = pool / "stderr.log"
+    with open(stderr_path, "w") as stderr:
+        command = subprocess.Popen(
+            [*argv, "./fail-leaving-work.sh", "{}"],
+            cwd=pool,
+            env=_env(pool),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        # Race: the job is told to end only once the pool has recorded that it was left.
+        wait_for(lambda: "alpha: not marked" in stderr_path.read_text(), what="alpha left")
+        job = int((pool / "job.pid").read_text())
+        with open(pool / "job.fifo", "w"):
+            pass  # the job reads end of input and ends
+        out, _ = command.communicate(timeout=POOL_TIMEOUT)
+    finally:
+        _kill_session(command.pid)
+        command.wait()
+    err = stderr_path.read_text()
+    assert_no_traceback(out, err)
+    assert command.returncode == 0, err
+    assert not alive(job)
+    document = json.loads(out)
+    assert document["ended"] == "finished"
+    alpha = [r["outcome"] for r in document["results"] if r["feature"] == "alpha"]
+    assert sorted(alpha) == ["done", "failed", "left"], document  # -j 2: workers' order
+    assert all(_done(pool, feature) for feature in FEATURES)
+    assert not list((pool / ".gsd" / "specs").glob("*/.lock")), "a lock was left behind"
 
 
 @pytest.mark.parametrize("jobs", [1, 2], ids=["alone", "two-jobs"])

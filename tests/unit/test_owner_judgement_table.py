@@ -86,6 +86,9 @@ def _enter(monkeypatch: pytest.MonkeyPatch, here: World) -> liveness.FactsOfPid:
     monkeypatch.setattr(
         ownership, "group_has_live_member", lambda pgid, _start: pgid in here.live_groups
     )
+    monkeypatch.setattr(
+        ownership, "group_has_work_since", lambda pgid, _start, _since: pgid in here.live_groups
+    )
     monkeypatch.setattr(ownership, "session_has_live_member", lambda sid: sid in here.live_sessions)
     monkeypatch.setattr(ownership, "holder_stopped", lambda _pid, _details: here.stopped)
     monkeypatch.setattr(liveness, "_started_after", lambda _s, _t: here.started_after_lock)
