@@ -100,7 +100,7 @@ def test_times_are_read_exactly_whatever_extra_float_digits_says(
         _in_database(
             pg_server,
             name,
-            "UPDATE mahabharatha.mahabharatha_locks SET refreshed_at = now() - interval '6 min',"
+            "UPDATE mahabharatha_locks SET refreshed_at = now() - interval '6 min',"
             " expires_at = now() - interval '5 min'",
         )
         info = backend.inspect("feat")
@@ -199,10 +199,11 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER fail_serialization BEFORE INSERT OR UPDATE ON mahabharatha.mahabharatha_locks
+CREATE TRIGGER fail_serialization BEFORE INSERT OR UPDATE ON mahabharatha_locks
     FOR EACH ROW EXECUTE FUNCTION public.fail_serialization()"""
 """Raises 40001 the first ``times`` times a row is written (a sequence counts them down, and
-its draws are never rolled back)."""
+its draws are never rolled back). The table named bare: the admin's ``search_path`` finds it
+where the code under test made it."""
 
 
 def _in_rows(pg_server: PgServer, name: str, query: str) -> list[tuple[Any, ...]]:
@@ -222,8 +223,8 @@ def test_two_roles_whose_search_paths_differ_share_one_set_of_tables(
 ) -> None:
     """Role A owns a schema of its own name (first in the default ``"$user", public``) and
     makes the tables; role B has none. Failed before: the tables were made in the first
-    schema of each caller's ``search_path``: A's in ``a``, B's in ``public``, and both held
-    one feature at once."""
+    schema of each caller's ``search_path`` (A's in its own schema, B's would be in
+    ``public``, where both held one feature at once): no schema ``mahabharatha`` to grant on."""
     url = database()
     name = url.rsplit("/", 1)[1]
     tag = uuid.uuid4().hex[:6]
@@ -276,22 +277,24 @@ def test_another_roles_look_alike_tables_first_in_the_search_path_are_never_used
 # --------------------------------------------------------------------------- item 10: version 1
 
 _VERSION_1: Final = """
-CREATE SCHEMA IF NOT EXISTS mahabharatha;
-CREATE TABLE mahabharatha.mahabharatha_schema (version integer PRIMARY KEY);
-CREATE SEQUENCE mahabharatha.mahabharatha_lock_token AS bigint;
-CREATE TABLE mahabharatha.mahabharatha_locks (
+CREATE TABLE public.mahabharatha_schema (version integer PRIMARY KEY);
+CREATE SEQUENCE public.mahabharatha_lock_token AS bigint;
+CREATE TABLE public.mahabharatha_locks (
     namespace text NOT NULL, feature text COLLATE "C" NOT NULL, pid integer, details bytea,
     host text, attempt bytea, lease interval, acquired_at timestamptz,
     refreshed_at timestamptz, expires_at timestamptz, token bigint, done_at timestamptz,
     prev_pid integer, prev_details bytea, prev_refreshed_at timestamptz,
     prev_expires_at timestamptz, PRIMARY KEY (namespace, feature));
-INSERT INTO mahabharatha.mahabharatha_schema VALUES (1)"""
-"""The tables as version 1 made them (no ``failures``, ``failed``, ``last_failure``)."""
+INSERT INTO public.mahabharatha_schema VALUES (1)"""
+"""The tables as version 1 made them (no ``failures``, ``failed``, ``last_failure``), where it
+made them: in ``public``, the first schema of the usual ``search_path`` (the tests then name
+that schema with ``MAHABHARATHA_LOCK_SCHEMA``, which 211f242 ignored: it found them there)."""
 
 
 def _version_1_database(
-    make_database: Callable[..., str], pg_server: PgServer, owner: str
+    make_database: Callable[..., str], pg_server: PgServer, owner: str, monkeypatch: Any
 ) -> tuple[str, str]:
+    monkeypatch.setenv("MAHABHARATHA_LOCK_SCHEMA", "public")
     url = make_database()
     name = url.rsplit("/", 1)[1]
     _in_database(pg_server, name, f"SET ROLE {owner}; {_VERSION_1}")
@@ -302,10 +305,11 @@ def test_first_use_brings_a_version_1_database_up_to_date(
     database: Callable[..., str],  # noqa: F811
     pg_server: PgServer,
     tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Failed before: first use added no column: ``fail`` (and reopen, status --all) was an
     error, ``column "failures" does not exist``, and a worker died holding its feature."""
-    url, _name = _version_1_database(database, pg_server, APP_USER)
+    url, _name = _version_1_database(database, pg_server, APP_USER, monkeypatch)
     backend = _backend(url, tmp_path)
     try:
         assert backend.try_acquire("feat", me()).held is not None
@@ -319,26 +323,24 @@ def test_a_version_1_database_this_role_may_not_change_is_refused_before_taking_
     database: Callable[..., str],  # noqa: F811
     pg_server: PgServer,
     tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The tables belong to another role; this one may only read and write them. Failed
     before: it took the feature, and its ``fail`` then died on the missing column, holding it.
     Now its first statement is refused with a sentence naming ``lock init``, nothing taken."""
-    url, name = _version_1_database(database, pg_server, "mh_admin")
+    url, name = _version_1_database(database, pg_server, "mh_admin", monkeypatch)
     _in_database(
         pg_server,
         name,
-        "GRANT USAGE ON SCHEMA mahabharatha TO mh_app;"
-        " GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA mahabharatha TO mh_app;"
-        " GRANT USAGE ON ALL SEQUENCES IN SCHEMA mahabharatha TO mh_app",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO mh_app;"
+        " GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO mh_app",
     )
     backend = _backend(url, tmp_path)
     try:
         with pytest.raises(BackendError) as refused:
             backend.try_acquire("feat", me())
         assert "lock init" in str(refused.value) and backend.where() in str(refused.value)
-        assert _in_rows(
-            pg_server, name, "SELECT count(*) FROM mahabharatha.mahabharatha_locks"
-        ) == [(0,)]
+        assert _in_rows(pg_server, name, "SELECT count(*) FROM public.mahabharatha_locks") == [(0,)]
     finally:
         backend.close()
 
