@@ -750,7 +750,8 @@ class PostgresBackend(LockBackend):
         elif isinstance(error, pg_errors.InsufficientPrivilege):
             reason = (
                 f"permission denied ({first_line(error)}); run 'mahabharatha lock init' as the "
-                "tables' owner and grant this role SELECT, INSERT, UPDATE, DELETE"
+                f"tables' owner and grant this role USAGE on schema {self.schema} and SELECT, "
+                "INSERT, UPDATE, DELETE on its tables"
             )
         else:
             reason = first_line(error)

@@ -532,7 +532,9 @@ NEIGHBOUR_SETS: Final = (
 )
 """What the neighbour behind the same pooler sets, one statement at a time: each stays on the
 server connection it ran on, which the pooler then hands to the next client."""
-NEIGHBOUR_PAUSE_SECONDS: Final = 0.002
+NEIGHBOUR_PAUSE_SECONDS: Final = 0.02
+"""A `SET` stays on its server connection until the next: a few a second keep both changing
+(and the fixture costs the session next to nothing)."""
 
 
 @dataclass
