@@ -100,11 +100,11 @@ DEFAULT_SCHEMA: Final = "mahabharatha"
 another: every statement names it, so no ``search_path`` decides where the tables are."""
 SCHEMA_ENV: Final = "MAHABHARATHA_LOCK_SCHEMA"
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+"""A schema name needing no quotes (it is written into statements and into regclass text)."""
 _NAMED_SCHEMA: Final = re.compile(
     r"(\bSCHEMA (?:IF NOT EXISTS )?)mahabharatha()\b|()\bmahabharatha(\.mahabharatha_)"
 )
 """Where a statement names the default schema (never a value: those are parameters)."""
-"""A schema name needing no quotes (it is written into statements and into regclass text)."""
 SERIALIZATION_FIRST_PAUSE_SECONDS: Final = 0.01
 SERIALIZATION_MAX_PAUSE_SECONDS: Final = 0.2
 """Between two runs of a statement the server rolled back as a serialization failure or a
@@ -133,10 +133,17 @@ _T = TypeVar("_T")
 # Every value is a parameter, except a registered claim's namespace and names, which psycopg
 # quotes (``sql.Literal``); no input is ever spliced into SQL text by hand.
 
+NAMED_BY_SCHEMA: Final = "mahabharatha locks, named with their schema"
+"""The lock table's comment, set by every creation and upgrade since issue 27: tables without
+it in another schema were made by an older mahabharatha through its ``search_path``."""
+_CREATE_SCHEMA: Final = "CREATE SCHEMA IF NOT EXISTS mahabharatha"
+"""Only when the schema is missing: even with ``IF NOT EXISTS`` the server asks for CREATE on
+the database, which the tables' owner may lack."""
+_SCHEMA_MISSING: Final = "SELECT pg_catalog.to_regnamespace(%(schema)s) IS NULL"
+
 _SCHEMA_DDL: Final = (
     # Race: two first uses creating the tables at once
     "SELECT pg_catalog.pg_advisory_xact_lock(7243016210)",
-    "CREATE SCHEMA IF NOT EXISTS mahabharatha",
     # As ``public`` was: the tables' own grants say who may use them.
     "GRANT USAGE ON SCHEMA mahabharatha TO PUBLIC",
     "CREATE TABLE IF NOT EXISTS mahabharatha.mahabharatha_schema (version integer PRIMARY KEY)",
@@ -167,6 +174,7 @@ _SCHEMA_DDL: Final = (
         ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false,
         ADD COLUMN IF NOT EXISTS last_failure text""",
     "INSERT INTO mahabharatha.mahabharatha_schema (version) VALUES (2) ON CONFLICT DO NOTHING",
+    f"COMMENT ON TABLE mahabharatha.mahabharatha_locks IS '{NAMED_BY_SCHEMA}'",
 )
 
 _EPOCHS: Final = """date_part('epoch', refreshed_at), date_part('epoch', expires_at),
@@ -482,6 +490,7 @@ SELECT n.nspname FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relname = 'mahabharatha_locks' AND c.relkind IN ('r', 'p')
     AND n.nspname <> %(schema)s AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
+    AND pg_catalog.obj_description(c.oid, 'pg_class') IS DISTINCT FROM %(mark)s
 ORDER BY 1"""
 """Lock tables this role owns in other schemas: an older mahabharatha made them in the first
 schema of its ``search_path``. Another role's tables are never ours (a role with CREATE on the
@@ -772,7 +781,7 @@ class PostgresBackend(LockBackend):
         :class:`BackendError`."""
         lost = 0
         created = False
-        rolled_back = _Pauses(self.connect_timeout)
+        rolled_back: _Pauses | None = None  # made at the first rollback: none on the hot path
         while True:
             try:
                 conn = self._connection()
@@ -786,6 +795,7 @@ class PostgresBackend(LockBackend):
                 # Race: a concurrent transaction (or a session default of serializable that
                 # pinning missed) made the server roll the statement back: nothing was done
                 # and the connection is sound. Run it again on it, after a pause.
+                rolled_back = rolled_back or _Pauses(self.connect_timeout)
                 if not rolled_back.pause():
                     raise self._error(error) from None
             except pg_errors.UndefinedTable as error:
@@ -925,6 +935,8 @@ class PostgresBackend(LockBackend):
                     "table restored without it): run 'mahabharatha lock init' to make it again "
                     "above every token given out"
                 )
+            if conn.execute(_SCHEMA_MISSING, {"schema": self.schema}).fetchone() == (True,):
+                conn.execute(self._sql(_CREATE_SCHEMA))
             for statement in statements:
                 conn.execute(statement)
             if repair:
@@ -940,7 +952,8 @@ class PostgresBackend(LockBackend):
         tables and on the new would hold one feature at once."""
         if conn.execute(self._sql(_TABLE_EXISTS)).fetchone() == (True,):
             return
-        found = conn.execute(_OLD_TABLES, {"schema": self.schema}).fetchall()
+        marked = {"schema": self.schema, "mark": NAMED_BY_SCHEMA}
+        found = conn.execute(_OLD_TABLES, marked).fetchall()
         if found:
             old = found[0][0]
             raise BackendError(

@@ -395,3 +395,33 @@ def test_this_roles_tables_of_an_older_layout_elsewhere_are_named_not_left_behin
         assert in_place.try_acquire("feat", me()).held is not None
     finally:
         in_place.close()
+
+
+def test_a_schema_named_by_the_environment_keeps_its_own_tables(
+    database: Callable[..., str],  # noqa: F811
+    pg_server: PgServer,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``MAHABHARATHA_LOCK_SCHEMA`` (a team's own schema): every statement names it (DDL,
+    sequence, registered claim); the default schema's tables are another lock space. A name
+    that would need quoting is bad input."""
+    url = database()
+    name = url.rsplit("/", 1)[1]
+    monkeypatch.setenv("MAHABHARATHA_LOCK_SCHEMA", "team_x")
+    team = _backend(url, tmp_path, namespace="shared")
+    monkeypatch.delenv("MAHABHARATHA_LOCK_SCHEMA")
+    default = _backend(url, tmp_path, namespace="shared")
+    try:
+        assert team.init() == 2
+        for _ in range(2):  # the second claim of a list is the registered one
+            won = team.try_claim(["a", "b"], me())
+            assert won is not None and won.held is not None
+        assert default.try_acquire("a", me()).held is not None  # not the team's lock space
+        rows = _in_rows(pg_server, name, "SELECT feature FROM team_x.mahabharatha_locks")
+        assert sorted(rows) == [("a",), ("b",)]
+    finally:
+        team.close()
+        default.close()
+    with pytest.raises(ValueError, match="schema"):
+        _backend(url, tmp_path, schema='Team"; DROP')
