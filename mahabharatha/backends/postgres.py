@@ -802,6 +802,11 @@ class PostgresBackend(LockBackend):
                 if created:
                     raise self._error(error) from None
                 created = True
+                if conn.pooled:
+                    # Race: a pooler may keep the failed transaction's server connection
+                    # assigned to this client a while (seen: a pool of one never freed for the
+                    # schema's own connection): let go of it first.
+                    self._drop_connection()
                 try:
                     self._create_schema()
                 except psycopg.Error as cause:
