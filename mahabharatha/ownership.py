@@ -733,8 +733,9 @@ def _field_sql(column: str, name: str) -> str:
 
 
 def _zeros(name: str) -> str:
-    """The field ``name`` when unknown (all zero bytes), as a ``bytea`` literal."""
-    return f"'\\x{'00' * _width(name, name)}'::bytea"
+    """The field ``name`` when unknown (all zero bytes), as a ``bytea`` value written with no
+    backslash (``standard_conforming_strings = off`` read ``'\\x00'`` as a NUL and refused it)."""
+    return f"decode('{'00' * _width(name, name)}', 'hex')"
 
 
 def _sql_list(values: tuple[int, ...]) -> str:

@@ -54,12 +54,25 @@ def pg_server() -> Iterator[postgres.PgServer]:
     yield postgres.shared_server()
 
 
+@pytest.fixture(scope="session")
+def hostile_pg() -> postgres.HostileServer:
+    """The hostile server (every setting flipped by database and role defaults, PgBouncer in
+    transaction mode in front, a neighbour running ``SET`` through the same pool)."""
+    missing = postgres.client_missing() or (
+        None if postgres.pgbouncer_binary() else postgres.PGBOUNCER_HINT
+    )
+    if missing is not None:
+        pytest.skip(missing)
+    return postgres.hostile_server()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         callspec = getattr(item, "callspec", None)
         kind = callspec.params.get("kind") if callspec is not None else None
-        on_postgres = getattr(kind, "id", None) == "postgres"  # the conformance suite's
-        if on_postgres or "pg_server" in getattr(item, "fixturenames", ()):
+        on_postgres = str(getattr(kind, "id", "")).startswith("postgres")  # conformance's
+        fixtures = getattr(item, "fixturenames", ())
+        if on_postgres or "pg_server" in fixtures or "hostile_pg" in fixtures:
             item.add_marker(pytest.mark.postgres)
 
 

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import re
 import secrets
 import socket
 import threading
@@ -35,6 +36,7 @@ except ImportError as missing:  # pragma: no cover - exercised by the CLI's own 
 
 from mahabharatha import ownership
 from mahabharatha.backends.base import (
+    RECHECK_SECONDS,
     AcquireResult,
     Attempts,
     BackendError,
@@ -94,6 +96,20 @@ MAX_NAMESPACE_BYTES: Final = 200
 repository's ``host/org/repo``."""
 MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 """libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
+DEFAULT_SCHEMA: Final = "mahabharatha"
+"""The schema of the lock tables unless ``MAHABHARATHA_LOCK_SCHEMA`` (or ``schema=``) names
+another: every statement names it, so no ``search_path`` decides where the tables are."""
+SCHEMA_ENV: Final = "MAHABHARATHA_LOCK_SCHEMA"
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+"""A schema name needing no quotes (it is written into statements and into regclass text)."""
+_NAMED_SCHEMA: Final = re.compile(
+    r"(\bSCHEMA (?:IF NOT EXISTS )?)mahabharatha()\b|()\bmahabharatha(\.mahabharatha_)"
+)
+"""Where a statement names the default schema (never a value: those are parameters)."""
+SERIALIZATION_FIRST_PAUSE_SECONDS: Final = 0.01
+SERIALIZATION_MAX_PAUSE_SECONDS: Final = 0.2
+"""Between two runs of a statement the server rolled back as a serialization failure or a
+deadlock (SQLSTATE 40001, 40P01): from 10 ms, doubling, jittered, until ``--connect-timeout``."""
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
 """The channel of this schema's wake-ups (one for every release; no payload)."""
 WAKE_UP_INTERVAL_SECONDS: Final = 0.25
@@ -122,11 +138,22 @@ _T = TypeVar("_T")
 # Every value is a parameter, except a registered claim's namespace and names, which psycopg
 # quotes (``sql.Literal``); no input is ever spliced into SQL text by hand.
 
+NAMED_BY_SCHEMA: Final = "mahabharatha locks, named with their schema"
+"""The lock table's comment, set by every creation and upgrade since issue 27: tables without
+it in another schema were made by an older mahabharatha through its ``search_path``."""
+_CREATE_SCHEMA: Final = "CREATE SCHEMA IF NOT EXISTS mahabharatha"
+"""Only when the schema is missing: even with ``IF NOT EXISTS`` the server asks for CREATE on
+the database, which the tables' owner may lack."""
+_SCHEMA_MISSING: Final = "SELECT pg_catalog.to_regnamespace(%(schema)s) IS NULL"
+
 _SCHEMA_DDL: Final = (
-    "SELECT pg_advisory_xact_lock(7243016210)",  # Race: two first uses creating the tables at once
-    "CREATE TABLE IF NOT EXISTS mahabharatha_schema (version integer PRIMARY KEY)",
-    "CREATE SEQUENCE IF NOT EXISTS mahabharatha_lock_token AS bigint",
-    """CREATE TABLE IF NOT EXISTS mahabharatha_locks (
+    # Race: two first uses creating the tables at once
+    "SELECT pg_catalog.pg_advisory_xact_lock(7243016210)",
+    # As ``public`` was: the tables' own grants say who may use them.
+    "GRANT USAGE ON SCHEMA mahabharatha TO PUBLIC",
+    "CREATE TABLE IF NOT EXISTS mahabharatha.mahabharatha_schema (version integer PRIMARY KEY)",
+    "CREATE SEQUENCE IF NOT EXISTS mahabharatha.mahabharatha_lock_token AS bigint",
+    """CREATE TABLE IF NOT EXISTS mahabharatha.mahabharatha_locks (
         namespace text NOT NULL,
         feature text COLLATE "C" NOT NULL,
         pid integer,
@@ -145,13 +172,14 @@ _SCHEMA_DDL: Final = (
         prev_expires_at timestamptz,
         PRIMARY KEY (namespace, feature)
     )""",
-    "INSERT INTO mahabharatha_schema (version) VALUES (1) ON CONFLICT DO NOTHING",
+    "INSERT INTO mahabharatha.mahabharatha_schema (version) VALUES (1) ON CONFLICT DO NOTHING",
     # Version 2: a pool's failed attempts (``lock fail``), in the row.
-    """ALTER TABLE mahabharatha_locks
+    """ALTER TABLE mahabharatha.mahabharatha_locks
         ADD COLUMN IF NOT EXISTS failures integer NOT NULL DEFAULT 0,
         ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false,
         ADD COLUMN IF NOT EXISTS last_failure text""",
-    "INSERT INTO mahabharatha_schema (version) VALUES (2) ON CONFLICT DO NOTHING",
+    "INSERT INTO mahabharatha.mahabharatha_schema (version) VALUES (2) ON CONFLICT DO NOTHING",
+    f"COMMENT ON TABLE mahabharatha.mahabharatha_locks IS '{NAMED_BY_SCHEMA}'",
 )
 
 _EPOCHS: Final = """date_part('epoch', refreshed_at), date_part('epoch', expires_at),
@@ -163,7 +191,7 @@ which since PostgreSQL 14 computes a ``numeric`` first: about 7 µs of server ti
 _TAKE_SET: Final = """pid = %(pid)s, details = %(details)s, host = %(host)s, attempt = %(attempt)s,
     lease = make_interval(secs => %(lease)s), acquired_at = now(), refreshed_at = now(),
     expires_at = now() + make_interval(secs => %(lease)s),
-    token = greatest(nextval('mahabharatha_lock_token'), l.token + 1),
+    token = greatest(nextval('mahabharatha.mahabharatha_lock_token'), l.token + 1),
     prev_pid = l.pid, prev_details = l.details, prev_refreshed_at = l.refreshed_at,
     prev_expires_at = l.expires_at"""
 """Taking a row: the new holder, a token drawn while the row is locked and never below the
@@ -180,19 +208,19 @@ _RETURNING: Final = f"""l.feature, l.token, {_EPOCHS}, prev_pid, prev_details,
     date_part('epoch', prev_refreshed_at), date_part('epoch', prev_expires_at)"""
 
 _ACQUIRE: Final = f"""
-INSERT INTO mahabharatha_locks AS l
+INSERT INTO mahabharatha.mahabharatha_locks AS l
     (namespace, feature, pid, details, host, attempt, lease, acquired_at, refreshed_at,
      expires_at, token)
 VALUES (%(ns)s, %(feature)s, %(pid)s, %(details)s, %(host)s, %(attempt)s,
     make_interval(secs => %(lease)s), now(), now(), now() + make_interval(secs => %(lease)s),
-    nextval('mahabharatha_lock_token'))
+    nextval('mahabharatha.mahabharatha_lock_token'))
 ON CONFLICT (namespace, feature) DO UPDATE SET {_TAKE_SET}
 WHERE {_TAKEABLE}
 RETURNING {_RETURNING}"""
 
 _WANTED: Final = """wanted AS (
     SELECT w.feature, w.ord
-    FROM unnest(string_to_array(%(names)s, E'\\n')) WITH ORDINALITY AS w(feature, ord)
+    FROM unnest(string_to_array(%(names)s, pg_catalog.chr(10))) WITH ORDINALITY AS w(feature, ord)
 )"""
 """The names travel as one text joined by newlines (no valid feature name has one): psycopg
 adapts a 1,000-element list parameter in over a millisecond, a text in microseconds."""
@@ -200,16 +228,18 @@ adapts a 1,000-element list parameter in over a millisecond, a text in microseco
 _CLAIM_CHECKED: Final = f"""
 WITH {_WANTED}, missing AS (
     SELECT count(*) AS n FROM wanted w WHERE NOT EXISTS (
-        SELECT FROM mahabharatha_locks m WHERE m.namespace = %(ns)s AND m.feature = w.feature)
+        SELECT FROM mahabharatha.mahabharatha_locks m
+        WHERE m.namespace = %(ns)s AND m.feature = w.feature)
 ), pick AS (
-    SELECT l.namespace, l.feature FROM mahabharatha_locks l JOIN wanted w USING (feature)
+    SELECT l.namespace, l.feature
+    FROM mahabharatha.mahabharatha_locks l JOIN wanted w USING (feature)
     WHERE l.namespace = %(ns)s AND (SELECT n FROM missing) = 0 AND {_TAKEABLE}
         AND (%(include_done)s OR l.done_at IS NULL OR l.attempt = %(attempt)s)
     ORDER BY l.attempt IS NOT DISTINCT FROM %(attempt)s DESC, w.ord
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
 ), taken AS (
-    UPDATE mahabharatha_locks l SET {_TAKE_SET}
+    UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
     FROM pick WHERE l.namespace = pick.namespace AND l.feature = pick.feature
     RETURNING {_RETURNING}
 )
@@ -223,14 +253,14 @@ lost with its connection) comes first: a retry never takes a second feature."""
 
 _CLAIM_SORTED: Final = f"""
 WITH pick AS (
-    SELECT l.namespace, l.feature FROM mahabharatha_locks l
-    WHERE l.namespace = %(ns)s AND l.feature = ANY(string_to_array(%(names)s, E'\\n'))
+    SELECT l.namespace, l.feature FROM mahabharatha.mahabharatha_locks l
+    WHERE l.namespace = %(ns)s AND l.feature = ANY(string_to_array(%(names)s, pg_catalog.chr(10)))
         AND {_TAKEABLE} AND (%(include_done)s OR l.done_at IS NULL)
     ORDER BY l.feature
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
 ), taken AS (
-    UPDATE mahabharatha_locks l SET {_TAKE_SET}
+    UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
     FROM pick WHERE l.namespace = pick.namespace AND l.feature = pick.feature
     RETURNING {_RETURNING}
 )
@@ -252,9 +282,9 @@ def _numbered(text: str, names: Sequence[str]) -> str:
 
 _CLAIM_REGISTERED: Final = _numbered(
     f"""
-UPDATE mahabharatha_locks l SET {_TAKE_SET}
+UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
 WHERE l.namespace = {{ns}} AND l.feature = (
-    SELECT p.feature FROM mahabharatha_locks p
+    SELECT p.feature FROM mahabharatha.mahabharatha_locks p
     WHERE p.namespace = {{ns}} AND p.feature = ANY({{names}})
         AND (p.pid IS NULL OR p.expires_at < now()){{not_done}}
     ORDER BY p.feature
@@ -277,8 +307,8 @@ that exist; the caller then asks ``_CLAIM_CHECKED``, which also counts names wit
 list is registered only after a claim saw them all, but rows can be deleted behind it)."""
 
 _ENSURE_ROWS: Final = """
-INSERT INTO mahabharatha_locks (namespace, feature)
-SELECT %(ns)s, w.feature FROM unnest(string_to_array(%(names)s, E'\\n')) AS w(feature)
+INSERT INTO mahabharatha.mahabharatha_locks (namespace, feature)
+SELECT %(ns)s, w.feature FROM unnest(string_to_array(%(names)s, pg_catalog.chr(10))) AS w(feature)
 ORDER BY w.feature
 ON CONFLICT DO NOTHING"""
 """Rows with no holder for features never locked before (sorted: concurrent claimers insert in
@@ -294,7 +324,7 @@ LISTEN, and a name in it would tell every team's feature names."""
 _LET_GO: Final = "pid = NULL, details = NULL, host = NULL, attempt = NULL"
 
 _RELEASE_HELD: Final = f"""
-UPDATE mahabharatha_locks SET {_LET_GO}
+UPDATE mahabharatha.mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
 RETURNING 1"""
 
@@ -315,14 +345,14 @@ details keep the pid and host rule. ``tests/postgres/test_owner_rule_sql.py`` ch
 against the Python rule on many details."""
 
 _RELEASE_PID: Final = f"""
-UPDATE mahabharatha_locks SET {_LET_GO}
+UPDATE mahabharatha.mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid IS NOT NULL
     AND (%(force)s OR (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s
         AND {_OWNER_COULD_BE}))
 RETURNING 1"""
 
 _REFRESH: Final = f"""
-UPDATE mahabharatha_locks SET refreshed_at = now(), expires_at = now() + lease
+UPDATE mahabharatha.mahabharatha_locks SET refreshed_at = now(), expires_at = now() + lease
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
     AND expires_at >= now()
 RETURNING {_EPOCHS}"""
@@ -330,7 +360,8 @@ RETURNING {_EPOCHS}"""
 lost, even if nobody took it yet (the lost-lock rule)."""
 
 _DONE: Final = f"""
-UPDATE mahabharatha_locks SET pid = NULL, details = NULL, host = NULL, attempt = %(attempt)s,
+UPDATE mahabharatha.mahabharatha_locks
+SET pid = NULL, details = NULL, host = NULL, attempt = %(attempt)s,
     done_at = CASE WHEN pid IS NULL THEN done_at ELSE now() END
 WHERE namespace = %(ns)s AND feature = %(feature)s AND (
     (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE})
@@ -341,7 +372,7 @@ id: a retry after a lost answer finds its own done mark (and answers it), never 
 
 _SELECT_ROWS: Final = f"""
 SELECT feature, pid, details, host, token, done_at IS NOT NULL, {_EPOCHS}
-FROM mahabharatha_locks WHERE namespace = %(ns)s"""
+FROM mahabharatha.mahabharatha_locks WHERE namespace = %(ns)s"""
 
 _SELECT_ONE: Final = _SELECT_ROWS + " AND feature = %(feature)s"
 _SELECT_HELD: Final = _SELECT_ROWS + ' AND pid IS NOT NULL ORDER BY feature COLLATE "C"'
@@ -351,20 +382,24 @@ _SELECT_WANTED: Final = (
 _SELECT_ALL: Final = _SELECT_ROWS + ' ORDER BY feature COLLATE "C"'
 
 _VERIFY: Final = """
-SELECT EXISTS (SELECT FROM mahabharatha_locks WHERE namespace = %(ns)s AND feature = %(feature)s
+SELECT EXISTS (SELECT FROM mahabharatha.mahabharatha_locks
+    WHERE namespace = %(ns)s AND feature = %(feature)s
     AND token = %(token)s AND pid IS NOT NULL AND expires_at >= now())"""
 
 _IS_DONE: Final = """
-SELECT EXISTS (SELECT FROM mahabharatha_locks WHERE namespace = %(ns)s AND feature = %(feature)s
+SELECT EXISTS (SELECT FROM mahabharatha.mahabharatha_locks
+    WHERE namespace = %(ns)s AND feature = %(feature)s
     AND done_at IS NOT NULL)"""
 
 _REOPEN: Final = """
-UPDATE mahabharatha_locks SET done_at = NULL, failures = 0, failed = false, last_failure = NULL
+UPDATE mahabharatha.mahabharatha_locks
+SET done_at = NULL, failures = 0, failed = false, last_failure = NULL
 WHERE namespace = %(ns)s AND feature = %(feature)s AND (done_at IS NOT NULL OR failures > 0)
 RETURNING 1"""
 
 _FAIL: Final = f"""
-UPDATE mahabharatha_locks SET {_LET_GO}, failures = failures + 1, last_failure = %(entry)s,
+UPDATE mahabharatha.mahabharatha_locks
+SET {_LET_GO}, failures = failures + 1, last_failure = %(entry)s,
     failed = failures + 1 >= %(limit)s,
     done_at = CASE WHEN failures + 1 >= %(limit)s THEN now() ELSE done_at END
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
@@ -375,24 +410,24 @@ attempts reach the pool's limit is closed the way a done one is (``done_at``: ev
 statement already skips it) and flagged ``failed``, which tells the two apart."""
 
 _ATTEMPTS: Final = """
-SELECT feature, failures, failed, last_failure FROM mahabharatha_locks
+SELECT feature, failures, failed, last_failure FROM mahabharatha.mahabharatha_locks
 WHERE namespace = %(ns)s AND failures > 0"""
 
 _CLEAN: Final = f"""
-UPDATE mahabharatha_locks SET {_LET_GO}
+UPDATE mahabharatha.mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND pid IS NOT NULL AND feature = ANY(%(features)s::text[])
     AND (expires_at < now() OR token = ANY(%(judged)s::bigint[]))
 RETURNING feature"""
 
-_SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha_schema"
+_SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha.mahabharatha_schema"
 
-_SEQUENCE_MISSING: Final = "SELECT to_regclass('mahabharatha_lock_token') IS NULL"
-_TABLE_EXISTS: Final = "SELECT to_regclass('mahabharatha_locks') IS NOT NULL"
-_ROWS_EXIST: Final = "SELECT EXISTS (SELECT FROM mahabharatha_locks)"
+_SEQUENCE_MISSING: Final = "SELECT to_regclass('mahabharatha.mahabharatha_lock_token') IS NULL"
+_TABLE_EXISTS: Final = "SELECT to_regclass('mahabharatha.mahabharatha_locks') IS NOT NULL"
+_ROWS_EXIST: Final = "SELECT EXISTS (SELECT FROM mahabharatha.mahabharatha_locks)"
 _SEQUENCE_ABOVE_ROWS: Final = """
-SELECT setval('mahabharatha_lock_token', greatest(
-    (SELECT max(token) FROM mahabharatha_locks),
-    (SELECT last_value FROM mahabharatha_lock_token)))"""
+SELECT setval('mahabharatha.mahabharatha_lock_token', greatest(
+    (SELECT max(token) FROM mahabharatha.mahabharatha_locks),
+    (SELECT last_value FROM mahabharatha.mahabharatha_lock_token)))"""
 """``lock init`` puts a sequence made again (dropped, or a table restored without it) above every
 token the rows hold."""
 
@@ -425,22 +460,51 @@ user, no database); a parallel or replication worker is counted too, the error o
 time."""
 
 _SESSION_SET_UP: Final = """
-SELECT pg_is_in_recovery(), current_setting('transaction_read_only'), d.direct,
-    CASE WHEN d.direct THEN set_config('synchronous_commit', 'on', false)
-        ELSE current_setting('synchronous_commit') END
-FROM (SELECT pg_backend_pid() = %(pid)s AS direct) AS d"""
-"""Run once per connection. ``synchronous_commit`` pinned ``on`` (any role may set it): with
-``off`` on the server, database or role, a commit is acknowledged before its WAL is written,
-and a crash (any backend SIGKILLed: the server restarts) forgot acknowledged locks and rewound
-the token sequence (two holders, one token verifying for both). A standby, or a session that is
-read-only (``default_transaction_read_only``), is refused: it would answer reads such as
-``verify`` and ``check`` from a copy that may be behind the primary.
+SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only'),
+    d.direct,
+    CASE WHEN d.direct THEN pg_catalog.concat(
+        pg_catalog.set_config('synchronous_commit', 'on', false),
+        pg_catalog.set_config('default_transaction_isolation', 'read committed', false),
+        pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)) END,
+    pg_catalog.to_regclass(%(locks)s) IS NOT NULL AND NOT EXISTS (
+        SELECT FROM pg_catalog.pg_attribute
+        WHERE attrelid = pg_catalog.to_regclass(%(locks)s) AND attname = 'last_failure'
+            AND NOT attisdropped)
+FROM (SELECT pg_catalog.pg_backend_pid() = %(pid)s AS direct) AS d"""
+"""Run once per connection; every function named with its schema. A session of our own
+(``direct``) is pinned for its life: ``synchronous_commit`` ``on`` (with ``off`` a crash forgot
+acknowledged locks and rewound the token sequence), read committed (serializable made claim
+storms fail with 40001), ``search_path`` only the system's (statements name their schema
+anyway). A standby, or a read-only session (``default_transaction_read_only``), is refused: it
+would answer ``verify`` and ``check`` from a copy that may be behind the primary. The last
+column: the lock table exists in an older layout (no ``last_failure``): brought up to date now.
 
 ``direct``: the server process answering is the one the connection's start named (its
 ``BackendKeyData``). A pooler (PgBouncer) names a process of its own: then the session is not
-ours to set (a transaction-mode pooler runs each statement on any server connection), so
-nothing is set, the durability the role or database gives is read instead (``off`` is
-refused), and no named prepared statement is used (another client's ``_pg3_0`` ran in ours)."""
+ours (a transaction-mode pooler runs each transaction on any server connection, where another
+client's ``SET`` stays), so nothing is set here: every transaction pins its own
+(``_PIN_SETTINGS``), and no named prepared statement is used (another client's ``_pg3_0`` ran
+in ours)."""
+
+_PIN_SETTINGS: Final = """
+SELECT pg_catalog.set_config('synchronous_commit', 'on', true),
+    pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)"""
+"""Behind a pooler, first in every transaction (``BEGIN ISOLATION LEVEL READ COMMITTED``, sent
+in the same pipeline): what another client of the pool may have ``SET`` on the server
+connection cannot reach the statement that follows (durability at its commit, names parsed
+after it). Times and bytes are read in binary, so ``extra_float_digits``, ``DateStyle``,
+``TimeZone``, ``IntervalStyle`` and ``bytea_output`` decide nothing."""
+
+_OLD_TABLES: Final = """
+SELECT n.nspname FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = 'mahabharatha_locks' AND c.relkind IN ('r', 'p')
+    AND n.nspname <> %(schema)s AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
+    AND pg_catalog.obj_description(c.oid, 'pg_class') IS DISTINCT FROM %(mark)s
+ORDER BY 1"""
+"""Lock tables this role owns in other schemas: an older mahabharatha made them in the first
+schema of its ``search_path``. Another role's tables are never ours (a role with CREATE on the
+database could make a schema named like ours, with tables to shadow them)."""
 
 
 _Connection = Connection  # the name the tests patch statements on
@@ -479,7 +543,14 @@ class PostgresBackend(LockBackend):
         namespace: str,
         gsd_dir: str | os.PathLike[str] = ".gsd",
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        schema: str | None = None,
     ) -> None:
+        chosen_schema = schema or os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
+        if not _SCHEMA_NAME.fullmatch(chosen_schema):
+            raise ValueError(
+                f"not a usable lock schema name: {chosen_schema!r} (lower-case letters, digits "
+                "and _, at most 63, not starting with a digit)"
+            )
         if not namespace:
             raise ValueError("the lock namespace must not be empty")
         if len(namespace.encode("utf-8", "surrogatepass")) > MAX_NAMESPACE_BYTES:
@@ -495,6 +566,9 @@ class PostgresBackend(LockBackend):
         self._server = server_of(url)
         self._password = password_of(url)
         self.namespace: str = namespace
+        self.schema: str = chosen_schema
+        """The schema of the lock tables, named in every statement (never ``search_path``)."""
+        self._in_schema: dict[str, str] = {}  # statement -> its text in another schema
         self.gsd_dir = gsd_dir
         self.connect_timeout = connect_timeout
         self._conn: _Connection | None = None
@@ -527,6 +601,7 @@ class PostgresBackend(LockBackend):
         gsd_dir: str | os.PathLike[str] = ".gsd",
         namespace: str | None = None,
         connect_timeout: float | None = None,
+        schema: str | None = None,
     ) -> PostgresBackend:
         """The backend for ``url``; the namespace from ``namespace``, else
         ``MAHABHARATHA_LOCK_NAMESPACE``, else the repository's ``origin`` remote (ValueError
@@ -542,7 +617,7 @@ class PostgresBackend(LockBackend):
                 "../up.git names another one from each folder)"
             )
         timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
-        return cls(url, namespace=chosen, gsd_dir=gsd_dir, connect_timeout=timeout)
+        return cls(url, namespace=chosen, gsd_dir=gsd_dir, connect_timeout=timeout, schema=schema)
 
     # ------------------------------------------------------------------ people
 
@@ -604,20 +679,16 @@ class PostgresBackend(LockBackend):
     def _set_up_session(self, conn: _Connection) -> None:
         """Pin what the server's, database's or role's settings may not decide for us, and
         refuse a session that cannot keep a lock: one round trip per connection."""
-        found = conn.execute(
-            _SESSION_SET_UP, {"pid": conn.info.backend_pid}, prepare=False
-        ).fetchone()
+        values = {"pid": conn.info.backend_pid, "locks": f"{self.schema}.mahabharatha_locks"}
+        found = conn.execute(_SESSION_SET_UP, values, prepare=False, binary=True).fetchone()
         assert found is not None
-        in_recovery, read_only, direct, durability = found
+        in_recovery, read_only, direct, _pinned, old_layout = found
         if not direct:
             conn.pooled = True
             conn.prepare_threshold = None  # psycopg would prepare a statement from its 6th run
-        if durability == "off":
-            raise BackendError(
-                f"lock server {self._server} (PostgreSQL): behind a connection pooler this "
-                "session cannot pin synchronous_commit, and the role or database has it off "
-                "(commits could be lost in a crash): ALTER ROLE ... SET synchronous_commit = on"
-            )
+            # Every transaction begins READ COMMITTED (``_pinned``): a pooled server
+            # connection may carry another client's default_transaction_isolation.
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         if in_recovery:
             raise BackendError(
                 f"lock server {self._server} (PostgreSQL): it is a standby (in recovery), which "
@@ -629,6 +700,21 @@ class PostgresBackend(LockBackend):
                 "(default_transaction_read_only is on for this server, database or role), "
                 "which cannot keep locks: point the lock URL at the primary, or turn it off"
             )
+        if old_layout:
+            self._bring_up_to_date(conn)
+
+    def _bring_up_to_date(self, conn: _Connection) -> None:
+        """The tables are of an older schema version: add what it lacks now, before any
+        statement needs it (a worker whose ``fail`` met no ``failures`` column died holding its
+        feature), or refuse naming ``lock init`` when this role may not."""
+        try:
+            self._create_schema_on(conn)
+        except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as error:
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): its lock tables in schema "
+                f"{self.schema} are of an older mahabharatha and this role may not bring them up "
+                f"to date ({first_line(error)}): run 'mahabharatha lock init' as the tables' owner"
+            ) from None
 
     def crowded(self, within: float) -> bool:
         """Are the server's connection slots nearly all taken (:func:`_few_slots`)? Asked on
@@ -685,7 +771,8 @@ class PostgresBackend(LockBackend):
         elif isinstance(error, pg_errors.InsufficientPrivilege):
             reason = (
                 f"permission denied ({first_line(error)}); run 'mahabharatha lock init' as the "
-                "tables' owner and grant this role SELECT, INSERT, UPDATE, DELETE"
+                f"tables' owner and grant this role USAGE on schema {self.schema} and SELECT, "
+                "INSERT, UPDATE, DELETE on its tables"
             )
         else:
             reason = first_line(error)
@@ -706,17 +793,32 @@ class PostgresBackend(LockBackend):
         :class:`BackendError`."""
         lost = 0
         created = False
+        rolled_back: _Pauses | None = None  # made at the first rollback: none on the hot path
         while True:
             try:
                 conn = self._connection()
             except psycopg.Error as error:  # nothing was sent: no answer to look for
                 raise self._error(error) from None
             try:
+                if conn.pooled:
+                    return self._pinned(conn, operation)
                 return operation(conn)
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
+                # Race: a concurrent transaction (or a session default of serializable that
+                # pinning missed) made the server roll the statement back: nothing was done
+                # and the connection is sound. Run it again on it, after a pause.
+                rolled_back = rolled_back or _Pauses(self.connect_timeout)
+                if not rolled_back.pause():
+                    raise self._error(error) from None
             except pg_errors.UndefinedTable as error:
                 if created:
                     raise self._error(error) from None
                 created = True
+                if conn.pooled:
+                    # Race: a pooler may keep the failed transaction's server connection
+                    # assigned to this client a while (seen: a pool of one never freed for the
+                    # schema's own connection): let go of it first.
+                    self._drop_connection()
                 try:
                     self._create_schema()
                 except psycopg.Error as cause:
@@ -734,9 +836,20 @@ class PostgresBackend(LockBackend):
             except psycopg.Error as error:
                 raise self._error(error) from None
 
+    @staticmethod
+    def _pinned(conn: _Connection, operation: Callable[[_Connection], _T]) -> _T:
+        """``operation`` in a transaction of its own that first pins what it relies on
+        (``_PIN_SETTINGS``; begun READ COMMITTED), sent in one pipeline: behind a
+        transaction-mode pooler another client's ``SET`` may be on the server connection."""
+        with conn.pipeline(), conn.transaction():
+            conn.execute(_PIN_SETTINGS, prepare=False)
+            return operation(conn)
+
     def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        statement = self._sql(query)
+
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(query, params).fetchall()
+            return conn.execute(statement, params, binary=True).fetchall()
 
         return self._run(run)
 
@@ -749,10 +862,12 @@ class PostgresBackend(LockBackend):
         (psycopg would send it unprepared five times first), answered in binary (no float or
         integer text to print on the server and parse here). Same retries as :meth:`_run`."""
 
+        text = self._sql(statement)
+
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
             if sent is not None:
                 sent.append(time.monotonic())  # connected: a lease it sets runs from no earlier
-            return self._on_kept_cursor(conn, statement, values, binary=True)
+            return self._on_kept_cursor(conn, text, values, binary=True)
 
         return self._run(run)
 
@@ -778,6 +893,20 @@ class PostgresBackend(LockBackend):
 
     def _params(self, **values: Any) -> dict[str, Any]:
         return {"ns": self.namespace, **values}
+
+    def _schema_named(self, found: re.Match[str]) -> str:
+        before, after = found[1] or found[3] or "", found[2] or found[4] or ""
+        return f"{before}{self.schema}{after}"
+
+    def _sql(self, statement: str) -> str:
+        """``statement`` naming this backend's schema (the statements name ``mahabharatha``)."""
+        if self.schema == DEFAULT_SCHEMA:
+            return statement
+        found = self._in_schema.get(statement)
+        if found is None:
+            found = _NAMED_SCHEMA.sub(self._schema_named, statement)
+            self._in_schema[statement] = found
+        return found
 
     # ------------------------------------------------------------------ schema
 
@@ -814,9 +943,12 @@ class PostgresBackend(LockBackend):
         """First use (or ``lock init``: ``repair``) makes what is missing. A token sequence
         missing next to rows is never made again silently at 1 (a reset sequence handed a new
         holder an old holder's token): only ``lock init`` does, above the rows' tokens."""
-        advisory, *statements = _SCHEMA_DDL
+        advisory, *statements = (self._sql(statement) for statement in _SCHEMA_DDL)
         with conn.transaction():
+            if conn.pooled:
+                conn.execute(_PIN_SETTINGS, prepare=False)
             conn.execute(advisory)  # Race: two first uses creating the tables at once
+            self._refuse_old_tables_elsewhere(conn)
             if not repair and self._sequence_lost(conn):
                 raise BackendError(
                     f"lock server {self._server} (PostgreSQL): the token sequence "
@@ -824,19 +956,37 @@ class PostgresBackend(LockBackend):
                     "table restored without it): run 'mahabharatha lock init' to make it again "
                     "above every token given out"
                 )
+            if conn.execute(_SCHEMA_MISSING, {"schema": self.schema}).fetchone() == (True,):
+                conn.execute(self._sql(_CREATE_SCHEMA))
             for statement in statements:
                 conn.execute(statement)
             if repair:
-                conn.execute(_SEQUENCE_ABOVE_ROWS)
-            found = conn.execute(_SCHEMA_VERSION_QUERY).fetchone()
+                conn.execute(self._sql(_SEQUENCE_ABOVE_ROWS))
+            found = conn.execute(self._sql(_SCHEMA_VERSION_QUERY)).fetchone()
         version = found[0] if found else None
         if version is not None and version > SCHEMA_VERSION:
             raise self._newer_schema(int(version))
 
-    @staticmethod
-    def _sequence_lost(conn: _Connection) -> bool:
+    def _refuse_old_tables_elsewhere(self, conn: _Connection) -> None:
+        """Before the tables are made in our schema: none of this role's own made by an older
+        mahabharatha elsewhere (in its ``search_path``'s first schema), or holders on the old
+        tables and on the new would hold one feature at once."""
+        if conn.execute(self._sql(_TABLE_EXISTS)).fetchone() == (True,):
+            return
+        marked = {"schema": self.schema, "mark": NAMED_BY_SCHEMA}
+        found = conn.execute(_OLD_TABLES, marked).fetchall()
+        if found:
+            old = found[0][0]
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): this role's lock tables of an older "
+                f"mahabharatha are in schema {old}: set {SCHEMA_ENV}={old} to keep them there, "
+                f"or move them (ALTER TABLE/SEQUENCE ... SET SCHEMA {self.schema}) and run "
+                "'mahabharatha lock init'"
+            )
+
+    def _sequence_lost(self, conn: _Connection) -> bool:
         for query in (_SEQUENCE_MISSING, _TABLE_EXISTS, _ROWS_EXIST):
-            found = conn.execute(query).fetchone()
+            found = conn.execute(self._sql(query)).fetchone()
             if not (found and found[0]):
                 return False
         return True
@@ -997,9 +1147,10 @@ class PostgresBackend(LockBackend):
             if registered and not retry and not conn.pooled:  # a registered claim is prepared
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
                 values = [params[name] for name in _REGISTERED_PARAMS]
-                found = self._on_kept_cursor(conn, statement, values, binary=False)
+                found = self._on_kept_cursor(conn, statement, values, binary=True)
                 return 0, (found[0] if found else None)
-            row = conn.execute(first if not retry else _CLAIM_CHECKED, params, prepare=False)
+            chosen = self._sql(first if not retry else _CLAIM_CHECKED)
+            row = conn.execute(chosen, params, prepare=False, binary=True)
             missing, *taken = row.fetchall()[0]
             return missing, (taken if taken[0] is not None else None)
 
@@ -1013,7 +1164,7 @@ class PostgresBackend(LockBackend):
         if statement is None:
             if len(self._registered) >= MAX_REGISTERED_LISTS:
                 del self._registered[next(iter(self._registered))]  # the oldest list
-            text = _CLAIM_REGISTERED.format(
+            text = self._sql(_CLAIM_REGISTERED).format(
                 ns=sql.Literal(self.namespace).as_string(conn),
                 names=sql.Literal(names.split("\n")).as_string(conn),
                 not_done="" if include_done else " AND p.done_at IS NULL",
@@ -1022,8 +1173,10 @@ class PostgresBackend(LockBackend):
         return statement
 
     def _rows_ensured(self, params: dict[str, Any]) -> None:
+        statement = self._sql(_ENSURE_ROWS)
+
         def run(conn: _Connection) -> None:
-            conn.execute(_ENSURE_ROWS, params)
+            conn.execute(statement, params)
 
         self._run(run)
 
@@ -1302,8 +1455,10 @@ class PostgresBackend(LockBackend):
             **_owner_keys(pid),
         )
 
+        statement = self._sql(_FAIL)
+
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(_FAIL, params).fetchall()
+            return conn.execute(statement, params, binary=True).fetchall()
 
         found = self._run(run, retry=False)  # repeated after a lost answer: "not held"
         if not found:
@@ -1450,6 +1605,23 @@ class PostgresBackend(LockBackend):
         self._listener = None
 
 
+class _Pauses:
+    """Jittered, doubling pauses between runs of a statement the server rolled back, for
+    ``seconds`` at most: :meth:`pause` answers False once they are spent."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.next = SERIALIZATION_FIRST_PAUSE_SECONDS
+
+    def pause(self) -> bool:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, random.uniform(self.next / 2, self.next)))
+        self.next = min(self.next * 2, SERIALIZATION_MAX_PAUSE_SECONDS)
+        return True
+
+
 def _few_slots(usable: int) -> int:
     """How few free connection slots make a server crowded: a tenth of them, at least one
     (a worker that cannot connect finds none free)."""
@@ -1533,6 +1705,7 @@ class _Listening:
         self.backend.stop_listening()
 
     def wait(self, seconds: float) -> bool:
+        seconds = max(0.0, min(seconds, RECHECK_SECONDS))  # the protocol's bound: look again
         conn = self.conn
         if conn is not None and conn is self.backend._conn and not conn.closed:
             deadline = time.monotonic() + max(0.0, seconds)
@@ -1541,7 +1714,9 @@ class _Listening:
         # thread, a server restart): its LISTEN went with it. The backend's listener takes over
         # (its first call only starts listening and says "look again").
         self.conn = None
-        return self.backend.wait_for_any_release(self.features, seconds)
+        heard = self.backend.wait_for_any_release(self.features, seconds)
+        # Behind a pooler (or on a crowded server) nothing is heard: that wait was a poll.
+        return heard or self.backend._behind_pooler or self.backend._slots_scarce
 
 
 def _notified(conn: _Connection, deadline: float, not_before: float) -> bool:

@@ -23,7 +23,7 @@ from mahabharatha.backends.base import Requester
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
 from tests.support.postgres import PgServer, admin_execute
 
-_ACQUIRE_LIKE = "%INSERT INTO mahabharatha_locks AS l%ON CONFLICT%"
+_ACQUIRE_LIKE = "%INSERT INTO mahabharatha.mahabharatha_locks AS l%ON CONFLICT%"
 _RELEASE_LIKE = "%token = $3 AND pid IS NOT NULL%RETURNING 1%"
 
 

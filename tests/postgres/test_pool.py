@@ -21,7 +21,7 @@ from tests.cli import test_work_jobs as jobs_test
 from tests.cli import test_work_pool as pool_test
 from tests.cli._support import SYNC_TIMEOUT
 from tests.support.marks import needs_fifo, posix_signals
-from tests.support.postgres import PgServer
+from tests.support.postgres import HostileServer, PgServer
 
 CLI = (sys.executable, "-m", "mahabharatha")
 
@@ -166,3 +166,38 @@ def test_the_workers_import_no_driver_after_the_fork(on_server: str, tmp_path: P
     """On PostgreSQL the team imports the driver (psycopg, about 90 ms) before it forks its
     workers, not once in each of them."""
     assert jobs_test.modules_imported_after_the_fork(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- the hostile server
+# A focused subset (the whole file twice would cost CI about a minute): the pool of separate
+# workers, the forked team and the exit codes, on the hostile server through its pooler.
+
+
+@pytest.fixture
+def on_hostile_server(
+    hostile_pg: HostileServer, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """This test's lock space on the hostile server, through PgBouncer (issue 27)."""
+    monkeypatch.setenv("MAHABHARATHA_LOCK_URL", hostile_pg.url())
+    monkeypatch.setenv("MAHABHARATHA_LOCK_NAMESPACE", namespace)
+    return namespace
+
+
+def test_four_workers_finish_thirty_features_on_the_hostile_server(
+    on_hostile_server: str, tmp_path: Path
+) -> None:
+    test_four_workers_finish_thirty_features_on_postgresql(on_hostile_server, tmp_path)
+
+
+def test_one_command_of_four_jobs_finishes_on_the_hostile_server(
+    on_hostile_server: str, tmp_path: Path
+) -> None:
+    test_one_command_of_four_jobs_finishes_thirty_features_on_postgresql(
+        on_hostile_server, tmp_path
+    )
+
+
+def test_claim_exit_codes_fail_and_reopen_on_the_hostile_server(
+    on_hostile_server: str, tmp_path: Path
+) -> None:
+    test_claim_exit_codes_fail_and_reopen_on_postgresql(on_hostile_server, tmp_path)

@@ -14,7 +14,7 @@ import pytest
 from mahabharatha.backends.base import BackendError, Requester
 from mahabharatha.backends.postgres import PostgresBackend
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team
-from tests.support.postgres import APP_USER, PgServer, admin_execute, pgbouncer
+from tests.support.postgres import APP_USER, HostileServer, PgServer, admin_execute, pgbouncer
 
 WORKERS = 4
 FEATURES = 60
@@ -54,6 +54,19 @@ def test_a_claim_storm_behind_a_transaction_pooler_gives_each_feature_once(
     barrier). Failed before: psycopg's ``_pg3_N`` statements (and the registered claim) ran on
     server connections another client had prepared them on: errors, or a worker told it held a
     feature of another namespace."""
+    _storm(pooler, pg_server, namespace)
+
+
+def test_a_claim_storm_on_the_hostile_server_gives_each_feature_once(
+    hostile_pg: HostileServer, namespace: str
+) -> None:
+    """The storm on the hostile server (every setting flipped by database and role defaults,
+    a neighbour running ``SET`` through the same pool). Failed before (211f242): its
+    ``search_path`` led first use to another role's look-alike tables (refused as newer)."""
+    _storm(hostile_pg.url(), hostile_pg.server, namespace)
+
+
+def _storm(pooler: str, pg_server: PgServer, namespace: str) -> None:
     start = CTX.Barrier(WORKERS)
     spaces = [f"{namespace}-{number}" for number in range(WORKERS)]
 

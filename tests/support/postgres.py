@@ -42,6 +42,8 @@ APP_USER: Final = "mh_app"
 APP_PASSWORD: Final = "app-Pa55-'quoted\"-secret"
 """With quotes in it: the URL must carry it percent-encoded, and it must never be shown."""
 DATABASE: Final = "mh"
+LOCK_SCHEMA: Final = "mahabharatha"
+"""Where the backend keeps its tables (its default schema)."""
 START_TIMEOUT_SECONDS: Final = 60
 """pg_ctl -w waits this long for the server to accept connections (a busy 2-core machine)."""
 
@@ -218,6 +220,9 @@ class PgServer:
         with psycopg.connect(maintenance, autocommit=True) as admin:
             admin.execute(f"CREATE ROLE {APP_USER} LOGIN PASSWORD {_literal(APP_PASSWORD)}")
             admin.execute(f"CREATE DATABASE {DATABASE} OWNER {APP_USER}")
+            # The tests' own SQL names the lock tables bare; the backend names their schema.
+            admin.execute(f"ALTER ROLE {ADMIN_USER} SET search_path = {LOCK_SCHEMA}, public")
+            admin.execute(f"ALTER DATABASE {DATABASE} SET search_path = {LOCK_SCHEMA}, public")
 
     def cleanup(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)
@@ -492,3 +497,125 @@ def standby_of(primary: PgServer) -> Iterator[PgServer]:
     finally:
         standby.stop("immediate")
         standby.cleanup()
+
+
+# --------------------------------------------------------------------------- the hostile server
+
+HOSTILE_SCHEMA: Final = "hostile"
+"""First in the hostile ``search_path``, with tables named like the lock tables (another role's)."""
+HOSTILE_SETTINGS: Final = {
+    "synchronous_commit": "off",
+    "default_transaction_isolation": "serializable",
+    "extra_float_digits": "-9",
+    "standard_conforming_strings": "off",
+    "TimeZone": "Pacific/Chatham",
+    "DateStyle": "SQL, DMY",
+    "IntervalStyle": "sql_standard",
+    "bytea_output": "escape",
+    "search_path": f"{HOSTILE_SCHEMA}, public",
+    "statement_timeout": "60s",
+    "lock_timeout": "60s",
+    "idle_in_transaction_session_timeout": "60s",
+}
+"""Every setting a statement could rely on, flipped as the database's and the app role's
+defaults (the timeouts long enough to be harmless)."""
+NEIGHBOUR_SETS: Final = (
+    "SET synchronous_commit = off",
+    "SET default_transaction_isolation = 'repeatable read'",
+    "SET extra_float_digits = -15",
+    f"SET search_path = {HOSTILE_SCHEMA}, pg_catalog",
+    "SET bytea_output = 'escape'",
+    "SET IntervalStyle = 'postgres_verbose'",
+    "SET standard_conforming_strings = off",
+    "SET TimeZone = 'America/St_Johns'",
+    "SET default_transaction_isolation = 'serializable'",
+)
+"""What the neighbour behind the same pooler sets, one statement at a time: each stays on the
+server connection it ran on, which the pooler then hands to the next client."""
+NEIGHBOUR_PAUSE_SECONDS: Final = 0.02
+"""A `SET` stays on its server connection until the next: a few a second keep both changing
+(and the fixture costs the session next to nothing)."""
+
+
+@dataclass
+class HostileServer:
+    """A server whose database and role defaults flip every setting, PgBouncer in transaction
+    mode in front, and a neighbour client of the same pool that keeps running ``SET``."""
+
+    server: PgServer
+    pooler_port: int
+    stop_neighbour: Any
+    neighbour_sets: list[int] = field(default_factory=lambda: [0])
+
+    def url(self) -> str:
+        """The app role's URL through the pooler (what the tests use)."""
+        return f"postgresql://{APP_USER}@127.0.0.1:{self.pooler_port}/{DATABASE}"
+
+
+def make_hostile(server: PgServer) -> None:
+    """Flip ``HOSTILE_SETTINGS`` on ``server``'s database and app role, and put another role's
+    look-alike lock tables first in the ``search_path`` (readable and writable by the app)."""
+    statements = [
+        f"CREATE SCHEMA {HOSTILE_SCHEMA}",
+        f"CREATE TABLE {HOSTILE_SCHEMA}.mahabharatha_locks (namespace text, feature text)",
+        f"CREATE TABLE {HOSTILE_SCHEMA}.mahabharatha_schema (version integer)",
+        f"INSERT INTO {HOSTILE_SCHEMA}.mahabharatha_schema VALUES (99)",
+        f"GRANT USAGE ON SCHEMA {HOSTILE_SCHEMA} TO {APP_USER}",
+        f"GRANT ALL ON ALL TABLES IN SCHEMA {HOSTILE_SCHEMA} TO {APP_USER}",
+    ]
+    for name, value in HOSTILE_SETTINGS.items():
+        written = value if name == "search_path" else _literal(value)  # a list, not one name
+        statements.append(f"ALTER DATABASE {DATABASE} SET {name} = {written}")
+        statements.append(f"ALTER ROLE {APP_USER} SET {name} = {written}")
+    for statement in statements:
+        admin_execute(server, statement)
+
+
+def _neighbour(url: str, stop: Any, count: list[int]) -> None:
+    """Run ``NEIGHBOUR_SETS`` round and round through the pooler until ``stop`` is set."""
+    import psycopg
+
+    while not stop.is_set():
+        try:
+            with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+                while not stop.wait(NEIGHBOUR_PAUSE_SECONDS):
+                    conn.execute(NEIGHBOUR_SETS[count[0] % len(NEIGHBOUR_SETS)])
+                    count[0] += 1
+        except psycopg.Error:
+            stop.wait(0.1)  # the pooler restarting between tests of a module: connect again
+
+
+def hostile_server() -> HostileServer:
+    """The session's hostile server (started on first call, stopped when the session's
+    process exits; never by a forked child)."""
+    if "hostile" not in _SHARED_HOSTILE:
+        import threading
+
+        missing = client_missing() or (None if pgbouncer_binary() else PGBOUNCER_HINT)
+        if missing is not None:
+            raise RuntimeError(missing)
+        stack = contextlib.ExitStack()
+        started = start_server()
+        stack.callback(started.cleanup)
+        stack.callback(started.stop, "immediate")
+        make_hostile(started)
+        port = stack.enter_context(pgbouncer(started, "transaction", 2))
+        stop = threading.Event()
+        hostile = HostileServer(started, port, stop)
+        url = hostile.url()
+        threading.Thread(
+            target=_neighbour, args=(url, stop, hostile.neighbour_sets), daemon=True
+        ).start()
+        stack.callback(stop.set)
+        owner = os.getpid()
+
+        def close() -> None:
+            if os.getpid() == owner:
+                stack.close()
+
+        atexit.register(close)
+        _SHARED_HOSTILE["hostile"] = hostile
+    return _SHARED_HOSTILE["hostile"]
+
+
+_SHARED_HOSTILE: dict[str, HostileServer] = {}
