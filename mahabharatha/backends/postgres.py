@@ -111,7 +111,15 @@ SERIALIZATION_MAX_PAUSE_SECONDS: Final = 0.2
 """Between two runs of a statement the server rolled back as a serialization failure or a
 deadlock (SQLSTATE 40001, 40P01): from 10 ms, doubling, jittered, until ``--connect-timeout``."""
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
-"""The channel of this schema's wake-ups (one for every release; no payload)."""
+"""The channel of the default schema's wake-ups (one for every release; no payload)."""
+
+
+def channel_of(schema: str) -> str:
+    """The wake-up channel of ``schema``: a channel per schema, so one team's releases never
+    wake another's waiters (cut to PostgreSQL's 63-byte names; a shared prefix costs hints)."""
+    return f"{schema[:55]}_release"
+
+
 WAKE_UP_INTERVAL_SECONDS: Final = 0.25
 """A waiter looks at most once per this long however many wake-ups come (anyone who may connect
 may NOTIFY the channel: a flood of forged ones drove one waiter to 1,271 statements in 3 s); the
@@ -314,12 +322,18 @@ ON CONFLICT DO NOTHING"""
 """Rows with no holder for features never locked before (sorted: concurrent claimers insert in
 one order and cannot deadlock)."""
 
-_WAKE: Final = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
+_WAKE: Final = "SELECT pg_notify(%(channel)s, '')"
 """The wake-up sent after a release, a done, a failed attempt or a clean has committed, in a
 transaction of its own (:meth:`PostgresBackend._wake_waiters`): a notification that cannot be
 queued (the cluster's queue full: one listener in an open transaction anywhere holds its tail)
 never undoes or stops the release. No payload: any role that may connect to any database may
 LISTEN, and a name in it would tell every team's feature names."""
+
+
+def _listen(verb: str, channel: str) -> sql.Composed:
+    """``LISTEN``/``UNLISTEN`` of ``channel``, quoted as an identifier (it takes no parameter)."""
+    return sql.SQL("{} {}").format(sql.SQL(verb), sql.Identifier(channel))
+
 
 _LET_GO: Final = "pid = NULL, details = NULL, host = NULL, attempt = NULL"
 
@@ -569,6 +583,8 @@ class PostgresBackend(LockBackend):
         self.schema: str = chosen_schema
         """The schema of the lock tables, named in every statement (never ``search_path``)."""
         self._in_schema: dict[str, str] = {}  # statement -> its text in another schema
+        self.channel: str = channel_of(chosen_schema)
+        """The schema's wake-up channel (:func:`channel_of`)."""
         self.gsd_dir = gsd_dir
         self.connect_timeout = connect_timeout
         self._conn: _Connection | None = None
@@ -1412,7 +1428,7 @@ class PostgresBackend(LockBackend):
         if conn is None or conn.closed:
             return
         try:
-            conn.execute(_WAKE, prepare=False)
+            conn.execute(_WAKE, {"channel": self.channel}, prepare=False)
         except psycopg.Error as error:
             if error.sqlstate is None:
                 # The link was lost or froze after the release's answer: its state is unknown;
@@ -1538,7 +1554,7 @@ class PostgresBackend(LockBackend):
                     listener.close()
                     return True
                 self._listener = listener
-                self._listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                self._listener.execute(_listen(verb="LISTEN", channel=self.channel))
                 return True
             return self._heard(self._listener, deadline)
         except psycopg.Error:
@@ -1560,7 +1576,7 @@ class PostgresBackend(LockBackend):
         if conn.pooled:
             return None
         try:
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            conn.execute(_listen(verb="LISTEN", channel=self.channel))
         except psycopg.Error:
             self._drop_connection()  # its state is unknown; the next claim connects again
             return None
@@ -1592,7 +1608,7 @@ class PostgresBackend(LockBackend):
         if conn is not self._conn or conn.closed:
             return
         try:
-            conn.execute(f"UNLISTEN {NOTIFY_CHANNEL}")
+            conn.execute(_listen(verb="UNLISTEN", channel=self.channel))
             for _ in conn.notifies(timeout=0):
                 pass
         except psycopg.Error:

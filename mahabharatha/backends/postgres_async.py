@@ -22,10 +22,10 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
+from psycopg import sql
 
 from mahabharatha.backends.postgres import (
     CLIENT_ENCODING,
-    NOTIFY_CHANNEL,
     WAKE_UP_INTERVAL_SECONDS,
 )
 
@@ -144,7 +144,7 @@ class AsyncReleaseListener:
                     self._behind_pooler = True
                     await conn.close()
                     return None
-                await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(backend.channel)))
             except BaseException:
                 await conn.close()
                 raise

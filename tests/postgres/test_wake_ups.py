@@ -94,9 +94,7 @@ def test_a_release_whose_wake_up_the_server_refuses_is_committed(
 ) -> None:
     """The server refuses the notification (as it refuses one when its queue is full): the
     release stands, and the connection, which answered, is kept."""
-    monkeypatch.setattr(
-        postgres, "_WAKE", f"SELECT pg_notify('{NOTIFY_CHANNEL}', repeat('x', 9000))"
-    )
+    monkeypatch.setattr(postgres, "_WAKE", "SELECT pg_notify(%(channel)s, repeat('x', 9000))")
     backend = make_backend()
     held = backend.try_acquire("f", Requester(1)).held
     kept = backend._conn
@@ -118,6 +116,22 @@ def test_a_wake_up_names_no_feature_and_no_namespace(
         heard = [note.payload for note in listener.notifies(timeout=10.0, stop_after=1)]
     assert heard  # the release woke the channel
     assert all("secret" not in payload for payload in heard), heard
+
+
+def test_a_wake_up_is_sent_on_its_schemas_own_channel(
+    make_backend: Callable[..., Any], pg_server: PgServer
+) -> None:
+    """Each schema wakes its own waiters only (the contract: a channel of the schema). Failed
+    before: every schema's releases were sent on the one ``mahabharatha_release``."""
+    other = make_backend(schema="other_team")
+    assert other.channel == "other_team_release"  # not NOTIFY_CHANNEL, the default's
+    with psycopg.connect(pg_server.admin_url(), autocommit=True) as listener:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        listener.execute(f"LISTEN {other.channel}")
+        held = other.try_acquire("f", Requester(1)).held
+        assert other.release_held(held)
+        heard = [note.channel for note in listener.notifies(timeout=10.0, stop_after=1)]
+    assert heard == [other.channel]
 
 
 def _flood(url: str, started: threading.Event, stop: threading.Event, payload: str) -> None:
