@@ -1240,11 +1240,12 @@ class PostgresBackend(LockBackend):
 
     def refresh(self, held: Held) -> Held:
         params = self._params(feature=held.feature, token=held.token)
+        statement = self._sql(_REFRESH)
         sent: list[float] = []
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
             sent.append(time.monotonic())  # connected: the new lease runs from no earlier
-            return conn.execute(_REFRESH, params).fetchall()
+            return conn.execute(statement, params, binary=True).fetchall()
 
         found = self._run(run)
         if not found:

@@ -414,9 +414,13 @@ def test_a_schema_named_by_the_environment_keeps_its_own_tables(
     default = _backend(url, tmp_path, namespace="shared")
     try:
         assert team.init() == 2
+        claimed = []
         for _ in range(2):  # the second claim of a list is the registered one
             won = team.try_claim(["a", "b"], me())
             assert won is not None and won.held is not None
+            claimed.append(won.held)
+        # A holder's refresh names the team's schema too (it once named the default's).
+        assert team.refresh(claimed[0]).expires_at >= claimed[0].expires_at
         assert default.try_acquire("a", me()).held is not None  # not the team's lock space
         rows = _in_rows(pg_server, name, "SELECT feature FROM team_x.mahabharatha_locks")
         assert sorted(rows) == [("a",), ("b",)]
