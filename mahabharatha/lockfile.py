@@ -152,6 +152,10 @@ LOCK_MODE: Final = 0o644
 
 LOCK_FILE_NAME: Final = ".lock"
 
+AFTER_LINK: Callable[[], None] | None = None
+"""A test's seam: called by a publisher between its won ``link`` and its ``LIFE`` (only
+``PENDING`` held), so that tests can judge the lock inside that window on purpose."""
+
 _TEMP_RE: Final = re.compile(r"\.lock\.([0-9]+)\.[0-9a-f]+\.tmp", re.ASCII)
 _RECORD_RE: Final = re.compile(r"([0-9]+):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
 
@@ -1077,6 +1081,8 @@ def publish_proven(
             proof.drop_pending(fd, slot)
         return None
     pledge.proven = True
+    if AFTER_LINK is not None:  # a test's pause in the PENDING window; None in real use
+        AFTER_LINK()
     # A failure here leaves PENDING held, which judges also count as alive.
     with suppress(OSError):
         proof.hold_life(fd, slot)
