@@ -33,14 +33,16 @@ ANSWER_SECONDS: Final = 30.0
 """A hang guard only."""
 
 
-def _paused_publisher(gsd: str, linked: Any, go: int, held: Any, end: Any) -> None:
+def _paused_publisher(gsd: str, linked: Any, go: tuple[int, int], held: Any, end: Any) -> None:
     """Take ``feat`` for this process, pausing between ``link`` and ``LIFE`` until a byte
     arrives on the pipe ``go`` (a pipe, not an event: this process may be killed while it
     waits, and a killed waiter would hang the event's next ``set``)."""
+    go_read, go_write = go
+    os.close(go_write)  # only the test's end: its close (a failed test) ends the pause too
 
     def pause() -> None:
         linked.set()
-        os.read(go, 1)
+        os.read(go_read, 1)
 
     lockfile.AFTER_LINK = pause
     locks.acquire("feat", gsd)
@@ -63,7 +65,9 @@ def paused(tmp_path: Path) -> Any:
     (gsd / "specs" / "feat").mkdir(parents=True)
     linked, held, end = CTX.Event(), CTX.Event(), CTX.Event()
     go_read, go_write = os.pipe()
-    proc = CTX.Process(target=_paused_publisher, args=(str(gsd), linked, go_read, held, end))
+    proc = CTX.Process(
+        target=_paused_publisher, args=(str(gsd), linked, (go_read, go_write), held, end)
+    )
     proc.start()
     os.close(go_read)
 
