@@ -112,8 +112,8 @@ def test_a_waiter_behind_the_pooler_never_listens_and_still_acquires(pooler: str
         waiter.close()
 
 
-SHARED_WORKERS = 6
-SHARED_FEATURES = 80
+SHARED_WORKERS = 8
+SHARED_FEATURES = 160
 
 
 def _free_rows(pg_server: PgServer, namespace: str) -> int:
@@ -150,8 +150,8 @@ def _claim_all_in_one_namespace(
 def test_workers_of_one_namespace_never_claim_a_feature_twice(
     route: str, pooler: str, pg_server: PgServer, namespace: str
 ) -> None:
-    """Issue 31 items 1 and 4: six workers of ONE namespace race through PgBouncer (a
-    barrier) over eighty features, on the sorted claim statement a pooled connection uses.
+    """Issue 31 items 1 and 4: eight workers of ONE namespace race through PgBouncer (a
+    barrier) over 160 features, on the sorted claim statement a pooled connection uses.
     Every feature is claimed exactly once (fails without the row lock of the claim, ``FOR
     UPDATE``: two workers take one feature), and no worker is told "nothing left" while a
     free row remains (fails without ``SKIP LOCKED``: a claimer that waited for a row another
