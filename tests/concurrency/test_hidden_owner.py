@@ -41,6 +41,12 @@ import os, sys
 from mahabharatha import locks, proof
 if sys.argv[3] == "no-proof":  # a lock without a proof of life: the pid rules judge it
     proof.supported = lambda: False
+if sys.argv[2] == "no-group":  # details naming no group or session: the pid alone speaks
+    from mahabharatha import ownership
+    collect = ownership._collect
+    bare = dict(gstart=None, pgid=None, sid=None)
+    ownership._collect = lambda pid, cmd: collect(pid, cmd)._replace(**bare)
+    ownership._own_details = lambda pid, pgrp: ownership._encode(ownership._collect(pid, None))
 locks.acquire("feat", sys.argv[1])
 if sys.argv[2] == "orphan":  # the owner ends, its group's other member (the child) works on
     if os.fork() == 0:
@@ -99,6 +105,14 @@ def _judged_in(gsd: Path, mode: str, proof: str) -> str:
 def test_a_live_owner_hidden_by_hidepid_keeps_its_lock(proof: str) -> None:
     """The owner runs, hidden: ``kill(pid, 0)``'s ``EPERM`` says it exists."""
     assert _judged_by_a_hidden_judge("owner", proof) == "HELD"
+
+
+def test_a_live_owner_whose_lock_names_no_group_keeps_it_when_hidden() -> None:
+    """No proof and no group or session in the details (as an older writer's): the owner's
+    own pid is all the judge has, and ``kill(pid, 0)``'s ``EPERM`` must say it exists. The
+    other tests cannot tell that rule apart: the owner leads its group, whose ``killpg``
+    ``EPERM`` keeps the lock alive on its own."""
+    assert _judged_by_a_hidden_judge("no-group", "no-proof") == "HELD"
 
 
 @PROOF
