@@ -20,12 +20,19 @@ from typing import Final
 LOAD_ENV: Final = "MAHABHARATHA_LOAD"
 BUSY_LOOPS: Final = 3
 
-_BUSY: Final = "while True: pass"
+# Each ends once its parent (the suite) is gone, even if the suite is killed before its
+# teardown: a load left spinning would slow every later run on the machine.
+_BUSY: Final = """
+import os, sys
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    pass
+"""
 _WRITER: Final = """
 import os, sys
-path = sys.argv[1]
+parent, path = int(sys.argv[1]), sys.argv[2]
 block = os.urandom(1 << 20)
-while True:
+while os.getppid() == parent:
     with open(path, "wb") as out:
         for _ in range(32):
             out.write(block)
@@ -40,7 +47,7 @@ def wanted() -> bool:
 
 def _start(code: str, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, "-c", code, str(os.getpid()), *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C of the suite's terminal is the suite's, not theirs
