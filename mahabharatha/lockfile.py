@@ -41,6 +41,7 @@ import math
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -150,6 +151,10 @@ LOCK_MODE: Final = 0o644
 """Locks are readable by everyone who shares the folder: an unreadable lock is reclaimable."""
 
 LOCK_FILE_NAME: Final = ".lock"
+
+AFTER_LINK: Callable[[], None] | None = None
+"""A test's seam: called by a publisher between its won ``link`` and its ``LIFE`` (only
+``PENDING`` held), so that tests can judge the lock inside that window on purpose."""
 
 _TEMP_RE: Final = re.compile(r"\.lock\.([0-9]+)\.[0-9a-f]+\.tmp", re.ASCII)
 _RECORD_RE: Final = re.compile(r"([0-9]+):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
@@ -692,31 +697,102 @@ def _try_guard(dfd: int) -> bool:
     return True
 
 
+def _let_go(fd: int) -> None:
+    """Unlock the guard held through ``fd`` (a child forked meanwhile may share it) and close."""
+    with suppress(OSError):  # closing the descriptor lets go of it anyway
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    close_quietly(fd)
+
+
+class _GuardWaiter:
+    """A blocking ``flock`` of the folder, taken by a helper thread through a descriptor (an
+    open file description) of its own, so that the caller can wait for it with a deadline:
+    the kernel's ``flock`` wait has none, and bounding it with a timer signal is not a
+    library's to do. Waiting blocks (no spinning): under load a spinning contender takes the
+    CPU from the descheduled holder it waits for."""
+
+    __slots__ = ("abandoned", "error", "fd", "finished", "mutex", "ready")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.mutex = threading.Lock()
+        self.ready = threading.Event()
+        self.finished = False
+        self.abandoned = False
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)  # blocks until the holder lets go
+        except OSError as error:
+            self.error = error
+        with self.mutex:
+            self.finished = True
+            abandoned = self.abandoned
+        if abandoned:  # Race: the caller's deadline passed just before we got it: let go
+            _let_go(self.fd)
+        self.ready.set()
+
+    def result(self, deadline: float) -> int | None:
+        """The descriptor through which the guard is now held, or None at the deadline."""
+        try:
+            self.ready.wait(max(0.0, deadline - monotonic()))
+        finally:
+            with self.mutex:
+                # Race: the helper may take the guard right after our wait ended: whoever
+                # comes second under the mutex (it or us) lets go of it.
+                if not self.finished:
+                    self.abandoned = True
+        if self.abandoned:
+            return None
+        if self.error is not None:
+            close_quietly(self.fd)
+            raise with_name(self.error, LOCK_FILE_NAME) from self.error
+        return self.fd
+
+
+def _wait_for_guard(dfd: int, deadline: float) -> int | None:
+    """Wait (blocked, not spinning) until the guard of folder ``dfd`` is ours or ``deadline``
+    (``monotonic``) passes: the descriptor that holds it, or None."""
+    try:
+        fd = os.open(".", _DIR_FLAGS, dir_fd=dfd)  # a description of its own: a lock of its own
+    except OSError as error:
+        raise with_name(error, LOCK_FILE_NAME) from error
+    waiter = _GuardWaiter(fd)
+    try:
+        threading.Thread(target=waiter.run, name="mahabharatha-guard", daemon=True).start()
+    except BaseException:
+        close_quietly(fd)
+        raise
+    return waiter.result(deadline)
+
+
 class Guard:
     """Hold the feature folder's ``flock`` (the guard) for a ``with`` block, which gets True,
     or False if it was busy. Taken on entering the block, never in the constructor.
 
-    With ``wait`` we spin (yielding the CPU, never sleeping) for at most
+    With ``wait`` we wait (blocked in the kernel, never spinning or sleeping) for at most
     ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``. With ``until`` (a ``monotonic``
-    time) we spin until then and the block learns whether we got it. With neither we try once.
+    time) we wait until then and the block learns whether we got it. With neither we try once.
     """
 
-    __slots__ = ("dfd", "taken", "until", "wait")
+    __slots__ = ("dfd", "held_by", "taken", "until", "wait")
 
     def __init__(self, dfd: int, *, wait: bool, until: float | None = None) -> None:
         self.dfd = dfd
         self.wait = wait
         self.until = until
         self.taken = False
+        self.held_by: int | None = None  # the waiter's descriptor when it took the guard
 
     def __enter__(self) -> bool:
         dfd = self.dfd
         self.taken = _try_guard(dfd)
         if not self.taken and (self.wait or self.until is not None):
             deadline = monotonic() + GUARD_WAIT_SECONDS if self.until is None else self.until
-            while not self.taken and monotonic() < deadline:
-                os.sched_yield()  # Race: its holder is mid-removal for a few system calls
-                self.taken = _try_guard(dfd)
+            # Race: its holder is mid-removal for a few system calls: wait for it to finish.
+            self.held_by = _wait_for_guard(dfd, deadline)
+            self.taken = self.held_by is not None
             if not self.taken and self.wait:
                 raise GuardBusyError(
                     errno.EWOULDBLOCK, "feature folder stayed busy; try again", LOCK_FILE_NAME
@@ -724,7 +800,10 @@ class Guard:
         return self.taken
 
     def __exit__(self, *_exc: object) -> None:
-        if self.taken:
+        if self.held_by is not None:
+            _let_go(self.held_by)
+            self.held_by = None
+        elif self.taken:
             try:  # noqa: SIM105  (suppress() costs a microsecond on every release)
                 fcntl.flock(self.dfd, fcntl.LOCK_UN)
             except OSError:  # closing the folder's descriptor lets go of it anyway
@@ -1003,6 +1082,8 @@ def publish_proven(
             proof.drop_pending(fd, slot)
         return None
     pledge.proven = True
+    if AFTER_LINK is not None:  # a test's pause in the PENDING window; None in real use
+        AFTER_LINK()
     # A failure here leaves PENDING held, which judges also count as alive.
     with suppress(OSError):
         proof.hold_life(fd, slot)

@@ -15,7 +15,7 @@ from collections.abc import Generator, Iterator
 import pytest
 
 from mahabharatha import proof
-from tests.support import postgres
+from tests.support import load, postgres
 
 pytest_plugins = (
     "tests.support.tally",  # a collected test that reports no outcome fails the run
@@ -39,6 +39,17 @@ def _no_proof_outlives_its_test() -> Iterator[None]:
     can be unmounted and the next test starts with no proof held."""
     yield
     proof.let_go_of_all()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _machine_load(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """With ``MAHABHARATHA_LOAD=1``, three busy loops and a disk writer run beside the whole
+    session (``tests/support/load.py``): a guarantee must hold on a busy machine too."""
+    if not load.wanted():
+        yield
+        return
+    with load.machine_load(tmp_path_factory.mktemp("load")):
+        yield
 
 
 def _required() -> bool:

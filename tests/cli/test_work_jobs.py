@@ -130,7 +130,11 @@ def test_one_command_of_four_jobs_finishes_thirty_features_with_failures(pool: P
 def test_a_killed_job_is_replaced_by_the_others(pool: Path) -> None:
     """One worker of the team SIGKILLed mid-build (its build runs on in a session of its own):
     nobody builds that feature while the orphan runs, the team finishes it afterwards and
-    only then ends, saying on stderr that a worker died without an answer."""
+    only then ends, saying on stderr that a worker died without an answer. The orphan is let
+    go only after the others have claimed several times since the kill (each claim tries that
+    feature first): without the orphan's held proof counted alive, one of them takes it while
+    the orphan runs (an overlap; a second start before the orphan's end). Before, the orphan
+    was let go at once and those claims came after it: the test passed without that rule."""
     a_killed_job_is_replaced(pool, files=True)
 
 
@@ -144,8 +148,21 @@ def a_killed_job_is_replaced(pool: Path, *, files: bool) -> None:
         with team(pool, ("--reclaim-dead",), {"VICTIM": victim_feature}) as command:
             worker_pid = int(read_with_deadline(exited).decode().split()[0])
             assert psutil.Process(worker_pid).ppid() == command.pid  # a worker of the team
+            started = _starts(pool)
             os.kill(worker_pid, signal.SIGKILL)
             assert command.poll() is None, "the team ended early"
+            # The others claim again while the orphan runs: each claim tries the victim first
+            # (sorted, --reclaim-dead) and must find it held by the orphan's proof. A build
+            # started after the kill may come from a claim made before it (one per worker at
+            # most): wait for twice the team's size of them, so that some claims came after.
+            # Files only: a PostgreSQL row has no proof of life, and the orphan left the
+            # worker's group and session, so there it is taken (the contract's PG rule).
+            if files:
+                wait_for(
+                    lambda: _starts(pool) >= started + 2 * JOBS,
+                    POOL_TIMEOUT,
+                    "the other workers to claim while the orphan runs",
+                )
             go = os.open(pool / "go.fifo", os.O_WRONLY)
             os.write(go, b"go\n")  # the orphaned build may end now
             os.close(go)
@@ -167,6 +184,11 @@ def a_killed_job_is_replaced(pool: Path, *, files: bool) -> None:
     assert_every_feature_finished_once(lines, pool, files=files)
     if files:
         assert leftover_locks(pool) == []
+
+
+def _starts(pool: Path) -> int:
+    """Builds started so far (each one after a claim)."""
+    return sum(line.startswith("start ") for line in log(pool))
 
 
 def _held_by(pool: Path, feature: str, pid: int) -> bool:

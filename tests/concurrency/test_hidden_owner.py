@@ -8,6 +8,12 @@ not show is asked with ``kill(pid, 0)`` (only ``ESRCH`` is "gone"), and a group 
 says has members none of which this ``/proc`` shows is alive.
 
 Fails before the fix: the judge (``nobody`` under ``hidepid=2``) prints ``WON`` in both tests.
+
+Each runs twice: with the holder's proof of life, and with it switched off (the holder's
+``proof.supported`` says no, as on a file system without open-file-description locks, or for an
+older writer). With the proof the kernel answers alive before the pid rules are asked; only
+the ``no-proof`` runs hold the pid rules themselves: they fail when ``kill``'s or ``killpg``'s
+``EPERM`` is read as "gone", or when a group ``/proc`` hides is called empty.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Final
+
+import pytest
 
 from tests.concurrency._harness import RECLAIM_DEAD_JUDGE
 from tests.support.marks import needs_hidepid, needs_proc
@@ -30,7 +38,15 @@ NOBODY: Final = "65534"
 
 HOLDER: Final = """
 import os, sys
-from mahabharatha import locks
+from mahabharatha import locks, proof
+if sys.argv[3] == "no-proof":  # a lock without a proof of life: the pid rules judge it
+    proof.supported = lambda: False
+if sys.argv[2] == "no-group":  # details naming no group or session: the pid alone speaks
+    from mahabharatha import ownership
+    collect = ownership._collect
+    bare = dict(gstart=None, pgid=None, sid=None)
+    ownership._collect = lambda pid, cmd: collect(pid, cmd)._replace(**bare)
+    ownership._own_details = lambda pid, pgrp: ownership._encode(ownership._collect(pid, None))
 locks.acquire("feat", sys.argv[1])
 if sys.argv[2] == "orphan":  # the owner ends, its group's other member (the child) works on
     if os.fork() == 0:
@@ -51,17 +67,20 @@ def _hidden_judge(gsd: Path) -> list[str]:
     return [unshare, "--mount", "sh", "-c", script, sys.executable, RECLAIM_DEAD_JUDGE, str(gsd)]
 
 
-def _judged_by_a_hidden_judge(mode: str) -> str:
+PROOF = pytest.mark.parametrize("proof", ["proof", "no-proof"])
+
+
+def _judged_by_a_hidden_judge(mode: str, proof: str = "proof") -> str:
     gsd = Path(tempfile.mkdtemp(prefix="mahabharatha-hidden-"))  # pytest's tmp_path is 0700
     try:
-        return _judged_in(gsd, mode)
+        return _judged_in(gsd, mode, proof)
     finally:
         shutil.rmtree(gsd)
 
 
-def _judged_in(gsd: Path, mode: str) -> str:
+def _judged_in(gsd: Path, mode: str, proof: str) -> str:
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(gsd), mode],
+        [sys.executable, "-c", HOLDER, str(gsd), mode, proof],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -82,12 +101,25 @@ def _judged_in(gsd: Path, mode: str) -> str:
         holder.communicate("\n", timeout=ANSWER_SECONDS)  # the child reads it and exits
 
 
-def test_a_live_owner_hidden_by_hidepid_keeps_its_lock() -> None:
-    assert _judged_by_a_hidden_judge("owner") == "HELD"
+@PROOF
+def test_a_live_owner_hidden_by_hidepid_keeps_its_lock(proof: str) -> None:
+    """The owner runs, hidden: ``kill(pid, 0)``'s ``EPERM`` says it exists."""
+    assert _judged_by_a_hidden_judge("owner", proof) == "HELD"
 
 
-def test_a_group_member_hidden_by_hidepid_keeps_the_lock() -> None:
-    assert _judged_by_a_hidden_judge("orphan") == "HELD"
+def test_a_live_owner_whose_lock_names_no_group_keeps_it_when_hidden() -> None:
+    """No proof and no group or session in the details (as an older writer's): the owner's
+    own pid is all the judge has, and ``kill(pid, 0)``'s ``EPERM`` must say it exists. The
+    other tests cannot tell that rule apart: the owner leads its group, whose ``killpg``
+    ``EPERM`` keeps the lock alive on its own."""
+    assert _judged_by_a_hidden_judge("no-group", "no-proof") == "HELD"
+
+
+@PROOF
+def test_a_group_member_hidden_by_hidepid_keeps_the_lock(proof: str) -> None:
+    """The owner is gone, a hidden member of its group works on: ``killpg``'s ``EPERM`` with
+    no member in view is a live group."""
+    assert _judged_by_a_hidden_judge("orphan", proof) == "HELD"
 
 
 def test_a_writer_that_cannot_see_its_short_lived_parent_records_the_workers_group() -> None:

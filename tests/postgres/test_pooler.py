@@ -123,3 +123,62 @@ def test_a_waiter_behind_the_pooler_never_listens_and_still_acquires(pooler: str
     finally:
         holder.close()
         waiter.close()
+
+
+SHARED_WORKERS = 8
+SHARED_FEATURES = 160
+
+
+def _free_rows(pg_server: PgServer, namespace: str) -> int:
+    """Rows of ``namespace`` neither held nor done, now (free: a claim should take them)."""
+    rows = admin_execute(
+        pg_server,
+        "SELECT count(*) FROM mahabharatha_locks"
+        " WHERE namespace = %s AND done_at IS NULL AND pid IS NULL",
+        namespace,
+    )
+    return int(str(rows[0][0]))
+
+
+def _claim_all_in_one_namespace(
+    url: str, pg_server: PgServer, namespace: str, reclaim_dead: bool
+) -> tuple[list[str], int]:
+    """Claim and mark done until the claim answers nothing; report the features won and how
+    many rows were still free at the moment the claim said nothing was left."""
+    names = [f"g{number:03d}" for number in range(SHARED_FEATURES)]
+    backend: Any = PostgresBackend(url, namespace=namespace, gsd_dir="/nonexistent")
+    got: list[str] = []
+    try:
+        while (
+            won := backend.try_claim(names, Requester(os.getpid()), reclaim_dead=reclaim_dead)
+        ) is not None:
+            got.append(won.held.feature)
+            backend.done(won.held.feature, os.getpid())
+        return got, _free_rows(pg_server, namespace)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("route", ["pooler", "reclaim-dead"])
+def test_workers_of_one_namespace_never_claim_a_feature_twice(
+    route: str, pooler: str, pg_server: PgServer, namespace: str
+) -> None:
+    """Issue 31 items 1 and 4: eight workers of ONE namespace race through PgBouncer (a
+    barrier) over 160 features, on the sorted claim statement a pooled connection uses.
+    Every feature is claimed exactly once (fails without the row lock of the claim, ``FOR
+    UPDATE``: two workers take one feature), and no worker is told "nothing left" while a
+    free row remains (fails without ``SKIP LOCKED``: a claimer that waited for a row another
+    was taking finds it taken, takes nothing, and its worker ends early). ``reclaim-dead``:
+    the same race on direct connections, whose ``--reclaim-dead`` claims use that statement."""
+    url = pooler if route == "pooler" else pg_server.url()
+    start = CTX.Barrier(SHARED_WORKERS)
+
+    def at_once(_index: int) -> tuple[list[str], int]:
+        start.wait(SYNC_TIMEOUT)
+        return _claim_all_in_one_namespace(url, pg_server, namespace, route == "reclaim-dead")
+
+    results = run_team(SHARED_WORKERS, at_once)
+    claimed = sorted(feature for got, _ in results for feature in got)
+    assert claimed == [f"g{number:03d}" for number in range(SHARED_FEATURES)], "claimed twice"
+    left_free = [free for _, free in results]
+    assert left_free == [0] * SHARED_WORKERS, "a worker was told nothing was left too early"

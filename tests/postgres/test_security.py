@@ -6,6 +6,7 @@ Fails before this change: there was no PostgreSQL backend at all."""
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,6 +43,23 @@ def test_password_never_appears_in_errors(
         pg_server.start()
     assert APP_PASSWORD not in _shown(unreachable.value)
     assert APP_PASSWORD not in pg_server.log.read_text(errors="replace")
+
+
+def test_a_password_the_server_quotes_back_is_redacted(
+    make_backend: Callable[..., Any], pg_server: PgServer
+) -> None:
+    """The server's own message can hold the password: here the role is named like it, and
+    the refusal says 'password authentication failed for user "<it>"'. The error must show
+    it as *** (fails with the redaction removed from the error path: the other password
+    tests provoke no message that holds the password). The driver's own error stays
+    reachable as ``__context__`` (suppressed: never printed); what is shown is checked."""
+    secret = "Quoted-back-pw-7"
+    refused = make_backend(url=pg_server.url(tcp=True, role=secret, password=secret))
+    with pytest.raises(BackendError) as login:
+        refused.inspect("feat")
+    assert "***" in str(login.value)  # the server did quote it: the case is exercised
+    printed = "".join(traceback.format_exception(login.value))  # what a traceback shows
+    assert secret not in f"{login.value} {login.value!r} {login.value.args!r} {printed}"
 
 
 def test_password_from_pgpassword_is_never_shown(

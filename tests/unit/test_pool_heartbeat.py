@@ -22,23 +22,44 @@ BEAT: Final = 0.02
 """The heartbeat of the pools below: a refresh every 20 ms (a real one is every 20 s)."""
 
 
+REFRESH_WAIT: Final = 5.0
+"""A hang guard for one refresh (250 heartbeats): a broken heartbeat fails in seconds."""
+
+
+class _NotRefreshedError(BaseException):
+    """A task's lock was not refreshed: ends ``locks.work`` at once (a ``BaseException``
+    propagates; an ``Exception`` would be recorded as a failed attempt and retried)."""
+
+
 def test_every_lock_a_worker_holds_is_refreshed_in_turn(tmp_path: Path) -> None:
     """The task of each of three features waits until its own lock has been refreshed twice:
-    with no refresh (the thread gone after the first feature, or never started) it times out."""
+    with no refresh (the thread gone after the first feature, never started, or a step that
+    does not refresh) the first wait fails the test on its own assertion, once (it used to be
+    recorded as a failed attempt and retried, until the suite's global timeout)."""
     gsd = tmp_path / ".gsd"
     for name in ("a", "b", "c"):
         (gsd / "specs" / name).mkdir(parents=True)
     refreshed: list[str] = []
 
+    def refreshed_past(lock: Path, stamps: set[float], count: int) -> None:
+        try:
+            seen = lambda: len(stamps | {read_record(lock)[1]}) >= count  # noqa: E731
+            wait_for(seen, REFRESH_WAIT, "a refresh")
+        except AssertionError as error:
+            raise _NotRefreshedError(f"{lock.parent.name}: {error}") from None
+        stamps.add(read_record(lock)[1])
+
     def task(feature: str) -> None:
         lock = gsd / "specs" / feature / ".lock"
         stamps = {read_record(lock)[1]}
-        wait_for(lambda: len(stamps | {read_record(lock)[1]}) >= 2, what=f"{feature} refreshed")
-        stamps.add(read_record(lock)[1])
-        wait_for(lambda: len(stamps | {read_record(lock)[1]}) >= 3, what=f"{feature} again")
+        refreshed_past(lock, stamps, 2)
+        refreshed_past(lock, stamps, 3)
         refreshed.append(feature)
 
-    report = locks.work(task, gsd_dir=gsd, heartbeat=BEAT)
+    try:
+        report = locks.work(task, gsd_dir=gsd, heartbeat=BEAT)
+    except _NotRefreshedError as error:
+        raise AssertionError(f"a held lock was never refreshed ({error})") from None
     assert report.ended == "finished"
     assert refreshed == ["a", "b", "c"]
     assert not [t for t in threading.enumerate() if t.name.startswith("lock-heartbeat")]
