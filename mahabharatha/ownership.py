@@ -43,6 +43,7 @@ Judging a pid needs the judge's own boot and PID namespace in the details (``jud
 
 from __future__ import annotations
 
+import enum
 import errno
 import os
 import struct
@@ -315,6 +316,27 @@ def is_alive(stat: ProcStat | None, pid: int) -> bool:
     return stat.state not in ("Z", "X") or has_live_thread(pid)
 
 
+class _GroupProbe(enum.Enum):
+    """What ``killpg(pgid, 0)`` says of a process group."""
+
+    GONE = "gone"  # no process at all is in that group
+    CANNOT_TELL = "cannot-tell"  # the look failed: never call an owner dead on it
+    MEMBERS = "members"  # members exist, some of them ours: look at them
+    OTHERS_ONLY = "others-only"  # members exist, every one another user's: look at them
+
+
+def _probe_group(pgid: int) -> _GroupProbe:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return _GroupProbe.GONE
+    except PermissionError:
+        return _GroupProbe.OTHERS_ONLY
+    except OSError:
+        return _GroupProbe.CANNOT_TELL
+    return _GroupProbe.MEMBERS
+
+
 def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
     """Is any process of the group ``pgid`` (the one whose leader started at ``leader_start``)
     still alive? Zombies waiting to be reaped do not count.
@@ -323,15 +345,10 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
     process, so a leader with another start time means the old group ended and the number was
     reused (then the old group has no member left).
     """
-    others_only = False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False  # no process at all is in that group
-    except PermissionError:
-        others_only = True  # members exist, every one another user's: look at them below
-    except OSError:
-        return True  # cannot tell: never call an owner dead on a failed look
+    probe = _probe_group(pgid)
+    if probe is not _GroupProbe.MEMBERS and probe is not _GroupProbe.OTHERS_ONLY:
+        return probe is _GroupProbe.CANNOT_TELL
+    others_only = probe is _GroupProbe.OTHERS_ONLY
     leader = proc_stat(pgid)
     if leader is not None and leader.pgrp == pgid:
         if leader_start is not None and leader.start != leader_start:
@@ -349,15 +366,10 @@ def group_has_work_since(pgid: int, leader_start: int | None, since: int | None)
     run`` (older) and maybe its next try (the caller): neither is that work."""
     if since is None:
         return group_has_live_member(pgid, leader_start)
-    others_only = False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False  # no process at all is in that group
-    except PermissionError:
-        others_only = True  # members exist, every one another user's: look at them below
-    except OSError:
-        return True  # cannot tell: never call an owner dead on a failed look
+    probe = _probe_group(pgid)
+    if probe is not _GroupProbe.MEMBERS and probe is not _GroupProbe.OTHERS_ONLY:
+        return probe is _GroupProbe.CANNOT_TELL
+    others_only = probe is _GroupProbe.OTHERS_ONLY
     leader = proc_stat(pgid)
     reused = leader is not None and leader.pgrp == pgid and leader_start not in (None, leader.start)
     if reused:

@@ -15,9 +15,10 @@ import pytest
 REPOSITORY: Final = Path(__file__).resolve().parents[2]
 TOP_LEVEL: Final = frozenset(
     {".ci", ".gitignore", "CHANGELOG.md", "LICENSE", "README.md", "bench", "design"}
-    | {"mahabharatha", "pyproject.toml", "tests"}
+    | {"mahabharatha", "pyproject.toml", "tests", "tools"}
 )
-"""The contract's top level: the package, its tests and documents, CI and the benchmark."""
+"""The contract's top level: the package, its tests and documents, CI, the benchmark and the
+maintainers' tools (the mutation check)."""
 
 LEAVES_A_FILE: Final = """
 from pathlib import Path
