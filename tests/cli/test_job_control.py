@@ -132,8 +132,24 @@ def _lock_run(shell: Terminal) -> tuple[psutil.Process, psutil.Process]:
                         return True
         return False
 
-    wait_for(started, what="lock run and its command")
+    try:
+        wait_for(started, what="lock run and its command")
+    except AssertionError as timed_out:  # say what the shell and its children were doing
+        with suppress(AssertionError):
+            shell.read_until("\0", timeout=0.5)  # gathers what the terminal showed so far
+        said = f"{timed_out}; {_family(shell.pid)}; terminal: {shell.seen!r}"
+        raise AssertionError(said) from None
     return found[0], found[1]
+
+
+def _family(pid: int) -> str:
+    """The shell's descendants, each with its state and command line (for a failure)."""
+    with suppress(psutil.Error):
+        return ", ".join(
+            f"{each.pid} {each.status()} {each.cmdline()[:4]}"
+            for each in psutil.Process(pid).children(recursive=True)
+        )
+    return "(the shell is gone)"
 
 
 def test_a_background_lock_run_whose_command_reads_the_terminal_is_resumed_by_fg(

@@ -33,6 +33,19 @@ HOLDERS: Final = {
 }
 
 
+SAYS_ITS_SIGNAL: Final = (
+    "import os, pathlib, signal, sys\n"
+    "def said(signum, frame):\n"
+    "    pathlib.Path(sys.argv[1]).write_text(signal.Signals(signum).name)\n"
+    "    sys.exit(0)\n"
+    "for each in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):\n"
+    "    signal.signal(each, said)\n"
+    "print('job', os.getpid(), flush=True)\n"
+    "signal.pause()\n"
+)
+"""CMD that writes the name of the first ending signal it gets to ``argv[1]``, then exits 0."""
+
+
 def stopped(pid: int) -> bool:
     stat = ownership.proc_stat(pid)
     return stat is not None and stat.state in ("T", "t")
@@ -57,7 +70,11 @@ def test_a_signal_to_the_holder_ends_a_stopped_command(
     os.kill(cmd, signal.SIGSTOP)
     wait_for(lambda: stopped(cmd), what="CMD to stop")
     os.kill(holder.pid, signum)
-    assert holder.proc.wait(timeout=SYNC_TIMEOUT) == 128 + signum
+    try:
+        ended = holder.proc.wait(timeout=SYNC_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the holder never ended: the forwarded signal stayed pending in CMD")
+    assert ended == 128 + signum
     assert not alive(cmd)
     assert not lock_path(gsd).exists()
 
@@ -96,3 +113,24 @@ def _recorded(gsd: Path) -> bool:
     except OSError:
         return False
     return details is not None and getattr(details, "work_group", False)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_the_signal_sent_to_lock_run_is_the_one_cmd_gets(
+    gsd: Path, spawn: Any, tmp_path: Path, signum: int
+) -> None:
+    """TERM, INT and HUP to ``lock run`` reach CMD as themselves (the contract's forwarded
+    set), not as another ending signal from a clean-up. Without HUP in the forwarded set the
+    CLI's own handler still ended ``lock run`` with 129 and freed the lock, so only what CMD
+    got tells it: it got TERM (the lost-lock path), not HUP."""
+    said = tmp_path / "said"
+    argv = cli_argv("lock", "run", FEATURE, "--gsd-dir", gsd, "--")
+    holder = spawn([*argv, sys.executable, "-c", SAYS_ITS_SIGNAL, str(said)], stdin=subprocess.PIPE)
+    job_pid(holder)
+    os.kill(holder.pid, signum)
+    try:
+        holder.proc.wait(timeout=SYNC_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail("lock run never ended after the signal")
+    assert said.exists(), "CMD got no signal it could catch (it was killed, or nothing came)"
+    assert said.read_text() == signal.Signals(signum).name

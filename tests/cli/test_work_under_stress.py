@@ -210,7 +210,10 @@ def test_a_stop_is_obeyed_even_when_cmd_caught_it_and_exited_1(
     try:
         wait_for(lambda: len(list(pool.glob("started-*"))) == jobs, what="every worker's build")
         os.kill(command.pid, signum)
-        out, err = command.communicate(timeout=SYNC_TIMEOUT)
+        try:
+            out, err = command.communicate(timeout=SYNC_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the worker went on after it was told to stop (it never ended)")
     finally:
         _kill_session(command.pid)
         command.wait()
