@@ -83,6 +83,16 @@ def first_run(spawn: Any, gsd: Path, *cmd: str) -> Any:
     )
 
 
+def _kill_lock_run_once_recorded(first: Any, gsd: Path, job: int) -> None:
+    """SIGKILL ``lock run`` once CMD's group is recorded (or the wait ran out: the test's own
+    assertions then tell), leaving the job it started running."""
+    with suppress(AssertionError):
+        wait_for(lambda: _recorded_group(gsd) is not None, what="CMD's group to be recorded")
+    os.kill(first.pid, signal.SIGKILL)
+    first.proc.wait(timeout=SYNC_TIMEOUT)
+    assert alive(job), "the job was meant to outlive lock run and CMD"
+
+
 def test_a_subprocess_child_keeps_the_lock_until_it_ends(
     tmp_path: Path, gsd: Path, spawn: Any, jobs: list[int], grace: None
 ) -> None:
@@ -137,11 +147,7 @@ def test_a_sigkilled_lock_runs_recorded_group_keeps_the_lock(
     first = first_run(spawn, gsd, sys.executable, "-c", POPEN_THEN_WAIT, JOB)
     job = job_pid(first)
     jobs.append(job)
-    with suppress(AssertionError):
-        wait_for(lambda: _recorded_group(gsd) is not None, what="CMD's group to be recorded")
-    os.kill(first.pid, signal.SIGKILL)
-    first.proc.wait(timeout=SYNC_TIMEOUT)
-    assert alive(job), "the job was meant to outlive lock run and CMD"
+    _kill_lock_run_once_recorded(first, gsd, job)
 
     assert_nobody_else_gets_it(tmp_path, gsd, marker)
     blocked = second_run(tmp_path, gsd, marker)
@@ -244,11 +250,7 @@ def test_a_group_not_recorded_for_a_busy_guard_is_recorded_by_the_next_heartbeat
         assert _recorded_group(gsd) is None
     finally:
         os.close(guard)
-    with suppress(AssertionError):
-        wait_for(lambda: _recorded_group(gsd) is not None, what="CMD's group to be recorded")
-    os.kill(first.pid, signal.SIGKILL)
-    first.proc.wait(timeout=SYNC_TIMEOUT)
-    assert alive(job), "the job was meant to outlive lock run and CMD"
+    _kill_lock_run_once_recorded(first, gsd, job)
 
     assert_nobody_else_gets_it(tmp_path, gsd, marker)
     first.send("x")  # the job ends

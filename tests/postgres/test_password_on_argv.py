@@ -5,32 +5,22 @@ comes through the environment is not (only its own user reads a process's enviro
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
+from tests.postgres.test_cli import cli
 from tests.support.postgres import APP_PASSWORD, PgServer
 
-REPO = Path(__file__).resolve().parents[2]
 SAFE_WAYS = ("PGPASSWORD", "~/.pgpass", "PGSERVICE")
 
 
 def _cli(
     cwd: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mahabharatha", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-        timeout=120,
-        check=False,
-    )
+    return cli(*args, cwd=cwd, env=env, timeout=120)
 
 
 def _warnings(stderr: str) -> int:
