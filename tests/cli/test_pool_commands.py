@@ -259,7 +259,7 @@ def test_work_without_a_command_is_bad_input(gsd: Path) -> None:
 # --------------------------------------------------------------------------- status --watch
 
 
-def _read_line(fd: int, buffer: bytearray) -> bytes:
+def read_line(fd: int, buffer: bytearray) -> bytes:
     deadline = time.monotonic() + SYNC_TIMEOUT
     while b"\n" not in buffer:
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
@@ -283,12 +283,12 @@ def test_status_watch_prints_one_json_document_per_change_until_done(gsd: Path) 
     assert watch.stdout is not None
     buffer = bytearray()
     try:
-        seen = [json.loads(_read_line(watch.stdout.fileno(), buffer))["summary"]["done"]]
+        seen = [json.loads(read_line(watch.stdout.fileno(), buffer))["summary"]["done"]]
         for name in names:
             locks.acquire(name, gsd)
             locks.done(name, gsd)
             while seen[-1] < names.index(name) + 1:  # one document per change, in order
-                line = _read_line(watch.stdout.fileno(), buffer)
+                line = read_line(watch.stdout.fileno(), buffer)
                 seen.append(json.loads(line)["summary"]["done"])
         assert watch.wait(timeout=SYNC_TIMEOUT) == 0
     finally:

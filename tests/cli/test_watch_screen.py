@@ -22,6 +22,7 @@ from typing import Final
 
 from mahabharatha import locks
 from tests.cli._support import SYNC_TIMEOUT, child_env
+from tests.cli.test_pool_commands import read_line
 
 CLI: Final = (sys.executable, "-m", "mahabharatha")
 ROWS, COLUMNS = 24, 80
@@ -94,16 +95,7 @@ def test_the_watch_fits_80x24_with_the_bar_and_the_failed_count_on_top(gsd: Path
 
 
 def _next_line(fd: int, buffer: bytearray) -> dict[str, object]:
-    deadline = time.monotonic() + SYNC_TIMEOUT
-    while b"\n" not in buffer:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        assert ready, "no line within the deadline"
-        chunk = os.read(fd, 65536)
-        assert chunk, "the watch ended early"
-        buffer += chunk
-    line, _, rest = bytes(buffer).partition(b"\n")
-    buffer[:] = rest
-    document: dict[str, object] = json.loads(line)
+    document: dict[str, object] = json.loads(read_line(fd, buffer))
     return document
 
 
