@@ -20,12 +20,10 @@ folder in the way) stays an :class:`OSError`.
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``signal``)
 import dataclasses
 import math
 import os
 import random
-import signal
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,7 +32,7 @@ from time import monotonic, sleep
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
-from mahabharatha import clock, logs, ownership
+from mahabharatha import clock, logs, ownership, signals
 from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
@@ -176,23 +174,6 @@ PATIENT_MAX_SECONDS: Final = 0.25
 """After 10 s of waiting, poll at most 4 times a second: a holder that has kept the lock this
 long is not about to hand it over, and a waiter left for an hour should cost no CPU."""
 
-DEFERRED_SIGNALS: Final[tuple[int, ...]] = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGALRM,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
-"""Signals whose Python handlers may raise (KeyboardInterrupt, a caller's own exception): held
-back while a lock is being published, so an interrupted acquire never strands its lock."""
-
-# The C functions under ``signal``: its wrappers turn every answer into an enum, nine enum
-# lookups per acquire (one raising and catching ValueError), a quarter of an uncontended cycle.
-_get_handler: Final[Callable[[int], Any]] = _signal.getsignal
-_set_handler: Final[Callable[[int, Any], Any]] = _signal.signal
-
 GsdDir = str | os.PathLike[str]
 
 
@@ -327,44 +308,6 @@ def _held_by(
     return judge(facts, callers, alive=False).verdict is Verdict.CALLER
 
 
-class _SignalsDeferred:
-    """``with _SignalsDeferred():`` holds back the Python handlers of :data:`DEFERRED_SIGNALS`
-    for the block, then runs them (a class, not a ``@contextmanager``: it wraps every try).
-
-    Only the main thread runs Python signal handlers, so only there can a ``KeyboardInterrupt``
-    land between the ``link()`` that publishes our lock and the return that hands it over.
-    """
-
-    __slots__ = ("caught", "saved")
-
-    def __init__(self) -> None:
-        self.caught: list[int] = []
-        self.saved: dict[int, Any] = {}
-
-    def __enter__(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        caught = self.caught
-
-        def remember(signum: int, _frame: object) -> None:
-            caught.append(signum)
-
-        try:
-            for signum in DEFERRED_SIGNALS:
-                handler = _get_handler(signum)
-                if callable(handler):  # SIG_DFL / SIG_IGN raise nothing in Python: leave them
-                    self.saved[signum] = _set_handler(signum, remember)
-        except BaseException:
-            self.__exit__()  # put back the handlers already replaced
-            raise
-
-    def __exit__(self, *_exc: object) -> None:
-        for signum, handler in self.saved.items():
-            _set_handler(signum, handler)
-        for signum in self.caught:
-            self.saved[signum](signum, None)  # may raise: the caller's frame knows what it holds
-
-
 def _try_uninterrupted(
     backend: LockBackend,
     feature: str,
@@ -377,7 +320,7 @@ def _try_uninterrupted(
     signal handler raises: it never stays held unknown to the caller."""
     outcome: AcquireResult | None = None
     try:
-        with _SignalsDeferred():
+        with signals.Deferred():
             # Race: Ctrl-C right after link() published our lock: deferred to the end of this
             # block, by when ``outcome`` knows the exact lock to take back.
             sent = monotonic()  # the lease on the server runs from no earlier than this
@@ -386,7 +329,7 @@ def _try_uninterrupted(
                 outcome = outcome._replace(held=outcome.held._replace(sent=sent))
     except BaseException:
         if outcome is not None and outcome.held is not None:
-            with _SignalsDeferred():  # a second Ctrl-C must not cut the take-back short
+            with signals.Deferred():  # a second Ctrl-C must not cut the take-back short
                 backend.release_held(outcome.held)
         raise
     return outcome
@@ -1279,9 +1222,9 @@ class FeatureLock:
                 target=self._cut_off_loop, name=f"lock-cut-off-{self.feature}", daemon=True
             )
         try:
-            start_without_signals(self._beat)
+            signals.start_without_signals(self._beat)
             if self._cut_off is not None:
-                start_without_signals(self._cut_off)
+                signals.start_without_signals(self._cut_off)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
             self._stop_heartbeat()
             raise HeartbeatStartError(self.feature, str(error)) from error
@@ -1605,22 +1548,6 @@ class WorkReport(NamedTuple):
     """``stopped``: the exit code the step asked for (a signal's)."""
 
 
-def start_without_signals(thread: threading.Thread) -> None:
-    """Start ``thread`` with :data:`DEFERRED_SIGNALS` blocked in it (a thread starts with its
-    starter's mask). A signal for the process then goes to a thread that takes it: the main
-    thread, whose wait (for ``lock run``'s command: ``waitpid``) it interrupts, so its Python
-    handler runs at once. Race: a helper thread that took it would only flag it, and the main
-    thread would run the handler (forward it to CMD) once CMD had ended."""
-    if not hasattr(signal, "pthread_sigmask"):
-        thread.start()
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED_SIGNALS)
-    try:
-        thread.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 class PoolHeartbeat:
     """One heartbeat thread for a pool worker's whole run, keeping fresh the one lock it holds
     at a time (:class:`PoolLock`). A thread started and joined per feature made the worker wait
@@ -1679,7 +1606,7 @@ class PoolHeartbeat:
     def _start(self, lock: PoolLock) -> None:
         self._thread = threading.Thread(target=self._loop, name="lock-heartbeat-pool", daemon=True)
         try:
-            start_without_signals(self._thread)
+            signals.start_without_signals(self._thread)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
             self._thread = None
             self.let_go(lock)

@@ -57,16 +57,10 @@ from time import monotonic
 from types import FrameType, TracebackType
 from typing import IO, Any, Final, Self
 
-from mahabharatha import ownership
+from mahabharatha import ownership, signals
 from mahabharatha.backends.base import ReleaseWait
 from mahabharatha.exits import killed_by, shell_status
-from mahabharatha.locks import (
-    FeatureLock,
-    LockInfo,
-    LockLostError,
-    WaitCallback,
-    start_without_signals,
-)
+from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 from mahabharatha.proof import WorkProof
 
 __all__ = [
@@ -83,7 +77,6 @@ __all__ = [
 ]
 
 
-FORWARDED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
 LOST_KILL_GRACE_SECONDS: Final = 10.0
@@ -299,7 +292,7 @@ class _SignalRelay:
     def _take_own(self) -> None:
         if _READ_SENDERS:
             # Blocked signals meant for this thread (raise(), a pthread_kill) wait here.
-            while (info := signal.sigtimedwait(FORWARDED_SIGNALS, 0)) is not None:
+            while (info := signal.sigtimedwait(signals.FORWARDED, 0)) is not None:
                 self.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
 
     def releasing(self) -> None:
@@ -369,7 +362,7 @@ class _SenderReader:
 
     def _loop(self) -> None:
         while True:
-            info = signal.sigwaitinfo(FORWARDED_SIGNALS)
+            info = signal.sigwaitinfo(signals.FORWARDED)
             if self._stopping:
                 return
             self._relay.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
@@ -393,26 +386,22 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
     is forwarded whoever sent it (CMD leads a group of its own), the Python handler does that,
     and a reader started and stopped for every command (a pool's worker, whose stdin is never
     a terminal) was a thread for nothing: two waits per feature for it to be scheduled. Our
-    other threads start with the signals blocked (``locks.start_without_signals``), so the
+    other threads start with the signals blocked (``signals.start_without_signals``), so the
     handler runs in the main thread at once."""
     if not _READ_SENDERS or not _stdin_is_a_terminal():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
-    try:
-        reader = _SenderReader(relay)
-    except BaseException as error:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        if not isinstance(error, RuntimeError):
-            raise
-        # "can't start new thread": go on without senders (the heartbeat will say it cannot).
-        yield
-        return
-    try:
-        yield
-    finally:
-        reader.stop()
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    with signals.masked(signal.SIG_BLOCK, signals.FORWARDED) as previous:
+        try:
+            reader = _SenderReader(relay)
+        except RuntimeError:  # "can't start new thread": on without senders (nor the block)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            yield
+            return
+        try:
+            yield
+        finally:
+            reader.stop()
 
 
 def _stdin_is_a_terminal() -> bool:
@@ -422,18 +411,12 @@ def _stdin_is_a_terminal() -> bool:
         return False
 
 
-@contextmanager
-def _unmasked() -> Iterator[None]:
+def _unmasked() -> AbstractContextManager[object]:
     """Lift the block while CMD is started: a child inherits the signal mask across exec, and
     CMD must get its signals. Meanwhile a signal reaches the Python handler (the relay)."""
     if not _READ_SENDERS:
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        return nullcontext()
+    return signals.masked(signal.SIG_UNBLOCK, signals.FORWARDED)
 
 
 def _grace_before(stop_by: float | None) -> float:
@@ -489,7 +472,7 @@ class _LossWatch:
             target=self._act, args=(child, error), name="lock-run-lost", daemon=True
         )
         try:
-            start_without_signals(acting)
+            signals.start_without_signals(acting)
         except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
             self._notify(error)
             if self.policy is OnLost.TERMINATE:
@@ -662,23 +645,6 @@ def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay)
     return running()
 
 
-@contextmanager
-def _relaying(relay: _SignalRelay) -> Iterator[None]:
-    """The relay handles the forwarded signals during the block, except a signal someone set
-    to be ignored (``nohup``: HUP; a script's background job: INT): it stays ignored, for us and
-    for CMD, which inherits an ignored signal across ``exec`` (a handled one it would not)."""
-    previous = {
-        sig: signal.signal(sig, relay)
-        for sig in FORWARDED_SIGNALS
-        if signal.getsignal(sig) is not signal.SIG_IGN
-    }
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 class Run:
     """``lock run`` in two steps, so that its caller can act between them (the CLI enters its
     waiting line around :meth:`acquire` and notes the holder before :meth:`command`; nothing
@@ -730,7 +696,7 @@ class Run:
 
     @contextmanager
     def _signals_then_release(self) -> Iterator[None]:
-        with _relaying(self._relay), _senders_known(self._relay):
+        with signals.Handling(signals.FORWARDED, self._relay), _senders_known(self._relay):
             try:
                 yield
             finally:

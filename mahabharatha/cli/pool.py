@@ -20,7 +20,7 @@ from typing import IO, Annotated, Any, Final, NamedTuple, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from mahabharatha import locks, logs, runner, team
+from mahabharatha import locks, logs, runner, signals, team
 from mahabharatha.backends import load_backend_code
 from mahabharatha.backends.base import (
     BackendError,
@@ -243,7 +243,7 @@ def work(
             # Race: a signal forwarded once this worker's pool is over (its report made) would
             # end it before its answer is written, and the team's report would lose its
             # results. Held back till it exits (os._exit drops them): nothing is left to stop.
-            signal.pthread_sigmask(signal.SIG_BLOCK, team.TEAM_SIGNALS)
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
 
     def one_worker() -> Result:
         store = backend_to_claim_from(shared, features)
