@@ -57,8 +57,8 @@ from mahabharatha.backends.base import (
     LockLostError,
     LockTimeoutError,
 )
-from mahabharatha.constants import GSD_DIR
-from mahabharatha.locks import HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS, FeatureLock, WaitCallback
+from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS
+from mahabharatha.locks import FeatureLock, WaitCallback
 from mahabharatha.proof import WorkProof
 
 __all__ = ["AsyncFeatureLock"]

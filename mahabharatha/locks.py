@@ -70,7 +70,23 @@ from mahabharatha.backends.liveness import (
     judge,
     owner_liveness,
 )
-from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
+from mahabharatha.constants import (
+    AUDIT_LOG_NAME,
+    BACKOFF_FIRST_SECONDS,
+    BACKOFF_MAX_SECONDS,
+    COMPLETED_MARKER_NAME,
+    CUT_OFF_NOTICE_SECONDS,
+    GSD_DIR,
+    HEARTBEAT_SECONDS,
+    LEFT_WORK_POLL_SECONDS,
+    PATIENT_AFTER_SECONDS,
+    PATIENT_MAX_SECONDS,
+    POOL_CONNECTION_GRACE_SECONDS,
+    POOL_SLOTS_LOOK_SECONDS,
+    RETRY_DELAY_SECONDS,
+    SLOT_PAUSE_SECONDS,
+    WAKE_UP_SLICE_SECONDS,
+)
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.proof import HandedProof, WorkProof
@@ -144,35 +160,6 @@ def __getattr__(name: str) -> Any:
 
 _T = TypeVar("_T")
 
-HEARTBEAT_SECONDS: Final = 30.0
-"""How often a holder rewrites its timestamp: far inside the 2-hour stale limit, and at least
-every 60 s as the contract asks, so a clock jump of a minute cannot make a live lock stale."""
-
-POOL_CONNECTION_GRACE_SECONDS: Final = 0.25
-"""A pool worker keeps its server connection (PostgreSQL) this long into each command, then
-lets go of it until the command ends: a quick command's done and the next claim reuse it (no
-reconnect per feature), a long one holds no connection slot while it runs (200 workers, 40
-slots)."""
-
-POOL_SLOTS_LOOK_SECONDS: Final = 0.5
-"""How often a pool worker that keeps its server connection between features (PostgreSQL,
-quick commands) asks whether the server's connection slots are nearly all taken
-(:meth:`~mahabharatha.backends.base.LockBackend.crowded`, one query on that connection). Once
-they are, the worker lets go of its connection before each command for the rest of its run:
-more workers than slots all get in (a worker that found no slot retries for
-``--connect-timeout``), for a reconnect per feature. Before, every worker let go of its
-connection once a second and connected again at once: 20 reconnects in a pool of 8 on a
-server with slots to spare, and a waiting worker rarely caught the slot freed."""
-
-BACKOFF_FIRST_SECONDS: Final = 0.002
-BACKOFF_MAX_SECONDS: Final = 0.025
-"""Waiters poll from 2 ms up to 25 ms apart (jittered): a released lock is taken within tens
-of milliseconds, and a crowd of waiters does not poll in step."""
-
-PATIENT_AFTER_SECONDS: Final = 10.0
-PATIENT_MAX_SECONDS: Final = 0.25
-"""After 10 s of waiting, poll at most 4 times a second: a holder that has kept the lock this
-long is not about to hand it over, and a waiter left for an hour should cost no CPU."""
 
 GsdDir = str | os.PathLike[str]
 
@@ -413,22 +400,10 @@ LEASE_REFRESHES: Final = 3
 """A holder with a chosen lease (PostgreSQL) refreshes at least 3 times per lease: two
 refreshes may fail (a server restart, a lost connection) before the lock is in danger."""
 
-CUT_OFF_NOTICE_SECONDS: Final = 11.0
-"""A holder whose refreshes do not get through (a frozen link: no answer, no reset) declares
-its lock lost this long (at most a quarter of the lease) before its lease can run out on the
-server, counted from when it *sent* the last statement that set the lease; ``lock run`` then
-sends CMD SIGTERM, and SIGKILL a fifth of this before the lease's end (8.8 s of grace on the
-60 s lease), so CMD is gone before the lock can be given away."""
-
 
 def cut_off_notice(lease: float) -> float:
     """:data:`CUT_OFF_NOTICE_SECONDS` for a lease of ``lease`` seconds."""
     return min(CUT_OFF_NOTICE_SECONDS, lease / 4)
-
-
-WAKE_UP_SLICE_SECONDS: Final = 0.25
-"""A backend that wakes waiters on release (PostgreSQL's LISTEN/NOTIFY) is waited on for at most
-this long between tries: the poll rate when a wake-up is missed, never faster."""
 
 
 def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
@@ -1838,14 +1813,6 @@ def _pause_for_a_slot() -> None:
     sleep(random.uniform(SLOT_PAUSE_SECONDS / 2, SLOT_PAUSE_SECONDS))
 
 
-SLOT_PAUSE_SECONDS: Final = 0.5
-
-RETRY_DELAY_SECONDS: Final = 1.0
-"""A failed feature rests this long before its next attempt (``lock work --retry-delay``): a
-command failing for a passing cause (a busy port, a flaky fetch) is not tried three times in
-a second."""
-
-
 class StopWork(Exception):
     """Raised by a step whose work was interrupted (a signal): the loop ends with ``result``,
     and the worker exits ``exit_code``."""
@@ -1972,11 +1939,6 @@ def _left_work_ended(leaving: list[PoolLock], wait: float | None) -> list[PoolLo
 
 def _still_running(lock: PoolLock) -> bool:
     return lock.left_running is not None and lock.left_running()
-
-
-LEFT_WORK_POLL_SECONDS: Final = 0.1
-"""How often a worker with nothing else to claim asks whether work left by a failed command
-has ended (a proof of life gives no wake-up of its own)."""
 
 
 def work(

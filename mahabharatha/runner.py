@@ -59,6 +59,16 @@ from typing import IO, Any, Final, Self
 
 from mahabharatha import ownership, signals
 from mahabharatha.backends.base import ReleaseWait
+from mahabharatha.constants import (
+    GRACE_ENV,
+    LOST_KILL_GRACE_SECONDS,
+    PROOF_FD_ENV,
+    SETPRIV_PROBE_SECONDS,
+    TOKEN_ENV,
+    WORK_GRACE_SECONDS,
+    WORK_KILL_WAIT_SECONDS,
+    WORK_POLL_SECONDS,
+)
 from mahabharatha.exits import killed_by, shell_status
 from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 from mahabharatha.proof import WorkProof
@@ -79,23 +89,8 @@ __all__ = [
 
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
-LOST_KILL_GRACE_SECONDS: Final = 10.0
-"""After SIGTERM for a lost lock, CMD may take this long to stop cleanly before SIGKILL: long
-enough to flush and exit, short enough that two holders do not work side by side for long."""
 _READ_SENDERS: Final = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
 """Can we learn who sent a signal (Linux and most POSIX systems; not macOS)?"""
-WORK_GRACE_SECONDS: Final = 5.0
-"""After CMD ended, what it left running (still holding its proof of life) gets this long to
-finish before its process group is SIGKILLed (``MAHABHARATHA_RUN_GRACE`` sets another)."""
-GRACE_ENV: Final = "MAHABHARATHA_RUN_GRACE"
-WORK_KILL_WAIT_SECONDS: Final = 2.0
-"""After that SIGKILL, how long the kernel gets to take the group's processes down."""
-WORK_POLL_SECONDS: Final = 0.02
-"""How often the proof is looked at while waiting for the work to end (one system call)."""
-PROOF_FD_ENV: Final = "MAHABHARATHA_LOCK_PROOF_FD"
-"""CMD's environment names the descriptor that carries its proof of life (for a CMD that
-starts work through Python's ``subprocess``, which closes descriptors by default:
-``pass_fds=[int(os.environ[...])]`` keeps that work counted)."""
 
 
 class OnLost(enum.StrEnum):
@@ -934,9 +929,6 @@ def _setpriv_with_pdeathsig() -> str | None:
     return path if done.returncode == 0 else None
 
 
-SETPRIV_PROBE_SECONDS: Final = 5.0  # a hang guard for the one probe, never reached in practice
-
-
 def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
     """Raise what ``Popen`` raises for a command that cannot be started: ``FileNotFoundError``
     (no such command on ``PATH``), ``PermissionError`` (a folder, or no execute permission)."""
@@ -976,11 +968,6 @@ def _found_on_path(program: str, search: str) -> str | None:
         return found
     entries = (os.path.join(folder or os.curdir, program) for folder in search.split(os.pathsep))
     return next((entry for entry in entries if os.path.exists(entry)), None)
-
-
-TOKEN_ENV: Final = "MAHABHARATHA_LOCK_TOKEN"
-"""CMD's copy of the lock's fencing token (backends with tokens): a resource that checks it
-(``lock verify FEATURE --token N``) refuses a holder whose lock was taken over."""
 
 
 def _child_env(

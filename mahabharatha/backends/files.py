@@ -43,7 +43,15 @@ from mahabharatha.backends.base import (
 )
 from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
 from mahabharatha.backends.release_watch import ReleaseWatch
-from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
+from mahabharatha.constants import (
+    AUDIT_LOG_NAME,
+    COMPLETED_MARKER_NAME,
+    DEFAULT_LEASE_BREAK_SECONDS,
+    GSD_DIR,
+    LEASE_BREAK_MARGIN_SECONDS,
+    RELEASE_RETRY_FIRST_SECONDS,
+    RELEASE_RETRY_MAX_SECONDS,
+)
 from mahabharatha.lockfile import (
     STALE_AFTER_SECONDS,
     EntryKind,
@@ -85,16 +93,6 @@ bounded reads accept."""
 
 
 LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
-DEFAULT_LEASE_BREAK_SECONDS: Final = 45.0
-"""The kernel's default lease-break time: assumed where the setting cannot be read."""
-LEASE_BREAK_MARGIN_SECONDS: Final = 5.0
-"""Waited beyond the lease-break time: the kernel times the break from the first refused open
-(ours, 0.5 s before we start counting, or another reader's) and may act a little late."""
-RELEASE_RETRY_FIRST_SECONDS: Final = 0.1
-RELEASE_RETRY_MAX_SECONDS: Final = 2.0
-"""Pauses between release tries under a lease (doubling): each try already spins 0.5 s on
-the refused read, so the wait costs a fifth of a CPU at most, and a lease given up is seen
-within about two seconds."""
 
 
 # --------------------------------------------------------------------------- facts about locks

@@ -25,7 +25,7 @@ from mahabharatha.backends import open_backend, url_holds_password
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
 from mahabharatha.cli._render import is_reclaimable
-from mahabharatha.constants import GSD_DIR
+from mahabharatha.constants import CONNECT_TIMEOUT_SECONDS, GSD_DIR, LOCK_URL_ENV, NAMESPACE_ENV
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
     EXIT_CANNOT_EXECUTE,
@@ -81,11 +81,6 @@ __all__ = [
     "with_shared_options",
 ]
 
-URL_ENV: Final = "MAHABHARATHA_LOCK_URL"
-NAMESPACE_ENV: Final = "MAHABHARATHA_LOCK_NAMESPACE"
-CONNECT_TIMEOUT_SECONDS: Final = 5.0
-"""How long a command waits for a lock server (the PostgreSQL backend's own default too)."""
-
 
 class Place(NamedTuple):
     """Where a command's locks live: ``--backend`` (or ``MAHABHARATHA_LOCK_URL``; none: the
@@ -102,7 +97,7 @@ class Place(NamedTuple):
     def of(cls, url: str | None, namespace: str | None, connect_timeout: float) -> Place:
         if url:
             _say_if_password_on_argv(url)
-        chosen = url or os.environ.get(URL_ENV) or None
+        chosen = url or os.environ.get(LOCK_URL_ENV) or None
         named = namespace or os.environ.get(NAMESPACE_ENV) or None
         return cls(chosen, named, connect_timeout)
 
@@ -180,7 +175,7 @@ BackendOption = Annotated[
         rich_help_panel=ACROSS_HOSTS,
         help=(
             "Where locks live: a postgresql:// URL (libpq syntax; PGPASSWORD, ~/.pgpass work). "
-            f"Default: ${URL_ENV}, else the folder --gsd-dir."
+            f"Default: ${LOCK_URL_ENV}, else the folder --gsd-dir."
         ),
     ),
 ]

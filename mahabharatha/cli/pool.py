@@ -56,7 +56,7 @@ from mahabharatha.cli.lock import (
     complete_feature,
     require_folder_of_files,
 )
-from mahabharatha.detect import FEATURE_ENV_VAR
+from mahabharatha.constants import FEATURE_ENV_VAR, RETRY_DELAY_SECONDS, WATCH_SECONDS
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
     EXIT_HELD,
@@ -181,7 +181,7 @@ def work(
                 f"that reads its record). Default {locks.RETRY_DELAY_SECONDS:g}."
             ),
         ),
-    ] = locks.RETRY_DELAY_SECONDS,
+    ] = RETRY_DELAY_SECONDS,
     tag: Annotated[
         bool,
         typer.Option("--tag", help="Prefix each line of CMD's output with [FEATURE]."),
@@ -449,8 +449,6 @@ def _work_result(
 
 # --------------------------------------------------------------------------- status --watch
 
-WATCH_SECONDS: Final = 1.0
-"""How often ``status --watch`` looks again (and redraws at a terminal)."""
 BAR_WIDTH: Final = 40
 TOP_LINES: Final = 3
 """The bar, the counts that are not zero, the rate and estimate: always on screen, on top."""
