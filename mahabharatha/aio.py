@@ -40,11 +40,10 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from functools import partial
-from time import monotonic
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
 
-from mahabharatha import locks, ownership
+from mahabharatha import locks, ownership, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -365,7 +364,7 @@ class AsyncFeatureLock:
         state = self._state
         if state._mine is not None or self._gate is not None:
             raise LockError(f"this AsyncFeatureLock already holds {self.feature!r}")
-        deadline = None if state.timeout is None else monotonic() + max(0.0, state.timeout)
+        deadline = waiting.Deadline(state.timeout)
         gate = await self._turn(deadline)
         try:
             held = await self._wait_for_lock(
@@ -386,7 +385,7 @@ class AsyncFeatureLock:
             )
         return self
 
-    async def _turn(self, deadline: float | None) -> _Gate:
+    async def _turn(self, deadline: waiting.Deadline) -> _Gate:
         """This task's turn among the loop's tasks asking for the feature for the same owner;
         the errors of a busy lock when the wait for it runs out."""
         gate = _gate_of(self.backend, self.feature, self.pid)
@@ -394,18 +393,19 @@ class AsyncFeatureLock:
             # Not reentrant: waiting for our own turn would wait for ever.
             holder = await self._call(partial(self.backend.inspect, self.feature))
             raise AlreadyHeldError(holder)
-        if not await gate.enter(None if deadline is None else deadline - monotonic()):
+        if not await gate.enter(deadline.left()):
             holder = await self._call(partial(self.backend.inspect, self.feature))
             raise (LockTimeoutError if self.timeout else LockHeldError)(holder)
         return gate
 
-    async def _wait_for_lock(self, on_wait: WaitCallback | None, deadline: float | None) -> Held:
+    async def _wait_for_lock(
+        self, on_wait: WaitCallback | None, deadline: waiting.Deadline
+    ) -> Held:
         """``locks.acquire``'s loop, each pause an await: try, judge who stopped us, wait."""
         state = self._state
         store = state.backend
         details = ownership.details_of(state.pid, state.command)
-        callers = {state.pid, *state.caller_pids}
-        delays = locks._backoff_delays()
+        wait = locks._Waiting(deadline, {state.pid, *state.caller_pids}, on_wait)
         released = _Wake(store.async_release_listener(), self.feature)
         try:
             while True:
@@ -424,19 +424,10 @@ class AsyncFeatureLock:
                 outcome = await self._try(try_once)
                 if outcome.held is not None:
                     return outcome.held
-                holder = outcome.holder
-                assert holder is not None  # a try that did not win names who stopped it
-                if outcome.holder_is_caller or locks._held_by(
-                    holder, outcome.holder_details, callers
-                ):
-                    raise AlreadyHeldError(holder)  # waiting would wait for ourselves
-                left = None if deadline is None else deadline - monotonic()
+                holder, left = wait.stopped_by(outcome)
                 if left is not None and left <= 0:
                     raise await self._busy_error(holder)
-                if on_wait is not None:
-                    on_wait(holder, left)
-                delay = next(delays)
-                await released.wait(delay if left is None else min(delay, left), left)
+                await released.wait(wait.pause(holder, left), left)
         finally:
             released.close()
 

@@ -23,16 +23,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import random
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from time import monotonic, sleep
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
-from mahabharatha import clock, logs, ownership, signals
+from mahabharatha import clock, logs, ownership, signals, waiting
 from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
@@ -372,28 +371,52 @@ def acquire(
     timeout = _valid_seconds("timeout", timeout)
     store = _backend(backend, gsd_dir)
     details = ownership.details_of(owner, command)
-    callers = {owner, *caller_pids}
-    deadline = None if timeout is None else monotonic() + max(0.0, timeout)
-    delays = _backoff_delays()
-    said_waiting = False
+    wait = _Waiting(waiting.Deadline(timeout), {owner, *caller_pids}, on_wait)
     while True:
         outcome = _try_uninterrupted(store, feature, owner, reclaim_dead, details, lease)
         if outcome.held is not None:
             return outcome.held
-        info = outcome.holder
-        assert info is not None  # a try that did not win names who stopped it
-        if outcome.verdict is Verdict.CALLER or _held_by(info, outcome.holder_details, callers):
-            raise AlreadyHeldError(info)  # waiting would wait for ourselves
-        left = None if deadline is None else deadline - monotonic()
+        holder, left = wait.stopped_by(outcome)
         if left is not None and left <= 0:
-            raise (LockTimeoutError if timeout else LockHeldError)(_judged(store, info))
-        if not said_waiting:
-            said_waiting = True
-            logs.say(logs.INFO, "waiting: %s", describe_holder(info))
-        if on_wait is not None:
-            on_wait(info, left)
-        delay = next(delays)
-        _pause(store, feature, delay if left is None else min(delay, left), left)
+            raise (LockTimeoutError if timeout else LockHeldError)(_judged(store, holder))
+        _pause(store, feature, wait.pause(holder, left), left)
+
+
+class _Waiting:
+    """One acquire's wait, the same for ``acquire`` and ``AsyncFeatureLock``: its deadline, its
+    backoff, and what a try that did not win means."""
+
+    def __init__(
+        self, deadline: waiting.Deadline, callers: set[int], on_wait: WaitCallback | None
+    ) -> None:
+        self.deadline = deadline
+        self.callers, self.on_wait, self.said = callers, on_wait, False
+        self.delays = waiting.backoff(
+            BACKOFF_FIRST_SECONDS,
+            BACKOFF_MAX_SECONDS,
+            patient_after=PATIENT_AFTER_SECONDS,
+            patient_most=PATIENT_MAX_SECONDS,
+        )
+
+    def stopped_by(self, outcome: AcquireResult) -> tuple[LockInfo, float | None]:
+        """The holder that stopped a try and the seconds left (0 or less: the wait is over);
+        :class:`AlreadyHeldError` when it is the caller: waiting would wait for ourselves."""
+        holder = outcome.holder
+        assert holder is not None  # a try that did not win names who stopped it
+        if outcome.verdict is Verdict.CALLER or _held_by(
+            holder, outcome.holder_details, self.callers
+        ):
+            raise AlreadyHeldError(holder)
+        return holder, self.deadline.left()
+
+    def pause(self, holder: LockInfo, left: float | None) -> float:
+        """Say that we wait (logged once, ``on_wait`` each time); the next pause."""
+        if not self.said:
+            self.said = True
+            logs.say(logs.INFO, "waiting: %s", describe_holder(holder))
+        if self.on_wait is not None:
+            self.on_wait(holder, left)
+        return self.deadline.cap(next(self.delays))
 
 
 LEASE_REFRESHES: Final = 3
@@ -412,18 +435,6 @@ def _pause(backend: LockBackend, feature: str, delay: float, left: float | None)
     backend.pause(
         feature, delay, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
     )
-
-
-def _backoff_delays() -> Iterator[float]:
-    """Exponential backoff with jitter: 2 ms, 4 ms, ... 25 ms; 250 ms once the wait is long."""
-    import random  # only a waiter needs it: keeps it out of every CLI call's cold start
-
-    started = monotonic()
-    ceiling = BACKOFF_FIRST_SECONDS
-    while True:
-        yield random.uniform(ceiling / 2, ceiling)
-        patient = monotonic() - started > PATIENT_AFTER_SECONDS
-        ceiling = min(ceiling * 2, PATIENT_MAX_SECONDS if patient else BACKOFF_MAX_SECONDS)
 
 
 def _valid_timeout(timeout: float | None) -> None:
@@ -616,7 +627,7 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
     """Claim; while only features held by others are left, wait for a release (at most
     ``wait`` seconds; ``None``: for ever) and claim again. The watch (an inotify descriptor, a
     listening connection) exists only while waiting: a holder keeps none while it works."""
-    deadline = None if wait is None else monotonic() + wait
+    deadline = waiting.Deadline(wait)
     outcome = pool.claim(options)
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
@@ -628,10 +639,9 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
             outcome = pool.claim(options)
             if outcome.held is not None or outcome.nothing_left:
                 return outcome
-            left = None if deadline is None else deadline - monotonic()
-            if left is not None and left <= 0:
+            if deadline.passed():
                 return outcome
-            watch.wait(RECHECK_SECONDS if left is None else min(left, RECHECK_SECONDS))
+            watch.wait(deadline.cap(RECHECK_SECONDS))
 
 
 def _valid_attempts(attempts: int) -> None:
@@ -1810,7 +1820,7 @@ def _pause_for_a_slot() -> None:
     """Between two rounds of connecting refused for want of a slot (each round retries for
     ``--connect-timeout``): a jittered pause, so that refused workers do not come back at once
     (each refused connection costs the server a process)."""
-    sleep(random.uniform(SLOT_PAUSE_SECONDS / 2, SLOT_PAUSE_SECONDS))
+    sleep(waiting.jittered(SLOT_PAUSE_SECONDS))
 
 
 class StopWork(Exception):
@@ -1929,10 +1939,10 @@ def run_pool(
 def _left_work_ended(leaving: list[PoolLock], wait: float | None) -> list[PoolLock]:
     """The locks of ``leaving`` whose command's leftover work has ended, once one has (at
     most ``wait`` seconds; ``None``: for ever); none when the wait ran out."""
-    deadline = None if wait is None else monotonic() + wait
+    deadline = waiting.Deadline(wait)
     while True:
         ended = [lock for lock in leaving if not _still_running(lock)]
-        if ended or (deadline is not None and monotonic() >= deadline):
+        if ended or deadline.passed():
             return ended
         sleep(LEFT_WORK_POLL_SECONDS)
 

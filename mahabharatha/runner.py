@@ -57,7 +57,7 @@ from time import monotonic
 from types import FrameType, TracebackType
 from typing import IO, Any, Final, Self
 
-from mahabharatha import ownership, signals
+from mahabharatha import ownership, signals, waiting
 from mahabharatha.backends.base import ReleaseWait
 from mahabharatha.constants import (
     GRACE_ENV,
@@ -626,16 +626,16 @@ def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay)
 
     if not running():
         return False
-    deadline = monotonic() + work_grace_seconds()
+    grace = waiting.Deadline(work_grace_seconds())
     # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
-    while running() and monotonic() < deadline:
+    while running() and not grace.passed():
         if relay.signalled_within(WORK_POLL_SECONDS) is not None:
             break
     if not running():
         return False
     child.kill_group()
-    deadline = monotonic() + WORK_KILL_WAIT_SECONDS
-    while running() and monotonic() < deadline:
+    killed = waiting.Deadline(WORK_KILL_WAIT_SECONDS)
+    while running() and not killed.passed():
         relay.signalled_within(WORK_POLL_SECONDS)
     return running()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from time import gmtime, monotonic, strftime
 from typing import Any, Final
 
-from mahabharatha import clock, lockfile, ownership, proof
+from mahabharatha import clock, lockfile, ownership, proof, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
@@ -833,7 +833,7 @@ def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
     pause may raise to end the wait: the lock then stays)."""
     deadline: float | None = None
     bound = 0.0
-    pause = RELEASE_RETRY_FIRST_SECONDS
+    pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS)
     while True:
         try:
             return release()
@@ -848,8 +848,7 @@ def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
                     wait.announce(bound)
             if now >= deadline:
                 raise _left_under_lease(busy, bound) from None
-        wait.pause(min(pause, deadline - now))
-        pause = min(pause * 2, RELEASE_RETRY_MAX_SECONDS)
+        wait.pause(min(next(pauses), deadline - now))
 
 
 def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:

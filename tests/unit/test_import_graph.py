@@ -54,6 +54,7 @@ LAYERS: Final[dict[str, str]] = {
     "mahabharatha.proof": NEUTRAL,
     "mahabharatha.reads": NEUTRAL,
     "mahabharatha.signals": NEUTRAL,
+    "mahabharatha.waiting": NEUTRAL,
     "mahabharatha.states": NEUTRAL,
     "mahabharatha.backends": SEAM,
     "mahabharatha.backends.base": SEAM,
