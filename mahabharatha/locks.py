@@ -71,15 +71,11 @@ from mahabharatha.backends.liveness import (
 )
 from mahabharatha.constants import (
     AUDIT_LOG_NAME,
-    BACKOFF_FIRST_SECONDS,
-    BACKOFF_MAX_SECONDS,
     COMPLETED_MARKER_NAME,
     CUT_OFF_NOTICE_SECONDS,
     GSD_DIR,
     HEARTBEAT_SECONDS,
     LEFT_WORK_POLL_SECONDS,
-    PATIENT_AFTER_SECONDS,
-    PATIENT_MAX_SECONDS,
     POOL_CONNECTION_GRACE_SECONDS,
     POOL_SLOTS_LOOK_SECONDS,
     RETRY_DELAY_SECONDS,
@@ -389,14 +385,8 @@ class _Waiting:
     def __init__(
         self, deadline: waiting.Deadline, callers: set[int], on_wait: WaitCallback | None
     ) -> None:
-        self.deadline = deadline
-        self.callers, self.on_wait, self.said = callers, on_wait, False
-        self.delays = waiting.backoff(
-            BACKOFF_FIRST_SECONDS,
-            BACKOFF_MAX_SECONDS,
-            patient_after=PATIENT_AFTER_SECONDS,
-            patient_most=PATIENT_MAX_SECONDS,
-        )
+        self.deadline, self.callers, self.on_wait, self.said = deadline, callers, on_wait, False
+        self.delays = waiting.backoff()
 
     def stopped_by(self, outcome: AcquireResult) -> tuple[LockInfo, float | None]:
         """The holder that stopped a try and the seconds left (0 or less: the wait is over);

@@ -7,6 +7,13 @@ import random
 from collections.abc import Iterator
 from time import monotonic
 
+from mahabharatha.constants import (
+    BACKOFF_FIRST_SECONDS,
+    BACKOFF_MAX_SECONDS,
+    PATIENT_AFTER_SECONDS,
+    PATIENT_MAX_SECONDS,
+)
+
 
 class Deadline:
     """The end of a wait of ``seconds`` from now (``None``: a wait without end)."""
@@ -35,13 +42,15 @@ def jittered(most: float) -> float:
 
 
 def backoff(
-    first: float, most: float, *, patient_after: float | None = None, patient_most: float = 0.0
+    first: float = BACKOFF_FIRST_SECONDS,
+    most: float = BACKOFF_MAX_SECONDS,
+    patient_after: float = PATIENT_AFTER_SECONDS,
 ) -> Iterator[float]:
-    """Jittered pauses whose ceiling doubles from ``first`` up to ``most``; once
-    ``patient_after`` seconds have passed, up to ``patient_most`` instead."""
+    """Jittered pauses whose ceiling doubles from ``first`` up to ``most`` (by default: a lock
+    acquire's); once ``patient_after`` seconds have passed, up to ``PATIENT_MAX_SECONDS``."""
     started = monotonic()
     ceiling = first
     while True:
         yield jittered(ceiling)
-        patient = patient_after is not None and monotonic() - started > patient_after
-        ceiling = min(ceiling * 2, patient_most if patient else most)
+        patient = monotonic() - started > patient_after
+        ceiling = min(ceiling * 2, PATIENT_MAX_SECONDS if patient else most)

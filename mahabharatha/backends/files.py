@@ -11,6 +11,7 @@ tokens, no chosen lease: the lease is the contract's fixed 2 hours.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -833,7 +834,7 @@ def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
     pause may raise to end the wait: the lock then stays)."""
     deadline: float | None = None
     bound = 0.0
-    pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS)
+    pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS, math.inf)
     while True:
         try:
             return release()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Final
@@ -64,7 +65,7 @@ def test_a_deadline_caps_a_pause_and_none_never_passes() -> None:
 
 
 def test_the_backoff_doubles_its_ceiling_up_to_the_most() -> None:
-    pauses = waiting.backoff(0.1, 0.4)
+    pauses = waiting.backoff(0.1, 0.4, math.inf)
     ceilings = [0.1, 0.2, 0.4, 0.4]
     for ceiling in ceilings:
         assert ceiling / 2 <= next(pauses) <= ceiling
