@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from functools import partial
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, Generic, Self, TypeVar, cast
 
 from mahabharatha import locks, ownership, waiting
 from mahabharatha.backends.base import (
@@ -181,6 +181,21 @@ async def _settled(future: asyncio.Future[Any]) -> bool:
     return task.cancelling() > before
 
 
+class _Forwarded(Generic[_T]):
+    """An attribute of an ``AsyncFeatureLock`` read from the ``FeatureLock`` state it drives."""
+
+    def __set_name__(self, _owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, lock: AsyncFeatureLock | None, _owner: type | None = None) -> _T:
+        if lock is None:  # on the class: ``FeatureLock``'s property (with its documentation)
+            return cast(_T, getattr(FeatureLock, self.name, self))
+        return cast(_T, getattr(lock._state, self.name))
+
+    def __set__(self, _lock: AsyncFeatureLock, _value: object) -> None:
+        raise AttributeError(f"property {self.name!r} of 'AsyncFeatureLock' object has no setter")
+
+
 class AsyncFeatureLock:
     """Hold a feature lock for a block of an asyncio program, refreshed by a task of the loop.
 
@@ -240,56 +255,18 @@ class AsyncFeatureLock:
 
     # ------------------------------------------------------------------ what FeatureLock says
 
-    @property
-    def feature(self) -> str:
-        return self._state.feature
-
-    @property
-    def gsd_dir(self) -> str | os.PathLike[str]:
-        return self._state.gsd_dir
-
-    @property
-    def backend(self) -> LockBackend:
-        return self._state.backend
-
-    @property
-    def pid(self) -> int:
-        return self._state.pid
-
-    @property
-    def timeout(self) -> float | None:
-        return self._state.timeout
-
-    @property
-    def heartbeat(self) -> float | None:
-        return self._state.heartbeat
-
-    @property
-    def lease(self) -> float | None:
-        return self._state.lease
-
-    @property
-    def lost(self) -> LockLostError | None:
-        return self._state.lost
-
-    @property
-    def heartbeat_error(self) -> OSError | None:
-        return self._state.heartbeat_error
-
-    @property
-    def held(self) -> bool:
-        """As :attr:`FeatureLock.held`: ours, as far as we know, and not yet stale."""
-        return self._state.held
-
-    @property
-    def expires_at(self) -> float | None:
-        """As :attr:`FeatureLock.expires_at` (epoch seconds; None when not held)."""
-        return self._state.expires_at
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of our acquisition (None: not held, or files: no tokens)."""
-        return self._state.token
+    feature = _Forwarded[str]()
+    gsd_dir = _Forwarded[str | os.PathLike[str]]()
+    backend = _Forwarded[LockBackend]()
+    pid = _Forwarded[int]()
+    timeout = _Forwarded[float | None]()
+    heartbeat = _Forwarded[float | None]()
+    lease = _Forwarded[float | None]()
+    lost = _Forwarded[LockLostError | None]()
+    heartbeat_error = _Forwarded[OSError | None]()
+    held = _Forwarded[bool]()  # ours, as far as we know, and not yet stale
+    expires_at = _Forwarded[float | None]()  # epoch seconds; None when not held
+    token = _Forwarded[int | None]()  # the fencing token (None: not held, or files: none)
 
     def work_proof(self) -> WorkProof | None:
         """As :meth:`FeatureLock.work_proof`: a proof of life to pass to a child."""
