@@ -40,11 +40,10 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from functools import partial
-from time import monotonic
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, Generic, Self, TypeVar, cast
 
-from mahabharatha import locks, ownership
+from mahabharatha import locks, ownership, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -57,8 +56,8 @@ from mahabharatha.backends.base import (
     LockLostError,
     LockTimeoutError,
 )
-from mahabharatha.constants import GSD_DIR
-from mahabharatha.locks import HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS, FeatureLock, WaitCallback
+from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS
+from mahabharatha.locks import FeatureLock, WaitCallback
 from mahabharatha.proof import WorkProof
 
 __all__ = ["AsyncFeatureLock"]
@@ -182,6 +181,22 @@ async def _settled(future: asyncio.Future[Any]) -> bool:
     return task.cancelling() > before
 
 
+class _Forwarded(Generic[_T]):
+    """An attribute of an ``AsyncFeatureLock``, read from the ``FeatureLock`` state it drives."""
+
+    def __init__(self, read: Callable[[FeatureLock], _T]) -> None:
+        self.read = read
+
+    def __set_name__(self, _owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, lock: AsyncFeatureLock | None, _owner: type | None = None) -> _T:
+        return cast(_T, self) if lock is None else self.read(lock._state)
+
+    def __set__(self, _lock: AsyncFeatureLock, _value: object) -> None:
+        raise AttributeError(f"property {self.name!r} of 'AsyncFeatureLock' object has no setter")
+
+
 class AsyncFeatureLock:
     """Hold a feature lock for a block of an asyncio program, refreshed by a task of the loop.
 
@@ -241,56 +256,19 @@ class AsyncFeatureLock:
 
     # ------------------------------------------------------------------ what FeatureLock says
 
-    @property
-    def feature(self) -> str:
-        return self._state.feature
-
-    @property
-    def gsd_dir(self) -> str | os.PathLike[str]:
-        return self._state.gsd_dir
-
-    @property
-    def backend(self) -> LockBackend:
-        return self._state.backend
-
-    @property
-    def pid(self) -> int:
-        return self._state.pid
-
-    @property
-    def timeout(self) -> float | None:
-        return self._state.timeout
-
-    @property
-    def heartbeat(self) -> float | None:
-        return self._state.heartbeat
-
-    @property
-    def lease(self) -> float | None:
-        return self._state.lease
-
-    @property
-    def lost(self) -> LockLostError | None:
-        return self._state.lost
-
-    @property
-    def heartbeat_error(self) -> OSError | None:
-        return self._state.heartbeat_error
-
-    @property
-    def held(self) -> bool:
-        """As :attr:`FeatureLock.held`: ours, as far as we know, and not yet stale."""
-        return self._state.held
-
-    @property
-    def expires_at(self) -> float | None:
-        """As :attr:`FeatureLock.expires_at` (epoch seconds; None when not held)."""
-        return self._state.expires_at
-
-    @property
-    def token(self) -> int | None:
-        """The fencing token of our acquisition (None: not held, or files: no tokens)."""
-        return self._state.token
+    feature = _Forwarded[str](lambda state: state.feature)
+    gsd_dir = _Forwarded[str | os.PathLike[str]](lambda state: state.gsd_dir)
+    backend = _Forwarded[LockBackend](lambda state: state.backend)
+    pid = _Forwarded[int](lambda state: state.pid)
+    timeout = _Forwarded[float | None](lambda state: state.timeout)
+    heartbeat = _Forwarded[float | None](lambda state: state.heartbeat)
+    lease = _Forwarded[float | None](lambda state: state.lease)
+    lost = _Forwarded[LockLostError | None](lambda state: state.lost)
+    heartbeat_error = _Forwarded[OSError | None](lambda state: state.heartbeat_error)
+    # As ``FeatureLock``'s: ours and not yet stale; its end (epoch seconds); its fencing token.
+    held = _Forwarded[bool](lambda state: state.held)
+    expires_at = _Forwarded[float | None](lambda state: state.expires_at)
+    token = _Forwarded[int | None](lambda state: state.token)
 
     def work_proof(self) -> WorkProof | None:
         """As :meth:`FeatureLock.work_proof`: a proof of life to pass to a child."""
@@ -365,7 +343,7 @@ class AsyncFeatureLock:
         state = self._state
         if state._mine is not None or self._gate is not None:
             raise LockError(f"this AsyncFeatureLock already holds {self.feature!r}")
-        deadline = None if state.timeout is None else monotonic() + max(0.0, state.timeout)
+        deadline = waiting.Deadline(state.timeout)
         gate = await self._turn(deadline)
         try:
             held = await self._wait_for_lock(
@@ -386,7 +364,7 @@ class AsyncFeatureLock:
             )
         return self
 
-    async def _turn(self, deadline: float | None) -> _Gate:
+    async def _turn(self, deadline: waiting.Deadline) -> _Gate:
         """This task's turn among the loop's tasks asking for the feature for the same owner;
         the errors of a busy lock when the wait for it runs out."""
         gate = _gate_of(self.backend, self.feature, self.pid)
@@ -394,18 +372,19 @@ class AsyncFeatureLock:
             # Not reentrant: waiting for our own turn would wait for ever.
             holder = await self._call(partial(self.backend.inspect, self.feature))
             raise AlreadyHeldError(holder)
-        if not await gate.enter(None if deadline is None else deadline - monotonic()):
+        if not await gate.enter(deadline.left()):
             holder = await self._call(partial(self.backend.inspect, self.feature))
             raise (LockTimeoutError if self.timeout else LockHeldError)(holder)
         return gate
 
-    async def _wait_for_lock(self, on_wait: WaitCallback | None, deadline: float | None) -> Held:
+    async def _wait_for_lock(
+        self, on_wait: WaitCallback | None, deadline: waiting.Deadline
+    ) -> Held:
         """``locks.acquire``'s loop, each pause an await: try, judge who stopped us, wait."""
         state = self._state
         store = state.backend
         details = ownership.details_of(state.pid, state.command)
-        callers = {state.pid, *state.caller_pids}
-        delays = locks._backoff_delays()
+        wait = locks._Waiting(deadline, {state.pid, *state.caller_pids}, on_wait)
         released = _Wake(store.async_release_listener(), self.feature)
         try:
             while True:
@@ -424,19 +403,10 @@ class AsyncFeatureLock:
                 outcome = await self._try(try_once)
                 if outcome.held is not None:
                     return outcome.held
-                holder = outcome.holder
-                assert holder is not None  # a try that did not win names who stopped it
-                if outcome.holder_is_caller or locks._held_by(
-                    holder, outcome.holder_details, callers
-                ):
-                    raise AlreadyHeldError(holder)  # waiting would wait for ourselves
-                left = None if deadline is None else deadline - monotonic()
+                holder, left = wait.stopped_by(outcome)
                 if left is not None and left <= 0:
                     raise await self._busy_error(holder)
-                if on_wait is not None:
-                    on_wait(holder, left)
-                delay = next(delays)
-                await released.wait(delay if left is None else min(delay, left), left)
+                await released.wait(wait.pause(holder, left), left)
         finally:
             released.close()
 

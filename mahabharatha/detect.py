@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path, PosixPath
 from typing import Final
 
-from mahabharatha.constants import GSD_DIR, STATE_DIR
+from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STATE_DIR
 from mahabharatha.names import is_valid_feature_name
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 
@@ -29,7 +29,6 @@ __all__ = [
 ]
 
 CURRENT_FEATURE_FILE: Final = ".current-feature"
-FEATURE_ENV_VAR: Final = "MAHABHARATHA_FEATURE"
 
 
 # --------------------------------------------------------------------------- bounded reads

@@ -20,21 +20,18 @@ folder in the way) stays an :class:`OSError`.
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``signal``)
 import dataclasses
 import math
 import os
-import random
-import signal
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from time import monotonic, sleep
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
-from mahabharatha import clock, logs, ownership
+from mahabharatha import clock, logs, ownership, signals, waiting
 from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
@@ -72,7 +69,19 @@ from mahabharatha.backends.liveness import (
     judge,
     owner_liveness,
 )
-from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
+from mahabharatha.constants import (
+    AUDIT_LOG_NAME,
+    COMPLETED_MARKER_NAME,
+    CUT_OFF_NOTICE_SECONDS,
+    GSD_DIR,
+    HEARTBEAT_SECONDS,
+    LEFT_WORK_POLL_SECONDS,
+    POOL_CONNECTION_GRACE_SECONDS,
+    POOL_SLOTS_LOOK_SECONDS,
+    RETRY_DELAY_SECONDS,
+    SLOT_PAUSE_SECONDS,
+    WAKE_UP_SLICE_SECONDS,
+)
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.proof import HandedProof, WorkProof
@@ -146,52 +155,6 @@ def __getattr__(name: str) -> Any:
 
 _T = TypeVar("_T")
 
-HEARTBEAT_SECONDS: Final = 30.0
-"""How often a holder rewrites its timestamp: far inside the 2-hour stale limit, and at least
-every 60 s as the contract asks, so a clock jump of a minute cannot make a live lock stale."""
-
-POOL_CONNECTION_GRACE_SECONDS: Final = 0.25
-"""A pool worker keeps its server connection (PostgreSQL) this long into each command, then
-lets go of it until the command ends: a quick command's done and the next claim reuse it (no
-reconnect per feature), a long one holds no connection slot while it runs (200 workers, 40
-slots)."""
-
-POOL_SLOTS_LOOK_SECONDS: Final = 0.5
-"""How often a pool worker that keeps its server connection between features (PostgreSQL,
-quick commands) asks whether the server's connection slots are nearly all taken
-(:meth:`~mahabharatha.backends.base.LockBackend.crowded`, one query on that connection). Once
-they are, the worker lets go of its connection before each command for the rest of its run:
-more workers than slots all get in (a worker that found no slot retries for
-``--connect-timeout``), for a reconnect per feature. Before, every worker let go of its
-connection once a second and connected again at once: 20 reconnects in a pool of 8 on a
-server with slots to spare, and a waiting worker rarely caught the slot freed."""
-
-BACKOFF_FIRST_SECONDS: Final = 0.002
-BACKOFF_MAX_SECONDS: Final = 0.025
-"""Waiters poll from 2 ms up to 25 ms apart (jittered): a released lock is taken within tens
-of milliseconds, and a crowd of waiters does not poll in step."""
-
-PATIENT_AFTER_SECONDS: Final = 10.0
-PATIENT_MAX_SECONDS: Final = 0.25
-"""After 10 s of waiting, poll at most 4 times a second: a holder that has kept the lock this
-long is not about to hand it over, and a waiter left for an hour should cost no CPU."""
-
-DEFERRED_SIGNALS: Final[tuple[int, ...]] = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGALRM,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
-"""Signals whose Python handlers may raise (KeyboardInterrupt, a caller's own exception): held
-back while a lock is being published, so an interrupted acquire never strands its lock."""
-
-# The C functions under ``signal``: its wrappers turn every answer into an enum, nine enum
-# lookups per acquire (one raising and catching ValueError), a quarter of an uncontended cycle.
-_get_handler: Final[Callable[[int], Any]] = _signal.getsignal
-_set_handler: Final[Callable[[int, Any], Any]] = _signal.signal
 
 GsdDir = str | os.PathLike[str]
 
@@ -327,44 +290,6 @@ def _held_by(
     return judge(facts, callers, alive=False).verdict is Verdict.CALLER
 
 
-class _SignalsDeferred:
-    """``with _SignalsDeferred():`` holds back the Python handlers of :data:`DEFERRED_SIGNALS`
-    for the block, then runs them (a class, not a ``@contextmanager``: it wraps every try).
-
-    Only the main thread runs Python signal handlers, so only there can a ``KeyboardInterrupt``
-    land between the ``link()`` that publishes our lock and the return that hands it over.
-    """
-
-    __slots__ = ("caught", "saved")
-
-    def __init__(self) -> None:
-        self.caught: list[int] = []
-        self.saved: dict[int, Any] = {}
-
-    def __enter__(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        caught = self.caught
-
-        def remember(signum: int, _frame: object) -> None:
-            caught.append(signum)
-
-        try:
-            for signum in DEFERRED_SIGNALS:
-                handler = _get_handler(signum)
-                if callable(handler):  # SIG_DFL / SIG_IGN raise nothing in Python: leave them
-                    self.saved[signum] = _set_handler(signum, remember)
-        except BaseException:
-            self.__exit__()  # put back the handlers already replaced
-            raise
-
-    def __exit__(self, *_exc: object) -> None:
-        for signum, handler in self.saved.items():
-            _set_handler(signum, handler)
-        for signum in self.caught:
-            self.saved[signum](signum, None)  # may raise: the caller's frame knows what it holds
-
-
 def _try_uninterrupted(
     backend: LockBackend,
     feature: str,
@@ -377,7 +302,7 @@ def _try_uninterrupted(
     signal handler raises: it never stays held unknown to the caller."""
     outcome: AcquireResult | None = None
     try:
-        with _SignalsDeferred():
+        with signals.Deferred():
             # Race: Ctrl-C right after link() published our lock: deferred to the end of this
             # block, by when ``outcome`` knows the exact lock to take back.
             sent = monotonic()  # the lease on the server runs from no earlier than this
@@ -386,7 +311,7 @@ def _try_uninterrupted(
                 outcome = outcome._replace(held=outcome.held._replace(sent=sent))
     except BaseException:
         if outcome is not None and outcome.held is not None:
-            with _SignalsDeferred():  # a second Ctrl-C must not cut the take-back short
+            with signals.Deferred():  # a second Ctrl-C must not cut the take-back short
                 backend.release_held(outcome.held)
         raise
     return outcome
@@ -442,50 +367,56 @@ def acquire(
     timeout = _valid_seconds("timeout", timeout)
     store = _backend(backend, gsd_dir)
     details = ownership.details_of(owner, command)
-    callers = {owner, *caller_pids}
-    deadline = None if timeout is None else monotonic() + max(0.0, timeout)
-    delays = _backoff_delays()
-    said_waiting = False
+    wait = _Waiting(waiting.Deadline(timeout), {owner, *caller_pids}, on_wait)
     while True:
         outcome = _try_uninterrupted(store, feature, owner, reclaim_dead, details, lease)
         if outcome.held is not None:
             return outcome.held
-        info = outcome.holder
-        assert info is not None  # a try that did not win names who stopped it
-        if outcome.verdict is Verdict.CALLER or _held_by(info, outcome.holder_details, callers):
-            raise AlreadyHeldError(info)  # waiting would wait for ourselves
-        left = None if deadline is None else deadline - monotonic()
+        holder, left = wait.stopped_by(outcome)
         if left is not None and left <= 0:
-            raise (LockTimeoutError if timeout else LockHeldError)(_judged(store, info))
-        if not said_waiting:
-            said_waiting = True
-            logs.say(logs.INFO, "waiting: %s", describe_holder(info))
-        if on_wait is not None:
-            on_wait(info, left)
-        delay = next(delays)
-        _pause(store, feature, delay if left is None else min(delay, left), left)
+            raise (LockTimeoutError if timeout else LockHeldError)(_judged(store, holder))
+        _pause(store, feature, wait.pause(holder, left), left)
+
+
+class _Waiting:
+    """One acquire's wait, the same for ``acquire`` and ``AsyncFeatureLock``: its deadline, its
+    backoff, and what a try that did not win means."""
+
+    def __init__(
+        self, deadline: waiting.Deadline, callers: set[int], on_wait: WaitCallback | None
+    ) -> None:
+        self.deadline, self.callers, self.on_wait, self.said = deadline, callers, on_wait, False
+        self.delays = waiting.backoff()
+
+    def stopped_by(self, outcome: AcquireResult) -> tuple[LockInfo, float | None]:
+        """The holder that stopped a try and the seconds left (0 or less: the wait is over);
+        :class:`AlreadyHeldError` when it is the caller: waiting would wait for ourselves."""
+        holder = outcome.holder
+        assert holder is not None  # a try that did not win names who stopped it
+        if outcome.verdict is Verdict.CALLER or _held_by(
+            holder, outcome.holder_details, self.callers
+        ):
+            raise AlreadyHeldError(holder)
+        return holder, self.deadline.left()
+
+    def pause(self, holder: LockInfo, left: float | None) -> float:
+        """Say that we wait (logged once, ``on_wait`` each time); the next pause."""
+        if not self.said:
+            self.said = True
+            logs.say(logs.INFO, "waiting: %s", describe_holder(holder))
+        if self.on_wait is not None:
+            self.on_wait(holder, left)
+        return self.deadline.cap(next(self.delays))
 
 
 LEASE_REFRESHES: Final = 3
 """A holder with a chosen lease (PostgreSQL) refreshes at least 3 times per lease: two
 refreshes may fail (a server restart, a lost connection) before the lock is in danger."""
 
-CUT_OFF_NOTICE_SECONDS: Final = 11.0
-"""A holder whose refreshes do not get through (a frozen link: no answer, no reset) declares
-its lock lost this long (at most a quarter of the lease) before its lease can run out on the
-server, counted from when it *sent* the last statement that set the lease; ``lock run`` then
-sends CMD SIGTERM, and SIGKILL a fifth of this before the lease's end (8.8 s of grace on the
-60 s lease), so CMD is gone before the lock can be given away."""
-
 
 def cut_off_notice(lease: float) -> float:
     """:data:`CUT_OFF_NOTICE_SECONDS` for a lease of ``lease`` seconds."""
     return min(CUT_OFF_NOTICE_SECONDS, lease / 4)
-
-
-WAKE_UP_SLICE_SECONDS: Final = 0.25
-"""A backend that wakes waiters on release (PostgreSQL's LISTEN/NOTIFY) is waited on for at most
-this long between tries: the poll rate when a wake-up is missed, never faster."""
 
 
 def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
@@ -494,18 +425,6 @@ def _pause(backend: LockBackend, feature: str, delay: float, left: float | None)
     backend.pause(
         feature, delay, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
     )
-
-
-def _backoff_delays() -> Iterator[float]:
-    """Exponential backoff with jitter: 2 ms, 4 ms, ... 25 ms; 250 ms once the wait is long."""
-    import random  # only a waiter needs it: keeps it out of every CLI call's cold start
-
-    started = monotonic()
-    ceiling = BACKOFF_FIRST_SECONDS
-    while True:
-        yield random.uniform(ceiling / 2, ceiling)
-        patient = monotonic() - started > PATIENT_AFTER_SECONDS
-        ceiling = min(ceiling * 2, PATIENT_MAX_SECONDS if patient else BACKOFF_MAX_SECONDS)
 
 
 def _valid_timeout(timeout: float | None) -> None:
@@ -698,7 +617,7 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
     """Claim; while only features held by others are left, wait for a release (at most
     ``wait`` seconds; ``None``: for ever) and claim again. The watch (an inotify descriptor, a
     listening connection) exists only while waiting: a holder keeps none while it works."""
-    deadline = None if wait is None else monotonic() + wait
+    deadline = waiting.Deadline(wait)
     outcome = pool.claim(options)
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
@@ -710,10 +629,9 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
             outcome = pool.claim(options)
             if outcome.held is not None or outcome.nothing_left:
                 return outcome
-            left = None if deadline is None else deadline - monotonic()
-            if left is not None and left <= 0:
+            if deadline.passed():
                 return outcome
-            watch.wait(RECHECK_SECONDS if left is None else min(left, RECHECK_SECONDS))
+            watch.wait(deadline.cap(RECHECK_SECONDS))
 
 
 def _valid_attempts(attempts: int) -> None:
@@ -1279,9 +1197,9 @@ class FeatureLock:
                 target=self._cut_off_loop, name=f"lock-cut-off-{self.feature}", daemon=True
             )
         try:
-            start_without_signals(self._beat)
+            signals.start_without_signals(self._beat)
             if self._cut_off is not None:
-                start_without_signals(self._cut_off)
+                signals.start_without_signals(self._cut_off)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
             self._stop_heartbeat()
             raise HeartbeatStartError(self.feature, str(error)) from error
@@ -1605,22 +1523,6 @@ class WorkReport(NamedTuple):
     """``stopped``: the exit code the step asked for (a signal's)."""
 
 
-def start_without_signals(thread: threading.Thread) -> None:
-    """Start ``thread`` with :data:`DEFERRED_SIGNALS` blocked in it (a thread starts with its
-    starter's mask). A signal for the process then goes to a thread that takes it: the main
-    thread, whose wait (for ``lock run``'s command: ``waitpid``) it interrupts, so its Python
-    handler runs at once. Race: a helper thread that took it would only flag it, and the main
-    thread would run the handler (forward it to CMD) once CMD had ended."""
-    if not hasattr(signal, "pthread_sigmask"):
-        thread.start()
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED_SIGNALS)
-    try:
-        thread.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 class PoolHeartbeat:
     """One heartbeat thread for a pool worker's whole run, keeping fresh the one lock it holds
     at a time (:class:`PoolLock`). A thread started and joined per feature made the worker wait
@@ -1679,7 +1581,7 @@ class PoolHeartbeat:
     def _start(self, lock: PoolLock) -> None:
         self._thread = threading.Thread(target=self._loop, name="lock-heartbeat-pool", daemon=True)
         try:
-            start_without_signals(self._thread)
+            signals.start_without_signals(self._thread)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
             self._thread = None
             self.let_go(lock)
@@ -1908,15 +1810,7 @@ def _pause_for_a_slot() -> None:
     """Between two rounds of connecting refused for want of a slot (each round retries for
     ``--connect-timeout``): a jittered pause, so that refused workers do not come back at once
     (each refused connection costs the server a process)."""
-    sleep(random.uniform(SLOT_PAUSE_SECONDS / 2, SLOT_PAUSE_SECONDS))
-
-
-SLOT_PAUSE_SECONDS: Final = 0.5
-
-RETRY_DELAY_SECONDS: Final = 1.0
-"""A failed feature rests this long before its next attempt (``lock work --retry-delay``): a
-command failing for a passing cause (a busy port, a flaky fetch) is not tried three times in
-a second."""
+    sleep(waiting.jittered(SLOT_PAUSE_SECONDS))
 
 
 class StopWork(Exception):
@@ -2035,21 +1929,16 @@ def run_pool(
 def _left_work_ended(leaving: list[PoolLock], wait: float | None) -> list[PoolLock]:
     """The locks of ``leaving`` whose command's leftover work has ended, once one has (at
     most ``wait`` seconds; ``None``: for ever); none when the wait ran out."""
-    deadline = None if wait is None else monotonic() + wait
+    deadline = waiting.Deadline(wait)
     while True:
         ended = [lock for lock in leaving if not _still_running(lock)]
-        if ended or (deadline is not None and monotonic() >= deadline):
+        if ended or deadline.passed():
             return ended
         sleep(LEFT_WORK_POLL_SECONDS)
 
 
 def _still_running(lock: PoolLock) -> bool:
     return lock.left_running is not None and lock.left_running()
-
-
-LEFT_WORK_POLL_SECONDS: Final = 0.1
-"""How often a worker with nothing else to claim asks whether work left by a failed command
-has ended (a proof of life gives no wake-up of its own)."""
 
 
 def work(

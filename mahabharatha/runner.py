@@ -57,16 +57,20 @@ from time import monotonic
 from types import FrameType, TracebackType
 from typing import IO, Any, Final, Self
 
-from mahabharatha import ownership
+from mahabharatha import ownership, signals, waiting
 from mahabharatha.backends.base import ReleaseWait
-from mahabharatha.exits import killed_by, shell_status
-from mahabharatha.locks import (
-    FeatureLock,
-    LockInfo,
-    LockLostError,
-    WaitCallback,
-    start_without_signals,
+from mahabharatha.constants import (
+    GRACE_ENV,
+    LOST_KILL_GRACE_SECONDS,
+    PROOF_FD_ENV,
+    SETPRIV_PROBE_SECONDS,
+    TOKEN_ENV,
+    WORK_GRACE_SECONDS,
+    WORK_KILL_WAIT_SECONDS,
+    WORK_POLL_SECONDS,
 )
+from mahabharatha.exits import killed_by, shell_status
+from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 from mahabharatha.proof import WorkProof
 
 __all__ = [
@@ -83,26 +87,10 @@ __all__ = [
 ]
 
 
-FORWARDED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
-LOST_KILL_GRACE_SECONDS: Final = 10.0
-"""After SIGTERM for a lost lock, CMD may take this long to stop cleanly before SIGKILL: long
-enough to flush and exit, short enough that two holders do not work side by side for long."""
 _READ_SENDERS: Final = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
 """Can we learn who sent a signal (Linux and most POSIX systems; not macOS)?"""
-WORK_GRACE_SECONDS: Final = 5.0
-"""After CMD ended, what it left running (still holding its proof of life) gets this long to
-finish before its process group is SIGKILLed (``MAHABHARATHA_RUN_GRACE`` sets another)."""
-GRACE_ENV: Final = "MAHABHARATHA_RUN_GRACE"
-WORK_KILL_WAIT_SECONDS: Final = 2.0
-"""After that SIGKILL, how long the kernel gets to take the group's processes down."""
-WORK_POLL_SECONDS: Final = 0.02
-"""How often the proof is looked at while waiting for the work to end (one system call)."""
-PROOF_FD_ENV: Final = "MAHABHARATHA_LOCK_PROOF_FD"
-"""CMD's environment names the descriptor that carries its proof of life (for a CMD that
-starts work through Python's ``subprocess``, which closes descriptors by default:
-``pass_fds=[int(os.environ[...])]`` keeps that work counted)."""
 
 
 class OnLost(enum.StrEnum):
@@ -299,7 +287,7 @@ class _SignalRelay:
     def _take_own(self) -> None:
         if _READ_SENDERS:
             # Blocked signals meant for this thread (raise(), a pthread_kill) wait here.
-            while (info := signal.sigtimedwait(FORWARDED_SIGNALS, 0)) is not None:
+            while (info := signal.sigtimedwait(signals.FORWARDED, 0)) is not None:
                 self.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
 
     def releasing(self) -> None:
@@ -369,7 +357,7 @@ class _SenderReader:
 
     def _loop(self) -> None:
         while True:
-            info = signal.sigwaitinfo(FORWARDED_SIGNALS)
+            info = signal.sigwaitinfo(signals.FORWARDED)
             if self._stopping:
                 return
             self._relay.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
@@ -393,26 +381,22 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
     is forwarded whoever sent it (CMD leads a group of its own), the Python handler does that,
     and a reader started and stopped for every command (a pool's worker, whose stdin is never
     a terminal) was a thread for nothing: two waits per feature for it to be scheduled. Our
-    other threads start with the signals blocked (``locks.start_without_signals``), so the
+    other threads start with the signals blocked (``signals.start_without_signals``), so the
     handler runs in the main thread at once."""
     if not _READ_SENDERS or not _stdin_is_a_terminal():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
-    try:
-        reader = _SenderReader(relay)
-    except BaseException as error:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        if not isinstance(error, RuntimeError):
-            raise
-        # "can't start new thread": go on without senders (the heartbeat will say it cannot).
-        yield
-        return
-    try:
-        yield
-    finally:
-        reader.stop()
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    with signals.masked(signal.SIG_BLOCK, signals.FORWARDED) as previous:
+        try:
+            reader = _SenderReader(relay)
+        except RuntimeError:  # "can't start new thread": on without senders (nor the block)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            yield
+            return
+        try:
+            yield
+        finally:
+            reader.stop()
 
 
 def _stdin_is_a_terminal() -> bool:
@@ -422,18 +406,12 @@ def _stdin_is_a_terminal() -> bool:
         return False
 
 
-@contextmanager
-def _unmasked() -> Iterator[None]:
+def _unmasked() -> AbstractContextManager[object]:
     """Lift the block while CMD is started: a child inherits the signal mask across exec, and
     CMD must get its signals. Meanwhile a signal reaches the Python handler (the relay)."""
     if not _READ_SENDERS:
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        return nullcontext()
+    return signals.masked(signal.SIG_UNBLOCK, signals.FORWARDED)
 
 
 def _grace_before(stop_by: float | None) -> float:
@@ -489,7 +467,7 @@ class _LossWatch:
             target=self._act, args=(child, error), name="lock-run-lost", daemon=True
         )
         try:
-            start_without_signals(acting)
+            signals.start_without_signals(acting)
         except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
             self._notify(error)
             if self.policy is OnLost.TERMINATE:
@@ -648,35 +626,18 @@ def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay)
 
     if not running():
         return False
-    deadline = monotonic() + work_grace_seconds()
+    grace = waiting.Deadline(work_grace_seconds())
     # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
-    while running() and monotonic() < deadline:
+    while running() and not grace.passed():
         if relay.signalled_within(WORK_POLL_SECONDS) is not None:
             break
     if not running():
         return False
     child.kill_group()
-    deadline = monotonic() + WORK_KILL_WAIT_SECONDS
-    while running() and monotonic() < deadline:
+    killed = waiting.Deadline(WORK_KILL_WAIT_SECONDS)
+    while running() and not killed.passed():
         relay.signalled_within(WORK_POLL_SECONDS)
     return running()
-
-
-@contextmanager
-def _relaying(relay: _SignalRelay) -> Iterator[None]:
-    """The relay handles the forwarded signals during the block, except a signal someone set
-    to be ignored (``nohup``: HUP; a script's background job: INT): it stays ignored, for us and
-    for CMD, which inherits an ignored signal across ``exec`` (a handled one it would not)."""
-    previous = {
-        sig: signal.signal(sig, relay)
-        for sig in FORWARDED_SIGNALS
-        if signal.getsignal(sig) is not signal.SIG_IGN
-    }
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class Run:
@@ -730,7 +691,7 @@ class Run:
 
     @contextmanager
     def _signals_then_release(self) -> Iterator[None]:
-        with _relaying(self._relay), _senders_known(self._relay):
+        with signals.Handling(signals.FORWARDED, self._relay), _senders_known(self._relay):
             try:
                 yield
             finally:
@@ -968,9 +929,6 @@ def _setpriv_with_pdeathsig() -> str | None:
     return path if done.returncode == 0 else None
 
 
-SETPRIV_PROBE_SECONDS: Final = 5.0  # a hang guard for the one probe, never reached in practice
-
-
 def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
     """Raise what ``Popen`` raises for a command that cannot be started: ``FileNotFoundError``
     (no such command on ``PATH``), ``PermissionError`` (a folder, or no execute permission)."""
@@ -1010,11 +968,6 @@ def _found_on_path(program: str, search: str) -> str | None:
         return found
     entries = (os.path.join(folder or os.curdir, program) for folder in search.split(os.pathsep))
     return next((entry for entry in entries if os.path.exists(entry)), None)
-
-
-TOKEN_ENV: Final = "MAHABHARATHA_LOCK_TOKEN"
-"""CMD's copy of the lock's fencing token (backends with tokens): a resource that checks it
-(``lock verify FEATURE --token N``) refuses a holder whose lock was taken over."""
 
 
 def _child_env(

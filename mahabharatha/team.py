@@ -28,15 +28,15 @@ import selectors
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from typing import Any, Final, NamedTuple, NoReturn
 
+from mahabharatha import signals
 from mahabharatha.exits import shell_status
 from mahabharatha.locks import WorkReport, WorkResult
 
-__all__ = ["TEAM_SIGNALS", "WorkerEnd", "merge_reports", "report_from_document", "run_team"]
+__all__ = ["WorkerEnd", "merge_reports", "report_from_document", "run_team"]
 
-TEAM_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """Signals this process forwards to every worker (each worker handles them as ``lock work``)."""
 READ_CHUNK: Final = 65536
 WORKER_FAILED: Final = 70  # EX_SOFTWARE: a worker whose own code raised past its answer
@@ -73,18 +73,15 @@ def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
         raise RuntimeError("a team of workers is forked before any thread starts")
     workers: list[_Worker] = []
     forwarding = _Forwarding(workers)
-    # Race: a signal between two forks would reach only the workers forked so far (or end
-    # this process before it forwards anything): held back until every worker is started.
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, TEAM_SIGNALS)
-    try:
-        _fork_workers(jobs, job, blocked, workers)
-        forwarding.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # pending ones are forwarded now
-    try:
+    with ExitStack() as forwarded:
+        # Race: a signal between two forks would reach only the workers forked so far (or end
+        # this process before it forwards anything): held back until every worker is started
+        # (with our handlers, not this one) and forwarded as the block ends. One someone set
+        # to be ignored (nohup: HUP) stays ignored, as the workers and their commands do.
+        with signals.masked(signal.SIG_BLOCK, signals.FORWARDED) as unblocked:
+            _fork_workers(jobs, job, unblocked, workers)
+            forwarded.enter_context(signals.Handling(signals.FORWARDED, forwarding))
         answers = _read_answers(workers, forwarding)
-    finally:
-        forwarding.stop()
     return [WorkerEnd(w.pid, answers.get(w.pid), _reaped(w.pid)) for w in workers]
 
 
@@ -163,13 +160,12 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class _Forwarding:
-    """This process's handlers for :data:`TEAM_SIGNALS` while the team works: each signal is
+    """This process's handler for :data:`signals.FORWARDED` while the team works: each signal is
     sent on to every worker that has not ended."""
 
     def __init__(self, workers: list[_Worker]) -> None:
         self.workers = workers
         self.ended: set[int] = set()
-        self.previous: dict[int, Any] = {}
 
     def __call__(self, signum: int, _frame: object) -> None:
         for worker in self.workers:
@@ -178,19 +174,6 @@ class _Forwarding:
             if worker.pid not in self.ended:
                 with suppress(ProcessLookupError):
                     os.kill(worker.pid, signum)
-
-    def start(self) -> None:
-        # A signal someone set to be ignored (nohup: HUP) stays ignored, as the workers
-        # (forked with it ignored) and their commands ignore it too.
-        self.previous = {
-            signum: signal.signal(signum, self)
-            for signum in TEAM_SIGNALS
-            if signal.getsignal(signum) is not signal.SIG_IGN
-        }
-
-    def stop(self) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
 
 
 def _read_answers(workers: list[_Worker], forwarding: _Forwarding) -> dict[int, dict[str, Any]]:

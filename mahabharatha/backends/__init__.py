@@ -13,7 +13,7 @@ import threading
 from typing import Any, Final
 
 from mahabharatha.backends.base import LockBackend
-from mahabharatha.constants import GSD_DIR
+from mahabharatha.constants import GSD_DIR, LOCK_URL_ENV, NAMESPACE_ENV
 
 __all__ = [
     "LOCK_URL_ENV",
@@ -25,10 +25,6 @@ __all__ = [
     "url_holds_password",
 ]
 
-LOCK_URL_ENV: Final = "MAHABHARATHA_LOCK_URL"
-"""Names the lock server for every entry point: the CLI, the ``locks`` functions, ``FeatureLock``
-and the legacy functions (none may use files while it names a server: two holders)."""
-NAMESPACE_ENV: Final = "MAHABHARATHA_LOCK_NAMESPACE"
 
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 """The URL schemes that name a PostgreSQL server (libpq accepts both)."""

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from time import sleep
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
+from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 from mahabharatha.states import State
 
 if TYPE_CHECKING:
@@ -465,14 +466,6 @@ class ReleaseWatch(Protocol):
         """Wait up to ``seconds`` (at most :data:`RECHECK_SECONDS`) for a release; True when
         one came (or may have: look again)."""
         ...
-
-
-POLL_SECONDS: Final = 0.05
-"""Where no release wakes a waiter: how long it sleeps between claims (20 tries a second, each a
-few system calls per feature)."""
-RECHECK_SECONDS: Final = 1.0
-"""Even where releases wake waiters, a waiter claims again at least this often: a lock that goes
-stale or whose owner dies (``--reclaim-dead``) is not released, so nothing says so."""
 
 
 class _PollingWatch:

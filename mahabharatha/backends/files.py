@@ -11,6 +11,7 @@ tokens, no chosen lease: the lease is the contract's fixed 2 hours.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -20,7 +21,7 @@ from pathlib import Path
 from time import gmtime, monotonic, strftime
 from typing import Any, Final
 
-from mahabharatha import clock, lockfile, ownership, proof
+from mahabharatha import clock, lockfile, ownership, proof, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
@@ -43,7 +44,15 @@ from mahabharatha.backends.base import (
 )
 from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
 from mahabharatha.backends.release_watch import ReleaseWatch
-from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, GSD_DIR
+from mahabharatha.constants import (
+    AUDIT_LOG_NAME,
+    COMPLETED_MARKER_NAME,
+    DEFAULT_LEASE_BREAK_SECONDS,
+    GSD_DIR,
+    LEASE_BREAK_MARGIN_SECONDS,
+    RELEASE_RETRY_FIRST_SECONDS,
+    RELEASE_RETRY_MAX_SECONDS,
+)
 from mahabharatha.lockfile import (
     STALE_AFTER_SECONDS,
     EntryKind,
@@ -85,16 +94,6 @@ bounded reads accept."""
 
 
 LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
-DEFAULT_LEASE_BREAK_SECONDS: Final = 45.0
-"""The kernel's default lease-break time: assumed where the setting cannot be read."""
-LEASE_BREAK_MARGIN_SECONDS: Final = 5.0
-"""Waited beyond the lease-break time: the kernel times the break from the first refused open
-(ours, 0.5 s before we start counting, or another reader's) and may act a little late."""
-RELEASE_RETRY_FIRST_SECONDS: Final = 0.1
-RELEASE_RETRY_MAX_SECONDS: Final = 2.0
-"""Pauses between release tries under a lease (doubling): each try already spins 0.5 s on
-the refused read, so the wait costs a fifth of a CPU at most, and a lease given up is seen
-within about two seconds."""
 
 
 # --------------------------------------------------------------------------- facts about locks
@@ -835,7 +834,7 @@ def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
     pause may raise to end the wait: the lock then stays)."""
     deadline: float | None = None
     bound = 0.0
-    pause = RELEASE_RETRY_FIRST_SECONDS
+    pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS, math.inf)
     while True:
         try:
             return release()
@@ -850,8 +849,7 @@ def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
                     wait.announce(bound)
             if now >= deadline:
                 raise _left_under_lease(busy, bound) from None
-        wait.pause(min(pause, deadline - now))
-        pause = min(pause * 2, RELEASE_RETRY_MAX_SECONDS)
+        wait.pause(min(next(pauses), deadline - now))
 
 
 def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:

@@ -21,6 +21,8 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.waiting import Ready, Wait
 
+from mahabharatha.constants import CONNECT_TIMEOUT_SECONDS
+
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
     "SLOTS_TAKEN_SQLSTATE",
@@ -30,9 +32,6 @@ __all__ = [
     "password_of",
     "server_of",
 ]
-
-CONNECT_TIMEOUT_SECONDS: Final = 5.0
-"""How long a command waits for the server (to connect, and for any one answer)."""
 
 
 SLOTS_TAKEN_SQLSTATE: Final = "53300"

@@ -65,6 +65,7 @@ from mahabharatha.backends.pg_connection import (
     server_of,
 )
 from mahabharatha.backends.pg_namespace import derive_namespace, normalise_remote
+from mahabharatha.constants import NAMESPACE_ENV, SCHEMA_ENV
 from mahabharatha.names import feature_folders
 
 __all__ = [
@@ -99,7 +100,6 @@ MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 DEFAULT_SCHEMA: Final = "mahabharatha"
 """The schema of the lock tables unless ``MAHABHARATHA_LOCK_SCHEMA`` (or ``schema=``) names
 another: every statement names it, so no ``search_path`` decides where the tables are."""
-SCHEMA_ENV: Final = "MAHABHARATHA_LOCK_SCHEMA"
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """A schema name needing no quotes (it is written into statements and into regclass text)."""
 _NAMED_SCHEMA: Final = re.compile(
@@ -622,7 +622,7 @@ class PostgresBackend(LockBackend):
         """The backend for ``url``; the namespace from ``namespace``, else
         ``MAHABHARATHA_LOCK_NAMESPACE``, else the repository's ``origin`` remote (ValueError
         when there is none: the caller says to pass ``--namespace``)."""
-        chosen = namespace or os.environ.get("MAHABHARATHA_LOCK_NAMESPACE") or None
+        chosen = namespace or os.environ.get(NAMESPACE_ENV) or None
         if chosen is None:
             chosen = derive_namespace(gsd_dir)
         if chosen is None:

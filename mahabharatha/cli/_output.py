@@ -14,19 +14,18 @@ import os
 import signal
 import stat
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Annotated, Any, Final, NamedTuple, NoReturn
 
 import typer
 
-from mahabharatha import runner
+from mahabharatha import runner, signals
 from mahabharatha.backends import open_backend, url_holds_password
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
 from mahabharatha.cli._render import is_reclaimable
-from mahabharatha.constants import GSD_DIR
+from mahabharatha.constants import CONNECT_TIMEOUT_SECONDS, GSD_DIR, LOCK_URL_ENV, NAMESPACE_ENV
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
     EXIT_CANNOT_EXECUTE,
@@ -82,11 +81,6 @@ __all__ = [
     "with_shared_options",
 ]
 
-URL_ENV: Final = "MAHABHARATHA_LOCK_URL"
-NAMESPACE_ENV: Final = "MAHABHARATHA_LOCK_NAMESPACE"
-CONNECT_TIMEOUT_SECONDS: Final = 5.0
-"""How long a command waits for a lock server (the PostgreSQL backend's own default too)."""
-
 
 class Place(NamedTuple):
     """Where a command's locks live: ``--backend`` (or ``MAHABHARATHA_LOCK_URL``; none: the
@@ -103,7 +97,7 @@ class Place(NamedTuple):
     def of(cls, url: str | None, namespace: str | None, connect_timeout: float) -> Place:
         if url:
             _say_if_password_on_argv(url)
-        chosen = url or os.environ.get(URL_ENV) or None
+        chosen = url or os.environ.get(LOCK_URL_ENV) or None
         named = namespace or os.environ.get(NAMESPACE_ENV) or None
         return cls(chosen, named, connect_timeout)
 
@@ -181,7 +175,7 @@ BackendOption = Annotated[
         rich_help_panel=ACROSS_HOSTS,
         help=(
             "Where locks live: a postgresql:// URL (libpq syntax; PGPASSWORD, ~/.pgpass work). "
-            f"Default: ${URL_ENV}, else the folder --gsd-dir."
+            f"Default: ${LOCK_URL_ENV}, else the folder --gsd-dir."
         ),
     ),
 ]
@@ -514,54 +508,20 @@ ENDING_SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP)
 """Signals that end a command at once by default: they raise :class:`Terminated` instead."""
 
 
-@contextmanager
-def _termination_raised() -> Iterator[None]:
-    """Make TERM and HUP (where their handler is the default, not ignored by a ``nohup``)
-    raise :class:`Terminated`: a lock operation's own deferral then keeps them from cutting a
-    publish short, and the answer (or a give-back) always follows."""
-
-    def terminate(signum: int, _frame: object) -> None:
-        raise Terminated(signum)
-
-    with _handling(ENDING_SIGNALS, terminate, only_default=True):
-        yield
-
-
-@contextmanager
-def _signals_held_back() -> Iterator[list[int]]:
-    """While the answer is written: TERM, HUP and INT are noted, not acted on (the command
-    ends right after with the answer's code, which is what a caller must learn)."""
-    caught: list[int] = []
-    with _handling((*ENDING_SIGNALS, signal.SIGINT), lambda got, _frame: caught.append(got)):
-        yield caught
-
-
-@contextmanager
-def _handling(
-    signums: Sequence[int], handler: Callable[[int, Any], None], *, only_default: bool = False
-) -> Iterator[None]:
-    """``handler`` for ``signums`` during the block (main thread only; a signal someone set to
-    be ignored stays ignored, and with ``only_default`` only default ones are taken over)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {}
-    for signum in signums:
-        current = signal.getsignal(signum)
-        if current is not signal.SIG_IGN and (not only_default or current is signal.SIG_DFL):
-            saved[signum] = signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        for signum, previous in saved.items():
-            signal.signal(signum, previous)
+def _terminate(signum: int, _frame: object) -> NoReturn:
+    """TERM and HUP (where their handler is the default, not ignored by a ``nohup``) raise
+    :class:`Terminated` while a command works: a lock operation's own deferral then keeps them
+    from cutting a publish short, and the answer (or a give-back) always follows."""
+    raise Terminated(signum)
 
 
 def emit(result: Result, as_json: bool) -> NoReturn:
     """Print ``result`` and exit with its code. When the answer cannot be written (stdout on a
     full disk, a reader gone) a lock the command took is given back and the exit is 3: never
     a lock its caller was not told of, never "held by someone else"."""
-    with _signals_held_back():
+    # While the answer is written TERM, HUP and INT are noted, not acted on: the command ends
+    # right after with the answer's code, which is what a caller must learn.
+    with signals.Handling(signals.FORWARDED, lambda _signum, _frame: None):
         try:
             _write(result, as_json)
         except OSError as error:
@@ -713,7 +673,7 @@ def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advic
     """:func:`respond`'s answer, not printed (``lock work --jobs``: a worker's, sent to the
     command that merges them)."""
     try:
-        with _termination_raised():
+        with signals.Handling(ENDING_SIGNALS, _terminate, signals.is_default):
             given_gsd_dir_exists()
             result = action()
     except KeyboardInterrupt as stop:  # Ctrl-C, TERM, HUP: still one document, one sentence

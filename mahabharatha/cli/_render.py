@@ -15,6 +15,7 @@ from mahabharatha.backends.base import (
     describe_holder,
     format_duration,
 )
+from mahabharatha.constants import JUDGE_EVERY_SECONDS, REDRAW_SECONDS
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -188,10 +189,6 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
     return [table, *more]
 
 
-REDRAW_SECONDS: Final = 1.0
-"""The waiting line shows whole seconds: drawing it more often only costs the terminal."""
-
-
 class WaitingLine:
     """While a command waits for a lock at a terminal: one line on stderr saying who holds it
     and how long is left, redrawn in place at most once a second.
@@ -236,11 +233,6 @@ class WaitingLine:
             sys.stderr.flush()
             self._shown = False
             self._drawn_at = None
-
-
-JUDGE_EVERY_SECONDS: Final = 1.0
-"""How often a waiter asks whether the holder still runs: the polls themselves skip that
-judgement (the process table 50 times a second would cost the waiter its CPU)."""
 
 
 class GoneHolderNotice:

@@ -20,13 +20,11 @@ from pathlib import Path
 from time import gmtime, strftime, time
 from typing import IO, Any, Final, NamedTuple
 
+from mahabharatha.constants import PUMP_JOIN_SECONDS
+
 __all__ = ["LAST_LOG_NAME", "CommandOutput", "command_output", "last_log"]
 
 LAST_LOG_NAME: Final = ".last-log"
-PUMP_JOIN_SECONDS: Final = 5.0
-"""How long the end of an attempt waits for its tagged output to be written out. Work the
-command left behind may keep the pipe open for ever: its later lines still go out, tagged, from
-a thread that no longer holds the worker up."""
 
 
 class CommandOutput(NamedTuple):

@@ -20,7 +20,7 @@ from typing import IO, Annotated, Any, Final, NamedTuple, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from mahabharatha import locks, logs, runner, team
+from mahabharatha import locks, logs, runner, signals, team
 from mahabharatha.backends import load_backend_code
 from mahabharatha.backends.base import (
     BackendError,
@@ -56,7 +56,7 @@ from mahabharatha.cli.lock import (
     complete_feature,
     require_folder_of_files,
 )
-from mahabharatha.detect import FEATURE_ENV_VAR
+from mahabharatha.constants import FEATURE_ENV_VAR, RETRY_DELAY_SECONDS, WATCH_SECONDS
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
     EXIT_HELD,
@@ -181,7 +181,7 @@ def work(
                 f"that reads its record). Default {locks.RETRY_DELAY_SECONDS:g}."
             ),
         ),
-    ] = locks.RETRY_DELAY_SECONDS,
+    ] = RETRY_DELAY_SECONDS,
     tag: Annotated[
         bool,
         typer.Option("--tag", help="Prefix each line of CMD's output with [FEATURE]."),
@@ -243,7 +243,7 @@ def work(
             # Race: a signal forwarded once this worker's pool is over (its report made) would
             # end it before its answer is written, and the team's report would lose its
             # results. Held back till it exits (os._exit drops them): nothing is left to stop.
-            signal.pthread_sigmask(signal.SIG_BLOCK, team.TEAM_SIGNALS)
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
 
     def one_worker() -> Result:
         store = backend_to_claim_from(shared, features)
@@ -449,8 +449,6 @@ def _work_result(
 
 # --------------------------------------------------------------------------- status --watch
 
-WATCH_SECONDS: Final = 1.0
-"""How often ``status --watch`` looks again (and redraws at a terminal)."""
 BAR_WIDTH: Final = 40
 TOP_LINES: Final = 3
 """The bar, the counts that are not zero, the rate and estimate: always on screen, on top."""

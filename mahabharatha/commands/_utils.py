@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from mahabharatha import clock, detect, proof
 from mahabharatha.clock import now
-from mahabharatha.constants import GSD_DIR
+from mahabharatha.constants import GSD_DIR, LOCK_URL_ENV
 from mahabharatha.detect import CURRENT_FEATURE_FILE, FEATURE_ENV_VAR, detect_feature
 from mahabharatha.lockfile import (
     LOCK_FILE_NAME,
@@ -129,7 +129,7 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
 def _lock_server() -> str | None:
     """The lock server ``MAHABHARATHA_LOCK_URL`` names: then the legacy functions answer from
     it (``mahabharatha.backends.legacy_server``, imported only then), never from files."""
-    return os.environ.get("MAHABHARATHA_LOCK_URL") or None
+    return os.environ.get(LOCK_URL_ENV) or None
 
 
 def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:

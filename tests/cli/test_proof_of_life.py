@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import lockfile, locks, ownership, proof, runner
+from mahabharatha import constants, lockfile, locks, ownership, proof, runner
 from tests.cli._support import (
     FEATURE,
     SYNC_TIMEOUT,
@@ -69,7 +69,7 @@ SECOND: Final = "import sys; open(sys.argv[1], 'w').write('second ran')"
 @pytest.fixture(autouse=True)
 def short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
     """``lock run`` waits this long for CMD's leftovers before SIGKILLing its group."""
-    monkeypatch.setenv(runner.GRACE_ENV, "0.3")
+    monkeypatch.setenv(constants.GRACE_ENV, "0.3")
 
 
 @pytest.fixture

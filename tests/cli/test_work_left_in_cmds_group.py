@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import ownership, proof, runner
+from mahabharatha import constants, ownership, proof
 from tests.cli._support import FEATURE, SYNC_TIMEOUT, cli_argv, lock_path, wait_for
 from tests.cli.test_proof_of_life import (
     EX_TEMPFAIL,
@@ -62,7 +62,7 @@ proof can vouch for the job."""
 @pytest.fixture
 def grace(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A grace longer than any test step: ``lock run`` waits for the job, not the clock."""
-    monkeypatch.setenv(runner.GRACE_ENV, "60")
+    monkeypatch.setenv(constants.GRACE_ENV, "60")
     yield
 
 
@@ -119,7 +119,7 @@ def test_the_proofs_descriptor_is_above_the_numbers_scripts_use(
     """Fails on 211f242: the proof was passed as descriptor 5 (or another below 10); the
     script's ``exec 5>>log`` closed it, the ``setsid`` job held no proof, and ``lock run``
     released under it without a word (the wait for its "stays held" ran out)."""
-    monkeypatch.setenv(runner.GRACE_ENV, "0.3")  # the job left the group: no grace ends it
+    monkeypatch.setenv(constants.GRACE_ENV, "0.3")  # the job left the group: no grace ends it
     marker = tmp_path / "second"
     log = tmp_path / "script.log"
     script = ["sh", "-c", SHELL_NUMBERS_THEN_SETSID, str(log), sys.executable, JOB]

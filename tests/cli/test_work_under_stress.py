@@ -23,7 +23,7 @@ from typing import Final
 
 import pytest
 
-from mahabharatha import proof, runner
+from mahabharatha import constants, proof
 from tests.cli._support import SYNC_TIMEOUT, assert_no_traceback, wait_for
 from tests.cli.test_proof_of_life import alive
 from tests.cli.test_work_jobs import _kill_session, start_command
@@ -88,7 +88,7 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name, text in scripts:
         (folder / name).write_text(text)
         (folder / name).chmod(0o755)
-    monkeypatch.setenv(runner.GRACE_ENV, "0.2")  # the job left the group: no grace ends it
+    monkeypatch.setenv(constants.GRACE_ENV, "0.2")  # the job left the group: no grace ends it
     return folder
 
 

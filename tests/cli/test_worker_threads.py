@@ -12,7 +12,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from mahabharatha import locks
+from mahabharatha import signals
 from tests.cli._support import SYNC_TIMEOUT
 from tests.cli.test_work_pool import CLI
 
@@ -39,8 +39,8 @@ def test_our_threads_start_with_the_signals_blocked() -> None:
     thread = threading.Thread(
         target=lambda: seen.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
     )
-    locks.start_without_signals(thread)
+    signals.start_without_signals(thread)
     thread.join(SYNC_TIMEOUT)
-    assert set(locks.DEFERRED_SIGNALS) <= seen[0]
+    assert set(signals.DEFERRED) <= seen[0]
     # The starter's own mask is as it was: the main thread still takes them.
-    assert not set(locks.DEFERRED_SIGNALS) & set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    assert not set(signals.DEFERRED) & set(signal.pthread_sigmask(signal.SIG_BLOCK, []))

@@ -53,6 +53,8 @@ LAYERS: Final[dict[str, str]] = {
     "mahabharatha.ownership": NEUTRAL,
     "mahabharatha.proof": NEUTRAL,
     "mahabharatha.reads": NEUTRAL,
+    "mahabharatha.signals": NEUTRAL,
+    "mahabharatha.waiting": NEUTRAL,
     "mahabharatha.states": NEUTRAL,
     "mahabharatha.backends": SEAM,
     "mahabharatha.backends.base": SEAM,

@@ -1,0 +1,108 @@
+"""Every signal rule in one place: the signals a holder forwards, those an acquire holds back,
+handlers installed for a block and restored after it, and masks.
+
+Python runs signal handlers in the main thread only, and only there can they be set: elsewhere
+:class:`Handling` does nothing. A signal someone set to be ignored (``nohup``: HUP; a script's
+background job: INT) stays ignored, for us and for a child, which inherits an ignored signal
+across ``exec`` (a handled one it would not).
+"""
+
+from __future__ import annotations
+
+import _signal  # type: ignore[import-not-found]  # (no stub: the C half of ``signal``)
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+FORWARDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Signals that ``lock run`` passes on to CMD and ``lock work -j`` to its workers."""
+DEFERRED: Final = (*FORWARDED, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals whose Python handlers may raise: held back while a lock is being published."""
+
+# The C functions under ``signal``: its wrappers turn every answer into an enum, a cost that
+# lock acquire (one :class:`Deferred` per try) would pay on every try.
+_get_handler: Final[Callable[[int], Any]] = _signal.getsignal
+_set_handler: Final[Callable[[int, Any], Any]] = _signal.signal
+Handler = Callable[[int, Any], object]
+
+
+def not_ignored(current: object) -> bool:
+    return current != signal.SIG_IGN
+
+
+def is_default(current: object) -> bool:
+    return current == signal.SIG_DFL
+
+
+class Handling:
+    """``with Handling(signums, handler):`` ``handler`` for each of ``signums`` whose current
+    handler ``take`` accepts (by default: every one not ignored), the previous ones restored on
+    leaving. A class, not a ``@contextmanager``: lock acquire enters one per try."""
+
+    __slots__ = ("_handler", "_signums", "_take", "saved")
+
+    def __init__(
+        self, signums: Sequence[int], handler: Handler, take: Callable[[Any], bool] = not_ignored
+    ) -> None:
+        self._signums, self._handler, self._take = signums, handler, take
+        self.saved: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            for signum in self._signums:
+                if self._take(_get_handler(signum)):
+                    self.saved[signum] = _set_handler(signum, self._handler)
+        except BaseException:
+            self.__exit__()  # put back the handlers already replaced
+            raise
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, previous in self.saved.items():
+            _set_handler(signum, previous)
+
+
+class Deferred(Handling):
+    """``with Deferred():`` holds back the Python handlers of :data:`DEFERRED` (a default or
+    ignored one raises nothing in Python: left alone) for the block, then runs them with the
+    signals that came. Only in the main thread can a ``KeyboardInterrupt`` land between the
+    ``link()`` that publishes a lock and the return that hands it over."""
+
+    __slots__ = ("caught",)
+
+    def __init__(self) -> None:
+        caught: list[int] = []
+        super().__init__(DEFERRED, lambda signum, _frame: caught.append(signum), callable)
+        self.caught = caught
+
+    def __exit__(self, *_exc: object) -> None:
+        super().__exit__()
+        for signum in self.caught:
+            self.saved[signum](signum, None)  # may raise: the caller's frame knows what it holds
+
+
+@contextmanager
+def masked(how: int, signums: Sequence[int]) -> Iterator[Iterable[int]]:
+    """This thread's mask changed by ``how`` (``SIG_BLOCK``, ``SIG_UNBLOCK``) for the block;
+    yields the mask before it, which is put back on leaving (pending signals arrive then)."""
+    previous = signal.pthread_sigmask(how, signums)
+    try:
+        yield previous
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def start_without_signals(thread: threading.Thread) -> None:
+    """Start ``thread`` with :data:`DEFERRED` blocked in it (a thread starts with its starter's
+    mask). A signal for the process then goes to a thread that takes it: the main thread, whose
+    wait (for ``lock run``'s command: ``waitpid``) it interrupts, so its Python handler runs at
+    once. Race: a helper thread that took it would only flag it, and the main thread would run
+    the handler (forward it to CMD) once CMD had ended."""
+    if not hasattr(signal, "pthread_sigmask"):
+        thread.start()
+        return
+    with masked(signal.SIG_BLOCK, DEFERRED):
+        thread.start()
