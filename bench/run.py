@@ -104,6 +104,7 @@ def _uncontended_on_two(
             print(f"[bench] {why_not}", file=sys.stderr)
             results["second_filesystem"] = why_not
         else:
+            print(f"[bench] mounted a tmpfs at {tmpfs}", file=sys.stderr, flush=True)
             places["uncontended-tmpfs"] = tmpfs
         found = scenarios.uncontended_on(
             places, rounds=sizes.uncontended_rounds, cycles=sizes.uncontended_cycles

@@ -4,6 +4,9 @@ tmpfs it mounts itself, side by side, and leaves no mount behind on any way out.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from bench import machine, scenarios
 from bench import run as bench_run
 from bench.contenders import BenchError
 
+ROOT = Path(__file__).resolve().parents[2]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only root can mount a tmpfs")
 
 
@@ -77,3 +81,24 @@ def test_without_a_second_file_system_the_run_measures_one_and_says_why(
     # Ours x the two peers and ours x the floor, on the one file system (a missing peer's
     # target is there too, "not measured").
     assert sum(t["target"].startswith("(1, ") for t in results["targets"]) == 2 * 2 + 2
+
+
+@needs_root
+def test_the_tmpfs_is_unmounted_when_the_run_is_terminated(tmp_path: Path) -> None:
+    """SIGTERM while the run measures on its tmpfs: the run exits 143 and the mount is gone.
+    Without the SIGTERM handler the run died by the signal (-15) and left its mount behind;
+    before issue 30 there was no tmpfs at all (skipped: the run never says it mounted one)."""
+    # --quick: seconds of cycles after the mount, so the signal lands inside the measurement.
+    command = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "1"]
+    command += ["--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]
+    with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as run:
+        assert run.stderr is not None
+        for line in iter(run.stderr.readline, ""):
+            if "mounted a tmpfs" in line:
+                break
+        else:  # the run ended without mounting: it said why (not root, mount refused)
+            pytest.skip("this machine refused the mount")
+        assert len(machine.mounted_below(tmp_path)) == 1
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == 128 + signal.SIGTERM
+    assert machine.mounted_below(tmp_path) == []
