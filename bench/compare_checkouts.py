@@ -1,6 +1,6 @@
 """The uncontended acquire + release cycle of two checkouts, side by side in one run.
 
-    python bench/compare_checkouts.py BEFORE_DIR AFTER_DIR [--rounds 31] [--cycles 2000]
+    python bench/compare_checkouts.py BEFORE_DIR AFTER_DIR [--rounds 31] [--cycles 2000] [--cpu]
 
 Each checkout runs in its own long-lived worker process (``PYTHONPATH`` = that checkout); the
 parent asks them for one round at a time, alternating which goes first, so a disturbance on a
@@ -71,19 +71,22 @@ if url:
 for cycle in cycles.values():
     for _ in range(200):
         cycle()
+clock = time.process_time if os.environ.get("MAHABHARATHA_BENCH_CPU") else time.perf_counter
 for line in sys.stdin:
     name, count = line.rsplit(" ", 1)
     cycle, n = cycles[name], int(count)
     gc.collect()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(n):
         cycle()
-    print(n / (time.perf_counter() - start), flush=True)
+    print(n / (clock() - start), flush=True)
 """
 
 
-def _worker(checkout: Path, pg_url: str | None, side: str) -> subprocess.Popen[str]:
+def _worker(checkout: Path, pg_url: str | None, side: str, cpu: bool) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(checkout.resolve())}
+    if cpu:
+        env["MAHABHARATHA_BENCH_CPU"] = "1"
     if pg_url is not None:
         env["MAHABHARATHA_BENCH_PG_URL"] = pg_url
         env["MAHABHARATHA_BENCH_PG_NAMESPACE"] = f"compare-{side}"
@@ -123,7 +126,10 @@ def _server(wanted: bool) -> Iterator[str | None]:
 def _sample(
     args: argparse.Namespace, pg_url: str | None, contenders: tuple[str, ...]
 ) -> dict[tuple[int, str], list[float]]:
-    workers = [_worker(args.before, pg_url, "before"), _worker(args.after, pg_url, "after")]
+    workers = [
+        _worker(checkout, pg_url, side, args.cpu)
+        for checkout, side in ((args.before, "before"), (args.after, "after"))
+    ]
     samples: dict[tuple[int, str], list[float]] = {}
     try:
         for round_no in range(args.rounds):
@@ -150,11 +156,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--postgres", action="store_true", help="add the PostgreSQL contenders")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="time each round by the worker's CPU time (process_time): on a loaded machine the "
+        "time a worker waits for a core is left out",
+    )
     args = parser.parse_args(argv)
     with _server(args.postgres) as pg_url:
         contenders = CONTENDERS + (PG_CONTENDERS if pg_url else ())
         samples = _sample(args, pg_url, contenders)
-    print(f"{'contender':16} {'before':>14} {'after':>14}  after/before  (cycles/s, medians)")
+    per = "cycles per CPU second" if args.cpu else "cycles/s"
+    print(f"{'contender':16} {'before':>14} {'after':>14}  after/before  ({per}, medians)")
     for contender in contenders:
         before, after = (statistics.median(samples[(side, contender)]) for side in (0, 1))
         print(f"{contender:16} {before:>14.0f} {after:>14.0f}  {after / before:>12.3f}")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 PEER_DISTRIBUTIONS = ("filelock", "fasteners", "portalocker", "flufl.lock", "typer", "psutil")
@@ -94,3 +100,55 @@ def machine_info(workdir: str | os.PathLike[str]) -> dict[str, Any]:
         "io_pressure_at_start": io_pressure(),
         "versions": {name: _version(name) for name in ("mahabharatha", *PEER_DISTRIBUTIONS)},
     }
+
+
+SCRATCH_SIZE = "64m"
+"""The bench's own tmpfs: scenario (1) makes a few files at a time, so this is plenty."""
+_MOUNT_TIMEOUT = 30.0
+
+
+def _leave(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the ``finally`` that unmounts
+
+
+@contextlib.contextmanager
+def scratch_tmpfs(parent: Path) -> Iterator[tuple[Path | None, str]]:
+    """A tmpfs the bench mounts itself in a new folder under ``parent``, for the block:
+    ``(folder, "")``, or ``(None, why not)`` when this process is not root or the mount fails.
+
+    Unmounted and its folder removed on every way out of the block: an exception, Ctrl-C,
+    and SIGTERM or SIGHUP (turned into ``SystemExit`` while the mount exists)."""
+    if os.geteuid() != 0:
+        yield None, "not root: no tmpfs mounted, only the work folder's file system measured"
+        return
+    folder = Path(tempfile.mkdtemp(prefix="tmpfs-", dir=parent))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_SIZE},mode=0700", "bench-tmpfs", folder],
+        capture_output=True,
+        text=True,
+        timeout=_MOUNT_TIMEOUT,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        folder.rmdir()
+        why = mounted.stderr.strip() or f"exit {mounted.returncode}"
+        yield None, f"mounting a tmpfs failed ({why}): only the work folder's file system measured"
+        return
+    earlier = {sig: signal.signal(sig, _leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield folder, ""
+    finally:
+        # Lazy: a descriptor still open in a reaped child's leftovers must not keep it mounted.
+        subprocess.run(["umount", "-l", folder], capture_output=True, check=False)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        for sig, handler in earlier.items():
+            signal.signal(sig, handler)
+
+
+def mounted_below(parent: Path) -> list[str]:
+    """Mount points inside ``parent`` (the test's check that the bench left none behind)."""
+    root = os.path.realpath(parent).rstrip("/") + "/"
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+        points = [_unescape_mount(line.split()[4]) for line in mounts]
+    return [point for point in points if point.startswith(root)]

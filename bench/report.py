@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -171,7 +173,57 @@ def targets(results: Results) -> list[dict[str, Any]]:
         )
     from bench import pg_scenarios  # the four PostgreSQL targets of issue 12
 
-    return found + pg_scenarios.targets(results, _row, _target)
+    return found + _on_each_filesystem(results) + pg_scenarios.targets(results, _row, _target)
+
+
+FILESYSTEM_SCENARIOS = ("uncontended", "uncontended-tmpfs")
+"""Scenario (1) on the work folder's file system and on the tmpfs the run mounts."""
+OURS_CYCLES = (("ours-context", "FeatureLock"), ("ours-legacy", "legacy functions"))
+PEERS_TO_BEAT = (("flufl", "flufl.lock", 1.2), ("filelock", "filelock FileLock", 1.5))
+"""Issue 30: per file system, ours at least this many times the peer's cycles per second."""
+FLOOR_SHARE = 0.5
+"""Issue 30: ours at least this share of the bare link floor, on the faster file system."""
+
+
+def _filesystem(scenario: Scenario) -> str:
+    return str(scenario.get("filesystem", {}).get("type", "work folder"))
+
+
+def _on_each_filesystem(results: Results) -> list[dict[str, Any]]:
+    """Issue 30's targets: ours against flufl.lock and filelock on every file system measured,
+    and against the bare floor on the one where the floor ran faster."""
+    measured = [results["scenarios"][n] for n in FILESYSTEM_SCENARIOS if n in results["scenarios"]]
+    found = []
+    for scenario in measured:
+        for ours, name in OURS_CYCLES:
+            for peer, peer_name, needed in PEERS_TO_BEAT:
+                found.append(
+                    _ratio_target(
+                        results,
+                        scenario["id"],
+                        ours,
+                        peer,
+                        f"(1, {_filesystem(scenario)}) {name}: throughput vs {peer_name}",
+                        f">= {needed}x",
+                        functools.partial(operator.le, needed),  # needed <= ratio
+                    )
+                )
+    floors = [(row["value"], s) for s in measured if (row := _row(results, s["id"], "floor-link"))]
+    if floors:
+        faster = max(floors, key=lambda pair: pair[0])[1]
+        for ours, name in OURS_CYCLES:
+            found.append(
+                _ratio_target(
+                    results,
+                    faster["id"],
+                    ours,
+                    "floor-link",
+                    f"(1, {_filesystem(faster)}, the faster) {name}: throughput vs bare link()",
+                    f">= {FLOOR_SHARE}x",
+                    lambda r: r >= FLOOR_SHARE,
+                )
+            )
+    return found
 
 
 # --------------------------------------------------------------------------- markdown
@@ -324,11 +376,35 @@ def _scenario_lines(scenario: Scenario) -> list[str]:
             ],
         )
     out += table
+    if kind == "uncontended" and "filesystem" in scenario:
+        out += _peer_ratio_lines(scenario)
     for skipped in scenario.get("skipped", []):
         out.append("")
         out.append(f"Skipped: {skipped['label']}: {skipped['reason']}.")
     out.append("")
     return out
+
+
+def _peer_ratio_lines(scenario: Scenario) -> list[str]:
+    """Ours over each peer to beat and over the floor, on this scenario's file system."""
+    fs = scenario["filesystem"]
+    rows = {row["key"]: row for row in scenario["rows"]}
+    others = [(key, name) for key, name, _ in PEERS_TO_BEAT] + [("floor-link", "bare link()")]
+    out = ["", f"File system: {fs['type']} ({fs['source']} on {fs['mount_point']}).", ""]
+    return out + _table(
+        ["ours, cycles/s over", *(name for _, name in others)],
+        [
+            [
+                name,
+                *(
+                    _times(rows[ours]["value"] / rows[key]["value"]) if key in rows else "-"
+                    for key, _ in others
+                ),
+            ]
+            for ours, name in OURS_CYCLES
+            if ours in rows
+        ],
+    )
 
 
 def markdown(results: Results, chart: str | None) -> str:
@@ -361,6 +437,8 @@ def markdown(results: Results, chart: str | None) -> str:
             for t in results["targets"]
         ],
     )
+    if "second_filesystem" in results:
+        lines += ["", f"Scenario (1): {results['second_filesystem']}."]
     if any(t["met"] is False for t in results["targets"]):
         lines += ["", "Misses and what dominates them: `bench/PROFILE.md`."]
     lines += ["", "## Machine", ""]

@@ -73,9 +73,8 @@ SCENARIO_NUMBERS = {
 
 def _runners(sizes: Sizes) -> dict[str, Callable[[Path], dict[str, Any]]]:
     return {
-        "uncontended": lambda w: scenarios.uncontended(
-            w, rounds=sizes.uncontended_rounds, cycles=sizes.uncontended_cycles
-        ),
+        # (1) is run by _uncontended_on_two: on the disk and on a tmpfs of its own.
+        "uncontended": lambda _w: {},
         "contended": lambda w: scenarios.contended(
             w,
             rounds=sizes.contended_rounds,
@@ -92,6 +91,33 @@ def _runners(sizes: Sizes) -> dict[str, Callable[[Path], dict[str, Any]]]:
         "handoff": lambda w: scenarios.handoff(w, handoffs=sizes.handoffs),
         **pg_scenarios.runners(sizes.uncontended_rounds, sizes.handoffs, sizes.cli_runs),
     }
+
+
+def _uncontended_on_two(
+    work: Path, parent: Path, sizes: Sizes, results: dict[str, Any]
+) -> dict[str, Any]:
+    """Scenario (1) on the work folder's file system and, side by side in the same rounds, on
+    a tmpfs this run mounts (and unmounts) itself; on the one alone when it cannot mount."""
+    with machine.scratch_tmpfs(parent) as (tmpfs, why_not):
+        places = {"uncontended": work}
+        if tmpfs is None:
+            print(f"[bench] {why_not}", file=sys.stderr)
+            results["second_filesystem"] = why_not
+        else:
+            print(f"[bench] mounted a tmpfs at {tmpfs}", file=sys.stderr, flush=True)
+            places["uncontended-tmpfs"] = tmpfs
+        found = scenarios.uncontended_on(
+            places, rounds=sizes.uncontended_rounds, cycles=sizes.uncontended_cycles
+        )
+        for name, scenario in found.items():
+            scenario["filesystem"] = machine.filesystem_of(places[name])
+    if "uncontended-tmpfs" in found:
+        found["uncontended-tmpfs"].update(
+            id="uncontended-tmpfs",
+            number="1b",
+            title=found["uncontended-tmpfs"]["title"] + ", on a tmpfs the run mounted",
+        )
+    return found
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -158,7 +184,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 flush=True,
             )
             started = time.perf_counter()
-            results["scenarios"][name] = runners[name](work)
+            if name == "uncontended":
+                results["scenarios"].update(_uncontended_on_two(work, parent, sizes, results))
+            else:
+                results["scenarios"][name] = runners[name](work)
             print(
                 f"[bench]     done in {time.perf_counter() - started:.1f} s",
                 file=sys.stderr,

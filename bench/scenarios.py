@@ -158,14 +158,23 @@ def uncontended(
     work: Path, *, rounds: int, cycles: int, only: Collection[str] | None = None
 ) -> Scenario:
     """Acquire + release of one free lock in one process, ``cycles`` times per round."""
+    return uncontended_on({"": work}, rounds=rounds, cycles=cycles, only=only)[""]
+
+
+def uncontended_on(
+    places: dict[str, Path], *, rounds: int, cycles: int, only: Collection[str] | None = None
+) -> dict[str, Scenario]:
+    """Scenario (1) in each folder of ``places`` (name -> folder, each on its own file
+    system), every contender on every file system once per round: one scenario per name."""
     available, skipped = _skip_reasons(CYCLES, only)
-    runs: dict[str, Callable[[], None]] = {}
-    for contender in available:
-        cycle = contender.make(work / "uncontended" / contender.key)
-        for _ in range(max(5, cycles // 10)):  # warm-up: caches, first-time imports, dentries
-            cycle()
-        runs[contender.key] = cycle
-    samples: dict[str, list[float]] = {key: [] for key in runs}
+    runs: dict[tuple[str, str], Callable[[], None]] = {}
+    for place, folder in places.items():
+        for contender in available:
+            cycle = contender.make(folder / "uncontended" / contender.key)
+            for _ in range(max(5, cycles // 10)):  # warm-up: caches, first-time imports, dentries
+                cycle()
+            runs[place, contender.key] = cycle
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
     for round_no in range(rounds):
         for key in _rotated(list(runs), round_no):
             cycle = runs[key]
@@ -174,27 +183,36 @@ def uncontended(
             for _ in range(cycles):
                 cycle()
             samples[key].append(cycles / (time.perf_counter() - start))
-    rows = []
-    for contender in available:
-        value = statistics.median(samples[contender.key])
-        rows.append(
-            {
-                "key": contender.key,
-                "label": contender.label,
-                "group": contender.group,
-                "value": value,
-                "us_per_cycle": 1e6 / value,
-                "rounds": samples[contender.key],
-            }
+    return {
+        place: _uncontended_scenario(
+            [
+                {
+                    "key": contender.key,
+                    "label": contender.label,
+                    "group": contender.group,
+                    "value": statistics.median(samples[place, contender.key]),
+                    "us_per_cycle": 1e6 / statistics.median(samples[place, contender.key]),
+                    "rounds": samples[place, contender.key],
+                }
+                for contender in available
+            ],
+            skipped,
+            {"rounds": rounds, "cycles_per_round": cycles},
         )
+        for place in places
+    }
+
+
+def _uncontended_scenario(rows: list[Row], skipped: list[dict[str, str]], sizes: Row) -> Scenario:
     return {
         "id": "uncontended",
+        "kind": "uncontended",
         "number": 1,
         "title": "Uncontended acquire + release, one process",
         "unit": "cycles/s",
         "better": "higher",
         "floor": "floor-link",
-        "sizes": {"rounds": rounds, "cycles_per_round": cycles},
+        "sizes": sizes,
         "rows": _with_ratios(rows, "floor-link"),
         "skipped": skipped,
     }

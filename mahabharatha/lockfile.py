@@ -394,7 +394,7 @@ def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None
     raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
 
 
-def read_lock(dfd: int, *, life: bool = False) -> LockSnapshot:
+def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnapshot:
     """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``.
 
     A read refused for a passing reason (a kernel lease, a mandatory lock, a signal) is tried
@@ -402,13 +402,15 @@ def read_lock(dfd: int, *, life: bool = False) -> LockSnapshot:
     refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
     With ``life``, a lock whose details claim a proof of life gets the folder's answer
     (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.proof`).
+    Without ``details`` the owner details are not read (``owner`` None): for a caller that
+    compares entries (:meth:`LockSnapshot.same_entry`), which the details are no part of.
     """
-    snapshot = _read_lock_once(dfd) or _look(dfd, READ_ATTEMPTS - 1)
+    snapshot = _read_lock_once(dfd, details) or _look(dfd, READ_ATTEMPTS - 1, details)
     if snapshot.content is None and _is_busy(snapshot):
         deadline = monotonic() + READ_WAIT_SECONDS
         while _is_busy(snapshot) and monotonic() < deadline:
             os.sched_yield()  # Race: a lease holder is giving its lease up; look again
-            snapshot = _look(dfd)
+            snapshot = _look(dfd, READ_ATTEMPTS, details)
     slot = ownership.proof_slot(snapshot.owner) if life and snapshot.owner else None
     if slot is not None:
         # Race: the proof is looked at after the read, and it is this lock's own slot: a
@@ -421,13 +423,13 @@ def _is_busy(snapshot: LockSnapshot) -> bool:
     return snapshot.content is None and snapshot.read_errno in _BUSY_ERRNOS
 
 
-def _look(dfd: int, attempts: int = READ_ATTEMPTS) -> LockSnapshot:
+def _look(dfd: int, attempts: int = READ_ATTEMPTS, details: bool = True) -> LockSnapshot:
     for _ in range(attempts - 1):
-        snapshot = _read_lock_once(dfd)
+        snapshot = _read_lock_once(dfd, details)
         if snapshot is not None:
             return snapshot
     # Race: the entry keeps changing under us; report what cannot be read rather than spin.
-    return _read_lock_once(dfd) or LockSnapshot(EntryKind.SPECIAL, None, None)
+    return _read_lock_once(dfd, details) or LockSnapshot(EntryKind.SPECIAL, None, None)
 
 
 class DetailsReader:
@@ -461,7 +463,7 @@ DETAILS: Final = DetailsReader()
 """The one reader of owner details for every lock read of this process."""
 
 
-def _read_lock_once(dfd: int) -> LockSnapshot | None:
+def _read_lock_once(dfd: int, details: bool = True) -> LockSnapshot | None:
     try:
         fd = os.open(LOCK_FILE_NAME, NOFOLLOW_READ, dir_fd=dfd)
     except FileNotFoundError:
@@ -483,7 +485,7 @@ def _read_lock_once(dfd: int) -> LockSnapshot | None:
                 raise  # out of memory, an I/O error: an error, never a judgement of the lock
             return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
         # The details of the very inode read, one more system call (ownership).
-        owner = DETAILS.read(fd) if content else None
+        owner = DETAILS.read(fd) if content and details else None
         identity = (info.st_dev, info.st_ino)
         return LockSnapshot(_FILE, identity, content, info.st_mtime, None, owner)
     except OSError as error:
@@ -842,7 +844,7 @@ def _still_mine(dfd: int, mine: LockSnapshot) -> bool:
     error): we cannot tell, so we say why instead of giving the lock up. A read refused for a
     passing reason (a kernel lease) is :class:`LockBusyError`: a caller may wait it out.
     """
-    current = read_lock(dfd)
+    current = read_lock(dfd, details=False)  # same_entry compares no owner details
     if current.same_entry(mine):
         return True
     if (
@@ -913,12 +915,11 @@ def is_temp_name(name: str) -> bool:
 def write_all(fd: int, data: bytes) -> None:
     """Write all of ``data``; ``EIO`` when the file system accepts nothing (a write of 0 bytes
     would otherwise be retried for ever)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
+    while data:  # bytes, not a memoryview: a record goes in one write, and a view costs more
+        written = os.write(fd, data)
         if written == 0:
             raise OSError(errno.EIO, "the file system accepted no bytes")
-        view = view[written:]
+        data = data[written:]
 
 
 def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> LockSnapshot:

@@ -140,10 +140,11 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
 
         return legacy_server.acquire_feature_lock(server, feature, gsd_dir)
     try:
-        with OpenFeatureDir(gsd_dir, feature, create=True) as dfd:
+        opened = OpenFeatureDir(gsd_dir, feature, create=True)
+        with opened as dfd:
             assert dfd is not None
             # A descriptor of the folder holds our proof of life while we hold the lock.
-            pledge = proof.Pledge(dfd, True, folder_path(gsd_dir, feature))
+            pledge = proof.Pledge(dfd, True, opened.folder)
             with pledge as proven:
                 won = publish_or_reclaim(dfd, os.getpid(), time.time(), pledge=proven).acquired
                 if won:
@@ -160,11 +161,12 @@ def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
         from mahabharatha.backends import legacy_server
 
         return legacy_server.release_feature_lock(server, feature, gsd_dir)
-    with OpenFeatureDir(gsd_dir, feature, create=False) as dfd:
+    opened = OpenFeatureDir(gsd_dir, feature, create=False)
+    with opened as dfd:
         if dfd is not None:
             release_at(dfd, os.getpid(), time.time())
             # Ours or not, this process holds the lock no more.
-            proof.forget(dfd, folder_path(gsd_dir, feature))
+            proof.forget(dfd, opened.folder)
 
 
 def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float | int] | None:

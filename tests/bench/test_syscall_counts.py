@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import syscalls
+from bench.contenders import CYCLES
 
 TRACE = f"""\
 4242  openat(AT_FDCWD, "/usr/lib/python3.11", O_RDONLY|O_CLOEXEC) = 3
@@ -39,3 +40,15 @@ def test_the_counter_runs_our_cycles_under_strace(tmp_path: Path) -> None:
     rows = {line.split(" | ")[0].lstrip("| "): line for line in out.read_text().splitlines()}
     legacy = rows["ours: acquire_feature_lock + release_feature_lock"]
     assert "linkat" in legacy and "unlinkat" in legacy  # the publish and the release were seen
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_featurelock_release_reads_no_owner_details(tmp_path: Path) -> None:
+    """Releasing the lock it published, a holder compares inode and bytes: the owner details
+    are no part of that, so no ``fgetxattr`` (issue 30). Before: one ``fgetxattr`` a cycle
+    (``per_cycle["fgetxattr"] == 1.0``); the acquire's look finds no lock and reads none."""
+    cycle = next(c for c in CYCLES if c.key == "ours-context")
+    per_cycle, _total, metadata = syscalls.count(syscalls.trace_cycle(cycle, tmp_path, 3), 3)
+    assert per_cycle["linkat"] == 1.0 and per_cycle["unlinkat"] == 1.0  # a whole cycle was seen
+    assert "fgetxattr" not in per_cycle and "getxattr" not in per_cycle
+    assert metadata == 4.0  # the unnamed create, its details, the publish, the release
