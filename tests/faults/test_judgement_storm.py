@@ -112,6 +112,7 @@ from typing import Any, Final
 
 import pytest
 
+from mahabharatha.proof import PROOF_PREFIX
 from tests.support.marks import (
     lacks_pid_namespaces_or_leases,
     needs_leases,
@@ -685,7 +686,7 @@ class Conductor:
         left = sorted(
             f"{path.relative_to(plan.gsd)}: {path.read_bytes()[:80]!r}"
             for path in (plan.gsd / "specs").glob("*/*")
-            if path.name != ".completed"
+            if path.name != ".completed" and not path.name.startswith(PROOF_PREFIX)
         )
         audit = plan.gsd / "lock-audit.jsonl"
         reasons = Counter(
