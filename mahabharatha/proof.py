@@ -418,7 +418,7 @@ class Pledge:
         self.path = path
         self.slot = new_slot() if wanted else 0
         self.proven = False  # set by the publish once the proof is taken (not everywhere)
-        if wanted:
+        if wanted and supported():  # no file made where no proof can be taken
             # Before the publish: a failure here leaves nothing behind.
             self.fd, self.identity = open_proof(folder_fd)
 
