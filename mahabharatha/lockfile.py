@@ -268,7 +268,17 @@ class LockSnapshot:
     frozen dataclass: one is made on every read, and the dataclass costs every CLI call half a
     millisecond to define and every read six ``object.__setattr__`` calls to fill."""
 
-    __slots__ = ("_record", "content", "identity", "kind", "life", "mtime", "owner", "read_errno")
+    __slots__ = (
+        "_record",
+        "content",
+        "identity",
+        "kind",
+        "life",
+        "mtime",
+        "owner",
+        "read_errno",
+        "uid",
+    )
 
     kind: EntryKind
     identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
@@ -276,7 +286,8 @@ class LockSnapshot:
     mtime: float
     read_errno: int | None  # why a regular file's bytes could not be read
     owner: bytes | None  # the owner details published with the record; not its identity
-    life: proof.Life | None  # the folder's proof of life, when asked and the lock claims one
+    life: proof.Life | None  # the lock's proof of life, when asked and the lock claims one
+    uid: int  # the file's owner: whose proof file the proof is in
 
     def __init__(
         self,
@@ -286,6 +297,7 @@ class LockSnapshot:
         mtime: float = 0.0,
         read_errno: int | None = None,
         owner: bytes | None = None,
+        uid: int = -1,
     ) -> None:
         self.kind = kind
         self.identity = identity
@@ -293,6 +305,7 @@ class LockSnapshot:
         self.mtime = mtime
         self.read_errno = read_errno
         self.owner = owner
+        self.uid = uid
         self.life = None
         self._record: tuple[int, float] | _Unparsed | None = _UNPARSED
 
@@ -400,7 +413,7 @@ def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnap
     A read refused for a passing reason (a kernel lease, a mandatory lock, a signal) is tried
     again, yielding the CPU (never sleeping), for at most ``READ_WAIT_SECONDS``; if it is still
     refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
-    With ``life``, a lock whose details claim a proof of life gets the folder's answer
+    With ``life``, a lock whose details claim a proof of life gets its proof file's answer
     (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.proof`).
     Without ``details`` the owner details are not read (``owner`` None): for a caller that
     compares entries (:meth:`LockSnapshot.same_entry`), which the details are no part of.
@@ -415,7 +428,8 @@ def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnap
     if slot is not None:
         # Race: the proof is looked at after the read, and it is this lock's own slot: a
         # proof of an earlier lock (kept by a forked child, escaped work) says nothing here.
-        snapshot.life = proof.life_of(dfd, slot, ownership.proof_folder(snapshot.owner))
+        tag = ownership.proof_folder(snapshot.owner)
+        snapshot.life = proof.life_of(dfd, slot, tag, snapshot.uid)
     return snapshot
 
 
@@ -487,7 +501,7 @@ def _read_lock_once(dfd: int, details: bool = True) -> LockSnapshot | None:
         # The details of the very inode read, one more system call (ownership).
         owner = DETAILS.read(fd) if content and details else None
         identity = (info.st_dev, info.st_ino)
-        return LockSnapshot(_FILE, identity, content, info.st_mtime, None, owner)
+        return LockSnapshot(_FILE, identity, content, info.st_mtime, None, owner, info.st_uid)
     except OSError as error:
         named = with_name(error, LOCK_FILE_NAME)  # fstat or read of the lock's descriptor
         if named is error:
@@ -924,7 +938,9 @@ def write_all(fd: int, data: bytes) -> None:
 
 def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> LockSnapshot:
     """The snapshot a reader will see of the lock we just wrote (same inode, same bytes)."""
-    return LockSnapshot(EntryKind.FILE, _identity(info), record, info.st_mtime, owner=owner)
+    return LockSnapshot(
+        EntryKind.FILE, _identity(info), record, info.st_mtime, owner=owner, uid=info.st_uid
+    )
 
 
 def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result:
@@ -1064,16 +1080,16 @@ def publish_proven(
     dfd: int, record: bytes, now: float, owner: bytes | None, pledge: proof.Pledge | None
 ) -> LockSnapshot | None:
     """:func:`publish`, the publisher holding the proof of life of the pledge's slot on its
-    descriptor (one of this folder that it keeps for as long as it holds the lock) from before
-    the try; the details claim the proof (and the pledge is ``proven``) only when it could be
-    taken. ``pledge`` None: no proof."""
+    descriptor (of its proof file, kept for as long as it holds the lock) from before
+    the try; the details claim the proof, in the proof file the pledge opened (its tag), and
+    the pledge is ``proven``, only when it could be taken. ``pledge`` None: no proof."""
     # Race: a judge looking at LIFE an instant before a winner takes it: PENDING comes first.
     if pledge is None or pledge.fd is None or not proof.hold_pending(pledge.fd, pledge.slot):
         return publish(dfd, record, now, owner)
     fd, slot = pledge.fd, pledge.slot
-    folder = 0 if pledge.identity is None else ownership.folder_tag(*pledge.identity)
+    tag = 0 if pledge.identity is None else ownership.folder_tag(*pledge.identity)
     try:
-        mine = publish(dfd, record, now, ownership.with_proof(owner, slot, folder))
+        mine = publish(dfd, record, now, ownership.with_proof(owner, slot, tag))
     except BaseException:
         with suppress(OSError):
             proof.drop_pending(fd, slot)

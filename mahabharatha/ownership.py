@@ -24,16 +24,18 @@ its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
   initial time namespace sees it (``boottime_offset_ticks``), whichever one the writer is in;
 * ``pgid`` and ``gstart``: the owner's process group when it took the lock, and the start time of
   that group's leader if it was running (tells a reused group number apart);
-* ``flags``: ``PROOF_FLAG`` when the holder holds the folder's proof of life
+* ``flags``: ``PROOF_FLAG`` when the holder holds its proof file's proof of life
   (:mod:`mahabharatha.proof`): then the kernel, not the pid, says whether it is alive;
   ``WORK_GROUP_FLAG`` when ``pgid`` and ``gstart`` are the process group ``lock run`` made for
   its command (recorded once the command started): its members are the owner's work;
 * ``sid``: the owner's session when it took the lock. A lock without a proof (a CLI ``acquire``
   on behalf of its shell) stays alive while any process of that session lives: GNU ``timeout``
   moves work to a group of its own, but not out of the session;
-* ``folder``: the identity of the folder that holds the proof (:func:`folder_tag` of its
-  ``st_dev`` and ``st_ino``): a judge that finds another folder at the path (copied with
-  ``cp -a`` and swapped in, restored from a backup) holds no proof to look at: ``unknown``;
+* ``folder``: the identity of the file that holds the proof, the owner's own proof file in the
+  feature folder (:func:`folder_tag` of its ``st_dev`` and ``st_ino``): a judge that finds
+  another file there (the folder copied with ``cp -a`` and swapped in, restored from a backup)
+  holds no proof to look at: ``unknown``. (Versions 3 before the proof file recorded the
+  folder's own identity: their locks now read as another folder's, never dead);
 * ``host`` and, for ``lock run``, ``cmd`` (the command, cut to ``MAX_COMMAND_CHARS``): for people.
 
 Without the attribute (an older writer, a file system without extended attributes) the lock is
@@ -105,7 +107,7 @@ process group, group leader start."""
 DETAILS_TAIL: Final = struct.Struct("<BII")
 """The tail after the head (versions 2 and 3): flags, session id, proof slot."""
 FOLDER_FIELD: Final = struct.Struct("<I")
-"""Version 3's last number: the proof folder's tag (:func:`folder_tag`; 0: unknown). Four
+"""Version 3's last number: the proof file's tag (:func:`folder_tag`; 0: unknown). Four
 bytes, not the whole identity: the value must stay inside the inode (``INLINE_BYTES``)."""
 PROOF_FLAG: Final = 0x01
 """The holder holds the folder's proof of life (published with the lock, never added later)."""
@@ -142,7 +144,7 @@ class OwnerDetails(NamedTuple):
     proof: bool = False
     slot: int | None = None  # the lock's own bytes of the folder's proof (mahabharatha.proof)
     work_group: bool = False  # pgid/gstart: the group lock run made for its command
-    folder: int | None = None  # the tag of the folder holding the proof (folder_tag)
+    folder: int | None = None  # the tag of the proof file (folder_tag)
 
 
 class ProcStat(NamedTuple):
@@ -492,15 +494,15 @@ def proof_slot(raw: bytes | None) -> int | None:
 
 
 def proof_folder(raw: bytes | None) -> int | None:
-    """The tag of the folder the packed details ``raw`` say holds their proof (``None``: not
-    recorded, an older writer)."""
+    """The tag of the proof file the packed details ``raw`` say holds their proof (``None``:
+    not recorded, an older writer whose proof is on the folder's bytes)."""
     if raw is None or len(raw) < _FOLDER_END or raw[0] != DETAILS_VERSION:
         return None
     return FOLDER_FIELD.unpack_from(raw, _TAIL_END)[0] or None
 
 
 def folder_tag(dev: int, ino: int) -> int:
-    """A folder's identity in four bytes, never 0 (0 is "not recorded"). Two folders of one
+    """A proof file's identity in four bytes, never 0 (0 is "not recorded"). Two files of one
     file system differ unless their inode numbers differ by a multiple of 2**32; a copy on
     another device collides once in 2**32."""
     return ((ino ^ (dev * 0x9E3779B1)) & 0xFFFF_FFFF) or 1

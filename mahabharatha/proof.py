@@ -1,14 +1,15 @@
 """Proof of life: a fact the kernel keeps about whether a lock's holder (or its work) runs.
 
 A holder that is a process of ours holds a shared open-file-description lock (``F_OFD_SETLK``,
-``F_RDLCK``) on bytes of its feature *folder*, from before its ``.lock`` is published until it
-lets the lock go. The kernel drops such a lock the moment the last descriptor of that open file
-description is closed, and every process that inherits the descriptor (``fork``, or ``exec``
+``F_RDLCK``) on bytes of its user's *proof file* in the feature folder (``.proof-<uid>``, mode
+0600, made once and reused), from before its ``.lock`` is published until it lets the lock go.
+The kernel drops such a lock the moment the last descriptor of that open file description is
+closed, and every process that inherits the descriptor (``fork``, or ``exec``
 with the descriptor passed on) holds it too. So "is the holder alive?" becomes "does any process
-still hold the folder's proof?": no pid, process group, PID namespace, start time or ``/proc``
+still hold the lock's proof?": no pid, process group, PID namespace, start time or ``/proc``
 view enters it, and it holds across containers that share the folder (one kernel).
 
-The bytes (of the folder's lock space; a directory has no data, the ranges are only names)
+The bytes (of the file's lock space; the file stays empty, the ranges are only names)
 belong to one lock: its publisher draws a random *slot* (recorded in the lock's owner details)
 and uses bytes ``4 * slot + 0, 1, 2``. A proof left behind by an earlier holder (a forked
 child that kept the descriptor, work that escaped) therefore vouches only for its own lock,
@@ -23,11 +24,16 @@ which no judge of the winner's lock looks at.
 * ``WORK_BYTE``: held only by the descriptor ``lock run`` gives its command, so ``lock run`` can
   tell whether anything it started still runs (its own descriptor does not hold this byte).
 
-The proof is on the folder, not on the ``.lock`` file, because a refresh replaces ``.lock``
-(``rename``): a child holding the old file's lock would no longer count. A folder is never
-replaced by us. A judge looks with ``F_OFD_GETLK`` (it takes nothing, so it never disturbs a
-holder); locks of the judge's own open file description are not reported, so every judgement
-goes through a descriptor that holds none (or only its own, which is then rightly ignored).
+The proof is not on the ``.lock`` file, because a refresh replaces ``.lock`` (``rename``): a
+child holding the old file's lock would no longer count; the proof file is never replaced by us.
+It is one file per user, open to that user alone: anyone who can open a file can hold a read
+lock on it, and a proof that another user could hold would let them keep every dead owner
+"alive". A judge finds it by the ``.lock`` file's owner; a judge that may not open it (another
+user), or finds something else there (removed, a link, a FIFO, another file than the lock
+recorded), answers ``UNKNOWN`` or ``OTHER_FOLDER``: never "free". A judge looks with
+``F_OFD_GETLK`` (it takes nothing, so it never disturbs a holder); locks of the judge's own open
+file description are not reported, so every judgement goes through a descriptor that holds none
+(or only its own, which is then rightly ignored).
 
 Where the kernel has no open-file-description locks (not Linux, some network file systems) no
 proof is taken, the owner details say so, and the pid rules of :mod:`mahabharatha.ownership`
@@ -40,6 +46,7 @@ import enum
 import errno
 import fcntl
 import os
+import stat
 import struct
 import threading
 from time import monotonic
@@ -51,6 +58,7 @@ __all__ = [
     "LIFE_BYTE",
     "PENDING_BYTE",
     "PENDING_WAIT_SECONDS",
+    "PROOF_PREFIX",
     "WORK_BYTE",
     "HandedProof",
     "Life",
@@ -67,7 +75,8 @@ __all__ = [
     "let_go_of_all",
     "life_of",
     "new_slot",
-    "open_folder",
+    "open_proof",
+    "proof_name",
     "supported",
     "work_running",
 ]
@@ -92,16 +101,22 @@ _UNSUPPORTED_ERRNOS: Final = frozenset(
 )
 
 
-_FOLDER_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+PROOF_PREFIX: Final = ".proof-"
+"""A user's proof file in a feature folder: ``PROOF_PREFIX`` and the uid. One per user, so users
+who share a folder never share, nor can hold, one another's proofs."""
+_PRIVATE: Final = 0o600
+# No link followed, no FIFO waited on, no terminal taken: whatever may be found at the name.
+_LOOK_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_OWN_FLAGS: Final = _LOOK_FLAGS | os.O_CREAT
 
 
 class Life(enum.Enum):
-    """What the folder's proof says: someone holds it, nobody does, or it cannot be told."""
+    """What the lock's proof says: someone holds it, nobody does, or it cannot be told."""
 
     HELD = "held"
     FREE = "free"
     UNKNOWN = "unknown"
-    OTHER_FOLDER = "other-folder"  # the folder at the path is not the one the lock recorded
+    OTHER_FOLDER = "other-folder"  # the proof file at the path is not the one the lock recorded
 
 
 def _lock_request(kind: int, start: int, length: int) -> bytes:
@@ -135,7 +150,7 @@ def _byte(slot: int, which: int) -> int:
 
 
 def hold_pending(fd: int, slot: int) -> bool:
-    """Before a publish: hold ``PENDING`` of ``slot`` on the folder ``fd``. False when this
+    """Before a publish: hold ``PENDING`` of ``slot`` on the proof file ``fd``. False when this
     kernel or file system has no such locks (the lock is then published without a proof)."""
     if not supported():
         return False
@@ -159,20 +174,37 @@ def drop_pending(fd: int, slot: int) -> None:
     _set(fd, fcntl.F_UNLCK, _byte(slot, PENDING_BYTE))
 
 
-def life_of(fd: int, slot: int, folder: int | None = None) -> Life:
-    """Does anyone (another open file description than ``fd``'s) hold the proof of the lock
-    whose slot is ``slot``, kept in the folder tagged ``folder`` (``None``: not recorded)?
+def life_of(folder_fd: int, slot: int, tag: int | None, uid: int) -> Life:
+    """Does anyone hold the proof of the lock whose slot is ``slot``, published by the user
+    ``uid`` with its proof file tagged ``tag`` (``None``: an older writer, whose proof is on
+    the folder's own bytes), in the folder ``folder_fd``?
 
-    Another folder at the path (copied with ``cp -a`` and swapped in, restored from a backup)
-    holds nobody's proof: ``OTHER_FOLDER``, which no judge calls dead.
-
-    ``LIFE`` held: yes. Otherwise ``PENDING`` held means a publisher is between its try and its
-    ``LIFE`` (or lost and is letting go): look again for at most ``PENDING_WAIT_SECONDS``.
+    A proof file we may not open (another user's) or cannot find (removed, a link in its
+    place) is ``UNKNOWN``; another file than the one recorded (the folder copied with
+    ``cp -a`` and swapped in, restored from a backup, the file replaced) is ``OTHER_FOLDER``.
+    No judge calls either dead: the owner's work may hold the file the lock recorded.
     """
     if not supported():
         return Life.UNKNOWN
-    if folder is not None and folder != ownership.folder_tag(*identity_of(fd)):
-        return Life.OTHER_FOLDER  # Race: the folder was swapped since the lock was published
+    if tag is None:
+        return _life_on(folder_fd, slot)
+    try:
+        fd = os.open(proof_name(uid), _LOOK_FLAGS, dir_fd=folder_fd)
+    except OSError:
+        return Life.UNKNOWN  # EACCES: only its user may look; ENOENT, ELOOP: not the file
+    try:
+        if tag != ownership.folder_tag(*identity_of(fd)):
+            return Life.OTHER_FOLDER  # Race: the folder or its file was swapped since
+        return _life_on(fd, slot)
+    finally:
+        _close_quietly(fd)
+
+
+def _life_on(fd: int, slot: int) -> Life:
+    """The proof of ``slot`` on ``fd``'s file, held by another open file description than
+    ``fd``'s. ``LIFE`` held: yes. Otherwise ``PENDING`` held means a publisher is between its
+    try and its ``LIFE`` (or lost and is letting go): look again for at most
+    ``PENDING_WAIT_SECONDS``."""
     deadline: float | None = None
     try:
         while True:
@@ -223,7 +255,7 @@ def _above_shell_numbers(fd: int) -> int:
 
 class WorkProof:
     """The proof a holder hands to the work it starts: a new open file description of the
-    folder holding ``LIFE``, ``PENDING`` and ``WORK``. Pass :attr:`fd` to the child (for
+    proof file holding ``LIFE``, ``PENDING`` and ``WORK``. Pass :attr:`fd` to the child (for
     example ``subprocess.Popen(..., pass_fds=[proof.fd])``), then :meth:`close_ours`: from then
     on only the child's tree holds it, and :meth:`running` says whether any of it still does.
     """
@@ -231,10 +263,10 @@ class WorkProof:
     __slots__ = ("_watch", "fd", "slot")
 
     def __init__(self, folder_fd: int, slot: int) -> None:
-        # A new open of the same folder: its own open file description (dup would share ours).
+        # A new open of the proof file: its own open file description (dup would share ours).
         self.slot = slot
-        self.fd: int | None = _above_shell_numbers(open_folder(folder_fd))
-        self._watch = open_folder(folder_fd)
+        self.fd: int | None = _above_shell_numbers(open_proof(folder_fd)[0])
+        self._watch = open_proof(folder_fd)[0]
         try:
             _set(self.fd, fcntl.F_RDLCK, _byte(slot, LIFE_BYTE), 3)
         except OSError:
@@ -314,7 +346,7 @@ def _arrived(passed: _Detachable) -> HandedProof:
 # --------------------------------------------------------------------------- what we hold
 
 _HELD: dict[tuple[int, int], tuple[int, int]] = {}
-"""This process's proofs: the folder's identity (``st_dev``, ``st_ino``) -> the descriptor that
+"""This process's proofs: the proof file's identity (``st_dev``, ``st_ino``) -> the descriptor that
 holds its lock's ``LIFE`` and ``PENDING``, and the lock's slot. A forked child inherits the
 descriptors (and so keeps that lock's proof held while it lives: it is the holder's work) but
 not the right to let them go."""
@@ -332,21 +364,45 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def open_folder(folder_fd: int) -> int:
-    """A new descriptor of the folder ``folder_fd`` (its own open file description) to hold a
-    proof on. Never the descriptor that takes the folder's guard (``flock``): a proof is kept
-    open for as long as the lock is held, and a guard must end with its block."""
-    return os.open(".", _FOLDER_FLAGS, dir_fd=folder_fd)
+def proof_name(uid: int) -> str:
+    """The name of the user ``uid``'s proof file in a feature folder."""
+    return f"{PROOF_PREFIX}{uid}"
 
 
-def identity_of(folder_fd: int) -> tuple[int, int]:
-    """The folder's identity, the key of :func:`keep` (asked before a publish: a failure then
-    leaves nothing behind, where one after it would leave a lock its holder never learnt of)."""
-    info = os.fstat(folder_fd)
+def open_proof(folder_fd: int) -> tuple[int, tuple[int, int]]:
+    """A new descriptor (its own open file description) of this user's proof file in the
+    folder ``folder_fd``, made (mode 0600) on first use and reused ever after, and the file's
+    identity (the key of :func:`keep`, recorded with the lock). Refused (``PermissionError``)
+    when what is there is not a regular file of this user that nobody else may open: whoever
+    can open it can hold a proof on it, and keep every dead owner "alive"."""
+    uid = os.geteuid()  # the owner of what we make; asked each time: a process may setuid
+    name = proof_name(uid)
+    fd = os.open(name, _OWN_FLAGS, _PRIVATE, dir_fd=folder_fd)
+    try:
+        info = os.fstat(fd)
+        mode = info.st_mode
+        if not stat.S_ISREG(mode) or info.st_uid != uid or mode & ~_PRIVATE & 0o777:
+            why = "not a proof of life file of this user's alone (mode 0600): remove it"
+            raise PermissionError(errno.EPERM, why, name)
+    except BaseException:
+        _close_quietly(fd)
+        raise
+    return fd, (info.st_dev, info.st_ino)
+
+
+def identity_of(fd: int) -> tuple[int, int]:
+    """The identity of the file (or folder) ``fd``."""
+    info = os.fstat(fd)
     return (info.st_dev, info.st_ino)
 
 
-_identity = identity_of
+def _identity(folder_fd: int) -> tuple[int, int] | None:
+    """The identity of this user's proof file in the folder ``folder_fd`` (``None``: none)."""
+    try:
+        info = os.stat(proof_name(os.geteuid()), dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 class Pledge:
@@ -362,15 +418,9 @@ class Pledge:
         self.path = path
         self.slot = new_slot() if wanted else 0
         self.proven = False  # set by the publish once the proof is taken (not everywhere)
-        if wanted:
-            fd = open_folder(folder_fd)
-            try:
-                # Before the publish: a failure here leaves nothing behind.
-                self.identity = identity_of(fd)
-            except BaseException:
-                _close_quietly(fd)
-                raise
-            self.fd = fd
+        if wanted and supported():  # no file made where no proof can be taken
+            # Before the publish: a failure here leaves nothing behind.
+            self.fd, self.identity = open_proof(folder_fd)
 
     def __enter__(self) -> Pledge | None:
         return self if self.fd is not None else None
@@ -389,8 +439,8 @@ class Pledge:
 
 
 def keep(identity: tuple[int, int], fd: int, slot: int, path: str | None = None) -> None:
-    """Remember the folder descriptor ``fd`` (holding the proof) as this process's proof for
-    the folder ``identity`` (any earlier one is closed: a process holds a feature's lock once),
+    """Remember the descriptor ``fd`` (holding the proof) as this process's proof in the proof
+    file ``identity`` (any earlier one is closed: a process holds a feature's lock once),
     found again by ``path`` (the folder's path as it was opened) too."""
     with _HELD_MUTEX:
         earlier = _HELD.pop(identity, None)
@@ -413,7 +463,7 @@ def forget(folder_fd: int, path: str | None = None) -> None:
     if known is None or len(_HELD) != 1 or known not in _HELD:
         known = _identity(folder_fd)
     with _HELD_MUTEX:
-        held = _HELD.pop(known, None)
+        held = None if known is None else _HELD.pop(known, None)
     if held is not None:
         _close_quietly(held[0])
 
@@ -439,7 +489,8 @@ def kept_slot(folder_fd: int) -> int | None:
     """The slot of the lock whose proof this process holds in the folder ``folder_fd``."""
     if not _HELD:
         return None
-    held = _HELD.get(_identity(folder_fd))
+    known = _identity(folder_fd)
+    held = None if known is None else _HELD.get(known)
     return None if held is None else held[1]
 
 

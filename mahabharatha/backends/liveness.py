@@ -2,7 +2,7 @@
 backend and for the CLI's messages: :func:`judge`.
 
 Its inputs are the facts of one lock (:class:`OwnerFacts`: the recorded pid and timestamp, the
-owner details, what the folder's proof of life said) and, for "already held by you", the pids
+owner details, what the lock's proof of life said) and, for "already held by you", the pids
 that count as the caller. Its answer (:class:`Judgement`) is a :class:`Verdict` (alive, gone,
 caller, unknown), the :class:`Owner` word ``status`` shows, and the :class:`Rule` that decided.
 
@@ -64,7 +64,7 @@ FactsOfPid = Callable[[int], ProcessFacts]
 class OwnerFacts(NamedTuple):
     """What a lock says about its owner: the judgement's input.
 
-    ``life``: the folder's proof as looked at with the lock (``None``: not looked at).
+    ``life``: the lock's proof as looked at with the lock (``None``: not looked at).
     ``host``: the holder's host where the backend records one (PostgreSQL; files: ``None``).
     ``proof_ours``: this process holds the proof of life of the folder the lock is in."""
 

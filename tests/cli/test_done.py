@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import clock, locks
+from mahabharatha import clock, locks, proof
 from tests.cli._support import (
     STATUS_KEYS,
     invoke,
@@ -47,7 +47,8 @@ def test_done_writes_an_iso_marker_then_releases(gsd: Path) -> None:
     assert document["done"] is True and document["feature"] == "f1"
     assert ISO_UTC.fullmatch(marker(gsd, "f1").read_text().strip())
     assert not lock_path(gsd, "f1").exists()
-    assert [p.name for p in (gsd / "specs" / "f1").iterdir()] == [".completed"]  # no temp left
+    left = sorted(p.name for p in (gsd / "specs" / "f1").iterdir())
+    assert left == [".completed", proof.proof_name(os.getuid())]  # no temp; our proof's file
 
 
 @pytest.mark.parametrize("holder", [None, 1])

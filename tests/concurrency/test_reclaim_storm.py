@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from mahabharatha.proof import PROOF_PREFIX
 from tests.concurrency._harness import (
     CTX,
     TEST_TIMEOUT,
@@ -82,7 +83,9 @@ def test_stale_or_corrupt_lock_is_reclaimed_by_exactly_one_racer(
             rounds.run_trial()
             winners = [pids[i] for i in range(racers) if results[i] == 1]
             left = record_pid(read_entry(lock))
-            extra = sorted(n for n in os.listdir(folder) if n != ".lock")
+            extra = sorted(
+                n for n in os.listdir(folder) if n != ".lock" and not n.startswith(PROOF_PREFIX)
+            )
             if len(winners) != 1 or left != winners[0] or extra:
                 violations.append(
                     f"trial {trial} ({content!r}): winners {winners}, lock left by {left},"

@@ -48,9 +48,16 @@ committed) seeds 1 and 2 both gave overlaps (seed 1: more than six, among them p
 more (``dropped``: the work lets the proof go but stays in CMD's group, as a Python
 ``subprocess`` child or a shell's ``exec 5>>log`` does; ``stopped``: CMD stops itself while its
 work runs, and a forwarded TERM must still end it): on 211f242, where ``lock run`` released
-once the proof was free and never looked at CMD's group, seed 1 gave two overlaps.
+once the proof was free and never looked at CMD's group, seed 1 gave two overlaps. Then the
+last two ways of the contract's list: ``spawn`` (a ``FeatureLock`` holder, not leading its
+group, whose work runs in a ``spawn`` pool worker handed the proof with
+``proof_for_workers()``; with the hand-off left out by hand, seed 2 gave two overlaps, seed 1
+none), and a swapped folder (``swapper``: feature ``S``, a ``lock run`` whose work escapes is
+SIGKILLed at a random moment, the folder is copied with ``cp -a`` and renamed over the
+original, a ``--reclaim-dead`` contender tries at once; with the judge's "another file"
+answer left out by hand, seed 1 gave an overlap).
 
-Size: ``MAHABHARATHA_STRESS`` host runs of ``lock run`` (default ``DEFAULT_RUNS``, about 15 s on
+Size: ``MAHABHARATHA_STRESS`` host runs of ``lock run`` (default ``DEFAULT_RUNS``, about 20 s on
 two loaded cores), a third as many in PID namespaces; claimers go on while runs remain. The
 randomness is seeded: seed 1 by default (the same storm, and the same time, every run);
 ``MAHABHARATHA_STORM_SEED=7``, ``=1,2,5`` or ``=1-20`` plays those seeds, one storm each (the
@@ -100,6 +107,7 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,6 +120,7 @@ from typing import Any, Final
 
 import pytest
 
+from mahabharatha.proof import PROOF_PREFIX
 from tests.support.marks import (
     lacks_pid_namespaces_or_leases,
     needs_leases,
@@ -120,7 +129,7 @@ from tests.support.marks import (
 )
 
 DEFAULT_RUNS: Final = 18
-"""Host ``lock run`` invocations when MAHABHARATHA_STRESS is unset: about 15 s on two loaded
+"""Host ``lock run`` invocations when MAHABHARATHA_STRESS is unset: about 20 s on two loaded
 cores (plus a third as many in PID namespaces)."""
 
 FEATURE: Final = "F"
@@ -196,11 +205,59 @@ ESCAPES: Final = (
     ("timeout", 0.15),
     ("dropped", 0.15),
     ("stopped", 0.1),
+    ("spawn", 0.15),
 )
 """How a run's work leaves (issue 16): not at all; ``setsid``; a relay; CMD under GNU
 ``timeout`` (which moves it to a group of its own). Issue 26: the work drops the proof but
-stays in CMD's group (a Python ``subprocess`` child, a shell's ``exec 5>>log``), and CMD
-stopped (SIGSTOP) while its work runs. Shares of the runs."""
+stays in CMD's group (a Python ``subprocess`` child, a shell's ``exec 5>>log``), CMD stopped
+(SIGSTOP) while its work runs, and ``spawn``: not ``lock run`` but a ``FeatureLock`` holder
+whose work runs in a ``spawn`` pool worker handed the proof (``SPAWN_HOLDER``). Shares of the
+runs."""
+
+SPAWN_HOLDER: Final = r"""
+import fcntl, multiprocessing, os, sys, time
+def note(log, label, event):
+    with open(log, "a") as out:
+        out.write(f"{event} {label} {os.getpid()} {time.monotonic():.6f}\n")
+def occupy(occupancy, log, marks, label, work):  # in a spawn worker: inherits nothing
+    fd = os.open(occupancy, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        with open(os.path.join(marks, f"overlap-{os.getpid()}"), "w") as out:
+            out.write(label)
+        note(log, label, "overlap")
+        return 3
+    note(log, label, "enter")
+    time.sleep(work)
+    note(log, label, "leave")
+    return 0
+if __name__ == "__main__":
+    from mahabharatha import locks
+    gsd, occupancy, log, marks, label, work = sys.argv[1:7]
+    lock = locks.FeatureLock("F", gsd, reclaim_dead=True, timeout=6.0, heartbeat=None)
+    try:
+        lock.acquire()
+    except locks.LockHeldError:
+        sys.exit(75)
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(1, initializer=lock.proof_for_workers()) as pool:  # the documented way
+        code = pool.apply(occupy, (occupancy, log, marks, label, float(work)))
+    lock.release()
+    sys.exit(code)
+"""
+"""A ``FeatureLock`` holder (a script file: ``spawn`` workers import their parent's main
+module by path) whose work runs in a ``spawn`` pool worker handed the proof with
+``proof_for_workers``; argv gsd occupancy-file log marks-dir label work-seconds. Killed, its
+worker works on holding the proof: the lock must stay alive until it ends."""
+
+SWAPPED: Final = "S"
+"""The feature whose folder the swapper copies (``cp -a``) and renames over its original."""
+SWAP_EVERY: Final = 6
+"""One swap for so many host runs (three at the default size)."""
+SWAP_KILL_DELAY: Final = (0.6, 1.6)
+"""When the swapper SIGKILLs its ``lock run``: before, during or after the publish, mostly while
+the work (``setsid``, up to ``LONG_WORK_SECONDS``) runs."""
 SIGTERM_SHARE: Final = 0.3
 """Of the killer's signals to runners, this share is SIGTERM (forwarded to CMD's group, then
 ``lock run`` waits for what is left of its work), the rest SIGKILL."""
@@ -392,6 +449,10 @@ class Plan:
     def errors(self) -> Path:
         return self.root / "stderr"
 
+    @property
+    def spawn_holder(self) -> Path:
+        return self.root / "spawn_holder.py"
+
 
 def work_seconds(rng: random.Random) -> str:
     span = LONG_WORK_SECONDS if rng.random() < LONG_WORK_SHARE else WORK_SECONDS
@@ -453,6 +514,7 @@ class Conductor:
         self.deadline = time.monotonic() + STORM_GUARD
         self.hung: list[str] = []
         self.errors: list[str] = []
+        self.swaps = 0
         threading.excepthook = self.on_thread_error  # (this process is the conductor's own)
 
     def on_thread_error(self, args: threading.ExceptHookArgs) -> None:
@@ -470,7 +532,11 @@ class Conductor:
         with self.outcome_lock:
             self.outcomes[f"{kind} exit {code}"] += 1
 
-    def spawn(self, argv: list[str], kind: str, label: str) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, argv: list[str], kind: str, label: str, own_group: bool = True
+    ) -> subprocess.Popen[bytes]:
+        """``argv`` started as a victim of the killer; ``own_group`` False: in the conductor's
+        group, which it does not lead (as a ``multiprocessing`` parent's or a script's child)."""
         errors = (self.plan.errors / f"{label}.txt").open("wb")
         with errors:
             proc = subprocess.Popen(
@@ -479,7 +545,7 @@ class Conductor:
                 stdin=subprocess.DEVNULL,
                 stdout=errors,
                 stderr=errors,
-                start_new_session=True,  # its own group: the one its lock records
+                start_new_session=own_group,  # its own group: the one its lock records
             )
         self.victims.add(proc, kind)
         return proc
@@ -505,20 +571,85 @@ class Conductor:
             number += 1
             escape = rng.choices([e for e, _ in ESCAPES], [w for _, w in ESCAPES])[0]
             label = f"{kind}-{index}-{number}-{escape}"
-            command = [
-                sys.executable, "-c", COMMAND,
-                self.plan.occupancy / FEATURE, self.plan.log, self.plan.marks, label,
-                work_seconds(rng), "none" if escape == "timeout" else escape,
-            ]  # fmt: skip
-            if escape == "timeout":
-                command = ["timeout", "60", *command]
-            argv = cli_argv(
-                "lock", "run", FEATURE, "--gsd-dir", self.plan.gsd, "--reclaim-dead",
-                "--timeout", RUN_TIMEOUT_ARG, "--", *command,
-            )  # fmt: skip
+            if escape == "spawn":
+                argv = [
+                    sys.executable,
+                    str(self.plan.spawn_holder),
+                    str(self.plan.gsd),
+                    str(self.plan.occupancy / FEATURE),
+                    str(self.plan.log),
+                    str(self.plan.marks),
+                    label,
+                    f"{rng.uniform(*LONG_WORK_SECONDS):.3f}",
+                ]  # fmt: skip  (long: a kill often lands while the worker works on)
+            else:
+                argv = self.run_argv(FEATURE, label, work_seconds(rng), escape)
             if in_namespace:  # no --kill-child: killing unshare orphans the namespace runner
                 argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
-            self.finish(self.spawn(argv, kind, label), kind, label)
+            # A holder of ``spawn`` workers does not lead its group: only the proof it hands
+            # them keeps its lock (the group of a process that does not lead it never counts).
+            own_group = escape != "spawn" or in_namespace
+            self.finish(self.spawn(argv, kind, label, own_group), kind, label)
+
+    def run_argv(
+        self, feature: str, label: str, work: str, escape: str, timeout: float = RUN_TIMEOUT_ARG
+    ) -> list[str]:
+        """``lock run FEATURE --reclaim-dead --timeout TIMEOUT`` of the storm's ``COMMAND``."""
+        command = [
+            sys.executable, "-c", COMMAND,
+            self.plan.occupancy / feature, self.plan.log, self.plan.marks, label,
+            work, "none" if escape == "timeout" else escape,
+        ]  # fmt: skip
+        if escape == "timeout":
+            command = ["timeout", "60", *command]
+        return cli_argv(
+            "lock", "run", feature, "--gsd-dir", self.plan.gsd, "--reclaim-dead",
+            "--timeout", timeout, "--", *command,
+        )  # fmt: skip
+
+    def swapper(self) -> None:
+        """Issue 26's swapped folder, again and again while the storm goes on: a ``lock run``
+        of ``S`` whose work escapes (``setsid``) is SIGKILLed at a random moment, the folder is
+        copied with ``cp -a`` and renamed over the original, and a contender with
+        ``--reclaim-dead`` tries at once (the occupancy check: never beside the work). Then,
+        as an operator would, once that work has ended (the occupancy is free) the copy's
+        lock, which no judge may call dead, is force-released."""
+        rng = random.Random(f"{self.plan.seed}-swapper")
+        folder = self.plan.gsd / "specs" / SWAPPED
+        for number in range(1, max(1, self.plan.runs // SWAP_EVERY) + 1):
+            if self.runs_done.is_set() or time.monotonic() > self.deadline:
+                break
+            label = f"swap-{number}:{SWAPPED}"
+            work = f"{rng.uniform(*LONG_WORK_SECONDS):.3f}"
+            first = self.spawn(self.run_argv(SWAPPED, label, work, "setsid"), "swapped", label)
+            time.sleep(rng.uniform(*SWAP_KILL_DELAY))  # the randomness: when the kill lands
+            with contextlib.suppress(ProcessLookupError):
+                first.send_signal(signal.SIGKILL)
+            self.finish(first, "swapped", label)
+            if folder.exists():
+                copy, old = folder.with_name("S.copy"), folder.with_name("S.old")
+                subprocess.run(["cp", "-a", folder, copy], check=True, timeout=PROCESS_GUARD)
+                folder.rename(old)
+                copy.rename(folder)
+                shutil.rmtree(old)
+                self.swaps += 1
+            label = f"swap-{number}-contender:{SWAPPED}"
+            at_once = self.run_argv(SWAPPED, label, "0.05", "none", timeout=0)
+            contender = self.spawn(at_once, "swap-contender", label)
+            self.finish(contender, "swap-contender", label)
+            self.clear_after_the_work(folder)
+
+    def clear_after_the_work(self, folder: Path) -> None:
+        """Wait until no command of ``S`` works (the occupancy's flock), then force-release."""
+        fd = os.open(self.plan.occupancy / SWAPPED, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the escaped work ends within its work seconds
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        if (folder / ".lock").exists():
+            forced = cli_argv("lock", "release", SWAPPED, "--force", "--gsd-dir", self.plan.gsd)
+            subprocess.run(forced, capture_output=True, timeout=PROCESS_GUARD, check=False)
 
     def claimer(self, index: int) -> None:
         rng = random.Random(f"{self.plan.seed}-claimer-{index}")
@@ -587,8 +718,9 @@ class Conductor:
         plan = self.plan
         for folder in (plan.gsd / "specs", plan.occupancy, plan.marks, plan.errors):
             folder.mkdir(parents=True)
-        for feature in CLAIMED:
+        for feature in (*CLAIMED, SWAPPED):
             (plan.gsd / "specs" / feature).mkdir()
+        plan.spawn_holder.write_text(SPAWN_HOLDER)
         leaser = self.lease_holder() if plan.leases else None
         started = time.monotonic()
         self.play()
@@ -604,6 +736,7 @@ class Conductor:
             "kills": dict(self.victims.kills),
             "leases": leases,
             "orphans_reaped": orphans,
+            "folder_swaps": self.swaps,
             "hung": self.hung,
             "errors": self.errors,
             **self.verdict(),
@@ -617,13 +750,14 @@ class Conductor:
         runner_threads = [threading.Thread(target=self.runner, args=args) for args in runners]
         claimers = [threading.Thread(target=self.claimer, args=(i,)) for i in range(plan.claimers)]
         pool = threading.Thread(target=self.pool_parent)
+        swapper = threading.Thread(target=self.swapper)
         killer = threading.Thread(target=self.killer)
-        for thread in [*runner_threads, *claimers, pool, killer]:
+        for thread in [*runner_threads, *claimers, pool, swapper, killer]:
             thread.start()
         for thread in runner_threads:
             thread.join()
         self.runs_done.set()
-        for thread in [*claimers, pool]:
+        for thread in [*claimers, pool, swapper]:
             thread.join()
         self.stop_killing.set()
         killer.join()
@@ -685,7 +819,7 @@ class Conductor:
         left = sorted(
             f"{path.relative_to(plan.gsd)}: {path.read_bytes()[:80]!r}"
             for path in (plan.gsd / "specs").glob("*/*")
-            if path.name != ".completed"
+            if path.name != ".completed" and not path.name.startswith(PROOF_PREFIX)
         )
         audit = plan.gsd / "lock-audit.jsonl"
         reasons = Counter(
@@ -695,6 +829,9 @@ class Conductor:
         return {
             "overlaps": overlaps,
             "entered": sum(1 for e in events if e.startswith("enter ")),
+            "spawn_workers_entered": sum(
+                1 for e in events if e.startswith("enter ") and "-spawn " in e
+            ),
             "most_at_once": most_at_once(events),
             "cleaned": cleaned.stdout.strip(),
             "clean_exit": cleaned.returncode,
@@ -795,6 +932,7 @@ def _storm(tmp_path: Path, seed: int, *, namespaces: bool, leases: bool) -> None
     assert "conductor_error" not in report, shown
     assert not report["hung"] and not report["errors"], f"the storm broke down:\n{shown}"
     storm = report["entered"] >= 1 and sum(report["kills"].values()) >= 1
+    storm = storm and report["folder_swaps"] >= 1
     assert storm and (report["leases"] or not leases), f"not much of a storm:\n{shown}"
     assert report["overlaps"] == [], f"two commands at once (seed {plan.seed}):\n{shown}"
     assert report["clean_exit"] == 0 and report["left"] == [], f"left behind:\n{shown}"

@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 
-from mahabharatha import lockfile, locks
+from mahabharatha import lockfile, locks, proof
 from mahabharatha.commands import _utils
 from mahabharatha.commands._utils import acquire_feature_lock
 from tests.support.marks import needs_root
@@ -112,7 +112,8 @@ def test_a_temp_swept_before_it_is_linked_is_written_again(
     monkeypatch.setattr(_utils.os, "link", link_after_a_sweeper)
     assert acquire_feature_lock("feat", gsd)
     assert swept
-    assert sorted(os.listdir(lock_file(gsd).parent)) == [".lock"]
+    # Nothing else: no temp left; only the lock and our proof file (made once, reused).
+    assert sorted(os.listdir(lock_file(gsd).parent)) == [".lock", proof.proof_name(os.getuid())]
 
 
 def test_a_holder_that_stops_refreshing_is_no_longer_held_once_stale(
