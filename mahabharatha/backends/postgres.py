@@ -212,6 +212,16 @@ _TAKEABLE: Final = """(l.pid IS NULL OR l.expires_at < now() OR l.token = ANY(%(
 """Free, expired by the server's clock, judged dead by the client (exactly that token), or our
 own attempt whose answer a lost connection swallowed."""
 
+
+def _rested(row: str) -> str:
+    """The row's rest after its last failed attempt (``--retry-delay``: ``rest`` seconds) is
+    over by the server's clock. The attempt's time is the one its record keeps (``at``: the
+    server's since ``_FAIL`` writes it; an older client's own, which counts no later than now)."""
+    return f"""({row}.last_failure IS NULL OR date_part('epoch', now()) >= %(rest)s
+        + least(coalesce(({row}.last_failure::jsonb ->> 'at')::float8, 0),
+            date_part('epoch', now())))"""
+
+
 _RETURNING: Final = f"""l.feature, l.token, {_EPOCHS}, prev_pid, prev_details,
     date_part('epoch', prev_refreshed_at), date_part('epoch', prev_expires_at)"""
 
@@ -242,7 +252,7 @@ WITH {_WANTED}, missing AS (
     SELECT l.namespace, l.feature
     FROM mahabharatha.mahabharatha_locks l JOIN wanted w USING (feature)
     WHERE l.namespace = %(ns)s AND (SELECT n FROM missing) = 0 AND {_TAKEABLE}
-        AND (%(include_done)s OR l.done_at IS NULL OR l.attempt = %(attempt)s)
+        AND (%(include_done)s OR l.done_at IS NULL OR l.attempt = %(attempt)s) AND {_rested("l")}
     ORDER BY l.attempt IS NOT DISTINCT FROM %(attempt)s DESC, w.ord
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
@@ -263,7 +273,7 @@ _CLAIM_SORTED: Final = f"""
 WITH pick AS (
     SELECT l.namespace, l.feature FROM mahabharatha.mahabharatha_locks l
     WHERE l.namespace = %(ns)s AND l.feature = ANY(string_to_array(%(names)s, pg_catalog.chr(10)))
-        AND {_TAKEABLE} AND (%(include_done)s OR l.done_at IS NULL)
+        AND {_TAKEABLE} AND (%(include_done)s OR l.done_at IS NULL) AND {_rested("l")}
     ORDER BY l.feature
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
@@ -277,7 +287,7 @@ SELECT 0, taken.* FROM (VALUES (1)) AS one LEFT JOIN taken ON true"""
 by name) whose rows this process has seen exist. The primary key's order is the names' (the
 column is ``COLLATE "C"``), so the scan walks the index and stops at the first takeable row."""
 
-_REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease")
+_REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease", "rest")
 """The parameters of a registered claim, in their ``$n`` order."""
 
 
@@ -294,7 +304,7 @@ UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
 WHERE l.namespace = {{ns}} AND l.feature = (
     SELECT p.feature FROM mahabharatha.mahabharatha_locks p
     WHERE p.namespace = {{ns}} AND p.feature = ANY({{names}})
-        AND (p.pid IS NULL OR p.expires_at < now()){{not_done}}
+        AND (p.pid IS NULL OR p.expires_at < now()){{not_done}} AND {_rested("p")}
     ORDER BY p.feature
     LIMIT 1
     FOR UPDATE SKIP LOCKED)
@@ -304,9 +314,10 @@ RETURNING {_RETURNING}""",
 """The claim of a registered list: ``_CLAIM_SORTED`` with the namespace and the names written
 into the statement (quoted by psycopg's ``sql.Literal``) and prepared on the connection, so the
 server parses and plans the 1,000 names once per connection, not once per claim. Every value
-that changes between claims (holder, attempt, lease) is a ``$n`` parameter of the SET list only,
-which no plan depends on: the server's plan cache then keeps one generic plan (its cost equals
-the custom plans' and saves their planning). It runs on a ``RawCursor``: psycopg passes the text
+that changes between claims (holder, attempt, lease) is a ``$n`` parameter of the SET list, and
+the rest (``--retry-delay``) one of a row filter after the index scan: no plan depends on them,
+so the server's plan cache keeps one generic plan (its cost equals the custom plans' and saves
+their planning). It runs on a ``RawCursor``: psycopg passes the text
 as it is, where a ``%(name)s`` query of this size would be parsed again on every claim (psycopg
 caches that parse only for texts up to 4 kB). Takeable is free or expired: no judged tokens (a
 ``--reclaim-dead`` claim sends its list) and no earlier attempt (a retry uses
@@ -413,7 +424,9 @@ RETURNING 1"""
 
 _FAIL: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks
-SET {_LET_GO}, failures = failures + 1, last_failure = %(entry)s,
+SET {_LET_GO}, failures = failures + 1,
+    last_failure = (%(entry)s::jsonb
+        || jsonb_build_object('at', extract(epoch FROM now())::numeric))::text,
     failed = failures + 1 >= %(limit)s,
     done_at = CASE WHEN failures + 1 >= %(limit)s THEN now() ELSE done_at END
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
@@ -421,7 +434,13 @@ WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
 RETURNING failures"""
 """Record a failed attempt and release in one statement: both or neither. A feature whose
 attempts reach the pool's limit is closed the way a done one is (``done_at``: every claim
-statement already skips it) and flagged ``failed``, which tells the two apart."""
+statement already skips it) and flagged ``failed``, which tells the two apart. The record's
+``at`` is the server's clock (the rest a claim judges, :func:`_rested`): hosts' clocks differ."""
+
+_RETRIED: Final = """
+SELECT feature FROM mahabharatha.mahabharatha_locks
+WHERE namespace = %(ns)s AND feature = ANY(%(features)s::text[]) AND pid IS NULL
+    AND done_at IS NULL AND failures > 0"""
 
 _ATTEMPTS: Final = """
 SELECT feature, failures, failed, last_failure FROM mahabharatha.mahabharatha_locks
@@ -1023,6 +1042,7 @@ class PostgresBackend(LockBackend):
             attempt=secrets.token_bytes(16),
             lease=float(seconds),
             judged=[],
+            rest=0.0,
         )
 
     def try_acquire(
@@ -1065,13 +1085,16 @@ class PostgresBackend(LockBackend):
         reclaim_dead: bool = False,
         lease: float | None = None,
         include_done: bool = False,
+        retry_delay: float = 0.0,
     ) -> AcquireResult | None:
         """Take the first takeable of ``features`` in their order (one statement); None when
-        every one is held (or done, unless ``include_done``)."""
+        every one is held, resting ``retry_delay`` seconds after a failed attempt by the
+        server's clock, or done (unless ``include_done``)."""
         if not features:
             return None
         names = self._joined(features)
         params = self._take_params(None, requester, lease)
+        params["rest"] = float(retry_delay)
         # Race: a claim committed, its answer lost, and no connection to ask again on (every
         # slot taken: ServerFullError); a pool's worker claims again once a slot is free. A new
         # attempt id would see the feature held by the worker itself and pass it over (left
@@ -1490,6 +1513,11 @@ class PostgresBackend(LockBackend):
     def failed_features(self) -> set[str]:
         """The features whose attempts reached their limit (closed like done ones)."""
         return {name for name, record in self._all_attempts().items() if record.failed}
+
+    def retried_features(self, features: Sequence[str]) -> set[str]:
+        """Those of ``features`` free and open after a failed attempt: resting, or just
+        rested (a claim passed them over; a pool waits for them, never counts them finished)."""
+        return {name for (name,) in self._rows(_RETRIED, self._params(features=list(features)))}
 
     # ------------------------------------------------------------------ waiting
 

@@ -21,7 +21,7 @@ from tests.cli import test_work_jobs as jobs_test
 from tests.cli import test_work_pool as pool_test
 from tests.cli._support import SYNC_TIMEOUT
 from tests.support.marks import needs_fifo, posix_signals
-from tests.support.postgres import HostileServer, PgServer
+from tests.support.postgres import HostileServer, PgServer, admin_execute
 
 CLI = (sys.executable, "-m", "mahabharatha")
 
@@ -162,6 +162,59 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
     store.close()
 
 
+RETRY_DELAY = 1.0
+"""The rest asked for: short, as the test's own run time."""
+
+ALPHA_FAILS_ONCE = """
+import os, pathlib, sys, time
+log, beta_done = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+feature = os.environ["MAHABHARATHA_FEATURE"]
+first = feature == "alpha" and "alpha" not in log.read_text()
+with log.open("a") as out:
+    out.write(f"{feature} {time.time()!r}\\n")
+deadline = time.monotonic() + 30
+while first and not beta_done.exists() and time.monotonic() < deadline:
+    time.sleep(0.01)  # the other worker is free (and claims at once) when alpha fails
+sys.exit(3 if first else 0)
+"""
+"""CMD of ``lock work -j 2`` over alpha and beta: logs each start; alpha's first attempt
+fails once beta is done (so the other worker is idle, claiming), every other attempt passes."""
+
+
+def rests_on_the_server(tmp_path: Path, server: PgServer, namespace: str) -> None:
+    """``lock work -j 2 --retry-delay``: alpha's second attempt is taken no earlier than the
+    delay after its failure, by the times the server recorded, whichever worker takes it."""
+    for name in ("alpha", "beta"):
+        (tmp_path / ".gsd" / "specs" / name).mkdir(parents=True)
+    log = tmp_path / "starts.log"
+    log.touch()
+    beta_done = tmp_path / ".gsd" / "specs" / "beta" / ".completed"
+    work = cli(
+        *("lock", "work", "-j", "2", "--attempts", "3", "--retry-delay", str(RETRY_DELAY)),
+        *("--", sys.executable, "-c", ALPHA_FAILS_ONCE, str(log), str(beta_done)),
+        cwd=tmp_path,
+    )
+    assert work.returncode == 0, work.stderr
+    starts = [line.split()[0] for line in log.read_text().splitlines()]
+    assert sorted(starts) == ["alpha", "alpha", "beta"], starts  # nobody took alpha between
+    (taken, record), *_ = admin_execute(
+        server,
+        "SELECT extract(epoch FROM acquired_at), last_failure"  # numeric: no float digits cut
+        " FROM mahabharatha.mahabharatha_locks WHERE namespace = %s AND feature = 'alpha'",
+        namespace,
+    )
+    failed_at = json.loads(str(record))["at"]
+    assert float(str(taken)) >= failed_at + RETRY_DELAY, (taken, failed_at)
+
+
+def test_a_failed_feature_rests_for_every_worker_on_postgresql(
+    on_server: str, pg_server: PgServer, tmp_path: Path
+) -> None:
+    """Failed before: the claim statement read no failure time, so the other worker (idle,
+    woken by the failure's release) took alpha again at once (0.0-0.1 s after it failed)."""
+    rests_on_the_server(tmp_path, pg_server, on_server)
+
+
 def test_the_workers_import_no_driver_after_the_fork(on_server: str, tmp_path: Path) -> None:
     """On PostgreSQL the team imports the driver (psycopg, about 90 ms) before it forks its
     workers, not once in each of them."""
@@ -201,3 +254,9 @@ def test_claim_exit_codes_fail_and_reopen_on_the_hostile_server(
     on_hostile_server: str, tmp_path: Path
 ) -> None:
     test_claim_exit_codes_fail_and_reopen_on_postgresql(on_hostile_server, tmp_path)
+
+
+def test_a_failed_feature_rests_for_every_worker_on_the_hostile_server(
+    on_hostile_server: str, hostile_pg: HostileServer, tmp_path: Path
+) -> None:
+    rests_on_the_server(tmp_path, hostile_pg.server, on_hostile_server)
