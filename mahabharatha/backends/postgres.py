@@ -30,7 +30,7 @@ from typing import Any, Final, TypeVar
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg import sql
+    from psycopg import pq, sql
 except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
     raise ImportError("a postgresql:// lock URL needs psycopg 3, the postgres extra") from missing
 
@@ -333,9 +333,10 @@ ON CONFLICT DO NOTHING"""
 """Rows with no holder for features never locked before (sorted: concurrent claimers insert in
 one order and cannot deadlock)."""
 
-_WAKE: Final = "SELECT pg_notify(%(channel)s, '')"
+_WAKE: Final = "SELECT pg_catalog.pg_notify(%(channel)s, '')"
 """The wake-up sent after a release, a done, a failed attempt or a clean has committed, in a
-transaction of its own (:meth:`PostgresBackend._wake_waiters`): a notification that cannot be
+transaction of its own (:meth:`PostgresBackend._wake_waiters`; a release of a held lock sends
+both in one pipeline: :meth:`PostgresBackend._release_then_wake`): a notification that cannot be
 queued (the cluster's queue full: one listener in an open transaction anywhere holds its tail)
 never undoes or stops the release. No payload: any role that may connect to any database may
 LISTEN, and a name in it would tell every team's feature names."""
@@ -518,6 +519,9 @@ ours (a transaction-mode pooler runs each transaction on any server connection, 
 client's ``SET`` stays), so nothing is set here: every transaction pins its own
 (``_PIN_SETTINGS``), and no named prepared statement is used (another client's ``_pg3_0`` ran
 in ours)."""
+
+_BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+"""An explicit transaction, ended by its own COMMIT before what follows in a pipeline."""
 
 _PIN_SETTINGS: Final = """
 SELECT pg_catalog.set_config('synchronous_commit', 'on', true),
@@ -818,14 +822,21 @@ class PostgresBackend(LockBackend):
             return ServerFullError(said)
         return BackendError(said)
 
-    def _run(self, operation: Callable[[_Connection], _T], *, retry: bool = True) -> _T:
+    def _run(
+        self,
+        operation: Callable[[_Connection], _T],
+        *,
+        retry: bool = True,
+        pins_itself: bool = False,
+    ) -> _T:
         """Run ``operation`` on the warm connection. A connection lost under it (a server
         restart, ``pg_terminate_backend``, ``idle_session_timeout``, a reset after the server
         committed) is replaced and the operation run again, also when the connection was a
         fresh one, up to ``MAX_LOST_ANSWERS`` times (``retry``: every statement here is safe to
         repeat, by token or by attempt id). A connection that cannot be made is an error at
         once (nothing was sent); a missing table is created (first use); anything else is a
-        :class:`BackendError`."""
+        :class:`BackendError`. Behind a pooler ``operation`` runs :meth:`_pinned` unless it
+        ``pins_itself``."""
         lost = 0
         created = False
         rolled_back: _Pauses | None = None  # made at the first rollback: none on the hot path
@@ -835,7 +846,7 @@ class PostgresBackend(LockBackend):
             except psycopg.Error as error:  # nothing was sent: no answer to look for
                 raise self._error(error) from None
             try:
-                if conn.pooled:
+                if conn.pooled and not pins_itself:
                     return self._pinned(conn, operation)
                 return operation(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
@@ -1286,12 +1297,41 @@ class PostgresBackend(LockBackend):
         )
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        """Remove exactly ``held`` (one statement; ``wait`` is unused: nothing on a server
-        refuses a release for a while, and a lost answer is retried by :meth:`_run`)."""
-        released = self._hot(_RELEASE_HELD_NUMBERED, (self.namespace, held.feature, held.token))
-        if released:
-            self._wake_waiters()
-        return bool(released)
+        """Remove exactly ``held`` and wake the waiters, in one round trip (``wait`` is unused:
+        nothing on a server refuses a release for a while, and a lost answer is retried by
+        :meth:`_run`)."""
+        text = self._sql(_RELEASE_HELD_NUMBERED)
+        values = (self.namespace, held.feature, held.token)
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            return self._release_then_wake(conn, text, values)
+
+        return bool(self._run(run, pins_itself=True))
+
+    def _release_then_wake(
+        self, conn: _Connection, text: str, values: Sequence[Any]
+    ) -> list[tuple[Any, ...]]:
+        """The release in a transaction of its own (pinned first behind a pooler), then the
+        wake-up in another, sent in one pipeline: one flush, one Sync, one round trip. A
+        wake-up the server refuses (its notification queue full) fails only its own
+        transaction, after the release's COMMIT: the release stands, the error is dropped."""
+        released = psycopg.RawCursor(conn)
+        commit = conn.cursor()
+        try:
+            with conn.pipeline():
+                conn.execute(_BEGIN, prepare=False)
+                if conn.pooled:
+                    conn.execute(_PIN_SETTINGS, prepare=False)
+                # Race: a pooler runs another client's same-named prepared statement
+                released.execute(text, values, prepare=not conn.pooled, binary=True)
+                commit.execute("COMMIT", prepare=False)
+                conn.execute(_WAKE, {"channel": self.channel}, prepare=False)
+        except psycopg.Error:
+            if commit.statusmessage != "COMMIT":
+                if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+                    conn.rollback()  # the release failed inside its BEGIN: end that first
+                raise
+        return released.fetchall()
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
         params = self._params(
