@@ -1331,6 +1331,7 @@ class PostgresBackend(LockBackend):
                 if conn.info.transaction_status == pq.TransactionStatus.INERROR:
                     conn.rollback()  # the release failed inside its BEGIN: end that first
                 raise
+        _hand_on_buffered_notifies(conn)
         return released.fetchall()
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
@@ -1705,6 +1706,16 @@ class _Pauses:
         time.sleep(min(left, random.uniform(self.next / 2, self.next)))
         self.next = min(self.next * 2, SERIALIZATION_MAX_PAUSE_SECONDS)
         return True
+
+
+def _hand_on_buffered_notifies(conn: _Connection) -> None:
+    """Give psycopg the notifications libpq read with a pipeline's last answer (our own
+    wake-up, heard by a LISTEN on this connection): psycopg leaves them in libpq's buffer, where
+    ``notifies()``, which waits for the socket, never looks. Handed on as psycopg itself does."""
+    pgconn = conn.pgconn
+    while (note := pgconn.notifies()) is not None:
+        if pgconn.notify_handler is not None:
+            pgconn.notify_handler(note)
 
 
 def _few_slots(usable: int) -> int:
