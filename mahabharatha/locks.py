@@ -806,10 +806,7 @@ class _Pool:
             here = ((f, self._finished_here(f, options)) for f in self.candidates)
             self.here = {f: finished for f, finished in here if finished is not None}
             self.offered = [f for f in self.candidates if f not in self.here]
-        # Features resting after this worker's failed attempt are not offered this round (a
-        # list of its own: the usual one keeps its prepared statement).
-        resting = {f for f in self.rest_until if self._resting(f)}
-        offered = [f for f in self.offered if f not in resting] if resting else self.offered
+        offered = self.offered
         while True:
             won = self.store.try_claim(
                 offered,
@@ -817,6 +814,7 @@ class _Pool:
                 reclaim_dead=options.reclaim_dead,
                 lease=options.lease,
                 include_done=options.include_done,
+                retry_delay=self.retry_delay,  # the statement skips resting rows, by its clock
             )
             if won is None or won.held is None:
                 break
@@ -829,6 +827,8 @@ class _Pool:
             self.offered = [f for f in self.offered if f != won.held.feature]
             offered = [f for f in offered if f != won.held.feature]
         held = {info.feature: info for info in self.store.status() if info.held}
+        # Race: a rest may end between the claim and this look: still counted unfinished.
+        resting = self.store.retried_features(self.offered) if self.retry_delay > 0 else set()
         busy = [f for f in self.offered if f in held or f in resting]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]

@@ -613,9 +613,11 @@ class LockBackend(abc.ABC):
         reclaim_dead: bool = False,
         lease: float | None = None,
         include_done: bool = False,
+        retry_delay: float = 0.0,
     ) -> AcquireResult | None:
         """The first free feature of ``features`` not done (unless ``include_done``) nor
-        failed, taken in one step; ``None`` when none is free
+        failed nor resting (``retry_delay`` seconds after a failed attempt, by the backend's
+        clock), taken in one step; ``None`` when none is free
         (:attr:`Capability.CLAIM_IN_ONE_STEP`)."""
         raise UnsupportedError(f"the {self.kind} backend claims one feature at a time")
 
@@ -623,6 +625,11 @@ class LockBackend(abc.ABC):
         """The features whose failed attempts reached their limit
         (:attr:`Capability.CLAIM_IN_ONE_STEP`: what a claim in one step left out)."""
         raise UnsupportedError(f"the {self.kind} backend lists no failed features at once")
+
+    def retried_features(self, features: Sequence[str]) -> set[str]:
+        """Those of ``features`` free and open after a failed attempt: what a claim in one
+        step passed over while they rested (:attr:`Capability.CLAIM_IN_ONE_STEP`)."""
+        raise UnsupportedError(f"the {self.kind} backend lists no resting features at once")
 
     def pause(self, feature: str, backoff: float, most: float) -> None:
         """Between two tries of an acquire: sleep ``backoff`` seconds; a backend that hears
