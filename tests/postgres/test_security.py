@@ -5,6 +5,7 @@ Fails before this change: there was no PostgreSQL backend at all."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from collections.abc import Callable, Iterator
@@ -192,21 +193,29 @@ def test_a_password_in_any_url_form_is_never_printed(
     if via != "--backend":
         env["MAHABHARATHA_LOCK_URL"] = url
     options = [*args, "--namespace", "n", "--json", "--connect-timeout", "2"]
-    for command in (["check", "f"], ["acquire", "f"], ["status"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "mahabharatha", "lock", *command, *options],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=60,
-        )
-        shown = done.stdout + done.stderr
-        assert done.returncode in (2, 3), shown
-        assert "error" in json.loads(done.stdout), done.stdout
-        assert "Traceback" not in done.stderr
-        for secret in secrets_:
-            assert secret not in shown, (command, shown)
+    commands = (["check", "f"], ["acquire", "f"], ["status"])
+    with contextlib.ExitStack() as reaped:  # every one waited for, whatever fails
+        started = [  # side by side: each waits on its own failed connection
+            reaped.enter_context(
+                subprocess.Popen(
+                    [sys.executable, "-m", "mahabharatha", "lock", *command, *options],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    cwd=tmp_path,
+                    env=env,
+                )
+            )
+            for command in commands
+        ]
+        for command, proc in zip(commands, started, strict=True):
+            stdout, stderr = proc.communicate(timeout=60)
+            shown = stdout + stderr
+            assert proc.returncode in (2, 3), shown
+            assert "error" in json.loads(stdout), stdout
+            assert "Traceback" not in stderr
+            for secret in secrets_:
+                assert secret not in shown, (command, shown)
 
 
 def test_only_the_commands_name_is_stored(
