@@ -35,7 +35,6 @@ from mahabharatha import clock, logs, ownership, signals, waiting
 from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
-    RECHECK_SECONDS,
     AcquireResult,
     AlreadyHeldError,
     Attempts,
@@ -56,7 +55,6 @@ from mahabharatha.backends.base import (
     ReleaseWait,
     Requester,
     ServerFullError,
-    State,
     UnsafeLockPathError,
     UnsupportedError,
     Verdict,
@@ -78,6 +76,7 @@ from mahabharatha.constants import (
     LEFT_WORK_POLL_SECONDS,
     POOL_CONNECTION_GRACE_SECONDS,
     POOL_SLOTS_LOOK_SECONDS,
+    RECHECK_SECONDS,
     RETRY_DELAY_SECONDS,
     SLOT_PAUSE_SECONDS,
     WAKE_UP_SLICE_SECONDS,
@@ -85,6 +84,7 @@ from mahabharatha.constants import (
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.proof import HandedProof, WorkProof
+from mahabharatha.states import State
 
 if TYPE_CHECKING:
     from mahabharatha.aio import AsyncFeatureLock

@@ -73,20 +73,6 @@ from mahabharatha.exits import killed_by, shell_status
 from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
 from mahabharatha.proof import WorkProof
 
-__all__ = [
-    "LOST_KILL_GRACE_SECONDS",
-    "CommandNotExecutableError",
-    "CommandNotFoundError",
-    "CommandStartError",
-    "Interrupted",
-    "OnLost",
-    "ReleaseInterrupted",
-    "Run",
-    "WorkLeftError",
-    "run_locked",
-]
-
-
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
 _READ_SENDERS: Final = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")

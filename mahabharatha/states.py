@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["State"]
-
 
 class State(enum.StrEnum):
     """A lock's state: what the file protocol's judgement (``lockfile.judge_lock``, which never

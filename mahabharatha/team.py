@@ -35,8 +35,6 @@ from mahabharatha import signals
 from mahabharatha.exits import shell_status
 from mahabharatha.locks import WorkReport, WorkResult
 
-__all__ = ["WorkerEnd", "merge_reports", "report_from_document", "run_team"]
-
 """Signals this process forwards to every worker (each worker handles them as ``lock work``)."""
 READ_CHUNK: Final = 65536
 WORKER_FAILED: Final = 70  # EX_SOFTWARE: a worker whose own code raised past its answer

@@ -29,41 +29,6 @@ if TYPE_CHECKING:
     from mahabharatha.ownership import OwnerDetails
     from mahabharatha.proof import WorkProof
 
-__all__ = [
-    "DEFAULT_ATTEMPTS",
-    "POLL_SECONDS",
-    "RECHECK_SECONDS",
-    "AcquireResult",
-    "AlreadyHeldError",
-    "Attempts",
-    "BackendError",
-    "Capability",
-    "CleanedEntry",
-    "FeatureProblem",
-    "HeartbeatStartError",
-    "Held",
-    "LockBackend",
-    "LockError",
-    "LockHeldError",
-    "LockInfo",
-    "LockLostError",
-    "LockTimeoutError",
-    "NotHeldError",
-    "NotOwnerError",
-    "Owner",
-    "ReleaseWait",
-    "ReleaseWatch",
-    "Requester",
-    "ServerFullError",
-    "State",
-    "UnsafeLockPathError",
-    "UnsupportedError",
-    "Verdict",
-    "describe_holder",
-    "format_duration",
-    "owner_is_gone",
-]
-
 
 # --------------------------------------------------------------------------- facts about locks
 

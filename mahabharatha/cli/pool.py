@@ -22,13 +22,7 @@ from typer.core import TyperCommand
 
 from mahabharatha import locks, logs, runner, signals, team
 from mahabharatha.backends import load_backend_code
-from mahabharatha.backends.base import (
-    BackendError,
-    LockBackend,
-    State,
-    describe_holder,
-    format_duration,
-)
+from mahabharatha.backends.base import BackendError, LockBackend, describe_holder, format_duration
 from mahabharatha.cli._output import (
     PidOption,
     ReclaimDeadOption,
@@ -74,8 +68,7 @@ from mahabharatha.locks import (
     WorkReport,
     WorkResult,
 )
-
-__all__ = ["fail", "watch_status", "work"]
+from mahabharatha.states import State
 
 FEATURE_PLACEHOLDER: Final = "{}"
 """Replaced by the feature's name in every argument of ``lock work``'s command (as xargs -I)."""

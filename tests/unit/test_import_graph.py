@@ -266,3 +266,28 @@ def test_the_python_api_is_the_package_roots_and_costs_nothing_until_used() -> N
         "assert all(getattr(mahabharatha, name) for name in mahabharatha.__all__)\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True)
+
+
+PUBLIC: Final = frozenset(
+    {
+        "mahabharatha",  # the Python API
+        "mahabharatha.aio",  # AsyncFeatureLock (the README's)
+        "mahabharatha.locks",  # the README's imports
+        "mahabharatha.commands._utils",  # the legacy functions (the contract's first table)
+        "mahabharatha.commands.status",  # re-exports detect_feature (the contract)
+        "mahabharatha.cli._click",  # its names are all it is: the click that typer carries
+    }
+)
+"""The modules whose names are imported from outside: the only ones with ``__all__``."""
+
+
+def test_only_public_modules_declare_their_names() -> None:
+    """Fails before the fix: 33 modules declared ``__all__`` (348 entries), private ones too."""
+    declaring = {
+        module
+        for module, path in MODULES.items()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets)
+    }
+    assert declaring <= PUBLIC
