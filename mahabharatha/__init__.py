@@ -3,7 +3,6 @@
 The Python API (``from mahabharatha import FeatureLock, acquire, LockHeldError``) is imported
 on first use, so that a CLI call pays for none of it."""
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -82,7 +81,9 @@ def __getattr__(name: str) -> Any:
     elif name == "AsyncFeatureLock":
         from mahabharatha.aio import AsyncFeatureLock as found
     elif name in __all__:
-        found = getattr(import_module("mahabharatha.locks"), name)
+        from mahabharatha import locks
+
+        found = vars(locks)[name]
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = found
