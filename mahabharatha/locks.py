@@ -84,7 +84,7 @@ from mahabharatha.constants import (
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.proof import HandedProof, WorkProof
-from mahabharatha.states import State
+from mahabharatha.states import State, WorkEnd, WorkOutcome
 
 if TYPE_CHECKING:
     from mahabharatha.aio import AsyncFeatureLock
@@ -1510,7 +1510,7 @@ class WorkResult(NamedTuple):
     ends). A ``done`` whose work still runs keeps its lock too; ``reason`` says so."""
 
     feature: str
-    outcome: str
+    outcome: WorkOutcome
     exit_code: int | None
     attempts: int = 0
     reason: str | None = None
@@ -1527,7 +1527,7 @@ class WorkReport(NamedTuple):
     one feature), ``stopped`` (a step raised :class:`StopWork`).
     ``failed``: the features failed for good at the end."""
 
-    ended: str
+    ended: WorkEnd
     results: tuple[WorkResult, ...]
     failed: tuple[str, ...] = ()
     busy: tuple[str, ...] = ()
@@ -1713,21 +1713,23 @@ class PoolLock(FeatureLock):
             left, self._left = self._left, None
         feature = self.feature
         if left is None or self.lost is not None:
-            return WorkResult(feature, "lost", exit_code)
+            return WorkResult(feature, WorkOutcome.LOST, exit_code)
         if exit_code != 0:
             if still_running is not None:
                 with self._mutex:
                     self._left, self.left_running = left, still_running
                 self._left_code = exit_code
-            return WorkResult(feature, "left", exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}")
+            return WorkResult(
+                feature, WorkOutcome.LEFT, exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}"
+            )
         try:
             _while_leased(left, lambda: self.backend.mark_done_holding(left), self.on_server_full)
         except UnsupportedError:  # no proof of life here: the release cannot let a holder in
             _while_leased(
                 left, lambda: _mark_done(self.backend, feature, left.pid), self.on_server_full
             )
-            return WorkResult(feature, "done", 0)
-        return WorkResult(feature, "done", 0, 0, WORK_LEFT)
+            return WorkResult(feature, WorkOutcome.DONE, 0)
+        return WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
 
     def finish_left_work(self, limit: int) -> WorkResult:
         """The work a failed command left (:meth:`finish_leaving_work`) has ended: its failed
@@ -1748,17 +1750,17 @@ class PoolLock(FeatureLock):
             if mine is not None:
                 with suppress(OSError):  # lost already: taking back what is left is best effort
                     self.backend.release_held(mine)
-            return WorkResult(feature, "lost", exit_code)
+            return WorkResult(feature, WorkOutcome.LOST, exit_code)
         if exit_code == 0:
             _while_leased(
                 mine, lambda: _mark_done(self.backend, feature, mine.pid), self.on_server_full
             )
-            return WorkResult(feature, "done", 0)
+            return WorkResult(feature, WorkOutcome.DONE, 0)
         if exit_code is None:
             # A stop (a signal, CMD not started, an interrupted task): one try, never a wait
             # for a slot as long as the lease; the lock would come free at its end anyway.
             self.backend.release_held(mine)
-            return WorkResult(feature, "released", None, 0, reason)
+            return WorkResult(feature, WorkOutcome.RELEASED, None, 0, reason)
         why = reason or f"exit code {exit_code}"
         try:
             record = _while_leased(
@@ -1766,8 +1768,8 @@ class PoolLock(FeatureLock):
             )
         except UnsupportedError:
             _while_leased(mine, lambda: self.backend.release_held(mine), self.on_server_full)
-            return WorkResult(feature, "released", exit_code, 0, why)
-        return WorkResult(feature, "failed", exit_code, record.tries, why)
+            return WorkResult(feature, WorkOutcome.RELEASED, exit_code, 0, why)
+        return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
 
 
 WORK_LEFT: Final = (
@@ -1883,7 +1885,7 @@ def run_pool(
             if outcome.held is None:
                 if found and problems is None:
                     raise found[0].error
-                ended = "finished" if outcome.nothing_left else "waited-out"
+                ended = WorkEnd.FINISHED if outcome.nothing_left else WorkEnd.WAITED_OUT
                 return WorkReport(ended, tuple(results), outcome.failed, outcome.busy)
             lock = PoolLock(
                 outcome.held,
@@ -1904,16 +1906,16 @@ def run_pool(
                 results.append(stop.result)
                 if on_result is not None:
                     on_result(stop.result)
-                return WorkReport("stopped", tuple(results), exit_code=stop.exit_code)
+                return WorkReport(WorkEnd.STOPPED, tuple(results), exit_code=stop.exit_code)
             results.append(result)
-            if result.outcome == "failed":
+            if result.outcome == WorkOutcome.FAILED:
                 pool.rest(result.feature)
             if on_result is not None:
                 on_result(result)
             if lock.left_running is not None:
                 leaving.append(lock)
             if once:
-                return WorkReport("once", tuple(results))
+                return WorkReport(WorkEnd.ONCE, tuple(results))
     finally:
         beats.close()
 
