@@ -49,7 +49,7 @@ from time import monotonic
 from typing import Final, NamedTuple
 
 from mahabharatha import ownership, proof
-from mahabharatha.backends.base import UnsafeLockPathError
+from mahabharatha.backends.base import LockError, UnsafeLockPathError
 from mahabharatha.names import (
     MAX_PID,
     feature_names_in,
@@ -159,11 +159,11 @@ def format_record(pid: int, timestamp: float) -> bytes:
 # --------------------------------------------------------------------------- lock entries
 
 
-class GuardBusyError(OSError):
+class GuardBusyError(OSError, LockError):
     """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
 
 
-class LockBusyError(OSError):
+class LockBusyError(OSError, LockError):
     """The lock could not be read just now (a kernel lease or a mandatory lock on it): it was
     neither judged nor touched. Try again."""
 

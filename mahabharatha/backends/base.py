@@ -226,7 +226,8 @@ def format_duration(seconds: float) -> str:
 
 
 class LockError(Exception):
-    """Base of the errors this layer raises about locks (OS errors stay ``OSError``)."""
+    """Base of every error about locks. Those of the system or the place (a path in the way, a
+    server down, a busy guard, a command that cannot start) are ``OSError`` too."""
 
 
 class LockHeldError(LockError):
@@ -306,7 +307,7 @@ class HeartbeatStartError(LockError):
         return (type(self), (self.feature, self.cause))
 
 
-class UnsafeLockPathError(OSError):
+class UnsafeLockPathError(OSError, LockError):
     """Something other than a lock, or a folder we refuse to follow, stands in the lock's way."""
 
 
@@ -314,7 +315,7 @@ class UnsupportedError(LockError):
     """The backend cannot do what was asked (fencing tokens or a chosen lease on files)."""
 
 
-class BackendError(OSError):
+class BackendError(OSError, LockError):
     """The place where locks live cannot be reached or used (a server down, a login refused, a
     connection lost). Its message names the place (never a password); the CLI exits 3."""
 
