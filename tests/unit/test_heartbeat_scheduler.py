@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mahabharatha
 from mahabharatha import locks
+from mahabharatha.backends import open_backend
 
 PACKAGE_DIR = Path(mahabharatha.__file__).parent
 
@@ -101,3 +102,20 @@ def test_a_lock_held_twice_in_turn_gets_its_heartbeat_each_time(tmp_path: Path) 
             assert _heartbeat_threads() == ["lock-heartbeat-beat"]
             assert refreshed.wait(10)
         assert _heartbeat_threads() == []
+
+
+def test_a_pool_lock_is_held_from_its_claim_on(tmp_path: Path) -> None:
+    """The pool's hold is adopted as ``FeatureLock``'s (``_adopt``), its deadline with it.
+    Fails before the fix: a ``PoolLock`` kept no deadline until its first refresh, so ``held``
+    said False, and a first refresh that failed for a passing reason declared it lost."""
+    gsd = tmp_path / ".gsd"
+    (gsd / "specs" / "a").mkdir(parents=True)
+    held = locks.claim_held(["a"], gsd)
+    assert held is not None
+    store = open_backend(None, gsd)
+    lock = locks.PoolLock(held, gsd, backend=store, heartbeat=None, command=None, lease=None)
+    lock.acquire()
+    try:
+        assert lock.held
+    finally:
+        lock.finish(None, None, 1)
