@@ -65,24 +65,6 @@ __all__ = ["AsyncFeatureLock"]
 _T = TypeVar("_T")
 
 
-class _LoopHeldLock(FeatureLock):
-    """``FeatureLock``'s state and rules for a hold driven by an event loop: no heartbeat
-    thread (the loop's task beats), and the backend rested by the loop, between calls."""
-
-    def _start_heartbeat(self) -> None:
-        return None  # the loop's task refreshes (``AsyncFeatureLock._beat``)
-
-    def _rest_backend(self) -> None:
-        return None  # Race: a rest from one lock's thread closed the connection under another's
-
-    def adopt(self, held: Held) -> None:
-        """Make ``held`` this object's acquisition (as ``FeatureLock.acquire`` does)."""
-        self._holder_process = os.getpid()
-        self._lost_override = None  # ``on_lost`` is told by the loop, never by a thread
-        self.lost = None
-        self._mine = self._with_deadline(held)
-
-
 class _Calls:
     """The backend calls of one backend in flight in worker threads, counted: the loop rests
     the backend (lets its connection go) only when none is, never under a call."""
@@ -233,7 +215,7 @@ class AsyncFeatureLock:
         lease: float | None = None,
         url: str | None = None,
     ) -> None:
-        self._state = _LoopHeldLock(
+        self._state = FeatureLock(
             feature,
             gsd_dir,
             pid=pid,
@@ -247,6 +229,7 @@ class AsyncFeatureLock:
             lease=lease,
             url=url,
         )
+        self._state._beats = None  # this loop's task beats; the loop rests the backend
         self.on_lost = on_lost
         self._on_loop = Capability.LOCAL_CALLS in self._state.backend.capabilities
         self._calls = _calls_of(self._state.backend)
@@ -353,7 +336,7 @@ class AsyncFeatureLock:
             gate.leave()
             raise
         self._gate = gate
-        state.adopt(held)
+        state._adopt(held, None)  # ``on_lost`` is told by the loop, never by a thread
         self._lost_override = on_lost
         self._rest()
         if self.heartbeat:

@@ -49,72 +49,13 @@ from time import monotonic
 from typing import Final, NamedTuple
 
 from mahabharatha import ownership, proof
-from mahabharatha.backends.base import UnsafeLockPathError
+from mahabharatha.backends.base import LockError, UnsafeLockPathError
 from mahabharatha.names import (
     MAX_PID,
     feature_names_in,
-    is_valid_feature_name,
-    shown_name,
-    validate_feature_name,
 )
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 from mahabharatha.states import State as LockState
-
-__all__ = [
-    "EMPTY_LOCK_GRACE_SECONDS",
-    "LOCK_FILE_NAME",
-    "LOCK_MODE",
-    "MAX_PID",
-    "MAX_READ_BYTES",
-    "MISSING",
-    "NOFOLLOW_READ",
-    "STALE_AFTER_SECONDS",
-    "TEMP_ORPHAN_SECONDS",
-    "TMPFILE",
-    "AcquireOutcome",
-    "EntryKind",
-    "Guard",
-    "GuardBusyError",
-    "LockBusyError",
-    "LockSnapshot",
-    "LockState",
-    "MayReclaim",
-    "OpenFeatureDir",
-    "Reclaimable",
-    "ReleaseOutcome",
-    "UnsafeLockPathError",
-    "age_only",
-    "busy_error",
-    "close_quietly",
-    "feature_dir_path",
-    "folder_path",
-    "format_record",
-    "is_temp_name",
-    "is_valid_feature_name",
-    "judge_lock",
-    "named_error",
-    "orphan_temps",
-    "owned_by",
-    "parse_record",
-    "publish",
-    "publish_or_reclaim",
-    "publish_proven",
-    "read_bounded",
-    "read_lock",
-    "release_at",
-    "release_mine",
-    "remove_if_unchanged",
-    "remove_judged",
-    "remove_judged_dir",
-    "remove_orphan_temp",
-    "replace_if_unchanged",
-    "scan_locks",
-    "shown_name",
-    "sweep_orphan_temps",
-    "validate_feature_name",
-    "with_name",
-    "write_all",
-]
 
 STALE_AFTER_SECONDS: Final = 7200.0
 """A lock older than this (strictly) is stale: its holder is presumed gone."""
@@ -218,11 +159,11 @@ def format_record(pid: int, timestamp: float) -> bytes:
 # --------------------------------------------------------------------------- lock entries
 
 
-class GuardBusyError(OSError):
+class GuardBusyError(OSError, LockError):
     """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
 
 
-class LockBusyError(OSError):
+class LockBusyError(OSError, LockError):
     """The lock could not be read just now (a kernel lease or a mandatory lock on it): it was
     neither judged nor touched. Try again."""
 

@@ -53,44 +53,6 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Final, NamedTuple
 
-__all__ = [
-    "INLINE_BYTES",
-    "MAX_COMMAND_CHARS",
-    "MAX_DETAILS_BYTES",
-    "PROOF_FLAG",
-    "WORK_GROUP_FLAG",
-    "XATTR_NAME",
-    "OwnerDetails",
-    "attach",
-    "boottime_offset_ticks",
-    "claims_proof",
-    "command_name_only",
-    "could_be_owner",
-    "could_own",
-    "could_own_sql",
-    "decode",
-    "details_of",
-    "folder_tag",
-    "group_has_live_member",
-    "group_has_work_since",
-    "holder_stopped",
-    "host_name",
-    "is_alive",
-    "judgeable",
-    "pid_exists",
-    "place_key",
-    "proc_stat",
-    "proof_folder",
-    "proof_slot",
-    "read_attached",
-    "session_has_live_member",
-    "start_key",
-    "this_boot",
-    "this_pid_namespace",
-    "with_proof",
-    "with_work_group",
-]
-
 XATTR_NAME: Final = "user.mahabharatha.owner"
 """One attribute for everything: set with one system call, in the inode on ext4 (user.*: no
 privilege needed)."""

@@ -54,33 +54,6 @@ from typing import Final, Protocol
 
 from mahabharatha import ownership
 
-__all__ = [
-    "LIFE_BYTE",
-    "PENDING_BYTE",
-    "PENDING_WAIT_SECONDS",
-    "PROOF_PREFIX",
-    "WORK_BYTE",
-    "HandedProof",
-    "Life",
-    "Pledge",
-    "WorkProof",
-    "drop_pending",
-    "forget",
-    "hold_life",
-    "hold_pending",
-    "holds",
-    "identity_of",
-    "keep",
-    "kept_slot",
-    "let_go_of_all",
-    "life_of",
-    "new_slot",
-    "open_proof",
-    "proof_name",
-    "supported",
-    "work_running",
-]
-
 LIFE_BYTE: Final = 0
 PENDING_BYTE: Final = 1
 WORK_BYTE: Final = 2

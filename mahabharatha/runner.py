@@ -70,22 +70,8 @@ from mahabharatha.constants import (
     WORK_POLL_SECONDS,
 )
 from mahabharatha.exits import killed_by, shell_status
-from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
+from mahabharatha.locks import FeatureLock, LockError, LockInfo, LockLostError, WaitCallback
 from mahabharatha.proof import WorkProof
-
-__all__ = [
-    "LOST_KILL_GRACE_SECONDS",
-    "CommandNotExecutableError",
-    "CommandNotFoundError",
-    "CommandStartError",
-    "Interrupted",
-    "OnLost",
-    "ReleaseInterrupted",
-    "Run",
-    "WorkLeftError",
-    "run_locked",
-]
-
 
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
@@ -133,7 +119,7 @@ class ReleaseInterrupted(Exception):
         return killed_by(self.signum)
 
 
-class WorkLeftError(Exception):
+class WorkLeftError(LockError):
     """CMD has ended, but processes it started outside its process group still hold its proof
     of life: the lock was left held (judged alive) until they end. ``status``: CMD's exit
     code, as ``lock run`` reports it."""
@@ -155,7 +141,7 @@ class WorkLeftError(Exception):
         return self._still_running is None or self._still_running()
 
 
-class CommandStartError(OSError):
+class CommandStartError(OSError, LockError):
     """The command could not be started; nothing ran (exit 126 or 127, as a shell would)."""
 
 

@@ -15,17 +15,6 @@ from typing import Any, Final
 from mahabharatha.backends.base import LockBackend
 from mahabharatha.constants import GSD_DIR, LOCK_URL_ENV, NAMESPACE_ENV
 
-__all__ = [
-    "LOCK_URL_ENV",
-    "POSTGRES_EXTRA_HINT",
-    "load_backend_code",
-    "lock_url",
-    "open_backend",
-    "shared_backend",
-    "url_holds_password",
-]
-
-
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 """The URL schemes that name a PostgreSQL server (libpq accepts both)."""
 

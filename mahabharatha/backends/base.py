@@ -29,41 +29,6 @@ if TYPE_CHECKING:
     from mahabharatha.ownership import OwnerDetails
     from mahabharatha.proof import WorkProof
 
-__all__ = [
-    "DEFAULT_ATTEMPTS",
-    "POLL_SECONDS",
-    "RECHECK_SECONDS",
-    "AcquireResult",
-    "AlreadyHeldError",
-    "Attempts",
-    "BackendError",
-    "Capability",
-    "CleanedEntry",
-    "FeatureProblem",
-    "HeartbeatStartError",
-    "Held",
-    "LockBackend",
-    "LockError",
-    "LockHeldError",
-    "LockInfo",
-    "LockLostError",
-    "LockTimeoutError",
-    "NotHeldError",
-    "NotOwnerError",
-    "Owner",
-    "ReleaseWait",
-    "ReleaseWatch",
-    "Requester",
-    "ServerFullError",
-    "State",
-    "UnsafeLockPathError",
-    "UnsupportedError",
-    "Verdict",
-    "describe_holder",
-    "format_duration",
-    "owner_is_gone",
-]
-
 
 # --------------------------------------------------------------------------- facts about locks
 
@@ -261,7 +226,8 @@ def format_duration(seconds: float) -> str:
 
 
 class LockError(Exception):
-    """Base of the errors this layer raises about locks (OS errors stay ``OSError``)."""
+    """Base of every error about locks. Those of the system or the place (a path in the way, a
+    server down, a busy guard, a command that cannot start) are ``OSError`` too."""
 
 
 class LockHeldError(LockError):
@@ -341,7 +307,7 @@ class HeartbeatStartError(LockError):
         return (type(self), (self.feature, self.cause))
 
 
-class UnsafeLockPathError(OSError):
+class UnsafeLockPathError(OSError, LockError):
     """Something other than a lock, or a folder we refuse to follow, stands in the lock's way."""
 
 
@@ -349,7 +315,7 @@ class UnsupportedError(LockError):
     """The backend cannot do what was asked (fencing tokens or a chosen lease on files)."""
 
 
-class BackendError(OSError):
+class BackendError(OSError, LockError):
     """The place where locks live cannot be reached or used (a server down, a login refused, a
     connection lost). Its message names the place (never a password); the CLI exits 3."""
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from time import gmtime, monotonic, strftime
 from typing import Any, Final
 
-from mahabharatha import clock, lockfile, ownership, proof, waiting
+from mahabharatha import clock, lockfile, ownership, proof, reads, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
@@ -37,7 +37,7 @@ from mahabharatha.backends.base import (
     Owner,
     ReleaseWait,
     Requester,
-    State,
+    UnsafeLockPathError,
     UnsupportedError,
     Verdict,
     format_duration,
@@ -58,26 +58,16 @@ from mahabharatha.lockfile import (
     EntryKind,
     LockBusyError,
     LockSnapshot,
-    LockState,
     OpenFeatureDir,
     ReleaseOutcome,
-    UnsafeLockPathError,
     age_only,
     feature_dir_path,
     judge_lock,
     read_lock,
 )
 from mahabharatha.names import feature_folders
-
-__all__ = [
-    "ATTEMPTS_RECORD_NAME",
-    "AUDIT_LOG_NAME",
-    "COMPLETED_MARKER_NAME",
-    "LEASE_BREAK_MARGIN_SECONDS",
-    "FileBackend",
-    "describe_snapshot",
-    "lease_break_seconds",
-]
+from mahabharatha.states import State
+from mahabharatha.states import State as LockState
 
 ATTEMPTS_RECORD_NAME: Final = ".attempts"
 """A feature's failed attempts beside its ``.completed`` marker: one JSON object (count, the
@@ -374,7 +364,7 @@ def _read_attempts(dfd: int) -> Attempts | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
-        data = lockfile.read_bounded(fd, info.st_size)
+        data = reads.read_bounded(fd, info.st_size)
     finally:
         os.close(fd)
     return _parse_attempts(data)

@@ -31,19 +31,6 @@ from mahabharatha import ownership
 from mahabharatha.backends.base import VERDICT_OF, Owner, Verdict
 from mahabharatha.proof import Life
 
-__all__ = [
-    "CREATE_TIME_SLACK_SECONDS",
-    "Judgement",
-    "Liveness",
-    "OwnerFacts",
-    "Rule",
-    "Verdict",
-    "judge",
-    "owner_liveness",
-    "per_pid",
-    "proof_decides",
-]
-
 CREATE_TIME_SLACK_SECONDS: Final = 1.0
 """Process start times are known to a clock tick; a process that started within a second
 before the lock's timestamp may be its writer."""

@@ -36,7 +36,6 @@ except ImportError as missing:  # pragma: no cover - exercised by the CLI's own 
 
 from mahabharatha import ownership
 from mahabharatha.backends.base import (
-    RECHECK_SECONDS,
     AcquireResult,
     Attempts,
     BackendError,
@@ -53,30 +52,24 @@ from mahabharatha.backends.base import (
     ReleaseWait,
     Requester,
     ServerFullError,
-    State,
     Verdict,
 )
 from mahabharatha.backends.pg_connection import (
-    CONNECT_TIMEOUT_SECONDS,
     SLOTS_TAKEN_SQLSTATE,
     Connection,
     first_line,
     password_of,
     server_of,
 )
-from mahabharatha.backends.pg_namespace import derive_namespace, normalise_remote
-from mahabharatha.constants import NAMESPACE_ENV, SCHEMA_ENV
+from mahabharatha.backends.pg_namespace import derive_namespace
+from mahabharatha.constants import (
+    CONNECT_TIMEOUT_SECONDS,
+    NAMESPACE_ENV,
+    RECHECK_SECONDS,
+    SCHEMA_ENV,
+)
 from mahabharatha.names import feature_folders
-
-__all__ = [
-    "CONNECT_TIMEOUT_SECONDS",
-    "DEFAULT_LEASE_SECONDS",
-    "RUN_LEASE_SECONDS",
-    "SCHEMA_VERSION",
-    "PostgresBackend",
-    "derive_namespace",
-    "normalise_remote",
-]
+from mahabharatha.states import State
 
 SCHEMA_VERSION: Final = 2
 """The tables' layout; ``mahabharatha_schema`` records it (a newer one is refused, never

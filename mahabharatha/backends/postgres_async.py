@@ -32,8 +32,6 @@ from mahabharatha.backends.postgres import (
 if TYPE_CHECKING:
     from mahabharatha.backends.postgres import PostgresBackend
 
-__all__ = ["AsyncReleaseListener", "listener_for"]
-
 LISTENER_NAME: Final = "mahabharatha-wait-async"
 """The ``application_name`` of the listening connection (``pg_stat_activity`` tells it apart)."""
 

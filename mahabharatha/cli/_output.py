@@ -50,37 +50,6 @@ from mahabharatha.locks import (
     owner_is_gone,
 )
 
-__all__ = [
-    "DEFAULT_GSD_DIR",
-    "RECLAIM_DEAD_ADVICE",
-    "CreateOption",
-    "GsdDirOption",
-    "JsonOption",
-    "NonblockOption",
-    "PidOption",
-    "ReclaimDeadOption",
-    "Result",
-    "Shared",
-    "WaitOption",
-    "asks_for_json",
-    "backend_for",
-    "default_owner",
-    "emit_usage_error",
-    "exit_code_for",
-    "given_gsd_dir_exists",
-    "holder_fields",
-    "lock_entry",
-    "note",
-    "problem_fields",
-    "problem_warnings",
-    "respond",
-    "sentence",
-    "set_verbosity",
-    "wait_seconds",
-    "what_to_do",
-    "with_shared_options",
-]
-
 
 class Place(NamedTuple):
     """Where a command's locks live: ``--backend`` (or ``MAHABHARATHA_LOCK_URL``; none: the

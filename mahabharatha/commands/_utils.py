@@ -25,12 +25,10 @@ from typing import Any, Final
 
 from mahabharatha import clock, detect, proof
 from mahabharatha.clock import now
-from mahabharatha.constants import GSD_DIR, LOCK_URL_ENV
-from mahabharatha.detect import CURRENT_FEATURE_FILE, FEATURE_ENV_VAR, detect_feature
+from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, LOCK_URL_ENV
+from mahabharatha.detect import CURRENT_FEATURE_FILE, detect_feature
 from mahabharatha.lockfile import (
     LOCK_FILE_NAME,
-    MAX_PID,
-    MAX_READ_BYTES,
     MISSING,
     STALE_AFTER_SECONDS,
     AcquireOutcome,
@@ -38,7 +36,6 @@ from mahabharatha.lockfile import (
     Guard,
     GuardBusyError,
     LockSnapshot,
-    LockState,
     OpenFeatureDir,
     age_only,
     busy_error,
@@ -53,7 +50,9 @@ from mahabharatha.lockfile import (
     read_lock,
     release_at,
 )
-from mahabharatha.names import is_valid_feature_name, shown_name, validate_feature_name
+from mahabharatha.names import MAX_PID, is_valid_feature_name, shown_name, validate_feature_name
+from mahabharatha.reads import MAX_READ_BYTES
+from mahabharatha.states import State as LockState
 
 __all__ = [
     "CURRENT_FEATURE_FILE",

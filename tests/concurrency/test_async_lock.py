@@ -25,10 +25,11 @@ from typing import Any, Final, cast
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends.base import Capability, Held, LockBackend, Requester, State
+from mahabharatha.backends.base import Capability, Held, LockBackend, Requester
 from mahabharatha.backends.files import FileBackend
 from mahabharatha.commands import _utils
 from mahabharatha.locks import AsyncFeatureLock
+from mahabharatha.states import State
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
 
 FEATURE: Final = "feat"

@@ -12,7 +12,8 @@ The layer rule, bottom to top (``design/lockfile-hardening.md`` section 2 draws 
   backend (PostgreSQL lists a folder's features through a neutral module, not ``FileBackend``).
 * **the lock layer** (``locks.py``, ``runner.py``) talks to the seam only: it imports neutral
   modules, the seam and the lock layer; never a backend's module, the protocol or a face.
-* **the faces** (the CLI, and the legacy face ``commands/_utils.py``) import everything below
+* **the faces** (the CLI, the Python API at the package root, which every face may import,
+  and the legacy face ``commands/_utils.py``) import everything below
   them, except a backend's module or the protocol. Nothing but a face imports a face: the
   legacy face no longer stands below the backends (they took its clock). The one exception:
   the legacy face is the ``.lock`` protocol's own contract (its tests patch ``_utils.os`` and
@@ -25,6 +26,8 @@ a literal name included. A module no layer names fails the test: say where it be
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -43,7 +46,6 @@ LOCK_LAYER: Final = "lock layer"
 FACE: Final = "face"
 
 LAYERS: Final[dict[str, str]] = {
-    "mahabharatha": NEUTRAL,
     "mahabharatha.clock": NEUTRAL,
     "mahabharatha.constants": NEUTRAL,
     "mahabharatha.detect": NEUTRAL,
@@ -70,6 +72,7 @@ LAYERS: Final[dict[str, str]] = {
     "mahabharatha.runner": LOCK_LAYER,
     "mahabharatha.aio": LOCK_LAYER,  # AsyncFeatureLock: the lock layer driven from an event loop
     "mahabharatha.team": LOCK_LAYER,  # lock work -j: the pool's workers forked from one command
+    "mahabharatha": FACE,  # the Python API: the lock layer's public names, imported lazily
     "mahabharatha.__main__": FACE,
     "mahabharatha.backends.legacy_server": FACE,  # the legacy face's answers from a server
     "mahabharatha.commands": FACE,
@@ -185,7 +188,7 @@ def forbidden_arrows() -> list[str]:
             assert goal is not None
             if goal not in ALLOWED[source]:
                 found.append(f"{module} ({source}) -> {target} ({goal}), line {line}")
-            elif source == FACE and goal == FACE and _face_of(module) != _face_of(target):
+            elif source == goal == FACE and _face_of(module) != _face_of(target) != "python":
                 found.append(f"{module} -> {target}: a face imports another face, line {line}")
     return found
 
@@ -200,10 +203,10 @@ def _covered(module: str, target: str) -> bool:
 
 def _face_of(module: str) -> str:
     """Which face a module belongs to: the CLI, the legacy face (``commands`` and its server
-    answers), or ``python -m`` (which starts the CLI)."""
+    answers), or ``python -m`` (which starts the CLI); the root's Python API is its own."""
     if module.startswith("mahabharatha.cli") or module == "mahabharatha.__main__":
         return "cli"
-    return "legacy"
+    return "python" if module == "mahabharatha" else "legacy"
 
 
 def test_every_module_has_a_layer() -> None:
@@ -248,3 +251,43 @@ def test_the_rule_itself(importer: str, imported: str, broken: bool) -> None:
     face_to_face = source == FACE == goal and _face_of(importer) != _face_of(imported)
     refused = not excepted and (goal not in ALLOWED[source] or face_to_face)
     assert refused is broken
+
+
+def test_the_python_api_is_the_package_roots_and_costs_nothing_until_used() -> None:
+    """Fails before the fix: ``from mahabharatha import FeatureLock`` raised ImportError (the
+    root exported ``__version__`` only)."""
+    script = (
+        "import sys, mahabharatha\n"
+        "assert 'mahabharatha.locks' not in sys.modules\n"
+        "from mahabharatha import AsyncFeatureLock, FeatureLock, LockError, acquire, release\n"
+        "from mahabharatha import aio, locks\n"
+        "assert (FeatureLock, acquire) == (locks.FeatureLock, locks.acquire)\n"
+        "assert (AsyncFeatureLock, LockError) == (aio.AsyncFeatureLock, locks.LockError)\n"
+        "assert all(getattr(mahabharatha, name) for name in mahabharatha.__all__)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
+PUBLIC: Final = frozenset(
+    {
+        "mahabharatha",  # the Python API
+        "mahabharatha.aio",  # AsyncFeatureLock (the README's)
+        "mahabharatha.locks",  # the README's imports
+        "mahabharatha.commands._utils",  # the legacy functions (the contract's first table)
+        "mahabharatha.commands.status",  # re-exports detect_feature (the contract)
+        "mahabharatha.cli._click",  # its names are all it is: the click that typer carries
+    }
+)
+"""The modules whose names are imported from outside: the only ones with ``__all__``."""
+
+
+def test_only_public_modules_declare_their_names() -> None:
+    """Fails before the fix: 33 modules declared ``__all__`` (348 entries), private ones too."""
+    declaring = {
+        module
+        for module, path in MODULES.items()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets)
+    }
+    assert declaring <= PUBLIC

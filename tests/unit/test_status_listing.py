@@ -20,9 +20,10 @@ import pytest
 
 from mahabharatha import locks, ownership, proof
 from mahabharatha.backends import files
-from mahabharatha.backends.base import LockInfo, Owner, State
+from mahabharatha.backends.base import LockInfo, Owner
 from mahabharatha.commands import _utils
 from mahabharatha.lockfile import DetailsReader
+from mahabharatha.states import State
 
 OTHER_PID = 1 if os.getpid() != 1 else 2
 
