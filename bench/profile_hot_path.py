@@ -377,8 +377,8 @@ def profile_sections(work: Path, cycles: int, locks_count: int) -> str:
 def _own_tree(tree: Path, count: int) -> None:
     """``count`` locks published by this package (owner details, a proof of life) by a child
     that then exits: every lock is judged by its proof, and its owner found gone."""
-    from mahabharatha import proof
     from mahabharatha.commands import _utils
+    from mahabharatha.owner import proof
 
     child = os.fork()
     if child == 0:  # pragma: no cover (the child)
@@ -446,8 +446,9 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
     and proofs, no judgement), the judgement and the listing of the scanned locks, the whole
     ``locks.status`` on older writers' locks (the scenario's tree), and on ours."""
     from bench.scenarios import bare_status_loop
-    from mahabharatha import lockfile, locks
-    from mahabharatha.backends.files import describe_snapshot
+    from mahabharatha import locks
+    from mahabharatha.backends.files import lockfile
+    from mahabharatha.backends.files.backend import describe_snapshot
     from mahabharatha.backends.liveness import per_pid
 
     own = tree.parent / "status-own"

@@ -14,7 +14,7 @@ Same arguments, attributes and errors as ``FeatureLock`` (``timeout``, ``heartbe
   made on the loop, with ``asyncio.sleep`` between tries (the backoff of ``locks.acquire``).
   On PostgreSQL a try is a round trip, made in a worker thread (bounded by the backend's
   deadlines), and between tries the task waits for the release's NOTIFY on an async
-  connection (``backends/postgres_async.py``), one per loop, at most a slice at a time.
+  connection (``backends/postgres/aio.py``), one per loop, at most a slice at a time.
 - **The heartbeat** is one asyncio task per lock (no thread of its own): on files it refreshes
   on the loop, on PostgreSQL in a worker thread of the loop's default executor.
 - **Cancellation** never leaves a lock behind nor holds one the caller does not know about: a
@@ -43,7 +43,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypeVar, cast
 
-from mahabharatha import locks, ownership, waiting
+from mahabharatha import locks, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -58,7 +58,8 @@ from mahabharatha.backends.base import (
 )
 from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS
 from mahabharatha.locks import FeatureLock, WaitCallback
-from mahabharatha.proof import WorkProof
+from mahabharatha.owner import ownership
+from mahabharatha.owner.proof import WorkProof
 
 __all__ = ["AsyncFeatureLock"]
 

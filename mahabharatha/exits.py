@@ -1,5 +1,5 @@
 """Every exit code the package gives, in one place (the CLI's :func:`exit_code_for` maps errors
-to them; :mod:`mahabharatha.runner` reports a command's end the way a shell does)."""
+to them; :mod:`mahabharatha.run.runner` reports a command's end the way a shell does)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Feature locks for long-lived holders, waiters, worker pools and maintenance.
 
 This layer talks to a :class:`~mahabharatha.backends.base.LockBackend` only (default: the folder
-backend of ``gsd_dir``, :mod:`mahabharatha.backends.files`) and adds what is the same for every
-backend: an explicit owner pid (a CLI process records the shell that called it), waiting with
+backend of ``gsd_dir``, :mod:`mahabharatha.backends.files.backend`) and adds what is the same for
+every backend: an explicit owner pid (a CLI process records the shell that called it), waiting with
 backoff, a heartbeat that keeps a long-held lock fresh, signals held back while a lock is being
 published, and ``claim`` over many features. Every public function takes ``backend=`` (a
 :class:`LockBackend`, or a lock server's URL); without one, it uses the server
@@ -31,7 +31,7 @@ from time import monotonic, sleep
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
-from mahabharatha import clock, logs, ownership, signals, waiting
+from mahabharatha import clock, logs, signals, waiting
 from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
@@ -83,7 +83,8 @@ from mahabharatha.constants import (
 )
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
-from mahabharatha.proof import HandedProof, WorkProof
+from mahabharatha.owner import ownership
+from mahabharatha.owner.proof import HandedProof, WorkProof
 from mahabharatha.states import State, WorkEnd, WorkOutcome
 
 if TYPE_CHECKING:

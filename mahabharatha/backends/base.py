@@ -1,11 +1,11 @@
 """The seam between the lock layer and where locks live: one typed interface, many backends.
 
-:mod:`mahabharatha.locks`, :mod:`mahabharatha.runner` and the CLI talk to a :class:`LockBackend`
+:mod:`mahabharatha.locks`, :mod:`mahabharatha.run.runner` and the CLI talk to a :class:`LockBackend`
 only. A backend keeps, for each feature, at most one lock held by one owner, and answers the
 operations below; waiting, heartbeats, signals and messages are the lock layer's, the same for
-every backend. Backends: the folder (``backends/files.py``, the default, nothing to run) and
-PostgreSQL (``backends/postgres.py``, for workers on several hosts). What each guarantees, side
-by side: ``design/backends.md``.
+every backend. Backends: the folder (``backends/files/backend.py``, the default, nothing to run) and
+PostgreSQL (``backends/postgres/backend.py``, for workers on several hosts). What each guarantees,
+side by side: ``design/backends.md``.
 
 Also here, because every layer shares them: the facts about a lock (:class:`LockInfo`), the
 errors (one base, :class:`LockError`; OS trouble stays ``OSError``) and how a holder is
@@ -26,8 +26,8 @@ from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 from mahabharatha.states import State
 
 if TYPE_CHECKING:
-    from mahabharatha.ownership import OwnerDetails
-    from mahabharatha.proof import WorkProof
+    from mahabharatha.owner.ownership import OwnerDetails
+    from mahabharatha.owner.proof import WorkProof
 
 
 # --------------------------------------------------------------------------- facts about locks
@@ -331,7 +331,7 @@ class ServerFullError(BackendError):
 
 class Requester(NamedTuple):
     """Who asks for a lock: the owner pid to record, and its owner details (packed by
-    :mod:`mahabharatha.ownership`; ``None``: unknown).
+    :mod:`mahabharatha.owner.ownership`; ``None``: unknown).
 
     The seam's records (this, :class:`Held`, :class:`AcquireResult`) are named tuples, not
     dataclasses: made on every try, and a ``@dataclass`` class costs the CLI's cold start four

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Final, NamedTuple, NoReturn
 
 import typer
 
-from mahabharatha import runner, signals
+from mahabharatha import signals
 from mahabharatha.backends import open_backend, url_holds_password
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
@@ -49,6 +49,7 @@ from mahabharatha.locks import (
     NotHeldError,
     owner_is_gone,
 )
+from mahabharatha.run import runner
 
 
 class Place(NamedTuple):

@@ -2,7 +2,7 @@
 
 Registered on the ``lock`` group (:mod:`mahabharatha.cli.lock`). ``lock work`` is the whole
 worker loop in one process: it claims as ``lock claim`` does, and runs each feature's command
-through :func:`mahabharatha.runner.run_locked`, exactly as ``lock run`` does; the hold ends in
+through :func:`mahabharatha.run.runner.run_locked`, exactly as ``lock run`` does; the hold ends in
 one step of the backend's (done, or a failed attempt, then the release), never a release first.
 """
 
@@ -20,7 +20,7 @@ from typing import IO, Annotated, Any, Final, NamedTuple, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from mahabharatha import locks, logs, runner, signals, team
+from mahabharatha import locks, logs, signals
 from mahabharatha.backends import load_backend_code
 from mahabharatha.backends.base import BackendError, LockBackend, describe_holder, format_duration
 from mahabharatha.cli._output import (
@@ -68,6 +68,8 @@ from mahabharatha.locks import (
     WorkReport,
     WorkResult,
 )
+from mahabharatha.pool import team
+from mahabharatha.run import runner
 from mahabharatha.states import State, WorkEnd, WorkOutcome
 
 FEATURE_PLACEHOLDER: Final = "{}"

@@ -14,9 +14,9 @@ import os
 import socket
 import sys
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import NotHeldError, NotOwnerError, Requester
-from mahabharatha.backends.postgres import PostgresBackend
+from mahabharatha.backends.postgres.backend import PostgresBackend
+from mahabharatha.owner import ownership
 
 WAIT_SECONDS = 0.25
 """A waiter sleeps on LISTEN at most this long between tries (a missed wake-up costs this)."""

@@ -32,7 +32,7 @@ def make_backend(
     pg_server: PgServer, namespace: str, tmp_path: Any
 ) -> Iterator[Callable[..., Any]]:
     """Backends for this test's namespace (closed at the end); keyword arguments override."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     made: list[PostgresBackend] = []
 

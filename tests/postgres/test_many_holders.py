@@ -19,9 +19,9 @@ import psycopg
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends import postgres
 from mahabharatha.backends.base import Requester, ServerFullError
-from mahabharatha.backends.postgres import PostgresBackend
+from mahabharatha.backends.postgres import backend as postgres
+from mahabharatha.backends.postgres.backend import PostgresBackend
 from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

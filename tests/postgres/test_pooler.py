@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mahabharatha.backends.base import BackendError, Requester
-from mahabharatha.backends.postgres import PostgresBackend
+from mahabharatha.backends.postgres.backend import PostgresBackend
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team
 from tests.support.postgres import HostileServer, PgServer, admin_execute
 
@@ -79,7 +79,7 @@ def _storm(pooler: str, pg_server: PgServer, namespace: str) -> None:
 
 
 def test_the_backend_sees_the_pooler_and_prepares_nothing(pooler: str, pg_server: PgServer) -> None:
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     behind: Any = PostgresBackend(pooler, namespace="pooled")
     direct: Any = PostgresBackend(pg_server.url(), namespace="pooled")

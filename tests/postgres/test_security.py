@@ -104,7 +104,7 @@ def test_odd_names_are_stored_and_shown_verbatim(
 def dml_only(pg_server: PgServer) -> Iterator[str]:
     """A database whose tables were made by ``init`` as their owner, and a role that may only
     read and write rows there (no CREATE anywhere): its URL."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     admin_execute(pg_server, "CREATE DATABASE mh_dml_db")
     admin_execute(pg_server, "CREATE ROLE mh_dml LOGIN")
@@ -223,7 +223,7 @@ def test_only_the_commands_name_is_stored(
 ) -> None:
     """Namespaces are not a security boundary: any role of the table reads every row. Failed
     before: ``lock run``'s whole command line was stored, a secret argument with it."""
-    from mahabharatha import ownership
+    from mahabharatha.owner import ownership
 
     backend = make_backend()
     command = ["/usr/local/bin/deploy", "--token=Hidden-Arg-1", "prod"]

@@ -22,9 +22,9 @@ import psycopg
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends import postgres
 from mahabharatha.backends.base import Requester
-from mahabharatha.backends.postgres import NOTIFY_CHANNEL, WAKE_UP_INTERVAL_SECONDS
+from mahabharatha.backends.postgres import backend as postgres
+from mahabharatha.backends.postgres.backend import NOTIFY_CHANNEL, WAKE_UP_INTERVAL_SECONDS
 from tests.support.postgres import FreezingProxy, PgServer, admin_execute
 
 LINK_TIMEOUT = 1.0

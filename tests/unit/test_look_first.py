@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import lockfile
 from mahabharatha.backends.base import Requester
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.backend import FileBackend
 from mahabharatha.states import State
 
 FEATURE = "feat"

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Final
 
 import mahabharatha
-from mahabharatha import locks, team
+from mahabharatha import locks
+from mahabharatha.pool import team
 from mahabharatha.states import WorkEnd, WorkOutcome
 
 

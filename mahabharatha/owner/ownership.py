@@ -25,7 +25,7 @@ its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
 * ``pgid`` and ``gstart``: the owner's process group when it took the lock, and the start time of
   that group's leader if it was running (tells a reused group number apart);
 * ``flags``: ``PROOF_FLAG`` when the holder holds its proof file's proof of life
-  (:mod:`mahabharatha.proof`): then the kernel, not the pid, says whether it is alive;
+  (:mod:`mahabharatha.owner.proof`): then the kernel, not the pid, says whether it is alive;
   ``WORK_GROUP_FLAG`` when ``pgid`` and ``gstart`` are the process group ``lock run`` made for
   its command (recorded once the command started): its members are the owner's work;
 * ``sid``: the owner's session when it took the lock. A lock without a proof (a CLI ``acquire``
@@ -104,7 +104,7 @@ class OwnerDetails(NamedTuple):
     cmd: str | None = None
     sid: int | None = None
     proof: bool = False
-    slot: int | None = None  # the lock's own bytes of the folder's proof (mahabharatha.proof)
+    slot: int | None = None  # the lock's own bytes of the folder's proof (mahabharatha.owner.proof)
     work_group: bool = False  # pgid/gstart: the group lock run made for its command
     folder: int | None = None  # the tag of the proof file (folder_tag)
 

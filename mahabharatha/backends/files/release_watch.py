@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from time import monotonic, sleep
 from typing import Final, Self
 
+from mahabharatha.backends.files.lockfile import LOCK_FILE_NAME, folder_path
 from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
-from mahabharatha.lockfile import LOCK_FILE_NAME, folder_path
 
 IN_NONBLOCK: Final = os.O_NONBLOCK
 IN_CLOEXEC: Final = os.O_CLOEXEC

@@ -34,7 +34,6 @@ try:
 except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
     raise ImportError("a postgresql:// lock URL needs psycopg 3, the postgres extra") from missing
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
@@ -54,14 +53,14 @@ from mahabharatha.backends.base import (
     ServerFullError,
     Verdict,
 )
-from mahabharatha.backends.pg_connection import (
+from mahabharatha.backends.postgres.connection import (
     SLOTS_TAKEN_SQLSTATE,
     Connection,
     first_line,
     password_of,
     server_of,
 )
-from mahabharatha.backends.pg_namespace import derive_namespace
+from mahabharatha.backends.postgres.namespace import derive_namespace
 from mahabharatha.constants import (
     CONNECT_TIMEOUT_SECONDS,
     NAMESPACE_ENV,
@@ -69,6 +68,7 @@ from mahabharatha.constants import (
     SCHEMA_ENV,
 )
 from mahabharatha.names import feature_folders
+from mahabharatha.owner import ownership
 from mahabharatha.states import State
 
 SCHEMA_VERSION: Final = 2
@@ -1584,9 +1584,9 @@ class PostgresBackend(LockBackend):
 
     def async_release_listener(self) -> Any:
         """The running event loop's listener for releases of this backend's locks
-        (:class:`~mahabharatha.backends.postgres_async.AsyncReleaseListener`): what
+        (:class:`~mahabharatha.backends.postgres.aio.AsyncReleaseListener`): what
         ``AsyncFeatureLock`` waits on, without blocking its loop."""
-        from mahabharatha.backends.postgres_async import listener_for
+        from mahabharatha.backends.postgres.aio import listener_for
 
         return listener_for(self)
 
@@ -1722,7 +1722,7 @@ def _out_of_slots(error: psycopg.OperationalError) -> bool:
     (``too_many_connections``), whatever the limit (the server's, the role's or the database's
     ``CONNECTION LIMIT``) and whatever the language of its message (``lc_messages``). The
     English text counts only for a refusal that came without a SQLSTATE (libpq not found to
-    make its errors verbose: :func:`~mahabharatha.backends.pg_connection._verbose_errors`)."""
+    make its errors verbose: :func:`~mahabharatha.backends.postgres.connection._verbose_errors`)."""
     sqlstate = getattr(error, "sqlstate", None)
     if sqlstate is not None:
         return bool(sqlstate == SLOTS_TAKEN_SQLSTATE)

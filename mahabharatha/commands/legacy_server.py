@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import time
 
-from mahabharatha import ownership
 from mahabharatha.backends import shared_backend
 from mahabharatha.backends.base import NotOwnerError, Requester
+from mahabharatha.owner import ownership
 from mahabharatha.states import State
 
 

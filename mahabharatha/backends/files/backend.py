@@ -1,8 +1,8 @@
 """The folder backend: each feature's lock is a ``.lock`` file in ``<gsd>/specs/<feature>/``.
 
 The default backend, nothing to run. Every read, publish, reclaim, refresh and removal goes
-through the hardened protocol of :mod:`mahabharatha.lockfile` (the clock of every decision is
-:func:`mahabharatha.clock.now`, read once per call); this module adds what a
+through the hardened protocol of :mod:`mahabharatha.backends.files.lockfile` (the clock of every
+decision is :func:`mahabharatha.clock.now`, read once per call); this module adds what a
 lock layer needs on top: an explicit owner pid with its owner details, the ``--reclaim-dead``
 judgement, the audit trail, listings, clean-up and the ``.completed`` marker. No fencing
 tokens, no chosen lease: the lease is the contract's fixed 2 hours.
@@ -21,7 +21,7 @@ from pathlib import Path
 from time import gmtime, monotonic, strftime
 from typing import Any, Final
 
-from mahabharatha import clock, lockfile, ownership, proof, reads, waiting
+from mahabharatha import clock, reads, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
@@ -42,18 +42,8 @@ from mahabharatha.backends.base import (
     Verdict,
     format_duration,
 )
-from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
-from mahabharatha.backends.release_watch import ReleaseWatch
-from mahabharatha.constants import (
-    AUDIT_LOG_NAME,
-    COMPLETED_MARKER_NAME,
-    DEFAULT_LEASE_BREAK_SECONDS,
-    GSD_DIR,
-    LEASE_BREAK_MARGIN_SECONDS,
-    RELEASE_RETRY_FIRST_SECONDS,
-    RELEASE_RETRY_MAX_SECONDS,
-)
-from mahabharatha.lockfile import (
+from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.lockfile import (
     STALE_AFTER_SECONDS,
     EntryKind,
     LockBusyError,
@@ -65,7 +55,19 @@ from mahabharatha.lockfile import (
     judge_lock,
     read_lock,
 )
+from mahabharatha.backends.files.release_watch import ReleaseWatch
+from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
+from mahabharatha.constants import (
+    AUDIT_LOG_NAME,
+    COMPLETED_MARKER_NAME,
+    DEFAULT_LEASE_BREAK_SECONDS,
+    GSD_DIR,
+    LEASE_BREAK_MARGIN_SECONDS,
+    RELEASE_RETRY_FIRST_SECONDS,
+    RELEASE_RETRY_MAX_SECONDS,
+)
 from mahabharatha.names import feature_folders
+from mahabharatha.owner import ownership, proof
 from mahabharatha.states import State
 from mahabharatha.states import State as LockState
 

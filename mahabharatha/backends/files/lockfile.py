@@ -2,7 +2,7 @@
 
 A feature ``F`` is claimed by the file ``<gsd>/specs/F/.lock`` holding ``"{pid}:{time}"``. Only
 this module touches ``.lock``; the legacy functions (:mod:`mahabharatha.commands._utils`) and
-the folder backend (:mod:`mahabharatha.backends.files`) call it. The long form, with the
+the folder backend (:mod:`mahabharatha.backends.files.backend`) call it. The long form, with the
 reasoning and the rejected options, is ``design/lockfile-hardening.md``.
 
 Protocol:
@@ -48,12 +48,12 @@ from pathlib import Path
 from time import monotonic
 from typing import Final, NamedTuple
 
-from mahabharatha import ownership, proof
 from mahabharatha.backends.base import LockError, UnsafeLockPathError
 from mahabharatha.names import (
     MAX_PID,
     feature_names_in,
 )
+from mahabharatha.owner import ownership, proof
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 from mahabharatha.states import State as LockState
 
@@ -355,7 +355,7 @@ def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnap
     again, yielding the CPU (never sleeping), for at most ``READ_WAIT_SECONDS``; if it is still
     refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
     With ``life``, a lock whose details claim a proof of life gets its proof file's answer
-    (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.proof`).
+    (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.owner.proof`).
     Without ``details`` the owner details are not read (``owner`` None): for a caller that
     compares entries (:meth:`LockSnapshot.same_entry`), which the details are no part of.
     """
