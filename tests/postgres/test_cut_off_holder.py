@@ -1,11 +1,11 @@
 """A cut-off holder stops before its lease can be given away (issue 27 item 3).
 
-``lock run``'s (and ``lock work``'s) link to the server freezes at its first refresh (no answer, no reset: a proxy
-that swallows everything once the refresh is sent). Its CMD ignores SIGTERM (one that finishes
-its step first) and appends a tick to an occupancy file every 10 ms. The test is the next
-holder: it takes the lock the moment the server lets it (the lease ran out by the server's
-clock) and appends ``NEXT``. No tick may follow: CMD must be gone before the lock can be given
-away, whatever the network does."""
+``lock run``'s (and ``lock work``'s) link to the server freezes at its first refresh (no
+answer, no reset: a proxy that swallows everything once the refresh is sent). Its CMD ignores
+SIGTERM (one that finishes its step first) and appends a tick to an occupancy file every 10 ms.
+The test is the next holder: it takes the lock the moment the server lets it (the lease ran out
+by the server's clock) and appends ``NEXT``. No tick may follow: CMD must be gone before the
+lock can be given away, whatever the network does."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mahabharatha import locks
 from mahabharatha.backends.base import Requester
 from mahabharatha.backends.postgres.backend import PostgresBackend
 from tests.support.postgres import FreezingProxy, PgServer, wait_until
@@ -91,3 +92,35 @@ def test_a_holder_whose_link_froze_has_ended_cmd_before_the_next_holder_starts(
     assert "lost" in said, said[-400:]
     if command == "run":  # lock work --once exits with CMD's code (KILLed here: 137)
         assert holder.returncode == 76, said[-400:]
+
+
+def test_a_pool_claims_deadline_runs_from_when_its_claim_was_sent(
+    pg_server: PgServer, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claimed lock's cut-off counts its lease from the claim's send, not from its answer,
+    which comes after the server's ``now()`` by a commit's fsync and a descheduled client:
+    later than the SIGKILL's 2.2 s margin under load, and the cut-off then fell after the
+    server's expiry. Failed before: a claim's ``Held.sent`` was None (the deadline ran from
+    the answer's arrival), so ``PoolLock``'s deadline was past ``sent + lease``."""
+    answered: list[float] = []
+    won = PostgresBackend._won
+
+    def noted(self: PostgresBackend, *args: object, **kwargs: object) -> object:
+        answered.append(time.monotonic())  # the answer is in: later than the server's now()
+        return won(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PostgresBackend, "_won", noted)
+    store = PostgresBackend(pg_server.url(), namespace=namespace)
+    asked = time.monotonic()
+    held = locks.claim_held(["f"], tmp_path / ".gsd", backend=store, lease=LEASE_SECONDS)
+    assert held is not None
+    lock = locks.PoolLock(
+        held, tmp_path / ".gsd", backend=store, heartbeat=None, command=None, lease=None
+    )
+    lock.acquire()
+    try:
+        assert held.sent is not None and asked <= held.sent <= answered[-1]
+        assert lock._deadline == pytest.approx(held.sent + LEASE_SECONDS, abs=1e-3)
+    finally:
+        lock.finish(None, None, 1)
+        store.close()
