@@ -1197,12 +1197,14 @@ class FeatureLock:
 
     def _start_heartbeat(self) -> None:
         """Hand the hold to its heartbeat (:class:`HeartbeatStartError`: out of threads); a
-        lock with its own heartbeat and a lease on a server also gets the cut-off."""
+        lock with a lease on a server also gets the cut-off, a pool worker's too."""
         if not self.heartbeat or self._beats is None:
             return
         self._stop.clear()
         self._beats.hold(self)
-        if self.lease is None or not self._own_beats:
+        # Race: a worker's shared heartbeat stuck in a refresh (a frozen link) let the lease
+        # run out under CMD, and another worker built the feature beside it (two holders).
+        if self.lease is None:
             return
         self._cut_off = threading.Thread(
             target=self._cut_off_loop, name=f"lock-cut-off-{self.feature}", daemon=True

@@ -41,10 +41,17 @@ POOL_TIMEOUT: Final = 120.0
 """Hang guard for a whole pool (it takes a few seconds)."""
 
 BUILD_STEP: Final = r"""#!/bin/sh
-# Logs start and end of each run; a second concurrent run of one feature logs "overlap".
+# Logs start and end of each run; a second concurrent run of one feature logs "overlap", and
+# whether the marker's maker still runs (running: two builds at once; gone: killed mid-build).
 feature=$1
 [ "$feature" = "$MAHABHARATHA_FEATURE" ] || echo "wrong-env $feature" >> "$POOL/runs.log"
-mkdir "$POOL/running-$feature" 2>/dev/null || echo "overlap $feature" >> "$POOL/runs.log"
+if mkdir "$POOL/running-$feature" 2>/dev/null; then
+    echo $$ > "$POOL/running-$feature/by"
+else
+    by=$(cat "$POOL/running-$feature/by" 2>/dev/null)
+    state=gone; kill -0 "$by" 2>/dev/null && state=running
+    echo "overlap $feature by $$ beside ${by:-?} ($state)" >> "$POOL/runs.log"
+fi
 echo "start $feature" >> "$POOL/runs.log"
 code=0
 case " $FLAKY " in *" $feature "*)
@@ -59,13 +66,13 @@ if [ "$feature" = "${VICTIM:-}" ] && mkdir "$POOL/victim" 2>/dev/null; then
         echo "$1" >&9
         read -r _ < "$POOL/go.fifo"  # blocks until the test opens it and says go
         echo "end-partial $2" >> "$POOL/runs.log"
-        rmdir "$POOL/running-$2"
+        rm -r "$POOL/running-$2"
     ' victim "$PPID" "$feature" &
     wait
     exit 1
 fi
 echo "end $feature $code" >> "$POOL/runs.log"
-rmdir "$POOL/running-$feature"
+rm -r "$POOL/running-$feature"
 exit $code
 """
 
@@ -148,7 +155,9 @@ def leftover_locks(pool: Path) -> list[str]:
 def assert_every_feature_finished_once(lines: list[str], pool: Path, *, files: bool = True) -> None:
     """Done exactly once, or failed after exactly ATTEMPTS attempts; never two builds at once.
     ``files``: the attempts are in the folder (PostgreSQL keeps them in the row)."""
-    assert not [line for line in lines if line.startswith(("overlap", "wrong-env"))], lines
+    wrong = [line for line in lines if line.startswith(("overlap", "wrong-env"))]
+    named = {line.split()[1] for line in wrong}  # their features' whole history, uncut
+    assert not wrong, [line for line in lines if line.split()[1:2] and line.split()[1] in named]
     ends = Counter(line for line in lines if line.startswith("end "))
     for name in FEATURES:
         folder = pool / ".gsd" / "specs" / name

@@ -1,11 +1,11 @@
 """A cut-off holder stops before its lease can be given away (issue 27 item 3).
 
-``lock run``'s link to the server freezes at its first refresh (no answer, no reset: a proxy
-that swallows everything once the refresh is sent). Its CMD ignores SIGTERM (one that finishes
-its step first) and appends a tick to an occupancy file every 10 ms. The test is the next
-holder: it takes the lock the moment the server lets it (the lease ran out by the server's
-clock) and appends ``NEXT``. No tick may follow: CMD must be gone before the lock can be given
-away, whatever the network does."""
+``lock run``'s (and ``lock work``'s) link to the server freezes at its first refresh (no
+answer, no reset: a proxy that swallows everything once the refresh is sent). Its CMD ignores
+SIGTERM (one that finishes its step first) and appends a tick to an occupancy file every 10 ms.
+The test is the next holder: it takes the lock the moment the server lets it (the lease ran out
+by the server's clock) and appends ``NEXT``. No tick may follow: CMD must be gone before the
+lock can be given away, whatever the network does."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mahabharatha import locks
 from mahabharatha.backends.base import Requester
 from mahabharatha.backends.postgres.backend import PostgresBackend
 from tests.support.postgres import FreezingProxy, PgServer, wait_until
@@ -27,6 +28,15 @@ LEASE_SECONDS = 8
 """``lock run --lease``: refreshed every 2.7 s; cut off 2 s before its end (a quarter)."""
 HANG_GUARD_SECONDS = 60.0
 TICKING_CMD = 'trap "" TERM; while :; do echo tick >> occupancy; sleep 0.01; done'
+WORK_WITH_LEASE = (
+    "import sys; from mahabharatha.backends.postgres.backend import PostgresBackend; "
+    f"PostgresBackend.run_lease = {LEASE_SECONDS}.0; from mahabharatha.cli import main; main()"
+)
+"""``lock work``, whose lease is the backend's ``run_lease`` (no ``--lease``), at the test's."""
+HOLDERS = {
+    "run": ("-m", "mahabharatha", "lock", "run", "f", "--lease", str(LEASE_SECONDS)),
+    "work": ("-c", WORK_WITH_LEASE, "lock", "work", "f", "--once"),
+}
 
 
 @pytest.fixture
@@ -37,19 +47,25 @@ def frozen_at_refresh(pg_server: PgServer) -> Iterator[FreezingProxy]:
     proxy.close()
 
 
+@pytest.mark.parametrize("command", HOLDERS)
 def test_a_holder_whose_link_froze_has_ended_cmd_before_the_next_holder_starts(
-    pg_server: PgServer, frozen_at_refresh: FreezingProxy, namespace: str, tmp_path: Path
+    command: str,
+    pg_server: PgServer,
+    frozen_at_refresh: FreezingProxy,
+    namespace: str,
+    tmp_path: Path,
 ) -> None:
     """Failed before: the loss was noticed only when a refresh failed after the lease had
     run out, and CMD then had 10 s of grace: the next holder started while CMD kept ticking
-    (for 10 s here: it ignores SIGTERM)."""
+    (for 10 s here: it ignores SIGTERM). ``work`` failed so until d644adc: a pool worker's
+    lock (its heartbeat the worker's, shared) got no cut-off at all."""
     occupancy = tmp_path / "occupancy"
+    (tmp_path / ".gsd" / "specs" / "f").mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     holder = subprocess.Popen(
-        [sys.executable, "-m", "mahabharatha", "lock", "run", "f",
+        [sys.executable, *HOLDERS[command],
          "--backend", frozen_at_refresh.url(), "--namespace", namespace,
-         "--lease", str(LEASE_SECONDS), "--connect-timeout", "1", "--",
-         "sh", "-c", TICKING_CMD],
+         "--connect-timeout", "1", "--", "sh", "-c", TICKING_CMD],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     next_holder = PostgresBackend(pg_server.url(), namespace=namespace)
@@ -73,4 +89,38 @@ def test_a_holder_whose_link_froze_has_ended_cmd_before_the_next_holder_starts(
     lines = occupancy.read_text().splitlines()
     after = lines[lines.index("NEXT") + 1 :]
     assert after == [], f"{len(after)} ticks of the old CMD after the next holder started"
-    assert holder.returncode == 76, said[-400:]
+    assert "lost" in said, said[-400:]
+    if command == "run":  # lock work --once exits with CMD's code (KILLed here: 137)
+        assert holder.returncode == 76, said[-400:]
+
+
+def test_a_pool_claims_deadline_runs_from_when_its_claim_was_sent(
+    pg_server: PgServer, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claimed lock's cut-off counts its lease from the claim's send, not from its answer,
+    which comes after the server's ``now()`` by a commit's fsync and a descheduled client:
+    later than the SIGKILL's 2.2 s margin under load, and the cut-off then fell after the
+    server's expiry. Failed before: a claim's ``Held.sent`` was None (the deadline ran from
+    the answer's arrival), so ``PoolLock``'s deadline was past ``sent + lease``."""
+    answered: list[float] = []
+    won = PostgresBackend._won
+
+    def noted(self: PostgresBackend, *args: object, **kwargs: object) -> object:
+        answered.append(time.monotonic())  # the answer is in: later than the server's now()
+        return won(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PostgresBackend, "_won", noted)
+    store = PostgresBackend(pg_server.url(), namespace=namespace)
+    asked = time.monotonic()
+    held = locks.claim_held(["f"], tmp_path / ".gsd", backend=store, lease=LEASE_SECONDS)
+    assert held is not None
+    lock = locks.PoolLock(
+        held, tmp_path / ".gsd", backend=store, heartbeat=None, command=None, lease=None
+    )
+    lock.acquire()
+    try:
+        assert held.sent is not None and asked <= held.sent <= answered[-1]
+        assert lock._deadline == pytest.approx(held.sent + LEASE_SECONDS, abs=1e-3)
+    finally:
+        lock.finish(None, None, 1)
+        store.close()

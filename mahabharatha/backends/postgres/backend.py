@@ -1125,12 +1125,13 @@ class PostgresBackend(LockBackend):
     ) -> AcquireResult | None:
         """:meth:`try_claim`'s statement, again while rows are missing (made between)."""
         names = params["names"]
+        sent: list[float] = []
         for _ in range(MAX_CLAIM_ROUNDS):
-            missing, taken = self._run(self._claim_statement(params, features, checked=checked))
+            missing, taken = self._run(self._claim_statement(params, features, sent, checked))
             if taken is not None:
                 self._remember_rows(names, features)
                 reason = "owner judged gone" if params["judged"] else "expired"
-                return self._won(taken, requester, params, reason=reason)
+                return self._won(taken, requester, params, reason=reason, sent=sent[-1])
             if not missing:
                 if self._ensured.get(names):  # a lean claim, which cannot see missing rows
                     # Race: rows deleted since seen (a reset): the checked claim counts them;
@@ -1174,18 +1175,22 @@ class PostgresBackend(LockBackend):
     # see the feature list and was 30x slower over 1,000 features. A registered list is
     # written into its statement instead, which is then prepared (``_CLAIM_REGISTERED``).
     def _claim_statement(
-        self, params: dict[str, Any], features: Sequence[str], *, checked: bool = False
+        self, params: dict[str, Any], features: Sequence[str], sent: list[float], checked: bool
     ) -> Callable[[_Connection], tuple[int, Sequence[Any] | None]]:
         """The claim to run, answering (names without a row, the taken row or None): the
         registered one for a sorted list whose rows this backend has seen, else the one that
         sends the list (lean when sorted and seen); always the checked one on a retry, or when
-        ``checked`` (an earlier call's answer was lost: it puts our own lost attempt first)."""
+        ``checked`` (an earlier call's answer was lost: it puts our own lost attempt first).
+        ``sent`` gets the time of each send: the lease it sets runs from no earlier."""
         lean = self._ensured.get(params["names"], False)
         registered = lean and not params["judged"]
         first = _CLAIM_SORTED if lean else _CLAIM_CHECKED
         calls = itertools.count(1 if checked else 0)
 
         def run(conn: _Connection) -> tuple[int, Sequence[Any] | None]:
+            # Race: an answer slow to come back (a commit's fsync, a descheduled client) moved
+            # the holder's cut-off past the server's expiry: the lease runs from the send.
+            sent.append(time.monotonic())
             retry = next(calls) > 0
             if registered and not retry and not conn.pooled:  # a registered claim is prepared
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
