@@ -624,6 +624,9 @@ class PostgresBackend(LockBackend):
         self._kept_cursor: psycopg.RawCursor[Any] | None = None
         self._kept_busy = threading.Lock()  # held from a statement on the kept cursor to its read
         self._connecting = threading.Lock()  # one thread makes the shared connection
+        # Race: threads sharing this backend: a transaction of several statements (a release
+        # and its wake-up, a pinned operation) must not take in another thread's statement.
+        self._one_operation = threading.RLock()
 
     @classmethod
     def from_url(
@@ -839,9 +842,10 @@ class PostgresBackend(LockBackend):
             except psycopg.Error as error:  # nothing was sent: no answer to look for
                 raise self._error(error) from None
             try:
-                if conn.pooled and not pins_itself:
-                    return self._pinned(conn, operation)
-                return operation(conn)
+                with self._one_operation:
+                    if conn.pooled and not pins_itself:
+                        return self._pinned(conn, operation)
+                    return operation(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
                 # Race: a concurrent transaction (or a session default of serializable that
                 # pinning missed) made the server roll the statement back: nothing was done
