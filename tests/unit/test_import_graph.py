@@ -57,7 +57,9 @@ LAYERS: Final[dict[str, str]] = {
     "mahabharatha.backends": SEAM,
     "mahabharatha.backends.files": FILES,
     "mahabharatha.backends.postgres": POSTGRES,
-    "mahabharatha.locks": LOCK_LAYER,
+    "mahabharatha.locks": LOCK_LAYER,  # the lock layer's public names
+    "mahabharatha.functional": LOCK_LAYER,  # acquire, release, done, fail, clean: one call each
+    "mahabharatha.feature_lock": LOCK_LAYER,  # FeatureLock, its heartbeat, the fork hook
     "mahabharatha.aio": LOCK_LAYER,  # AsyncFeatureLock: the lock layer driven from an event loop
     "mahabharatha.pool": LOCK_LAYER,  # lock work -j: the pool's workers forked from one command
     "mahabharatha.run": LOCK_LAYER,  # lock run: a command and its process tree under a lock
