@@ -493,9 +493,8 @@ class FeatureLock:
 
 class Heartbeat:
     """The heartbeat thread: runs ``_beat_once`` of the one lock it holds at a time, when due.
-    A ``FeatureLock`` has one of its own; a pool worker one for its whole run (a thread per
-    feature made it wait twice per feature for the thread to be scheduled). A lock let go of is
-    never touched again: :meth:`let_go` returns once no step of it runs, and none starts
+    A ``FeatureLock`` has one of its own; a pool worker one for its whole run. A lock let go of
+    is never touched again: :meth:`let_go` returns once no step of it runs, and none starts
     after."""
 
     def __init__(self, name: str = "pool") -> None:

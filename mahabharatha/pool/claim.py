@@ -256,8 +256,7 @@ class _Pool:
         # changes that), so later rounds skip them without a look (no system call).
         self.finished: dict[str, str] = {}
         # Candidates before this index are all finished: a round starts after them. Features
-        # finish about in order, so a worker's rounds walk O(features) in all, not each (the
-        # walk was a tenth of a claim's time in a pool of 400, and grew with the pool).
+        # finish about in order, so a worker's rounds walk O(features) in all, not each.
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
         self.here: dict[str, str] = {}  # one-statement claims: done or failed locally

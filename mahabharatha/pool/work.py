@@ -243,11 +243,9 @@ def _while_leased(
     operation: Callable[[], _T],
     on_server_full: Callable[[ServerFullError], None] | None = None,
 ) -> _T:
-    """``operation`` (the end of a hold: done, a failed attempt), asked again while
-    the server has no free connection slot and ``mine``'s lease lasts, saying so
-    (``on_server_full``). The lock is still ours till then; giving up at ``--connect-timeout``
-    left it held till the lease ran out, and a done command's outcome lost (its feature run
-    again)."""
+    """``operation`` (the end of a hold: done, a failed attempt), asked again while the server
+    has no free connection slot and ``mine``'s lease lasts, saying so (``on_server_full``): the
+    lock is still ours till then, and a done command's outcome must not be lost."""
     ends = monotonic() + (mine.expires_at - clock.now())
     while True:
         try:
