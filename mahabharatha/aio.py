@@ -43,7 +43,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypeVar, cast
 
-from mahabharatha import locks, waiting
+from mahabharatha import functional, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -57,7 +57,8 @@ from mahabharatha.backends.base import (
     LockTimeoutError,
 )
 from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS
-from mahabharatha.locks import FeatureLock, WaitCallback
+from mahabharatha.feature_lock import FeatureLock
+from mahabharatha.functional import WaitCallback
 from mahabharatha.owner import ownership
 from mahabharatha.owner.proof import WorkProof
 
@@ -368,7 +369,7 @@ class AsyncFeatureLock:
         state = self._state
         store = state.backend
         details = ownership.details_of(state.pid, state.command)
-        wait = locks._Waiting(deadline, {state.pid, *state.caller_pids}, on_wait)
+        wait = functional._Waiting(deadline, {state.pid, *state.caller_pids}, on_wait)
         released = _Wake(store.async_release_listener(), self.feature)
         try:
             while True:
@@ -376,7 +377,7 @@ class AsyncFeatureLock:
                 # before the try, is set by it and the wait ends at once.
                 released.clear()
                 try_once = partial(
-                    locks._try_uninterrupted,
+                    functional._try_uninterrupted,
                     store,
                     self.feature,
                     state.pid,
@@ -396,7 +397,7 @@ class AsyncFeatureLock:
 
     async def _busy_error(self, holder: LockInfo) -> LockHeldError:
         """The error of a wait that ran out (or a single try), its holder judged once."""
-        judged = await self._call(partial(locks._judged, self.backend, holder))
+        judged = await self._call(partial(functional._judged, self.backend, holder))
         return (LockTimeoutError if self.timeout else LockHeldError)(judged)
 
     # ------------------------------------------------------------------ holding

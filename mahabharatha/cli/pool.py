@@ -173,7 +173,7 @@ def work(
             metavar="SECONDS",
             help=(
                 "A feature whose attempt failed is not tried again for SECONDS (by any worker "
-                f"that reads its record). Default {locks.RETRY_DELAY_SECONDS:g}."
+                f"that reads its record). Default {RETRY_DELAY_SECONDS:g}."
             ),
         ),
     ] = RETRY_DELAY_SECONDS,

@@ -33,7 +33,7 @@ from typing import Any, Final, NamedTuple, NoReturn
 
 from mahabharatha import signals
 from mahabharatha.exits import shell_status
-from mahabharatha.locks import WorkReport, WorkResult
+from mahabharatha.pool.work import WorkReport, WorkResult
 from mahabharatha.states import WorkEnd, WorkOutcome
 
 """Signals this process forwards to every worker (each worker handles them as ``lock work``)."""

@@ -24,6 +24,7 @@ import pytest
 from mahabharatha import locks
 from mahabharatha.backends.files import backend as files
 from mahabharatha.backends.files import release_watch
+from mahabharatha.pool import claim
 from tests.cli._support import SYNC_TIMEOUT, invoke, one_document, one_sentence
 
 CLI: Final = (sys.executable, "-m", "mahabharatha")
@@ -191,7 +192,7 @@ def test_claim_wait_is_woken_by_the_release_not_by_its_recheck(
     )
     assert holder.returncode == 0
     monkeypatch.setattr(release_watch, "RECHECK_SECONDS", 3600.0)
-    monkeypatch.setattr(locks, "RECHECK_SECONDS", 3600.0)
+    monkeypatch.setattr(claim, "RECHECK_SECONDS", 3600.0)
     waiting = threading.Event()
     original = release_watch.ReleaseWatch.wait
 

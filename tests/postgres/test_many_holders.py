@@ -22,6 +22,8 @@ from mahabharatha import locks
 from mahabharatha.backends.base import Requester, ServerFullError
 from mahabharatha.backends.postgres import backend as postgres
 from mahabharatha.backends.postgres.backend import PostgresBackend
+from mahabharatha.pool import claim as pool_claim
+from mahabharatha.pool import work as pool_work
 from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -447,7 +449,7 @@ def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again
             taken.pop().close()
 
     monkeypatch.setattr(backend, "_rows", answer_lost_then_full)
-    monkeypatch.setattr(locks, "_pause_for_a_slot", free_the_slots)
+    monkeypatch.setattr(pool_work, "_pause_for_a_slot", free_the_slots)
     try:
         claimed = locks.claim_next(["f"], tmp_path / ".gsd", backend=backend)
         assert claimed.held is not None
@@ -504,7 +506,7 @@ def test_a_claim_whose_answer_was_lost_on_a_full_server_is_taken_up_when_asked_a
             taken.pop().close()
 
     monkeypatch.setattr(backend, "_claim_statement", answer_lost_then_full)
-    monkeypatch.setattr(locks, "_pause_for_a_slot", free_the_slots)
+    monkeypatch.setattr(pool_claim, "_pause_for_a_slot", free_the_slots)
     ran: list[str] = []
     try:
         report = locks.work(ran.append, ["f"], tmp_path / ".gsd", backend=backend, wait=None)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from mahabharatha import locks
+from mahabharatha.pool import claim
 from tests.cli import test_work_jobs as jobs_test
 from tests.cli import test_work_pool as pool_test
 from tests.cli._support import SYNC_TIMEOUT
@@ -154,7 +155,7 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
     (tmp_path / ".gsd" / "specs" / "alpha").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     assert cli("lock", "acquire", "alpha", "--pid", "1", cwd=tmp_path).returncode == 0
-    monkeypatch.setattr(locks, "RECHECK_SECONDS", 3600.0)
+    monkeypatch.setattr(claim, "RECHECK_SECONDS", 3600.0)
     from mahabharatha.backends import open_backend
 
     store: Any = open_backend(os.environ["MAHABHARATHA_LOCK_URL"], ".gsd", namespace=on_server)

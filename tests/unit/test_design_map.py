@@ -1,4 +1,4 @@
-"""``design/README.md`` opens with the package's map: one line per module, none missing or stale."""
+"""``design/README.md`` opens with the package map: one line per module, none missing or stale."""
 
 from __future__ import annotations
 

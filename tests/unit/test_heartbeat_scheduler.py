@@ -1,4 +1,4 @@
-"""One heartbeat scheduler (issue 29, item 2): ``locks.Heartbeat`` runs the one rule
+"""One heartbeat scheduler (issue 29, item 2): ``feature_lock.Heartbeat`` runs the one rule
 (``FeatureLock._beat_once``) for a ``FeatureLock`` and for a pool worker; an event loop's task
 is the only other pacing; no subclass of the package switches behaviour off."""
 
@@ -85,7 +85,7 @@ def _heartbeat_threads() -> list[str]:
 
 
 def test_a_lock_held_twice_in_turn_gets_its_heartbeat_each_time(tmp_path: Path) -> None:
-    """The lock's own :class:`~mahabharatha.locks.Heartbeat` is closed at each release and
+    """The lock's own :class:`~mahabharatha.feature_lock.Heartbeat` is closed at each release and
     opened again by the next hold: refreshed both times, no thread left after."""
     refreshed = threading.Event()
     lock = locks.FeatureLock("beat", tmp_path, heartbeat=0.01)

@@ -57,7 +57,9 @@ LAYERS: Final[dict[str, str]] = {
     "mahabharatha.backends": SEAM,
     "mahabharatha.backends.files": FILES,
     "mahabharatha.backends.postgres": POSTGRES,
-    "mahabharatha.locks": LOCK_LAYER,
+    "mahabharatha.locks": LOCK_LAYER,  # the lock layer's public names
+    "mahabharatha.functional": LOCK_LAYER,  # acquire, release, done, fail, clean: one call each
+    "mahabharatha.feature_lock": LOCK_LAYER,  # FeatureLock, its heartbeat, the fork hook
     "mahabharatha.aio": LOCK_LAYER,  # AsyncFeatureLock: the lock layer driven from an event loop
     "mahabharatha.pool": LOCK_LAYER,  # lock work -j: the pool's workers forked from one command
     "mahabharatha.run": LOCK_LAYER,  # lock run: a command and its process tree under a lock
@@ -274,3 +276,62 @@ def test_only_public_modules_declare_their_names() -> None:
         and any(isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets)
     }
     assert declaring <= PUBLIC
+
+
+MAX_LINES: Final = 900
+BEING_SPLIT: Final = frozenset(
+    {
+        "mahabharatha.backends.postgres.backend",  # wt-pgsplit
+        "mahabharatha.backends.files.lockfile",  # wt-filesplit
+        "mahabharatha.cli.lock",  # wt-filesplit
+        "mahabharatha.run.runner",  # wt-run
+    }
+)
+"""Modules over the limit whose split is under way this session (drop each when merged)."""
+
+
+def test_no_module_is_over_900_lines() -> None:
+    """Fails before the split of ``locks.py`` (1,990 lines: five jobs in one module)."""
+    long = {
+        module: lines
+        for module, path in MODULES.items()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert set(long) <= BEING_SPLIT, long
+
+
+def _reachable(module: str, arrows: dict[str, set[str]]) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for target in arrows[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def import_cycles() -> set[frozenset[str]]:
+    """Every group of modules that import each other, function-local imports counted."""
+    arrows = {module: {target for target, _line in imports_of(module)} for module in MODULES}
+    reach = {module: _reachable(module, arrows) for module in MODULES}
+    return {
+        frozenset({module} | {other for other in found if module in reach[other]})
+        for module, found in reach.items()
+        if module in found
+    }
+
+
+KNOWN_CYCLES: Final = frozenset(
+    {
+        frozenset({"mahabharatha.backends.postgres.aio", "mahabharatha.backends.postgres.backend"}),
+        frozenset({"mahabharatha.cli.lock", "mahabharatha.cli.pool"}),
+    }
+)
+"""Cycles left in modules being split elsewhere this session (drop each when it is gone)."""
+
+
+def test_no_import_cycle_counting_lazy_imports() -> None:
+    """Fails before the split: ``locks`` imported ``aio`` on first use of ``AsyncFeatureLock``
+    and ``aio`` imported ``locks``; the split moved what ``aio`` needs below ``locks``."""
+    assert import_cycles() <= KNOWN_CYCLES

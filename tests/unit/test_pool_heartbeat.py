@@ -1,4 +1,4 @@
-"""A pool worker's heartbeat (``locks.Heartbeat``): one thread for the worker's whole run
+"""A pool worker's heartbeat (``feature_lock.Heartbeat``): one thread for the worker's whole run
 keeps fresh whichever lock the worker holds, and never touches a lock it was told to let go of.
 
 The pool used to start and join a heartbeat thread per feature; these tests pin what the one
@@ -16,6 +16,7 @@ from typing import Final
 
 from mahabharatha import locks
 from mahabharatha.backends import open_backend
+from mahabharatha.feature_lock import Heartbeat
 from tests.cli._support import SYNC_TIMEOUT, read_record, wait_for
 
 BEAT: Final = 0.02
@@ -86,7 +87,7 @@ class _Recorder:
 
 
 def test_letting_go_waits_out_a_running_step_and_none_runs_after() -> None:
-    beats = locks.Heartbeat()
+    beats = Heartbeat()
     gate = threading.Event()
     first = _Recorder("first", gate)
     try:

@@ -120,7 +120,7 @@ def test_an_uncontended_lock_run_never_calls_up_into_the_cli(gsd: Path, tmp_path
     assert marker.exists()
     assert {
         "mahabharatha.run.runner",
-        "mahabharatha.locks",
+        "mahabharatha.feature_lock",
         "mahabharatha.cli.lock",
     } <= walk.entered
     assert not walk.climbs, "\n".join(walk.climbs)

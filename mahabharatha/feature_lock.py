@@ -1,0 +1,605 @@
+"""``FeatureLock``: a lock held for a block and refreshed in the background, the ``Heartbeat``
+thread that refreshes it (one per lock, or one per pool worker), and the fork hook that makes a
+forked child forget its parent's locks."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from time import monotonic
+from types import TracebackType
+from typing import Final, Self
+
+from mahabharatha import clock, logs, signals
+from mahabharatha.backends.base import (
+    HeartbeatStartError,
+    Held,
+    LockBackend,
+    LockError,
+    LockLostError,
+    ReleaseWait,
+)
+from mahabharatha.constants import (
+    CUT_OFF_NOTICE_SECONDS,
+    GSD_DIR,
+    HEARTBEAT_SECONDS,
+)
+from mahabharatha.functional import (
+    WaitCallback,
+    _backend,
+    _valid_pid,
+    _valid_seconds,
+    _valid_timeout,
+    acquire,
+)
+from mahabharatha.names import validate_feature_name as _validate_feature_name
+from mahabharatha.owner.proof import HandedProof, WorkProof
+
+LEASE_REFRESHES: Final = 3
+"""A holder with a chosen lease (PostgreSQL) refreshes at least 3 times per lease: two
+refreshes may fail (a server restart, a lost connection) before the lock is in danger."""
+
+
+def cut_off_notice(lease: float) -> float:
+    """:data:`CUT_OFF_NOTICE_SECONDS` for a lease of ``lease`` seconds."""
+    return min(CUT_OFF_NOTICE_SECONDS, lease / 4)
+
+
+# --------------------------------------------------------------------------- holding
+
+
+class FeatureLock:
+    """Hold a feature lock for a block, keeping it fresh with a background heartbeat.
+
+    ``timeout``: seconds to wait for a busy lock; 0 tries once, ``None`` (the default) waits
+    for ever; a negative, ``nan`` or infinite value is refused with ``ValueError`` (``-1`` is
+    not "for ever"). ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the
+    owner to record (default: this process). ``reclaim_dead``: also take over a lock whose owner
+    is provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
+    ``url`` (or ``backend``): the lock server; default ``MAHABHARATHA_LOCK_URL``, else files.
+    If the lock is taken away (``release --force``), or refreshes keep failing until it turned
+    stale, the heartbeat stops, :attr:`lost` is set and ``on_lost`` is called (from the
+    heartbeat thread); :meth:`refresh` raises :class:`LockLostError`.
+
+    Fork-safe: a child forked from the holder forgets the lock (it is the parent's) and gets a
+    fresh mutex, so it never waits on one the heartbeat thread held at the fork.
+
+    Attributes:
+        lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
+            found it taken away (``lock release --force``, a reclaim after it went stale).
+            Check it after the block if the work must not have run unlocked.
+        heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
+    """
+
+    _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
+
+    def __init__(
+        self,
+        feature: str,
+        gsd_dir: str | os.PathLike[str] = GSD_DIR,
+        *,
+        pid: int | None = None,
+        timeout: float | None = None,
+        reclaim_dead: bool = False,
+        heartbeat: float | None = HEARTBEAT_SECONDS,
+        on_wait: WaitCallback | None = None,
+        command: Sequence[str] | None = None,
+        on_lost: Callable[[LockLostError], None] | None = None,
+        caller_pids: Iterable[int] = (),
+        backend: LockBackend | str | None = None,
+        lease: float | None = None,
+        url: str | None = None,
+    ) -> None:
+        _validate_feature_name(feature)
+        _valid_timeout(timeout)
+        self.feature = feature
+        self.gsd_dir = gsd_dir
+        self.backend = _backend(url if backend is None else backend, gsd_dir)
+        self.pid = os.getpid() if pid is None else _valid_pid(pid)
+        self.timeout = _valid_seconds("timeout", timeout)
+        self.reclaim_dead = reclaim_dead
+        self.heartbeat = _valid_seconds("heartbeat", heartbeat)
+        if self.heartbeat is not None and self.heartbeat < 0:  # it would refresh in a busy loop
+            raise ValueError(f"Invalid heartbeat: {heartbeat!r} (must be >= 0; 0 or None: none)")
+        self.lease = self._chosen_lease(_valid_seconds("lease", lease))
+        if self.lease is not None and self.heartbeat:  # refresh 3 times a lease: 2 may fail
+            self.heartbeat = min(self.heartbeat, self.lease / LEASE_REFRESHES)
+        self.on_wait = on_wait
+        self.command = command  # kept in the lock's owner details (``lock run``)
+        self.on_lost = on_lost
+        self._lost_override: Callable[[LockLostError], None] | None = None  # this hold's
+        self.caller_pids = tuple(caller_pids)
+        self.lost: LockLostError | None = None
+        self.heartbeat_error: OSError | None = None
+        self._mine: Held | None = None
+        self._work_group_due: tuple[int, int | None] | None = None  # to record at the next beat
+        self._deadline = 0.0  # ``_mine``'s expiry on the monotonic clock (``_with_deadline``)
+        self._holder_process: int | None = None  # a forked child shares this object, not the lock
+        self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
+        self._stop = threading.Event()  # ends the cut-off
+        # Who beats (``_beat_once``): a thread of its own, a pool worker's shared one, or
+        # ``None``: an event loop's task, which also rests the backend its locks share.
+        self._beats: Heartbeat | None = Heartbeat(feature)
+        self._own_beats = True
+        self._handed: WorkProof | None = None  # the proof handed on (``proof_fds``), made once
+        self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
+        self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
+        _LIVE_LOCKS.add(self)
+
+    def _chosen_lease(self, lease: float | None) -> float | None:
+        """The lease of this holder: the one given, else the backend's lease for a holder that
+        refreshes (PostgreSQL: ``run_lease``), else none (files: fixed at 2 h)."""
+        if lease is not None and lease <= 0:
+            raise ValueError(f"Invalid lease: {lease!r} (must be a positive number of seconds)")
+        if lease is not None:
+            return lease
+        return self.backend.run_lease
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of our acquisition (None: not held, or files: no tokens)."""
+        mine = self._mine
+        return None if mine is None else mine.token
+
+    def _forget_after_fork(self) -> None:
+        """In a freshly forked child (one thread, run by ``os.register_at_fork``): the mutex
+        may have been held by the heartbeat thread, which does not exist here. (The lock itself
+        is the parent's: ``_holder_process`` keeps the child's hands off it.)"""
+        # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._handed = None  # its descriptors stay open here: this child is the holder's work
+        self._cut_off = None
+        self._declaring = threading.Lock()
+
+    @property
+    def held(self) -> bool:
+        """True while our lock is on disk, as far as we know, and not yet stale (and we are the
+        process that took it, not a child forked from it)."""
+        if self._holder_process != os.getpid() or self.lost is not None:
+            return False  # a forked child's, or given up (the cut-off before the lease's end)
+        return self.expires_at is not None and not self._expired()
+
+    @property
+    def expires_at(self) -> float | None:
+        """When our lock turns stale unless refreshed (epoch seconds); None when not held.
+
+        Past it, another process may rightly reclaim the lock: a holder whose heartbeat keeps
+        failing has lost it even before a refresh tells it so.
+        """
+        return None if self._mine is None else self._mine.expires_at
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held" if self.held else "not held"
+        return (
+            f"<{type(self).__name__} {self.feature!r} in {os.fspath(self.gsd_dir)!r} "
+            f"pid={self.pid} {state}>"
+        )
+
+    def acquire(
+        self,
+        *,
+        on_wait: WaitCallback | None = None,
+        on_lost: Callable[[LockLostError], None] | None = None,
+    ) -> Self:
+        """Take the lock (waiting as ``timeout`` says) and start the heartbeat; return self.
+
+        ``on_wait`` and ``on_lost``, when given, replace the object's own for this acquisition
+        only (a caller such as ``lock run`` adds its own checks without rewriting the object).
+
+        Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
+        when a wait ran out), :class:`LockError` when this object already holds it,
+        ``UnsafeLockPathError`` (an ``OSError``) when a symlink, a file or a directory stands
+        where the feature folder or the lock should be, and ``OSError`` for other trouble on
+        disk (permissions, a read-only or full file system).
+        """
+        if self._mine is not None:
+            raise LockError(f"this FeatureLock already holds {self.feature!r}")
+        self._adopt(
+            acquire(
+                self.feature,
+                self.gsd_dir,
+                pid=self.pid,
+                timeout=self.timeout,
+                reclaim_dead=self.reclaim_dead,
+                on_wait=self.on_wait if on_wait is None else on_wait,
+                command=self.command,
+                caller_pids=self.caller_pids,
+                backend=self.backend,
+                lease=self.lease,
+            ),
+            on_lost,
+        )
+        self._rest_backend()
+        try:
+            self._start_heartbeat()
+        except BaseException:
+            # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
+            self.release()
+            raise
+        return self
+
+    def _adopt(self, held: Held, on_lost: Callable[[LockLostError], None] | None) -> None:
+        """Make ``held`` this object's acquisition, in this process, ``on_lost`` its own."""
+        self._holder_process = os.getpid()
+        self._lost_override = on_lost
+        self.lost = None
+        self._mine = self._with_deadline(held)
+
+    def _start_heartbeat(self) -> None:
+        """Hand the hold to its heartbeat (:class:`HeartbeatStartError`: out of threads); a
+        lock with a lease on a server also gets the cut-off, a pool worker's too."""
+        if not self.heartbeat or self._beats is None:
+            return
+        self._stop.clear()
+        self._beats.hold(self)
+        # Race: a worker's shared heartbeat stuck in a refresh (a frozen link) let the lease
+        # run out under CMD, and another worker built the feature beside it (two holders).
+        if self.lease is None:
+            return
+        self._cut_off = threading.Thread(
+            target=self._cut_off_loop, name=f"lock-cut-off-{self.feature}", daemon=True
+        )
+        try:
+            signals.start_without_signals(self._cut_off)
+        except RuntimeError as error:  # "can't start new thread": a process or memory limit
+            self._stop_heartbeat()
+            raise HeartbeatStartError(self.feature, str(error)) from error
+
+    def _cut_off_loop(self) -> None:
+        """Declare the lock lost :func:`cut_off_notice` before its lease can end on the server,
+        unless a refresh got through meanwhile (it moves ``_deadline``). The heartbeat alone
+        cannot: a refresh on a frozen link blocks it for ``--connect-timeout`` at a time."""
+        assert self.lease is not None
+        notice = cut_off_notice(self.lease)
+        while (left := self._deadline - notice - monotonic()) > 0:
+            if self._stop.wait(left):
+                return  # released (or lost by the heartbeat's own finding)
+        reason = f"no refresh got through, and its lease can run out in {notice:g} s"
+        self._declare_lost(LockLostError(self.feature, reason, self._deadline - notice / 5))
+
+    def _forget_if_forked(self) -> None:
+        """In a child forked from the holder, this object's lock is the parent's: never touch it."""
+        if self._holder_process != os.getpid():
+            self._mine = None
+
+    def refresh(self) -> None:
+        """Rewrite our lock's timestamp now, atomically, if it is still ours."""
+        with self._mutex:
+            self._forget_if_forked()
+            if self._mine is None:
+                raise LockLostError(self.feature)
+            sent = monotonic()  # the new lease runs from no earlier than this
+            try:
+                refreshed = self._refreshed(self._mine)
+                if refreshed.sent is None:  # else the backend's, once connected
+                    refreshed = refreshed._replace(sent=sent)
+                self._mine = self._with_deadline(refreshed)
+            except LockLostError:
+                self._mine = None
+                raise
+            self._rest_backend()
+
+    def _refreshed(self, mine: Held) -> Held:
+        """``mine`` refreshed; with a command's group still to record, recorded in the same
+        write (then no longer due)."""
+        due = self._work_group_due
+        if due is None:
+            return self.backend.refresh(mine)
+        fresh = self.backend.record_work_group(mine, *due)
+        self._work_group_due = None
+        return fresh if fresh is not mine else self.backend.refresh(mine)
+
+    def _rest_backend(self) -> None:
+        """Between refreshes a holder keeps no server connection (a backend that has them:
+        PostgreSQL's ``rest``): 200 holders against a server of 40 connection slots. An
+        event loop's locks (no ``_beats``) are rested by the loop, never under a call."""
+        if self.heartbeat and self._beats is not None:
+            self.backend.rest()
+
+    def _beat_once(self, first: bool = False) -> float | None:
+        """One heartbeat: refresh, and say when the next is due (seconds), or ``None`` once
+        the lock is lost (:attr:`lost` set, ``on_lost`` told). The rule of every heartbeat:
+        :class:`Heartbeat`'s thread and ``AsyncFeatureLock``'s task. The ``first`` step of a
+        hold that keeps its claim's connection for a grace (:class:`PoolLock`) lets it go."""
+        assert self.heartbeat is not None
+        if self.lost is not None:
+            return None  # declared by the cut-off: given up
+        if first and self._connection_grace is not None:
+            with self._mutex:
+                self._rest_backend()
+            return self.heartbeat
+        try:
+            self.refresh()
+        except LockLostError as error:
+            self._declare_lost(error)
+            return None
+        except OSError as error:
+            # A transient failure (busy guard, full disk): retry sooner, and keep the error
+            # where the holder can see it; ``held`` turns False if the lock expires meanwhile.
+            self.heartbeat_error = error
+            if self._expired():
+                reason = f"refreshes failed until the lock turned stale ({error})"
+                self._declare_lost(LockLostError(self.feature, reason))
+                return None
+            return max(self.heartbeat / 4, 0.01)
+        self.heartbeat_error = None
+        return self.heartbeat
+
+    def _with_deadline(self, mine: Held) -> Held:
+        """Keep ``mine``'s expiry also as a deadline on the monotonic clock: its lease from
+        when the statement that set it was sent (the server's lease cannot end sooner),
+        else from now."""
+        if mine.sent is None:
+            self._deadline = monotonic() + (mine.expires_at - clock.now())
+        else:
+            self._deadline = mine.sent + (mine.expires_at - mine.timestamp)
+        return mine
+
+    def _expired(self) -> bool:
+        """Past the lease by the wall clock (what other holders judge by on files) or by the
+        monotonic clock. Race: a wall-clock step back during a partition kept the wall-clock
+        rule alone satisfied while the server had already given the lock to another holder
+        (CMD ran on beside it for as long as the step)."""
+        expires = self.expires_at
+        if expires is None:
+            return False
+        return clock.now() > expires or monotonic() > self._deadline
+
+    def _declare_lost(self, error: LockLostError) -> None:
+        with self._declaring:
+            # Race: the cut-off and the heartbeat finding the loss at once: told once.
+            if self.lost is not None:
+                return
+            self.lost = error
+        logs.say(logs.WARNING, "%s", error)
+        tell = self.on_lost if self._lost_override is None else self._lost_override
+        if tell is not None:
+            tell(error)
+
+    def release(self, wait: ReleaseWait | None = None) -> None:
+        """Stop the heartbeat and remove our lock (only if it is still exactly ours).
+
+        Does nothing when the lock is not held (never taken, released, lost, or held by the
+        process this one was forked from), and never removes another owner's lock. Raises
+        ``OSError`` when the lock cannot be removed just now (permissions, an I/O error, the
+        folder's guard stayed busy); the lock is then still ours and release can be retried.
+        ``wait``: how to wait where the backend cannot release at once (files: another
+        process's kernel lease on the lock file), as :class:`ReleaseWait` says.
+        """
+        self._stop_heartbeat()
+        with self._mutex:
+            self._forget_if_forked()
+            mine = self._mine
+            if mine is None:
+                return
+            if self.lost is not None:
+                # Lost already (its lease ran out while the backend was unreachable): taking
+                # back what may be left is best effort, and a failure to reach the backend is
+                # not this release's news (the loss was reported).
+                with suppress(OSError):
+                    self.backend.release_held(mine)
+                self._mine = None
+                self._close_handed()
+                return
+            # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
+            self.backend.release_held(mine, wait)
+            self._mine = None
+            self._close_handed()
+
+    def work_proof(self) -> WorkProof | None:
+        """A proof of life for work this holder starts (``lock run``'s command): pass its
+        ``fd`` to the child (``pass_fds``), then ``close_ours()``; the lock's owner then stays
+        alive while any process of that work holds it, even after this one died. ``None`` when
+        the lock carries no proof (not held here, another owner pid, a backend or file system
+        without one). Python's ``subprocess`` closes descriptors by default: work started
+        without it does not count."""
+        mine = self._mine
+        if mine is None or self._holder_process != os.getpid():
+            return None
+        return self.backend.work_proof(mine)
+
+    def record_work_group(self, pgid: int, leader_start: int | None) -> None:
+        """Record with the lock the process group ``pgid`` (leader started at
+        ``leader_start``) that ``lock run`` made for its command: its members count as the
+        owner's work, also after this process died (proof or no proof). A lock found lost is
+        declared so (as the heartbeat would); a failed write (a busy guard, a full disk) is
+        tried again by each heartbeat until one succeeds."""
+        with self._mutex:
+            self._forget_if_forked()
+            if self._mine is None:
+                return
+            try:
+                fresh = self.backend.record_work_group(self._mine, pgid, leader_start)
+                if fresh is not self._mine:  # rewritten (files): a refresh, a new deadline
+                    self._mine = self._with_deadline(fresh)
+            except LockLostError as error:
+                self._mine, lost = None, error
+            except OSError as error:
+                # Race: a guard kept past its wait (another process's reclaim under load, a
+                # foreign flock) left the group unrecorded for good: a SIGKILL from then on
+                # let a second holder in beside work that dropped the proof in that group.
+                self.heartbeat_error = error
+                self._work_group_due = (pgid, leader_start)
+                return
+            else:
+                return
+        self._declare_lost(lost)
+
+    @property
+    def proof_fds(self) -> tuple[int, ...]:
+        """The descriptors that carry this lock's proof of life to a child that does not
+        inherit ours: ``subprocess.Popen(..., pass_fds=lock.proof_fds)``. The owner then stays
+        alive while any such child runs, even after this process died. Empty when the lock is
+        not held here or carries no proof (a lock server, a file system without one). Valid
+        until the lock is let go; children started without them are not the lock's work."""
+        handed = self._handed_proof()
+        return () if handed is None or handed.fd is None else (handed.fd,)
+
+    def proof_for_workers(self) -> HandedProof:
+        """This lock's proof of life for ``multiprocessing`` workers started with ``spawn`` or
+        ``forkserver`` (which inherit no descriptors): pass it as the pool's ``initializer``
+        (``Pool(initializer=lock.proof_for_workers())``), or call it in your own initializer
+        or worker. Workers started while the lock is held then keep its owner alive while they
+        work, even after this process died; start them inside the ``with`` block."""
+        return HandedProof(self._handed_proof())
+
+    def _handed_proof(self) -> WorkProof | None:
+        """The one work proof this hold hands on, made at the first request (off the
+        acquire-release cycle) and closed when the lock is let go."""
+        with self._mutex:
+            if self._handed is None or self._handed.fd is None:
+                self._handed = self.work_proof()
+            return self._handed
+
+    def _close_handed(self) -> None:
+        """Our copy of the handed proof goes; children and workers keep theirs (they held an
+        old lock's slot once it is let go, which vouches for no later lock)."""
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            handed.close()
+
+    def abandon(self) -> None:
+        """Stop the heartbeat and forget the lock without removing it: work that escaped us
+        still holds its proof of life, so the lock must stay held (it ages out after 2 h)."""
+        self._stop_heartbeat()
+        with self._mutex:
+            self._mine = None
+            self._close_handed()
+
+    def _stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._beats is not None:
+            self._beats.let_go(self)
+            if self._own_beats:
+                self._beats.close()
+        cut_off, self._cut_off = self._cut_off, None
+        if cut_off is not None and cut_off.ident and cut_off is not threading.current_thread():
+            cut_off.join()
+
+    def __enter__(self) -> Self:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class Heartbeat:
+    """The heartbeat thread: runs ``_beat_once`` of the one lock it holds at a time, when due.
+    A ``FeatureLock`` has one of its own; a pool worker one for its whole run. A lock let go of
+    is never touched again: :meth:`let_go` returns once no step of it runs, and none starts
+    after."""
+
+    def __init__(self, name: str = "pool") -> None:
+        self._name = f"lock-heartbeat-{name}"
+        self._changed = threading.Condition()
+        self._held: FeatureLock | None = None
+        self._busy: FeatureLock | None = None  # whose step runs now, outside the condition
+        self._first = True  # the held lock's next step is its first (the connection's grace)
+        self._due = 0.0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        _LIVE_HEARTBEATS.add(self)
+
+    def _forget_after_fork(self) -> None:
+        """In a freshly forked child (one thread): the heartbeat thread is the parent's."""
+        # Race: fork while the thread held the condition or stepped a lock: the child's copy
+        # would stay locked, or say for ever that a step runs (a release there waited on it).
+        self._changed = threading.Condition()
+        self._held = self._busy = None
+        self._thread = None
+
+    def hold(self, lock: FeatureLock) -> None:
+        """Keep ``lock`` fresh from now on; :class:`HeartbeatStartError` when the thread cannot
+        start (out of threads)."""
+        assert lock.heartbeat is not None
+        with self._changed:
+            self._held, self._first, self._closed = lock, True, False
+            self._due = monotonic() + min(lock._connection_grace or math.inf, lock.heartbeat)
+            self._changed.notify()
+        if self._thread is None or not self._thread.is_alive():
+            self._start(lock)
+
+    def let_go(self, lock: FeatureLock) -> None:
+        """Stop keeping ``lock`` fresh; returns once no step of it runs (at once when called
+        from that step: ``on_lost``, told by it, may release the lock)."""
+        with self._changed:
+            if self._held is lock:
+                self._held = None
+            # Race: its step started before we let go: wait it out (never from inside that
+            # step, the heartbeat thread itself: it would wait for itself for ever).
+            while self._busy is lock and self._thread is not threading.current_thread():
+                self._changed.wait()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+
+    def _start(self, lock: FeatureLock) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        try:
+            signals.start_without_signals(self._thread)
+        except RuntimeError as error:  # "can't start new thread": a process or memory limit
+            self._thread = None
+            self.let_go(lock)
+            raise HeartbeatStartError(lock.feature, str(error)) from error
+
+    def _loop(self) -> None:
+        with self._changed:
+            # Race: closed from its own step (``on_lost`` released), then held again: a new
+            # thread took over; this one must not step beside it.
+            while not self._closed and self._thread is threading.current_thread():
+                lock = self._held
+                left = None if lock is None else self._due - monotonic()
+                if lock is None or (left is not None and left > 0):
+                    self._changed.wait(left)
+                    continue
+                self._step(lock)
+
+    def _step(self, lock: FeatureLock) -> None:
+        """Run ``lock``'s due step outside the condition (a refresh may wait on the server),
+        marked busy so that :meth:`let_go` waits for it. Called holding the condition."""
+        self._busy, first = lock, self._first
+        self._changed.release()
+        try:
+            after = lock._beat_once(first)
+        finally:
+            self._changed.acquire()
+            self._busy = None
+            self._changed.notify_all()
+        if self._held is lock:
+            self._first = False
+            if after is None:
+                self._held = None  # lost: its holder was told
+            else:
+                self._due = monotonic() + after
+
+
+_LIVE_LOCKS: Final[weakref.WeakSet[FeatureLock]] = weakref.WeakSet()
+"""Every FeatureLock alive in this process, for the fork hook below (weak: no leak)."""
+
+_LIVE_HEARTBEATS: Final[weakref.WeakSet[Heartbeat]] = weakref.WeakSet()
+"""Every :class:`Heartbeat` alive in this process, for the same hook."""
+
+
+def _forget_locks_after_fork() -> None:
+    for lock in list(_LIVE_LOCKS):
+        lock._forget_after_fork()
+    for beats in list(_LIVE_HEARTBEATS):
+        beats._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_locks_after_fork)

@@ -1,0 +1,493 @@
+"""The functional lock API: look (inspect, status, survey), acquire and its wait, release,
+done/fail/reopen and their attempts, clean. Each call opens (or is given) a backend and does one
+thing; ``FeatureLock``, the claim engine and the worker loop build on these."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from time import monotonic
+
+from mahabharatha import logs, signals, waiting
+from mahabharatha.backends import lock_url, open_backend, shared_backend
+from mahabharatha.backends.base import (
+    DEFAULT_ATTEMPTS,
+    AcquireResult,
+    AlreadyHeldError,
+    Attempts,
+    CleanedEntry,
+    FeatureProblem,
+    Held,
+    LockBackend,
+    LockHeldError,
+    LockInfo,
+    LockTimeoutError,
+    Requester,
+    Verdict,
+    describe_holder,
+)
+from mahabharatha.backends.liveness import (
+    OwnerFacts,
+    judge,
+)
+from mahabharatha.constants import (
+    GSD_DIR,
+    WAKE_UP_SLICE_SECONDS,
+)
+from mahabharatha.names import MAX_PID
+from mahabharatha.names import validate_feature_name as _validate_feature_name
+from mahabharatha.owner import ownership
+from mahabharatha.states import State
+
+GsdDir = str | os.PathLike[str]
+
+
+def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
+    """The backend to use: the caller's, or the one its URL names, or the server
+    ``MAHABHARATHA_LOCK_URL`` names, or the folder backend of ``gsd_dir``. A server's backend
+    is kept for the process (``shared_backend``: one warm connection, closed at exit)."""
+    if backend is not None and not isinstance(backend, str):
+        return backend
+    return shared_backend(backend or lock_url(), gsd_dir)
+
+
+def _owner_pid(pid: int | None) -> int:
+    return os.getpid() if pid is None else _valid_pid(pid)
+
+
+# --------------------------------------------------------------------------- looking
+
+
+def inspect(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> LockInfo:
+    """The lock on ``feature``: state ``free`` when there is none.
+
+    Raises ``UnsafeLockPathError`` when a symlink or a file stands where the feature folder
+    should be, or a directory where the lock should be: acquire would fail there too.
+    """
+    _validate_feature_name(feature)
+    return _backend(backend, gsd_dir).inspect(feature)
+
+
+def status(
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    problems: list[FeatureProblem] | None = None,
+    backend: LockBackend | str | None = None,
+) -> list[LockInfo]:
+    """Every feature that has a lock entry, by name.
+
+    A folder that cannot be looked into is skipped and added to ``problems`` (without that
+    list, its error is raised after the scan).
+    """
+    return _backend(backend, gsd_dir).status(problems=problems)
+
+
+def survey(
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    problems: list[FeatureProblem] | None = None,
+    backend: LockBackend | str | None = None,
+) -> list[LockInfo]:
+    """Every feature, by name: its lock as :func:`status` lists it, or state ``done`` (a
+    completion marker and no lock) or ``free`` (neither). Folders that cannot be looked into
+    are skipped and reported as :func:`status` does. On a backend that keeps its locks
+    elsewhere (PostgreSQL), a feature free there but done or failed in its local folder is
+    shown so, exactly as :func:`claim` skips it."""
+    store = _backend(backend, gsd_dir)
+    infos = store.survey(problems=problems)
+    local = _local_markers(store)
+    return infos if local is None else [_as_finished_here(local, info) for info in infos]
+
+
+def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
+    """``info``, shown ``done`` or ``failed`` when it is free but so in its local folder."""
+    if info.state is not State.FREE:
+        return info
+    finished = _finished_in(local, info.feature, include_done=False, attempts=None)
+    if finished is None:
+        return info
+    state, record = finished
+    shown = dataclasses.replace(info, state=state)
+    return shown if record is None else shown.with_attempts(record.tries, record.last_reason)
+
+
+def _finished_in(
+    local: LockBackend, feature: str, *, include_done: bool, attempts: int | None
+) -> tuple[State, Attempts | None] | None:
+    """Is ``feature`` done (its marker) or failed (its attempts at the limit: ``attempts``, or
+    the one recorded) in the local folders? One answer for claim and status; a folder that
+    cannot be looked into says nothing (the server decides alone)."""
+    try:
+        if not include_done and local.is_done(feature):
+            return State.DONE, None
+        record = local.attempts(feature)
+    except OSError:
+        return None
+    if record is None:
+        return None
+    limit = record.limit if attempts is None else attempts
+    return (State.FAILED, record) if record.tries >= limit else None
+
+
+# --------------------------------------------------------------------------- acquiring
+
+
+def _try_once(
+    backend: LockBackend,
+    feature: str,
+    pid: int,
+    reclaim_dead: bool,
+    details: bytes | None = None,
+    lease: float | None = None,
+) -> AcquireResult:
+    requester = Requester(pid, details)
+    if lease is None:  # the seam's default: a backend that cannot choose a lease never sees one
+        return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead))
+    return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease))
+
+
+def _said(outcome: AcquireResult) -> AcquireResult:
+    """``outcome``, logged when it reclaimed another holder's lock to win (both backends)."""
+    if outcome.held is not None and outcome.replaced is not None:
+        old = outcome.replaced
+        logs.say(
+            logs.INFO,
+            "reclaimed feature %r from pid %s (%s)",
+            old.feature,
+            old.pid,
+            outcome.reason or old.state,
+        )
+    return outcome
+
+
+def _held_by(
+    holder: LockInfo | None, details: ownership.OwnerDetails | None, callers: set[int]
+) -> bool:
+    """Is the active lock that stopped us the caller's own (``caller``, by the one owner
+    judgement: one of ``callers``' pids, on our host, with details that prove it)?"""
+    if holder is None or holder.state is not State.ACTIVE:
+        return False
+    facts = OwnerFacts(holder.pid, details=details, host=holder.host)
+    return judge(facts, callers, alive=False).verdict is Verdict.CALLER
+
+
+def _try_uninterrupted(
+    backend: LockBackend,
+    feature: str,
+    pid: int,
+    reclaim_dead: bool,
+    details: bytes | None = None,
+    lease: float | None = None,
+) -> AcquireResult:
+    """One try whose lock, if it took one, is either returned or removed again, even when a
+    signal handler raises: it never stays held unknown to the caller."""
+    outcome: AcquireResult | None = None
+    try:
+        with signals.Deferred():
+            # Race: Ctrl-C right after link() published our lock: deferred to the end of this
+            # block, by when ``outcome`` knows the exact lock to take back.
+            sent = monotonic()  # the lease on the server runs from no earlier than this
+            outcome = _try_once(backend, feature, pid, reclaim_dead, details, lease)
+            if outcome.held is not None and outcome.held.sent is None:  # else the backend's
+                outcome = outcome._replace(held=outcome.held._replace(sent=sent))
+    except BaseException:
+        if outcome is not None and outcome.held is not None:
+            with signals.Deferred():  # a second Ctrl-C must not cut the take-back short
+                backend.release_held(outcome.held)
+        raise
+    return outcome
+
+
+WaitCallback = Callable[[LockInfo, float | None], None]
+"""Called while waiting with the holder's info and the seconds left (``None``: no limit)."""
+
+
+def _judged(backend: LockBackend, stopped_by: LockInfo) -> LockInfo:
+    """The holder that stopped a wait, its owner judged as status and check do (the polls
+    skip it: asking the process table 50 times a second would cost the waiter its CPU)."""
+    try:
+        now = backend.inspect(stopped_by.feature)
+    except OSError:
+        return stopped_by
+    # Race: the holder changed since the try that stopped us: report the one that did.
+    same = now.pid == stopped_by.pid and now.timestamp == stopped_by.timestamp
+    return now if same else stopped_by
+
+
+def acquire(
+    feature: str,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    pid: int | None = None,
+    timeout: float | None = 0.0,
+    reclaim_dead: bool = False,
+    on_wait: WaitCallback | None = None,
+    command: Sequence[str] | None = None,
+    caller_pids: Iterable[int] = (),
+    backend: LockBackend | str | None = None,
+    lease: float | None = None,
+) -> Held:
+    """Make ``pid`` (default: this process) the holder of ``feature``; return the acquisition.
+
+    ``lease``: seconds the lock lasts unless refreshed, where the backend lets it be chosen
+    (PostgreSQL; default 2 h); ``UnsupportedError`` on files, whose lease is fixed.
+
+    ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
+    ``command``: what the owner runs under the lock (``lock run``), kept in its owner details.
+    Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held,
+    :class:`AlreadyHeldError` at once when ``pid`` itself holds it, or one of ``caller_pids``
+    (``lock run`` records itself, but the shell that called it is the caller too): not
+    reentrant, and never waiting for itself. ``ValueError`` for a bad name, pid or timeout
+    (negative, ``nan`` or ``inf``: unlike filelock, ``-1`` does not mean "for ever" here; pass
+    ``None``), and ``OSError`` for trouble on disk. An acquire interrupted by a signal
+    (``KeyboardInterrupt``) never leaves its lock behind.
+    """
+    _validate_feature_name(feature)
+    _valid_timeout(timeout)
+    owner = _owner_pid(pid)
+    timeout = _valid_seconds("timeout", timeout)
+    store = _backend(backend, gsd_dir)
+    details = ownership.details_of(owner, command)
+    wait = _Waiting(waiting.Deadline(timeout), {owner, *caller_pids}, on_wait)
+    while True:
+        outcome = _try_uninterrupted(store, feature, owner, reclaim_dead, details, lease)
+        if outcome.held is not None:
+            return outcome.held
+        holder, left = wait.stopped_by(outcome)
+        if left is not None and left <= 0:
+            raise (LockTimeoutError if timeout else LockHeldError)(_judged(store, holder))
+        _pause(store, feature, wait.pause(holder, left), left)
+
+
+class _Waiting:
+    """One acquire's wait, the same for ``acquire`` and ``AsyncFeatureLock``: its deadline, its
+    backoff, and what a try that did not win means."""
+
+    def __init__(
+        self, deadline: waiting.Deadline, callers: set[int], on_wait: WaitCallback | None
+    ) -> None:
+        self.deadline, self.callers, self.on_wait, self.said = deadline, callers, on_wait, False
+        self.delays = waiting.backoff()
+
+    def stopped_by(self, outcome: AcquireResult) -> tuple[LockInfo, float | None]:
+        """The holder that stopped a try and the seconds left (0 or less: the wait is over);
+        :class:`AlreadyHeldError` when it is the caller: waiting would wait for ourselves."""
+        holder = outcome.holder
+        assert holder is not None  # a try that did not win names who stopped it
+        if outcome.verdict is Verdict.CALLER or _held_by(
+            holder, outcome.holder_details, self.callers
+        ):
+            raise AlreadyHeldError(holder)
+        return holder, self.deadline.left()
+
+    def pause(self, holder: LockInfo, left: float | None) -> float:
+        """Say that we wait (logged once, ``on_wait`` each time); the next pause."""
+        if not self.said:
+            self.said = True
+            logs.say(logs.INFO, "waiting: %s", describe_holder(holder))
+        if self.on_wait is not None:
+            self.on_wait(holder, left)
+        return self.deadline.cap(next(self.delays))
+
+
+def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
+    """Between two tries: sleep ``delay`` (backoff), or, where the backend wakes waiters on a
+    release, wait for that (at most a slice, or what is left of the wait)."""
+    backend.pause(
+        feature, delay, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
+    )
+
+
+def _valid_timeout(timeout: float | None) -> None:
+    # A negative wait is refused rather than guessed at: filelock's users read -1 as "for
+    # ever", others as "do not wait"; None (for ever) and 0 (once) say it plainly.
+    if timeout is not None and timeout < 0:
+        raise ValueError(
+            f"Invalid timeout: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
+        )
+
+
+def _valid_seconds(name: str, value: float | None) -> float | None:
+    """A duration given by a caller: ``None`` or a finite number of seconds.
+
+    ``nan`` passes every ``<`` and ``>`` check (a heartbeat of ``nan`` busy-loops) and ``inf``
+    means "for ever", which ``None`` already says: both are refused as bad input.
+    """
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"Invalid {name}: {value!r} (must be a finite number of seconds)")
+    return value
+
+
+def _valid_pid(pid: int) -> int:
+    if not 1 <= pid <= MAX_PID:
+        raise ValueError(f"Invalid pid: {pid} (must be 1 to {MAX_PID})")
+    return pid
+
+
+def _valid_attempts(attempts: int) -> None:
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"Invalid attempts: {attempts!r} (a whole number >= 1)")
+
+
+def _local_markers(store: LockBackend) -> LockBackend | None:
+    """The local folders of a backend that keeps its locks elsewhere (PostgreSQL): their
+    ``.completed`` markers count as done too. ``None`` on files (the store itself)."""
+    folder = store.marker_folder()
+    return None if folder is None else open_backend(None, folder)
+
+
+# --------------------------------------------------------------------------- done features
+
+
+def is_done(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> bool:
+    """Has ``feature`` been marked done (its folder holds a ``.completed`` marker)?"""
+    _validate_feature_name(feature)
+    return _backend(backend, gsd_dir).is_done(feature)
+
+
+def done(
+    feature: str,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    pid: int | None = None,
+    backend: LockBackend | str | None = None,
+) -> str:
+    """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the time
+    written to the marker (ISO-8601, UTC). A backend that keeps its locks elsewhere
+    (PostgreSQL) also writes the marker in the feature's local folder where there is one.
+
+    Raises :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does
+    not hold the lock, and :class:`NotOwnerError` when another owner does.
+    """
+    _validate_feature_name(feature)
+    owner = _owner_pid(pid)
+    return _mark_done(_backend(backend, gsd_dir), feature, owner)
+
+
+def _mark_done(store: LockBackend, feature: str, owner: int) -> str:
+    stamp = store.done(feature, owner)
+    local = _local_markers(store)
+    if local is not None:
+        with suppress(OSError):  # done on the server is what counts; the folder is a copy
+            local.mark_done_here(feature, stamp)
+    return stamp
+
+
+def fail(
+    feature: str,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    pid: int | None = None,
+    reason: str = "failed",
+    attempts: int = DEFAULT_ATTEMPTS,
+    backend: LockBackend | str | None = None,
+) -> Attempts:
+    """Record a failed attempt of ``pid`` (default: this process) at ``feature`` (the time,
+    the host, ``reason``), then release its lock, in that order; return the feature's record.
+    Once its attempts reach ``attempts`` (the pool's limit) the feature is ``failed``:
+    :func:`claim` skips it until :func:`reopen`. The record keeps the count and the latest
+    few attempts, so it stays small however often a feature fails.
+
+    Raises :class:`NotHeldError` (nothing written) when ``pid`` does not hold the lock,
+    :class:`NotOwnerError` when another owner does, :class:`UnsupportedError` where the backend
+    keeps no attempts.
+    """
+    _validate_feature_name(feature)
+    _valid_attempts(attempts)
+    owner = _owner_pid(pid)
+    return _backend(backend, gsd_dir).fail(feature, owner, reason, attempts)
+
+
+def attempts_of(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> Attempts | None:
+    """``feature``'s failed attempts (``None``: none since it was last reopened)."""
+    _validate_feature_name(feature)
+    return _backend(backend, gsd_dir).attempts(feature)
+
+
+def reopen(
+    feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
+) -> bool:
+    """Clear ``feature``'s done mark, failed state and attempt count so that ``claim`` hands
+    it out again; True if there was any. A lock on the feature is left as it is."""
+    _validate_feature_name(feature)
+    store = _backend(backend, gsd_dir)
+    reopened = store.reopen(feature)
+    local = _local_markers(store)
+    if local is not None:
+        reopened = local.reopen(feature) or reopened
+    return reopened
+
+
+def reopen_finished(
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    failed_only: bool = False,
+    backend: LockBackend | str | None = None,
+) -> list[str]:
+    """:func:`reopen` every feature that is failed (``failed_only``) or also done, or has
+    failed attempts; the features reopened, by name. A pool is reset in one call, not one
+    process per feature."""
+    store = _backend(backend, gsd_dir)
+    names = store.feature_names()
+    if failed_only:
+        names = [name for name in names if _failed_for_good(store, name)]
+    return [name for name in names if reopen(name, backend=store)]
+
+
+def _failed_for_good(store: LockBackend, feature: str) -> bool:
+    record = store.attempts(feature)
+    return record is not None and record.failed
+
+
+# --------------------------------------------------------------------------- releasing
+
+
+def release(
+    feature: str,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    pid: int | None = None,
+    force: bool = False,
+    backend: LockBackend | str | None = None,
+) -> bool:
+    """Remove ``pid``'s lock on ``feature``; True if a lock was removed, False if none.
+
+    Another owner's lock (stale or not) raises :class:`NotOwnerError` and is left intact,
+    unless ``force``. A corrupt or non-file entry is removed as clean-up.
+    """
+    _validate_feature_name(feature)
+    owner = _owner_pid(pid)
+    return _backend(backend, gsd_dir).release(feature, owner, force=force)
+
+
+# --------------------------------------------------------------------------- cleaning
+
+
+def clean(
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    dry_run: bool = False,
+    reclaim_dead: bool = False,
+    features: Iterable[str] | None = None,
+    problems: list[FeatureProblem] | None = None,
+    backend: LockBackend | str | None = None,
+) -> list[CleanedEntry]:
+    """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live locks.
+
+    Each removal re-checks that the entry is the one judged. A feature (or an entry of it)
+    that fails with an OS error is skipped and added to ``problems``, and the other features
+    are cleaned all the same; without that list, the first such error is raised at the end.
+    ``features``: only these (default: every feature).
+    """
+    return _backend(backend, gsd_dir).clean(
+        dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems, features=features
+    )

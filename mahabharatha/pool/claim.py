@@ -1,0 +1,473 @@
+"""The claim engine: the first free feature of a pool (``claim``, ``claim_next``, ``claim_held``),
+skipping done and failed ones, and waiting for a release while others hold features."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from time import monotonic, sleep
+from typing import Any, NamedTuple, TypedDict, Unpack
+
+from mahabharatha import clock, logs, waiting
+from mahabharatha.backends.base import (
+    AcquireResult,
+    Attempts,
+    Capability,
+    FeatureProblem,
+    Held,
+    LockBackend,
+    LockError,
+    LockInfo,
+    Owner,
+    Requester,
+    ServerFullError,
+    Verdict,
+    describe_holder,
+)
+from mahabharatha.constants import (
+    GSD_DIR,
+    RECHECK_SECONDS,
+    SLOT_PAUSE_SECONDS,
+)
+from mahabharatha.functional import (
+    GsdDir,
+    _backend,
+    _finished_in,
+    _held_by,
+    _local_markers,
+    _owner_pid,
+    _said,
+    _try_once,
+    _valid_attempts,
+    _valid_seconds,
+    _valid_timeout,
+)
+from mahabharatha.names import validate_feature_name as _validate_feature_name
+from mahabharatha.owner import ownership
+from mahabharatha.states import State
+
+
+class ClaimOutcome(NamedTuple):
+    """How a claim ended: ``held`` when it took a feature; otherwise what the others are.
+
+    ``busy``: features held by others at the last look (one may come back: its worker fails,
+    dies or releases it); ``done`` and ``failed``: finished ones (``failed``: their failed
+    attempts reached the limit); ``mine``: features the claimer itself holds (waiting for them
+    would wait for itself). Nothing held and nothing busy: nothing is left to claim."""
+
+    held: Held | None
+    busy: tuple[str, ...] = ()
+    done: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    mine: tuple[str, ...] = ()
+
+    @property
+    def nothing_left(self) -> bool:
+        """Every feature is done or failed (or there is none): no claim can ever succeed."""
+        return self.held is None and not self.busy
+
+
+class NoneFreeError(LockError):
+    """A claim's wait ran out while every feature left was held by others (CLI: exit 75)."""
+
+    def __init__(self, busy: Sequence[str]) -> None:
+        self.busy = tuple(busy)
+        shown = ", ".join(self.busy[:3]) + (", ..." if len(self.busy) > 3 else "")
+        super().__init__(f"no feature came free: {len(self.busy)} held by others ({shown})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.busy,))
+
+
+class _ClaimKeywords(TypedDict, total=False):
+    """The options :func:`claim`, :func:`claim_held` and :func:`claim_next` share, by name
+    (their defaults: :func:`claim_next`'s signature, the one that lists them)."""
+
+    pid: int | None
+    reclaim_dead: bool
+    include_done: bool
+    problems: list[FeatureProblem] | None
+    backend: LockBackend | str | None
+    lease: float | None
+    attempts: int | None
+
+
+def claim(
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    wait: float | None = 0.0,
+    **options: Unpack[_ClaimKeywords],
+) -> str | None:
+    """Acquire the first free feature of ``features`` (default: every feature folder, by name).
+
+    Workers claiming at once never get the same feature: each try is a full acquire. A feature
+    marked done (:func:`done`) is never returned unless ``include_done``, nor one whose failed
+    attempts (:func:`fail`) reached ``attempts`` (``None``: the limit recorded with them, that
+    of the pool that failed it, 3 by default): both are looked for again once the lock is
+    held, and such a feature's lock is given straight back. A feature whose try fails with an
+    OS error (a folder we may not enter) is skipped and added to ``problems``; without that
+    list, the first such error is raised when nothing was claimed. ``lease`` as for
+    :func:`acquire`. :func:`claim_held` returns the acquisition itself, :func:`claim_next`
+    also says why nothing was claimed.
+
+    ``wait``: 0 (the default) tries once and answers ``None`` when nothing is free; a number
+    of seconds (``None``: for ever) waits, woken by releases, while others hold features: then
+    ``None`` means nothing is left (every feature done or failed), and :class:`NoneFreeError`
+    that the wait ran out.
+    """
+    outcome = claim_next(features, gsd_dir, wait=wait, **options)
+    if outcome.held is None and outcome.busy and wait != 0:
+        raise NoneFreeError(outcome.busy)
+    return None if outcome.held is None else outcome.held.feature
+
+
+def claim_held(
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    **options: Unpack[_ClaimKeywords],
+) -> Held | None:
+    """:func:`claim` (one try), answering the acquisition (its feature, and its token where
+    the backend gives tokens)."""
+    return claim_next(features, gsd_dir, **options).held
+
+
+def claim_next(
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    pid: int | None = None,
+    reclaim_dead: bool = False,
+    include_done: bool = False,
+    problems: list[FeatureProblem] | None = None,
+    backend: LockBackend | str | None = None,
+    lease: float | None = None,
+    attempts: int | None = None,
+    wait: float | None = 0.0,
+    command: Sequence[str] | None = None,
+) -> ClaimOutcome:
+    """:func:`claim`, answering a :class:`ClaimOutcome`: the acquisition, or what the
+    features left are (held by others, done, failed). With ``wait`` (seconds; ``None``: for
+    ever) it claims again each time a feature is released, until it takes one, nothing is
+    left, or the wait runs out (then the outcome lists the busy features)."""
+    store = _backend(backend, gsd_dir)
+    candidates = list(features) if features else store.feature_names()
+    for feature in candidates:
+        _validate_feature_name(feature)
+    owner = _owner_pid(pid)
+    if attempts is not None:
+        _valid_attempts(attempts)
+    _valid_timeout(wait)
+    wait = _valid_seconds("wait", wait)
+    found: list[FeatureProblem] = [] if problems is None else problems
+    pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
+    options = _ClaimOptions(reclaim_dead, include_done, attempts, lease)
+    outcome = _claim_waiting(pool, options, wait)
+    if problems is None and found and outcome.held is None:
+        raise found[0].error
+    return outcome
+
+
+def _claim_patiently(
+    pool: _Pool,
+    options: _ClaimOptions,
+    wait: float | None,
+    on_server_full: Callable[[ServerFullError], None],
+) -> ClaimOutcome:
+    """:func:`_claim_waiting`, asked again while the server has no free connection slot: the
+    worker holds nothing, so it waits for a slot as it would for a feature (at most ``wait``
+    seconds; ``None``: for ever), and says so (``on_server_full``). More workers than slots
+    all finish: a slot comes free when another worker lets go of it, or ends."""
+    deadline = None if wait is None else monotonic() + wait
+    left = wait
+    while True:
+        try:
+            return _claim_waiting(pool, options, left)
+        except ServerFullError as full:
+            if deadline is not None and monotonic() >= deadline:
+                raise
+            on_server_full(full)
+        _pause_for_a_slot()
+        # The wait for a slot counts against ``wait``: asked again, the claim waits what is left.
+        left = None if deadline is None else max(0.0, deadline - monotonic())
+
+
+def _once(tell: Callable[[ServerFullError], None] | None) -> Callable[[ServerFullError], None]:
+    """``tell``, called the first time only (nothing when ``None``), and logged then."""
+    told: list[bool] = []
+
+    def tell_once(error: ServerFullError) -> None:
+        if told:
+            return
+        told.append(True)
+        logs.say(logs.WARNING, "%s; waiting for a free connection slot", error)
+        if tell is not None:
+            tell(error)
+
+    return tell_once
+
+
+def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
+    """Claim; while only features held by others are left, wait for a release (at most
+    ``wait`` seconds; ``None``: for ever) and claim again. The watch (an inotify descriptor, a
+    listening connection) exists only while waiting: a holder keeps none while it works."""
+    deadline = waiting.Deadline(wait)
+    outcome = pool.claim(options)
+    if outcome.held is not None or outcome.nothing_left or wait == 0:
+        return outcome
+    pool.tell_waiting(outcome.busy)
+    with pool.store.release_watch(pool.candidates) as watch:
+        while True:
+            # Race: a release between the claim above and the watch's start was not seen by
+            # either: this claim, made with the watch in place, sees it.
+            outcome = pool.claim(options)
+            if outcome.held is not None or outcome.nothing_left:
+                return outcome
+            if deadline.passed():
+                return outcome
+            watch.wait(deadline.cap(RECHECK_SECONDS))
+
+
+class _ClaimOptions(NamedTuple):
+    reclaim_dead: bool
+    include_done: bool
+    attempts: int | None  # None: the limit recorded with the attempts (the failing pool's)
+    lease: float | None
+
+
+class _Pool:
+    """One worker's view of the features it claims from: a claim round over all of them."""
+
+    def __init__(
+        self,
+        store: LockBackend,
+        candidates: list[str],
+        owner: int,
+        details: bytes | None,
+        problems: list[FeatureProblem],
+    ) -> None:
+        self.store = store
+        self.candidates = candidates
+        self.owner = owner
+        self.details = details
+        self.problems = problems
+        self.local = _local_markers(store)
+        # Features seen done or failed: they stay so while the pool runs (only ``reopen``
+        # changes that), so later rounds skip them without a look (no system call).
+        self.finished: dict[str, str] = {}
+        # Candidates before this index are all finished: a round starts after them. Features
+        # finish about in order, so a worker's rounds walk O(features) in all, not each.
+        self.open_from = 0
+        self.offered: list[str] | None = None  # one-statement claims: the features offered
+        self.here: dict[str, str] = {}  # one-statement claims: done or failed locally
+        # --retry-delay: a feature rests this long after a failed attempt. When a rest ends,
+        # by the attempt's record (any worker's; where the claim reads it) or this worker's.
+        self.retry_delay = 0.0
+        self.rest_until: dict[str, float] = {}
+        # Told once per run which feature (and holder) the worker waits for.
+        self.on_waiting: Callable[[LockInfo], None] | None = None
+        self.told_waiting = False
+
+    def tell_waiting(self, busy: Sequence[str]) -> None:
+        """Say once (``on_waiting``) what the first wait is for: the first feature held by
+        others, its holder judged (``free``: it rests after a failed attempt)."""
+        if self.told_waiting or not busy:
+            return
+        self.told_waiting = True
+        try:
+            info = self.store.inspect(busy[0])
+        except OSError:
+            info = LockInfo(busy[0], State.FREE, None, None, None, None, Owner.UNKNOWN)
+        if info.state is State.FREE:
+            logs.say(logs.INFO, "waiting: feature %r rests after a failed attempt", info.feature)
+        else:
+            logs.say(logs.INFO, "waiting: %s", describe_holder(info))
+        if self.on_waiting is not None:
+            self.on_waiting(info)
+
+    def rest(self, feature: str) -> None:
+        """``feature``'s attempt failed here: it is not taken again for ``retry_delay``."""
+        if self.retry_delay > 0:
+            self.rest_until[feature] = clock.now() + self.retry_delay
+
+    def _resting(self, feature: str, record: Attempts | None = None) -> bool:
+        """Is ``feature`` resting after a failed attempt (this worker's, or the one its
+        ``record`` names last)? It counts as held by others: the pool waits for it."""
+        now = clock.now()
+        ends = self.rest_until.get(feature, 0.0)
+        if record is not None and record.history and self.retry_delay > 0:
+            at = record.history[-1].get("at")
+            if isinstance(at, int | float) and math.isfinite(at):
+                # A time ahead of ours (another host's clock, a forged record) rests no longer.
+                ends = max(ends, min(float(at), now) + self.retry_delay)
+        return now < ends
+
+    def claim(self, options: _ClaimOptions) -> ClaimOutcome:
+        del self.problems[:]  # each round reports what it could not try
+        if Capability.CLAIM_IN_ONE_STEP in self.store.capabilities:
+            return self._claim_in_one_step(options)
+        seen: dict[str, list[str]] = {"done": [], "failed": [], "busy": [], "mine": []}
+        start = self.open_from
+        for index in range(start, len(self.candidates)):
+            feature = self.candidates[index]
+            verdict = self.finished.get(feature)
+            if verdict is None:
+                tried = self._tried(feature, options)
+                if isinstance(tried, Held):
+                    return ClaimOutcome(tried)
+                if tried in ("done", "failed"):
+                    self.finished[feature] = tried
+                verdict = tried
+            if verdict in ("done", "failed") and index == self.open_from:
+                self.open_from += 1  # a finished feature stays so: later rounds start past it
+            if verdict is not None:
+                seen[verdict].append(feature)
+        return _outcome_of(self._passed(start, seen))
+
+    def _passed(self, start: int, seen: dict[str, list[str]]) -> dict[str, list[str]]:
+        """``seen`` with the candidates before ``start`` (all finished, what each was is known)
+        in front, in the candidates' order."""
+        before: dict[str, list[str]] = {"done": [], "failed": []}
+        for feature in self.candidates[:start]:
+            before[self.finished[feature]].append(feature)
+        return {
+            **seen,
+            "done": before["done"] + seen["done"],
+            "failed": before["failed"] + seen["failed"],
+        }
+
+    def _tried(self, feature: str, options: _ClaimOptions) -> Held | str | None:
+        """:meth:`_claim_one`, with an OS error kept in ``problems`` (``None``: not tried)."""
+        try:
+            return self._claim_one(feature, options)
+        except OSError as error:
+            where = str(error.filename or self.store.where())
+            self.problems.append(FeatureProblem(feature, where, error))
+            return None
+
+    def _finished(self, feature: str, options: _ClaimOptions) -> str | None:
+        """``done`` or ``failed`` when the feature is finished, ``busy`` while it rests after
+        a failed attempt, else None."""
+        if not options.include_done and self.store.is_done(feature):
+            return "done"
+        record = self.store.attempts(feature)
+        if record is None:
+            return None
+        limit = record.limit if options.attempts is None else options.attempts
+        if record.tries >= limit:
+            return "failed"
+        return "busy" if self._resting(feature, record) else None
+
+    def _claim_one(self, feature: str, options: _ClaimOptions) -> Held | str:
+        """Take ``feature`` unless it is finished: the acquisition, or why not (``done``,
+        ``failed``, ``busy``, ``mine``: held by the claimer itself)."""
+        finished = self._finished(feature, options)
+        if finished is not None:
+            return finished  # cheap: most finished features are skipped without their lock
+        outcome = _try_once(
+            self.store, feature, self.owner, options.reclaim_dead, self.details, options.lease
+        )
+        if outcome.held is None:
+            return "mine" if self._holds(outcome) else "busy"
+        # Race: a worker marked the feature done (or recorded its last failed attempt) and
+        # released it between our first look and our acquire. Both publish before they
+        # release, so now that we hold the lock the mark is certainly visible: give it back.
+        finished = self._finished(feature, options)
+        if finished is None:
+            return outcome.held
+        self.store.release_held(outcome.held)
+        return finished
+
+    def _holds(self, outcome: AcquireResult) -> bool:
+        """Is the lock that stopped our try the claimer's own (the one owner judgement)?"""
+        if outcome.verdict is Verdict.CALLER:
+            return True
+        return _held_by(outcome.holder, outcome.holder_details, {self.owner})
+
+    def _claim_in_one_step(self, options: _ClaimOptions) -> ClaimOutcome:
+        """A backend that claims in one statement (PostgreSQL): features done or failed in
+        their local folder are left out (both backends mean the same by done and failed, and
+        :func:`survey` shows them so). The folders are looked at
+        once per pool, and the list offered stays the same from claim to claim (the server
+        keeps a prepared claim per list)."""
+        if self.offered is None:
+            here = ((f, self._finished_here(f, options)) for f in self.candidates)
+            self.here = {f: finished for f, finished in here if finished is not None}
+            self.offered = [f for f in self.candidates if f not in self.here]
+        offered = self.offered
+        while True:
+            won = self.store.try_claim(
+                offered,
+                Requester(self.owner, self.details),
+                reclaim_dead=options.reclaim_dead,
+                lease=options.lease,
+                include_done=options.include_done,
+                retry_delay=self.retry_delay,  # the statement skips resting rows, by its clock
+            )
+            if won is None or won.held is None:
+                break
+            _said(won)
+            if self._finished_here(won.held.feature, options) is None:
+                return ClaimOutcome(won.held)
+            # Race: its folder got a marker after the pool looked (another checkout's done):
+            # done all the same; give the lock back and leave it out from now on.
+            self.store.release_held(won.held)
+            self.offered = [f for f in self.offered if f != won.held.feature]
+            offered = [f for f in offered if f != won.held.feature]
+        held = {info.feature: info for info in self.store.status() if info.held}
+        # Race: a rest may end between the claim and this look: still counted unfinished.
+        resting = self.store.retried_features(self.offered) if self.retry_delay > 0 else set()
+        busy = [f for f in self.offered if f in held or f in resting]
+        unfinished = set(busy)
+        finished = [f for f in self.candidates if f not in unfinished]
+        gave_up = self.store.failed_features() | {
+            f for f, finished in self.here.items() if finished == "failed"
+        }
+        seen = {
+            "done": [f for f in finished if f not in gave_up],
+            "failed": [f for f in finished if f in gave_up],
+            "busy": [],
+            "mine": [],
+        }
+        # The statement skips every held row, the claimer's own too. A row under the
+        # claimer's pid on this host may be its own: one try tells (the owner judgement, on
+        # the row's details); any other row is someone else's without a round trip. Race: a
+        # try may also take one released meanwhile.
+        for feature in busy:
+            mine = feature in held and self._may_be_mine(held[feature])
+            verdict = self._tried(feature, options) if mine else None
+            if isinstance(verdict, Held):
+                return ClaimOutcome(verdict)
+            seen[verdict or "busy"].append(feature)
+        return _outcome_of(seen)
+
+    def _may_be_mine(self, holder: LockInfo) -> bool:
+        return holder.pid == self.owner and holder.host in (None, ownership.host_name())
+
+    def _finished_here(self, feature: str, options: _ClaimOptions) -> str | None:
+        """``done`` or ``failed`` when the feature's local folder says so (both backends mean
+        the same by done and failed), else None."""
+        if self.local is None:
+            return None
+        found = _finished_in(
+            self.local, feature, include_done=options.include_done, attempts=options.attempts
+        )
+        return None if found is None else str(found[0])
+
+
+def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
+    """A claim round that took nothing: what each feature was."""
+    return ClaimOutcome(
+        None,
+        tuple(seen["busy"]),
+        tuple(seen["done"]),
+        tuple(seen["failed"]),
+        tuple(seen["mine"]),
+    )
+
+
+def _pause_for_a_slot() -> None:
+    """Between two rounds of connecting refused for want of a slot (each round retries for
+    ``--connect-timeout``): a jittered pause, so that refused workers do not come back at once
+    (each refused connection costs the server a process)."""
+    sleep(waiting.jittered(SLOT_PAUSE_SECONDS))

@@ -1,0 +1,440 @@
+"""The worker loop: claim, run one feature's work holding its lock (``PoolLock``), mark it done or
+record a failed attempt, again (``run_pool`` under ``lock work``, ``work`` for a callable)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from time import monotonic, sleep
+from typing import Any, Final, NamedTuple, Self, TypeVar
+
+from mahabharatha import clock, waiting
+from mahabharatha.backends.base import (
+    DEFAULT_ATTEMPTS,
+    FeatureProblem,
+    Held,
+    LockBackend,
+    LockError,
+    LockInfo,
+    LockLostError,
+    ReleaseWait,
+    ServerFullError,
+    UnsupportedError,
+)
+from mahabharatha.constants import (
+    GSD_DIR,
+    HEARTBEAT_SECONDS,
+    LEFT_WORK_POLL_SECONDS,
+    POOL_CONNECTION_GRACE_SECONDS,
+    POOL_SLOTS_LOOK_SECONDS,
+    RETRY_DELAY_SECONDS,
+)
+from mahabharatha.feature_lock import FeatureLock, Heartbeat
+from mahabharatha.functional import (
+    GsdDir,
+    WaitCallback,
+    _backend,
+    _mark_done,
+    _valid_attempts,
+    _valid_seconds,
+    _valid_timeout,
+)
+from mahabharatha.owner import ownership
+from mahabharatha.pool.claim import (
+    _claim_patiently,
+    _ClaimOptions,
+    _once,
+    _pause_for_a_slot,
+    _Pool,
+)
+from mahabharatha.states import WorkEnd, WorkOutcome
+
+_T = TypeVar("_T")
+
+# --------------------------------------------------------------------------- the worker loop
+
+
+class WorkResult(NamedTuple):
+    """What a worker did with one feature it claimed.
+
+    ``outcome``: ``done`` (marked done), ``failed`` (a failed attempt recorded; ``attempts``
+    counts them, and the feature is failed for good once they reach the limit), ``released``
+    (given back unmarked: the work was interrupted, or the backend keeps no attempts), ``lost``
+    (the lock was taken away while the work ran: nothing marked), ``left`` (CMD failed and
+    work it started still holds the lock: nothing recorded, the lock stays until that work
+    ends). A ``done`` whose work still runs keeps its lock too; ``reason`` says so."""
+
+    feature: str
+    outcome: WorkOutcome
+    exit_code: int | None
+    attempts: int = 0
+    reason: str | None = None
+    log: str | None = None
+    """The file the attempt's output went to (``lock work --log-dir``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+class WorkReport(NamedTuple):
+    """How a worker's loop ended: ``finished`` (nothing left: every feature done or failed),
+    ``waited-out`` (its wait ran out while others held features), ``once`` (``once``: it took
+    one feature), ``stopped`` (a step raised :class:`StopWork`).
+    ``failed``: the features failed for good at the end."""
+
+    ended: WorkEnd
+    results: tuple[WorkResult, ...]
+    failed: tuple[str, ...] = ()
+    busy: tuple[str, ...] = ()
+    exit_code: int | None = None
+    """``stopped``: the exit code the step asked for (a signal's)."""
+
+
+class PoolLock(FeatureLock):
+    """A :class:`FeatureLock` over a feature the pool just claimed: ``acquire`` adopts that
+    acquisition (and starts the heartbeat), ``release`` only stops the heartbeat, and
+    :meth:`finish` ends the hold as the work's outcome says: done, a failed attempt, or a plain
+    release. So whoever runs the work (``run_locked`` for ``lock work``) releases nothing
+    itself: the mark and the release are one step of the backend's, never a release first."""
+
+    _connection_grace = POOL_CONNECTION_GRACE_SECONDS  # a quick command's end reuses it
+
+    def __init__(
+        self,
+        held: Held,
+        gsd_dir: GsdDir,
+        *,
+        backend: LockBackend,
+        heartbeat: float | None,
+        command: Sequence[str] | None,
+        lease: float | None,
+        beats: Heartbeat | None = None,
+        on_server_full: Callable[[ServerFullError], None] | None = None,
+    ) -> None:
+        super().__init__(
+            held.feature,
+            gsd_dir,
+            pid=held.pid,
+            timeout=0.0,
+            backend=backend,
+            heartbeat=heartbeat,
+            command=command,
+            lease=lease,
+        )
+        self._claimed: Held | None = held
+        self._left: Held | None = None  # abandoned to work that still holds its proof
+        # A failed command's leftover work: asked until it ends (then the attempt is recorded).
+        self.left_running: Callable[[], bool] | None = None
+        self._left_code = 1
+        if beats is not None:  # the worker's, for its whole run
+            self._beats, self._own_beats = beats, False
+        # Told when the server turns away the end of this hold for want of a slot (run_pool's).
+        self.on_server_full = on_server_full
+
+    def acquire(
+        self,
+        *,
+        on_wait: WaitCallback | None = None,
+        on_lost: Callable[[LockLostError], None] | None = None,
+    ) -> Self:
+        claimed, self._claimed = self._claimed, None
+        if claimed is None:
+            raise LockError(f"the claim of {self.feature!r} was used already")
+        self._adopt(claimed, on_lost)
+        try:
+            self._start_heartbeat()
+        except BaseException:
+            # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
+            self.finish(None, None, DEFAULT_ATTEMPTS)
+            raise
+        return self
+
+    def release(self, wait: ReleaseWait | None = None) -> None:
+        """Keep the lock: :meth:`finish` marks and releases it in one step."""
+        self._stop_heartbeat()
+
+    def abandon(self) -> None:
+        """Leave the lock held for work that still holds its proof of life; kept aside for
+        :meth:`finish_leaving_work`, which records the outcome without a release."""
+        with self._mutex:
+            self._left = self._mine
+        super().abandon()
+
+    def finish_leaving_work(
+        self, exit_code: int, limit: int, still_running: Callable[[], bool] | None = None
+    ) -> WorkResult:
+        """End a hold that :meth:`abandon` left to work still running: exit code 0 marks the
+        feature done and the lock stays until that work ends; another records nothing yet (a
+        failed attempt would release the lock under the running work): once
+        ``still_running`` answers no, :meth:`finish_left_work` records it and releases."""
+        self._stop_heartbeat()
+        with self._mutex:
+            left, self._left = self._left, None
+        feature = self.feature
+        if left is None or self.lost is not None:
+            return WorkResult(feature, WorkOutcome.LOST, exit_code)
+        if exit_code != 0:
+            if still_running is not None:
+                with self._mutex:
+                    self._left, self.left_running = left, still_running
+                self._left_code = exit_code
+            return WorkResult(
+                feature, WorkOutcome.LEFT, exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}"
+            )
+        try:
+            _while_leased(left, lambda: self.backend.mark_done_holding(left), self.on_server_full)
+        except UnsupportedError:  # no proof of life here: the release cannot let a holder in
+            _while_leased(
+                left, lambda: _mark_done(self.backend, feature, left.pid), self.on_server_full
+            )
+            return WorkResult(feature, WorkOutcome.DONE, 0)
+        return WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
+
+    def finish_left_work(self, limit: int) -> WorkResult:
+        """The work a failed command left (:meth:`finish_leaving_work`) has ended: its failed
+        attempt is recorded and the lock released, so that the feature can be built again."""
+        with self._mutex:
+            self._mine, self._left, self.left_running = self._left, None, None
+        return self.finish(self._left_code, None, limit)
+
+    def finish(self, exit_code: int | None, reason: str | None, limit: int) -> WorkResult:
+        """End the hold: exit code 0 marks the feature done, another records a failed attempt
+        (``reason``), ``None`` releases it unmarked; each releases the lock."""
+        self._stop_heartbeat()
+        with self._mutex:
+            self._forget_if_forked()
+            mine, self._mine = self._mine, None
+        feature = self.feature
+        if mine is None or self.lost is not None:
+            if mine is not None:
+                with suppress(OSError):  # lost already: taking back what is left is best effort
+                    self.backend.release_held(mine)
+            return WorkResult(feature, WorkOutcome.LOST, exit_code)
+        if exit_code == 0:
+            _while_leased(
+                mine, lambda: _mark_done(self.backend, feature, mine.pid), self.on_server_full
+            )
+            return WorkResult(feature, WorkOutcome.DONE, 0)
+        if exit_code is None:
+            # A stop (a signal, CMD not started, an interrupted task): one try, never a wait
+            # for a slot as long as the lease; the lock would come free at its end anyway.
+            self.backend.release_held(mine)
+            return WorkResult(feature, WorkOutcome.RELEASED, None, 0, reason)
+        why = reason or f"exit code {exit_code}"
+        try:
+            record = _while_leased(
+                mine, lambda: self.backend.fail(feature, mine.pid, why, limit), self.on_server_full
+            )
+        except UnsupportedError:
+            _while_leased(mine, lambda: self.backend.release_held(mine), self.on_server_full)
+            return WorkResult(feature, WorkOutcome.RELEASED, exit_code, 0, why)
+        return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
+
+
+WORK_LEFT: Final = (
+    "its work still runs outside its process group; the lock stays held until it ends"
+)
+"""What a result says of work that CMD left running, holding the lock's proof of life."""
+
+
+def _while_leased(
+    mine: Held,
+    operation: Callable[[], _T],
+    on_server_full: Callable[[ServerFullError], None] | None = None,
+) -> _T:
+    """``operation`` (the end of a hold: done, a failed attempt), asked again while the server
+    has no free connection slot and ``mine``'s lease lasts, saying so (``on_server_full``): the
+    lock is still ours till then, and a done command's outcome must not be lost."""
+    ends = monotonic() + (mine.expires_at - clock.now())
+    while True:
+        try:
+            return operation()
+        except ServerFullError as full:
+            if monotonic() >= ends:
+                raise
+            if on_server_full is not None:
+                on_server_full(full)
+        _pause_for_a_slot()
+
+
+class StopWork(Exception):
+    """Raised by a step whose work was interrupted (a signal): the loop ends with ``result``,
+    and the worker exits ``exit_code``."""
+
+    def __init__(self, result: WorkResult, exit_code: int) -> None:
+        super().__init__(result.feature)
+        self.result = result
+        self.exit_code = exit_code
+
+
+WorkStep = Callable[[PoolLock], WorkResult]
+"""One feature's work, given the claimed lock (held when it is entered): its result."""
+
+
+def run_pool(
+    step: WorkStep,
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    attempts: int = DEFAULT_ATTEMPTS,
+    wait: float | None = None,
+    reclaim_dead: bool = False,
+    once: bool = False,
+    backend: LockBackend | str | None = None,
+    heartbeat: float | None = HEARTBEAT_SECONDS,
+    command: Sequence[str] | None = None,
+    on_result: Callable[[WorkResult], None] | None = None,
+    problems: list[FeatureProblem] | None = None,
+    on_server_full: Callable[[ServerFullError], None] | None = None,
+    retry_delay: float = RETRY_DELAY_SECONDS,
+    on_waiting: Callable[[LockInfo], None] | None = None,
+) -> WorkReport:
+    """The worker loop under :func:`work` and ``lock work``: claim (as :func:`claim_next`,
+    owner this process), run ``step`` with the lock held, again; while nothing is free but
+    others hold features, wait for a release (``wait`` seconds at most each time; ``None``:
+    for ever). Ends when nothing is left, when the wait ran out, after one feature with
+    ``once``, or when a step raises :class:`StopWork`. ``on_server_full`` is told, once per
+    run, that the server turned the worker away for want of a connection slot (it waits on
+    for one, to claim or to record a command's outcome); ``on_waiting``, once per run, which
+    feature (and holder) the worker waits for when only features held by others are left.
+    A feature whose attempt failed rests ``retry_delay`` seconds before it is claimed again
+    (meanwhile it counts as held)."""
+    store = _backend(backend, gsd_dir)
+    candidates = list(features) if features else store.feature_names()
+    _valid_attempts(attempts)
+    _valid_timeout(wait)
+    wait = _valid_seconds("wait", wait)
+    owner = os.getpid()
+    found: list[FeatureProblem] = [] if problems is None else problems
+    pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
+    pool.retry_delay = _valid_seconds("retry_delay", retry_delay) or 0.0
+    pool.on_waiting = on_waiting
+    lease = _valid_seconds("lease", store.run_lease)
+    options = _ClaimOptions(reclaim_dead, False, attempts, lease)
+    results: list[WorkResult] = []
+    beats = Heartbeat()  # one thread for the worker's whole run, not one per feature
+    leaving: list[PoolLock] = []  # held for work a failed command left running
+    try:
+        crowded = False
+        told = _once(on_server_full)
+        while True:
+            outcome = _claim_patiently(pool, options, wait, told)
+            if outcome.held is None and outcome.nothing_left and leaving:
+                # Race: only features whose failed command left work are ours still; the
+                # other workers wait for them (their owner, us, lives): wait for that work
+                # to end, record the attempt, release, and claim again.
+                over = _left_work_ended(leaving, wait)
+                for each in over:
+                    leaving.remove(each)
+                    result = each.finish_left_work(attempts)
+                    results.append(result)
+                    if on_result is not None:
+                        on_result(result)
+                if over:
+                    continue
+            if outcome.held is None:
+                if found and problems is None:
+                    raise found[0].error
+                ended = WorkEnd.FINISHED if outcome.nothing_left else WorkEnd.WAITED_OUT
+                return WorkReport(ended, tuple(results), outcome.failed, outcome.busy)
+            lock = PoolLock(
+                outcome.held,
+                gsd_dir,
+                backend=store,
+                heartbeat=heartbeat,
+                command=command,
+                lease=lease,
+                beats=beats,
+                on_server_full=told,
+            )
+            crowded = crowded or store.crowded(POOL_SLOTS_LOOK_SECONDS)
+            if crowded:
+                store.rest()  # others wait for a slot: CMD runs holding none
+            try:
+                result = step(lock)
+            except StopWork as stop:
+                results.append(stop.result)
+                if on_result is not None:
+                    on_result(stop.result)
+                return WorkReport(WorkEnd.STOPPED, tuple(results), exit_code=stop.exit_code)
+            results.append(result)
+            if result.outcome == WorkOutcome.FAILED:
+                pool.rest(result.feature)
+            if on_result is not None:
+                on_result(result)
+            if lock.left_running is not None:
+                leaving.append(lock)
+            if once:
+                return WorkReport(WorkEnd.ONCE, tuple(results))
+    finally:
+        beats.close()
+
+
+def _left_work_ended(leaving: list[PoolLock], wait: float | None) -> list[PoolLock]:
+    """The locks of ``leaving`` whose command's leftover work has ended, once one has (at
+    most ``wait`` seconds; ``None``: for ever); none when the wait ran out."""
+    deadline = waiting.Deadline(wait)
+    while True:
+        ended = [lock for lock in leaving if not _still_running(lock)]
+        if ended or deadline.passed():
+            return ended
+        sleep(LEFT_WORK_POLL_SECONDS)
+
+
+def _still_running(lock: PoolLock) -> bool:
+    return lock.left_running is not None and lock.left_running()
+
+
+def work(
+    task: Callable[[str], object],
+    features: Sequence[str] | None = None,
+    gsd_dir: GsdDir = GSD_DIR,
+    *,
+    attempts: int = DEFAULT_ATTEMPTS,
+    wait: float | None = None,
+    reclaim_dead: bool = False,
+    once: bool = False,
+    backend: LockBackend | str | None = None,
+    heartbeat: float | None = HEARTBEAT_SECONDS,
+    on_result: Callable[[WorkResult], None] | None = None,
+    retry_delay: float = RETRY_DELAY_SECONDS,
+) -> WorkReport:
+    """Work through a pool of features in this process: claim one, call ``task(feature)``
+    holding its lock (refreshed in the background), mark it done when ``task`` returns, or
+    record a failed attempt when it raises an ``Exception`` (its text is the reason) or
+    returns ``False``; then the next. While nothing is free but other workers hold features,
+    it waits for one to come back (``wait`` seconds at most; ``None``: for ever). A feature
+    that failed ``attempts`` times is skipped until :func:`reopen`; one that failed fewer
+    times rests ``retry_delay`` seconds before its next attempt.
+
+    Returns a :class:`WorkReport` (``ended`` ``finished`` once every feature is done or
+    failed). A ``KeyboardInterrupt`` (or any other ``BaseException``) releases the feature
+    unmarked and propagates."""
+
+    def step(lock: PoolLock) -> WorkResult:
+        code, reason = 1, None
+        try:
+            with lock:
+                answer = task(lock.feature)
+            code = 1 if answer is False else 0
+        except Exception as error:  # the task's failure: recorded as the attempt's reason
+            reason = f"{type(error).__name__}: {error}"
+        except BaseException:
+            lock.finish(None, None, attempts)
+            raise
+        return lock.finish(code, reason, attempts)
+
+    return run_pool(
+        step,
+        features,
+        gsd_dir,
+        attempts=attempts,
+        wait=wait,
+        reclaim_dead=reclaim_dead,
+        once=once,
+        backend=backend,
+        heartbeat=heartbeat,
+        on_result=on_result,
+        retry_delay=retry_delay,
+    )
