@@ -24,10 +24,8 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 from psycopg import sql
 
-from mahabharatha.backends.postgres.backend import (
-    CLIENT_ENCODING,
-    WAKE_UP_INTERVAL_SECONDS,
-)
+from mahabharatha.backends.postgres.release_watch import WAKE_UP_INTERVAL_SECONDS
+from mahabharatha.backends.postgres.session import CLIENT_ENCODING
 
 if TYPE_CHECKING:
     from mahabharatha.backends.postgres.backend import PostgresBackend
