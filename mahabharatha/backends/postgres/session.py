@@ -7,7 +7,6 @@ server rolled back run again; the tables made on first use; one sentence per err
 from __future__ import annotations
 
 import math
-import random
 import re
 import threading
 import time
@@ -43,6 +42,7 @@ from mahabharatha.backends.postgres.statements import (
     SCHEMA_VERSION,
 )
 from mahabharatha.constants import SCHEMA_ENV
+from mahabharatha.waiting import Deadline, backoff
 
 CLIENT_ENCODING: Final = "UTF8"
 """Always the package's choice: on a ``SQL_ASCII`` database (initdb's default under the C locale)
@@ -117,8 +117,8 @@ class Session:
         up by :meth:`_set_up_session` (durable commits, a primary's, text as ``str``). A server
         whose connection slots are all taken (``max_connections``: many holders starting at
         once, each connecting only briefly) is asked again, with jitter, until the timeout."""
-        deadline = time.monotonic() + self.connect_timeout
-        pause = SLOTS_FIRST_PAUSE_SECONDS
+        deadline = Deadline(self.connect_timeout)
+        pauses = backoff(SLOTS_FIRST_PAUSE_SECONDS, SLOTS_MAX_PAUSE_SECONDS, math.inf)
         while True:
             try:
                 conn = _Connection.connect(
@@ -130,11 +130,9 @@ class Session:
                 )
                 break
             except psycopg.OperationalError as error:
-                left = deadline - time.monotonic()
-                if not _out_of_slots(error) or left <= 0:
+                if not _out_of_slots(error) or deadline.passed():
                     raise
-                time.sleep(min(left, random.uniform(pause / 2, pause)))
-                pause = min(pause * 2, SLOTS_MAX_PAUSE_SECONDS)
+                time.sleep(deadline.cap(next(pauses)))
         conn.deadline = self.connect_timeout
         try:
             self._set_up_session(conn)
@@ -459,15 +457,15 @@ class _Pauses:
     ``seconds`` at most: :meth:`pause` answers False once they are spent."""
 
     def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
-        self.next = SERIALIZATION_FIRST_PAUSE_SECONDS
+        self.deadline = Deadline(seconds)
+        self.pauses = backoff(
+            SERIALIZATION_FIRST_PAUSE_SECONDS, SERIALIZATION_MAX_PAUSE_SECONDS, math.inf
+        )
 
     def pause(self) -> bool:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
+        if self.deadline.passed():
             return False
-        time.sleep(min(left, random.uniform(self.next / 2, self.next)))
-        self.next = min(self.next * 2, SERIALIZATION_MAX_PAUSE_SECONDS)
+        time.sleep(self.deadline.cap(next(self.pauses)))
         return True
 
 
