@@ -433,7 +433,7 @@ def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again
     lost: list[bool] = []
 
     def answer_lost_then_full(query: str, params: dict[str, object]) -> list[tuple[object, ...]]:
-        if query is not statements._DONE or lost:
+        if query is not statements.DONE or lost:
             return real_rows(query, params)
         lost.append(True)
         real_rows(query, params)  # committed on the server ...

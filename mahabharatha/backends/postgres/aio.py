@@ -35,7 +35,7 @@ LISTENER_NAME: Final = "mahabharatha-wait-async"
 
 _DIRECT: Final = "SELECT pg_backend_pid() = %(pid)s"
 """Is the server process answering the one the connection's start named? A pooler names its
-own (as in ``_SESSION_SET_UP``): a transaction-mode pooler keeps no LISTEN for us."""
+own (as in ``SESSION_SET_UP``): a transaction-mode pooler keeps no LISTEN for us."""
 
 _LISTENERS: Final[
     weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, AsyncReleaseListener]]

@@ -48,39 +48,10 @@ from mahabharatha.backends.base import (
     Requester,
     Verdict,
 )
+from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.namespace import derive_namespace
 from mahabharatha.backends.postgres.release_watch import ReleaseWaits
 from mahabharatha.backends.postgres.session import DEFAULT_SCHEMA, _Connection
-from mahabharatha.backends.postgres.statements import (
-    _ACQUIRE_NUMBERED,
-    _ACQUIRE_PARAMS,
-    _ATTEMPTS,
-    _BEGIN,
-    _CLAIM_CHECKED,
-    _CLAIM_REGISTERED,
-    _CLAIM_SORTED,
-    _CLEAN,
-    _DONE,
-    _ENSURE_ROWS,
-    _FAIL,
-    _IS_DONE,
-    _PIN_SETTINGS,
-    _REFRESH,
-    _REGISTERED_PARAMS,
-    _RELEASE_HELD_NUMBERED,
-    _RELEASE_PID,
-    _REOPEN,
-    _RETRIED,
-    _SCHEMA_VERSION_QUERY,
-    _SELECT_ALL,
-    _SELECT_HELD,
-    _SELECT_ONE,
-    _SELECT_WANTED,
-    _SEQUENCE_MISSING,
-    _VERIFY,
-    _WAKE,
-    SCHEMA_VERSION,
-)
 from mahabharatha.constants import (
     CONNECT_TIMEOUT_SECONDS,
     NAMESPACE_ENV,
@@ -97,9 +68,7 @@ RUN_LEASE_SECONDS: Final = 60.0
 """``lock run`` and ``FeatureLock`` refresh every third of it: a dead host's lock is free again
 within a minute, and a heartbeat may miss twice (a server restart, a lost connection) first."""
 MAX_NAMESPACE_BYTES: Final = 200
-"""A namespace travels in every release's NOTIFY payload, which the server caps at 8,000 bytes
-(``payload string too long``: release, ``--force`` and ``done`` failed); 200 is plenty for a
-repository's ``host/org/repo``."""
+"""Plenty for a repository's ``host/org/repo``; every statement and row carries it."""
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """A schema name needing no quotes (it is written into statements and into regclass text)."""
 MAX_REASON_CHARS: Final = 200
@@ -222,15 +191,21 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         (above every token in the rows); the schema version. Needs DDL rights then; otherwise
         it runs no DDL, and the role that uses the tables needs only SELECT, INSERT, UPDATE,
         DELETE (and USAGE on the token sequence)."""
-        version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]  # first use creates the tables
-        if version is not None and version > SCHEMA_VERSION:
+        version = self._rows(statements.SCHEMA_VERSION_QUERY, {})[0][
+            0
+        ]  # first use creates the tables
+        if version is not None and version > statements.SCHEMA_VERSION:
             raise self._newer_schema(int(version))
-        if version is None or version < SCHEMA_VERSION or self._rows(_SEQUENCE_MISSING, {})[0][0]:
+        if (
+            version is None
+            or version < statements.SCHEMA_VERSION
+            or self._rows(statements.SEQUENCE_MISSING, {})[0][0]
+        ):
             try:
                 self._create_schema(repair=True)
             except psycopg.Error as cause:
                 raise self._error(cause) from None
-            version = self._rows(_SCHEMA_VERSION_QUERY, {})[0][0]
+            version = self._rows(statements.SCHEMA_VERSION_QUERY, {})[0][0]
         return int(version)
 
     def _take_params(
@@ -242,7 +217,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return self._params(
             feature=feature,
             pid=requester.pid,
-            details=_command_name_only(requester.details),
+            # Every role that may use the table reads every namespace's
+            # rows, and a command line may carry a secret (``deploy --token=...``).
+            details=ownership.command_name_only(requester.details),
             host=self._host,  # the requester runs here (details keep only a cut host name)
             attempt=secrets.token_bytes(16),
             lease=float(seconds),
@@ -262,7 +239,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         holder: _Row | None = None
         sent: list[float] = []
         for _ in range(MAX_CLAIM_ROUNDS):
-            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params), sent)
+            taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
                 return self._won(taken[0], requester, params, reason="expired", sent=sent[-1])
             holder = self._row(feature)
@@ -273,7 +250,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         info = self._info(holder)
         if reclaim_dead and info.verdict is Verdict.GONE:
             params["judged"] = [holder.token]
-            taken = self._hot(_ACQUIRE_NUMBERED, _acquire_values(params), sent)
+            taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
                 reason = f"owner {info.owner}"
                 return self._won(taken[0], requester, params, reason=reason, sent=sent[-1])
@@ -373,7 +350,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
 
     # A claim that sends its list is never prepared: PostgreSQL's generic plan for it cannot
     # see the feature list and was 30x slower over 1,000 features. A registered list is
-    # written into its statement instead, which is then prepared (``_CLAIM_REGISTERED``).
+    # written into its statement instead, which is then prepared (``CLAIM_REGISTERED``).
     def _claim_statement(
         self, params: dict[str, Any], features: Sequence[str], *, checked: bool = False
     ) -> Callable[[_Connection], tuple[int, Sequence[Any] | None]]:
@@ -383,17 +360,17 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         ``checked`` (an earlier call's answer was lost: it puts our own lost attempt first)."""
         lean = self._ensured.get(params["names"], False)
         registered = lean and not params["judged"]
-        first = _CLAIM_SORTED if lean else _CLAIM_CHECKED
+        first = statements.CLAIM_SORTED if lean else statements.CLAIM_CHECKED
         calls = itertools.count(1 if checked else 0)
 
         def run(conn: _Connection) -> tuple[int, Sequence[Any] | None]:
             retry = next(calls) > 0
             if registered and not retry and not conn.pooled:  # a registered claim is prepared
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
-                values = [params[name] for name in _REGISTERED_PARAMS]
+                values = [params[name] for name in statements.REGISTERED_PARAMS]
                 found = self._on_kept_cursor(conn, statement, values, binary=True)
                 return 0, (found[0] if found else None)
-            chosen = self._sql(first if not retry else _CLAIM_CHECKED)
+            chosen = self._sql(first if not retry else statements.CLAIM_CHECKED)
             row = conn.execute(chosen, params, prepare=False, binary=True)
             missing, *taken = row.fetchall()[0]
             return missing, (taken if taken[0] is not None else None)
@@ -408,7 +385,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         if statement is None:
             if len(self._registered) >= MAX_REGISTERED_LISTS:
                 del self._registered[next(iter(self._registered))]  # the oldest list
-            text = self._sql(_CLAIM_REGISTERED).format(
+            text = self._sql(statements.CLAIM_REGISTERED).format(
                 ns=sql.Literal(self.namespace).as_string(conn),
                 names=sql.Literal(names.split("\n")).as_string(conn),
                 not_done="" if include_done else " AND p.done_at IS NULL",
@@ -417,7 +394,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return statement
 
     def _rows_ensured(self, params: dict[str, Any]) -> None:
-        statement = self._sql(_ENSURE_ROWS)
+        statement = self._sql(statements.ENSURE_ROWS)
 
         def run(conn: _Connection) -> None:
             conn.execute(statement, params)
@@ -427,7 +404,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def _judged_dead(self, features: Sequence[str]) -> list[int]:
         """Tokens of the held locks among ``features`` whose owner is provably gone here."""
         rows = [
-            _Row(*row) for row in self._rows(_SELECT_WANTED, self._params(features=list(features)))
+            _Row(*row)
+            for row in self._rows(statements.SELECT_WANTED, self._params(features=list(features)))
         ]
         return [
             row.token
@@ -468,7 +446,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
 
     def refresh(self, held: Held) -> Held:
         params = self._params(feature=held.feature, token=held.token)
-        statement = self._sql(_REFRESH)
+        statement = self._sql(statements.REFRESH)
         sent: list[float] = []
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
@@ -494,7 +472,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         """Remove exactly ``held`` and wake the waiters, in one round trip (``wait`` is unused:
         nothing on a server refuses a release for a while, and a lost answer is retried by
         :meth:`_run`)."""
-        text = self._sql(_RELEASE_HELD_NUMBERED)
+        text = self._sql(statements.RELEASE_HELD_NUMBERED)
         values = (self.namespace, held.feature, held.token)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
@@ -513,13 +491,13 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         commit = conn.cursor()
         try:
             with conn.pipeline():
-                conn.execute(_BEGIN, prepare=False)
+                conn.execute(statements.BEGIN, prepare=False)
                 if conn.pooled:
-                    conn.execute(_PIN_SETTINGS, prepare=False)
+                    conn.execute(statements.PIN_SETTINGS, prepare=False)
                 # Race: a pooler runs another client's same-named prepared statement
                 released.execute(text, values, prepare=not conn.pooled, binary=True)
                 commit.execute("COMMIT", prepare=False)
-                conn.execute(_WAKE, {"channel": self.channel}, prepare=False)
+                conn.execute(statements.WAKE, {"channel": self.channel}, prepare=False)
         except psycopg.Error:
             if commit.statusmessage != "COMMIT":
                 if conn.info.transaction_status == pq.TransactionStatus.INERROR:
@@ -532,7 +510,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         params = self._params(
             feature=feature, pid=pid, host=self._host, force=force, **_owner_keys(pid)
         )
-        if self._rows(_RELEASE_PID, params):
+        if self._rows(statements.RELEASE_PID, params):
             self._wake_waiters()
             return True
         holder = self._row(feature)
@@ -541,12 +519,12 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         raise NotOwnerError(self._info(holder))
 
     def verify(self, feature: str, token: int) -> bool:
-        return bool(self._rows(_VERIFY, self._params(feature=feature, token=token))[0][0])
+        return bool(self._rows(statements.VERIFY, self._params(feature=feature, token=token))[0][0])
 
     # ------------------------------------------------------------------ looking
 
     def _row(self, feature: str) -> _Row | None:
-        found = self._rows(_SELECT_ONE, self._params(feature=feature))
+        found = self._rows(statements.SELECT_ONE, self._params(feature=feature))
         return _Row(*found[0]) if found else None
 
     def _info(self, row: _Row, *, state: str | None = None) -> LockInfo:
@@ -585,14 +563,16 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return info if info.state != "done" else _unlocked(feature, "free")
 
     def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
-        return [self._info(_Row(*row)) for row in self._rows(_SELECT_HELD, self._params())]
+        return [
+            self._info(_Row(*row)) for row in self._rows(statements.SELECT_HELD, self._params())
+        ]
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         names = self.feature_names()
         local = set(names)
         infos = {
             row.feature: self._info(row)
-            for row in (_Row(*found) for found in self._rows(_SELECT_ALL, self._params()))
+            for row in (_Row(*found) for found in self._rows(statements.SELECT_ALL, self._params()))
             if row.pid is not None or row.done or row.feature in local  # not a bare old row
         }
         for name in names:
@@ -619,7 +599,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         problems: list[FeatureProblem] | None = None,
         features: Iterable[str] | None = None,
     ) -> list[CleanedEntry]:
-        rows = [_Row(*row) for row in self._rows(_SELECT_HELD, self._params())]
+        rows = [_Row(*row) for row in self._rows(statements.SELECT_HELD, self._params())]
         if features is not None:
             wanted = set(features)
             rows = [row for row in rows if row.feature in wanted]
@@ -640,7 +620,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
                 if self._info(row).state == "stale" or row.token in judged
             ]
         removed = self._rows(
-            _CLEAN, self._params(judged=judged, features=[row.feature for row in rows])
+            statements.CLEAN, self._params(judged=judged, features=[row.feature for row in rows])
         )
         if removed:
             self._wake_waiters()
@@ -654,7 +634,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return f"{self._server}#{self.namespace}/{feature}"
 
     def is_done(self, feature: str) -> bool:
-        return bool(self._rows(_IS_DONE, self._params(feature=feature))[0][0])
+        return bool(self._rows(statements.IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int) -> str:
         # Race: a done committed, its answer lost, and no connection to ask again on (every
@@ -669,7 +649,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             attempt=attempt,  # a retry after a lost answer finds its own mark
             **_owner_keys(pid),
         )
-        found = self._rows(_DONE, params)
+        found = self._rows(statements.DONE, params)
         self._unanswered_done.pop(lost_key, None)  # answered: the next done is new
         if not found:
             holder = self._row(feature)
@@ -680,14 +660,14 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][0]))
 
     def _wake_waiters(self) -> None:
-        """Wake every waiter on this schema's channel (:data:`_WAKE`), after a release, a done,
+        """Wake every waiter on this schema's channel (``WAKE``), after a release, a done,
         a failed attempt or a clean has committed: best effort. A wake-up not sent costs a
         waiter the rest of its slice, never the release its success."""
         conn = self._conn
         if conn is None or conn.closed:
             return
         try:
-            conn.execute(_WAKE, {"channel": self.channel}, prepare=False)
+            conn.execute(statements.WAKE, {"channel": self.channel}, prepare=False)
         except psycopg.Error as error:
             if error.sqlstate is None:
                 # The link was lost or froze after the release's answer: its state is unknown;
@@ -696,13 +676,13 @@ class PostgresBackend(ReleaseWaits, LockBackend):
                 self._drop_connection()
 
     def reopen(self, feature: str) -> bool:
-        return bool(self._rows(_REOPEN, self._params(feature=feature)))
+        return bool(self._rows(statements.REOPEN, self._params(feature=feature)))
 
     # ------------------------------------------------------------------ failed attempts
 
     def _all_attempts(self) -> dict[str, Attempts]:
         found = {}
-        for feature, failures, failed, last in self._rows(_ATTEMPTS, self._params()):
+        for feature, failures, failed, last in self._rows(statements.ATTEMPTS, self._params()):
             entry = json.loads(last) if last else {}
             # The row keeps the count, whether it failed for good and the last attempt; the
             # limit is not kept (it closed the row when reached): the count stands for it.
@@ -730,7 +710,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             **_owner_keys(pid),
         )
 
-        statement = self._sql(_FAIL)
+        statement = self._sql(statements.FAIL)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
             return conn.execute(statement, params, binary=True).fetchall()
@@ -752,7 +732,10 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def retried_features(self, features: Sequence[str]) -> set[str]:
         """Those of ``features`` free and open after a failed attempt: resting, or just
         rested (a claim passed them over; a pool waits for them, never counts them finished)."""
-        return {name for (name,) in self._rows(_RETRIED, self._params(features=list(features)))}
+        return {
+            name
+            for (name,) in self._rows(statements.RETRIED, self._params(features=list(features)))
+        }
 
     # ------------------------------------------------------------------ waiting
 
@@ -787,19 +770,12 @@ def _clock_shift(server_now: float) -> float:
 
 
 def _acquire_values(params: dict[str, Any]) -> list[Any]:
-    """``_ACQUIRE_NUMBERED``'s parameters from a take's dict. No judged token is sent as NULL,
-    not as an empty array (psycopg adapts a list in about 1 µs, None in 0.1): ``token = ANY(NULL)``
-    is NULL, which in ``_TAKEABLE``'s OR decides nothing, exactly as the empty array's false."""
-    values = [params[name] for name in _ACQUIRE_PARAMS]
-    values[-1] = values[-1] or None  # "judged", the last of _ACQUIRE_PARAMS
+    """``ACQUIRE_NUMBERED``'s parameters from a take's dict. No judged token is sent as NULL
+    (cheaper to adapt than an empty array): ``token = ANY(NULL)`` is NULL, which in the takeable
+    test's OR decides nothing, exactly as the empty array's false."""
+    values = [params[name] for name in statements.ACQUIRE_PARAMS]
+    values[-1] = values[-1] or None  # "judged", the last of statements.ACQUIRE_PARAMS
     return values
-
-
-def _command_name_only(details: bytes | None) -> bytes | None:
-    """Owner details with ``lock run``'s command cut to its program's name: every role that
-    may use the table reads every namespace's rows (namespaces are not a security boundary),
-    and a command line may carry a secret (``deploy --token=...``)."""
-    return ownership.command_name_only(details)
 
 
 def _owner_keys(pid: int) -> dict[str, bytes | None]:

@@ -1,7 +1,5 @@
-"""Waiting for a release on a PostgreSQL server: LISTEN for the schema's wake-ups (on the
-claims' connection where it can), or poll behind a pooler or on a crowded server. The waits of
-:class:`PostgresBackend` that block; an event loop's are in ``aio.py``.
-"""
+"""Waiting for a release on a PostgreSQL server, blocking: LISTEN for the schema's wake-ups
+(on the claims' connection where it can), or poll behind a pooler or on a crowded server."""
 
 from __future__ import annotations
 
@@ -12,8 +10,8 @@ from typing import Final
 
 import psycopg
 
+from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.session import Session, _Connection
-from mahabharatha.backends.postgres.statements import _listen
 from mahabharatha.constants import RECHECK_SECONDS
 
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
@@ -28,8 +26,7 @@ def channel_of(schema: str) -> str:
 
 WAKE_UP_INTERVAL_SECONDS: Final = 0.25
 """A waiter looks at most once per this long however many wake-ups come (anyone who may connect
-may NOTIFY the channel: a flood of forged ones drove one waiter to 1,271 statements in 3 s); the
-slice of an acquire's wait (``locks.WAKE_UP_SLICE_SECONDS``)."""
+may NOTIFY the channel); the slice of an acquire's wait (``locks.WAKE_UP_SLICE_SECONDS``)."""
 
 
 class ReleaseWaits(Session):
@@ -92,7 +89,7 @@ class ReleaseWaits(Session):
                     listener.close()
                     return True
                 self._listener = listener
-                self._listener.execute(_listen(verb="LISTEN", channel=self.channel))
+                self._listener.execute(statements.listen(verb="LISTEN", channel=self.channel))
                 return True
             return self._heard(self._listener, deadline)
         except psycopg.Error:
@@ -105,16 +102,15 @@ class ReleaseWaits(Session):
 
     def _listen_on_claims_connection(self) -> _Connection | None:
         """LISTEN on the connection the claims use, when there is one that can: a pool's
-        waiting worker needs no second connection (at a pool's end every waiting worker
-        opened one, a server process each: 20-40 ms of the last 65 ms of a pool of 8). None
-        behind a pooler or on a crowded server (both poll), or with no connection kept."""
+        waiting worker needs no second connection (a server process each). None behind a
+        pooler or on a crowded server (both poll), or with no connection kept."""
         conn = self._conn
         if self._behind_pooler or self._slots_scarce or conn is None or conn.closed:
             return None
         if conn.pooled:
             return None
         try:
-            conn.execute(_listen(verb="LISTEN", channel=self.channel))
+            conn.execute(statements.listen(verb="LISTEN", channel=self.channel))
         except psycopg.Error:
             self._drop_connection()  # its state is unknown; the next claim connects again
             return None
@@ -146,7 +142,7 @@ class ReleaseWaits(Session):
         if conn is not self._conn or conn.closed:
             return
         try:
-            conn.execute(_listen(verb="UNLISTEN", channel=self.channel))
+            conn.execute(statements.listen(verb="UNLISTEN", channel=self.channel))
             for _ in conn.notifies(timeout=0):
                 pass
         except psycopg.Error:

@@ -1,8 +1,6 @@
-"""The PostgreSQL backend's connection policy: one warm connection per backend, made again
-when lost and let go of between refreshes (:meth:`Session.rest`); a wait for a free connection
-slot; whether the server is crowded; a transaction pinned behind a pooler; a statement the
-server rolled back run again; the tables made on first use; one sentence per error.
-"""
+"""The PostgreSQL backend's connection policy: one warm connection, made again when lost, let
+go of between refreshes; slot waits; a crowded server; pinned transactions behind a pooler;
+retries; the tables made on first use; one sentence per error."""
 
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from mahabharatha.backends.base import BackendError, ServerFullError
+from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.connection import (
     SLOTS_TAKEN_SQLSTATE,
     Connection,
@@ -25,29 +24,12 @@ from mahabharatha.backends.postgres.connection import (
     password_of,
     server_of,
 )
-from mahabharatha.backends.postgres.statements import (
-    _CREATE_SCHEMA,
-    _OLD_TABLES,
-    _PIN_SETTINGS,
-    _ROWS_EXIST,
-    _SCHEMA_DDL,
-    _SCHEMA_MISSING,
-    _SCHEMA_VERSION_QUERY,
-    _SEQUENCE_ABOVE_ROWS,
-    _SEQUENCE_MISSING,
-    _SESSION_SET_UP,
-    _SLOTS,
-    _TABLE_EXISTS,
-    NAMED_BY_SCHEMA,
-    SCHEMA_VERSION,
-)
 from mahabharatha.constants import SCHEMA_ENV
 from mahabharatha.waiting import Deadline, backoff
 
 CLIENT_ENCODING: Final = "UTF8"
-"""Always the package's choice: on a ``SQL_ASCII`` database (initdb's default under the C locale)
-the database's own makes psycopg answer ``bytes`` for text (a refresh that never matched its
-feature, ``check`` naming ``b'G-0'``)."""
+"""Always the package's choice: on a ``SQL_ASCII`` database the database's own makes psycopg
+answer ``bytes`` for text."""
 MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
 """libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
 DEFAULT_SCHEMA: Final = "mahabharatha"
@@ -146,7 +128,9 @@ class Session:
         """Pin what the server's, database's or role's settings may not decide for us, and
         refuse a session that cannot keep a lock: one round trip per connection."""
         values = {"pid": conn.info.backend_pid, "locks": f"{self.schema}.mahabharatha_locks"}
-        found = conn.execute(_SESSION_SET_UP, values, prepare=False, binary=True).fetchone()
+        found = conn.execute(
+            statements.SESSION_SET_UP, values, prepare=False, binary=True
+        ).fetchone()
         assert found is not None
         in_recovery, read_only, direct, _pinned, old_layout = found
         if not direct:
@@ -171,8 +155,7 @@ class Session:
 
     def _bring_up_to_date(self, conn: _Connection) -> None:
         """The tables are of an older schema version: add what it lacks now, before any
-        statement needs it (a worker whose ``fail`` met no ``failures`` column died holding its
-        feature), or refuse naming ``lock init`` when this role may not."""
+        statement needs it, or refuse naming ``lock init`` when this role may not."""
         try:
             self._create_schema_on(conn)
         except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as error:
@@ -194,7 +177,7 @@ class Session:
         if time.monotonic() - self._slots_seen < within:
             return self._slots_scarce
         try:
-            found = conn.execute(_SLOTS, prepare=False).fetchone()
+            found = conn.execute(statements.SLOTS, prepare=False).fetchone()
         except pg_errors.InsufficientPrivilege:
             self._slots_hidden = True  # the role's setting: never asked again
             return self._slots_scarce
@@ -312,10 +295,10 @@ class Session:
     @staticmethod
     def _pinned(conn: _Connection, operation: Callable[[_Connection], _T]) -> _T:
         """``operation`` in a transaction of its own that first pins what it relies on
-        (``_PIN_SETTINGS``; begun READ COMMITTED), sent in one pipeline: behind a
+        (``PIN_SETTINGS``; begun READ COMMITTED), sent in one pipeline: behind a
         transaction-mode pooler another client's ``SET`` may be on the server connection."""
         with conn.pipeline(), conn.transaction():
-            conn.execute(_PIN_SETTINGS, prepare=False)
+            conn.execute(statements.PIN_SETTINGS, prepare=False)
             return operation(conn)
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -329,8 +312,8 @@ class Session:
     def _hot(
         self, statement: str, values: Sequence[Any], sent: list[float] | None = None
     ) -> list[tuple[Any, ...]]:
-        """Run an acquire or a release of a held lock (``_ACQUIRE_NUMBERED``,
-        ``_RELEASE_HELD_NUMBERED``), the uncontended cycle's two statements: on one cursor kept
+        """Run an acquire or a release of a held lock (``ACQUIRE_NUMBERED``,
+        ``RELEASE_HELD_NUMBERED``), the uncontended cycle's two statements: on one cursor kept
         per connection (``conn.execute`` builds a cursor per call), prepared on first use
         (psycopg would send it unprepared five times first), answered in binary (no float or
         integer text to print on the server and parse here). Same retries as :meth:`_run`."""
@@ -348,7 +331,7 @@ class Session:
         self, conn: _Connection, statement: str | bytes, values: Sequence[Any], *, binary: bool
     ) -> list[tuple[Any, ...]]:
         """Run a prepared ``$n`` statement on the cursor kept per connection and read its rows
-        (a cursor made per call costs its result loaders again: ~8 % of a claim storm)."""
+        (a cursor made per call builds its result loaders again)."""
         # Race: two threads on one backend: a statement on a cursor replaces the answer the
         # other has not read yet (it would read nothing, or the other's row). The kept cursor
         # is one thread's from its statement to its read; others never wait for it.
@@ -383,7 +366,8 @@ class Session:
     def _newer_schema(self, version: int) -> BackendError:
         return BackendError(
             f"lock server {self._server} (PostgreSQL): its lock tables have schema version "
-            f"{version}, newer than this mahabharatha knows ({SCHEMA_VERSION}): upgrade it"
+            f"{version}, newer than this mahabharatha knows ({statements.SCHEMA_VERSION}): "
+            "upgrade it"
         )
 
     def _create_schema(self, *, repair: bool = False) -> None:
@@ -397,10 +381,10 @@ class Session:
         """First use (or ``lock init``: ``repair``) makes what is missing. A token sequence
         missing next to rows is never made again silently at 1 (a reset sequence handed a new
         holder an old holder's token): only ``lock init`` does, above the rows' tokens."""
-        advisory, *statements = (self._sql(statement) for statement in _SCHEMA_DDL)
+        advisory, *ddl = (self._sql(statement) for statement in statements.SCHEMA_DDL)
         with conn.transaction():
             if conn.pooled:
-                conn.execute(_PIN_SETTINGS, prepare=False)
+                conn.execute(statements.PIN_SETTINGS, prepare=False)
             conn.execute(advisory)  # Race: two first uses creating the tables at once
             self._refuse_old_tables_elsewhere(conn)
             if not repair and self._sequence_lost(conn):
@@ -410,25 +394,27 @@ class Session:
                     "table restored without it): run 'mahabharatha lock init' to make it again "
                     "above every token given out"
                 )
-            if conn.execute(_SCHEMA_MISSING, {"schema": self.schema}).fetchone() == (True,):
-                conn.execute(self._sql(_CREATE_SCHEMA))
-            for statement in statements:
+            if conn.execute(statements.SCHEMA_MISSING, {"schema": self.schema}).fetchone() == (
+                True,
+            ):
+                conn.execute(self._sql(statements.CREATE_SCHEMA))
+            for statement in ddl:
                 conn.execute(statement)
             if repair:
-                conn.execute(self._sql(_SEQUENCE_ABOVE_ROWS))
-            found = conn.execute(self._sql(_SCHEMA_VERSION_QUERY)).fetchone()
+                conn.execute(self._sql(statements.SEQUENCE_ABOVE_ROWS))
+            found = conn.execute(self._sql(statements.SCHEMA_VERSION_QUERY)).fetchone()
         version = found[0] if found else None
-        if version is not None and version > SCHEMA_VERSION:
+        if version is not None and version > statements.SCHEMA_VERSION:
             raise self._newer_schema(int(version))
 
     def _refuse_old_tables_elsewhere(self, conn: _Connection) -> None:
         """Before the tables are made in our schema: none of this role's own made by an older
         mahabharatha elsewhere (in its ``search_path``'s first schema), or holders on the old
         tables and on the new would hold one feature at once."""
-        if conn.execute(self._sql(_TABLE_EXISTS)).fetchone() == (True,):
+        if conn.execute(self._sql(statements.TABLE_EXISTS)).fetchone() == (True,):
             return
-        marked = {"schema": self.schema, "mark": NAMED_BY_SCHEMA}
-        found = conn.execute(_OLD_TABLES, marked).fetchall()
+        marked = {"schema": self.schema, "mark": statements.NAMED_BY_SCHEMA}
+        found = conn.execute(statements.OLD_TABLES, marked).fetchall()
         if found:
             old = found[0][0]
             raise BackendError(
@@ -439,7 +425,7 @@ class Session:
             )
 
     def _sequence_lost(self, conn: _Connection) -> bool:
-        for query in (_SEQUENCE_MISSING, _TABLE_EXISTS, _ROWS_EXIST):
+        for query in (statements.SEQUENCE_MISSING, statements.TABLE_EXISTS, statements.ROWS_EXIST):
             found = conn.execute(self._sql(query)).fetchone()
             if not (found and found[0]):
                 return False

@@ -1,10 +1,6 @@
-"""The PostgreSQL backend's tables and statements: every SQL text it sends.
-
-Every value is a parameter, except a registered claim's namespace and names, which psycopg
-quotes (``sql.Literal``); no input is ever spliced into SQL text by hand. The statements name
-the default schema ``mahabharatha``; a backend on another schema rewrites them once each
-(``Session._sql``).
-"""
+"""The PostgreSQL backend's tables and every SQL text it sends. Every value is a parameter,
+except a registered claim's namespace and names, which psycopg quotes (``sql.Literal``); no
+input is ever spliced into SQL text by hand. Another schema than ``mahabharatha``: ``_sql``."""
 
 from __future__ import annotations
 
@@ -20,14 +16,13 @@ SCHEMA_VERSION: Final = 2
 rewritten)."""
 
 NAMED_BY_SCHEMA: Final = "mahabharatha locks, named with their schema"
-"""The lock table's comment, set by every creation and upgrade since issue 27: tables without
-it in another schema were made by an older mahabharatha through its ``search_path``."""
-_CREATE_SCHEMA: Final = "CREATE SCHEMA IF NOT EXISTS mahabharatha"
+"""The lock table's comment: tables without it elsewhere are an older mahabharatha's."""
+CREATE_SCHEMA: Final = "CREATE SCHEMA IF NOT EXISTS mahabharatha"
 """Only when the schema is missing: even with ``IF NOT EXISTS`` the server asks for CREATE on
 the database, which the tables' owner may lack."""
-_SCHEMA_MISSING: Final = "SELECT pg_catalog.to_regnamespace(%(schema)s) IS NULL"
+SCHEMA_MISSING: Final = "SELECT pg_catalog.to_regnamespace(%(schema)s) IS NULL"
 
-_SCHEMA_DDL: Final = (
+SCHEMA_DDL: Final = (
     # Race: two first uses creating the tables at once
     "SELECT pg_catalog.pg_advisory_xact_lock(7243016210)",
     # As ``public`` was: the tables' own grants say who may use them.
@@ -65,9 +60,8 @@ _SCHEMA_DDL: Final = (
 
 _EPOCHS: Final = """date_part('epoch', refreshed_at), date_part('epoch', expires_at),
     date_part('epoch', now())"""
-"""Times as epoch seconds. ``date_part`` answers a float8 directly, the same value as
-``extract(epoch FROM t)::float8`` (microseconds are exact in a float8 and both round once),
-which since PostgreSQL 14 computes a ``numeric`` first: about 7 µs of server time per acquire."""
+"""Times as epoch seconds: ``date_part`` answers a float8 directly (``extract`` computes a
+``numeric`` first), the same value."""
 
 _TAKE_SET: Final = """pid = %(pid)s, details = %(details)s, host = %(host)s, attempt = %(attempt)s,
     lease = make_interval(secs => %(lease)s), acquired_at = now(), refreshed_at = now(),
@@ -89,7 +83,7 @@ own attempt whose answer a lost connection swallowed."""
 def _rested(row: str) -> str:
     """The row's rest after its last failed attempt (``--retry-delay``: ``rest`` seconds) is
     over by the server's clock. The attempt's time is the one its record keeps (``at``: the
-    server's since ``_FAIL`` writes it; an older client's own, which counts no later than now)."""
+    server's since ``FAIL`` writes it; an older client's own, which counts no later than now)."""
     return f"""({row}.last_failure IS NULL OR date_part('epoch', now()) >= %(rest)s
         + least(coalesce(({row}.last_failure::jsonb ->> 'at')::float8, 0),
             date_part('epoch', now())))"""
@@ -113,10 +107,10 @@ _WANTED: Final = """wanted AS (
     SELECT w.feature, w.ord
     FROM unnest(string_to_array(%(names)s, pg_catalog.chr(10))) WITH ORDINALITY AS w(feature, ord)
 )"""
-"""The names travel as one text joined by newlines (no valid feature name has one): psycopg
-adapts a 1,000-element list parameter in over a millisecond, a text in microseconds."""
+"""The names travel as one text joined by newlines (no valid feature name has one): far
+cheaper for psycopg to adapt than a list."""
 
-_CLAIM_CHECKED: Final = f"""
+CLAIM_CHECKED: Final = f"""
 WITH {_WANTED}, missing AS (
     SELECT count(*) AS n FROM wanted w WHERE NOT EXISTS (
         SELECT FROM mahabharatha.mahabharatha_locks m
@@ -139,10 +133,10 @@ SELECT (SELECT n FROM missing), taken.* FROM (VALUES (1)) AS one LEFT JOIN taken
 a row another claimer is taking at this moment is passed over, not waited for; the row's
 conditions are checked again on its latest version once locked (a feature just marked done by
 its holder is never handed out). Rows must exist for that: when some are missing nothing is
-taken and the caller creates them (``_ENSURE_ROWS``), once. Our own earlier attempt (an answer
+taken and the caller creates them (``ENSURE_ROWS``), once. Our own earlier attempt (an answer
 lost with its connection) comes first: a retry never takes a second feature."""
 
-_CLAIM_SORTED: Final = f"""
+CLAIM_SORTED: Final = f"""
 WITH pick AS (
     SELECT l.namespace, l.feature FROM mahabharatha.mahabharatha_locks l
     WHERE l.namespace = %(ns)s AND l.feature = ANY(string_to_array(%(names)s, pg_catalog.chr(10)))
@@ -160,7 +154,7 @@ SELECT 0, taken.* FROM (VALUES (1)) AS one LEFT JOIN taken ON true"""
 by name) whose rows this process has seen exist. The primary key's order is the names' (the
 column is ``COLLATE "C"``), so the scan walks the index and stops at the first takeable row."""
 
-_REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease", "rest")
+REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease", "rest")
 """The parameters of a registered claim, in their ``$n`` order."""
 
 
@@ -171,7 +165,7 @@ def _numbered(text: str, names: Sequence[str]) -> str:
     return text
 
 
-_CLAIM_REGISTERED: Final = _numbered(
+CLAIM_REGISTERED: Final = _numbered(
     f"""
 UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
 WHERE l.namespace = {{ns}} AND l.feature = (
@@ -182,23 +176,19 @@ WHERE l.namespace = {{ns}} AND l.feature = (
     LIMIT 1
     FOR UPDATE SKIP LOCKED)
 RETURNING {_RETURNING}""",
-    _REGISTERED_PARAMS,
+    REGISTERED_PARAMS,
 )
-"""The claim of a registered list: ``_CLAIM_SORTED`` with the namespace and the names written
+"""The claim of a registered list: ``CLAIM_SORTED`` with the namespace and the names written
 into the statement (quoted by psycopg's ``sql.Literal``) and prepared on the connection, so the
-server parses and plans the 1,000 names once per connection, not once per claim. Every value
-that changes between claims (holder, attempt, lease) is a ``$n`` parameter of the SET list, and
-the rest (``--retry-delay``) one of a row filter after the index scan: no plan depends on them,
-so the server's plan cache keeps one generic plan (its cost equals the custom plans' and saves
-their planning). It runs on a ``RawCursor``: psycopg passes the text
-as it is, where a ``%(name)s`` query of this size would be parsed again on every claim (psycopg
-caches that parse only for texts up to 4 kB). Takeable is free or expired: no judged tokens (a
-``--reclaim-dead`` claim sends its list) and no earlier attempt (a retry uses
-``_CLAIM_CHECKED``, which puts it first). An empty answer: nothing takeable among the rows
-that exist; the caller then asks ``_CLAIM_CHECKED``, which also counts names without a row (the
-list is registered only after a claim saw them all, but rows can be deleted behind it)."""
+server parses and plans the names once per connection, not once per claim. Every value that
+changes between claims (holder, attempt, lease, rest) is a ``$n`` parameter no plan depends on,
+so the server keeps one generic plan. It runs on a ``RawCursor``: psycopg passes the text as it
+is (it caches its parse of a ``%(name)s`` query only up to 4 kB). Takeable is free or expired:
+no judged tokens (a ``--reclaim-dead`` claim sends its list) and no earlier attempt (a retry
+uses ``CLAIM_CHECKED``, which puts it first). An empty answer: nothing takeable among the rows
+that exist; the caller then asks ``CLAIM_CHECKED``, which also counts names without a row."""
 
-_ENSURE_ROWS: Final = """
+ENSURE_ROWS: Final = """
 INSERT INTO mahabharatha.mahabharatha_locks (namespace, feature)
 SELECT %(ns)s, w.feature FROM unnest(string_to_array(%(names)s, pg_catalog.chr(10))) AS w(feature)
 ORDER BY w.feature
@@ -206,7 +196,7 @@ ON CONFLICT DO NOTHING"""
 """Rows with no holder for features never locked before (sorted: concurrent claimers insert in
 one order and cannot deadlock)."""
 
-_WAKE: Final = "SELECT pg_catalog.pg_notify(%(channel)s, '')"
+WAKE: Final = "SELECT pg_catalog.pg_notify(%(channel)s, '')"
 """The wake-up sent after a release, a done, a failed attempt or a clean has committed, in a
 transaction of its own (:meth:`PostgresBackend._wake_waiters`; a release of a held lock sends
 both in one pipeline: :meth:`PostgresBackend._release_then_wake`): a notification that cannot be
@@ -215,7 +205,7 @@ never undoes or stops the release. No payload: any role that may connect to any 
 LISTEN, and a name in it would tell every team's feature names."""
 
 
-def _listen(verb: str, channel: str) -> sql.Composed:
+def listen(verb: str, channel: str) -> sql.Composed:
     """``LISTEN``/``UNLISTEN`` of ``channel``, quoted as an identifier (it takes no parameter)."""
     return sql.SQL("{} {}").format(sql.SQL(verb), sql.Identifier(channel))
 
@@ -227,10 +217,10 @@ UPDATE mahabharatha.mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
 RETURNING 1"""
 
-_ACQUIRE_PARAMS: Final = ("ns", "feature", "pid", "details", "host", "attempt", "lease", "judged")
+ACQUIRE_PARAMS: Final = ("ns", "feature", "pid", "details", "host", "attempt", "lease", "judged")
 """The parameters of ``_ACQUIRE`` (and of a take's parameter dict), in their ``$n`` order."""
-_ACQUIRE_NUMBERED: Final = _numbered(_ACQUIRE, _ACQUIRE_PARAMS)
-_RELEASE_HELD_NUMBERED: Final = _numbered(_RELEASE_HELD, ("ns", "feature", "token"))
+ACQUIRE_NUMBERED: Final = _numbered(_ACQUIRE, ACQUIRE_PARAMS)
+RELEASE_HELD_NUMBERED: Final = _numbered(_RELEASE_HELD, ("ns", "feature", "token"))
 """The hot path's two statements with ``$n`` parameters, for a kept ``RawCursor``
 (``PostgresBackend._hot``): no per-call parse of ``%(name)s`` nor reordering of a dict."""
 
@@ -243,14 +233,14 @@ with now (``start``: ``ownership.start_key``; NULL when it is not running). Rows
 details keep the pid and host rule. ``tests/postgres/test_owner_rule_sql.py`` checks it
 against the Python rule on many details."""
 
-_RELEASE_PID: Final = f"""
+RELEASE_PID: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid IS NOT NULL
     AND (%(force)s OR (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s
         AND {_OWNER_COULD_BE}))
 RETURNING 1"""
 
-_REFRESH: Final = f"""
+REFRESH: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks SET refreshed_at = now(), expires_at = now() + lease
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
     AND expires_at >= now()
@@ -258,7 +248,7 @@ RETURNING {_EPOCHS}"""
 """Only an unexpired lock is renewed: once its lease has run out by the server's clock it is
 lost, even if nobody took it yet (the lost-lock rule)."""
 
-_DONE: Final = f"""
+DONE: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks
 SET pid = NULL, details = NULL, host = NULL, attempt = %(attempt)s,
     done_at = CASE WHEN pid IS NULL THEN done_at ELSE now() END
@@ -273,30 +263,28 @@ _SELECT_ROWS: Final = f"""
 SELECT feature, pid, details, host, token, done_at IS NOT NULL, {_EPOCHS}
 FROM mahabharatha.mahabharatha_locks WHERE namespace = %(ns)s"""
 
-_SELECT_ONE: Final = _SELECT_ROWS + " AND feature = %(feature)s"
-_SELECT_HELD: Final = _SELECT_ROWS + ' AND pid IS NOT NULL ORDER BY feature COLLATE "C"'
-_SELECT_WANTED: Final = (
-    _SELECT_ROWS + " AND pid IS NOT NULL AND feature = ANY(%(features)s::text[])"
-)
-_SELECT_ALL: Final = _SELECT_ROWS + ' ORDER BY feature COLLATE "C"'
+SELECT_ONE: Final = _SELECT_ROWS + " AND feature = %(feature)s"
+SELECT_HELD: Final = _SELECT_ROWS + ' AND pid IS NOT NULL ORDER BY feature COLLATE "C"'
+SELECT_WANTED: Final = _SELECT_ROWS + " AND pid IS NOT NULL AND feature = ANY(%(features)s::text[])"
+SELECT_ALL: Final = _SELECT_ROWS + ' ORDER BY feature COLLATE "C"'
 
-_VERIFY: Final = """
+VERIFY: Final = """
 SELECT EXISTS (SELECT FROM mahabharatha.mahabharatha_locks
     WHERE namespace = %(ns)s AND feature = %(feature)s
     AND token = %(token)s AND pid IS NOT NULL AND expires_at >= now())"""
 
-_IS_DONE: Final = """
+IS_DONE: Final = """
 SELECT EXISTS (SELECT FROM mahabharatha.mahabharatha_locks
     WHERE namespace = %(ns)s AND feature = %(feature)s
     AND done_at IS NOT NULL)"""
 
-_REOPEN: Final = """
+REOPEN: Final = """
 UPDATE mahabharatha.mahabharatha_locks
 SET done_at = NULL, failures = 0, failed = false, last_failure = NULL
 WHERE namespace = %(ns)s AND feature = %(feature)s AND (done_at IS NOT NULL OR failures > 0)
 RETURNING 1"""
 
-_FAIL: Final = f"""
+FAIL: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks
 SET {_LET_GO}, failures = failures + 1,
     last_failure = (%(entry)s::jsonb
@@ -311,34 +299,34 @@ attempts reach the pool's limit is closed the way a done one is (``done_at``: ev
 statement already skips it) and flagged ``failed``, which tells the two apart. The record's
 ``at`` is the server's clock (the rest a claim judges, :func:`_rested`): hosts' clocks differ."""
 
-_RETRIED: Final = """
+RETRIED: Final = """
 SELECT feature FROM mahabharatha.mahabharatha_locks
 WHERE namespace = %(ns)s AND feature = ANY(%(features)s::text[]) AND pid IS NULL
     AND done_at IS NULL AND failures > 0"""
 
-_ATTEMPTS: Final = """
+ATTEMPTS: Final = """
 SELECT feature, failures, failed, last_failure FROM mahabharatha.mahabharatha_locks
 WHERE namespace = %(ns)s AND failures > 0"""
 
-_CLEAN: Final = f"""
+CLEAN: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks SET {_LET_GO}
 WHERE namespace = %(ns)s AND pid IS NOT NULL AND feature = ANY(%(features)s::text[])
     AND (expires_at < now() OR token = ANY(%(judged)s::bigint[]))
 RETURNING feature"""
 
-_SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha.mahabharatha_schema"
+SCHEMA_VERSION_QUERY: Final = "SELECT max(version) FROM mahabharatha.mahabharatha_schema"
 
-_SEQUENCE_MISSING: Final = "SELECT to_regclass('mahabharatha.mahabharatha_lock_token') IS NULL"
-_TABLE_EXISTS: Final = "SELECT to_regclass('mahabharatha.mahabharatha_locks') IS NOT NULL"
-_ROWS_EXIST: Final = "SELECT EXISTS (SELECT FROM mahabharatha.mahabharatha_locks)"
-_SEQUENCE_ABOVE_ROWS: Final = """
+SEQUENCE_MISSING: Final = "SELECT to_regclass('mahabharatha.mahabharatha_lock_token') IS NULL"
+TABLE_EXISTS: Final = "SELECT to_regclass('mahabharatha.mahabharatha_locks') IS NOT NULL"
+ROWS_EXIST: Final = "SELECT EXISTS (SELECT FROM mahabharatha.mahabharatha_locks)"
+SEQUENCE_ABOVE_ROWS: Final = """
 SELECT setval('mahabharatha.mahabharatha_lock_token', greatest(
     (SELECT max(token) FROM mahabharatha.mahabharatha_locks),
     (SELECT last_value FROM mahabharatha.mahabharatha_lock_token)))"""
 """``lock init`` puts a sequence made again (dropped, or a table restored without it) above every
 token the rows hold."""
 
-_SLOTS: Final = """
+SLOTS: Final = """
 WITH sessions AS (
     SELECT a.usesysid, a.datid FROM pg_stat_get_activity(NULL) AS a
     WHERE a.backend_type = 'client backend'
@@ -361,12 +349,11 @@ slots an ordinary role may use, the login role's ``CONNECTION LIMIT`` (``session
 ``SET ROLE`` does not move the count) and the database's, each with
 the client sessions that count against it. Another role's session shows a ``NULL``
 ``backend_type`` to a role that may not see it, and is counted when it has a user and a
-database (the server's own processes lack one or both: the logical replication launcher has a
-user, no database); a parallel or replication worker is counted too, the error on the side of
-"taken". The function under ``pg_stat_activity``, without the view's joins: a third of its
-time."""
+database (the server's own processes lack one or both); a parallel or replication worker is
+counted too, the error on the side of "taken". The function under ``pg_stat_activity``, without
+the view's joins."""
 
-_SESSION_SET_UP: Final = """
+SESSION_SET_UP: Final = """
 SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only'),
     d.direct,
     CASE WHEN d.direct THEN pg_catalog.concat(
@@ -379,10 +366,9 @@ SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_r
             AND NOT attisdropped)
 FROM (SELECT pg_catalog.pg_backend_pid() = %(pid)s AS direct) AS d"""
 """Run once per connection; every function named with its schema. A session of our own
-(``direct``) is pinned for its life: ``synchronous_commit`` ``on`` (with ``off`` a crash forgot
-acknowledged locks and rewound the token sequence), read committed (serializable made claim
-storms fail with 40001), ``search_path`` only the system's (statements name their schema
-anyway). A standby, or a read-only session (``default_transaction_read_only``), is refused: it
+(``direct``) is pinned for its life: ``synchronous_commit`` ``on`` (durable locks and tokens),
+read committed (no serialization failures in a claim storm), ``search_path`` only the
+system's. A standby, or a read-only session (``default_transaction_read_only``), is refused: it
 would answer ``verify`` and ``check`` from a copy that may be behind the primary. The last
 column: the lock table exists in an older layout (no ``last_failure``): brought up to date now.
 
@@ -390,13 +376,12 @@ column: the lock table exists in an older layout (no ``last_failure``): brought 
 ``BackendKeyData``). A pooler (PgBouncer) names a process of its own: then the session is not
 ours (a transaction-mode pooler runs each transaction on any server connection, where another
 client's ``SET`` stays), so nothing is set here: every transaction pins its own
-(``_PIN_SETTINGS``), and no named prepared statement is used (another client's ``_pg3_0`` ran
-in ours)."""
+(``PIN_SETTINGS``), and no named prepared statement is used (another client's would run)."""
 
-_BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
 """An explicit transaction, ended by its own COMMIT before what follows in a pipeline."""
 
-_PIN_SETTINGS: Final = """
+PIN_SETTINGS: Final = """
 SELECT pg_catalog.set_config('synchronous_commit', 'on', true),
     pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)"""
 """Behind a pooler, first in every transaction (``BEGIN ISOLATION LEVEL READ COMMITTED``, sent
@@ -405,7 +390,7 @@ connection cannot reach the statement that follows (durability at its commit, na
 after it). Times and bytes are read in binary, so ``extra_float_digits``, ``DateStyle``,
 ``TimeZone``, ``IntervalStyle`` and ``bytea_output`` decide nothing."""
 
-_OLD_TABLES: Final = """
+OLD_TABLES: Final = """
 SELECT n.nspname FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relname = 'mahabharatha_locks' AND c.relkind IN ('r', 'p')
