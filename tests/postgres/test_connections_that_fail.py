@@ -292,7 +292,7 @@ def test_a_lost_answer_on_a_fresh_connection_is_retried_with_the_same_attempt(
     row said the caller held the lock; ``done`` was never retried)."""
     import psycopg
 
-    from mahabharatha.backends.postgres import backend as postgres
+    from mahabharatha.backends.postgres import session
 
     setup = make_backend()
     setup.try_acquire("feat", me())  # the tables and rows exist; ours for ``done``
@@ -301,7 +301,7 @@ def test_a_lost_answer_on_a_fresh_connection_is_retried_with_the_same_attempt(
     setup.close()
     fresh = make_backend()  # no connection yet: its first statement is the one cut
     wrap = _losing_first_answer(marker)
-    monkeypatch.setattr(postgres._Connection, "execute", wrap(postgres._Connection.execute))
+    monkeypatch.setattr(session._Connection, "execute", wrap(session._Connection.execute))
     monkeypatch.setattr(psycopg.RawCursor, "execute", wrap(psycopg.RawCursor.execute))
     if operation == "acquire":
         setup_free = make_backend()

@@ -143,9 +143,9 @@ def test_a_lost_answer_is_retried_without_a_second_lock(
     recognises its own attempt; it never takes a second feature or a second token."""
     import psycopg
 
-    from mahabharatha.backends.postgres import backend as postgres
+    from mahabharatha.backends.postgres import session
 
-    real = postgres._Connection.execute
+    real = session._Connection.execute
     cut: set[str] = set()
 
     def execute_then_lose(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
@@ -159,7 +159,7 @@ def test_a_lost_answer_is_retried_without_a_second_lock(
 
     backend.try_claim(["a", "b"], Requester(1))  # rows exist
     backend.release("a", 1, force=True)
-    monkeypatch.setattr(postgres._Connection, "execute", execute_then_lose)
+    monkeypatch.setattr(session._Connection, "execute", execute_then_lose)
     claimed = backend.try_claim(["a", "b"], me())
     acquired = backend.try_acquire("x", me())
     monkeypatch.undo()

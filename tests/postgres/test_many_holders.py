@@ -20,7 +20,7 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.backends.base import Requester, ServerFullError
-from mahabharatha.backends.postgres import backend as postgres
+from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.backend import PostgresBackend
 from mahabharatha.pool import claim as pool_claim
 from mahabharatha.pool import work as pool_work
@@ -435,7 +435,7 @@ def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again
     lost: list[bool] = []
 
     def answer_lost_then_full(query: str, params: dict[str, object]) -> list[tuple[object, ...]]:
-        if query is not postgres._DONE or lost:
+        if query is not statements.DONE or lost:
             return real_rows(query, params)
         lost.append(True)
         real_rows(query, params)  # committed on the server ...

@@ -24,7 +24,8 @@ import pytest
 from mahabharatha import locks
 from mahabharatha.backends.base import Requester
 from mahabharatha.backends.postgres import backend as postgres
-from mahabharatha.backends.postgres.backend import NOTIFY_CHANNEL, WAKE_UP_INTERVAL_SECONDS
+from mahabharatha.backends.postgres import statements
+from mahabharatha.backends.postgres.release_watch import NOTIFY_CHANNEL, WAKE_UP_INTERVAL_SECONDS
 from tests.support.postgres import FreezingProxy, PgServer, admin_execute
 
 LINK_TIMEOUT = 1.0
@@ -94,7 +95,7 @@ def test_a_release_whose_wake_up_the_server_refuses_is_committed(
 ) -> None:
     """The server refuses the notification (as it refuses one when its queue is full): the
     release stands, and the connection, which answered, is kept."""
-    monkeypatch.setattr(postgres, "_WAKE", "SELECT pg_notify(%(channel)s, repeat('x', 9000))")
+    monkeypatch.setattr(statements, "WAKE", "SELECT pg_notify(%(channel)s, repeat('x', 9000))")
     backend = make_backend()
     held = backend.try_acquire("f", Requester(1)).held
     kept = backend._conn

@@ -14,6 +14,8 @@ NOT_YET_MOVED: Final = frozenset(
         "backends/files/lockfile.py",
         "owner/proof.py",
         "backends/postgres/backend.py",
+        "backends/postgres/release_watch.py",
+        "backends/postgres/session.py",
         "backends/liveness.py",
     }
 )

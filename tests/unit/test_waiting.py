@@ -18,8 +18,6 @@ from mahabharatha import locks, logs, waiting
 from mahabharatha.aio import AsyncFeatureLock
 
 PACKAGE_DIR: Final = Path(mahabharatha.__file__).parent
-NOT_YET_MOVED: Final = frozenset({"backends/postgres/backend.py"})
-"""Its slot and serialization retries move once its open work (issues 27, 28) has landed."""
 
 
 def _draws_a_pause(tree: ast.AST) -> bool:
@@ -35,7 +33,7 @@ def test_only_the_waiting_module_draws_a_pause() -> None:
     drawing = {
         name
         for path in PACKAGE_DIR.rglob("*.py")
-        if (name := str(path.relative_to(PACKAGE_DIR))) not in {"waiting.py", *NOT_YET_MOVED}
+        if (name := str(path.relative_to(PACKAGE_DIR))) != "waiting.py"
         and _draws_a_pause(ast.parse(path.read_text()))
     }
     assert drawing == set()

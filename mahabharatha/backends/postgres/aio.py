@@ -24,10 +24,8 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 from psycopg import sql
 
-from mahabharatha.backends.postgres.backend import (
-    CLIENT_ENCODING,
-    WAKE_UP_INTERVAL_SECONDS,
-)
+from mahabharatha.backends.postgres.release_watch import WAKE_UP_INTERVAL_SECONDS
+from mahabharatha.backends.postgres.session import CLIENT_ENCODING
 
 if TYPE_CHECKING:
     from mahabharatha.backends.postgres.backend import PostgresBackend
@@ -37,7 +35,7 @@ LISTENER_NAME: Final = "mahabharatha-wait-async"
 
 _DIRECT: Final = "SELECT pg_backend_pid() = %(pid)s"
 """Is the server process answering the one the connection's start named? A pooler names its
-own (as in ``_SESSION_SET_UP``): a transaction-mode pooler keeps no LISTEN for us."""
+own (as in ``SESSION_SET_UP``): a transaction-mode pooler keeps no LISTEN for us."""
 
 _LISTENERS: Final[
     weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, AsyncReleaseListener]]

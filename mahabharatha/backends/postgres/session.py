@@ -1,0 +1,478 @@
+"""The PostgreSQL backend's connection policy: one warm connection, made again when lost, let
+go of between refreshes; slot waits; a crowded server; pinned transactions behind a pooler;
+retries; the tables made on first use; one sentence per error."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from typing import Any, Final, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from mahabharatha.backends.base import BackendError, ServerFullError
+from mahabharatha.backends.postgres import statements
+from mahabharatha.backends.postgres.connection import (
+    SLOTS_TAKEN_SQLSTATE,
+    Connection,
+    first_line,
+    password_of,
+    server_of,
+)
+from mahabharatha.constants import SCHEMA_ENV
+from mahabharatha.waiting import Deadline, backoff
+
+CLIENT_ENCODING: Final = "UTF8"
+"""Always the package's choice: on a ``SQL_ASCII`` database the database's own makes psycopg
+answer ``bytes`` for text."""
+MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
+"""libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
+DEFAULT_SCHEMA: Final = "mahabharatha"
+"""The schema of the lock tables unless ``MAHABHARATHA_LOCK_SCHEMA`` (or ``schema=``) names
+another: every statement names it, so no ``search_path`` decides where the tables are."""
+_NAMED_SCHEMA: Final = re.compile(
+    r"(\bSCHEMA (?:IF NOT EXISTS )?)mahabharatha()\b|()\bmahabharatha(\.mahabharatha_)"
+)
+"""Where a statement names the default schema (never a value: those are parameters)."""
+SERIALIZATION_FIRST_PAUSE_SECONDS: Final = 0.01
+SERIALIZATION_MAX_PAUSE_SECONDS: Final = 0.2
+"""Between two runs of a statement the server rolled back as a serialization failure or a
+deadlock (SQLSTATE 40001, 40P01): from 10 ms, doubling, jittered, until ``--connect-timeout``."""
+SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
+SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
+"""Between two connection attempts refused for want of a slot: from 20 ms, doubling, to 0.5 s
+(jittered: a crowd of holders starting at once does not knock in step)."""
+MAX_LOST_ANSWERS: Final = 2
+"""A statement whose connection was lost under it is run again at most twice: a warm connection
+found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
+
+_T = TypeVar("_T")
+
+_Connection = Connection  # the name the tests patch statements on
+
+
+class Session:
+    """A :class:`PostgresBackend`'s server connections and what it does with them."""
+
+    def __init__(self, url: str, *, schema: str, connect_timeout: float) -> None:
+        self._url = url
+        self._server = server_of(url)
+        self._password = password_of(url)
+        self.schema: str = schema
+        """The schema of the lock tables, named in every statement (never ``search_path``)."""
+        self._in_schema: dict[str, str] = {}  # statement -> its text in another schema
+        self.connect_timeout = connect_timeout
+        self._conn: _Connection | None = None
+        self._listener: _Connection | None = None
+        self._slots_scarce = False  # were the server's connection slots nearly all taken?
+        self._slots_seen = -math.inf  # when that was seen (monotonic)
+        self._slots_hidden = False  # the role may not look at the server's sessions
+        # (names, include_done) -> the registered claim for it, built for the current connection
+        self._registered: dict[tuple[str, bool], bytes] = {}
+        # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
+        self._kept_cursor: psycopg.RawCursor[Any] | None = None
+        self._kept_busy = threading.Lock()  # held from a statement on the kept cursor to its read
+        self._connecting = threading.Lock()  # one thread makes the shared connection
+        # Race: threads sharing this backend: a transaction of several statements (a release
+        # and its wake-up, a pinned operation) must not take in another thread's statement.
+        self._one_operation = threading.RLock()
+
+    def _connect_timeout_arg(self) -> int:
+        return max(MIN_CONNECT_TIMEOUT_SECONDS, math.ceil(self.connect_timeout))
+
+    def _connection(self) -> _Connection:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        # Race: threads on one backend finding no connection at once each made one; all but
+        # the last stored were left open (a ResourceWarning, a server slot until collected).
+        with self._connecting:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._connect()
+                self._registered.clear()  # prepared statements live and die with their connection
+            return self._conn
+
+    def _connect(self, application_name: str = "mahabharatha") -> _Connection:
+        """A new autocommit connection, its statements bounded by ``--connect-timeout``, set
+        up by :meth:`_set_up_session` (durable commits, a primary's, text as ``str``). A server
+        whose connection slots are all taken (``max_connections``: many holders starting at
+        once, each connecting only briefly) is asked again, with jitter, until the timeout."""
+        deadline = Deadline(self.connect_timeout)
+        pauses = backoff(SLOTS_FIRST_PAUSE_SECONDS, SLOTS_MAX_PAUSE_SECONDS, math.inf)
+        while True:
+            try:
+                conn = _Connection.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=self._connect_timeout_arg(),
+                    application_name=application_name,
+                    client_encoding=CLIENT_ENCODING,
+                )
+                break
+            except psycopg.OperationalError as error:
+                if not _out_of_slots(error) or deadline.passed():
+                    raise
+                time.sleep(deadline.cap(next(pauses)))
+        conn.deadline = self.connect_timeout
+        try:
+            self._set_up_session(conn)
+        except BaseException:
+            with suppress(psycopg.Error, OSError):
+                conn.close()
+            raise
+        return conn
+
+    def _set_up_session(self, conn: _Connection) -> None:
+        """Pin what the server's, database's or role's settings may not decide for us, and
+        refuse a session that cannot keep a lock: one round trip per connection."""
+        values = {"pid": conn.info.backend_pid, "locks": f"{self.schema}.mahabharatha_locks"}
+        found = conn.execute(
+            statements.SESSION_SET_UP, values, prepare=False, binary=True
+        ).fetchone()
+        assert found is not None
+        in_recovery, read_only, direct, _pinned, old_layout = found
+        if not direct:
+            conn.pooled = True
+            conn.prepare_threshold = None  # psycopg would prepare a statement from its 6th run
+            # Every transaction begins READ COMMITTED (``_pinned``): a pooled server
+            # connection may carry another client's default_transaction_isolation.
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        if in_recovery:
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): it is a standby (in recovery), which "
+                "cannot keep locks: point the lock URL at the primary"
+            )
+        if read_only == "on":
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): its sessions are read-only "
+                "(default_transaction_read_only is on for this server, database or role), "
+                "which cannot keep locks: point the lock URL at the primary, or turn it off"
+            )
+        if old_layout:
+            self._bring_up_to_date(conn)
+
+    def _bring_up_to_date(self, conn: _Connection) -> None:
+        """The tables are of an older schema version: add what it lacks now, before any
+        statement needs it, or refuse naming ``lock init`` when this role may not."""
+        try:
+            self._create_schema_on(conn)
+        except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as error:
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): its lock tables in schema "
+                f"{self.schema} are of an older mahabharatha and this role may not bring them up "
+                f"to date ({first_line(error)}): run 'mahabharatha lock init' as the tables' owner"
+            ) from None
+
+    def crowded(self, within: float) -> bool:
+        """Are the server's connection slots nearly all taken (:func:`_few_slots`)? Asked on
+        the connection kept (one round trip) when the last look is older than ``within``
+        seconds; never by connecting: with no connection, the last look's answer. Never behind
+        a pooler (whose own client slots cannot be seen), nor where the role may not look
+        (``pg_stat_get_activity`` revoked): not crowded, as before there was a look."""
+        conn = self._conn
+        if self._slots_hidden or conn is None or conn.closed or conn.pooled:
+            return self._slots_scarce
+        if time.monotonic() - self._slots_seen < within:
+            return self._slots_scarce
+        try:
+            found = conn.execute(statements.SLOTS, prepare=False).fetchone()
+        except pg_errors.InsufficientPrivilege:
+            self._slots_hidden = True  # the role's setting: never asked again
+            return self._slots_scarce
+        except psycopg.Error:
+            # A lost or frozen connection: the caller's next statement connects again (and
+            # says what is wrong, if anything).
+            self._drop_connection()
+            return self._slots_scarce
+        assert found is not None
+        usable, taken = found
+        self._slots_seen = time.monotonic()
+        self._slots_scarce = usable - taken <= _few_slots(usable)
+        return self._slots_scarce
+
+    def rest(self) -> None:
+        """Let go of this backend's server connections until its next call: a holder between
+        two refreshes (``lock run``, ``FeatureLock``) keeps none, so many holders fit in a
+        server's ``max_connections`` (a refresh every third of the lease connects again)."""
+        with self._connecting:  # Race: a thread making the shared connection at this moment
+            self._drop_connection()
+        self._drop_listener()
+
+    def close(self) -> None:
+        for conn in (self._conn, self._listener):
+            if conn is not None:
+                with suppress(psycopg.Error, OSError):
+                    conn.close()
+        self._conn = self._listener = None
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with suppress(psycopg.Error, OSError):
+                self._conn.close()
+        self._conn = None
+
+    def _error(self, error: BaseException) -> BackendError:
+        """One sentence naming the server (never the password) for what went wrong."""
+        if isinstance(error, pg_errors._WaitTimeout) or "timeout expired" in str(error):
+            reason = f"no answer within {self.connect_timeout:g} s"
+        elif isinstance(error, pg_errors.InsufficientPrivilege):
+            reason = (
+                f"permission denied ({first_line(error)}); run 'mahabharatha lock init' as the "
+                f"tables' owner and grant this role USAGE on schema {self.schema} and SELECT, "
+                "INSERT, UPDATE, DELETE on its tables"
+            )
+        else:
+            reason = first_line(error)
+        if self._password:
+            reason = reason.replace(self._password, "***")
+        said = f"lock server {self._server} (PostgreSQL): {reason}"
+        if isinstance(error, psycopg.OperationalError) and _out_of_slots(error):
+            return ServerFullError(said)
+        return BackendError(said)
+
+    def _run(
+        self,
+        operation: Callable[[_Connection], _T],
+        *,
+        retry: bool = True,
+        pins_itself: bool = False,
+    ) -> _T:
+        """Run ``operation`` on the warm connection. A connection lost under it (a server
+        restart, ``pg_terminate_backend``, ``idle_session_timeout``, a reset after the server
+        committed) is replaced and the operation run again, also when the connection was a
+        fresh one, up to ``MAX_LOST_ANSWERS`` times (``retry``: every statement here is safe to
+        repeat, by token or by attempt id). A connection that cannot be made is an error at
+        once (nothing was sent); a missing table is created (first use); anything else is a
+        :class:`BackendError`. Behind a pooler ``operation`` runs :meth:`_pinned` unless it
+        ``pins_itself``."""
+        lost = 0
+        created = False
+        rolled_back: _Pauses | None = None  # made at the first rollback: none on the hot path
+        while True:
+            try:
+                conn = self._connection()
+            except psycopg.Error as error:  # nothing was sent: no answer to look for
+                raise self._error(error) from None
+            try:
+                with self._one_operation:
+                    if conn.pooled and not pins_itself:
+                        return self._pinned(conn, operation)
+                    return operation(conn)
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
+                # Race: a concurrent transaction (or a session default of serializable that
+                # pinning missed) made the server roll the statement back: nothing was done
+                # and the connection is sound. Run it again on it, after a pause.
+                rolled_back = rolled_back or _Pauses(self.connect_timeout)
+                if not rolled_back.pause():
+                    raise self._error(error) from None
+            except pg_errors.UndefinedTable as error:
+                if created:
+                    raise self._error(error) from None
+                created = True
+                if conn.pooled:
+                    # Race: a pooler may keep the failed transaction's server connection
+                    # assigned to this client a while (seen: a pool of one never freed for the
+                    # schema's own connection): let go of it first.
+                    self._drop_connection()
+                try:
+                    self._create_schema()
+                except psycopg.Error as cause:
+                    raise self._error(cause) from None
+            except pg_errors._WaitTimeout as error:
+                self._drop_connection()  # Race: an answer may still come; the state is unknown
+                raise self._error(error) from None
+            except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+                self._drop_connection()
+                lost += 1
+                # Race: the server may have committed before the answer was lost: the retry
+                # carries the same attempt id (or token) and finds its own work, never a second.
+                if not retry or lost > MAX_LOST_ANSWERS:
+                    raise self._error(error) from None
+            except psycopg.Error as error:
+                raise self._error(error) from None
+
+    @staticmethod
+    def _pinned(conn: _Connection, operation: Callable[[_Connection], _T]) -> _T:
+        """``operation`` in a transaction of its own that first pins what it relies on
+        (``PIN_SETTINGS``; begun READ COMMITTED), sent in one pipeline: behind a
+        transaction-mode pooler another client's ``SET`` may be on the server connection."""
+        with conn.pipeline(), conn.transaction():
+            conn.execute(statements.PIN_SETTINGS, prepare=False)
+            return operation(conn)
+
+    def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        statement = self._sql(query)
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            return conn.execute(statement, params, binary=True).fetchall()
+
+        return self._run(run)
+
+    def _hot(
+        self, statement: str, values: Sequence[Any], sent: list[float] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run an acquire or a release of a held lock (``ACQUIRE_NUMBERED``,
+        ``RELEASE_HELD_NUMBERED``), the uncontended cycle's two statements: on one cursor kept
+        per connection (``conn.execute`` builds a cursor per call), prepared on first use
+        (psycopg would send it unprepared five times first), answered in binary (no float or
+        integer text to print on the server and parse here). Same retries as :meth:`_run`."""
+
+        text = self._sql(statement)
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            if sent is not None:
+                sent.append(time.monotonic())  # connected: a lease it sets runs from no earlier
+            return self._on_kept_cursor(conn, text, values, binary=True)
+
+        return self._run(run)
+
+    def _on_kept_cursor(
+        self, conn: _Connection, statement: str | bytes, values: Sequence[Any], *, binary: bool
+    ) -> list[tuple[Any, ...]]:
+        """Run a prepared ``$n`` statement on the cursor kept per connection and read its rows
+        (a cursor made per call builds its result loaders again)."""
+        # Race: two threads on one backend: a statement on a cursor replaces the answer the
+        # other has not read yet (it would read nothing, or the other's row). The kept cursor
+        # is one thread's from its statement to its read; others never wait for it.
+        prepare = not conn.pooled  # Race: a pooler runs another client's same-named statement
+        if not self._kept_busy.acquire(blocking=False):
+            with psycopg.RawCursor(conn) as own:
+                return own.execute(statement, values, prepare=prepare, binary=binary).fetchall()
+        try:
+            cursor = self._kept_cursor
+            if cursor is None or cursor.connection is not conn:
+                cursor = self._kept_cursor = psycopg.RawCursor(conn)
+            return cursor.execute(statement, values, prepare=prepare, binary=binary).fetchall()
+        finally:
+            self._kept_busy.release()
+
+    def _schema_named(self, found: re.Match[str]) -> str:
+        before, after = found[1] or found[3] or "", found[2] or found[4] or ""
+        return f"{before}{self.schema}{after}"
+
+    def _sql(self, statement: str) -> str:
+        """``statement`` naming this backend's schema (the statements name ``mahabharatha``)."""
+        if self.schema == DEFAULT_SCHEMA:
+            return statement
+        found = self._in_schema.get(statement)
+        if found is None:
+            found = _NAMED_SCHEMA.sub(self._schema_named, statement)
+            self._in_schema[statement] = found
+        return found
+
+    # ------------------------------------------------------------------ schema
+
+    def _newer_schema(self, version: int) -> BackendError:
+        return BackendError(
+            f"lock server {self._server} (PostgreSQL): its lock tables have schema version "
+            f"{version}, newer than this mahabharatha knows ({statements.SCHEMA_VERSION}): "
+            "upgrade it"
+        )
+
+    def _create_schema(self, *, repair: bool = False) -> None:
+        # Race: other threads' statements on the shared connection would run inside this
+        # transaction (psycopg nests a second creation as a savepoint): a thread told "held"
+        # whose row is never committed. The tables are made on a connection of their own.
+        with self._connect() as conn:
+            self._create_schema_on(conn, repair=repair)
+
+    def _create_schema_on(self, conn: _Connection, *, repair: bool = False) -> None:
+        """First use (or ``lock init``: ``repair``) makes what is missing. A token sequence
+        missing next to rows is never made again silently at 1 (a reset sequence handed a new
+        holder an old holder's token): only ``lock init`` does, above the rows' tokens."""
+        advisory, *ddl = (self._sql(statement) for statement in statements.SCHEMA_DDL)
+        with conn.transaction():
+            if conn.pooled:
+                conn.execute(statements.PIN_SETTINGS, prepare=False)
+            conn.execute(advisory)  # Race: two first uses creating the tables at once
+            self._refuse_old_tables_elsewhere(conn)
+            if not repair and self._sequence_lost(conn):
+                raise BackendError(
+                    f"lock server {self._server} (PostgreSQL): the token sequence "
+                    "mahabharatha_lock_token is missing next to existing locks (dropped, or the "
+                    "table restored without it): run 'mahabharatha lock init' to make it again "
+                    "above every token given out"
+                )
+            if conn.execute(statements.SCHEMA_MISSING, {"schema": self.schema}).fetchone() == (
+                True,
+            ):
+                conn.execute(self._sql(statements.CREATE_SCHEMA))
+            for statement in ddl:
+                conn.execute(statement)
+            if repair:
+                conn.execute(self._sql(statements.SEQUENCE_ABOVE_ROWS))
+            found = conn.execute(self._sql(statements.SCHEMA_VERSION_QUERY)).fetchone()
+        version = found[0] if found else None
+        if version is not None and version > statements.SCHEMA_VERSION:
+            raise self._newer_schema(int(version))
+
+    def _refuse_old_tables_elsewhere(self, conn: _Connection) -> None:
+        """Before the tables are made in our schema: none of this role's own made by an older
+        mahabharatha elsewhere (in its ``search_path``'s first schema), or holders on the old
+        tables and on the new would hold one feature at once."""
+        if conn.execute(self._sql(statements.TABLE_EXISTS)).fetchone() == (True,):
+            return
+        marked = {"schema": self.schema, "mark": statements.NAMED_BY_SCHEMA}
+        found = conn.execute(statements.OLD_TABLES, marked).fetchall()
+        if found:
+            old = found[0][0]
+            raise BackendError(
+                f"lock server {self._server} (PostgreSQL): this role's lock tables of an older "
+                f"mahabharatha are in schema {old}: set {SCHEMA_ENV}={old} to keep them there, "
+                f"or move them (ALTER TABLE/SEQUENCE ... SET SCHEMA {self.schema}) and run "
+                "'mahabharatha lock init'"
+            )
+
+    def _sequence_lost(self, conn: _Connection) -> bool:
+        for query in (statements.SEQUENCE_MISSING, statements.TABLE_EXISTS, statements.ROWS_EXIST):
+            found = conn.execute(self._sql(query)).fetchone()
+            if not (found and found[0]):
+                return False
+        return True
+
+    def _drop_listener(self) -> None:
+        if self._listener is not None:
+            with suppress(psycopg.Error, OSError):
+                self._listener.close()
+        self._listener = None
+
+
+class _Pauses:
+    """Jittered, doubling pauses between runs of a statement the server rolled back, for
+    ``seconds`` at most: :meth:`pause` answers False once they are spent."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = Deadline(seconds)
+        self.pauses = backoff(
+            SERIALIZATION_FIRST_PAUSE_SECONDS, SERIALIZATION_MAX_PAUSE_SECONDS, math.inf
+        )
+
+    def pause(self) -> bool:
+        if self.deadline.passed():
+            return False
+        time.sleep(self.deadline.cap(next(self.pauses)))
+        return True
+
+
+def _few_slots(usable: int) -> int:
+    """How few free connection slots make a server crowded: a tenth of them, at least one
+    (a worker that cannot connect finds none free)."""
+    return max(1, usable // 10)
+
+
+def _out_of_slots(error: psycopg.OperationalError) -> bool:
+    """The server refused a connection because no slot is free for it: SQLSTATE 53300
+    (``too_many_connections``), whatever the limit (the server's, the role's or the database's
+    ``CONNECTION LIMIT``) and whatever the language of its message (``lc_messages``). The
+    English text counts only for a refusal that came without a SQLSTATE (libpq not found to
+    make its errors verbose: :func:`~mahabharatha.backends.postgres.connection._verbose_errors`)."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate is not None:
+        return bool(sqlstate == SLOTS_TAKEN_SQLSTATE)
+    text = str(error)
+    return "too many clients" in text or "remaining connection slots are reserved" in text
