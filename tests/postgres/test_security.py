@@ -172,15 +172,44 @@ URL_FORMS = {
 }
 
 
+CLI_FORMS = ("key=value string", "unclosed bracket", "unescaped at")
+"""One form of each way a URL is refused before any connection: not a ``postgresql://`` URL
+(``open_backend``), a user name or password holding what must be percent-encoded (refused
+before libpq reads it), libpq's own parse error. The other forms take one of these paths:
+:func:`test_every_url_form_is_refused_without_a_word_of_its_password` checks each of them."""
+
+
 @pytest.mark.parametrize("form", sorted(URL_FORMS))
+def test_every_url_form_is_refused_without_a_word_of_its_password(
+    pg_server: PgServer, tmp_path: Any, form: str
+) -> None:
+    """Every way to write a password wrongly, refused by the call the CLI opens its backend
+    with; what the error shows (its text, and a traceback of it) holds no part of the password.
+    Failed before: libpq's parse error quoted the password ("invalid percent-encoded token",
+    "unexpected spaces", the whole URI for an unclosed ``[``), an unknown URL was echoed whole
+    (a key=value string is all secret), and an unescaped ``@`` made the password's end the
+    host named in the error."""
+    from mahabharatha.backends import open_backend
+
+    template, secrets_ = URL_FORMS[form]
+    url = template.format(port=pg_server.port)
+    with pytest.raises((ValueError, BackendError)) as refused:
+        open_backend(url, tmp_path, namespace="n", connect_timeout=2).inspect("f")
+    error = refused.value
+    printed = "".join(traceback.format_exception(error))  # the suppressed driver error: not shown
+    for secret in secrets_:
+        assert secret not in f"{error} {error!r} {error.args!r} {printed}", form
+
+
+@pytest.mark.parametrize("form", CLI_FORMS)
 @pytest.mark.parametrize("via", ["--backend", "MAHABHARATHA_LOCK_URL"])
 def test_a_password_in_any_url_form_is_never_printed(
     pg_server: PgServer, tmp_path: Any, form: str, via: str
 ) -> None:
-    """Every way to write a password wrongly, on stderr and in ``--json``. Failed before: libpq's
-    parse error quoted the password ("invalid percent-encoded token", "unexpected spaces", the
-    whole URI for an unclosed ``[``), an unknown URL was echoed whole (a key=value string is
-    all secret), and an unescaped ``@`` made the password's end the host named in the error."""
+    """A wrongly written password on the command line and in the environment, on stderr and in
+    ``--json``, one form per way of refusing it (``CLI_FORMS``). Failed before: libpq's parse
+    error quoted the password, an unknown URL was echoed whole, and an unescaped ``@`` made the
+    password's end the host named in the error."""
     import json
     import subprocess
     import sys
