@@ -28,8 +28,7 @@ from mahabharatha.names import feature_names_in
 from mahabharatha.reads import close_quietly
 
 GUARD_WAIT_SECONDS: Final = 0.5
-"""How long a release or refresh waits for the guard. Holders keep it for a few system calls;
-only a foreign process that ``flock``s our folder could keep it longer, and then we give up."""
+"""How long a release or refresh waits for the guard (held for a few system calls at a time)."""
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A feature folder we cannot enter (or that is not a real folder) holds no lock we can see.
@@ -72,10 +71,8 @@ class OpenFeatureDir:
     folder (with ``create`` a missing folder is made and a refused one raises instead).
 
     Every later step works relative to this descriptor, so swapping the folder for a symlink
-    mid-call (race: folder replaced by a link) cannot redirect a write. OS errors raised inside
-    the block that name a file relative to it are re-raised naming its full path
-    (:func:`named_error`). The folder is opened on entering
-    the block (never in the constructor: an object made without ``with`` holds nothing).
+    mid-call (race: folder replaced by a link) cannot redirect a write. OS errors of the block
+    name their full path (:func:`named_error`). Opened on entering the block, never before.
     """
 
     __slots__ = ("create", "dfd", "folder", "refuse")
@@ -223,11 +220,9 @@ def _let_go(fd: int) -> None:
 
 
 class _GuardWaiter:
-    """A blocking ``flock`` of the folder, taken by a helper thread through a descriptor (an
-    open file description) of its own, so that the caller can wait for it with a deadline:
-    the kernel's ``flock`` wait has none, and bounding it with a timer signal is not a
-    library's to do. Waiting blocks (no spinning): under load a spinning contender takes the
-    CPU from the descheduled holder it waits for."""
+    """A blocking ``flock`` of the folder taken by a helper thread through an open file
+    description of its own, so that the caller can wait with a deadline (the kernel's wait has
+    none). Blocking, never spinning: a spinning contender takes the CPU from the holder."""
 
     __slots__ = ("abandoned", "error", "fd", "finished", "mutex", "ready")
 

@@ -25,13 +25,8 @@ the one it judged; every call answers within a bounded time; nothing is followed
 Clock-free: every judgement takes ``now`` (epoch seconds) from its caller, which reads its own
 clock once per operation; ``time.monotonic`` only bounds the waits (guard, busy reads).
 
-Where each operation is: parse, snapshot and judge (``parse_record``, ``read_lock``,
-``judge_lock``) in :mod:`~mahabharatha.backends.files.snapshot`; the folder descriptor
-(``OpenFeatureDir``), the guard (``Guard``) and the scan (``scan_locks``) in
-:mod:`~mahabharatha.backends.files.folder`; here publish (:func:`publish`), reclaim
-(:func:`publish_or_reclaim`), release (:func:`release_at`, :func:`release_mine`), refresh
-(:func:`replace_if_unchanged`), remove-if-unchanged (:func:`remove_if_unchanged`) and sweep
-(:func:`sweep_orphan_temps`).
+Reading and judging are in ``snapshot``, the folder, its guard and the scan in ``folder``; here
+publish, reclaim (``publish_or_reclaim``), release, refresh (``replace_if_unchanged``), sweep.
 """
 
 from __future__ import annotations
@@ -68,8 +63,7 @@ from mahabharatha.reads import close_quietly
 from mahabharatha.states import State as LockState
 
 MAX_ROUNDS: Final = 8
-"""Bound on judge-and-retry rounds: each round ends because another process changed the lock,
-so a storm of changes makes us answer "held" rather than spin."""
+"""Judge-and-retry rounds (each ended by another process's change) before we answer "held"."""
 
 TEMP_ORPHAN_SECONDS: Final = 60.0
 """A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
@@ -213,12 +207,8 @@ def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> Lock
 
 
 def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result:
-    """Write the record and its owner details; return the file's facts; make it readable by
-    all, whatever the umask.
-
-    Another user who cannot read a lock must call it unreadable and may reclaim it, so a lock
-    that the umask made private would be stolen from its live owner (race: cross-user reclaim).
-    """
+    """Write the record and its owner details; return the file's facts. Readable by all,
+    whatever the umask (race: cross-user reclaim of a lock another user cannot read)."""
     try:
         write_all(fd, record)
         # Race: a reader must never see the record without its details: set them before link.
@@ -348,10 +338,9 @@ def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> 
 def publish_proven(
     dfd: int, record: bytes, now: float, owner: bytes | None, pledge: proof.Pledge | None
 ) -> LockSnapshot | None:
-    """:func:`publish`, the publisher holding the proof of life of the pledge's slot on its
-    descriptor (of its proof file, kept for as long as it holds the lock) from before
-    the try; the details claim the proof, in the proof file the pledge opened (its tag), and
-    the pledge is ``proven``, only when it could be taken. ``pledge`` None: no proof."""
+    """:func:`publish` holding, from before the try, the proof of life of the pledge's slot (in
+    its proof file); the details claim the proof and the pledge is ``proven`` only when it
+    could be taken. ``pledge`` None: no proof."""
     # Race: a judge looking at LIFE an instant before a winner takes it: PENDING comes first.
     if pledge is None or pledge.fd is None or not proof.hold_pending(pledge.fd, pledge.slot):
         return publish(dfd, record, now, owner)
@@ -379,12 +368,9 @@ def publish_proven(
 def replace_if_unchanged(
     dfd: int, judged: LockSnapshot, record: bytes, owner: bytes | None = None
 ) -> LockSnapshot | None:
-    """Atomically swap ``.lock`` for ``record`` if it is still the holder's ``judged`` lock.
-
-    Returns the new lock's snapshot, or ``None`` if the lock is no longer the one judged.
-    The owner details of ``judged`` are carried forward (the owner and its group are the ones
-    that took the lock), unless ``owner`` gives new ones (``lock run``: its command's group).
-    """
+    """Atomically swap ``.lock`` for ``record`` if it is still the holder's ``judged`` lock:
+    the new snapshot, or ``None``. The owner details of ``judged`` are carried forward unless
+    ``owner`` gives new ones (``lock run``: its command's group)."""
     with Guard(dfd, wait=True):
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
         if not _still_mine(dfd, judged):
@@ -446,11 +432,8 @@ def sweep_orphan_temps(dfd: int, now: float) -> list[str]:
 
 
 class AcquireOutcome(NamedTuple):
-    """How an attempt ended: ``mine`` is our new lock; otherwise ``holder`` stopped us (a named
-    tuple: cheaper to define and to make than a dataclass, on every acquire).
-
-    ``replaced`` is the stale, corrupt or foreign entry we reclaimed to get it, if any.
-    """
+    """How an attempt ended: ``mine`` is our new lock; otherwise ``holder`` stopped us.
+    ``replaced`` is the stale, corrupt or foreign entry we reclaimed to get it, if any."""
 
     mine: LockSnapshot | None
     holder: LockSnapshot = MISSING
@@ -511,12 +494,10 @@ def publish_or_reclaim(
 ) -> AcquireOutcome:
     """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``.
 
-    ``owner``: the owner details to publish with the record (default: those of ``pid``).
-    ``pledge``: the proof of life the holder (this process) takes with the lock and keeps
-    while it holds it (``None``: the lock carries no proof). A rule other
-    than :func:`age_only` judges owners, so it is given each lock's proof (``snapshot.life``).
-    ``look_first``: read the lock before publishing, and answer at once when it is held and
-    may not be reclaimed (a held lock then costs a read, not an inode; see :func:`_held_now`).
+    ``owner``: the owner details to publish (default: those of ``pid``). ``pledge``: the proof
+    of life this process takes with the lock (``None``: no proof). A rule other than
+    :func:`age_only` judges owners, so it is given each lock's proof (``snapshot.life``).
+    ``look_first``: answer "held" from a read before publishing (:func:`_held_now`).
     """
     record = format_record(pid, now)
     if owner is None:
@@ -567,14 +548,9 @@ def _held_now(
     dfd: int, now: float, may_reclaim: MayReclaim, judges_owners: bool
 ) -> AcquireOutcome | None:
     """The answer "held" when the lock in ``dfd`` is held and may not be reclaimed, read
-    without publishing anything; ``None``: try to publish (no lock, or one to reclaim).
-
-    It is the answer a failed publish gives (the same read, the same judgement), one step
-    earlier: a pool's claim walks past every feature the other workers hold, and a waiter
-    tries a held lock again and again; each such try made an inode, linked it in vain and
-    dropped it, which contending workers pay for in the file system's journal. Race: the
-    lock is released just after this read: "held" was true when read, as it is when a
-    publish fails and the read after it sees the lock; the next try takes it."""
+    without publishing (no inode made in vain); ``None``: try to publish. The answer a failed
+    publish gives, one step earlier. Race: released just after this read: "held" was true
+    when read, as after a failed publish; the next try takes it."""
     holder = read_lock(dfd, life=judges_owners)
     if holder.kind is EntryKind.MISSING or holder.kind is EntryKind.DIRECTORY:
         return None  # free, or in the way: the publish below says which

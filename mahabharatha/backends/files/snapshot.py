@@ -29,12 +29,10 @@ FUTURE_SKEW_SECONDS: Final = 86400.0
 """A timestamp up to a day ahead is clock skew between hosts; beyond that it is garbage."""
 
 EMPTY_LOCK_GRACE_SECONDS: Final = 2.0
-"""Old writers create ``.lock`` empty and fill it a moment later: an empty lock this young is
-being written, not corrupt."""
+"""An empty lock this young is an old writer's between its create and its write: not corrupt."""
 
 READ_WAIT_SECONDS: Final = 0.5
-"""How long a look at a lock retries a read that failed for a passing reason (a kernel lease or
-mandatory lock on the file, a signal) before it answers "busy": as long as a guard wait."""
+"""How long a read refused for a passing reason (a kernel lease, a signal) is retried: "busy"."""
 
 READ_ATTEMPTS: Final = 3
 """Looks at an entry that keeps changing between open, lstat and readlink before we give up."""
@@ -111,8 +109,7 @@ class EntryKind(enum.Enum):
     DIRECTORY = "directory"
 
 
-# Members bound once for the per-lock path (judge, read): on Python 3.11 every ``EntryKind.X``
-# is a descriptor call, and ``status`` judges each of thousands of locks.
+# Members bound once for the per-lock path (judge, read): ``EntryKind.X`` is a descriptor call.
 _FILE: Final = EntryKind.FILE
 _ACTIVE: Final = LockState.ACTIVE
 _STALE: Final = LockState.STALE
@@ -132,10 +129,7 @@ _UNPARSED: Final = _Unparsed.UNPARSED
 
 class LockSnapshot:
     """What one read of ``.lock`` saw. Two snapshots of one unchanged entry compare equal.
-
-    Read-only by convention (never changed after it is made). A plain class with slots, not a
-    frozen dataclass: one is made on every read, and the dataclass costs every CLI call half a
-    millisecond to define and every read six ``object.__setattr__`` calls to fill."""
+    Read-only by convention: a plain class with slots, as one is made on every read."""
 
     __slots__ = (
         "_record",
@@ -204,9 +198,8 @@ class LockSnapshot:
 
     @property
     def record(self) -> tuple[int, float] | None:
-        """The record as written, parsed once per snapshot (judging and describing both ask):
-        its syntax only. A timestamp too far ahead makes the lock corrupt: ask
-        :meth:`record_at` (or :func:`judge_lock`) with the caller's ``now``."""
+        """The record's syntax, parsed once per snapshot; whether its timestamp is too far
+        ahead is :meth:`record_at`'s (with the caller's ``now``)."""
         record = self._record
         if record is _UNPARSED:
             text = self.text
@@ -244,10 +237,8 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
 
 
 def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot | None:
-    """Describe ``.lock`` by ``lstat`` when it cannot be opened (a link, a socket, no access).
-
-    ``None``: the entry changed under us (race: removed or replaced between two looks).
-    """
+    """Describe ``.lock`` by ``lstat`` when it cannot be opened (a link, a socket, no access);
+    ``None``: the entry changed under us (race: removed or replaced between two looks)."""
     try:
         info = os.stat(LOCK_FILE_NAME, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -279,13 +270,10 @@ def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None
 def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnapshot:
     """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``.
 
-    A read refused for a passing reason (a kernel lease, a mandatory lock, a signal) is tried
-    again, yielding the CPU (never sleeping), for at most ``READ_WAIT_SECONDS``; if it is still
-    refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
-    With ``life``, a lock whose details claim a proof of life gets its proof file's answer
-    (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.owner.proof`).
-    Without ``details`` the owner details are not read (``owner`` None): for a caller that
-    compares entries (:meth:`LockSnapshot.same_entry`), which the details are no part of.
+    A read refused for a passing reason (a kernel lease, a signal) is tried again, yielding
+    the CPU, for at most ``READ_WAIT_SECONDS``; then ``judge_lock`` calls it busy. ``life``:
+    the proof of life its details claim, looked at *after* the read (``snapshot.life``).
+    Without ``details`` the owner details are not read (for :meth:`LockSnapshot.same_entry`).
     """
     snapshot = _read_lock_once(dfd, details) or _look(dfd, READ_ATTEMPTS - 1, details)
     if snapshot.content is None and _is_busy(snapshot):
@@ -317,13 +305,9 @@ def _look(dfd: int, attempts: int = READ_ATTEMPTS, details: bool = True) -> Lock
 
 class DetailsReader:
     """Reads a lock's owner details (:func:`ownership.read_attached`) the cheaper way for the
-    locks seen last. A lock without details (an older writer's) makes ``getxattr`` fail, and
-    Python turns that into an exception that costs more than the call; ``listxattr`` answers
-    "none" without one. So after a lock without details the next is asked with ``listxattr``
-    first (``status`` of 10,000 older locks: 2 us a lock, ``bench/PROFILE.md``), after one
-    with details straight away (ours: one call). Either way the same bytes come back: a
-    lock's details are set before it is published and never after. The hint is only a cost:
-    threads that race on it still read correctly."""
+    locks seen last: after a lock without details (whose ``getxattr`` raises) ask
+    ``listxattr`` first. The same bytes come back either way (details are set before a lock is
+    published), so threads that race on the hint still read correctly."""
 
     __slots__ = ("none_last",)
 
