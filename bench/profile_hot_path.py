@@ -447,18 +447,18 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
     ``locks.status`` on older writers' locks (the scenario's tree), and on ours."""
     from bench.scenarios import bare_status_loop
     from mahabharatha import locks
-    from mahabharatha.backends.files import lockfile
+    from mahabharatha.backends.files import folder, snapshot
     from mahabharatha.backends.files.backend import describe_snapshot
     from mahabharatha.backends.liveness import per_pid
 
     own = tree.parent / "status-own"
     _own_tree(own, locks_count)
-    scanned = list(lockfile.scan_locks(tree, life=True))
+    scanned = list(folder.scan_locks(tree, life=True))
 
     def judged() -> list[object]:
         now, liveness = time.time(), per_pid()
         return [
-            describe_snapshot(name, snap, lockfile.judge_lock(snap, now), now, liveness)
+            describe_snapshot(name, snap, snapshot.judge_lock(snap, now), now, liveness)
             for name, snap in scanned
         ]
 
@@ -466,9 +466,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
         {
             "bare scandir + open/fstat/read loop": lambda: bare_status_loop(str(tree)),
             "our system calls, no judgement": _our_system_calls(tree),
-            "lockfile.scan_locks (reads, proofs)": lambda: list(
-                lockfile.scan_locks(tree, life=True)
-            ),
+            "folder.scan_locks (reads, proofs)": lambda: list(folder.scan_locks(tree, life=True)),
             "judge + describe the scanned locks": judged,
             "locks.status, older writers' locks": lambda: locks.status(tree),
             "locks.status, locks of this package": lambda: locks.status(own),

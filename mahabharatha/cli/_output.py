@@ -49,6 +49,7 @@ from mahabharatha.locks import (
     NotHeldError,
     owner_is_gone,
 )
+from mahabharatha.names import is_valid_feature_name
 from mahabharatha.run import runner
 
 
@@ -249,6 +250,65 @@ NonblockOption = Annotated[
     typer.Option("--nonblock", "-n", help="Try once, never wait (like flock -n)."),
 ]
 DEFAULT_GSD_DIR: Final = GSD_DIR
+
+
+def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
+    gsd_dir = ctx.params.get("gsd_dir") or DEFAULT_GSD_DIR
+    try:
+        entries = os.scandir(os.path.join(gsd_dir, "specs"))
+    except OSError:
+        return []
+    with entries:
+        return sorted(
+            entry.name
+            for entry in entries
+            if entry.name.startswith(incomplete)
+            and entry.is_dir(follow_symlinks=False)
+            and is_valid_feature_name(entry.name)
+        )
+
+
+FeatureArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="FEATURE",
+        help="The feature (a folder under <gsd-dir>/specs).",
+        autocompletion=complete_feature,
+    ),
+]
+AttemptsOption = Annotated[
+    int,
+    typer.Option(
+        "--attempts",
+        metavar="N",
+        min=1,
+        help="A feature whose attempts failed N times (lock fail) is failed: never claimed.",
+    ),
+]
+
+
+def _require_gsd_dir(gsd_dir: str) -> None:
+    """A missing gsd folder is bad input (a typo in --gsd-dir must not read as "no locks")."""
+    if not os.path.isdir(gsd_dir):
+        what = "not a folder" if os.path.lexists(gsd_dir) else "no such folder"
+        raise ValueError(
+            f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {DEFAULT_GSD_DIR})"
+        )
+
+
+def require_folder_of_files(shared: Shared) -> None:
+    """On the folder backend, listing the features needs the gsd folder (a server does not)."""
+    if shared.place.url is None:
+        _require_gsd_dir(shared.gsd_dir)
+
+
+def backend_to_claim_from(shared: Shared, features: list[str] | None) -> LockBackend:
+    """``claim`` and ``work``: where features are claimed; with none named (every feature
+    folder a candidate) the gsd folder must be there, whatever the backend."""
+    if not features:
+        _require_gsd_dir(shared.gsd_dir)
+    return shared.backend()
 
 
 class Shared(NamedTuple):

@@ -18,9 +18,9 @@ from mahabharatha.backends.base import (
     format_duration,
 )
 from mahabharatha.cli._output import (
-    DEFAULT_GSD_DIR,
     RECLAIM_DEAD_ADVICE,
     CreateOption,
+    FeatureArg,
     LeaseOption,
     NonblockOption,
     PidOption,
@@ -29,6 +29,8 @@ from mahabharatha.cli._output import (
     Shared,
     WaitOption,
     backend_for,
+    backend_to_claim_from,
+    complete_feature,
     default_owner,
     exit_code_for,
     finite_seconds,
@@ -37,6 +39,7 @@ from mahabharatha.cli._output import (
     note,
     problem_fields,
     problem_warnings,
+    require_folder_of_files,
     respond,
     sentence,
     wait_seconds,
@@ -68,33 +71,7 @@ app = typer.Typer(
     help="Feature locks: one session per feature, across shells and worker pools.",
     no_args_is_help=True,
 )
-
-
-def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
-    """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
-    gsd_dir = ctx.params.get("gsd_dir") or DEFAULT_GSD_DIR
-    try:
-        entries = os.scandir(os.path.join(gsd_dir, "specs"))
-    except OSError:
-        return []
-    with entries:
-        return sorted(
-            entry.name
-            for entry in entries
-            if entry.name.startswith(incomplete)
-            and entry.is_dir(follow_symlinks=False)
-            and is_valid_feature_name(entry.name)
-        )
-
-
-FeatureArg = Annotated[
-    str,
-    typer.Argument(
-        metavar="FEATURE",
-        help="The feature (a folder under <gsd-dir>/specs).",
-        autocompletion=complete_feature,
-    ),
-]
+_NO_HOLDER: Final = {"host": None, "token": None}  # _held_fields before a lock is held
 
 
 @app.command()
@@ -115,13 +92,7 @@ def acquire(
     """
     timeout = wait_seconds(wait, nonblock, default=0.0)
     owner = default_owner(pid)
-    document: dict[str, Any] = {
-        "feature": feature,
-        "pid": owner,
-        "acquired": False,
-        "host": None,
-        "token": None,
-    }
+    document: dict[str, Any] = {"feature": feature, "pid": owner, "acquired": False, **_NO_HOLDER}
 
     def action() -> Result:
         store = shared.backend()
@@ -179,10 +150,7 @@ def _release_advice(busy: LockHeldError) -> str:
 
 @app.command()
 @with_shared_options
-def check(
-    feature: FeatureArg,
-    shared: Shared,
-) -> None:
+def check(feature: FeatureArg, shared: Shared) -> None:
     """Exit 0 if FEATURE is free (no lock, stale, corrupt), 1 if it is held.
 
     A feature nobody has locked is free, also one with no folder at all: check never says
@@ -198,38 +166,9 @@ def check(
     respond(shared.as_json, {"feature": feature, "state": None}, action)
 
 
-def _require_gsd_dir(gsd_dir: str) -> None:
-    """Commands that list the feature folders say so when the gsd folder is not there: a typo
-    in --gsd-dir must not read as "no locks" (bad input, exit 2)."""
-    if not os.path.isdir(gsd_dir):
-        what = "not a folder" if os.path.lexists(gsd_dir) else "no such folder"
-        raise ValueError(
-            f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {DEFAULT_GSD_DIR})"
-        )
-
-
-def require_folder_of_files(shared: Shared) -> None:
-    """On the folder backend, commands that list the features need the gsd folder (a server
-    keeps its locks itself: no folder needed to list them)."""
-    if shared.place.url is None:
-        _require_gsd_dir(shared.gsd_dir)
-
-
-def backend_to_claim_from(shared: Shared, features: list[str] | None) -> LockBackend:
-    """``claim`` and ``work``: where the features are claimed. With none named, every feature
-    folder is a candidate: the gsd folder must be there, whatever the backend (the names come
-    from the local folders)."""
-    if not features:
-        _require_gsd_dir(shared.gsd_dir)
-    return shared.backend()
-
-
 def case_warnings(gsd_dir: str, feature: str) -> list[str]:
-    """A warning when ``feature`` differs only by case from an existing feature folder: on a
-    case-sensitive file system they are two features (two locks, a typo nobody else sees); on a
-    case-insensitive one (macOS by default) they are one folder, so say which lock is taken.
-    Cheap on the common path: the folder list is read only for a new name or a folder that a
-    case-flipped name also reaches."""
+    """A warning when ``feature`` differs only by case from a feature folder: two features on
+    a case-sensitive file system (a typo), one folder on a case-insensitive one (whose lock)."""
     specs = os.path.join(gsd_dir, "specs")
     folder = os.path.join(specs, feature)
     flipped = feature.swapcase()
@@ -290,15 +229,6 @@ def _free_text(info: LockInfo) -> str:
     return f"{info.feature} is free (its lock is {info.state}: the next acquire replaces it)"
 
 
-AttemptsOption = Annotated[
-    int,
-    typer.Option(
-        "--attempts",
-        metavar="N",
-        min=1,
-        help="A feature whose attempts failed N times (lock fail) is failed: never claimed.",
-    ),
-]
 WAIT_FOREVER: Final = 1e18
 """What a bare ``claim --wait`` (no SECONDS) stands for: as long as it takes."""
 ClaimWaitOption = Annotated[
@@ -383,13 +313,7 @@ def claim(
     could not be tried.
     """
     owner = default_owner(pid)
-    document: dict[str, Any] = {
-        "feature": None,
-        "pid": owner,
-        "claimed": False,
-        "host": None,
-        "token": None,
-    }
+    document: dict[str, Any] = {"feature": None, "pid": owner, "claimed": False, **_NO_HOLDER}
 
     def action() -> Result:
         problems: list[FeatureProblem] = []
@@ -441,8 +365,7 @@ def claim(
 
 
 def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
-    """A feature folder status could not look into, as one more entry of its list: every key
-    of a lock (unknown), state ``error``, and the ``error`` sentence naming the full path."""
+    """A folder status could not look into, as an entry: state ``error``, its sentence."""
     unknown = dict.fromkeys(("pid", "timestamp", "age_seconds", "expires_in_seconds"))
     fields = problem_fields(problem)
     return {
@@ -455,9 +378,7 @@ def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
     }
 
 
-STATUS_JSON_VERSION: Final = 1
-"""The shape of ``lock status --json``: 1 is an object (``version``, ``features``, ``summary``,
-``error`` on failure); before it, a bare list on success and an object on error."""
+STATUS_JSON_VERSION: Final = 1  # lock status --json: version, features, summary (error)
 
 
 def _status_document(entries: list[dict[str, Any]], infos: list[LockInfo]) -> dict[str, Any]:
@@ -661,8 +582,7 @@ def run_command(
         "pid": os.getpid(),
         "acquired": False,  # true once held: false with an exit code is run's own answer
         "exit_code": None,  # CMD's own code; null when CMD did not run
-        "host": None,
-        "token": None,
+        **_NO_HOLDER,
     }
 
     told: list[LockLostError] = []  # losses already reported on stderr, as they happened
@@ -738,11 +658,7 @@ def run_command(
 
 @app.command()
 @with_shared_options
-def done(
-    feature: FeatureArg,
-    shared: Shared,
-    pid: PidOption = None,
-) -> None:
+def done(feature: FeatureArg, shared: Shared, pid: PidOption = None) -> None:
     """Mark FEATURE done and release it (the holder only); claim never hands it out again.
 
     Exit 1, with nothing written, when the calling shell (or --pid) does not hold its lock.
@@ -819,8 +735,7 @@ def _reopen_many(store: LockBackend, named: list[str], failed: bool, every: bool
 def _on_wait(
     store: LockBackend, line: WaitingLine, reclaim_dead: bool
 ) -> locks.WaitCallback | None:
-    """What a waiting command does at each look: the waiting line (at a terminal), and a word,
-    once, when the holder is not running (unless --reclaim-dead takes such a lock anyway)."""
+    """At each look of a wait: the waiting line, and once a word when the holder is gone."""
     if reclaim_dead:
         return line.callback
     return GoneHolderNotice(lambda feature: locks.inspect(feature, backend=store), line.callback)
@@ -867,7 +782,7 @@ def _lost_result(
 # --------------------------------------------------------------------------- across hosts
 
 
-def _held_fields(store: LockBackend, held: Held) -> dict[str, Any]:
+def _held_fields(store: LockBackend, held: Held | locks.FeatureLock) -> dict[str, Any]:
     """``host`` and ``token`` of a lock just taken (files: no tokens, null)."""
     host = ownership.host_name() if store.supports_tokens else None
     return {"host": host, "token": held.token}
@@ -875,15 +790,12 @@ def _held_fields(store: LockBackend, held: Held) -> dict[str, Any]:
 
 def _note_holder(holder: locks.FeatureLock, document: dict[str, Any]) -> None:
     """``lock run`` holds its lock: note the host and token for the JSON."""
-    host = ownership.host_name() if holder.backend.supports_tokens else None
-    document.update(acquired=True, host=host, token=holder.token)
+    document.update(acquired=True, **_held_fields(holder.backend, holder))
 
 
 @app.command()
 @with_shared_options
-def init(
-    shared: Shared,
-) -> None:
+def init(shared: Shared) -> None:
     """Create the lock tables on the --backend server (once, as a role that may create tables;
     afterwards SELECT, INSERT, UPDATE, DELETE suffice). The folder backend needs nothing."""
     document: dict[str, Any] = {"backend": "file", "schema_version": None}

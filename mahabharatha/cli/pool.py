@@ -24,32 +24,29 @@ from mahabharatha import locks, logs, signals
 from mahabharatha.backends import load_backend_code
 from mahabharatha.backends.base import BackendError, LockBackend, describe_holder, format_duration
 from mahabharatha.cli._output import (
+    AttemptsOption,
+    FeatureArg,
     PidOption,
     ReclaimDeadOption,
     Result,
     Shared,
     answer,
+    backend_to_claim_from,
     close_opened,
+    complete_feature,
     default_owner,
     exit_code_for,
     finite_seconds,
     note,
     problem_warnings,
+    require_folder_of_files,
     respond,
     sentence,
     with_shared_options,
 )
 from mahabharatha.cli._render import summary_counts, watch_table
 from mahabharatha.cli._work_output import CommandOutput, command_output
-from mahabharatha.cli.lock import (
-    AttemptsOption,
-    FeatureArg,
-    _warn_release_wait,
-    app,
-    backend_to_claim_from,
-    complete_feature,
-    require_folder_of_files,
-)
+from mahabharatha.cli.lock import _warn_release_wait, app
 from mahabharatha.constants import FEATURE_ENV_VAR, RETRY_DELAY_SECONDS, WATCH_SECONDS
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,

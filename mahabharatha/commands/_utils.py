@@ -3,8 +3,9 @@
 ``acquire_feature_lock``, ``release_feature_lock`` and ``check_feature_lock`` keep the
 contract's signatures and answers (bools, ``None``, ``ValueError``); ``detect_feature`` finds the
 feature being worked on. A face like the CLI, and as thin: the lock protocol itself (publish,
-judge, reclaim, release, refresh) is :mod:`mahabharatha.backends.files.lockfile`, which reads no
-clock; the clock is :mod:`mahabharatha.clock`, the name rules :mod:`mahabharatha.names`, detection
+judge, reclaim, release, refresh) is :mod:`mahabharatha.backends.files.lockfile` (its read side
+``snapshot``, its folder and guard ``folder``), which reads no clock; the clock is
+:mod:`mahabharatha.clock`, the name rules :mod:`mahabharatha.names`, detection
 :mod:`mahabharatha.detect`. Each lock function here reads ``time.time()`` of this module once
 and passes it down.
 
@@ -24,28 +25,32 @@ import types
 from typing import Any, Final
 
 from mahabharatha import clock, detect
+from mahabharatha.backends.files.folder import (
+    Guard,
+    GuardBusyError,
+    OpenFeatureDir,
+    feature_dir_path,
+    folder_path,
+    named_error,
+)
 from mahabharatha.backends.files.lockfile import (
+    AcquireOutcome,
+    age_only,
+    is_temp_name,
+    publish_or_reclaim,
+    release_at,
+)
+from mahabharatha.backends.files.snapshot import (
     LOCK_FILE_NAME,
     MISSING,
     STALE_AFTER_SECONDS,
-    AcquireOutcome,
     EntryKind,
-    Guard,
-    GuardBusyError,
     LockSnapshot,
-    OpenFeatureDir,
-    age_only,
     busy_error,
-    feature_dir_path,
-    folder_path,
     format_record,
-    is_temp_name,
     judge_lock,
-    named_error,
     parse_record,
-    publish_or_reclaim,
     read_lock,
-    release_at,
 )
 from mahabharatha.clock import now
 from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, LOCK_URL_ENV

@@ -26,7 +26,7 @@ from typing import Any, Final
 import pytest
 
 from mahabharatha import constants, locks
-from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files import snapshot
 from mahabharatha.owner import ownership, proof
 from mahabharatha.run import runner
 from tests.cli._support import (
@@ -278,7 +278,7 @@ def test_a_relay_of_short_lived_processes_keeps_the_lock(
 def proof_held(gsd: Path) -> bool:
     fd = os.open(gsd / "specs" / FEATURE, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return lockfile.read_lock(fd, life=True).life is proof.Life.HELD
+        return snapshot.read_lock(fd, life=True).life is proof.Life.HELD
     finally:
         os.close(fd)
 

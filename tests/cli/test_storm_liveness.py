@@ -165,7 +165,7 @@ def test_a_signal_ends_the_wait_for_a_lease_at_once(
 
 SHORT_BOUND_CLI: Final = (
     "import sys\n"
-    "from mahabharatha.backends import files\n"
+    "from mahabharatha.backends.files import backend as files\n"
     "files.lease_break_seconds = lambda: 0.0  # a kernel that breaks leases at once ...\n"
     "files.LEASE_BREAK_MARGIN_SECONDS = 1.0  # ... but a lease holder that keeps it\n"
     "from mahabharatha.cli import main\n"

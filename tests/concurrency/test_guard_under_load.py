@@ -21,7 +21,8 @@ from typing import Final
 
 import pytest
 
-from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.folder import Guard, GuardBusyError
+from mahabharatha.backends.files.snapshot import read_lock
 from tests.concurrency._harness import CTX, SYNC_TIMEOUT, TEST_TIMEOUT, trials
 from tests.support import load
 
@@ -38,15 +39,15 @@ def _guarded_steps(folder: str, steps: int, start: Barrier, out: Queue[tuple[int
     start.wait(SYNC_TIMEOUT)
     for _ in range(steps):
         try:
-            with lockfile.Guard(dfd, wait=True):
+            with Guard(dfd, wait=True):
                 try:
                     os.close(os.open(OCCUPIED, os.O_CREAT | os.O_EXCL | os.O_WRONLY, dir_fd=dfd))
                 except FileExistsError:
                     overlaps += 1  # another contender is inside the guard too
                     continue
-                lockfile.read_lock(dfd)  # the kind of work a guarded step does
+                read_lock(dfd)  # the kind of work a guarded step does
                 os.unlink(OCCUPIED, dir_fd=dfd)
-        except lockfile.GuardBusyError:
+        except GuardBusyError:
             refused += 1
     out.put((refused, overlaps))
 

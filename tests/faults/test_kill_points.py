@@ -36,7 +36,7 @@ import psutil  # noqa: F401  (imported before forking: children must not import 
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files import lockfile, snapshot
 from mahabharatha.commands import _utils
 from mahabharatha.owner import ownership, proof
 from tests.faults._kills import (
@@ -264,7 +264,7 @@ def test_a_kill_at_any_step_leaves_no_lock_or_a_whole_one_and_the_next_acquire_r
 
 def _create_then_write(
     dfd: int, record: bytes, now: float, owner: bytes | None = None
-) -> lockfile.LockSnapshot | None:
+) -> snapshot.LockSnapshot | None:
     """The old publish (``O_CREAT | O_EXCL``, then write): the lock has a name while empty."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
@@ -275,8 +275,8 @@ def _create_then_write(
         os.write(fd, record)
         info = os.fstat(fd)
         identity = (info.st_dev, info.st_ino)
-        return lockfile.LockSnapshot(
-            lockfile.EntryKind.FILE, identity, record, info.st_mtime, owner=owner
+        return snapshot.LockSnapshot(
+            snapshot.EntryKind.FILE, identity, record, info.st_mtime, owner=owner
         )
     finally:
         os.close(fd)
@@ -352,7 +352,7 @@ def _proof_held(gsd: Path) -> bool:
     except FileNotFoundError:
         return False
     try:
-        return lockfile.read_lock(folder, life=True).life is proof.Life.HELD
+        return snapshot.read_lock(folder, life=True).life is proof.Life.HELD
     finally:
         os.close(folder)
 

@@ -35,7 +35,7 @@ class LockReadFailure(NamedTuple):
 def fail_lock_reads(monkeypatch: pytest.MonkeyPatch, failure: LockReadFailure) -> list[str]:
     """Make every read of a ``.lock`` fail as ``failure`` says; returns the list of injected
     calls (``"open"``/``"read"``), so a test can check that its injection was reached."""
-    from mahabharatha.backends.files import lockfile
+    from mahabharatha.backends.files import snapshot
     from mahabharatha.reads import NOFOLLOW_READ
 
     real_open, real_read = os.open, os.read
@@ -44,7 +44,7 @@ def fail_lock_reads(monkeypatch: pytest.MonkeyPatch, failure: LockReadFailure) -
     hits: list[str] = []
 
     def is_lock_read(path: Any, flags: int) -> bool:
-        return os.fspath(path) == lockfile.LOCK_FILE_NAME and flags == NOFOLLOW_READ
+        return os.fspath(path) == snapshot.LOCK_FILE_NAME and flags == NOFOLLOW_READ
 
     def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if not is_lock_read(path, flags):

@@ -12,6 +12,8 @@ PACKAGE_DIR: Final = Path(mahabharatha.__file__).parent
 NOT_YET_MOVED: Final = frozenset(
     {
         "backends/files/lockfile.py",
+        "backends/files/snapshot.py",
+        "backends/files/folder.py",
         "owner/proof.py",
         "backends/postgres/backend.py",
         "backends/postgres/release_watch.py",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files import folder
 from mahabharatha.commands import _utils
 
 FEATURE = "feat"
@@ -24,7 +24,7 @@ def test_an_error_naming_no_file_passes_the_folder_descriptor_unchanged(tmp_path
     naming ``<folder>/.lock`` for an error that was about no file at all."""
     gsd = str(tmp_path / "gsd")
     error = OSError(errno.EIO, "not about any file")
-    with pytest.raises(OSError) as caught, lockfile.OpenFeatureDir(gsd, FEATURE, create=True):
+    with pytest.raises(OSError) as caught, folder.OpenFeatureDir(gsd, FEATURE, create=True):
         raise error
     assert caught.value is error
     assert caught.value.filename is None

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files import folder, lockfile
 from mahabharatha.commands import _utils
 from tests.support.folders import FEATURE, lock_of, one_feature_gsd
 from tests.support.marks import needs_symlinks
@@ -25,7 +25,7 @@ def test_a_reclaim_never_removes_an_old_writers_fresh_empty_lock_in_the_judged_i
     lock = lock_of(gsd)
     lock.write_bytes(b"")
     os.utime(lock, (time.time() - 10,) * 2)  # an old writer died before writing, 10 s ago
-    with lockfile.OpenFeatureDir(gsd, FEATURE, create=False) as dfd:
+    with folder.OpenFeatureDir(gsd, FEATURE, create=False) as dfd:
         assert dfd is not None
         judged = _utils.read_lock(dfd)
         assert _utils.judge_lock(judged, time.time()) is _utils.LockState.CORRUPT
@@ -38,7 +38,7 @@ def test_a_reclaim_never_removes_an_old_writers_fresh_empty_lock_in_the_judged_i
         def reclaimable(entry: _utils.LockSnapshot) -> bool:
             return _utils.age_only(entry, _utils.judge_lock(entry, now))
 
-        with lockfile.Guard(dfd, wait=True):
+        with folder.Guard(dfd, wait=True):
             assert not lockfile.remove_if_unchanged(dfd, judged, reclaimable)
     assert lock.exists()
 
@@ -46,10 +46,10 @@ def test_a_reclaim_never_removes_an_old_writers_fresh_empty_lock_in_the_judged_i
 def test_a_reclaim_rejudges_under_the_guard_even_when_the_entry_looks_the_same(gsd: Path) -> None:
     lock = lock_of(gsd)
     lock.write_bytes(b"garbage")
-    with lockfile.OpenFeatureDir(gsd, FEATURE, create=False) as dfd:
+    with folder.OpenFeatureDir(gsd, FEATURE, create=False) as dfd:
         assert dfd is not None
         judged = _utils.read_lock(dfd)
-        with lockfile.Guard(dfd, wait=True):
+        with folder.Guard(dfd, wait=True):
             assert not lockfile.remove_if_unchanged(dfd, judged, lambda _entry: False)
             assert lock.exists()
             assert lockfile.remove_if_unchanged(dfd, judged, lambda _entry: True)

@@ -21,7 +21,7 @@ import pytest
 from mahabharatha import locks
 from mahabharatha.backends.base import LockInfo, Owner
 from mahabharatha.backends.files import backend as files
-from mahabharatha.backends.files.lockfile import DetailsReader
+from mahabharatha.backends.files.snapshot import DetailsReader
 from mahabharatha.commands import _utils
 from mahabharatha.owner import ownership, proof
 from mahabharatha.states import State

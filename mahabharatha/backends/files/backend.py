@@ -43,19 +43,27 @@ from mahabharatha.backends.base import (
     format_duration,
 )
 from mahabharatha.backends.files import lockfile
-from mahabharatha.backends.files.lockfile import (
+from mahabharatha.backends.files.folder import (
+    Guard,
+    OpenFeatureDir,
+    feature_dir_path,
+    folder_path,
+    scan_locks,
+)
+from mahabharatha.backends.files.lockfile import ReleaseOutcome, age_only
+from mahabharatha.backends.files.release_watch import ReleaseWatch
+from mahabharatha.backends.files.snapshot import (
+    LOCK_FILE_NAME,
+    MISSING,
     STALE_AFTER_SECONDS,
     EntryKind,
     LockBusyError,
     LockSnapshot,
-    OpenFeatureDir,
-    ReleaseOutcome,
-    age_only,
-    feature_dir_path,
+    format_record,
     judge_lock,
     read_lock,
+    with_name,
 )
-from mahabharatha.backends.files.release_watch import ReleaseWatch
 from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
 from mahabharatha.constants import (
     AUDIT_LOG_NAME,
@@ -249,7 +257,7 @@ def _reclaim_reason(state: LockState | None) -> str:
 
 
 def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> UnsafeLockPathError:
-    path = feature_dir_path(gsd_dir, feature) / lockfile.LOCK_FILE_NAME
+    path = feature_dir_path(gsd_dir, feature) / LOCK_FILE_NAME
     return UnsafeLockPathError(
         errno.EISDIR, f"{path}: a directory is in the way, not a lock file", str(path)
     )
@@ -266,7 +274,7 @@ def _surely_absent(gsd_dir: str | os.PathLike[str], feature: str, name: str) -> 
     is left to the careful look through the folder opened without following a link, which
     alone says what the file is (or refuses the folder)."""
     try:
-        os.lstat(f"{lockfile.folder_path(gsd_dir, feature)}/{name}")
+        os.lstat(f"{folder_path(gsd_dir, feature)}/{name}")
     except FileNotFoundError:
         return True
     except OSError:
@@ -288,7 +296,7 @@ def _mark_done_holding(dfd: int, feature: str, pid: int) -> tuple[str, LockSnaps
     the lock judged. :class:`NotHeldError` / :class:`NotOwnerError` (nothing written) when
     ``pid`` does not hold it."""
     now = clock.now()
-    with lockfile.Guard(dfd, wait=True):
+    with Guard(dfd, wait=True):
         # Under the guard no reclaim, clean or release can remove the lock: the marker
         # is written only while the caller really holds it.
         mine = read_lock(dfd)
@@ -335,9 +343,9 @@ def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> N
     except BaseException as error:
         with suppress(OSError):
             os.unlink(temp, dir_fd=dfd)
-        if not isinstance(error, OSError) or lockfile.with_name(error, temp) is error:
+        if not isinstance(error, OSError) or with_name(error, temp) is error:
             raise
-        raise lockfile.with_name(error, temp) from error  # a write, fchmod or close of the temp
+        raise with_name(error, temp) from error  # a write, fchmod or close of the temp
 
 
 def _in_the_way(error: OSError, name: str) -> OSError:
@@ -361,7 +369,7 @@ def _read_attempts(dfd: int) -> Attempts | None:
     except (FileNotFoundError, OSError) as error:
         if isinstance(error, FileNotFoundError) or error.errno in (errno.ELOOP, errno.ENXIO):
             return None
-        raise lockfile.with_name(error, ATTEMPTS_RECORD_NAME) from error
+        raise with_name(error, ATTEMPTS_RECORD_NAME) from error
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -500,7 +508,7 @@ class FileBackend(LockBackend):
     def _rewrite(self, held: Held, owner: bytes | None) -> Held:
         """A refresh; ``owner``: new owner details (``None``: the lock's own, carried on)."""
         now = clock.now()
-        record = lockfile.format_record(held.pid, now)
+        record = format_record(held.pid, now)
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             fresh = (
                 None
@@ -575,7 +583,7 @@ class FileBackend(LockBackend):
         folder should be, or a directory where the lock should be: acquire would fail there
         too."""
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
-            snapshot = lockfile.MISSING if dfd is None else read_lock(dfd, life=True)
+            snapshot = MISSING if dfd is None else read_lock(dfd, life=True)
         if snapshot.kind is EntryKind.DIRECTORY:
             raise _directory_in_the_way(self.gsd_dir, feature)
         now = clock.now()
@@ -595,9 +603,7 @@ class FileBackend(LockBackend):
         missing = EntryKind.MISSING  # bound once: an Enum look-up per lock costs (3.11)
         infos = [
             describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now, liveness)
-            for feature, snapshot in lockfile.scan_locks(
-                self.gsd_dir, on_error=skipped.add, life=True
-            )
+            for feature, snapshot in scan_locks(self.gsd_dir, on_error=skipped.add, life=True)
             if snapshot.kind is not missing
         ]
         skipped.settle()
@@ -717,7 +723,7 @@ class FileBackend(LockBackend):
             if dfd is None:
                 raise NotHeldError(feature, pid, "recorded as failed")
             now = clock.now()
-            with lockfile.Guard(dfd, wait=True):
+            with Guard(dfd, wait=True):
                 # Under the guard no reclaim, clean or release can remove the lock: the attempt
                 # is recorded only while the caller really holds it.
                 mine = read_lock(dfd)
@@ -783,7 +789,7 @@ class FileBackend(LockBackend):
         state = judge_lock(snapshot, now)
         if cleanable(snapshot):
             removed = not dry_run and _remove_judged(dfd, snapshot, cleanable, judges_owners)
-            lock_path = str(folder / lockfile.LOCK_FILE_NAME)
+            lock_path = str(folder / LOCK_FILE_NAME)
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
                 _audit(
@@ -857,7 +863,7 @@ def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
 
 def _folder(gsd_dir: str | os.PathLike[str], feature: str) -> str:
     """The feature folder's path as :class:`OpenFeatureDir` opens it (the proof's key)."""
-    return lockfile.folder_path(gsd_dir, feature)
+    return folder_path(gsd_dir, feature)
 
 
 def _with_attempts(info: LockInfo, record: Attempts | None) -> LockInfo:

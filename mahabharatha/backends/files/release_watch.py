@@ -24,7 +24,8 @@ from collections.abc import Iterable
 from time import monotonic, sleep
 from typing import Final, Self
 
-from mahabharatha.backends.files.lockfile import LOCK_FILE_NAME, folder_path
+from mahabharatha.backends.files.folder import folder_path
+from mahabharatha.backends.files.snapshot import LOCK_FILE_NAME
 from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 
 IN_NONBLOCK: Final = os.O_NONBLOCK

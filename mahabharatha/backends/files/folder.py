@@ -1,0 +1,323 @@
+"""The feature folder: its descriptor (opened without following a link), its guard (the
+``flock`` on the folder under which an existing ``.lock`` is changed) and the scan of every
+feature's lock. The protocol: :mod:`mahabharatha.backends.files.lockfile`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+from time import monotonic
+from typing import Final
+
+from mahabharatha.backends.base import LockError, UnsafeLockPathError
+from mahabharatha.backends.files.snapshot import (
+    _SYMLINK_ERRNOS,
+    LOCK_FILE_NAME,
+    MISSING,
+    LockSnapshot,
+    read_lock,
+    with_name,
+)
+from mahabharatha.names import feature_names_in
+from mahabharatha.reads import close_quietly
+
+GUARD_WAIT_SECONDS: Final = 0.5
+"""How long a release or refresh waits for the guard (held for a few system calls at a time)."""
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A feature folder we cannot enter (or that is not a real folder) holds no lock we can see.
+_NO_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, *_SYMLINK_ERRNOS})
+
+
+class GuardBusyError(OSError, LockError):
+    """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
+
+
+# --------------------------------------------------------------------------- the feature folder
+def feature_dir_path(gsd_dir: str | os.PathLike[str], feature: str) -> Path:
+    return Path(gsd_dir) / "specs" / feature
+
+
+def folder_path(gsd_dir: str | os.PathLike[str], feature: str) -> str:
+    # A plain string: building a Path costs more than the system call it names (hot path).
+    # An empty gsd_dir is today's directory, as for pathlib and os.path.join (never "/specs").
+    return f"{os.fspath(gsd_dir) or '.'}/specs/{feature}"
+
+
+def _refuse_folder(folder: str, error: OSError) -> UnsafeLockPathError:
+    return UnsafeLockPathError(
+        error.errno or errno.ENOTDIR,
+        f"feature folder {folder} is a symlink or not a folder; refusing to follow it",
+        folder,
+    )
+
+
+def _make_feature_dir(folder: str) -> None:
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except FileExistsError as error:  # a dangling link or a file where the folder should be
+        raise _refuse_folder(folder, error) from error
+
+
+class OpenFeatureDir:
+    """``with OpenFeatureDir(gsd, feature, create=...) as dfd``: a descriptor of
+    ``specs/<feature>`` opened without following a link, or ``None`` when there is no usable
+    folder (with ``create`` a missing folder is made and a refused one raises instead).
+
+    Every later step works relative to this descriptor, so swapping the folder for a symlink
+    mid-call (race: folder replaced by a link) cannot redirect a write. OS errors of the block
+    name their full path (:func:`named_error`). Opened on entering the block, never before.
+    """
+
+    __slots__ = ("create", "dfd", "folder", "refuse")
+
+    def __init__(
+        self,
+        gsd_dir: str | os.PathLike[str],
+        feature: str,
+        *,
+        create: bool,
+        refuse: bool = False,
+    ) -> None:
+        self.folder = folder_path(gsd_dir, feature)
+        self.create = create
+        self.refuse = refuse or create
+        self.dfd: int | None = None
+
+    def __enter__(self) -> int | None:
+        self.dfd = _open_dir_nofollow(self.folder, create=self.create, refuse=self.refuse)
+        return self.dfd
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: object
+    ) -> None:
+        if self.dfd is not None:
+            close_quietly(self.dfd)
+            self.dfd = None
+        if isinstance(error, OSError):
+            named = named_error(error, self.folder)
+            if named is not error:
+                raise named from error
+
+
+def named_error(error: OSError, folder: str) -> OSError:
+    """The same error, naming the full path of the file it was about. Only an error that names
+    a file relative to the folder's descriptor is rewritten: a bare name (``.lock``, a temp),
+    ``.`` or ``/proc/self/fd/N`` (both: the unnamed lock being published). An error that names
+    no file is left as it is, never guessed at (the protocol names its own: :func:`with_name`)."""
+    name = None if error.filename is None else str(error.filename)
+    if error.errno is None or name is None or (os.sep in name and not name.startswith("/proc/")):
+        return error
+    bare = name if name != "." and not name.startswith("/proc/") else LOCK_FILE_NAME
+    path = os.path.join(folder, bare)
+    detail = error.strerror or str(error)
+    return type(error)(error.errno, f"{path}: {detail}", path)
+
+
+def _open_dir_nofollow(folder: str, *, create: bool, refuse: bool) -> int | None:
+    try:
+        return os.open(folder, _DIR_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            return None
+    except OSError as error:
+        if error.errno not in _NO_FOLDER_ERRNOS:
+            raise
+        if refuse:
+            raise _refuse_folder(folder, error) from error
+        return None
+    _make_feature_dir(folder)  # first lock of this feature: make its folder, then open it
+    dfd = _open_dir_nofollow(folder, create=False, refuse=True)
+    if dfd is None:  # Race: the folder was removed or swapped for a link just after mkdir.
+        raise _refuse_folder(folder, OSError(errno.ENOENT, "vanished"))
+    return dfd
+
+
+FolderError = Callable[[str, OSError], None]
+"""Told of a feature folder a scan could not look into (the error names its full path)."""
+
+
+def scan_locks(
+    gsd_dir: str | os.PathLike[str],
+    *,
+    read: bool = True,
+    on_error: FolderError | None = None,
+    life: bool = False,
+) -> Iterator[tuple[str, LockSnapshot]]:
+    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
+
+    One descriptor of ``specs`` serves the whole scan; each feature folder is opened relative
+    to it without following a link (a symlinked feature folder is skipped, as it is refused
+    everywhere). With ``read=False`` only the names are listed (snapshots are ``MISSING``).
+    A folder that cannot be looked into (no permission) raises, or with ``on_error`` is
+    reported to it and skipped: one odd folder does not hide the others.
+    """
+    specs_path = os.path.join(os.fspath(gsd_dir), "specs")
+    try:
+        specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        for name in feature_names_in(specs):
+            if not read:
+                yield name, MISSING
+                continue
+            try:
+                snapshot = _look_in(specs, name, specs_path, life)
+            except OSError as error:
+                if on_error is None:
+                    raise
+                on_error(name, error)
+                continue
+            yield name, snapshot
+    finally:
+        os.close(specs)
+
+
+def _look_in(specs: int, feature: str, specs_path: str, life: bool) -> LockSnapshot:
+    try:
+        dfd = os.open(feature, _DIR_FLAGS, dir_fd=specs)
+    except OSError as error:
+        if error.errno in _NO_FOLDER_ERRNOS:  # Race: removed or swapped for a link since listed
+            return MISSING
+        folder = os.path.join(specs_path, feature)  # the full path
+        raise type(error)(error.errno, error.strerror, folder) from error
+    try:
+        return read_lock(dfd, life=life)
+    except OSError as error:
+        named = named_error(error, os.path.join(specs_path, feature))
+        if named is error:
+            raise
+        raise named from error
+    finally:
+        close_quietly(dfd)
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def _try_guard(dfd: int) -> bool:
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as error:  # the guard of .lock could not be taken (ENOLCK, ...)
+        raise with_name(error, LOCK_FILE_NAME) from error
+    return True
+
+
+def _let_go(fd: int) -> None:
+    """Unlock the guard held through ``fd`` (a child forked meanwhile may share it) and close."""
+    with suppress(OSError):  # closing the descriptor lets go of it anyway
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    close_quietly(fd)
+
+
+class _GuardWaiter:
+    """A blocking ``flock`` of the folder taken by a helper thread through an open file
+    description of its own, so that the caller can wait with a deadline (the kernel's wait has
+    none). Blocking, never spinning: a spinning contender takes the CPU from the holder."""
+
+    __slots__ = ("abandoned", "error", "fd", "finished", "mutex", "ready")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.mutex = threading.Lock()
+        self.ready = threading.Event()
+        self.finished = False
+        self.abandoned = False
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)  # blocks until the holder lets go
+        except OSError as error:
+            self.error = error
+        with self.mutex:
+            self.finished = True
+            abandoned = self.abandoned
+        if abandoned:  # Race: the caller's deadline passed just before we got it: let go
+            _let_go(self.fd)
+        self.ready.set()
+
+    def result(self, deadline: float) -> int | None:
+        """The descriptor through which the guard is now held, or None at the deadline."""
+        try:
+            self.ready.wait(max(0.0, deadline - monotonic()))
+        finally:
+            with self.mutex:
+                # Race: the helper may take the guard right after our wait ended: whoever
+                # comes second under the mutex (it or us) lets go of it.
+                if not self.finished:
+                    self.abandoned = True
+        if self.abandoned:
+            return None
+        if self.error is not None:
+            close_quietly(self.fd)
+            raise with_name(self.error, LOCK_FILE_NAME) from self.error
+        return self.fd
+
+
+def _wait_for_guard(dfd: int, deadline: float) -> int | None:
+    """Wait (blocked, not spinning) until the guard of folder ``dfd`` is ours or ``deadline``
+    (``monotonic``) passes: the descriptor that holds it, or None."""
+    try:
+        fd = os.open(".", _DIR_FLAGS, dir_fd=dfd)  # a description of its own: a lock of its own
+    except OSError as error:
+        raise with_name(error, LOCK_FILE_NAME) from error
+    waiter = _GuardWaiter(fd)
+    try:
+        threading.Thread(target=waiter.run, name="mahabharatha-guard", daemon=True).start()
+    except BaseException:
+        close_quietly(fd)
+        raise
+    return waiter.result(deadline)
+
+
+class Guard:
+    """Hold the feature folder's ``flock`` (the guard) for a ``with`` block, which gets True,
+    or False if it was busy. Taken on entering the block, never in the constructor.
+
+    With ``wait`` we wait (blocked in the kernel, never spinning or sleeping) for at most
+    ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``. With ``until`` (a ``monotonic``
+    time) we wait until then and the block learns whether we got it. With neither we try once.
+    """
+
+    __slots__ = ("dfd", "held_by", "taken", "until", "wait")
+
+    def __init__(self, dfd: int, *, wait: bool, until: float | None = None) -> None:
+        self.dfd = dfd
+        self.wait = wait
+        self.until = until
+        self.taken = False
+        self.held_by: int | None = None  # the waiter's descriptor when it took the guard
+
+    def __enter__(self) -> bool:
+        dfd = self.dfd
+        self.taken = _try_guard(dfd)
+        if not self.taken and (self.wait or self.until is not None):
+            deadline = monotonic() + GUARD_WAIT_SECONDS if self.until is None else self.until
+            # Race: its holder is mid-removal for a few system calls: wait for it to finish.
+            self.held_by = _wait_for_guard(dfd, deadline)
+            self.taken = self.held_by is not None
+            if not self.taken and self.wait:
+                raise GuardBusyError(
+                    errno.EWOULDBLOCK, "feature folder stayed busy; try again", LOCK_FILE_NAME
+                )
+        return self.taken
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.held_by is not None:
+            _let_go(self.held_by)
+            self.held_by = None
+        elif self.taken:
+            try:  # noqa: SIM105  (suppress() costs a microsecond on every release)
+                fcntl.flock(self.dfd, fcntl.LOCK_UN)
+            except OSError:  # closing the folder's descriptor lets go of it anyway
+                pass

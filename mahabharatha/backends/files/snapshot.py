@@ -1,0 +1,391 @@
+"""The read side of the ``.lock`` protocol: the record, the snapshot, the read, the judgement.
+
+A lock is read through one no-follow, non-blocking open of at most ``MAX_READ_BYTES``; its
+identity is its inode and its bytes. Judging is clock-free: ``now`` comes from the caller. The
+protocol and its invariants: :mod:`mahabharatha.backends.files.lockfile`.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import math
+import os
+import re
+import stat
+from time import monotonic
+from typing import Final
+
+from mahabharatha.backends.base import LockError
+from mahabharatha.names import MAX_PID
+from mahabharatha.owner import ownership, proof
+from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
+from mahabharatha.states import State as LockState
+
+STALE_AFTER_SECONDS: Final = 7200.0
+"""A lock older than this (strictly) is stale: its holder is presumed gone."""
+
+FUTURE_SKEW_SECONDS: Final = 86400.0
+"""A timestamp up to a day ahead is clock skew between hosts; beyond that it is garbage."""
+
+EMPTY_LOCK_GRACE_SECONDS: Final = 2.0
+"""An empty lock this young is an old writer's between its create and its write: not corrupt."""
+
+READ_WAIT_SECONDS: Final = 0.5
+"""How long a read refused for a passing reason (a kernel lease, a signal) is retried: "busy"."""
+
+READ_ATTEMPTS: Final = 3
+"""Looks at an entry that keeps changing between open, lstat and readlink before we give up."""
+
+LOCK_FILE_NAME: Final = ".lock"
+
+_RECORD_RE: Final = re.compile(r"([0-9]+):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
+
+# O_NOFOLLOW reports a symlink as ELOOP on Linux and macOS, EMLINK on FreeBSD.
+_SYMLINK_ERRNOS: Final = frozenset({errno.ELOOP, errno.EMLINK})
+# Running out of descriptors or memory says nothing about the lock: surface it, never reclaim.
+_RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+# A read refused for a moment (a kernel lease or a mandatory lock on the file, a signal) says
+# nothing about the lock either: retry, then call it busy (held), never unreadable.
+_BUSY_ERRNOS: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
+# The only lasting reasons a regular file cannot be read by us: it is unreadable (reclaimable).
+_DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _parse_syntax(text: str) -> tuple[int, float] | None:
+    """``pid:timestamp`` as written (a pid no process can have, or a timestamp that is not a
+    positive finite number, is no record); how far in the future it lies is the caller's."""
+    if len(text) > MAX_READ_BYTES:
+        return None
+    match = _RECORD_RE.fullmatch(text.strip())
+    if match is None:
+        return None
+    pid, ts = int(match[1]), float(match[2])
+    if not 1 <= pid <= MAX_PID or not math.isfinite(ts) or ts <= 0:
+        return None
+    return pid, ts
+
+
+def _within_skew(record: tuple[int, float] | None, now: float) -> tuple[int, float] | None:
+    """``record``, unless its timestamp lies beyond the clock skew we accept (then garbage)."""
+    if record is None or record[1] > now + FUTURE_SKEW_SECONDS:
+        return None
+    return record
+
+
+def parse_record(text: str, now: float) -> tuple[int, float] | None:
+    """Parse ``pid:timestamp``; ``None`` unless well formed and within bounds at ``now``."""
+    return _within_skew(_parse_syntax(text), now)
+
+
+def format_record(pid: int, timestamp: float) -> bytes:
+    """The bytes of a lock record, as every writer of this module writes them."""
+    return f"{pid}:{timestamp}".encode("ascii")
+
+
+# --------------------------------------------------------------------------- lock entries
+
+
+class LockBusyError(OSError, LockError):
+    """The lock could not be read just now (a kernel lease or a mandatory lock on it): it was
+    neither judged nor touched. Try again."""
+
+
+def busy_error(snapshot: LockSnapshot) -> LockBusyError:
+    code = snapshot.read_errno or errno.EWOULDBLOCK
+    return LockBusyError(
+        code, f"the lock cannot be read just now ({os.strerror(code)}); try again", LOCK_FILE_NAME
+    )
+
+
+class EntryKind(enum.Enum):
+    MISSING = "missing"
+    FILE = "file"
+    SYMLINK = "symlink"
+    SPECIAL = "special"  # FIFO, socket or device
+    DIRECTORY = "directory"
+
+
+# Members bound once for the per-lock path (judge, read): ``EntryKind.X`` is a descriptor call.
+_FILE: Final = EntryKind.FILE
+_ACTIVE: Final = LockState.ACTIVE
+_STALE: Final = LockState.STALE
+
+RECLAIMABLE: Final = frozenset(
+    {LockState.STALE, LockState.CORRUPT, LockState.UNREADABLE, LockState.NOT_A_FILE}
+)
+
+
+class _Unparsed(enum.Enum):
+    UNPARSED = "unparsed"
+
+
+_UNPARSED: Final = _Unparsed.UNPARSED
+"""A snapshot's record before anyone asked for it (parsed at most once)."""
+
+
+class LockSnapshot:
+    """What one read of ``.lock`` saw. Two snapshots of one unchanged entry compare equal.
+    Read-only by convention: a plain class with slots, as one is made on every read."""
+
+    __slots__ = (
+        "_record",
+        "content",
+        "identity",
+        "kind",
+        "life",
+        "mtime",
+        "owner",
+        "read_errno",
+        "uid",
+    )
+
+    kind: EntryKind
+    identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
+    content: bytes | None  # None: not readable (or not a file); a symlink holds its target
+    mtime: float
+    read_errno: int | None  # why a regular file's bytes could not be read
+    owner: bytes | None  # the owner details published with the record; not its identity
+    life: proof.Life | None  # the lock's proof of life, when asked and the lock claims one
+    uid: int  # the file's owner: whose proof file the proof is in
+
+    def __init__(
+        self,
+        kind: EntryKind,
+        identity: tuple[int, int] | None,
+        content: bytes | None,
+        mtime: float = 0.0,
+        read_errno: int | None = None,
+        owner: bytes | None = None,
+        uid: int = -1,
+    ) -> None:
+        self.kind = kind
+        self.identity = identity
+        self.content = content
+        self.mtime = mtime
+        self.read_errno = read_errno
+        self.owner = owner
+        self.uid = uid
+        self.life = None
+        self._record: tuple[int, float] | _Unparsed | None = _UNPARSED
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.kind, self.identity, self.content, self.mtime, self.read_errno)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, LockSnapshot)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}={getattr(self, name)!r}"
+            for name in ("kind", "identity", "content", "mtime", "read_errno", "owner")
+        )
+        return f"LockSnapshot({fields})"
+
+    @property
+    def owner_details(self) -> ownership.OwnerDetails | None:
+        """The decoded owner details, ``None`` when unknown (no attribute, or not ours)."""
+        return ownership.decode(self.owner)
+
+    @property
+    def record(self) -> tuple[int, float] | None:
+        """The record's syntax, parsed once per snapshot; whether its timestamp is too far
+        ahead is :meth:`record_at`'s (with the caller's ``now``)."""
+        record = self._record
+        if record is _UNPARSED:
+            text = self.text
+            record = self._record = None if text is None else _parse_syntax(text)
+        return record
+
+    def record_at(self, now: float) -> tuple[int, float] | None:
+        """The record if it is one at ``now`` (``None`` too when its timestamp lies beyond the
+        clock skew we accept)."""
+        return _within_skew(self.record, now)
+
+    @property
+    def text(self) -> str | None:
+        if self.kind is not _FILE or self.content is None:
+            return None
+        try:
+            return self.content.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def same_entry(self, other: LockSnapshot) -> bool:
+        """The very entry ``other`` saw: same kind, inode and bytes. Where the bytes say nothing
+        (an empty or unreadable file, a FIFO), the mtime must match too: an inode number is
+        reused at once, and an old writer's new empty lock must not pass for the one judged."""
+        if (self.kind, self.identity, self.content) != (other.kind, other.identity, other.content):
+            return False
+        return bool(self.content) or self.mtime == other.mtime
+
+
+MISSING: Final = LockSnapshot(EntryKind.MISSING, None, None)
+
+
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return (info.st_dev, info.st_ino)
+
+
+def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot | None:
+    """Describe ``.lock`` by ``lstat`` when it cannot be opened (a link, a socket, no access);
+    ``None``: the entry changed under us (race: removed or replaced between two looks)."""
+    try:
+        info = os.stat(LOCK_FILE_NAME, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return MISSING
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            target = os.readlink(LOCK_FILE_NAME, dir_fd=dfd)
+        except (FileNotFoundError, OSError) as error:
+            if error.errno not in (errno.ENOENT, errno.EINVAL):
+                raise
+            return None  # Race: the link was removed, or replaced by something else
+        raw = target.encode("utf-8", "surrogateescape")
+        return LockSnapshot(EntryKind.SYMLINK, _identity(info), raw, info.st_mtime)
+    if stat.S_ISREG(info.st_mode):
+        return _unopened_file(info, why)
+    return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
+
+
+def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None:
+    """A regular file whose open failed with ``why``: unreadable only for a lasting reason."""
+    if why in _DENIED_ERRNOS or why in _BUSY_ERRNOS:  # unreadable for good, or busy for now
+        return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
+    if why in _SYMLINK_ERRNOS or why == errno.ENXIO:
+        return None  # Race: the link or socket we failed to open was replaced by a file
+    code = why or errno.EIO  # anything else (an I/O error) is an error, never a judgement
+    raise OSError(code, os.strerror(code), LOCK_FILE_NAME)
+
+
+def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnapshot:
+    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``.
+
+    A read refused for a passing reason (a kernel lease, a signal) is tried again, yielding
+    the CPU, for at most ``READ_WAIT_SECONDS``; then ``judge_lock`` calls it busy. ``life``:
+    the proof of life its details claim, looked at *after* the read (``snapshot.life``).
+    Without ``details`` the owner details are not read (for :meth:`LockSnapshot.same_entry`).
+    """
+    snapshot = _read_lock_once(dfd, details) or _look(dfd, READ_ATTEMPTS - 1, details)
+    if snapshot.content is None and _is_busy(snapshot):
+        deadline = monotonic() + READ_WAIT_SECONDS
+        while _is_busy(snapshot) and monotonic() < deadline:
+            os.sched_yield()  # Race: a lease holder is giving its lease up; look again
+            snapshot = _look(dfd, READ_ATTEMPTS, details)
+    slot = ownership.proof_slot(snapshot.owner) if life and snapshot.owner else None
+    if slot is not None:
+        # Race: the proof is looked at after the read, and it is this lock's own slot: a
+        # proof of an earlier lock (kept by a forked child, escaped work) says nothing here.
+        tag = ownership.proof_folder(snapshot.owner)
+        snapshot.life = proof.life_of(dfd, slot, tag, snapshot.uid)
+    return snapshot
+
+
+def _is_busy(snapshot: LockSnapshot) -> bool:
+    return snapshot.content is None and snapshot.read_errno in _BUSY_ERRNOS
+
+
+def _look(dfd: int, attempts: int = READ_ATTEMPTS, details: bool = True) -> LockSnapshot:
+    for _ in range(attempts - 1):
+        snapshot = _read_lock_once(dfd, details)
+        if snapshot is not None:
+            return snapshot
+    # Race: the entry keeps changing under us; report what cannot be read rather than spin.
+    return _read_lock_once(dfd, details) or LockSnapshot(EntryKind.SPECIAL, None, None)
+
+
+class DetailsReader:
+    """Reads a lock's owner details (:func:`ownership.read_attached`) the cheaper way for the
+    locks seen last: after a lock without details (whose ``getxattr`` raises) ask
+    ``listxattr`` first. The same bytes come back either way (details are set before a lock is
+    published), so threads that race on the hint still read correctly."""
+
+    __slots__ = ("none_last",)
+
+    def __init__(self) -> None:
+        self.none_last = False
+
+    def read(self, fd: int) -> bytes | None:
+        if self.none_last:
+            try:
+                if ownership.XATTR_NAME not in os.listxattr(fd):
+                    return None
+            except OSError:
+                return None  # none, no support, or a failed look: as read_attached says
+        raw = ownership.read_attached(fd)
+        self.none_last = raw is None
+        return raw
+
+
+DETAILS: Final = DetailsReader()
+"""The one reader of owner details for every lock read of this process."""
+
+
+def _read_lock_once(dfd: int, details: bool = True) -> LockSnapshot | None:
+    try:
+        fd = os.open(LOCK_FILE_NAME, NOFOLLOW_READ, dir_fd=dfd)
+    except FileNotFoundError:
+        return MISSING
+    except OSError as error:
+        if error.errno in _RESOURCE_ERRNOS:
+            raise
+        # A link (ELOOP), a socket (ENXIO), no access (EACCES): described by lstat instead.
+        return _snapshot_without_opening(dfd, error.errno)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a directory, a FIFO or a device: never read it
+            kind = EntryKind.DIRECTORY if stat.S_ISDIR(info.st_mode) else EntryKind.SPECIAL
+            return LockSnapshot(kind, _identity(info), None, info.st_mtime)
+        try:
+            content = read_bounded(fd, info.st_size)
+        except OSError as error:
+            if error.errno not in _DENIED_ERRNOS and error.errno not in _BUSY_ERRNOS:
+                raise  # out of memory, an I/O error: an error, never a judgement of the lock
+            return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
+        # The details of the very inode read, one more system call (ownership).
+        owner = DETAILS.read(fd) if content and details else None
+        identity = (info.st_dev, info.st_ino)
+        return LockSnapshot(_FILE, identity, content, info.st_mtime, None, owner, info.st_uid)
+    except OSError as error:
+        named = with_name(error, LOCK_FILE_NAME)  # fstat or read of the lock's descriptor
+        if named is error:
+            raise
+        raise named from error
+    finally:
+        close_quietly(fd)
+
+
+def judge_lock(snapshot: LockSnapshot, now: float) -> LockState:
+    """The state of a lock as seen in ``snapshot`` at time ``now`` (age decides, nothing else)."""
+    if snapshot.kind is not _FILE:
+        return LockState.FREE if snapshot.kind is EntryKind.MISSING else LockState.NOT_A_FILE
+    content = snapshot.content
+    if content is None:
+        # Busy: refused for a passing reason, which says nothing about the lock.
+        return LockState.BUSY if snapshot.read_errno in _BUSY_ERRNOS else LockState.UNREADABLE
+    if not content:
+        # An old writer's lock between its create and its write (race: create-then-write).
+        fresh = abs(now - snapshot.mtime) < EMPTY_LOCK_GRACE_SECONDS
+        return LockState.WRITING if fresh else LockState.CORRUPT
+    record = snapshot.record_at(now)  # decodes the bytes once: text that is no record is
+    if record is None:  # corrupt, bytes that are no text (not UTF-8) unreadable
+        return LockState.UNREADABLE if snapshot.text is None else LockState.CORRUPT
+    return _STALE if now - record[1] > STALE_AFTER_SECONDS else _ACTIVE
+
+
+def with_name(error: OSError, name: str) -> OSError:
+    """``error`` naming ``name`` (relative to the folder) if it named no file: a call on a
+    file descriptor (``write``, ``fstat``, ``flock``) reports none, so the step that made it
+    says which file it was about, where it raises."""
+    if error.filename is not None or error.errno is None:
+        return error
+    return type(error)(error.errno, error.strerror, name)
