@@ -111,6 +111,12 @@ def _leave(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through the ``finally`` that unmounts
 
 
+def is_root() -> bool:
+    """May this process mount a tmpfs (a seam: a test plays "not root" without lying to the
+    lock about who it is)."""
+    return os.geteuid() == 0
+
+
 @contextlib.contextmanager
 def scratch_tmpfs(parent: Path) -> Iterator[tuple[Path | None, str]]:
     """A tmpfs the bench mounts itself in a new folder under ``parent``, for the block:
@@ -118,7 +124,7 @@ def scratch_tmpfs(parent: Path) -> Iterator[tuple[Path | None, str]]:
 
     Unmounted and its folder removed on every way out of the block: an exception, Ctrl-C,
     and SIGTERM or SIGHUP (turned into ``SystemExit`` while the mount exists)."""
-    if os.geteuid() != 0:
+    if not is_root():
         yield None, "not root: no tmpfs mounted, only the work folder's file system measured"
         return
     folder = Path(tempfile.mkdtemp(prefix="tmpfs-", dir=parent))

@@ -350,7 +350,10 @@ def open_proof(folder_fd: int) -> tuple[int, tuple[int, int]]:
     can open it can hold a proof on it, and keep every dead owner "alive"."""
     uid = os.geteuid()  # the owner of what we make; asked each time: a process may setuid
     name = proof_name(uid)
-    fd = os.open(name, _OWN_FLAGS, _PRIVATE, dir_fd=folder_fd)
+    try:  # made once: every later open writes no metadata (no O_CREAT)
+        fd = os.open(name, _LOOK_FLAGS, dir_fd=folder_fd)
+    except FileNotFoundError:
+        fd = os.open(name, _OWN_FLAGS, _PRIVATE, dir_fd=folder_fd)
     try:
         info = os.fstat(fd)
         mode = info.st_mode

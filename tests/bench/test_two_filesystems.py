@@ -73,7 +73,7 @@ def test_without_a_second_file_system_the_run_measures_one_and_says_why(
 ) -> None:
     """Not root (or a refused mount): the disk alone, and the results say why. Before issue
     30: ``KeyError: 'second_filesystem'``."""
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(machine, "is_root", lambda: False)
     results, out = _run_one(tmp_path)
     assert set(results["scenarios"]) == {"uncontended"}
     assert results["second_filesystem"].startswith("not root")
