@@ -730,19 +730,10 @@ class Run:
             work = lock.work_proof()
             with _unmasked():
                 child = _start(
-                    relay, command, stdout, _child_env(lock.token, work, env), work, stderr
-                )
+                    relay, command, stdout, _child_env(lock.token, work, env), work, stderr,
+                    lock.record_work_group,
+                )  # fmt: skip
             watch.started(child)
-            if child.own_group:
-                # Race: lock run SIGKILLed from here on leaves work that dropped the proof in
-                # CMD's group: recorded, the judge counts it. (Before this one write, CMD
-                # itself dies with us by the parent-death signal.)
-                lock.record_work_group(child.popen.pid, child.start)
-            elif os.getpgrp() != os.getpid():
-                # Race: the same, CMD sharing a terminal job's group that a script (not we)
-                # leads: the judge's own-group rule never sees it. Members older than us are
-                # not CMD's work: the judge counts only those started since we did.
-                lock.record_work_group(os.getpgrp(), _leader_start(os.getpgrp()))
             try:
                 returncode = child.popen.wait()
             finally:
@@ -847,10 +838,11 @@ PARENT_DEATH_SIGNAL: Final = signal.SIGKILL
 A signal that ``lock run`` can handle is forwarded to CMD instead (see the module docstring)."""
 
 
-def _parent_death_hook() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to kill the child when ``lock run`` dies; ``None``
-    where there is no ``prctl`` (CMD then outlives a SIGKILLed ``lock run``, and its process
-    group, recorded with the lock, keeps the lock alive meanwhile).
+def _parent_death_hook(then: Callable[[], None] | None = None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to kill the child when ``lock run`` dies, then calls
+    ``then`` (the group handshake); ``then`` alone where there is no ``prctl`` (CMD then
+    outlives a SIGKILLed ``lock run``, and its process group, recorded with the lock, keeps
+    the lock alive meanwhile).
 
     Fork safety: everything is resolved here, in the parent; the child only calls one C
     function and two system calls, touching no Python lock (the import lock is held across the
@@ -858,7 +850,7 @@ def _parent_death_hook() -> Callable[[], None] | None:
     """
     prctl = _prctl()
     if prctl is None:
-        return None
+        return then
     parent = os.getpid()
     getpid, getppid, kill, signum = os.getpid, os.getppid, os.kill, int(PARENT_DEATH_SIGNAL)
 
@@ -869,6 +861,8 @@ def _parent_death_hook() -> Callable[[], None] | None:
         # Race: lock run died between fork and prctl; we were re-parented and no signal comes.
         if getppid() != parent:
             kill(getpid(), signum)
+        if then is not None:
+            then()
 
     return die_with_parent
 
@@ -879,23 +873,25 @@ signal and then becomes CMD (one process, CMD's pid)."""
 
 
 def _spawned_words(
-    command: Sequence[str], env: Mapping[str, str] | None
+    command: Sequence[str],
+    env: Mapping[str, str] | None,
+    handshake: Callable[[], None] | None = None,
 ) -> tuple[list[str], Callable[[], None] | None]:
-    """The words to start and the ``preexec_fn`` that give CMD the parent-death signal.
+    """The words to start and the ``preexec_fn`` that give CMD the parent-death signal (and
+    run ``handshake`` in the child before its ``exec``: then never through ``setpriv``).
 
     A ``preexec_fn`` makes Python fork this interpreter (it cannot ``vfork`` with one): about
     1.5 ms of CPU per command in page faults, most of a short command's cost in a pool. Where
-    util-linux's ``setpriv`` can set the signal, CMD is started through it instead, and Python
-    uses ``vfork``. ``setpriv`` then runs CMD, so a command that cannot be started must be
-    told here, as ``Popen`` would tell it (its own message would be a "failed attempt").
+    util-linux's ``setpriv`` can set the signal and no handshake is needed (CMD shares a
+    terminal job's group), CMD is started through it instead, and Python uses ``vfork``.
+    ``setpriv`` then runs CMD, so a command that cannot be started must be told here, as
+    ``Popen`` would tell it (its own message would be a "failed attempt").
     Race: ``lock run`` killed between the start and ``setpriv``'s ``prctl`` (microseconds)
     leaves CMD running; its proof of life keeps the lock held until it ends (safe, as for a
     command that changed its credentials, section 13 of the design)."""
-    if _prctl() is None:
-        return list(command), None  # no parent-death signal to ask for here
-    wrapper = _setpriv_with_pdeathsig()
+    wrapper = None if handshake is not None or _prctl() is None else _setpriv_with_pdeathsig()
     if wrapper is None:
-        return list(command), _parent_death_hook()
+        return list(command), _parent_death_hook(handshake)
     _check_can_start(command[0], env)
     return [
         wrapper,
@@ -983,20 +979,103 @@ def _child_env(
     return {**os.environ, **added} if added else None
 
 
+RecordGroup = Callable[[int, int | None], None]
+"""``FeatureLock.record_work_group``: CMD's process group and its leader's start time."""
+
+
+class _GroupHandshake:
+    """CMD's group recorded with the lock before anything of CMD runs. The child, between its
+    ``setpgid`` and its ``exec``, writes its pid to one pipe and blocks reading another; a
+    thread of ours (the main one waits in ``Popen``) records the group (the pid; its start
+    time from ``/proc``, unchanged by ``exec``) and then lets the child go on. A ``lock run``
+    killed before that takes the still-blocked child along (the parent-death signal, and the
+    end of the second pipe), so nothing of CMD ran. A busy guard holds CMD back for at most
+    the record's bounded wait for it; then CMD goes on unrecorded and the heartbeat records
+    the group (the window stays open that long, for that run only)."""
+
+    def __init__(self, record: RecordGroup) -> None:
+        self._pid_read, self._pid_write = os.pipe()
+        self._go_read, self._go_write = os.pipe()
+        self._thread = threading.Thread(
+            target=self._record_then_release, args=(record,), name="lock-run-group", daemon=True
+        )
+
+    @classmethod
+    def begun(cls, record: RecordGroup) -> _GroupHandshake | None:
+        """A handshake whose thread waits for the child; ``None`` without a thread for it."""
+        handshake = cls(record)
+        try:
+            signals.start_without_signals(handshake._thread)
+        except RuntimeError:  # "can't start new thread": the group is recorded late
+            handshake.close()
+            return None
+        return handshake
+
+    def in_child(self) -> Callable[[], None]:
+        """The child's half, resolved here in the parent (fork safety: system calls only)."""
+        pid_read, pid_write, go_read, go_write = (
+            self._pid_read, self._pid_write, self._go_read, self._go_write,
+        )  # fmt: skip
+        close, write, read, getpid, kill = os.close, os.write, os.read, os.getpid, os.kill
+
+        def wait_until_recorded() -> None:
+            # Race: our copy of the writing end would hide lock run's death from the read.
+            close(go_write)
+            close(pid_read)
+            write(pid_write, getpid().to_bytes(4, "little"))
+            if not read(go_read, 1):  # lock run died before recording: CMD must never run
+                kill(getpid(), signal.SIGKILL)
+
+        return wait_until_recorded
+
+    def _record_then_release(self, record: RecordGroup) -> None:
+        said = b""
+        while len(said) < 4 and (more := os.read(self._pid_read, 4 - len(said))):
+            said += more
+        if len(said) < 4:
+            return  # the child never got there (its start failed): nothing waits
+        pid = int.from_bytes(said, "little")
+        try:
+            record(pid, _start_of(pid))
+        finally:
+            with suppress(OSError):  # EPIPE: the child was killed meanwhile
+                os.write(self._go_write, b"go")
+
+    def close(self) -> None:
+        """After ``Popen`` returned or raised: the thread ends (a child that never wrote
+        leaves it the end of the pipe), and the pipes are closed."""
+        os.close(self._pid_write)
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+        for fd in (self._pid_read, self._go_read, self._go_write):
+            os.close(fd)
+
+
 def _start(
     relay: _SignalRelay,
     command: Sequence[str],
     stdout: IO[Any] | None,
-    env: dict[str, str] | None = None,
-    work: WorkProof | None = None,
-    stderr: IO[Any] | None = None,
+    env: dict[str, str] | None,
+    work: WorkProof | None,
+    stderr: IO[Any] | None,
+    record: RecordGroup,
 ) -> _Child:
+    """Start CMD, its group recorded with ``record`` before it can run anything."""
     own_group = not _in_terminal_job()
+    handshake = _GroupHandshake.begun(record) if own_group else None
     if not own_group:
         _become_subreaper()  # CMD shares our group: its orphans must stay findable
+        if os.getpgrp() != os.getpid():
+            # Race: lock run SIGKILLed once CMD runs leaves work that dropped the proof in
+            # the terminal job's group, which a script (not we) leads: the judge's own-group
+            # rule never sees it, so it is recorded first. Members older than us are not
+            # CMD's work: the judge counts only those started since we did.
+            record(os.getpgrp(), _leader_start(os.getpgrp()))
     passed = () if work is None or work.fd is None else (work.fd,)
     try:
-        words, hook = _spawned_words(command, env)
+        words, hook = _spawned_words(
+            command, env, None if handshake is None else handshake.in_child()
+        )
         # CMD leads a group of its own (signals reach all of it), except as a terminal's
         # foreground job; its proof of life goes with it and its children (pass_fds).
         child = subprocess.Popen(
@@ -1015,6 +1094,11 @@ def _start(
         raise CommandNotExecutableError(
             error.errno, f"cannot execute {command[0]}: {why}"
         ) from error
+    finally:
+        if handshake is not None:
+            handshake.close()
+    if own_group and handshake is None:
+        record(child.pid, _start_of(child.pid))  # no thread for the handshake: late, as before
     if work is not None:
         work.close_ours()  # Race: from now on only CMD's tree holds the work's proof
     started = _Child(child, own_group=own_group)
