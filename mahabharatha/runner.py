@@ -58,7 +58,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any, Final, Self
 
 from mahabharatha import ownership, signals, waiting
-from mahabharatha.backends.base import ReleaseWait
+from mahabharatha.backends.base import Capability, ReleaseWait
 from mahabharatha.constants import (
     GRACE_ENV,
     LOST_KILL_GRACE_SECONDS,
@@ -731,7 +731,7 @@ class Run:
             with _unmasked():
                 child = _start(
                     relay, command, stdout, _child_env(lock.token, work, env), work, stderr,
-                    lock.record_work_group,
+                    _group_recorder(lock),
                 )  # fmt: skip
             watch.started(child)
             try:
@@ -983,6 +983,12 @@ RecordGroup = Callable[[int, int | None], None]
 """``FeatureLock.record_work_group``: CMD's process group and its leader's start time."""
 
 
+def _group_recorder(lock: FeatureLock) -> RecordGroup | None:
+    """Where CMD's group goes: ``None`` for a backend that records none (a lock server judges
+    by the holder's session), whose CMD needs no handshake (nor its fork)."""
+    return lock.record_work_group if Capability.PROOF_OF_LIFE in lock.backend.capabilities else None
+
+
 class _GroupHandshake:
     """CMD's group recorded with the lock before anything of CMD runs. The child, between its
     ``setpgid`` and its ``exec``, writes its pid to one pipe and blocks reading another; a
@@ -1058,14 +1064,14 @@ def _start(
     env: dict[str, str] | None,
     work: WorkProof | None,
     stderr: IO[Any] | None,
-    record: RecordGroup,
+    record: RecordGroup | None,
 ) -> _Child:
-    """Start CMD, its group recorded with ``record`` before it can run anything."""
+    """Start CMD, its group recorded with ``record`` (if any) before it can run anything."""
     own_group = not _in_terminal_job()
-    handshake = _GroupHandshake.begun(record) if own_group else None
+    handshake = _GroupHandshake.begun(record) if own_group and record is not None else None
     if not own_group:
         _become_subreaper()  # CMD shares our group: its orphans must stay findable
-        if os.getpgrp() != os.getpid():
+        if record is not None and os.getpgrp() != os.getpid():
             # Race: lock run SIGKILLed once CMD runs leaves work that dropped the proof in
             # the terminal job's group, which a script (not we) leads: the judge's own-group
             # rule never sees it, so it is recorded first. Members older than us are not
@@ -1097,7 +1103,7 @@ def _start(
     finally:
         if handshake is not None:
             handshake.close()
-    if own_group and handshake is None:
+    if own_group and record is not None and handshake is None:
         record(child.pid, _start_of(child.pid))  # no thread for the handshake: late, as before
     if work is not None:
         work.close_ours()  # Race: from now on only CMD's tree holds the work's proof
