@@ -52,9 +52,9 @@ def functions():
 cycles = {"legacy": legacy, "FeatureLock": feature_lock, "acquire/release": functions}
 url = os.environ.get("MAHABHARATHA_BENCH_PG_URL")
 if url:
-    from mahabharatha import ownership
+    from mahabharatha.owner import ownership
     from mahabharatha.backends.base import Requester
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
     space = os.environ["MAHABHARATHA_BENCH_PG_NAMESPACE"]
     backend = PostgresBackend(url, namespace=space)
     me = Requester(os.getpid(), ownership.details_of(os.getpid()))

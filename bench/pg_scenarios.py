@@ -112,14 +112,14 @@ def server() -> Iterator[Any]:
 
 
 def _backend(url: str, namespace: str) -> Any:
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     return PostgresBackend(url, namespace=namespace)
 
 
 def _me() -> Any:
-    from mahabharatha import ownership
     from mahabharatha.backends.base import Requester
+    from mahabharatha.owner import ownership
 
     return Requester(os.getpid(), ownership.details_of(os.getpid()))
 

@@ -161,19 +161,19 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         os.close(dfd)
         release_calls(os.open(folder, DIR_FLAGS))
 
-    from mahabharatha import lockfile
+    from mahabharatha import names
     from mahabharatha.commands import _utils
 
     def lean() -> None:
         """Ours from the same primitives (``try_acquire``, ``release_at``), minus the pathlib
         path and the context manager around the folder descriptor."""
-        lockfile.validate_feature_name(FEATURE)
+        names.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
             _utils.publish_or_reclaim(dfd, os.getpid(), time.time())
         finally:
             os.close(dfd)
-        lockfile.validate_feature_name(FEATURE)
+        names.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
             _utils.release_at(dfd, os.getpid(), time.time())
@@ -278,7 +278,7 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
 def python_pieces(gsd: str, dfd: int, record: bytes, cycles: int, rounds: int) -> str:
     """The Python-only steps of one legacy cycle, each timed alone (no system call inside,
     except where named)."""
-    from mahabharatha import lockfile
+    from mahabharatha import names
     from mahabharatha.commands import _utils
 
     snapshot = _utils.LockSnapshot(_utils.EntryKind.FILE, (1, 2), record, 1.0)
@@ -298,7 +298,7 @@ def python_pieces(gsd: str, dfd: int, record: bytes, cycles: int, rounds: int) -
             "os.path.join equivalent": lambda: os.path.join(gsd, "specs", FEATURE),
             "OpenFeatureDir enter+exit (incl. open+close)": open_feature_dir_nop,
             "Guard enter+exit (incl. flock EX+UN)": guard_pair,
-            "validate_feature_name": lambda: lockfile.validate_feature_name(FEATURE),
+            "validate_feature_name": lambda: names.validate_feature_name(FEATURE),
             "format_record": lambda: _utils.format_record(os.getpid(), now),
             "LockSnapshot(...) (slotted class)": lambda: _utils.LockSnapshot(
                 _utils.EntryKind.FILE, (1, 2), record, 1.0
@@ -377,8 +377,8 @@ def profile_sections(work: Path, cycles: int, locks_count: int) -> str:
 def _own_tree(tree: Path, count: int) -> None:
     """``count`` locks published by this package (owner details, a proof of life) by a child
     that then exits: every lock is judged by its proof, and its owner found gone."""
-    from mahabharatha import proof
     from mahabharatha.commands import _utils
+    from mahabharatha.owner import proof
 
     child = os.fork()
     if child == 0:  # pragma: no cover (the child)
@@ -446,8 +446,9 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
     and proofs, no judgement), the judgement and the listing of the scanned locks, the whole
     ``locks.status`` on older writers' locks (the scenario's tree), and on ours."""
     from bench.scenarios import bare_status_loop
-    from mahabharatha import lockfile, locks
-    from mahabharatha.backends.files import describe_snapshot
+    from mahabharatha import locks
+    from mahabharatha.backends.files import lockfile
+    from mahabharatha.backends.files.backend import describe_snapshot
     from mahabharatha.backends.liveness import per_pid
 
     own = tree.parent / "status-own"

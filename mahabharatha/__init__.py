@@ -1,21 +1,90 @@
-"""mahabharatha: feature commands and the advisory locks that keep two sessions off one feature."""
+"""mahabharatha: feature commands and the advisory locks that keep two sessions off one feature.
 
-from typing import TYPE_CHECKING
+The Python API (``from mahabharatha import FeatureLock, acquire, LockHeldError``) is imported
+on first use, so that a CLI call pays for none of it."""
+
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    __version__: str
-else:
+    from mahabharatha.aio import AsyncFeatureLock
+    from mahabharatha.locks import (
+        AlreadyHeldError,
+        FeatureLock,
+        HeartbeatStartError,
+        LockError,
+        LockHeldError,
+        LockInfo,
+        LockLostError,
+        LockTimeoutError,
+        NoneFreeError,
+        NotHeldError,
+        NotOwnerError,
+        StopWork,
+        UnsafeLockPathError,
+        WorkReport,
+        WorkResult,
+        acquire,
+        claim,
+        clean,
+        done,
+        fail,
+        inspect,
+        release,
+        reopen,
+        status,
+        work,
+    )
 
-    def __getattr__(name: str) -> str:
-        """``__version__``: the installed distribution's version (pyproject.toml is its one
-        source), read on first use so that a CLI call that never asks pays no import."""
-        if name != "__version__":
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __version__: str
+
+__all__ = [
+    "AlreadyHeldError",
+    "AsyncFeatureLock",
+    "FeatureLock",
+    "HeartbeatStartError",
+    "LockError",
+    "LockHeldError",
+    "LockInfo",
+    "LockLostError",
+    "LockTimeoutError",
+    "NoneFreeError",
+    "NotHeldError",
+    "NotOwnerError",
+    "StopWork",
+    "UnsafeLockPathError",
+    "WorkReport",
+    "WorkResult",
+    "acquire",
+    "claim",
+    "clean",
+    "done",
+    "fail",
+    "inspect",
+    "release",
+    "reopen",
+    "status",
+    "work",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """A name of :data:`__all__` (from ``locks``, ``AsyncFeatureLock`` from ``aio``) or
+    ``__version__`` (the installed distribution's: pyproject.toml is its one source), each
+    read on first use and kept."""
+    if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 
         try:
-            found = version("mahabharatha")
+            found: Any = version("mahabharatha")
         except PackageNotFoundError:  # run from a source tree that was never installed
             found = "0+unknown"
-        globals()["__version__"] = found
-        return found
+    elif name == "AsyncFeatureLock":
+        from mahabharatha.aio import AsyncFeatureLock as found
+    elif name in __all__:
+        from mahabharatha import locks
+
+        found = vars(locks)[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = found
+    return found

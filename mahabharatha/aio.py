@@ -14,7 +14,7 @@ Same arguments, attributes and errors as ``FeatureLock`` (``timeout``, ``heartbe
   made on the loop, with ``asyncio.sleep`` between tries (the backoff of ``locks.acquire``).
   On PostgreSQL a try is a round trip, made in a worker thread (bounded by the backend's
   deadlines), and between tries the task waits for the release's NOTIFY on an async
-  connection (``backends/postgres_async.py``), one per loop, at most a slice at a time.
+  connection (``backends/postgres/aio.py``), one per loop, at most a slice at a time.
 - **The heartbeat** is one asyncio task per lock (no thread of its own): on files it refreshes
   on the loop, on PostgreSQL in a worker thread of the loop's default executor.
 - **Cancellation** never leaves a lock behind nor holds one the caller does not know about: a
@@ -43,7 +43,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypeVar, cast
 
-from mahabharatha import locks, ownership, waiting
+from mahabharatha import locks, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -58,29 +58,12 @@ from mahabharatha.backends.base import (
 )
 from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS
 from mahabharatha.locks import FeatureLock, WaitCallback
-from mahabharatha.proof import WorkProof
+from mahabharatha.owner import ownership
+from mahabharatha.owner.proof import WorkProof
 
 __all__ = ["AsyncFeatureLock"]
 
 _T = TypeVar("_T")
-
-
-class _LoopHeldLock(FeatureLock):
-    """``FeatureLock``'s state and rules for a hold driven by an event loop: no heartbeat
-    thread (the loop's task beats), and the backend rested by the loop, between calls."""
-
-    def _start_heartbeat(self) -> None:
-        return None  # the loop's task refreshes (``AsyncFeatureLock._beat``)
-
-    def _rest_backend(self) -> None:
-        return None  # Race: a rest from one lock's thread closed the connection under another's
-
-    def adopt(self, held: Held) -> None:
-        """Make ``held`` this object's acquisition (as ``FeatureLock.acquire`` does)."""
-        self._holder_process = os.getpid()
-        self._lost_override = None  # ``on_lost`` is told by the loop, never by a thread
-        self.lost = None
-        self._mine = self._with_deadline(held)
 
 
 class _Calls:
@@ -233,7 +216,7 @@ class AsyncFeatureLock:
         lease: float | None = None,
         url: str | None = None,
     ) -> None:
-        self._state = _LoopHeldLock(
+        self._state = FeatureLock(
             feature,
             gsd_dir,
             pid=pid,
@@ -247,6 +230,7 @@ class AsyncFeatureLock:
             lease=lease,
             url=url,
         )
+        self._state._beats = None  # this loop's task beats; the loop rests the backend
         self.on_lost = on_lost
         self._on_loop = Capability.LOCAL_CALLS in self._state.backend.capabilities
         self._calls = _calls_of(self._state.backend)
@@ -353,7 +337,7 @@ class AsyncFeatureLock:
             gate.leave()
             raise
         self._gate = gate
-        state.adopt(held)
+        state._adopt(held, None)  # ``on_lost`` is told by the loop, never by a thread
         self._lost_override = on_lost
         self._rest()
         if self.heartbeat:

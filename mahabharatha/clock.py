@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["now"]
-
 
 def now() -> float:
     """Epoch seconds: ``time.time()`` of this module (tests replace ``time`` here)."""

@@ -20,14 +20,6 @@ from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STATE_DIR
 from mahabharatha.names import is_valid_feature_name
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 
-__all__ = [
-    "CURRENT_FEATURE_FILE",
-    "FEATURE_ENV_VAR",
-    "detect_feature",
-    "feature_from_env",
-    "safe_read_text",
-]
-
 CURRENT_FEATURE_FILE: Final = ".current-feature"
 
 

@@ -1,24 +1,10 @@
 """Every exit code the package gives, in one place (the CLI's :func:`exit_code_for` maps errors
-to them; :mod:`mahabharatha.runner` reports a command's end the way a shell does)."""
+to them; :mod:`mahabharatha.run.runner` reports a command's end the way a shell does)."""
 
 from __future__ import annotations
 
 import signal
 from typing import Final
-
-__all__ = [
-    "EXIT_BAD_INPUT",
-    "EXIT_CANNOT_EXECUTE",
-    "EXIT_HELD",
-    "EXIT_INTERRUPTED",
-    "EXIT_LOST",
-    "EXIT_NOT_FOUND",
-    "EXIT_OK",
-    "EXIT_OS_ERROR",
-    "EXIT_TEMPFAIL",
-    "killed_by",
-    "shell_status",
-]
 
 EXIT_OK: Final = 0
 EXIT_HELD: Final = 1  # held by another / none free / nothing detected

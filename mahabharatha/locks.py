@@ -1,8 +1,8 @@
 """Feature locks for long-lived holders, waiters, worker pools and maintenance.
 
 This layer talks to a :class:`~mahabharatha.backends.base.LockBackend` only (default: the folder
-backend of ``gsd_dir``, :mod:`mahabharatha.backends.files`) and adds what is the same for every
-backend: an explicit owner pid (a CLI process records the shell that called it), waiting with
+backend of ``gsd_dir``, :mod:`mahabharatha.backends.files.backend`) and adds what is the same for
+every backend: an explicit owner pid (a CLI process records the shell that called it), waiting with
 backoff, a heartbeat that keeps a long-held lock fresh, signals held back while a lock is being
 published, and ``claim`` over many features. Every public function takes ``backend=`` (a
 :class:`LockBackend`, or a lock server's URL); without one, it uses the server
@@ -31,11 +31,10 @@ from time import monotonic, sleep
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self, TypedDict, TypeVar, Unpack
 
-from mahabharatha import clock, logs, ownership, signals, waiting
+from mahabharatha import clock, logs, signals, waiting
 from mahabharatha.backends import lock_url, open_backend, shared_backend
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
-    RECHECK_SECONDS,
     AcquireResult,
     AlreadyHeldError,
     Attempts,
@@ -56,7 +55,6 @@ from mahabharatha.backends.base import (
     ReleaseWait,
     Requester,
     ServerFullError,
-    State,
     UnsafeLockPathError,
     UnsupportedError,
     Verdict,
@@ -78,13 +76,16 @@ from mahabharatha.constants import (
     LEFT_WORK_POLL_SECONDS,
     POOL_CONNECTION_GRACE_SECONDS,
     POOL_SLOTS_LOOK_SECONDS,
+    RECHECK_SECONDS,
     RETRY_DELAY_SECONDS,
     SLOT_PAUSE_SECONDS,
     WAKE_UP_SLICE_SECONDS,
 )
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
-from mahabharatha.proof import HandedProof, WorkProof
+from mahabharatha.owner import ownership
+from mahabharatha.owner.proof import HandedProof, WorkProof
+from mahabharatha.states import State, WorkEnd, WorkOutcome
 
 if TYPE_CHECKING:
     from mahabharatha.aio import AsyncFeatureLock
@@ -806,10 +807,7 @@ class _Pool:
             here = ((f, self._finished_here(f, options)) for f in self.candidates)
             self.here = {f: finished for f, finished in here if finished is not None}
             self.offered = [f for f in self.candidates if f not in self.here]
-        # Features resting after this worker's failed attempt are not offered this round (a
-        # list of its own: the usual one keeps its prepared statement).
-        resting = {f for f in self.rest_until if self._resting(f)}
-        offered = [f for f in self.offered if f not in resting] if resting else self.offered
+        offered = self.offered
         while True:
             won = self.store.try_claim(
                 offered,
@@ -817,6 +815,7 @@ class _Pool:
                 reclaim_dead=options.reclaim_dead,
                 lease=options.lease,
                 include_done=options.include_done,
+                retry_delay=self.retry_delay,  # the statement skips resting rows, by its clock
             )
             if won is None or won.held is None:
                 break
@@ -829,6 +828,8 @@ class _Pool:
             self.offered = [f for f in self.offered if f != won.held.feature]
             offered = [f for f in offered if f != won.held.feature]
         held = {info.feature: info for info in self.store.status() if info.held}
+        # Race: a rest may end between the claim and this look: still counted unfinished.
+        resting = self.store.retried_features(self.offered) if self.retry_delay > 0 else set()
         busy = [f for f in self.offered if f in held or f in resting]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
@@ -1039,6 +1040,8 @@ class FeatureLock:
         heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
     """
 
+    _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
+
     def __init__(
         self,
         feature: str,
@@ -1082,8 +1085,11 @@ class FeatureLock:
         self._deadline = 0.0  # ``_mine``'s expiry on the monotonic clock (``_with_deadline``)
         self._holder_process: int | None = None  # a forked child shares this object, not the lock
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
-        self._stop = threading.Event()
-        self._beat: threading.Thread | None = None
+        self._stop = threading.Event()  # ends the cut-off
+        # Who beats (``_beat_once``): a thread of its own, a pool worker's shared one, or
+        # ``None``: an event loop's task, which also rests the backend its locks share.
+        self._beats: Heartbeat | None = Heartbeat(feature)
+        self._own_beats = True
         self._handed: WorkProof | None = None  # the proof handed on (``proof_fds``), made once
         self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
         self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
@@ -1111,7 +1117,6 @@ class FeatureLock:
         # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
         self._mutex = threading.Lock()
         self._stop = threading.Event()
-        self._beat = None
         self._handed = None  # its descriptors stay open here: this child is the holder's work
         self._cut_off = None
         self._declaring = threading.Lock()
@@ -1159,9 +1164,7 @@ class FeatureLock:
         """
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
-        self._holder_process = os.getpid()
-        self._lost_override = on_lost
-        self._mine = self._with_deadline(
+        self._adopt(
             acquire(
                 self.feature,
                 self.gsd_dir,
@@ -1173,11 +1176,11 @@ class FeatureLock:
                 caller_pids=self.caller_pids,
                 backend=self.backend,
                 lease=self.lease,
-            )
+            ),
+            on_lost,
         )
         self._rest_backend()
         try:
-            self.lost = None
             self._start_heartbeat()
         except BaseException:
             # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
@@ -1185,21 +1188,27 @@ class FeatureLock:
             raise
         return self
 
+    def _adopt(self, held: Held, on_lost: Callable[[LockLostError], None] | None) -> None:
+        """Make ``held`` this object's acquisition, in this process, ``on_lost`` its own."""
+        self._holder_process = os.getpid()
+        self._lost_override = on_lost
+        self.lost = None
+        self._mine = self._with_deadline(held)
+
     def _start_heartbeat(self) -> None:
-        if not self.heartbeat:
+        """Hand the hold to its heartbeat (:class:`HeartbeatStartError`: out of threads); a
+        lock with its own heartbeat and a lease on a server also gets the cut-off."""
+        if not self.heartbeat or self._beats is None:
             return
         self._stop.clear()
-        self._beat = threading.Thread(
-            target=self._beat_loop, name=f"lock-heartbeat-{self.feature}", daemon=True
+        self._beats.hold(self)
+        if self.lease is None or not self._own_beats:
+            return
+        self._cut_off = threading.Thread(
+            target=self._cut_off_loop, name=f"lock-cut-off-{self.feature}", daemon=True
         )
-        if self.lease is not None:  # a lease on a server, which gives it away once it ends
-            self._cut_off = threading.Thread(
-                target=self._cut_off_loop, name=f"lock-cut-off-{self.feature}", daemon=True
-            )
         try:
-            signals.start_without_signals(self._beat)
-            if self._cut_off is not None:
-                signals.start_without_signals(self._cut_off)
+            signals.start_without_signals(self._cut_off)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
             self._stop_heartbeat()
             raise HeartbeatStartError(self.feature, str(error)) from error
@@ -1214,7 +1223,6 @@ class FeatureLock:
             if self._stop.wait(left):
                 return  # released (or lost by the heartbeat's own finding)
         reason = f"no refresh got through, and its lease can run out in {notice:g} s"
-        self._stop.set()  # the heartbeat ends too: the lock is given up
         self._declare_lost(LockLostError(self.feature, reason, self._deadline - notice / 5))
 
     def _forget_if_forked(self) -> None:
@@ -1251,21 +1259,23 @@ class FeatureLock:
 
     def _rest_backend(self) -> None:
         """Between refreshes a holder keeps no server connection (a backend that has them:
-        PostgreSQL's ``rest``): 200 holders against a server of 40 connection slots."""
-        if self.heartbeat:
+        PostgreSQL's ``rest``): 200 holders against a server of 40 connection slots. An
+        event loop's locks (no ``_beats``) are rested by the loop, never under a call."""
+        if self.heartbeat and self._beats is not None:
             self.backend.rest()
 
-    def _beat_loop(self) -> None:
-        assert self.heartbeat is not None
-        interval: float | None = self.heartbeat
-        while interval is not None and not self._stop.wait(interval):
-            interval = self._beat_once()
-
-    def _beat_once(self) -> float | None:
+    def _beat_once(self, first: bool = False) -> float | None:
         """One heartbeat: refresh, and say when the next is due (seconds), or ``None`` once
-        the lock is lost (:attr:`lost` set, ``on_lost`` told). The rule of every heartbeat,
-        this thread's and ``AsyncFeatureLock``'s task."""
+        the lock is lost (:attr:`lost` set, ``on_lost`` told). The rule of every heartbeat:
+        :class:`Heartbeat`'s thread and ``AsyncFeatureLock``'s task. The ``first`` step of a
+        hold that keeps its claim's connection for a grace (:class:`PoolLock`) lets it go."""
         assert self.heartbeat is not None
+        if self.lost is not None:
+            return None  # declared by the cut-off: given up
+        if first and self._connection_grace is not None:
+            with self._mutex:
+                self._rest_backend()
+            return self.heartbeat
         try:
             self.refresh()
         except LockLostError as error:
@@ -1426,10 +1436,13 @@ class FeatureLock:
 
     def _stop_heartbeat(self) -> None:
         self._stop.set()
-        for thread in (self._beat, self._cut_off):
-            if thread is not None and thread.ident and thread is not threading.current_thread():
-                thread.join()
-        self._beat = self._cut_off = None
+        if self._beats is not None:
+            self._beats.let_go(self)
+            if self._own_beats:
+                self._beats.close()
+        cut_off, self._cut_off = self._cut_off, None
+        if cut_off is not None and cut_off.ident and cut_off is not threading.current_thread():
+            cut_off.join()
 
     def __enter__(self) -> Self:
         return self.acquire()
@@ -1446,8 +1459,8 @@ class FeatureLock:
 _LIVE_LOCKS: Final[weakref.WeakSet[FeatureLock]] = weakref.WeakSet()
 """Every FeatureLock alive in this process, for the fork hook below (weak: no leak)."""
 
-_LIVE_HEARTBEATS: Final[weakref.WeakSet[PoolHeartbeat]] = weakref.WeakSet()
-"""Every pool worker's :class:`PoolHeartbeat` alive in this process, for the same hook."""
+_LIVE_HEARTBEATS: Final[weakref.WeakSet[Heartbeat]] = weakref.WeakSet()
+"""Every :class:`Heartbeat` alive in this process, for the same hook."""
 
 
 def _forget_locks_after_fork() -> None:
@@ -1498,7 +1511,7 @@ class WorkResult(NamedTuple):
     ends). A ``done`` whose work still runs keeps its lock too; ``reason`` says so."""
 
     feature: str
-    outcome: str
+    outcome: WorkOutcome
     exit_code: int | None
     attempts: int = 0
     reason: str | None = None
@@ -1515,7 +1528,7 @@ class WorkReport(NamedTuple):
     one feature), ``stopped`` (a step raised :class:`StopWork`).
     ``failed``: the features failed for good at the end."""
 
-    ended: str
+    ended: WorkEnd
     results: tuple[WorkResult, ...]
     failed: tuple[str, ...] = ()
     busy: tuple[str, ...] = ()
@@ -1523,17 +1536,18 @@ class WorkReport(NamedTuple):
     """``stopped``: the exit code the step asked for (a signal's)."""
 
 
-class PoolHeartbeat:
-    """One heartbeat thread for a pool worker's whole run, keeping fresh the one lock it holds
-    at a time (:class:`PoolLock`). A thread started and joined per feature made the worker wait
-    twice per feature for that thread to be scheduled: on two busy cores, about 3 % of a pool
-    of quick commands' time. A lock let go of is never touched again: :meth:`let_go` returns
-    once no step of it runs, and none starts after."""
+class Heartbeat:
+    """The heartbeat thread: runs ``_beat_once`` of the one lock it holds at a time, when due.
+    A ``FeatureLock`` has one of its own; a pool worker one for its whole run (a thread per
+    feature made it wait twice per feature for the thread to be scheduled). A lock let go of is
+    never touched again: :meth:`let_go` returns once no step of it runs, and none starts
+    after."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "pool") -> None:
+        self._name = f"lock-heartbeat-{name}"
         self._changed = threading.Condition()
-        self._held: PoolLock | None = None
-        self._busy: PoolLock | None = None  # the lock whose step runs now (outside the condition)
+        self._held: FeatureLock | None = None
+        self._busy: FeatureLock | None = None  # whose step runs now, outside the condition
         self._first = True  # the held lock's next step is its first (the connection's grace)
         self._due = 0.0
         self._closed = False
@@ -1548,18 +1562,18 @@ class PoolHeartbeat:
         self._held = self._busy = None
         self._thread = None
 
-    def hold(self, lock: PoolLock) -> None:
+    def hold(self, lock: FeatureLock) -> None:
         """Keep ``lock`` fresh from now on; :class:`HeartbeatStartError` when the thread cannot
         start (out of threads)."""
         assert lock.heartbeat is not None
         with self._changed:
-            self._held, self._first = lock, True
-            self._due = monotonic() + min(POOL_CONNECTION_GRACE_SECONDS, lock.heartbeat)
+            self._held, self._first, self._closed = lock, True, False
+            self._due = monotonic() + min(lock._connection_grace or math.inf, lock.heartbeat)
             self._changed.notify()
         if self._thread is None or not self._thread.is_alive():
             self._start(lock)
 
-    def let_go(self, lock: PoolLock) -> None:
+    def let_go(self, lock: FeatureLock) -> None:
         """Stop keeping ``lock`` fresh; returns once no step of it runs (at once when called
         from that step: ``on_lost``, told by it, may release the lock)."""
         with self._changed:
@@ -1578,8 +1592,8 @@ class PoolHeartbeat:
             self._thread.join()
         self._thread = None
 
-    def _start(self, lock: PoolLock) -> None:
-        self._thread = threading.Thread(target=self._loop, name="lock-heartbeat-pool", daemon=True)
+    def _start(self, lock: FeatureLock) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
         try:
             signals.start_without_signals(self._thread)
         except RuntimeError as error:  # "can't start new thread": a process or memory limit
@@ -1589,7 +1603,9 @@ class PoolHeartbeat:
 
     def _loop(self) -> None:
         with self._changed:
-            while not self._closed:
+            # Race: closed from its own step (``on_lost`` released), then held again: a new
+            # thread took over; this one must not step beside it.
+            while not self._closed and self._thread is threading.current_thread():
                 lock = self._held
                 left = None if lock is None else self._due - monotonic()
                 if lock is None or (left is not None and left > 0):
@@ -1597,13 +1613,13 @@ class PoolHeartbeat:
                     continue
                 self._step(lock)
 
-    def _step(self, lock: PoolLock) -> None:
+    def _step(self, lock: FeatureLock) -> None:
         """Run ``lock``'s due step outside the condition (a refresh may wait on the server),
         marked busy so that :meth:`let_go` waits for it. Called holding the condition."""
         self._busy, first = lock, self._first
         self._changed.release()
         try:
-            after = lock.pool_beat(first)
+            after = lock._beat_once(first)
         finally:
             self._changed.acquire()
             self._busy = None
@@ -1623,6 +1639,8 @@ class PoolLock(FeatureLock):
     release. So whoever runs the work (``run_locked`` for ``lock work``) releases nothing
     itself: the mark and the release are one step of the backend's, never a release first."""
 
+    _connection_grace = POOL_CONNECTION_GRACE_SECONDS  # a quick command's end reuses it
+
     def __init__(
         self,
         held: Held,
@@ -1632,7 +1650,7 @@ class PoolLock(FeatureLock):
         heartbeat: float | None,
         command: Sequence[str] | None,
         lease: float | None,
-        beats: PoolHeartbeat | None = None,
+        beats: Heartbeat | None = None,
         on_server_full: Callable[[ServerFullError], None] | None = None,
     ) -> None:
         super().__init__(
@@ -1650,8 +1668,8 @@ class PoolLock(FeatureLock):
         # A failed command's leftover work: asked until it ends (then the attempt is recorded).
         self.left_running: Callable[[], bool] | None = None
         self._left_code = 1
-        self._own_beats = beats is None  # a lock made alone keeps a heartbeat of its own
-        self._beats = PoolHeartbeat() if beats is None else beats
+        if beats is not None:  # the worker's, for its whole run
+            self._beats, self._own_beats = beats, False
         # Told when the server turns away the end of this hold for want of a slot (run_pool's).
         self.on_server_full = on_server_full
 
@@ -1664,39 +1682,14 @@ class PoolLock(FeatureLock):
         claimed, self._claimed = self._claimed, None
         if claimed is None:
             raise LockError(f"the claim of {self.feature!r} was used already")
-        self._holder_process = os.getpid()
-        self._lost_override = on_lost
-        self._mine = claimed
+        self._adopt(claimed, on_lost)
         try:
-            self.lost = None
             self._start_heartbeat()
         except BaseException:
             # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
             self.finish(None, None, DEFAULT_ATTEMPTS)
             raise
         return self
-
-    def _start_heartbeat(self) -> None:
-        if self.heartbeat:
-            self._beats.hold(self)
-
-    def _stop_heartbeat(self) -> None:
-        self._beats.let_go(self)
-        if self._own_beats:
-            self._beats.close()
-
-    def pool_beat(self, first: bool) -> float | None:
-        """One step of the worker's heartbeat for this lock: the ``first``, after the grace in
-        which the claim's connection stays for the work's end (a quick command's done and the
-        next claim use it), lets go of it (the work is a long one: the holder keeps no
-        connection while it runs); each later one refreshes (:meth:`_beat_once`). Answers the
-        seconds to the next step, or ``None`` once the lock is lost."""
-        assert self.heartbeat is not None
-        if first:
-            with self._mutex:
-                self._rest_backend()
-            return self.heartbeat
-        return self._beat_once()
 
     def release(self, wait: ReleaseWait | None = None) -> None:
         """Keep the lock: :meth:`finish` marks and releases it in one step."""
@@ -1721,21 +1714,23 @@ class PoolLock(FeatureLock):
             left, self._left = self._left, None
         feature = self.feature
         if left is None or self.lost is not None:
-            return WorkResult(feature, "lost", exit_code)
+            return WorkResult(feature, WorkOutcome.LOST, exit_code)
         if exit_code != 0:
             if still_running is not None:
                 with self._mutex:
                     self._left, self.left_running = left, still_running
                 self._left_code = exit_code
-            return WorkResult(feature, "left", exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}")
+            return WorkResult(
+                feature, WorkOutcome.LEFT, exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}"
+            )
         try:
             _while_leased(left, lambda: self.backend.mark_done_holding(left), self.on_server_full)
         except UnsupportedError:  # no proof of life here: the release cannot let a holder in
             _while_leased(
                 left, lambda: _mark_done(self.backend, feature, left.pid), self.on_server_full
             )
-            return WorkResult(feature, "done", 0)
-        return WorkResult(feature, "done", 0, 0, WORK_LEFT)
+            return WorkResult(feature, WorkOutcome.DONE, 0)
+        return WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
 
     def finish_left_work(self, limit: int) -> WorkResult:
         """The work a failed command left (:meth:`finish_leaving_work`) has ended: its failed
@@ -1756,17 +1751,17 @@ class PoolLock(FeatureLock):
             if mine is not None:
                 with suppress(OSError):  # lost already: taking back what is left is best effort
                     self.backend.release_held(mine)
-            return WorkResult(feature, "lost", exit_code)
+            return WorkResult(feature, WorkOutcome.LOST, exit_code)
         if exit_code == 0:
             _while_leased(
                 mine, lambda: _mark_done(self.backend, feature, mine.pid), self.on_server_full
             )
-            return WorkResult(feature, "done", 0)
+            return WorkResult(feature, WorkOutcome.DONE, 0)
         if exit_code is None:
             # A stop (a signal, CMD not started, an interrupted task): one try, never a wait
             # for a slot as long as the lease; the lock would come free at its end anyway.
             self.backend.release_held(mine)
-            return WorkResult(feature, "released", None, 0, reason)
+            return WorkResult(feature, WorkOutcome.RELEASED, None, 0, reason)
         why = reason or f"exit code {exit_code}"
         try:
             record = _while_leased(
@@ -1774,8 +1769,8 @@ class PoolLock(FeatureLock):
             )
         except UnsupportedError:
             _while_leased(mine, lambda: self.backend.release_held(mine), self.on_server_full)
-            return WorkResult(feature, "released", exit_code, 0, why)
-        return WorkResult(feature, "failed", exit_code, record.tries, why)
+            return WorkResult(feature, WorkOutcome.RELEASED, exit_code, 0, why)
+        return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
 
 
 WORK_LEFT: Final = (
@@ -1868,7 +1863,7 @@ def run_pool(
     lease = _valid_seconds("lease", store.run_lease)
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
     results: list[WorkResult] = []
-    beats = PoolHeartbeat()  # one thread for the worker's whole run, not one per feature
+    beats = Heartbeat()  # one thread for the worker's whole run, not one per feature
     leaving: list[PoolLock] = []  # held for work a failed command left running
     try:
         crowded = False
@@ -1891,7 +1886,7 @@ def run_pool(
             if outcome.held is None:
                 if found and problems is None:
                     raise found[0].error
-                ended = "finished" if outcome.nothing_left else "waited-out"
+                ended = WorkEnd.FINISHED if outcome.nothing_left else WorkEnd.WAITED_OUT
                 return WorkReport(ended, tuple(results), outcome.failed, outcome.busy)
             lock = PoolLock(
                 outcome.held,
@@ -1912,16 +1907,16 @@ def run_pool(
                 results.append(stop.result)
                 if on_result is not None:
                     on_result(stop.result)
-                return WorkReport("stopped", tuple(results), exit_code=stop.exit_code)
+                return WorkReport(WorkEnd.STOPPED, tuple(results), exit_code=stop.exit_code)
             results.append(result)
-            if result.outcome == "failed":
+            if result.outcome == WorkOutcome.FAILED:
                 pool.rest(result.feature)
             if on_result is not None:
                 on_result(result)
             if lock.left_running is not None:
                 leaving.append(lock)
             if once:
-                return WorkReport("once", tuple(results))
+                return WorkReport(WorkEnd.ONCE, tuple(results))
     finally:
         beats.close()
 

@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     import logging
 
-__all__ = ["DEBUG", "INFO", "LOGGER_NAME", "WARNING", "logger", "say"]
-
 LOGGER_NAME: Final = "mahabharatha"
 DEBUG: Final = 10
 INFO: Final = 20

@@ -12,17 +12,6 @@ import os
 import re
 from typing import Final
 
-__all__ = [
-    "MAX_NAME_BYTES",
-    "MAX_PID",
-    "NAME_RULE",
-    "feature_folders",
-    "feature_names_in",
-    "is_valid_feature_name",
-    "shown_name",
-    "validate_feature_name",
-]
-
 MAX_NAME_BYTES: Final = 255
 """``NAME_MAX`` on Linux and macOS: a longer feature name cannot be a folder."""
 

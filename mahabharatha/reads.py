@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 from typing import Final
 
-__all__ = ["MAX_READ_BYTES", "NOFOLLOW_READ", "close_quietly", "read_bounded"]
-
 MAX_READ_BYTES: Final = 4096
 """A record is about 30 bytes; we never read more than this from any file we judge."""
 

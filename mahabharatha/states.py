@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["State"]
-
 
 class State(enum.StrEnum):
     """A lock's state: what the file protocol's judgement (``lockfile.judge_lock``, which never
@@ -27,3 +25,22 @@ class State(enum.StrEnum):
     BUSY = "busy"  # a file whose read failed for a passing reason: held, never judged
     DONE = "done"
     FAILED = "failed"
+
+
+class WorkOutcome(enum.StrEnum):
+    """What a pool worker did with one feature it claimed (``WorkResult.outcome``)."""
+
+    DONE = "done"
+    FAILED = "failed"
+    RELEASED = "released"
+    LOST = "lost"
+    LEFT = "left"
+
+
+class WorkEnd(enum.StrEnum):
+    """How a pool worker's loop ended (``WorkReport.ended``)."""
+
+    FINISHED = "finished"
+    WAITED_OUT = "waited-out"
+    ONCE = "once"
+    STOPPED = "stopped"

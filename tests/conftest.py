@@ -14,7 +14,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from mahabharatha import proof
+from mahabharatha.owner import proof
 from tests.support import load, postgres
 
 pytest_plugins = (

@@ -1,5 +1,5 @@
 /*
- * The proof of life (mahabharatha/proof.py), checked with SPIN: design/model/README.md,
+ * The proof of life (mahabharatha/owner/proof.py), checked with SPIN: design/model/README.md,
  * "The proof of life". One feature folder; R is `lock run` (publishes once, holding its proof,
  * starts CMD's work, which inherits the proof, and releases after the work); C is another
  * worker with --reclaim-dead (publishes, and when that fails judges the lock by the proof and

@@ -15,17 +15,6 @@ from typing import Any, Final
 from mahabharatha.backends.base import LockBackend
 from mahabharatha.constants import GSD_DIR, LOCK_URL_ENV, NAMESPACE_ENV
 
-__all__ = [
-    "LOCK_URL_ENV",
-    "POSTGRES_EXTRA_HINT",
-    "load_backend_code",
-    "lock_url",
-    "open_backend",
-    "shared_backend",
-    "url_holds_password",
-]
-
-
 POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
 """The URL schemes that name a PostgreSQL server (libpq accepts both)."""
 
@@ -47,7 +36,7 @@ def open_backend(
     ``connect_timeout``). ``ValueError`` for any other URL; ``RuntimeError`` naming
     :data:`POSTGRES_EXTRA_HINT` when PostgreSQL support is not installed."""
     if url is None:
-        from mahabharatha.backends.files import FileBackend
+        from mahabharatha.backends.files.backend import FileBackend
 
         return FileBackend(gsd_dir)
     if url.startswith(POSTGRES_SCHEMES):
@@ -70,7 +59,7 @@ def _postgres(url: str, gsd_dir: str | os.PathLike[str], **options: Any) -> Lock
 
 def _postgres_module() -> Any:
     try:
-        return importlib.import_module("mahabharatha.backends.postgres")
+        return importlib.import_module("mahabharatha.backends.postgres.backend")
     except ImportError as error:  # the module, or psycopg under it, is not installed
         raise RuntimeError(
             f"PostgreSQL locks need the optional driver: {POSTGRES_EXTRA_HINT} ({error})"
@@ -82,7 +71,7 @@ def load_backend_code(url: str | None) -> None:
     a server's pool also reads its local done markers; PostgreSQL's driver when ``url`` names
     a server) without opening anything: a team of workers forked afterwards shares the import
     instead of paying for it once each. A missing driver is left for :func:`open_backend`."""
-    importlib.import_module("mahabharatha.backends.files")
+    importlib.import_module("mahabharatha.backends.files.backend")
     if url is not None and url.startswith(POSTGRES_SCHEMES):
         with contextlib.suppress(RuntimeError):
             _postgres_module()

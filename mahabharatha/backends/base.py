@@ -1,11 +1,11 @@
 """The seam between the lock layer and where locks live: one typed interface, many backends.
 
-:mod:`mahabharatha.locks`, :mod:`mahabharatha.runner` and the CLI talk to a :class:`LockBackend`
+:mod:`mahabharatha.locks`, :mod:`mahabharatha.run.runner` and the CLI talk to a :class:`LockBackend`
 only. A backend keeps, for each feature, at most one lock held by one owner, and answers the
 operations below; waiting, heartbeats, signals and messages are the lock layer's, the same for
-every backend. Backends: the folder (``backends/files.py``, the default, nothing to run) and
-PostgreSQL (``backends/postgres.py``, for workers on several hosts). What each guarantees, side
-by side: ``design/backends.md``.
+every backend. Backends: the folder (``backends/files/backend.py``, the default, nothing to run) and
+PostgreSQL (``backends/postgres/backend.py``, for workers on several hosts). What each guarantees,
+side by side: ``design/backends.md``.
 
 Also here, because every layer shares them: the facts about a lock (:class:`LockInfo`), the
 errors (one base, :class:`LockError`; OS trouble stays ``OSError``) and how a holder is
@@ -26,43 +26,8 @@ from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 from mahabharatha.states import State
 
 if TYPE_CHECKING:
-    from mahabharatha.ownership import OwnerDetails
-    from mahabharatha.proof import WorkProof
-
-__all__ = [
-    "DEFAULT_ATTEMPTS",
-    "POLL_SECONDS",
-    "RECHECK_SECONDS",
-    "AcquireResult",
-    "AlreadyHeldError",
-    "Attempts",
-    "BackendError",
-    "Capability",
-    "CleanedEntry",
-    "FeatureProblem",
-    "HeartbeatStartError",
-    "Held",
-    "LockBackend",
-    "LockError",
-    "LockHeldError",
-    "LockInfo",
-    "LockLostError",
-    "LockTimeoutError",
-    "NotHeldError",
-    "NotOwnerError",
-    "Owner",
-    "ReleaseWait",
-    "ReleaseWatch",
-    "Requester",
-    "ServerFullError",
-    "State",
-    "UnsafeLockPathError",
-    "UnsupportedError",
-    "Verdict",
-    "describe_holder",
-    "format_duration",
-    "owner_is_gone",
-]
+    from mahabharatha.owner.ownership import OwnerDetails
+    from mahabharatha.owner.proof import WorkProof
 
 
 # --------------------------------------------------------------------------- facts about locks
@@ -261,7 +226,8 @@ def format_duration(seconds: float) -> str:
 
 
 class LockError(Exception):
-    """Base of the errors this layer raises about locks (OS errors stay ``OSError``)."""
+    """Base of every error about locks. Those of the system or the place (a path in the way, a
+    server down, a busy guard, a command that cannot start) are ``OSError`` too."""
 
 
 class LockHeldError(LockError):
@@ -341,7 +307,7 @@ class HeartbeatStartError(LockError):
         return (type(self), (self.feature, self.cause))
 
 
-class UnsafeLockPathError(OSError):
+class UnsafeLockPathError(OSError, LockError):
     """Something other than a lock, or a folder we refuse to follow, stands in the lock's way."""
 
 
@@ -349,7 +315,7 @@ class UnsupportedError(LockError):
     """The backend cannot do what was asked (fencing tokens or a chosen lease on files)."""
 
 
-class BackendError(OSError):
+class BackendError(OSError, LockError):
     """The place where locks live cannot be reached or used (a server down, a login refused, a
     connection lost). Its message names the place (never a password); the CLI exits 3."""
 
@@ -365,7 +331,7 @@ class ServerFullError(BackendError):
 
 class Requester(NamedTuple):
     """Who asks for a lock: the owner pid to record, and its owner details (packed by
-    :mod:`mahabharatha.ownership`; ``None``: unknown).
+    :mod:`mahabharatha.owner.ownership`; ``None``: unknown).
 
     The seam's records (this, :class:`Held`, :class:`AcquireResult`) are named tuples, not
     dataclasses: made on every try, and a ``@dataclass`` class costs the CLI's cold start four
@@ -613,9 +579,11 @@ class LockBackend(abc.ABC):
         reclaim_dead: bool = False,
         lease: float | None = None,
         include_done: bool = False,
+        retry_delay: float = 0.0,
     ) -> AcquireResult | None:
         """The first free feature of ``features`` not done (unless ``include_done``) nor
-        failed, taken in one step; ``None`` when none is free
+        failed nor resting (``retry_delay`` seconds after a failed attempt, by the backend's
+        clock), taken in one step; ``None`` when none is free
         (:attr:`Capability.CLAIM_IN_ONE_STEP`)."""
         raise UnsupportedError(f"the {self.kind} backend claims one feature at a time")
 
@@ -623,6 +591,11 @@ class LockBackend(abc.ABC):
         """The features whose failed attempts reached their limit
         (:attr:`Capability.CLAIM_IN_ONE_STEP`: what a claim in one step left out)."""
         raise UnsupportedError(f"the {self.kind} backend lists no failed features at once")
+
+    def retried_features(self, features: Sequence[str]) -> set[str]:
+        """Those of ``features`` free and open after a failed attempt: what a claim in one
+        step passed over while they rested (:attr:`Capability.CLAIM_IN_ONE_STEP`)."""
+        raise UnsupportedError(f"the {self.kind} backend lists no resting features at once")
 
     def pause(self, feature: str, backoff: float, most: float) -> None:
         """Between two tries of an acquire: sleep ``backoff`` seconds; a backend that hears

@@ -8,15 +8,15 @@ caller, unknown), the :class:`Owner` word ``status`` shows, and the :class:`Rule
 
 The caller first: the lock names one of the caller's pids and this process holds the lock's
 proof of life, or the owner details show our boot, our PID namespace and the start time that pid
-runs with now. Then liveness. Where the lock carries a proof of life (:mod:`mahabharatha.proof`),
-the kernel answers: alive while any process holds it (``work-running`` when the owner pid
-itself is gone), gone when nobody does, unless the owner led its own process group and that
-group lives on, or the exact owner process still runs. Without a proof, a pid means something
-only on the boot and PID namespace it was recorded in (its owner details say which,
-:mod:`mahabharatha.ownership`); elsewhere the answer is ``unknown`` and age decides; on ours the
-owner is alive while it, its process group or its session has a live process. A proof that was
-claimed but not looked at, or recorded in another folder than the one at the path now (a
-copy swapped in), is never called gone. The long form, with who calls it:
+runs with now. Then liveness. Where the lock carries a proof of life
+(:mod:`mahabharatha.owner.proof`), the kernel answers: alive while any process holds it
+(``work-running`` when the owner pid itself is gone), gone when nobody does, unless the owner led
+its own process group and that group lives on, or the exact owner process still runs. Without a
+proof, a pid means something only on the boot and PID namespace it was recorded in (its owner
+details say which, :mod:`mahabharatha.owner.ownership`); elsewhere the answer is ``unknown`` and
+age decides; on ours the owner is alive while it, its process group or its session has a live
+process. A proof that was claimed but not looked at, or recorded in another folder than the one at
+the path now (a copy swapped in), is never called gone. The long form, with who calls it:
 ``design/lockfile-hardening.md``, "One judgement".
 """
 
@@ -27,22 +27,9 @@ import os
 from collections.abc import Callable, Collection
 from typing import Final, NamedTuple
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import VERDICT_OF, Owner, Verdict
-from mahabharatha.proof import Life
-
-__all__ = [
-    "CREATE_TIME_SLACK_SECONDS",
-    "Judgement",
-    "Liveness",
-    "OwnerFacts",
-    "Rule",
-    "Verdict",
-    "judge",
-    "owner_liveness",
-    "per_pid",
-    "proof_decides",
-]
+from mahabharatha.owner import ownership
+from mahabharatha.owner.proof import Life
 
 CREATE_TIME_SLACK_SECONDS: Final = 1.0
 """Process start times are known to a clock tick; a process that started within a second

@@ -181,6 +181,3 @@ def main() -> None:
     """
     gc.freeze()
     app_for(sys.argv[1:])()
-
-
-__all__ = ["app", "app_for", "main"]

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Final, NamedTuple, NoReturn
 
 import typer
 
-from mahabharatha import runner, signals
+from mahabharatha import signals
 from mahabharatha.backends import open_backend, url_holds_password
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
@@ -49,37 +49,7 @@ from mahabharatha.locks import (
     NotHeldError,
     owner_is_gone,
 )
-
-__all__ = [
-    "DEFAULT_GSD_DIR",
-    "RECLAIM_DEAD_ADVICE",
-    "CreateOption",
-    "GsdDirOption",
-    "JsonOption",
-    "NonblockOption",
-    "PidOption",
-    "ReclaimDeadOption",
-    "Result",
-    "Shared",
-    "WaitOption",
-    "asks_for_json",
-    "backend_for",
-    "default_owner",
-    "emit_usage_error",
-    "exit_code_for",
-    "given_gsd_dir_exists",
-    "holder_fields",
-    "lock_entry",
-    "note",
-    "problem_fields",
-    "problem_warnings",
-    "respond",
-    "sentence",
-    "set_verbosity",
-    "wait_seconds",
-    "what_to_do",
-    "with_shared_options",
-]
+from mahabharatha.run import runner
 
 
 class Place(NamedTuple):

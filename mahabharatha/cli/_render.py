@@ -10,27 +10,15 @@ from typing import TYPE_CHECKING, Any, Final, Self
 from mahabharatha.backends.base import (
     HELD_STATES,
     LockInfo,
-    State,
     Verdict,
     describe_holder,
     format_duration,
 )
 from mahabharatha.constants import JUDGE_EVERY_SECONDS, REDRAW_SECONDS
+from mahabharatha.states import State
 
 if TYPE_CHECKING:
     from rich.table import Table
-
-__all__ = [
-    "RECLAIMABLE",
-    "SUMMARY_KINDS",
-    "GoneHolderNotice",
-    "WaitingLine",
-    "is_reclaimable",
-    "status_table",
-    "summary",
-    "summary_counts",
-    "watch_table",
-]
 
 RECLAIMABLE: Final = "reclaimable"
 """The kind of a held lock whose owner is provably gone here: ``--reclaim-dead`` takes it."""

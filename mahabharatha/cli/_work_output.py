@@ -22,8 +22,6 @@ from typing import IO, Any, Final, NamedTuple
 
 from mahabharatha.constants import PUMP_JOIN_SECONDS
 
-__all__ = ["LAST_LOG_NAME", "CommandOutput", "command_output", "last_log"]
-
 LAST_LOG_NAME: Final = ".last-log"
 
 

@@ -14,10 +14,9 @@ from mahabharatha.cli._output import (
     Result,
     respond,
 )
-from mahabharatha.constants import STATE_DIR
+from mahabharatha.constants import FEATURE_ENV_VAR, STATE_DIR
 from mahabharatha.detect import (
     CURRENT_FEATURE_FILE,
-    FEATURE_ENV_VAR,
     detect_feature,
     feature_from_env,
     safe_read_text,

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Final
 import typer
 from typer.core import TyperCommand
 
-from mahabharatha import locks, ownership, runner
+from mahabharatha import locks
 from mahabharatha.backends.base import (
     Held,
     LockBackend,
@@ -61,6 +61,8 @@ from mahabharatha.locks import (
 )
 from mahabharatha.names import is_valid_feature_name
 from mahabharatha.names import validate_feature_name as _validate_feature_name
+from mahabharatha.owner import ownership
+from mahabharatha.run import runner
 
 app = typer.Typer(
     help="Feature locks: one session per feature, across shells and worker pools.",

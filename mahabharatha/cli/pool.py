@@ -2,7 +2,7 @@
 
 Registered on the ``lock`` group (:mod:`mahabharatha.cli.lock`). ``lock work`` is the whole
 worker loop in one process: it claims as ``lock claim`` does, and runs each feature's command
-through :func:`mahabharatha.runner.run_locked`, exactly as ``lock run`` does; the hold ends in
+through :func:`mahabharatha.run.runner.run_locked`, exactly as ``lock run`` does; the hold ends in
 one step of the backend's (done, or a failed attempt, then the release), never a release first.
 """
 
@@ -20,15 +20,9 @@ from typing import IO, Annotated, Any, Final, NamedTuple, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from mahabharatha import locks, logs, runner, signals, team
+from mahabharatha import locks, logs, signals
 from mahabharatha.backends import load_backend_code
-from mahabharatha.backends.base import (
-    BackendError,
-    LockBackend,
-    State,
-    describe_holder,
-    format_duration,
-)
+from mahabharatha.backends.base import BackendError, LockBackend, describe_holder, format_duration
 from mahabharatha.cli._output import (
     PidOption,
     ReclaimDeadOption,
@@ -74,8 +68,9 @@ from mahabharatha.locks import (
     WorkReport,
     WorkResult,
 )
-
-__all__ = ["fail", "watch_status", "work"]
+from mahabharatha.pool import team
+from mahabharatha.run import runner
+from mahabharatha.states import State, WorkEnd, WorkOutcome
 
 FEATURE_PLACEHOLDER: Final = "{}"
 """Replaced by the feature's name in every argument of ``lock work``'s command (as xargs -I)."""
@@ -348,14 +343,14 @@ class _CommandStep:
 
 def _say(result: WorkResult, limit: int) -> None:
     """The one stderr line per feature."""
-    if result.outcome == "failed":
+    if result.outcome == WorkOutcome.FAILED:
         final = " (failed: no more attempts)" if result.attempts >= limit else ""
         said = f"attempt {result.attempts} of {limit} failed: {result.reason}{final}"
-    elif result.outcome == "done":
+    elif result.outcome == WorkOutcome.DONE:
         said = "done" if result.reason is None else f"done ({result.reason})"
-    elif result.outcome == "left":
+    elif result.outcome == WorkOutcome.LEFT:
         said = f"not marked: {result.reason}"
-    elif result.outcome == "lost":
+    elif result.outcome == WorkOutcome.LOST:
         said = f"lost its lock while CMD ran (exit code {result.exit_code}): not marked"
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
@@ -426,14 +421,14 @@ def _work_result(
         "busy": list(report.busy),
     }
     warnings = problem_warnings(problems)
-    if report.ended == "stopped":
+    if report.ended == WorkEnd.STOPPED:
         code = EXIT_BAD_INPUT if report.exit_code is None else report.exit_code
         return Result(code, {**found, "exit_code": code}, warnings=warnings)
-    if report.ended == "once":
+    if report.ended == WorkEnd.ONCE:
         last = report.results[-1].exit_code
         code = EXIT_HELD if last is None else last
         return Result(code, {**found, "exit_code": code}, warnings=warnings)
-    if report.ended == "waited-out":
+    if report.ended == WorkEnd.WAITED_OUT:
         said = f"--wait ran out: {len(report.busy)} feature(s) still held by others"
         return Result(EXIT_TEMPFAIL, {**found, "exit_code": EXIT_TEMPFAIL}, message=said)
     if once:

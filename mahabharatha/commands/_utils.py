@@ -3,8 +3,8 @@
 ``acquire_feature_lock``, ``release_feature_lock`` and ``check_feature_lock`` keep the
 contract's signatures and answers (bools, ``None``, ``ValueError``); ``detect_feature`` finds the
 feature being worked on. A face like the CLI, and as thin: the lock protocol itself (publish,
-judge, reclaim, release, refresh) is :mod:`mahabharatha.lockfile`, which reads no clock; the
-clock is :mod:`mahabharatha.clock`, the name rules :mod:`mahabharatha.names`, detection
+judge, reclaim, release, refresh) is :mod:`mahabharatha.backends.files.lockfile`, which reads no
+clock; the clock is :mod:`mahabharatha.clock`, the name rules :mod:`mahabharatha.names`, detection
 :mod:`mahabharatha.detect`. Each lock function here reads ``time.time()`` of this module once
 and passes it down.
 
@@ -23,14 +23,9 @@ import time
 import types
 from typing import Any, Final
 
-from mahabharatha import clock, detect, proof
-from mahabharatha.clock import now
-from mahabharatha.constants import GSD_DIR, LOCK_URL_ENV
-from mahabharatha.detect import CURRENT_FEATURE_FILE, FEATURE_ENV_VAR, detect_feature
-from mahabharatha.lockfile import (
+from mahabharatha import clock, detect
+from mahabharatha.backends.files.lockfile import (
     LOCK_FILE_NAME,
-    MAX_PID,
-    MAX_READ_BYTES,
     MISSING,
     STALE_AFTER_SECONDS,
     AcquireOutcome,
@@ -38,7 +33,6 @@ from mahabharatha.lockfile import (
     Guard,
     GuardBusyError,
     LockSnapshot,
-    LockState,
     OpenFeatureDir,
     age_only,
     busy_error,
@@ -53,7 +47,13 @@ from mahabharatha.lockfile import (
     read_lock,
     release_at,
 )
-from mahabharatha.names import is_valid_feature_name, shown_name, validate_feature_name
+from mahabharatha.clock import now
+from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, LOCK_URL_ENV
+from mahabharatha.detect import CURRENT_FEATURE_FILE, detect_feature
+from mahabharatha.names import MAX_PID, is_valid_feature_name, shown_name, validate_feature_name
+from mahabharatha.owner import proof
+from mahabharatha.reads import MAX_READ_BYTES
+from mahabharatha.states import State as LockState
 
 __all__ = [
     "CURRENT_FEATURE_FILE",
@@ -128,7 +128,7 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
 
 def _lock_server() -> str | None:
     """The lock server ``MAHABHARATHA_LOCK_URL`` names: then the legacy functions answer from
-    it (``mahabharatha.backends.legacy_server``, imported only then), never from files."""
+    it (``mahabharatha.commands.legacy_server``, imported only then), never from files."""
     return os.environ.get(LOCK_URL_ENV) or None
 
 
@@ -136,7 +136,7 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
     """Claim ``feature`` for this process. False when someone else holds it (or just won it)."""
     _validate_feature_name(feature)
     if (server := _lock_server()) is not None:
-        from mahabharatha.backends import legacy_server
+        from mahabharatha.commands import legacy_server
 
         return legacy_server.acquire_feature_lock(server, feature, gsd_dir)
     try:
@@ -158,7 +158,7 @@ def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
     """Remove this process's lock on ``feature`` (and a corrupt one); leave anyone else's."""
     _validate_feature_name(feature)
     if (server := _lock_server()) is not None:
-        from mahabharatha.backends import legacy_server
+        from mahabharatha.commands import legacy_server
 
         return legacy_server.release_feature_lock(server, feature, gsd_dir)
     opened = OpenFeatureDir(gsd_dir, feature, create=False)
@@ -173,7 +173,7 @@ def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float 
     """``{"pid", "timestamp", "age_seconds"}`` of an active lock on ``feature``, else ``None``."""
     _validate_feature_name(feature)
     if (server := _lock_server()) is not None:
-        from mahabharatha.backends import legacy_server
+        from mahabharatha.commands import legacy_server
 
         return legacy_server.check_feature_lock(server, feature, gsd_dir)
     try:

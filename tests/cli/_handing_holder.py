@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from mahabharatha import locks
-from mahabharatha.proof import HandedProof
+from mahabharatha.owner.proof import HandedProof
 from tests.cli._support import FEATURE
 
 WORKERS = 2

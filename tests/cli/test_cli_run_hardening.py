@@ -24,7 +24,9 @@ from typing import Final
 
 import pytest
 
-from mahabharatha import locks, ownership, runner
+from mahabharatha import locks
+from mahabharatha.owner import ownership
+from mahabharatha.run import runner
 from tests.cli._support import (
     FEATURE,
     RUN_TIMEOUT,

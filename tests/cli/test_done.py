@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import clock, locks, proof
+from mahabharatha import clock, locks
+from mahabharatha.owner import proof
 from tests.cli._support import (
     STATUS_KEYS,
     invoke,

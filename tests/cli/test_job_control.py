@@ -25,7 +25,7 @@ from typing import Final
 import psutil
 import pytest
 
-from mahabharatha import ownership, proof
+from mahabharatha.owner import ownership, proof
 from tests.cli._support import FEATURE, SYNC_TIMEOUT, cli_argv, lock_path, wait_for
 from tests.cli.test_proof_of_life import assert_nobody_else_gets_it, second_run
 from tests.support.marks import needs_proc, posix_signals

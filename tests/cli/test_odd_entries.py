@@ -23,7 +23,8 @@ from typing import Any, Final
 import psutil  # noqa: F401  (imported before a child drops to uid 65534, who may not read it)
 import pytest
 
-from mahabharatha import lockfile, locks
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
 from tests.cli._support import invoke, lock_path, one_document, write_lock
 from tests.faults._kills import run_child

@@ -18,7 +18,8 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import locks, ownership
+from mahabharatha import locks
+from mahabharatha.owner import ownership
 from tests.cli._support import (
     FEATURE,
     SYNC_TIMEOUT,

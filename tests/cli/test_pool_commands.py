@@ -22,7 +22,8 @@ from typing import Any, Final
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends import files, release_watch
+from mahabharatha.backends.files import backend as files
+from mahabharatha.backends.files import release_watch
 from tests.cli._support import SYNC_TIMEOUT, invoke, one_document, one_sentence
 
 CLI: Final = (sys.executable, "-m", "mahabharatha")

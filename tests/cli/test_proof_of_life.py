@@ -25,7 +25,10 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import constants, lockfile, locks, ownership, proof, runner
+from mahabharatha import constants, locks
+from mahabharatha.backends.files import lockfile
+from mahabharatha.owner import ownership, proof
+from mahabharatha.run import runner
 from tests.cli._support import (
     FEATURE,
     SYNC_TIMEOUT,

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from mahabharatha import ownership
 from mahabharatha.commands._utils import acquire_feature_lock, release_feature_lock
+from mahabharatha.owner import ownership
 from tests.cli._support import (
     FEATURE,
     HOLD_CMD,

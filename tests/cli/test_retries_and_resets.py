@@ -9,7 +9,7 @@ from typing import Final
 
 import pytest
 
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.files.backend import FileBackend
 from tests.cli._support import invoke, one_document, run_cli
 
 RETRY_DELAY: Final = 0.6

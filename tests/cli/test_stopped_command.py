@@ -20,7 +20,8 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import locks, ownership, proof
+from mahabharatha import locks
+from mahabharatha.owner import ownership, proof
 from tests.cli._support import FEATURE, SYNC_TIMEOUT, cli_argv, lock_path, run_cli, wait_for
 from tests.cli.test_proof_of_life import JOB, alive, job_pid
 from tests.support.marks import needs_proc, posix_signals

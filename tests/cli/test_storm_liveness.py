@@ -25,7 +25,8 @@ from typing import Any, Final
 import pytest
 
 from mahabharatha.backends.base import format_duration
-from mahabharatha.backends.files import LEASE_BREAK_MARGIN_SECONDS, lease_break_seconds
+from mahabharatha.backends.files.backend import lease_break_seconds
+from mahabharatha.constants import LEASE_BREAK_MARGIN_SECONDS
 from mahabharatha.exits import EXIT_TEMPFAIL
 from tests.cli._support import (
     FEATURE,

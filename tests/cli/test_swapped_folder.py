@@ -19,7 +19,8 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import locks, ownership, proof
+from mahabharatha import locks
+from mahabharatha.owner import ownership, proof
 from tests.cli._support import FEATURE, cli_argv, lock_path, read_record, run_cli, wait_for
 from tests.support.marks import needs_proc
 

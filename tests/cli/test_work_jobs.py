@@ -453,7 +453,7 @@ SIGNALLED_AS_FORKED: Final = r"""
 # lock work -j 2, whose workers get SIGTERM before they start (as the command forwards a
 # signal that came while it forked them): the signal is pending until the worker unblocks it.
 import os, signal, sys
-from mahabharatha import team
+from mahabharatha.pool import team
 from mahabharatha.cli import main
 
 leave = team._leave_the_terminal

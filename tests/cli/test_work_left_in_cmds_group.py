@@ -24,7 +24,8 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import constants, ownership, proof
+from mahabharatha import constants
+from mahabharatha.owner import ownership, proof
 from tests.cli._support import FEATURE, SYNC_TIMEOUT, cli_argv, lock_path, wait_for
 from tests.cli.test_proof_of_life import (
     EX_TEMPFAIL,

@@ -23,7 +23,8 @@ from typing import Final
 
 import pytest
 
-from mahabharatha import constants, proof
+from mahabharatha import constants
+from mahabharatha.owner import proof
 from tests.cli._support import SYNC_TIMEOUT, assert_no_traceback, wait_for
 from tests.cli.test_proof_of_life import alive
 from tests.cli.test_work_jobs import _kill_session, start_command

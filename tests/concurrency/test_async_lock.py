@@ -25,10 +25,11 @@ from typing import Any, Final, cast
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends.base import Capability, Held, LockBackend, Requester, State
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.base import Capability, Held, LockBackend, Requester
+from mahabharatha.backends.files.backend import FileBackend
 from mahabharatha.commands import _utils
 from mahabharatha.locks import AsyncFeatureLock
+from mahabharatha.states import State
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
 
 FEATURE: Final = "feat"
@@ -53,7 +54,7 @@ class Place:
         """A backend on this place (each process opens its own)."""
         if self.url is None:
             return FileBackend(self.gsd)
-        from mahabharatha.backends.postgres import PostgresBackend
+        from mahabharatha.backends.postgres.backend import PostgresBackend
 
         assert self.namespace is not None
         return PostgresBackend(self.url, namespace=self.namespace, gsd_dir=self.gsd)

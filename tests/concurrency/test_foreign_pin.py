@@ -23,8 +23,9 @@ from typing import Final
 
 import pytest
 
-from mahabharatha import locks, proof
+from mahabharatha import locks
 from mahabharatha.backends.base import LockHeldError
+from mahabharatha.owner import proof
 from tests.support.marks import needs_fifo, needs_proc, needs_root, needs_symlinks
 
 pytestmark = [

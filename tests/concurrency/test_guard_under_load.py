@@ -21,7 +21,7 @@ from typing import Final
 
 import pytest
 
-from mahabharatha import lockfile
+from mahabharatha.backends.files import lockfile
 from tests.concurrency._harness import CTX, SYNC_TIMEOUT, TEST_TIMEOUT, trials
 from tests.support import load
 

@@ -38,11 +38,12 @@ NOBODY: Final = "65534"
 
 HOLDER: Final = """
 import os, sys
-from mahabharatha import locks, proof
+from mahabharatha import locks
+from mahabharatha.owner import proof
 if sys.argv[3] == "no-proof":  # a lock without a proof of life: the pid rules judge it
     proof.supported = lambda: False
 if sys.argv[2] == "no-group":  # details naming no group or session: the pid alone speaks
-    from mahabharatha import ownership
+    from mahabharatha.owner import ownership
     collect = ownership._collect
     bare = dict(gstart=None, pgid=None, sid=None)
     ownership._collect = lambda pid, cmd: collect(pid, cmd)._replace(**bare)

@@ -23,7 +23,8 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import lockfile, locks
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 from tests.concurrency._harness import CTX, RECLAIM_DEAD_JUDGE, SYNC_TIMEOUT
 from tests.support.marks import needs_pid_namespaces, needs_proc
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mahabharatha.proof import PROOF_PREFIX
+from mahabharatha.owner.proof import PROOF_PREFIX
 from tests.concurrency._harness import (
     CTX,
     TEST_TIMEOUT,

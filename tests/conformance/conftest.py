@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mahabharatha.backends.base import LockBackend
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.files.backend import FileBackend
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from tests.support import postgres
 
 
 def _open(gsd: Path) -> LockBackend:
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     # The same gsd gives the same lock space, in this process or a forked child.
     return PostgresBackend(postgres.shared_server().url(), namespace=str(gsd), gsd_dir=gsd)
@@ -28,7 +28,7 @@ _DELETE = "DELETE FROM mahabharatha.mahabharatha_locks WHERE namespace = %s"
 
 
 def _open_hostile(gsd: Path) -> LockBackend:
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     return PostgresBackend(postgres.hostile_server().url(), namespace=str(gsd), gsd_dir=gsd)
 

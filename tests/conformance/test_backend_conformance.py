@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import locks, ownership
+from mahabharatha import locks
 from mahabharatha.backends.base import (
     Capability,
     LockBackend,
@@ -28,6 +28,7 @@ from mahabharatha.backends.base import (
     Requester,
     UnsupportedError,
 )
+from mahabharatha.owner import ownership
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
 from tests.conformance.conftest import BackendKind, add_features
 from tests.support.marks import needs_proc

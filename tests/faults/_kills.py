@@ -22,7 +22,8 @@ from types import SimpleNamespace
 from typing import Any, Final
 from unittest import mock
 
-from mahabharatha import lockfile, locks
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
 
 STALE_AFTER_SECONDS: Final = 7200.0

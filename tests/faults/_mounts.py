@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mahabharatha import proof
+from mahabharatha.owner import proof
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
-"""Fault points: every system call the lock protocol (``mahabharatha.lockfile``) makes, counted
-and hookable.
+"""Fault points: every system call the lock protocol (``mahabharatha.backends.files.lockfile``)
+makes, counted and hookable.
 
 ``instrumented(hook)`` replaces the listed functions on the module objects the protocol calls them
-through (the process-wide ``os`` and ``fcntl`` modules, which ``mahabharatha.lockfile`` uses), so
-the N-th system call of an operation can be traced, failed with an injected ``OSError`` or turned
-into a SIGKILL of the calling process. The functions are restored when the block ends. Kill
-hooks are only ever installed in a forked child (the parent must never kill itself); fault hooks
-run in-process for the length of one library call.
+through (the process-wide ``os`` and ``fcntl`` modules, which
+``mahabharatha.backends.files.lockfile`` uses), so the N-th system call of an operation can be
+traced, failed with an injected ``OSError`` or turned into a SIGKILL of the calling process. The
+functions are restored when the block ends. Kill hooks are only ever installed in a forked child
+(the parent must never kill itself); fault hooks run in-process for the length of one library call.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from typing import Any, Final
 import psutil  # noqa: F401  (loaded before a child drops to a uid that cannot read it)
 import pytest
 
-from mahabharatha import lockfile, locks
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
 from tests.cli._support import invoke
 from tests.faults._kills import (

@@ -120,7 +120,7 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha.proof import PROOF_PREFIX
+from mahabharatha.owner.proof import PROOF_PREFIX
 from tests.support.marks import (
     lacks_pid_namespaces_or_leases,
     needs_leases,
@@ -300,7 +300,7 @@ print(feature, ended.returncode)
 
 LEASER: Final = r"""
 import fcntl, os, random, select, signal, sys, time
-from mahabharatha import ownership
+from mahabharatha.owner import ownership
 signal.signal(signal.SIGIO, signal.SIG_IGN)  # the lease-break notice would end us
 gsd, seed, pause_lo, pause_hi, hold_lo, hold_hi, *features = sys.argv[1:]
 rng = random.Random(seed)

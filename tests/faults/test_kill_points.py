@@ -35,8 +35,10 @@ from typing import Any, Final
 import psutil  # noqa: F401  (imported before forking: children must not import it mid-count)
 import pytest
 
-from mahabharatha import lockfile, locks, ownership, proof
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
+from mahabharatha.owner import ownership, proof
 from tests.faults._kills import (
     Expectation,
     HarnessError,

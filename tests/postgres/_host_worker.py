@@ -1,7 +1,9 @@
 """One simulated host's worker (run under ``unshare --uts --pid --fork``): it names its host,
 says ``ready``, waits for ``go`` on stdin, then works and prints what it did.
 
-``claim FEATURES_FILE``: claim features until none is free, marking each done; print each.
+``claim FEATURES_FILE``: claim features until none is free, printing each won, then marking it
+done; ``lost FEATURE`` when the mark found the lock no longer this host's (another host took it
+meanwhile: a feature claimed twice, which the test counts, so the storm goes on).
 ``hammer FEATURE ROUNDS MARKER``: take the lock ROUNDS times; inside, create MARKER exclusively
 (an overlap if it already exists), remove it, release; print the number of overlaps.
 """
@@ -12,9 +14,9 @@ import os
 import socket
 import sys
 
-from mahabharatha import ownership
-from mahabharatha.backends.base import Requester
-from mahabharatha.backends.postgres import PostgresBackend
+from mahabharatha.backends.base import NotHeldError, NotOwnerError, Requester
+from mahabharatha.backends.postgres.backend import PostgresBackend
+from mahabharatha.owner import ownership
 
 WAIT_SECONDS = 0.25
 """A waiter sleeps on LISTEN at most this long between tries (a missed wake-up costs this)."""
@@ -34,8 +36,11 @@ def main() -> int:
             features = names.read().split()
         while (won := backend.try_claim(features, me)) is not None:
             assert won.held is not None
-            backend.done(won.held.feature, os.getpid())
             print(won.held.feature, flush=False)
+            try:
+                backend.done(won.held.feature, os.getpid())
+            except (NotHeldError, NotOwnerError):
+                print("lost", won.held.feature, flush=False)
     else:
         feature, rounds, marker = rest[0], int(rest[1]), rest[2]
         overlaps = 0

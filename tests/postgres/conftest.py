@@ -8,7 +8,18 @@ from typing import Any
 
 import pytest
 
-from tests.support.postgres import PgServer
+from tests.support.postgres import APP_USER, PgServer, pgbouncer
+
+POOL_SIZE = 2
+"""Fewer server connections than workers: every server connection serves several clients."""
+
+
+@pytest.fixture(scope="session")
+def pooler(pg_server: PgServer) -> Iterator[str]:
+    """PgBouncer in transaction mode in front of the suite's server: the app role's URL (one
+    for the session: the pooler tests and the hosts' storm share it, each in its namespace)."""
+    with pgbouncer(pg_server, "transaction", POOL_SIZE) as port:
+        yield f"postgresql://{APP_USER}@127.0.0.1:{port}/mh"
 
 
 @pytest.fixture
@@ -21,7 +32,7 @@ def make_backend(
     pg_server: PgServer, namespace: str, tmp_path: Any
 ) -> Iterator[Callable[..., Any]]:
     """Backends for this test's namespace (closed at the end); keyword arguments override."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     made: list[PostgresBackend] = []
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import LockLostError, NotHeldError, NotOwnerError, Requester
+from mahabharatha.owner import ownership
 from tests.support.postgres import PgServer, admin_execute, expire
 
 
@@ -174,7 +174,7 @@ def test_wait_for_release_wakes_on_notify(make_backend: Callable[..., Any]) -> N
     ],
 )
 def test_namespace_from_the_origin_remote(remote: str, expected: str) -> None:
-    from mahabharatha.backends.postgres import normalise_remote
+    from mahabharatha.backends.postgres.namespace import normalise_remote
 
     assert normalise_remote(remote) == expected
 
@@ -182,7 +182,8 @@ def test_namespace_from_the_origin_remote(remote: str, expected: str) -> None:
 def test_namespace_derivation_and_its_absence(tmp_path: Any, monkeypatch: Any) -> None:
     import subprocess
 
-    from mahabharatha.backends.postgres import PostgresBackend, derive_namespace
+    from mahabharatha.backends.postgres.backend import PostgresBackend
+    from mahabharatha.backends.postgres.namespace import derive_namespace
 
     monkeypatch.delenv("MAHABHARATHA_LOCK_NAMESPACE", raising=False)
     repo = tmp_path / "repo"

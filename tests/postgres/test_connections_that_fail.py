@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import Requester
+from mahabharatha.owner import ownership
 from tests.support.postgres import (
     APP_PASSWORD,
     FreezingProxy,
@@ -149,7 +149,7 @@ def test_a_waiter_outliving_idle_session_timeout_acquires_after_the_release(
 ) -> None:
     """Failed before: ``lock acquire --wait`` exited 3 once the server ended its idle
     listener (and ``lock run``, which waits as long as it takes, too)."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     url = pg_server.url(database=impatient_database)
     holder = PostgresBackend(url, namespace="ns", gsd_dir=str(tmp_path))
@@ -226,7 +226,7 @@ def test_done_after_the_server_ended_the_idle_connection_is_retried(
 ) -> None:
     """A pool's ``done`` after a build longer than the server's idle timeout. Failed before:
     ``done`` was never retried: BackendError, the feature still held and not done."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     backend: Any = PostgresBackend(
         pg_server.url(database=impatient_database), namespace="ns", gsd_dir=str(tmp_path)
@@ -292,7 +292,7 @@ def test_a_lost_answer_on_a_fresh_connection_is_retried_with_the_same_attempt(
     row said the caller held the lock; ``done`` was never retried)."""
     import psycopg
 
-    from mahabharatha.backends import postgres
+    from mahabharatha.backends.postgres import backend as postgres
 
     setup = make_backend()
     setup.try_acquire("feat", me())  # the tables and rows exist; ours for ``done``

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mahabharatha.backends.base import Requester
-from mahabharatha.backends.postgres import PostgresBackend
+from mahabharatha.backends.postgres.backend import PostgresBackend
 from tests.support.postgres import FreezingProxy, PgServer, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import BackendError, Requester
+from mahabharatha.owner import ownership
 from tests.support.postgres import PgServer, admin_execute, expire, wait_until
 
 HANG_GUARD_SECONDS = 1.0
@@ -143,7 +143,7 @@ def test_a_lost_answer_is_retried_without_a_second_lock(
     recognises its own attempt; it never takes a second feature or a second token."""
     import psycopg
 
-    from mahabharatha.backends import postgres
+    from mahabharatha.backends.postgres import backend as postgres
 
     real = postgres._Connection.execute
     cut: set[str] = set()

@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import Requester
+from mahabharatha.owner import ownership
 from tests.conformance._procs import SYNC_TIMEOUT
 from tests.support.postgres import PgServer, admin_execute
 

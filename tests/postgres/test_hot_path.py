@@ -18,8 +18,9 @@ from typing import Any, cast
 
 import pytest
 
-from mahabharatha import locks, ownership
+from mahabharatha import locks
 from mahabharatha.backends.base import Requester
+from mahabharatha.owner import ownership
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
 from tests.support.postgres import PgServer, admin_execute
 
@@ -105,7 +106,7 @@ def test_tokens_only_grow_while_processes_take_turns(
     url = make_backend()._url
 
     def take_turns(_index: int) -> int:
-        from mahabharatha.backends.postgres import PostgresBackend
+        from mahabharatha.backends.postgres.backend import PostgresBackend
 
         own = PostgresBackend(url, namespace=namespace)
         try:

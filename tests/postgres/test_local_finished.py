@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.files.backend import FileBackend
 from tests.cli._support import SYNC_TIMEOUT
 from tests.support.postgres import PgServer
 

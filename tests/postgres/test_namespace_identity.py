@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha.backends.pg_namespace import derive_namespace
+from mahabharatha.backends.postgres.namespace import derive_namespace
 from tests.support.postgres import PgServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mahabharatha import ownership
+from mahabharatha.owner import ownership
 from tests.support.postgres import PgServer
 
 OUR_BOOT = "0123456789abcdef"

@@ -12,8 +12,8 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import BackendError, Requester
+from mahabharatha.owner import ownership
 from tests.postgres.test_server_settings import database  # noqa: F401  (a fixture)
 from tests.support.postgres import (
     APP_USER,
@@ -40,7 +40,7 @@ def me() -> Requester:
 
 
 def _backend(url: str, tmp_path: Any, **options: Any) -> Any:
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     options.setdefault("namespace", f"ns-{uuid.uuid4().hex[:8]}")
     return PostgresBackend(url, gsd_dir=str(tmp_path), **options)

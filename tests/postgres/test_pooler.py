@@ -6,27 +6,17 @@ no named prepared statement there."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from mahabharatha.backends.base import BackendError, Requester
-from mahabharatha.backends.postgres import PostgresBackend
+from mahabharatha.backends.postgres.backend import PostgresBackend
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team
-from tests.support.postgres import APP_USER, HostileServer, PgServer, admin_execute, pgbouncer
+from tests.support.postgres import HostileServer, PgServer, admin_execute
 
 WORKERS = 4
 FEATURES = 60
-POOL_SIZE = 2
-"""Fewer server connections than workers: every server connection serves several clients."""
-
-
-@pytest.fixture(scope="module")
-def pooler(pg_server: PgServer) -> Iterator[str]:
-    """PgBouncer in transaction mode in front of the suite's server: the app role's URL."""
-    with pgbouncer(pg_server, "transaction", POOL_SIZE) as port:
-        yield f"postgresql://{APP_USER}@127.0.0.1:{port}/mh"
 
 
 def _work_through(url: str, namespace: str) -> tuple[str, list[str], str | None]:
@@ -89,7 +79,7 @@ def _storm(pooler: str, pg_server: PgServer, namespace: str) -> None:
 
 
 def test_the_backend_sees_the_pooler_and_prepares_nothing(pooler: str, pg_server: PgServer) -> None:
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     behind: Any = PostgresBackend(pooler, namespace="pooled")
     direct: Any = PostgresBackend(pg_server.url(), namespace="pooled")

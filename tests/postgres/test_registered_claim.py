@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import Requester
+from mahabharatha.owner import ownership
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
 from tests.support.postgres import PgServer, admin_execute, expire
 
@@ -155,7 +155,7 @@ def _claim_until_empty(url: str, namespace: str, lists: list[list[str]], start: 
     the features it took and their tokens."""
 
     def work(index: int) -> tuple[list[str], list[int]]:
-        from mahabharatha.backends.postgres import PostgresBackend
+        from mahabharatha.backends.postgres.backend import PostgresBackend
 
         backend = PostgresBackend(url, namespace=namespace)
         mine = lists[index % len(lists)]

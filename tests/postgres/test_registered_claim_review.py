@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import Requester
+from mahabharatha.owner import ownership
 from tests.support.postgres import ADMIN_USER, APP_USER, PgServer, admin_execute
 
 SYNC_SECONDS = 30.0

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import NotOwnerError, Requester
+from mahabharatha.owner import ownership
 from tests.support.marks import needs_pid_namespaces, needs_proc
 from tests.support.owner_details import details_for
 from tests.support.postgres import PgServer

@@ -5,6 +5,7 @@ Fails before this change: there was no PostgreSQL backend at all."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from collections.abc import Callable, Iterator
@@ -103,7 +104,7 @@ def test_odd_names_are_stored_and_shown_verbatim(
 def dml_only(pg_server: PgServer) -> Iterator[str]:
     """A database whose tables were made by ``init`` as their owner, and a role that may only
     read and write rows there (no CREATE anywhere): its URL."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     admin_execute(pg_server, "CREATE DATABASE mh_dml_db")
     admin_execute(pg_server, "CREATE ROLE mh_dml LOGIN")
@@ -192,21 +193,29 @@ def test_a_password_in_any_url_form_is_never_printed(
     if via != "--backend":
         env["MAHABHARATHA_LOCK_URL"] = url
     options = [*args, "--namespace", "n", "--json", "--connect-timeout", "2"]
-    for command in (["check", "f"], ["acquire", "f"], ["status"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "mahabharatha", "lock", *command, *options],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=60,
-        )
-        shown = done.stdout + done.stderr
-        assert done.returncode in (2, 3), shown
-        assert "error" in json.loads(done.stdout), done.stdout
-        assert "Traceback" not in done.stderr
-        for secret in secrets_:
-            assert secret not in shown, (command, shown)
+    commands = (["check", "f"], ["acquire", "f"], ["status"])
+    with contextlib.ExitStack() as reaped:  # every one waited for, whatever fails
+        started = [  # side by side: each waits on its own failed connection
+            reaped.enter_context(
+                subprocess.Popen(
+                    [sys.executable, "-m", "mahabharatha", "lock", *command, *options],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    cwd=tmp_path,
+                    env=env,
+                )
+            )
+            for command in commands
+        ]
+        for command, proc in zip(commands, started, strict=True):
+            stdout, stderr = proc.communicate(timeout=60)
+            shown = stdout + stderr
+            assert proc.returncode in (2, 3), shown
+            assert "error" in json.loads(stdout), stdout
+            assert "Traceback" not in stderr
+            for secret in secrets_:
+                assert secret not in shown, (command, shown)
 
 
 def test_only_the_commands_name_is_stored(
@@ -214,7 +223,7 @@ def test_only_the_commands_name_is_stored(
 ) -> None:
     """Namespaces are not a security boundary: any role of the table reads every row. Failed
     before: ``lock run``'s whole command line was stored, a secret argument with it."""
-    from mahabharatha import ownership
+    from mahabharatha.owner import ownership
 
     backend = make_backend()
     command = ["/usr/local/bin/deploy", "--token=Hidden-Arg-1", "prod"]

@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import BackendError, Requester
+from mahabharatha.owner import ownership
 from tests.support.postgres import (
     PgServer,
     admin_execute,
@@ -46,7 +46,7 @@ def lazy_server() -> Iterator[PgServer]:
 
 
 def _backend_on(server: PgServer, tmp_path: Any) -> Any:
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     return PostgresBackend(
         server.url(), namespace=f"ns-{uuid.uuid4().hex[:8]}", gsd_dir=str(tmp_path)
@@ -114,7 +114,7 @@ def database(pg_server: PgServer) -> Iterator[Callable[..., str]]:
 def test_a_sql_ascii_database_answers_text(database: Callable[..., str], tmp_path: Any) -> None:
     """initdb's default under the C locale. Failed before: psycopg answered ``bytes`` for text:
     the refresh matched nothing (lost lock), status and check named ``b'feat'``."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     url = database(options="ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
     backend: Any = PostgresBackend(url, namespace="ns-ascii", gsd_dir=str(tmp_path))
@@ -138,7 +138,7 @@ def test_a_read_only_database_is_refused_for_reads_too(
     standby; a real hot standby is not started here: the same refusal answers it, by
     ``pg_is_in_recovery()``). Failed before: ``verify`` of a token answered from it (exit 0) and
     ``inspect`` named the holder; now every call is a BackendError naming the server."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     url = database()
     writer: Any = PostgresBackend(url, namespace="ns-ro", gsd_dir=str(tmp_path))
@@ -169,7 +169,7 @@ def test_a_read_only_database_is_refused_for_reads_too(
 def own_tables(database: Callable[..., str], tmp_path: Any) -> Iterator[tuple[Any, str]]:
     """A backend on a database of its own (its sequence can be reset without touching the
     shared server's tokens), and that database's name."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
     url = database()
     backend = PostgresBackend(url, namespace="ns-seq", gsd_dir=str(tmp_path))
@@ -242,7 +242,7 @@ def test_a_hot_standby_is_refused_and_a_multi_host_url_finds_the_primary(
     unless it asks libpq for the primary (``target_session_attrs=read-write``). The refusal
     must say why (a standby, in recovery): matching "standby" anywhere also matched the
     standby's own folder in the address, and passed with the recovery check removed."""
-    from mahabharatha.backends.postgres import PostgresBackend
+    from mahabharatha.backends.postgres.backend import PostgresBackend
     from tests.support.postgres import standby_of
 
     primary: Any = _backend_on(lazy_server, tmp_path)

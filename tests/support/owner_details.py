@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mahabharatha import ownership
+from mahabharatha.owner import ownership
 
 
 def details_for(pid: int, **overrides: Any) -> bytes:

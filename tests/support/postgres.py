@@ -370,6 +370,7 @@ class FreezingProxy:
 
         self.freeze_on = freeze_on
         self.frozen = threading.Event()
+        self.answers = 0  # chunks the server sent its clients: a round trip is answered once
         self._target = ("127.0.0.1", target_port)
         self._listening = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listening.getsockname()[1])
@@ -400,6 +401,7 @@ class FreezingProxy:
                 return
             if not data:
                 return
+            self.answers += not watch
             if watch and self.freeze_on in data:
                 stuck.set()
                 self.frozen.set()

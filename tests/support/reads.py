@@ -23,8 +23,8 @@ def fail_read_text(monkeypatch: pytest.MonkeyPatch, file_name: str, exc: Excepti
 
 class LockReadFailure(NamedTuple):
     """Where a lock read fails now that lock files are read through ``os.open``/``os.read``
-    (``mahabharatha.lockfile``), not ``Path.read_text``: the open (``error`` raised by the
-    no-follow open of ``.lock``), the read (``error`` raised by ``os.read`` of that
+    (``mahabharatha.backends.files.lockfile``), not ``Path.read_text``: the open (``error`` raised
+    by the no-follow open of ``.lock``), the read (``error`` raised by ``os.read`` of that
     descriptor), or the bytes (``data`` returned by that read instead of the file's)."""
 
     at: str  # "open" or "read"
@@ -35,7 +35,8 @@ class LockReadFailure(NamedTuple):
 def fail_lock_reads(monkeypatch: pytest.MonkeyPatch, failure: LockReadFailure) -> list[str]:
     """Make every read of a ``.lock`` fail as ``failure`` says; returns the list of injected
     calls (``"open"``/``"read"``), so a test can check that its injection was reached."""
-    from mahabharatha import lockfile
+    from mahabharatha.backends.files import lockfile
+    from mahabharatha.reads import NOFOLLOW_READ
 
     real_open, real_read = os.open, os.read
     lock_fds: set[int] = set()
@@ -43,7 +44,7 @@ def fail_lock_reads(monkeypatch: pytest.MonkeyPatch, failure: LockReadFailure) -
     hits: list[str] = []
 
     def is_lock_read(path: Any, flags: int) -> bool:
-        return os.fspath(path) == lockfile.LOCK_FILE_NAME and flags == lockfile.NOFOLLOW_READ
+        return os.fspath(path) == lockfile.LOCK_FILE_NAME and flags == NOFOLLOW_READ
 
     def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if not is_lock_read(path, flags):

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.files.backend import FileBackend
 
 FEATURE = "feat"
 

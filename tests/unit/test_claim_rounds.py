@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import clock, locks, ownership
+from mahabharatha import clock, locks
 from mahabharatha.backends.base import ServerFullError
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.files.backend import FileBackend
 from mahabharatha.constants import COMPLETED_MARKER_NAME
+from mahabharatha.owner import ownership
 from tests.cli._support import write_lock
 
 

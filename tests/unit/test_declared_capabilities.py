@@ -17,7 +17,7 @@ import pytest
 
 import mahabharatha
 from mahabharatha.backends.base import Capability, LockBackend, UnsupportedError
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.files.backend import FileBackend
 
 PACKAGE_DIR: Final = Path(mahabharatha.__file__).parent
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha.backends.files import ATTEMPTS_RECORD_NAME, FileBackend
+from mahabharatha.backends.files.backend import ATTEMPTS_RECORD_NAME, FileBackend
 from mahabharatha.constants import COMPLETED_MARKER_NAME
 from tests.support.marks import needs_symlinks, not_root
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import lockfile
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
 
 FEATURE = "feat"

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import lockfile, locks
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 
 FEATURE = "feat"
 

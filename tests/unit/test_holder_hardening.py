@@ -20,7 +20,8 @@ from typing import Any, Final
 
 import pytest
 
-from mahabharatha import lockfile, locks
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
 
 pytestmark = pytest.mark.timeout(60)

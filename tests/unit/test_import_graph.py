@@ -1,22 +1,20 @@
-"""Issue 20 ("one map"): the package's import graph keeps its layers.
+"""The package's import graph keeps its layers, and its folders are the layers.
 
-The layer rule, bottom to top (``design/lockfile-hardening.md`` section 2 draws it):
+The layer rule, bottom to top; a folder is one layer (``design/README.md`` maps the modules):
 
-* **neutral** modules (the clock, the feature-name rules, owner details, the proof of life,
-  exit codes, constants) import only neutral modules: every layer may use them.
-* **the seam** (``backends/base.py``, the owner judgement beside it, and ``backends/__init__``)
-  imports only neutral modules and the seam. ``backends/__init__.open_backend`` is the one
-  place that names a backend's module (it picks the backend of a URL).
-* **a backend** (the folder backend with its ``.lock`` protocol ``lockfile.py`` and its release
-  watch; PostgreSQL) imports neutral modules, the seam and its own modules: never another
-  backend (PostgreSQL lists a folder's features through a neutral module, not ``FileBackend``).
-* **the lock layer** (``locks.py``, ``runner.py``) talks to the seam only: it imports neutral
-  modules, the seam and the lock layer; never a backend's module, the protocol or a face.
-* **the faces** (the CLI, and the legacy face ``commands/_utils.py``) import everything below
-  them, except a backend's module or the protocol. Nothing but a face imports a face: the
-  legacy face no longer stands below the backends (they took its clock). The one exception:
-  the legacy face is the ``.lock`` protocol's own contract (its tests patch ``_utils.os`` and
-  ``_utils.time`` around the protocol's steps), so it may import ``lockfile``.
+* **neutral**: the root's small modules (clock, names, states, exits, constants, signals,
+  waiting) and ``owner/`` (owner details, the proof of life) import only neutral modules.
+* **the seam**: ``backends/`` itself (``base.py``, ``liveness.py``, ``open_backend``) imports
+  neutral modules and the seam; ``open_backend`` is the one place that names a backend.
+* **a backend**: ``backends/files/`` (the ``.lock`` protocol, its release watch) and
+  ``backends/postgres/`` import neutral modules, the seam and their own folder, never another
+  backend.
+* **the lock layer**: ``locks.py``, ``aio.py``, ``pool/`` and ``run/`` talk to the seam only.
+* **the faces**: ``cli/``, the Python API at the package root (which every face may import) and
+  the legacy face ``commands/`` import everything below them except a backend; nothing but a
+  face imports a face. The one exception: the legacy face is the ``.lock`` protocol's own
+  contract (its tests patch ``_utils.os`` and ``_utils.time`` around the protocol's steps), so
+  it may import ``backends/files/lockfile.py``.
 
 Every static import is read (``ast``), function-local ones and ``importlib.import_module`` of
 a literal name included. A module no layer names fails the test: say where it belongs.
@@ -25,6 +23,8 @@ a literal name included. A module no layer names fails the test: say where it be
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -43,43 +43,30 @@ LOCK_LAYER: Final = "lock layer"
 FACE: Final = "face"
 
 LAYERS: Final[dict[str, str]] = {
-    "mahabharatha": NEUTRAL,
     "mahabharatha.clock": NEUTRAL,
     "mahabharatha.constants": NEUTRAL,
     "mahabharatha.detect": NEUTRAL,
     "mahabharatha.exits": NEUTRAL,
     "mahabharatha.logs": NEUTRAL,
     "mahabharatha.names": NEUTRAL,
-    "mahabharatha.ownership": NEUTRAL,
-    "mahabharatha.proof": NEUTRAL,
     "mahabharatha.reads": NEUTRAL,
     "mahabharatha.signals": NEUTRAL,
-    "mahabharatha.waiting": NEUTRAL,
     "mahabharatha.states": NEUTRAL,
+    "mahabharatha.waiting": NEUTRAL,
+    "mahabharatha.owner": NEUTRAL,
     "mahabharatha.backends": SEAM,
-    "mahabharatha.backends.base": SEAM,
-    "mahabharatha.backends.liveness": SEAM,
-    "mahabharatha.lockfile": FILES,
     "mahabharatha.backends.files": FILES,
-    "mahabharatha.backends.release_watch": FILES,
     "mahabharatha.backends.postgres": POSTGRES,
-    "mahabharatha.backends.pg_connection": POSTGRES,
-    "mahabharatha.backends.pg_namespace": POSTGRES,
-    "mahabharatha.backends.postgres_async": POSTGRES,
     "mahabharatha.locks": LOCK_LAYER,
-    "mahabharatha.runner": LOCK_LAYER,
     "mahabharatha.aio": LOCK_LAYER,  # AsyncFeatureLock: the lock layer driven from an event loop
-    "mahabharatha.team": LOCK_LAYER,  # lock work -j: the pool's workers forked from one command
+    "mahabharatha.pool": LOCK_LAYER,  # lock work -j: the pool's workers forked from one command
+    "mahabharatha.run": LOCK_LAYER,  # lock run: a command and its process tree under a lock
+    "mahabharatha": FACE,  # the Python API: the lock layer's public names, imported lazily
     "mahabharatha.__main__": FACE,
-    "mahabharatha.backends.legacy_server": FACE,  # the legacy face's answers from a server
     "mahabharatha.commands": FACE,
     "mahabharatha.cli": FACE,
 }
-"""Every module's layer (a module of a :data:`COVERING` package: its package's)."""
-
-COVERING: Final = frozenset({"mahabharatha.cli", "mahabharatha.commands"})
-"""Packages whose entry covers every module in them (one face each); elsewhere, a new module
-must be placed (``backends/``: is it the seam, or one backend's?)."""
+"""Every root module's and every folder's layer: a module in a folder takes its folder's."""
 
 ALLOWED: Final[dict[str, frozenset[str]]] = {
     NEUTRAL: frozenset({NEUTRAL}),
@@ -94,10 +81,10 @@ ALLOWED: Final[dict[str, frozenset[str]]] = {
 EXCEPTIONS: Final[frozenset[tuple[str, str]]] = frozenset(
     {
         # The one place that picks a backend (by the URL's scheme).
-        ("mahabharatha.backends", "mahabharatha.backends.files"),
-        ("mahabharatha.backends", "mahabharatha.backends.postgres"),
+        ("mahabharatha.backends", "mahabharatha.backends.files.backend"),
+        ("mahabharatha.backends", "mahabharatha.backends.postgres.backend"),
         # The legacy face is the .lock protocol's contract (see the module docstring).
-        ("mahabharatha.commands._utils", "mahabharatha.lockfile"),
+        ("mahabharatha.commands._utils", "mahabharatha.backends.files.lockfile"),
     }
 )
 
@@ -115,15 +102,14 @@ MODULES: Final[dict[str, Path]] = {
 
 
 def layer_of(module: str) -> str | None:
-    """The layer of ``module``: its own entry, else its covering package's."""
-    if module in LAYERS:
-        return LAYERS[module]
-    name = module.rpartition(".")[0]
-    while name:
-        if name in COVERING:
+    """The layer of ``module``: its own entry, else its nearest folder's (never the root's:
+    a new root module must be placed)."""
+    name = module
+    while name != "mahabharatha":
+        if name in LAYERS:
             return LAYERS[name]
         name = name.rpartition(".")[0]
-    return None
+    return LAYERS["mahabharatha"] if module == "mahabharatha" else None
 
 
 def _resolve(importer: str, node: ast.ImportFrom) -> str:
@@ -185,7 +171,7 @@ def forbidden_arrows() -> list[str]:
             assert goal is not None
             if goal not in ALLOWED[source]:
                 found.append(f"{module} ({source}) -> {target} ({goal}), line {line}")
-            elif source == FACE and goal == FACE and _face_of(module) != _face_of(target):
+            elif source == goal == FACE and _face_of(module) != _face_of(target) != "python":
                 found.append(f"{module} -> {target}: a face imports another face, line {line}")
     return found
 
@@ -200,10 +186,10 @@ def _covered(module: str, target: str) -> bool:
 
 def _face_of(module: str) -> str:
     """Which face a module belongs to: the CLI, the legacy face (``commands`` and its server
-    answers), or ``python -m`` (which starts the CLI)."""
+    answers), or ``python -m`` (which starts the CLI); the root's Python API is its own."""
     if module.startswith("mahabharatha.cli") or module == "mahabharatha.__main__":
         return "cli"
-    return "legacy"
+    return "python" if module == "mahabharatha" else "legacy"
 
 
 def test_every_module_has_a_layer() -> None:
@@ -223,20 +209,20 @@ def test_no_import_breaks_the_layer_rule() -> None:
 @pytest.mark.parametrize(
     ("importer", "imported", "broken"),
     [
-        ("mahabharatha.locks", "mahabharatha.backends.files", True),
-        ("mahabharatha.locks", "mahabharatha.lockfile", True),
-        ("mahabharatha.runner", "mahabharatha.commands._utils", True),
-        ("mahabharatha.backends.postgres", "mahabharatha.backends.files", True),
-        ("mahabharatha.backends.files", "mahabharatha.commands._utils", True),
+        ("mahabharatha.locks", "mahabharatha.backends.files.backend", True),
+        ("mahabharatha.locks", "mahabharatha.backends.files.lockfile", True),
+        ("mahabharatha.run.runner", "mahabharatha.commands._utils", True),
+        ("mahabharatha.backends.postgres.backend", "mahabharatha.backends.files.backend", True),
+        ("mahabharatha.backends.files.backend", "mahabharatha.commands._utils", True),
         ("mahabharatha.backends.base", "mahabharatha.locks", True),
         ("mahabharatha.clock", "mahabharatha.backends.base", True),
         ("mahabharatha.cli.lock", "mahabharatha.commands._utils", True),
-        ("mahabharatha.commands._utils", "mahabharatha.backends.files", True),
+        ("mahabharatha.commands._utils", "mahabharatha.backends.files.backend", True),
         ("mahabharatha.locks", "mahabharatha.backends.base", False),
-        ("mahabharatha.backends.files", "mahabharatha.lockfile", False),
+        ("mahabharatha.backends.files.backend", "mahabharatha.backends.files.lockfile", False),
         ("mahabharatha.cli.lock", "mahabharatha.locks", False),
-        ("mahabharatha.commands._utils", "mahabharatha.lockfile", False),
-        ("mahabharatha.backends", "mahabharatha.backends.postgres", False),
+        ("mahabharatha.commands._utils", "mahabharatha.backends.files.lockfile", False),
+        ("mahabharatha.backends", "mahabharatha.backends.postgres.backend", False),
     ],
 )
 def test_the_rule_itself(importer: str, imported: str, broken: bool) -> None:
@@ -248,3 +234,43 @@ def test_the_rule_itself(importer: str, imported: str, broken: bool) -> None:
     face_to_face = source == FACE == goal and _face_of(importer) != _face_of(imported)
     refused = not excepted and (goal not in ALLOWED[source] or face_to_face)
     assert refused is broken
+
+
+def test_the_python_api_is_the_package_roots_and_costs_nothing_until_used() -> None:
+    """Fails before the fix: ``from mahabharatha import FeatureLock`` raised ImportError (the
+    root exported ``__version__`` only)."""
+    script = (
+        "import sys, mahabharatha\n"
+        "assert 'mahabharatha.locks' not in sys.modules\n"
+        "from mahabharatha import AsyncFeatureLock, FeatureLock, LockError, acquire, release\n"
+        "from mahabharatha import aio, locks\n"
+        "assert (FeatureLock, acquire) == (locks.FeatureLock, locks.acquire)\n"
+        "assert (AsyncFeatureLock, LockError) == (aio.AsyncFeatureLock, locks.LockError)\n"
+        "assert all(getattr(mahabharatha, name) for name in mahabharatha.__all__)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
+PUBLIC: Final = frozenset(
+    {
+        "mahabharatha",  # the Python API
+        "mahabharatha.aio",  # AsyncFeatureLock (the README's)
+        "mahabharatha.locks",  # the README's imports
+        "mahabharatha.commands._utils",  # the legacy functions (the contract's first table)
+        "mahabharatha.commands.status",  # re-exports detect_feature (the contract)
+        "mahabharatha.cli._click",  # its names are all it is: the click that typer carries
+    }
+)
+"""The modules whose names are imported from outside: the only ones with ``__all__``."""
+
+
+def test_only_public_modules_declare_their_names() -> None:
+    """Fails before the fix: 33 modules declared ``__all__`` (348 entries), private ones too."""
+    declaring = {
+        module
+        for module, path in MODULES.items()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets)
+    }
+    assert declaring <= PUBLIC

@@ -15,9 +15,11 @@ from unittest import mock
 
 import pytest
 
-from mahabharatha import lockfile, locks, proof
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
 from mahabharatha.commands._utils import acquire_feature_lock
+from mahabharatha.owner import proof
 from tests.support.marks import needs_root
 
 pytestmark = pytest.mark.timeout(30)

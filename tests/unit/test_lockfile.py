@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import proof
 from mahabharatha.commands._utils import (
     _validate_feature_name,
     acquire_feature_lock,
     check_feature_lock,
     release_feature_lock,
 )
+from mahabharatha.owner import proof
 from tests.support.marks import needs_fifo, needs_symlinks, not_root
 from tests.support.reads import LockReadFailure, fail_lock_reads, fail_read_text
 from tests.unit.conftest import NOW, UTILS
@@ -128,7 +128,8 @@ def test_a_publish_that_loses_the_link_race_leaves_the_winners_lock(
     no publish runs there. Here the race is lost at the publish itself: another process's
     lock appears between our write and our ``link``. The acquire answers "held", the winner's
     lock is left byte for byte, and this process keeps no proof of life for it."""
-    from mahabharatha import lockfile, proof
+    from mahabharatha.backends.files import lockfile
+    from mahabharatha.owner import proof
 
     mocker.patch.object(lockfile.TMPFILE, "usable", unnamed)
     theirs = record(OTHER_PID, time.time())

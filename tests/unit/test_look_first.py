@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import lockfile
 from mahabharatha.backends.base import Requester
-from mahabharatha.backends.files import FileBackend
+from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.backend import FileBackend
+from mahabharatha.states import State
 
 FEATURE = "feat"
 
@@ -89,6 +90,6 @@ def test_the_legacy_functions_keep_their_publish_first(tmp_path: Path) -> None:
         first = lockfile.publish_or_reclaim(dfd, 1, time.time())
         assert first.mine is not None
         second = lockfile.publish_or_reclaim(dfd, 2, time.time())
-        assert second.mine is None and second.state is lockfile.LockState.ACTIVE
+        assert second.mine is None and second.state is State.ACTIVE
     finally:
         os.close(dfd)

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import lockfile, locks, runner
+from mahabharatha import locks
 from mahabharatha.backends.base import LockInfo, Owner, State
+from mahabharatha.backends.files import lockfile
 from mahabharatha.cli._output import exit_code_for
 from mahabharatha.commands import _utils
+from mahabharatha.run import runner
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,8 +14,10 @@ from typing import Final
 
 import pytest
 
-from mahabharatha import lockfile, locks, ownership
+from mahabharatha import locks
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
+from mahabharatha.owner import ownership
 from tests.support.marks import needs_proc
 from tests.support.owner_details import attach, attached, details_for
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mahabharatha import ownership
 from mahabharatha.backends import liveness
 from mahabharatha.backends.base import VERDICT_OF, Owner, Verdict
 from mahabharatha.backends.liveness import OwnerFacts, Rule, judge
-from mahabharatha.ownership import OwnerDetails
-from mahabharatha.proof import Life
+from mahabharatha.owner import ownership
+from mahabharatha.owner.ownership import OwnerDetails
+from mahabharatha.owner.proof import Life
 
 BOOT = "0123456789abcdef"
 OTHER_BOOT = "fedcba9876543210"

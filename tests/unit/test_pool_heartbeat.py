@@ -1,4 +1,4 @@
-"""A pool worker's heartbeat (``locks.PoolHeartbeat``): one thread for the worker's whole run
+"""A pool worker's heartbeat (``locks.Heartbeat``): one thread for the worker's whole run
 keeps fresh whichever lock the worker holds, and never touches a lock it was told to let go of.
 
 The pool used to start and join a heartbeat thread per feature; these tests pin what the one
@@ -68,6 +68,8 @@ def test_every_lock_a_worker_holds_is_refreshed_in_turn(tmp_path: Path) -> None:
 class _Recorder:
     """Stands in for a ``PoolLock``: counts its steps; ``gate`` (when set) holds a step."""
 
+    _connection_grace = None
+
     def __init__(self, name: str, gate: threading.Event | None = None) -> None:
         self.feature = name
         self.heartbeat = BEAT
@@ -75,7 +77,7 @@ class _Recorder:
         self.entered = threading.Event()
         self.gate = gate
 
-    def pool_beat(self, first: bool) -> float | None:
+    def _beat_once(self, first: bool = False) -> float | None:
         self.steps += 1
         self.entered.set()
         if self.gate is not None:
@@ -84,7 +86,7 @@ class _Recorder:
 
 
 def test_letting_go_waits_out_a_running_step_and_none_runs_after() -> None:
-    beats = locks.PoolHeartbeat()
+    beats = locks.Heartbeat()
     gate = threading.Event()
     first = _Recorder("first", gate)
     try:
@@ -117,10 +119,10 @@ class _GatedPoolLock(locks.PoolLock):
     entered: threading.Event
     gate: threading.Event
 
-    def pool_beat(self, first: bool) -> float | None:
+    def _beat_once(self, first: bool = False) -> float | None:
         self.entered.set()
         self.gate.wait(SYNC_TIMEOUT * 2)  # set by the test once its child is judged
-        return super().pool_beat(first)
+        return super()._beat_once(first)
 
 
 def _claimed(gsd: Path) -> _GatedPoolLock:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import lockfile
+from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
 from tests.support.folders import FEATURE, lock_of, one_feature_gsd
 from tests.support.marks import needs_symlinks

@@ -25,9 +25,10 @@ from typing import Any, Final
 import pytest
 from typer.testing import CliRunner
 
-from mahabharatha import locks, runner
+from mahabharatha import locks
 from mahabharatha.cli import app
 from mahabharatha.cli import lock as cli_lock
+from mahabharatha.run import runner
 from tests.unit.test_import_graph import FACE, layer_of
 
 FEATURE: Final = "walk"
@@ -117,7 +118,11 @@ def test_an_uncontended_lock_run_never_calls_up_into_the_cli(gsd: Path, tmp_path
 
     assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
     assert marker.exists()
-    assert {"mahabharatha.runner", "mahabharatha.locks", "mahabharatha.cli.lock"} <= walk.entered
+    assert {
+        "mahabharatha.run.runner",
+        "mahabharatha.locks",
+        "mahabharatha.cli.lock",
+    } <= walk.entered
     assert not walk.climbs, "\n".join(walk.climbs)
 
 
@@ -132,7 +137,9 @@ def test_the_tracer_sees_a_cli_function_handed_down_as_a_callback(gsd: Path) -> 
 
     assert code == 0
     assert document["acquired"] is True
-    assert walk.climbs == ["mahabharatha.runner.run_locked -> mahabharatha.cli.lock._note_holder"]
+    assert walk.climbs == [
+        "mahabharatha.run.runner.run_locked -> mahabharatha.cli.lock._note_holder"
+    ]
 
 
 # --------------------------------------------------------------------------- the two steps

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from mahabharatha import locks, runner
+from mahabharatha import locks
 from mahabharatha.commands._utils import check_feature_lock
+from mahabharatha.run import runner
 
 pytestmark = pytest.mark.timeout(30)
 

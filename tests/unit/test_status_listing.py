@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from mahabharatha import locks, ownership, proof
-from mahabharatha.backends import files
-from mahabharatha.backends.base import LockInfo, Owner, State
+from mahabharatha import locks
+from mahabharatha.backends.base import LockInfo, Owner
+from mahabharatha.backends.files import backend as files
+from mahabharatha.backends.files.lockfile import DetailsReader
 from mahabharatha.commands import _utils
-from mahabharatha.lockfile import DetailsReader
+from mahabharatha.owner import ownership, proof
+from mahabharatha.states import State
 
 OTHER_PID = 1 if os.getpid() != 1 else 2
 

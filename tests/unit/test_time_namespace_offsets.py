@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from mahabharatha import ownership
+from mahabharatha.owner import ownership
 
 
 def test_whole_seconds_are_ticks() -> None:

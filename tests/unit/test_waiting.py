@@ -18,7 +18,7 @@ from mahabharatha import locks, logs, waiting
 from mahabharatha.aio import AsyncFeatureLock
 
 PACKAGE_DIR: Final = Path(mahabharatha.__file__).parent
-NOT_YET_MOVED: Final = frozenset({"backends/postgres.py"})
+NOT_YET_MOVED: Final = frozenset({"backends/postgres/backend.py"})
 """Its slot and serialization retries move once its open work (issues 27, 28) has landed."""
 
 

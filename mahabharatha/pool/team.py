@@ -34,8 +34,7 @@ from typing import Any, Final, NamedTuple, NoReturn
 from mahabharatha import signals
 from mahabharatha.exits import shell_status
 from mahabharatha.locks import WorkReport, WorkResult
-
-__all__ = ["WorkerEnd", "merge_reports", "report_from_document", "run_team"]
+from mahabharatha.states import WorkEnd, WorkOutcome
 
 """Signals this process forwards to every worker (each worker handles them as ``lock work``)."""
 READ_CHUNK: Final = 65536
@@ -211,9 +210,12 @@ def report_from_document(document: dict[str, Any]) -> WorkReport | None:
     error answered instead)."""
     if document.get("ended") is None:
         return None
-    results = tuple(WorkResult(**result) for result in document.get("results", ()))
+    results = tuple(
+        WorkResult(**{**result, "outcome": WorkOutcome(result["outcome"])})
+        for result in document.get("results", ())
+    )
     return WorkReport(
-        document["ended"],
+        WorkEnd(document["ended"]),
         results,
         tuple(document.get("failed", ())),
         tuple(document.get("busy", ())),
@@ -221,7 +223,7 @@ def report_from_document(document: dict[str, Any]) -> WorkReport | None:
     )
 
 
-ENDED_FIRST: Final = ("stopped", "finished", "waited-out")
+ENDED_FIRST: Final = (WorkEnd.STOPPED, WorkEnd.FINISHED, WorkEnd.WAITED_OUT)
 """Which worker's ending the pool's report takes: a stopped worker (a signal, a command that
 cannot start) says most, then finished, then a wait that ran out. Race: a teammate's wait can
 run out on a feature a worker of the team still holds, which that worker then finishes; a
@@ -241,12 +243,14 @@ def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
         ended.ended,
         results,
         _union(report.failed for report in reports),
-        _union(report.busy for report in reports if ended.ended == report.ended == "waited-out"),
+        _union(
+            report.busy for report in reports if ended.ended == report.ended == WorkEnd.WAITED_OUT
+        ),
         ended.exit_code,
     )
 
 
-def _rank(ended: str) -> int:
+def _rank(ended: WorkEnd) -> int:
     return ENDED_FIRST.index(ended) if ended in ENDED_FIRST else len(ENDED_FIRST)
 
 

@@ -24,15 +24,13 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 from psycopg import sql
 
-from mahabharatha.backends.postgres import (
+from mahabharatha.backends.postgres.backend import (
     CLIENT_ENCODING,
     WAKE_UP_INTERVAL_SECONDS,
 )
 
 if TYPE_CHECKING:
-    from mahabharatha.backends.postgres import PostgresBackend
-
-__all__ = ["AsyncReleaseListener", "listener_for"]
+    from mahabharatha.backends.postgres.backend import PostgresBackend
 
 LISTENER_NAME: Final = "mahabharatha-wait-async"
 """The ``application_name`` of the listening connection (``pg_stat_activity`` tells it apart)."""

@@ -25,7 +25,7 @@ its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
 * ``pgid`` and ``gstart``: the owner's process group when it took the lock, and the start time of
   that group's leader if it was running (tells a reused group number apart);
 * ``flags``: ``PROOF_FLAG`` when the holder holds its proof file's proof of life
-  (:mod:`mahabharatha.proof`): then the kernel, not the pid, says whether it is alive;
+  (:mod:`mahabharatha.owner.proof`): then the kernel, not the pid, says whether it is alive;
   ``WORK_GROUP_FLAG`` when ``pgid`` and ``gstart`` are the process group ``lock run`` made for
   its command (recorded once the command started): its members are the owner's work;
 * ``sid``: the owner's session when it took the lock. A lock without a proof (a CLI ``acquire``
@@ -52,44 +52,6 @@ import struct
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Final, NamedTuple
-
-__all__ = [
-    "INLINE_BYTES",
-    "MAX_COMMAND_CHARS",
-    "MAX_DETAILS_BYTES",
-    "PROOF_FLAG",
-    "WORK_GROUP_FLAG",
-    "XATTR_NAME",
-    "OwnerDetails",
-    "attach",
-    "boottime_offset_ticks",
-    "claims_proof",
-    "command_name_only",
-    "could_be_owner",
-    "could_own",
-    "could_own_sql",
-    "decode",
-    "details_of",
-    "folder_tag",
-    "group_has_live_member",
-    "group_has_work_since",
-    "holder_stopped",
-    "host_name",
-    "is_alive",
-    "judgeable",
-    "pid_exists",
-    "place_key",
-    "proc_stat",
-    "proof_folder",
-    "proof_slot",
-    "read_attached",
-    "session_has_live_member",
-    "start_key",
-    "this_boot",
-    "this_pid_namespace",
-    "with_proof",
-    "with_work_group",
-]
 
 XATTR_NAME: Final = "user.mahabharatha.owner"
 """One attribute for everything: set with one system call, in the inode on ext4 (user.*: no
@@ -142,7 +104,7 @@ class OwnerDetails(NamedTuple):
     cmd: str | None = None
     sid: int | None = None
     proof: bool = False
-    slot: int | None = None  # the lock's own bytes of the folder's proof (mahabharatha.proof)
+    slot: int | None = None  # the lock's own bytes of the folder's proof (mahabharatha.owner.proof)
     work_group: bool = False  # pgid/gstart: the group lock run made for its command
     folder: int | None = None  # the tag of the proof file (folder_tag)
 

@@ -26,8 +26,6 @@ import re
 import subprocess
 from typing import Final
 
-__all__ = ["CASE_INSENSITIVE_HOSTS", "derive_namespace", "normalise_remote"]
-
 CASE_INSENSITIVE_HOSTS: Final = frozenset({"github.com", "gitlab.com", "bitbucket.org"})
 """Hosts whose repository paths are case-insensitive (``Org/Repo`` is ``org/repo``)."""
 

@@ -23,17 +23,6 @@ from psycopg.waiting import Ready, Wait
 
 from mahabharatha.constants import CONNECT_TIMEOUT_SECONDS
 
-__all__ = [
-    "CONNECT_TIMEOUT_SECONDS",
-    "SLOTS_TAKEN_SQLSTATE",
-    "Connection",
-    "Server",
-    "first_line",
-    "password_of",
-    "server_of",
-]
-
-
 SLOTS_TAKEN_SQLSTATE: Final = "53300"
 """too_many_connections: the server's ``max_connections`` (past the reserved slots), a role's
 or a database's ``CONNECTION LIMIT``, in whatever language the server speaks."""

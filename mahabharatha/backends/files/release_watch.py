@@ -24,10 +24,8 @@ from collections.abc import Iterable
 from time import monotonic, sleep
 from typing import Final, Self
 
-from mahabharatha.backends.base import POLL_SECONDS, RECHECK_SECONDS
-from mahabharatha.lockfile import LOCK_FILE_NAME, folder_path
-
-__all__ = ["POLL_SECONDS", "RECHECK_SECONDS", "ReleaseWatch"]
+from mahabharatha.backends.files.lockfile import LOCK_FILE_NAME, folder_path
+from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 
 IN_NONBLOCK: Final = os.O_NONBLOCK
 IN_CLOEXEC: Final = os.O_CLOEXEC

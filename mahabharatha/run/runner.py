@@ -32,7 +32,7 @@ of its terminal, in the foreground or started with ``&``: then CMD shares its gr
 the terminal's Ctrl-C, Ctrl-Z and reads, ``fg``, ``bg`` and a hang-up reach both as one job),
 and every signal forwarded to it goes to that whole group; that group is recorded with the
 lock, and counts as the owner's work until it is empty. CMD
-inherits a proof of life of its own (:class:`~mahabharatha.proof.WorkProof`), which its
+inherits a proof of life of its own (:class:`~mahabharatha.owner.proof.WorkProof`), which its
 children inherit in turn. When CMD has ended, ``lock run`` releases only once no process holds
 that proof: it waits :data:`WORK_GRACE_SECONDS`, then SIGKILLs CMD's group, and if something
 that left the group (``setsid``, a daemon) still holds the proof, the lock is left held (its
@@ -57,7 +57,7 @@ from time import monotonic
 from types import FrameType, TracebackType
 from typing import IO, Any, Final, Self
 
-from mahabharatha import ownership, signals, waiting
+from mahabharatha import signals, waiting
 from mahabharatha.backends.base import Capability, ReleaseWait
 from mahabharatha.constants import (
     GRACE_ENV,
@@ -70,22 +70,9 @@ from mahabharatha.constants import (
     WORK_POLL_SECONDS,
 )
 from mahabharatha.exits import killed_by, shell_status
-from mahabharatha.locks import FeatureLock, LockInfo, LockLostError, WaitCallback
-from mahabharatha.proof import WorkProof
-
-__all__ = [
-    "LOST_KILL_GRACE_SECONDS",
-    "CommandNotExecutableError",
-    "CommandNotFoundError",
-    "CommandStartError",
-    "Interrupted",
-    "OnLost",
-    "ReleaseInterrupted",
-    "Run",
-    "WorkLeftError",
-    "run_locked",
-]
-
+from mahabharatha.locks import FeatureLock, LockError, LockInfo, LockLostError, WaitCallback
+from mahabharatha.owner import ownership
+from mahabharatha.owner.proof import WorkProof
 
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
@@ -133,7 +120,7 @@ class ReleaseInterrupted(Exception):
         return killed_by(self.signum)
 
 
-class WorkLeftError(Exception):
+class WorkLeftError(LockError):
     """CMD has ended, but processes it started outside its process group still hold its proof
     of life: the lock was left held (judged alive) until they end. ``status``: CMD's exit
     code, as ``lock run`` reports it."""
@@ -155,7 +142,7 @@ class WorkLeftError(Exception):
         return self._still_running is None or self._still_running()
 
 
-class CommandStartError(OSError):
+class CommandStartError(OSError, LockError):
     """The command could not be started; nothing ran (exit 126 or 127, as a shell would)."""
 
 

@@ -30,13 +30,11 @@ from typing import Any, Final, TypeVar
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg import sql
+    from psycopg import pq, sql
 except ImportError as missing:  # pragma: no cover - exercised by the CLI's own test
     raise ImportError("a postgresql:// lock URL needs psycopg 3, the postgres extra") from missing
 
-from mahabharatha import ownership
 from mahabharatha.backends.base import (
-    RECHECK_SECONDS,
     AcquireResult,
     Attempts,
     BackendError,
@@ -53,30 +51,25 @@ from mahabharatha.backends.base import (
     ReleaseWait,
     Requester,
     ServerFullError,
-    State,
     Verdict,
 )
-from mahabharatha.backends.pg_connection import (
-    CONNECT_TIMEOUT_SECONDS,
+from mahabharatha.backends.postgres.connection import (
     SLOTS_TAKEN_SQLSTATE,
     Connection,
     first_line,
     password_of,
     server_of,
 )
-from mahabharatha.backends.pg_namespace import derive_namespace, normalise_remote
-from mahabharatha.constants import NAMESPACE_ENV, SCHEMA_ENV
+from mahabharatha.backends.postgres.namespace import derive_namespace
+from mahabharatha.constants import (
+    CONNECT_TIMEOUT_SECONDS,
+    NAMESPACE_ENV,
+    RECHECK_SECONDS,
+    SCHEMA_ENV,
+)
 from mahabharatha.names import feature_folders
-
-__all__ = [
-    "CONNECT_TIMEOUT_SECONDS",
-    "DEFAULT_LEASE_SECONDS",
-    "RUN_LEASE_SECONDS",
-    "SCHEMA_VERSION",
-    "PostgresBackend",
-    "derive_namespace",
-    "normalise_remote",
-]
+from mahabharatha.owner import ownership
+from mahabharatha.states import State
 
 SCHEMA_VERSION: Final = 2
 """The tables' layout; ``mahabharatha_schema`` records it (a newer one is refused, never
@@ -212,6 +205,16 @@ _TAKEABLE: Final = """(l.pid IS NULL OR l.expires_at < now() OR l.token = ANY(%(
 """Free, expired by the server's clock, judged dead by the client (exactly that token), or our
 own attempt whose answer a lost connection swallowed."""
 
+
+def _rested(row: str) -> str:
+    """The row's rest after its last failed attempt (``--retry-delay``: ``rest`` seconds) is
+    over by the server's clock. The attempt's time is the one its record keeps (``at``: the
+    server's since ``_FAIL`` writes it; an older client's own, which counts no later than now)."""
+    return f"""({row}.last_failure IS NULL OR date_part('epoch', now()) >= %(rest)s
+        + least(coalesce(({row}.last_failure::jsonb ->> 'at')::float8, 0),
+            date_part('epoch', now())))"""
+
+
 _RETURNING: Final = f"""l.feature, l.token, {_EPOCHS}, prev_pid, prev_details,
     date_part('epoch', prev_refreshed_at), date_part('epoch', prev_expires_at)"""
 
@@ -242,7 +245,7 @@ WITH {_WANTED}, missing AS (
     SELECT l.namespace, l.feature
     FROM mahabharatha.mahabharatha_locks l JOIN wanted w USING (feature)
     WHERE l.namespace = %(ns)s AND (SELECT n FROM missing) = 0 AND {_TAKEABLE}
-        AND (%(include_done)s OR l.done_at IS NULL OR l.attempt = %(attempt)s)
+        AND (%(include_done)s OR l.done_at IS NULL OR l.attempt = %(attempt)s) AND {_rested("l")}
     ORDER BY l.attempt IS NOT DISTINCT FROM %(attempt)s DESC, w.ord
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
@@ -263,7 +266,7 @@ _CLAIM_SORTED: Final = f"""
 WITH pick AS (
     SELECT l.namespace, l.feature FROM mahabharatha.mahabharatha_locks l
     WHERE l.namespace = %(ns)s AND l.feature = ANY(string_to_array(%(names)s, pg_catalog.chr(10)))
-        AND {_TAKEABLE} AND (%(include_done)s OR l.done_at IS NULL)
+        AND {_TAKEABLE} AND (%(include_done)s OR l.done_at IS NULL) AND {_rested("l")}
     ORDER BY l.feature
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
@@ -277,7 +280,7 @@ SELECT 0, taken.* FROM (VALUES (1)) AS one LEFT JOIN taken ON true"""
 by name) whose rows this process has seen exist. The primary key's order is the names' (the
 column is ``COLLATE "C"``), so the scan walks the index and stops at the first takeable row."""
 
-_REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease")
+_REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease", "rest")
 """The parameters of a registered claim, in their ``$n`` order."""
 
 
@@ -294,7 +297,7 @@ UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
 WHERE l.namespace = {{ns}} AND l.feature = (
     SELECT p.feature FROM mahabharatha.mahabharatha_locks p
     WHERE p.namespace = {{ns}} AND p.feature = ANY({{names}})
-        AND (p.pid IS NULL OR p.expires_at < now()){{not_done}}
+        AND (p.pid IS NULL OR p.expires_at < now()){{not_done}} AND {_rested("p")}
     ORDER BY p.feature
     LIMIT 1
     FOR UPDATE SKIP LOCKED)
@@ -304,9 +307,10 @@ RETURNING {_RETURNING}""",
 """The claim of a registered list: ``_CLAIM_SORTED`` with the namespace and the names written
 into the statement (quoted by psycopg's ``sql.Literal``) and prepared on the connection, so the
 server parses and plans the 1,000 names once per connection, not once per claim. Every value
-that changes between claims (holder, attempt, lease) is a ``$n`` parameter of the SET list only,
-which no plan depends on: the server's plan cache then keeps one generic plan (its cost equals
-the custom plans' and saves their planning). It runs on a ``RawCursor``: psycopg passes the text
+that changes between claims (holder, attempt, lease) is a ``$n`` parameter of the SET list, and
+the rest (``--retry-delay``) one of a row filter after the index scan: no plan depends on them,
+so the server's plan cache keeps one generic plan (its cost equals the custom plans' and saves
+their planning). It runs on a ``RawCursor``: psycopg passes the text
 as it is, where a ``%(name)s`` query of this size would be parsed again on every claim (psycopg
 caches that parse only for texts up to 4 kB). Takeable is free or expired: no judged tokens (a
 ``--reclaim-dead`` claim sends its list) and no earlier attempt (a retry uses
@@ -322,9 +326,10 @@ ON CONFLICT DO NOTHING"""
 """Rows with no holder for features never locked before (sorted: concurrent claimers insert in
 one order and cannot deadlock)."""
 
-_WAKE: Final = "SELECT pg_notify(%(channel)s, '')"
+_WAKE: Final = "SELECT pg_catalog.pg_notify(%(channel)s, '')"
 """The wake-up sent after a release, a done, a failed attempt or a clean has committed, in a
-transaction of its own (:meth:`PostgresBackend._wake_waiters`): a notification that cannot be
+transaction of its own (:meth:`PostgresBackend._wake_waiters`; a release of a held lock sends
+both in one pipeline: :meth:`PostgresBackend._release_then_wake`): a notification that cannot be
 queued (the cluster's queue full: one listener in an open transaction anywhere holds its tail)
 never undoes or stops the release. No payload: any role that may connect to any database may
 LISTEN, and a name in it would tell every team's feature names."""
@@ -413,7 +418,9 @@ RETURNING 1"""
 
 _FAIL: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks
-SET {_LET_GO}, failures = failures + 1, last_failure = %(entry)s,
+SET {_LET_GO}, failures = failures + 1,
+    last_failure = (%(entry)s::jsonb
+        || jsonb_build_object('at', extract(epoch FROM now())::numeric))::text,
     failed = failures + 1 >= %(limit)s,
     done_at = CASE WHEN failures + 1 >= %(limit)s THEN now() ELSE done_at END
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
@@ -421,7 +428,13 @@ WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
 RETURNING failures"""
 """Record a failed attempt and release in one statement: both or neither. A feature whose
 attempts reach the pool's limit is closed the way a done one is (``done_at``: every claim
-statement already skips it) and flagged ``failed``, which tells the two apart."""
+statement already skips it) and flagged ``failed``, which tells the two apart. The record's
+``at`` is the server's clock (the rest a claim judges, :func:`_rested`): hosts' clocks differ."""
+
+_RETRIED: Final = """
+SELECT feature FROM mahabharatha.mahabharatha_locks
+WHERE namespace = %(ns)s AND feature = ANY(%(features)s::text[]) AND pid IS NULL
+    AND done_at IS NULL AND failures > 0"""
 
 _ATTEMPTS: Final = """
 SELECT feature, failures, failed, last_failure FROM mahabharatha.mahabharatha_locks
@@ -499,6 +512,9 @@ ours (a transaction-mode pooler runs each transaction on any server connection, 
 client's ``SET`` stays), so nothing is set here: every transaction pins its own
 (``_PIN_SETTINGS``), and no named prepared statement is used (another client's ``_pg3_0`` ran
 in ours)."""
+
+_BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+"""An explicit transaction, ended by its own COMMIT before what follows in a pipeline."""
 
 _PIN_SETTINGS: Final = """
 SELECT pg_catalog.set_config('synchronous_commit', 'on', true),
@@ -799,14 +815,21 @@ class PostgresBackend(LockBackend):
             return ServerFullError(said)
         return BackendError(said)
 
-    def _run(self, operation: Callable[[_Connection], _T], *, retry: bool = True) -> _T:
+    def _run(
+        self,
+        operation: Callable[[_Connection], _T],
+        *,
+        retry: bool = True,
+        pins_itself: bool = False,
+    ) -> _T:
         """Run ``operation`` on the warm connection. A connection lost under it (a server
         restart, ``pg_terminate_backend``, ``idle_session_timeout``, a reset after the server
         committed) is replaced and the operation run again, also when the connection was a
         fresh one, up to ``MAX_LOST_ANSWERS`` times (``retry``: every statement here is safe to
         repeat, by token or by attempt id). A connection that cannot be made is an error at
         once (nothing was sent); a missing table is created (first use); anything else is a
-        :class:`BackendError`."""
+        :class:`BackendError`. Behind a pooler ``operation`` runs :meth:`_pinned` unless it
+        ``pins_itself``."""
         lost = 0
         created = False
         rolled_back: _Pauses | None = None  # made at the first rollback: none on the hot path
@@ -816,7 +839,7 @@ class PostgresBackend(LockBackend):
             except psycopg.Error as error:  # nothing was sent: no answer to look for
                 raise self._error(error) from None
             try:
-                if conn.pooled:
+                if conn.pooled and not pins_itself:
                     return self._pinned(conn, operation)
                 return operation(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
@@ -1023,6 +1046,7 @@ class PostgresBackend(LockBackend):
             attempt=secrets.token_bytes(16),
             lease=float(seconds),
             judged=[],
+            rest=0.0,
         )
 
     def try_acquire(
@@ -1065,13 +1089,16 @@ class PostgresBackend(LockBackend):
         reclaim_dead: bool = False,
         lease: float | None = None,
         include_done: bool = False,
+        retry_delay: float = 0.0,
     ) -> AcquireResult | None:
         """Take the first takeable of ``features`` in their order (one statement); None when
-        every one is held (or done, unless ``include_done``)."""
+        every one is held, resting ``retry_delay`` seconds after a failed attempt by the
+        server's clock, or done (unless ``include_done``)."""
         if not features:
             return None
         names = self._joined(features)
         params = self._take_params(None, requester, lease)
+        params["rest"] = float(retry_delay)
         # Race: a claim committed, its answer lost, and no connection to ask again on (every
         # slot taken: ServerFullError); a pool's worker claims again once a slot is free. A new
         # attempt id would see the feature held by the worker itself and pass it over (left
@@ -1263,12 +1290,42 @@ class PostgresBackend(LockBackend):
         )
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        """Remove exactly ``held`` (one statement; ``wait`` is unused: nothing on a server
-        refuses a release for a while, and a lost answer is retried by :meth:`_run`)."""
-        released = self._hot(_RELEASE_HELD_NUMBERED, (self.namespace, held.feature, held.token))
-        if released:
-            self._wake_waiters()
-        return bool(released)
+        """Remove exactly ``held`` and wake the waiters, in one round trip (``wait`` is unused:
+        nothing on a server refuses a release for a while, and a lost answer is retried by
+        :meth:`_run`)."""
+        text = self._sql(_RELEASE_HELD_NUMBERED)
+        values = (self.namespace, held.feature, held.token)
+
+        def run(conn: _Connection) -> list[tuple[Any, ...]]:
+            return self._release_then_wake(conn, text, values)
+
+        return bool(self._run(run, pins_itself=True))
+
+    def _release_then_wake(
+        self, conn: _Connection, text: str, values: Sequence[Any]
+    ) -> list[tuple[Any, ...]]:
+        """The release in a transaction of its own (pinned first behind a pooler), then the
+        wake-up in another, sent in one pipeline: one flush, one Sync, one round trip. A
+        wake-up the server refuses (its notification queue full) fails only its own
+        transaction, after the release's COMMIT: the release stands, the error is dropped."""
+        released = psycopg.RawCursor(conn)
+        commit = conn.cursor()
+        try:
+            with conn.pipeline():
+                conn.execute(_BEGIN, prepare=False)
+                if conn.pooled:
+                    conn.execute(_PIN_SETTINGS, prepare=False)
+                # Race: a pooler runs another client's same-named prepared statement
+                released.execute(text, values, prepare=not conn.pooled, binary=True)
+                commit.execute("COMMIT", prepare=False)
+                conn.execute(_WAKE, {"channel": self.channel}, prepare=False)
+        except psycopg.Error:
+            if commit.statusmessage != "COMMIT":
+                if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+                    conn.rollback()  # the release failed inside its BEGIN: end that first
+                raise
+        _hand_on_buffered_notifies(conn)
+        return released.fetchall()
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
         params = self._params(
@@ -1491,6 +1548,11 @@ class PostgresBackend(LockBackend):
         """The features whose attempts reached their limit (closed like done ones)."""
         return {name for name, record in self._all_attempts().items() if record.failed}
 
+    def retried_features(self, features: Sequence[str]) -> set[str]:
+        """Those of ``features`` free and open after a failed attempt: resting, or just
+        rested (a claim passed them over; a pool waits for them, never counts them finished)."""
+        return {name for (name,) in self._rows(_RETRIED, self._params(features=list(features)))}
+
     # ------------------------------------------------------------------ waiting
 
     def pause(self, feature: str, backoff: float, most: float) -> None:
@@ -1522,9 +1584,9 @@ class PostgresBackend(LockBackend):
 
     def async_release_listener(self) -> Any:
         """The running event loop's listener for releases of this backend's locks
-        (:class:`~mahabharatha.backends.postgres_async.AsyncReleaseListener`): what
+        (:class:`~mahabharatha.backends.postgres.aio.AsyncReleaseListener`): what
         ``AsyncFeatureLock`` waits on, without blocking its loop."""
-        from mahabharatha.backends.postgres_async import listener_for
+        from mahabharatha.backends.postgres.aio import listener_for
 
         return listener_for(self)
 
@@ -1639,6 +1701,16 @@ class _Pauses:
         return True
 
 
+def _hand_on_buffered_notifies(conn: _Connection) -> None:
+    """Give psycopg the notifications libpq read with a pipeline's last answer (our own
+    wake-up, heard by a LISTEN on this connection): psycopg leaves them in libpq's buffer, where
+    ``notifies()``, which waits for the socket, never looks. Handed on as psycopg itself does."""
+    pgconn = conn.pgconn
+    while (note := pgconn.notifies()) is not None:
+        if pgconn.notify_handler is not None:
+            pgconn.notify_handler(note)
+
+
 def _few_slots(usable: int) -> int:
     """How few free connection slots make a server crowded: a tenth of them, at least one
     (a worker that cannot connect finds none free)."""
@@ -1650,7 +1722,7 @@ def _out_of_slots(error: psycopg.OperationalError) -> bool:
     (``too_many_connections``), whatever the limit (the server's, the role's or the database's
     ``CONNECTION LIMIT``) and whatever the language of its message (``lc_messages``). The
     English text counts only for a refusal that came without a SQLSTATE (libpq not found to
-    make its errors verbose: :func:`~mahabharatha.backends.pg_connection._verbose_errors`)."""
+    make its errors verbose: :func:`~mahabharatha.backends.postgres.connection._verbose_errors`)."""
     sqlstate = getattr(error, "sqlstate", None)
     if sqlstate is not None:
         return bool(sqlstate == SLOTS_TAKEN_SQLSTATE)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import os
 import time
 
-from mahabharatha import ownership
 from mahabharatha.backends import shared_backend
-from mahabharatha.backends.base import NotOwnerError, Requester, State
-
-__all__ = ["acquire_feature_lock", "check_feature_lock", "release_feature_lock"]
+from mahabharatha.backends.base import NotOwnerError, Requester
+from mahabharatha.owner import ownership
+from mahabharatha.states import State
 
 
 def acquire_feature_lock(url: str, feature: str, gsd_dir: str) -> bool:

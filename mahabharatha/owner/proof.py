@@ -36,7 +36,7 @@ file description are not reported, so every judgement goes through a descriptor 
 (or only its own, which is then rightly ignored).
 
 Where the kernel has no open-file-description locks (not Linux, some network file systems) no
-proof is taken, the owner details say so, and the pid rules of :mod:`mahabharatha.ownership`
+proof is taken, the owner details say so, and the pid rules of :mod:`mahabharatha.owner.ownership`
 apply. The long form: ``design/lockfile-hardening.md``, "Proof of life".
 """
 
@@ -52,34 +52,7 @@ import threading
 from time import monotonic
 from typing import Final, Protocol
 
-from mahabharatha import ownership
-
-__all__ = [
-    "LIFE_BYTE",
-    "PENDING_BYTE",
-    "PENDING_WAIT_SECONDS",
-    "PROOF_PREFIX",
-    "WORK_BYTE",
-    "HandedProof",
-    "Life",
-    "Pledge",
-    "WorkProof",
-    "drop_pending",
-    "forget",
-    "hold_life",
-    "hold_pending",
-    "holds",
-    "identity_of",
-    "keep",
-    "kept_slot",
-    "let_go_of_all",
-    "life_of",
-    "new_slot",
-    "open_proof",
-    "proof_name",
-    "supported",
-    "work_running",
-]
+from mahabharatha.owner import ownership
 
 LIFE_BYTE: Final = 0
 PENDING_BYTE: Final = 1

@@ -1,8 +1,8 @@
 """The folder backend: each feature's lock is a ``.lock`` file in ``<gsd>/specs/<feature>/``.
 
 The default backend, nothing to run. Every read, publish, reclaim, refresh and removal goes
-through the hardened protocol of :mod:`mahabharatha.lockfile` (the clock of every decision is
-:func:`mahabharatha.clock.now`, read once per call); this module adds what a
+through the hardened protocol of :mod:`mahabharatha.backends.files.lockfile` (the clock of every
+decision is :func:`mahabharatha.clock.now`, read once per call); this module adds what a
 lock layer needs on top: an explicit owner pid with its owner details, the ``--reclaim-dead``
 judgement, the audit trail, listings, clean-up and the ``.completed`` marker. No fencing
 tokens, no chosen lease: the lease is the contract's fixed 2 hours.
@@ -21,7 +21,7 @@ from pathlib import Path
 from time import gmtime, monotonic, strftime
 from typing import Any, Final
 
-from mahabharatha import clock, lockfile, ownership, proof, waiting
+from mahabharatha import clock, reads, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
@@ -37,13 +37,26 @@ from mahabharatha.backends.base import (
     Owner,
     ReleaseWait,
     Requester,
-    State,
+    UnsafeLockPathError,
     UnsupportedError,
     Verdict,
     format_duration,
 )
+from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.lockfile import (
+    STALE_AFTER_SECONDS,
+    EntryKind,
+    LockBusyError,
+    LockSnapshot,
+    OpenFeatureDir,
+    ReleaseOutcome,
+    age_only,
+    feature_dir_path,
+    judge_lock,
+    read_lock,
+)
+from mahabharatha.backends.files.release_watch import ReleaseWatch
 from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
-from mahabharatha.backends.release_watch import ReleaseWatch
 from mahabharatha.constants import (
     AUDIT_LOG_NAME,
     COMPLETED_MARKER_NAME,
@@ -53,31 +66,10 @@ from mahabharatha.constants import (
     RELEASE_RETRY_FIRST_SECONDS,
     RELEASE_RETRY_MAX_SECONDS,
 )
-from mahabharatha.lockfile import (
-    STALE_AFTER_SECONDS,
-    EntryKind,
-    LockBusyError,
-    LockSnapshot,
-    LockState,
-    OpenFeatureDir,
-    ReleaseOutcome,
-    UnsafeLockPathError,
-    age_only,
-    feature_dir_path,
-    judge_lock,
-    read_lock,
-)
 from mahabharatha.names import feature_folders
-
-__all__ = [
-    "ATTEMPTS_RECORD_NAME",
-    "AUDIT_LOG_NAME",
-    "COMPLETED_MARKER_NAME",
-    "LEASE_BREAK_MARGIN_SECONDS",
-    "FileBackend",
-    "describe_snapshot",
-    "lease_break_seconds",
-]
+from mahabharatha.owner import ownership, proof
+from mahabharatha.states import State
+from mahabharatha.states import State as LockState
 
 ATTEMPTS_RECORD_NAME: Final = ".attempts"
 """A feature's failed attempts beside its ``.completed`` marker: one JSON object (count, the
@@ -374,7 +366,7 @@ def _read_attempts(dfd: int) -> Attempts | None:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
-        data = lockfile.read_bounded(fd, info.st_size)
+        data = reads.read_bounded(fd, info.st_size)
     finally:
         os.close(fd)
     return _parse_attempts(data)

@@ -2,7 +2,7 @@
 
 A feature ``F`` is claimed by the file ``<gsd>/specs/F/.lock`` holding ``"{pid}:{time}"``. Only
 this module touches ``.lock``; the legacy functions (:mod:`mahabharatha.commands._utils`) and
-the folder backend (:mod:`mahabharatha.backends.files`) call it. The long form, with the
+the folder backend (:mod:`mahabharatha.backends.files.backend`) call it. The long form, with the
 reasoning and the rejected options, is ``design/lockfile-hardening.md``.
 
 Protocol:
@@ -48,73 +48,14 @@ from pathlib import Path
 from time import monotonic
 from typing import Final, NamedTuple
 
-from mahabharatha import ownership, proof
-from mahabharatha.backends.base import UnsafeLockPathError
+from mahabharatha.backends.base import LockError, UnsafeLockPathError
 from mahabharatha.names import (
     MAX_PID,
     feature_names_in,
-    is_valid_feature_name,
-    shown_name,
-    validate_feature_name,
 )
+from mahabharatha.owner import ownership, proof
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 from mahabharatha.states import State as LockState
-
-__all__ = [
-    "EMPTY_LOCK_GRACE_SECONDS",
-    "LOCK_FILE_NAME",
-    "LOCK_MODE",
-    "MAX_PID",
-    "MAX_READ_BYTES",
-    "MISSING",
-    "NOFOLLOW_READ",
-    "STALE_AFTER_SECONDS",
-    "TEMP_ORPHAN_SECONDS",
-    "TMPFILE",
-    "AcquireOutcome",
-    "EntryKind",
-    "Guard",
-    "GuardBusyError",
-    "LockBusyError",
-    "LockSnapshot",
-    "LockState",
-    "MayReclaim",
-    "OpenFeatureDir",
-    "Reclaimable",
-    "ReleaseOutcome",
-    "UnsafeLockPathError",
-    "age_only",
-    "busy_error",
-    "close_quietly",
-    "feature_dir_path",
-    "folder_path",
-    "format_record",
-    "is_temp_name",
-    "is_valid_feature_name",
-    "judge_lock",
-    "named_error",
-    "orphan_temps",
-    "owned_by",
-    "parse_record",
-    "publish",
-    "publish_or_reclaim",
-    "publish_proven",
-    "read_bounded",
-    "read_lock",
-    "release_at",
-    "release_mine",
-    "remove_if_unchanged",
-    "remove_judged",
-    "remove_judged_dir",
-    "remove_orphan_temp",
-    "replace_if_unchanged",
-    "scan_locks",
-    "shown_name",
-    "sweep_orphan_temps",
-    "validate_feature_name",
-    "with_name",
-    "write_all",
-]
 
 STALE_AFTER_SECONDS: Final = 7200.0
 """A lock older than this (strictly) is stale: its holder is presumed gone."""
@@ -218,11 +159,11 @@ def format_record(pid: int, timestamp: float) -> bytes:
 # --------------------------------------------------------------------------- lock entries
 
 
-class GuardBusyError(OSError):
+class GuardBusyError(OSError, LockError):
     """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
 
 
-class LockBusyError(OSError):
+class LockBusyError(OSError, LockError):
     """The lock could not be read just now (a kernel lease or a mandatory lock on it): it was
     neither judged nor touched. Try again."""
 
@@ -414,7 +355,7 @@ def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnap
     again, yielding the CPU (never sleeping), for at most ``READ_WAIT_SECONDS``; if it is still
     refused the snapshot says so (``read_errno``) and ``judge_lock`` calls it busy.
     With ``life``, a lock whose details claim a proof of life gets its proof file's answer
-    (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.proof`).
+    (``snapshot.life``), looked at *after* the lock was read (see :mod:`mahabharatha.owner.proof`).
     Without ``details`` the owner details are not read (``owner`` None): for a caller that
     compares entries (:meth:`LockSnapshot.same_entry`), which the details are no part of.
     """

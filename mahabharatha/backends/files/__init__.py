@@ -1,0 +1,1 @@
+"""The folder backend: the ``.lock`` protocol and its release watch."""

@@ -1,0 +1,1 @@
+"""The PostgreSQL backend: statements, connections, namespaces."""

@@ -1,0 +1,1 @@
+"""Worker pools: ``lock work`` and its team of workers."""

@@ -1,0 +1,1 @@
+"""``lock run``: a command held under a lock, and its process tree."""

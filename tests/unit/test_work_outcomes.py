@@ -1,0 +1,68 @@
+"""Issue 29, item 5: a worker's outcomes are enums (its JSON keeps the same strings); one
+error tree under ``LockError``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+from pathlib import Path
+from typing import Final
+
+import mahabharatha
+from mahabharatha import locks
+from mahabharatha.pool import team
+from mahabharatha.states import WorkEnd, WorkOutcome
+
+
+def test_a_workers_outcomes_are_enums_and_read_back_as_enums(tmp_path: Path) -> None:
+    """Fails before the fix: ``mahabharatha.states`` had no ``WorkOutcome``/``WorkEnd``;
+    ``WorkResult.outcome`` and ``WorkReport.ended`` were plain strings."""
+    gsd = tmp_path / ".gsd"
+    for name in ("a", "b"):
+        (gsd / "specs" / name).mkdir(parents=True)
+
+    def task(feature: str) -> None:
+        if feature == "b":
+            raise RuntimeError("b fails")
+
+    report = locks.work(task, ["a", "b"], gsd, attempts=1, heartbeat=None)
+    assert report.ended is WorkEnd.FINISHED
+    assert [(r.feature, r.outcome) for r in report.results] == [
+        ("a", WorkOutcome.DONE),
+        ("b", WorkOutcome.FAILED),
+    ]
+    assert all(type(result.outcome) is WorkOutcome for result in report.results)
+    document = json.loads(
+        json.dumps({"ended": report.ended, "results": [r.to_dict() for r in report.results]})
+    )
+    assert document["ended"] == "finished"
+    assert [r["outcome"] for r in document["results"]] == ["done", "failed"]
+    again = team.report_from_document(document)
+    assert again is not None and again.ended is WorkEnd.FINISHED
+    assert [r.outcome for r in again.results] == [WorkOutcome.DONE, WorkOutcome.FAILED]
+    assert all(type(result.outcome) is WorkOutcome for result in again.results)
+
+
+CONTROL_FLOW: Final = frozenset(
+    {"StopWork", "Interrupted", "ReleaseInterrupted", "Terminated"}  # stops, not failures
+)
+
+
+def test_every_error_the_package_raises_is_a_lock_error() -> None:
+    """One error tree: ``except mahabharatha.LockError`` catches every failure the package
+    defines (those of the system stay ``OSError`` too). Fails before the fix:
+    ``UnsafeLockPathError``, ``BackendError``, ``ServerFullError``, ``GuardBusyError``,
+    ``LockBusyError``, ``WorkLeftError`` and the ``CommandStartError`` family were not."""
+    outside = sorted(
+        f"{module.name}.{value.__name__}"
+        for module in pkgutil.walk_packages(mahabharatha.__path__, "mahabharatha.")
+        for value in vars(importlib.import_module(module.name)).values()
+        if isinstance(value, type)
+        and issubclass(value, BaseException)
+        and value.__module__ == module.name
+        and not value.__name__.startswith("_")
+        and value.__name__ not in CONTROL_FLOW
+        and not issubclass(value, mahabharatha.LockError)
+    )
+    assert outside == []
