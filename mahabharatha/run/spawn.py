@@ -37,7 +37,7 @@ class CommandNotExecutableError(CommandStartError, PermissionError):
     (exit 126, like a shell)."""
 
 
-PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # <linux/prctl.h>
 PARENT_DEATH_SIGNAL: Final = signal.SIGKILL
 """What CMD gets when ``lock run`` dies without ending it (SIGKILL, a crash): the same fate.
 A signal that ``lock run`` can handle is forwarded to CMD instead (see the module docstring)."""
@@ -137,10 +137,9 @@ def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
 
 
 def _check_startable(path: str | None, program: str) -> None:
-    try:
+    found = None
+    with suppress(OSError):
         found = None if path is None else os.stat(path)
-    except OSError:
-        found = None
     if path is None or found is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
     if stat.S_ISDIR(found.st_mode) or not os.access(path, os.X_OK):
@@ -195,9 +194,7 @@ class _GroupHandshake:
 
     def __init__(self, record: RecordGroup) -> None:
         self._pipes = (*os.pipe(), *os.pipe())  # the pid's (read, write), then the go's
-        self._thread = threading.Thread(
-            target=self._record_then_release, args=(record,), name="lock-run-group", daemon=True
-        )
+        self._thread = threading.Thread(target=self._record, args=(record,), daemon=True)
 
     @classmethod
     def begun(cls, record: RecordGroup) -> _GroupHandshake | None:
@@ -225,7 +222,9 @@ class _GroupHandshake:
 
         return wait_until_recorded
 
-    def _record_then_release(self, record: RecordGroup) -> None:
+    def _record(self, record: RecordGroup) -> None:
+        if (prctl := _prctl()) is not None:  # /proc/PID/task/TID/comm tells it from lasting ones
+            prctl(PR_SET_NAME, b"lock-run-group", 0, 0, 0)
         pid_read, _, _, go_write = self._pipes
         said = b""
         while len(said) < 4 and (more := os.read(pid_read, 4 - len(said))):
