@@ -31,9 +31,9 @@ refreshes failed until it turned stale), the command gets SIGTERM, then SIGKILL 
 of its terminal, in the foreground or started with ``&``: then CMD shares its group, so that
 the terminal's Ctrl-C, Ctrl-Z and reads, ``fg``, ``bg`` and a hang-up reach both as one job),
 and every signal forwarded to it goes to that whole group; that group is recorded with the
-lock, and counts as the owner's work until it is empty. CMD
-inherits a proof of life of its own (:class:`~mahabharatha.owner.proof.WorkProof`), which its
-children inherit in turn. When CMD has ended, ``lock run`` releases only once no process holds
+lock before CMD runs (:mod:`~mahabharatha.run.spawn`), and counts as the owner's work until it
+is empty. CMD inherits a proof of life (:class:`~mahabharatha.owner.proof.WorkProof`), which
+its children inherit in turn. When CMD has ended, ``lock run`` releases only once no process holds
 that proof: it waits :data:`WORK_GRACE_SECONDS`, then SIGKILLs CMD's group, and if something
 that left the group (``setsid``, a daemon) still holds the proof, the lock is left held (its
 owner judged alive by that proof) and :class:`WorkLeftError` says so.
@@ -42,17 +42,14 @@ owner judged alive by that proof) and :class:`WorkLeftError` says so.
 from __future__ import annotations
 
 import enum
-import errno
 import math
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from functools import cache, lru_cache
 from time import monotonic
 from types import FrameType, TracebackType
 from typing import IO, Any, Final, Self
@@ -62,9 +59,6 @@ from mahabharatha.backends.base import ReleaseWait
 from mahabharatha.constants import (
     GRACE_ENV,
     LOST_KILL_GRACE_SECONDS,
-    PROOF_FD_ENV,
-    SETPRIV_PROBE_SECONDS,
-    TOKEN_ENV,
     WORK_GRACE_SECONDS,
     WORK_KILL_WAIT_SECONDS,
     WORK_POLL_SECONDS,
@@ -73,6 +67,10 @@ from mahabharatha.exits import killed_by, shell_status
 from mahabharatha.locks import FeatureLock, LockError, LockInfo, LockLostError, WaitCallback
 from mahabharatha.owner import ownership
 from mahabharatha.owner.proof import WorkProof
+from mahabharatha.run import spawn
+from mahabharatha.run.spawn import CommandNotExecutableError as CommandNotExecutableError
+from mahabharatha.run.spawn import CommandNotFoundError as CommandNotFoundError
+from mahabharatha.run.spawn import CommandStartError as CommandStartError
 
 SI_KERNEL: Final = 0x80
 """``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
@@ -142,19 +140,6 @@ class WorkLeftError(LockError):
         return self._still_running is None or self._still_running()
 
 
-class CommandStartError(OSError, LockError):
-    """The command could not be started; nothing ran (exit 126 or 127, as a shell would)."""
-
-
-class CommandNotFoundError(CommandStartError, FileNotFoundError):
-    """The command to run does not exist (exit 127, like a shell)."""
-
-
-class CommandNotExecutableError(CommandStartError, PermissionError):
-    """The command exists but cannot be executed: no permission, a folder, not a program
-    (exit 126, like a shell)."""
-
-
 class _Phase(enum.Enum):
     PREPARING = "preparing"  # waiting for the lock, or starting the command (pid not yet known)
     RUNNING = "running"
@@ -169,10 +154,10 @@ class _Child:
     """The running command, signalled through a pidfd where there is one; with ``own_group``
     it leads a process group of its own, and signals go to that whole group."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], *, own_group: bool = False) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], own_group: bool = False) -> None:
         self.popen = popen
         self.own_group = own_group
-        self.start = _start_of(popen.pid) if own_group else None
+        self.start = spawn.start_of(popen.pid) if own_group else None
         self._pidfd: int | None = None
         with suppress(AttributeError, OSError):  # no pidfd (old kernel, not Linux): by pid
             # Race: only our wait() reaps CMD, and it has not run yet, so this is CMD's pidfd;
@@ -513,67 +498,6 @@ def _signal_our_work(signum: int, but: int | None = None) -> None:
             psutil.Process(pid).send_signal(signum)  # checks it is still that process
 
 
-PR_SET_CHILD_SUBREAPER: Final = 36  # <linux/prctl.h>
-
-
-def _become_subreaper() -> None:
-    """Orphans of CMD's tree become our children (not init's), so we can find them (Linux)."""
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-@cache
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` (Linux), looked up once per process (a ``dlopen`` and a symbol lookup
-    per command were, with the ``PATH`` search below, a tenth of a quick command's cost in a
-    pool's worker); None where there is none."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return prctl
-
-
-def _leader_start(pgid: int) -> int | None:
-    """The start time of the group ``pgid``'s leader, ``None`` when it is gone."""
-    stat = ownership.proc_stat(pgid)
-    return stat.start if stat is not None and stat.pgrp == pgid else None
-
-
-def _start_of(pid: int) -> int | None:
-    stat = ownership.proc_stat(pid)
-    return None if stat is None else stat.start
-
-
-def _in_terminal_job() -> bool:
-    """Is ``lock run`` a job of its terminal (stdin, stdout or stderr is its controlling
-    terminal), in the foreground or in the background (``lock run F -- CMD &``)? CMD then
-    shares its group. Any of the three: ``lock run F -- CMD <file`` or ``echo y | lock run``
-    typed at a shell is a job all the same (Ctrl-Z stopped ``lock run`` alone, CMD ran on).
-
-    Race: CMD in a group of its own while ``lock run`` was a background job was no job of the
-    shell's: its read of the terminal stopped it alone (SIGTTIN goes to the reader's group),
-    ``jobs`` said Running, ``fg`` continued and gave the terminal to ``lock run``'s group only,
-    so CMD stayed stopped for ever and Ctrl-C never reached it. In the job's group the kernel
-    and the shell treat both as one job: a read stops both, ``fg``/``bg`` continue both,
-    Ctrl-C and Ctrl-Z reach both, a hang-up ends both."""
-    return any(_our_terminal(stream) for stream in (sys.stdin, sys.stdout, sys.stderr))
-
-
-def _our_terminal(stream: IO[str] | None) -> bool:
-    """Is ``stream`` our controlling terminal?"""
-    try:
-        fd = stream.fileno() if stream is not None else -1
-        return fd >= 0 and os.isatty(fd) and os.tcgetpgrp(fd) > 0  # ENOTTY: not our terminal
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def work_grace_seconds() -> float:
     """The grace of CMD's leftovers: ``MAHABHARATHA_RUN_GRACE`` when it is a finite number of
     seconds (at least 0), else :data:`WORK_GRACE_SECONDS`."""
@@ -716,20 +640,9 @@ class Run:
                 raise lock.lost  # Race: lost between the acquire and now: CMD never starts
             work = lock.work_proof()
             with _unmasked():
-                child = _start(
-                    relay, command, stdout, _child_env(lock.token, work, env), work, stderr
-                )
+                child = _Child(*spawn.start_command(lock, command, (stdout, stderr), work, env))
+                relay.started(child)
             watch.started(child)
-            if child.own_group:
-                # Race: lock run SIGKILLed from here on leaves work that dropped the proof in
-                # CMD's group: recorded, the judge counts it. (Before this one write, CMD
-                # itself dies with us by the parent-death signal.)
-                lock.record_work_group(child.popen.pid, child.start)
-            elif os.getpgrp() != os.getpid():
-                # Race: the same, CMD sharing a terminal job's group that a script (not we)
-                # leads: the judge's own-group rule never sees it. Members older than us are
-                # not CMD's work: the judge counts only those started since we did.
-                lock.record_work_group(os.getpgrp(), _leader_start(os.getpgrp()))
             try:
                 returncode = child.popen.wait()
             finally:
@@ -826,184 +739,3 @@ def _release_after_leases(
             raise ReleaseInterrupted(signum, lock.feature, code)
 
     lock.release(ReleaseWait(on_release_wait, pause))
-
-
-PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
-PARENT_DEATH_SIGNAL: Final = signal.SIGKILL
-"""What CMD gets when ``lock run`` dies without ending it (SIGKILL, a crash): the same fate.
-A signal that ``lock run`` can handle is forwarded to CMD instead (see the module docstring)."""
-
-
-def _parent_death_hook() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to kill the child when ``lock run`` dies; ``None``
-    where there is no ``prctl`` (CMD then outlives a SIGKILLed ``lock run``, and its process
-    group, recorded with the lock, keeps the lock alive meanwhile).
-
-    Fork safety: everything is resolved here, in the parent; the child only calls one C
-    function and two system calls, touching no Python lock (the import lock is held across the
-    fork by ``subprocess`` itself, and glibc's ``fork`` leaves ``malloc`` usable).
-    """
-    prctl = _prctl()
-    if prctl is None:
-        return None
-    parent = os.getpid()
-    getpid, getppid, kill, signum = os.getpid, os.getppid, os.kill, int(PARENT_DEATH_SIGNAL)
-
-    def die_with_parent() -> None:
-        # The signal comes when the thread that forked us ends: run_locked starts CMD from the
-        # thread that waits for it.
-        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-        # Race: lock run died between fork and prctl; we were re-parented and no signal comes.
-        if getppid() != parent:
-            kill(getpid(), signum)
-
-    return die_with_parent
-
-
-SETPRIV: Final = "setpriv"
-"""util-linux's ``setpriv``: ``setpriv --pdeathsig KILL -- CMD`` asks for the parent-death
-signal and then becomes CMD (one process, CMD's pid)."""
-
-
-def _spawned_words(
-    command: Sequence[str], env: Mapping[str, str] | None
-) -> tuple[list[str], Callable[[], None] | None]:
-    """The words to start and the ``preexec_fn`` that give CMD the parent-death signal.
-
-    A ``preexec_fn`` makes Python fork this interpreter (it cannot ``vfork`` with one): about
-    1.5 ms of CPU per command in page faults, most of a short command's cost in a pool. Where
-    util-linux's ``setpriv`` can set the signal, CMD is started through it instead, and Python
-    uses ``vfork``. ``setpriv`` then runs CMD, so a command that cannot be started must be
-    told here, as ``Popen`` would tell it (its own message would be a "failed attempt").
-    Race: ``lock run`` killed between the start and ``setpriv``'s ``prctl`` (microseconds)
-    leaves CMD running; its proof of life keeps the lock held until it ends (safe, as for a
-    command that changed its credentials, section 13 of the design)."""
-    if _prctl() is None:
-        return list(command), None  # no parent-death signal to ask for here
-    wrapper = _setpriv_with_pdeathsig()
-    if wrapper is None:
-        return list(command), _parent_death_hook()
-    _check_can_start(command[0], env)
-    return [
-        wrapper,
-        "--pdeathsig",
-        PARENT_DEATH_SIGNAL.name.removeprefix("SIG"),
-        "--",
-        *command,
-    ], None
-
-
-@cache
-def _setpriv_with_pdeathsig() -> str | None:
-    """``setpriv``'s path when it can set the parent-death signal (asked once per process:
-    an older or a busybox ``setpriv`` may not know ``--pdeathsig``)."""
-    import shutil
-
-    path = shutil.which(SETPRIV)
-    if path is None:
-        return None
-    try:
-        done = subprocess.run(
-            [path, "--pdeathsig", "KILL", "--", "true"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=SETPRIV_PROBE_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return path if done.returncode == 0 else None
-
-
-def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
-    """Raise what ``Popen`` raises for a command that cannot be started: ``FileNotFoundError``
-    (no such command on ``PATH``), ``PermissionError`` (a folder, or no execute permission)."""
-    if os.sep in program:
-        _check_startable(program, program)
-        return
-    search = (env if env is not None else os.environ).get("PATH", os.defpath)
-    try:
-        # A pool starts the same program for every feature: PATH is searched once, and the
-        # place found is checked again each time (two system calls, not one per PATH entry).
-        _check_startable(_found_on_path(program, search), program)
-    except OSError:
-        _found_on_path.cache_clear()  # moved or gone since: search again before saying so
-        _check_startable(_found_on_path(program, search), program)
-
-
-def _check_startable(path: str | None, program: str) -> None:
-    try:
-        found = None if path is None else os.stat(path)
-    except OSError:
-        found = None
-    if path is None or found is None:
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    if stat.S_ISDIR(found.st_mode) or not os.access(path, os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
-
-
-@lru_cache(maxsize=16)
-def _found_on_path(program: str, search: str) -> str | None:
-    """Where the ``PATH`` ``search`` (CMD's own) finds ``program``: an executable first, else
-    the first entry of that name (a folder, a file without execute permission: it then cannot
-    be executed, ``EACCES``, as ``execvp`` says)."""
-    import shutil
-
-    found = shutil.which(program, path=search)
-    if found is not None:
-        return found
-    entries = (os.path.join(folder or os.curdir, program) for folder in search.split(os.pathsep))
-    return next((entry for entry in entries if os.path.exists(entry)), None)
-
-
-def _child_env(
-    token: int | None, work: WorkProof | None, extra: Mapping[str, str] | None = None
-) -> dict[str, str] | None:
-    """CMD's environment: ours, plus ``extra``, plus the token and the proof's descriptor when
-    there are any (None: inherit ours)."""
-    added: dict[str, str] = dict(extra or {})
-    if token is not None:
-        added[TOKEN_ENV] = str(token)
-    if work is not None and work.fd is not None:
-        added[PROOF_FD_ENV] = str(work.fd)
-    return {**os.environ, **added} if added else None
-
-
-def _start(
-    relay: _SignalRelay,
-    command: Sequence[str],
-    stdout: IO[Any] | None,
-    env: dict[str, str] | None = None,
-    work: WorkProof | None = None,
-    stderr: IO[Any] | None = None,
-) -> _Child:
-    own_group = not _in_terminal_job()
-    if not own_group:
-        _become_subreaper()  # CMD shares our group: its orphans must stay findable
-    passed = () if work is None or work.fd is None else (work.fd,)
-    try:
-        words, hook = _spawned_words(command, env)
-        # CMD leads a group of its own (signals reach all of it), except as a terminal's
-        # foreground job; its proof of life goes with it and its children (pass_fds).
-        child = subprocess.Popen(
-            words,
-            stdout=stdout,
-            stderr=stderr,
-            preexec_fn=hook,
-            env=env,
-            pass_fds=passed,
-            process_group=0 if own_group else None,
-        )
-    except FileNotFoundError as error:
-        raise CommandNotFoundError(error.errno, f"command not found: {command[0]}") from error
-    except OSError as error:  # EACCES, EISDIR, ENOEXEC, ...: there, but not something to run
-        why = (error.strerror or "cannot execute").lower()
-        raise CommandNotExecutableError(
-            error.errno, f"cannot execute {command[0]}: {why}"
-        ) from error
-    if work is not None:
-        work.close_ours()  # Race: from now on only CMD's tree holds the work's proof
-    started = _Child(child, own_group=own_group)
-    relay.started(started)
-    return started

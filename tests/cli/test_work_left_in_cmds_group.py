@@ -161,6 +161,56 @@ def test_a_sigkilled_lock_runs_recorded_group_keeps_the_lock(
     assert marker.read_text() == "second ran"
 
 
+STOPPED_AS_CMD_STARTS: Final = (
+    "import os, runpy, signal, subprocess, sys\n"
+    "class StopAfterStart(subprocess.Popen):\n"
+    "    def __init__(self, args, *rest, **named):\n"
+    "        super().__init__(args, *rest, **named)\n"
+    "        if sys.argv[-1] in args:  # CMD (not setpriv's probe): Popen has returned\n"
+    "            os.kill(os.getpid(), signal.SIGSTOP)\n"
+    "subprocess.Popen = StopAfterStart\n"
+    "runpy.run_module('mahabharatha', run_name='__main__')\n"
+)
+"""``lock run`` (the CLI's arguments follow) that stops itself as soon as ``Popen`` returns
+CMD: held in the window between CMD's ``exec`` and what ``lock run`` does next."""
+
+
+def test_lock_run_killed_as_cmd_starts_leaves_cmds_group_recorded(
+    tmp_path: Path, gsd: Path, spawn: Any, jobs: list[int]
+) -> None:
+    """``lock run`` SIGKILLed right after ``Popen`` returned CMD, while CMD starts a job that
+    drops the proof and stays in CMD's group; CMD dies by the parent-death signal. Fails on
+    a3fbf02: CMD's group was recorded only after ``Popen`` returned, so the lock named
+    ``lock run``'s own group: owner ``not-running``, and ``--reclaim-dead`` could run a
+    second holder beside the job (``assert_nobody_else_gets_it`` failed on the owner)."""
+    marker = tmp_path / "second"
+    first = spawn(
+        [
+            sys.executable, "-c", STOPPED_AS_CMD_STARTS, "lock", "run", FEATURE,
+            "--gsd-dir", gsd, "--", sys.executable, "-c", POPEN_THEN_WAIT, JOB,
+        ],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    job = job_pid(first)
+    jobs.append(job)
+    wait_for(lambda: _state(first.pid) == "T", what="lock run to stop once CMD started")
+    (cmd,) = _cmd_of(first.pid)
+    os.kill(first.pid, signal.SIGKILL)
+    first.proc.wait(timeout=SYNC_TIMEOUT)
+    wait_gone(cmd)  # the parent-death signal
+    assert alive(job), "the job was meant to outlive lock run and CMD"
+
+    assert_nobody_else_gets_it(tmp_path, gsd, marker)
+    first.send("x")  # the job ends: the group is empty, the owner provably gone
+    wait_gone(job)
+    assert second_run(tmp_path, gsd, marker).returncode == 0
+
+
+def _state(pid: int) -> str:
+    stat = ownership.proc_stat(pid)
+    return "gone" if stat is None else stat.state
+
+
 def test_the_recorded_group_survives_the_heartbeats_refreshes(
     tmp_path: Path, gsd: Path, spawn: Any
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.commands._utils import check_feature_lock
-from mahabharatha.run import runner
+from mahabharatha.run import runner, spawn
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -103,7 +103,7 @@ def test_the_lock_records_this_process_while_the_command_runs(gsd: str) -> None:
 
 
 needs_setpriv = pytest.mark.skipif(
-    runner._setpriv_with_pdeathsig() is None, reason="no setpriv that sets --pdeathsig"
+    spawn._setpriv_with_pdeathsig() is None, reason="no setpriv that sets --pdeathsig"
 )
 
 
@@ -111,7 +111,7 @@ needs_setpriv = pytest.mark.skipif(
 def test_cmd_is_started_through_setpriv_without_a_forking_hook() -> None:
     """Where setpriv sets the parent-death signal, Python may vfork (no ``preexec_fn``): the
     fork of the interpreter was most of a short command's cost in a pool."""
-    words, hook = runner._spawned_words(["true", "x"], None)
+    words, hook = spawn._spawned_words(["true", "x"], None)
     assert hook is None
     assert words[1:] == ["--pdeathsig", "KILL", "--", "true", "x"]
 
@@ -119,10 +119,10 @@ def test_cmd_is_started_through_setpriv_without_a_forking_hook() -> None:
 def test_without_setpriv_the_prctl_hook_asks_for_the_signal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runner, "_setpriv_with_pdeathsig", lambda: None)
-    words, hook = runner._spawned_words(["true"], None)
+    monkeypatch.setattr(spawn, "_setpriv_with_pdeathsig", lambda: None)
+    words, hook = spawn._spawned_words(["true"], None)
     assert words == ["true"]
-    assert (hook is None) == (runner._parent_death_hook() is None)
+    assert (hook is None) == (spawn._parent_death_hook() is None)
 
 
 @needs_setpriv
@@ -143,9 +143,9 @@ def test_a_command_that_cannot_start_is_told_before_setpriv_runs(
     program = tmp_path / "cmd"
     make(program)
     with pytest.raises(error):
-        runner._spawned_words([str(program)], None)
+        spawn._spawned_words([str(program)], None)
     with pytest.raises(error):
-        runner._spawned_words(["cmd"], {"PATH": str(tmp_path)})
+        spawn._spawned_words(["cmd"], {"PATH": str(tmp_path)})
 
 
 @needs_setpriv
@@ -161,15 +161,15 @@ def test_a_command_found_once_and_gone_since_is_told_as_gone(tmp_path: Path) -> 
     program.write_text("#!/bin/sh\n")
     program.chmod(0o755)
     env = {"PATH": f"{first}{os.pathsep}{second}"}
-    runner._spawned_words(["cmd"], env)  # found in first/
+    spawn._spawned_words(["cmd"], env)  # found in first/
     program.unlink()
     with pytest.raises(FileNotFoundError):
-        runner._spawned_words(["cmd"], env)
+        spawn._spawned_words(["cmd"], env)
     program.mkdir()
     with pytest.raises(PermissionError):
-        runner._spawned_words(["cmd"], env)
+        spawn._spawned_words(["cmd"], env)
     moved = second / "cmd"
     moved.write_text("#!/bin/sh\n")
     moved.chmod(0o755)
-    words, _ = runner._spawned_words(["cmd"], env)  # the folder in first/ is passed over
+    words, _ = spawn._spawned_words(["cmd"], env)  # the folder in first/ is passed over
     assert words[-1] == "cmd"

@@ -1,0 +1,357 @@
+"""Starting ``lock run``'s command: its words (through ``setpriv`` where that asks for the
+parent-death signal), its environment (the token, the proof's descriptor), its process group,
+and that group recorded with the lock before CMD can run anything (:class:`_GroupHandshake`)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from functools import cache, lru_cache
+from typing import IO, Any, Final
+
+from mahabharatha import signals
+from mahabharatha.backends.base import Capability
+from mahabharatha.constants import PROOF_FD_ENV, SETPRIV_PROBE_SECONDS, TOKEN_ENV
+from mahabharatha.locks import FeatureLock, LockError
+from mahabharatha.owner import ownership
+from mahabharatha.owner.proof import WorkProof
+
+
+class CommandStartError(OSError, LockError):
+    """The command could not be started; nothing ran (exit 126 or 127, as a shell would)."""
+
+
+class CommandNotFoundError(CommandStartError, FileNotFoundError):
+    """The command to run does not exist (exit 127, like a shell)."""
+
+
+class CommandNotExecutableError(CommandStartError, PermissionError):
+    """The command exists but cannot be executed: no permission, a folder, not a program
+    (exit 126, like a shell)."""
+
+
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # <linux/prctl.h>
+PARENT_DEATH_SIGNAL: Final = signal.SIGKILL
+"""What CMD gets when ``lock run`` dies without ending it (SIGKILL, a crash): the same fate.
+A signal that ``lock run`` can handle is forwarded to CMD instead (see the module docstring)."""
+
+
+def _parent_death_hook(then: Callable[[], None] | None = None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to kill the child when ``lock run`` dies, then calls
+    ``then`` (the group handshake); ``then`` alone where there is no ``prctl`` (CMD then
+    outlives a SIGKILLed ``lock run``, and its process group, recorded with the lock, keeps
+    the lock alive meanwhile).
+
+    Fork safety: everything is resolved here, in the parent; the child only calls one C
+    function and two system calls, touching no Python lock (the import lock is held across the
+    fork by ``subprocess`` itself, and glibc's ``fork`` leaves ``malloc`` usable).
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return then
+    parent = os.getpid()
+    getpid, getppid, kill, signum = os.getpid, os.getppid, os.kill, int(PARENT_DEATH_SIGNAL)
+
+    def die_with_parent() -> None:
+        # The signal comes when the thread that forked us ends: run_locked starts CMD from the
+        # thread that waits for it.
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        # Race: lock run died between fork and prctl; we were re-parented and no signal comes.
+        if getppid() != parent:
+            kill(getpid(), signum)
+        if then is not None:
+            then()
+
+    return die_with_parent
+
+
+def _spawned_words(
+    command: Sequence[str],
+    env: Mapping[str, str] | None,
+    handshake: Callable[[], None] | None = None,
+) -> tuple[list[str], Callable[[], None] | None]:
+    """The words to start and the ``preexec_fn`` that give CMD the parent-death signal (and
+    run ``handshake`` in the child before its ``exec``: then never through ``setpriv``).
+
+    A ``preexec_fn`` makes Python fork this interpreter (it cannot ``vfork`` with one): about
+    1.5 ms of CPU per command in page faults, most of a short command's cost in a pool. Where
+    util-linux's ``setpriv`` can set the signal and no handshake is needed (CMD shares a
+    terminal job's group), CMD is started through it instead, and Python uses ``vfork``.
+    ``setpriv`` then runs CMD, so a command that cannot be started must be told here, as
+    ``Popen`` would tell it (its own message would be a "failed attempt").
+    Race: ``lock run`` killed between the start and ``setpriv``'s ``prctl`` (microseconds)
+    leaves CMD running; its proof of life keeps the lock held until it ends (safe, as for a
+    command that changed its credentials, section 13 of the design)."""
+    wrapper = None if handshake is not None or _prctl() is None else _setpriv_with_pdeathsig()
+    if wrapper is None:
+        return list(command), _parent_death_hook(handshake)
+    _check_can_start(command[0], env)
+    return [wrapper, "--pdeathsig", PARENT_DEATH_SIGNAL.name[3:], "--", *command], None  # KILL
+
+
+@cache
+def _setpriv_with_pdeathsig() -> str | None:
+    """The path of util-linux's ``setpriv`` when it can set the parent-death signal
+    (``setpriv --pdeathsig KILL -- CMD`` then becomes CMD: one process, CMD's pid); asked once
+    per process: an older or a busybox ``setpriv`` may not know ``--pdeathsig``."""
+    import shutil
+
+    path = shutil.which("setpriv")
+    if path is None:
+        return None
+    try:
+        done = subprocess.run(
+            [path, "--pdeathsig", "KILL", "--", "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=SETPRIV_PROBE_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if done.returncode == 0 else None
+
+
+def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
+    """Raise what ``Popen`` raises for a command that cannot be started: ``FileNotFoundError``
+    (no such command on ``PATH``), ``PermissionError`` (a folder, or no execute permission)."""
+    if os.sep in program:
+        _check_startable(program, program)
+        return
+    search = (env if env is not None else os.environ).get("PATH", os.defpath)
+    try:
+        # A pool starts the same program for every feature: PATH is searched once, and the
+        # place found is checked again each time (two system calls, not one per PATH entry).
+        _check_startable(_found_on_path(program, search), program)
+    except OSError:
+        _found_on_path.cache_clear()  # moved or gone since: search again before saying so
+        _check_startable(_found_on_path(program, search), program)
+
+
+def _check_startable(path: str | None, program: str) -> None:
+    found = None
+    with suppress(OSError):
+        found = None if path is None else os.stat(path)
+    if path is None or found is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if stat.S_ISDIR(found.st_mode) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+
+
+@lru_cache(maxsize=16)
+def _found_on_path(program: str, search: str) -> str | None:
+    """Where the ``PATH`` ``search`` (CMD's own) finds ``program``: an executable first, else
+    the first entry of that name (a folder, a file without execute permission: it then cannot
+    be executed, ``EACCES``, as ``execvp`` says)."""
+    import shutil
+
+    found = shutil.which(program, path=search)
+    if found is not None:
+        return found
+    entries = (os.path.join(folder or os.curdir, program) for folder in search.split(os.pathsep))
+    return next((entry for entry in entries if os.path.exists(entry)), None)
+
+
+def _child_env(
+    token: int | None, work: WorkProof | None, extra: Mapping[str, str] | None = None
+) -> dict[str, str] | None:
+    """CMD's environment: ours, plus ``extra``, plus the token and the proof's descriptor when
+    there are any (None: inherit ours)."""
+    added: dict[str, str] = dict(extra or {})
+    if token is not None:
+        added[TOKEN_ENV] = str(token)
+    if work is not None and work.fd is not None:
+        added[PROOF_FD_ENV] = str(work.fd)
+    return {**os.environ, **added} if added else None
+
+
+RecordGroup = Callable[[int, int | None], None]  # FeatureLock.record_work_group
+
+
+def _group_recorder(lock: FeatureLock) -> RecordGroup | None:
+    """Where CMD's group goes: ``None`` for a backend that records none (a lock server judges
+    by the holder's session), whose CMD needs no handshake (nor its fork)."""
+    return lock.record_work_group if Capability.PROOF_OF_LIFE in lock.backend.capabilities else None
+
+
+class _GroupHandshake:
+    """CMD's group recorded with the lock before anything of CMD runs. The child, between its
+    ``setpgid`` and its ``exec``, writes its pid to one pipe and blocks reading another; a
+    thread of ours (the main one waits in ``Popen``) records the group (the pid; its start
+    time from ``/proc``, unchanged by ``exec``) and then lets the child go on. A ``lock run``
+    killed before that takes the still-blocked child along (the parent-death signal, and the
+    end of the second pipe), so nothing of CMD ran. A busy guard holds CMD back for at most
+    the record's bounded wait for it; then CMD goes on unrecorded and the heartbeat records
+    the group (the window stays open that long, for that run only)."""
+
+    def __init__(self, record: RecordGroup) -> None:
+        self._pipes = (*os.pipe(), *os.pipe())  # the pid's (read, write), then the go's
+        self._thread = threading.Thread(target=self._record, args=(record,), daemon=True)
+
+    @classmethod
+    def begun(cls, record: RecordGroup) -> _GroupHandshake | None:
+        """A handshake whose thread waits for the child; ``None`` without a thread for it."""
+        handshake = cls(record)
+        try:
+            signals.start_without_signals(handshake._thread)
+        except RuntimeError:  # "can't start new thread": the group is recorded late
+            handshake.close()
+            return None
+        return handshake
+
+    def in_child(self) -> Callable[[], None]:
+        """The child's half, resolved here in the parent (fork safety: system calls only)."""
+        pid_read, pid_write, go_read, go_write = self._pipes
+        close, write, read, getpid, kill = os.close, os.write, os.read, os.getpid, os.kill
+
+        def wait_until_recorded() -> None:
+            # Race: our copy of the writing end would hide lock run's death from the read.
+            close(go_write)
+            close(pid_read)
+            write(pid_write, getpid().to_bytes(4, "little"))
+            if not read(go_read, 1):  # lock run died before recording: CMD must never run
+                kill(getpid(), signal.SIGKILL)
+
+        return wait_until_recorded
+
+    def _record(self, record: RecordGroup) -> None:
+        if (prctl := _prctl()) is not None:  # /proc/PID/task/TID/comm tells it from lasting ones
+            prctl(PR_SET_NAME, b"lock-run-group", 0, 0, 0)
+        pid_read, _, _, go_write = self._pipes
+        said = b""
+        while len(said) < 4 and (more := os.read(pid_read, 4 - len(said))):
+            said += more
+        if len(said) < 4:
+            return  # the child never got there (its start failed): nothing waits
+        pid = int.from_bytes(said, "little")
+        try:
+            record(pid, start_of(pid))
+        finally:
+            with suppress(OSError):  # EPIPE: the child was killed meanwhile
+                os.write(go_write, b"go")
+
+    def close(self) -> None:
+        """After ``Popen`` returned or raised: the thread ends (a child that never wrote
+        leaves it the end of the pipe), and the pipes are closed."""
+        pid_read, pid_write, go_read, go_write = self._pipes
+        os.close(pid_write)
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+        for fd in (pid_read, go_read, go_write):
+            os.close(fd)
+
+
+def start_command(
+    lock: FeatureLock,
+    command: Sequence[str],
+    outputs: tuple[IO[Any] | None, IO[Any] | None],
+    work: WorkProof | None,
+    extra_env: Mapping[str, str] | None,
+) -> tuple[subprocess.Popen[bytes], bool]:
+    """Start CMD under ``lock`` (``outputs``: its stdout and stderr, ``None``: ours), its group
+    recorded with the lock before it can run anything; CMD and whether it leads a group of
+    its own. Raises :class:`CommandStartError`'s kinds."""
+    env, record = _child_env(lock.token, work, extra_env), _group_recorder(lock)
+    own_group = not _in_terminal_job()
+    handshake = _GroupHandshake.begun(record) if own_group and record is not None else None
+    if not own_group:
+        _become_subreaper()  # CMD shares our group: its orphans must stay findable
+        if record is not None and os.getpgrp() != os.getpid():
+            # Race: lock run SIGKILLed once CMD runs leaves work that dropped the proof in
+            # the terminal job's group, which a script (not we) leads: the judge's own-group
+            # rule never sees it, so it is recorded first. Members older than us are not
+            # CMD's work: the judge counts only those started since we did.
+            record(os.getpgrp(), start_of(os.getpgrp(), leading=True))
+    passed = () if work is None or work.fd is None else (work.fd,)
+    try:
+        words, hook = _spawned_words(
+            command, env, None if handshake is None else handshake.in_child()
+        )
+        # CMD leads a group of its own (signals reach all of it), except as a terminal's
+        # foreground job; its proof of life goes with it and its children (pass_fds).
+        child = subprocess.Popen(
+            words,
+            stdout=outputs[0],
+            stderr=outputs[1],
+            preexec_fn=hook,
+            env=env,
+            pass_fds=passed,
+            process_group=0 if own_group else None,
+        )
+    except FileNotFoundError as error:
+        raise CommandNotFoundError(error.errno, f"command not found: {command[0]}") from error
+    except OSError as error:  # EACCES, EISDIR, ENOEXEC, ...: there, but not something to run
+        why = f"cannot execute {command[0]}: {(error.strerror or 'cannot execute').lower()}"
+        raise CommandNotExecutableError(error.errno, why) from error
+    finally:
+        if handshake is not None:
+            handshake.close()
+    if own_group and record is not None and handshake is None:
+        record(child.pid, start_of(child.pid))  # no thread for the handshake: late, as before
+    if work is not None:
+        work.close_ours()  # Race: from now on only CMD's tree holds the work's proof
+    return child, own_group
+
+
+PR_SET_CHILD_SUBREAPER: Final = 36  # <linux/prctl.h>
+
+
+def _become_subreaper() -> None:
+    """Orphans of CMD's tree become our children (not init's), so we can find them (Linux)."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+@cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), looked up once per process (a ``dlopen`` and a symbol lookup
+    per command were, with the ``PATH`` search below, a tenth of a quick command's cost in a
+    pool's worker); None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+def start_of(pid: int, *, leading: bool = False) -> int | None:
+    """``pid``'s start time; with ``leading``, only while it leads its group (``None``: gone)."""
+    stat = ownership.proc_stat(pid)
+    return None if stat is None or (leading and stat.pgrp != pid) else stat.start
+
+
+def _in_terminal_job() -> bool:
+    """Is ``lock run`` a job of its terminal (stdin, stdout or stderr is its controlling
+    terminal), in the foreground or in the background (``lock run F -- CMD &``)? CMD then
+    shares its group. Any of the three: ``lock run F -- CMD <file`` or ``echo y | lock run``
+    typed at a shell is a job all the same (Ctrl-Z stopped ``lock run`` alone, CMD ran on).
+
+    Race: CMD in a group of its own while ``lock run`` was a background job was no job of the
+    shell's: its read of the terminal stopped it alone (SIGTTIN goes to the reader's group),
+    ``jobs`` said Running, ``fg`` continued and gave the terminal to ``lock run``'s group only,
+    so CMD stayed stopped for ever and Ctrl-C never reached it. In the job's group the kernel
+    and the shell treat both as one job: a read stops both, ``fg``/``bg`` continue both,
+    Ctrl-C and Ctrl-Z reach both, a hang-up ends both."""
+    return any(_our_terminal(stream) for stream in (sys.stdin, sys.stdout, sys.stderr))
+
+
+def _our_terminal(stream: IO[str] | None) -> bool:
+    """Is ``stream`` our controlling terminal?"""
+    try:
+        fd = stream.fileno() if stream is not None else -1
+        return fd >= 0 and os.isatty(fd) and os.tcgetpgrp(fd) > 0  # ENOTTY: not our terminal
+    except (OSError, ValueError, AttributeError):
+        return False
