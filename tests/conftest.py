@@ -24,12 +24,16 @@ pytest_plugins = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """A shell without job control starts background commands with SIGINT ignored, and every
-    child inherits that: the CLI processes of the Ctrl-C tests would ignore their SIGINT and
-    wait for ever (seen when the suite ran as `script &`). Give the suite the default handler;
-    its children then start with SIGINT at its default, as from a terminal."""
+    """A shell without job control starts background commands with SIGINT and SIGQUIT ignored,
+    ``nohup`` ignores SIGHUP, and every child inherits that: the CLI processes of the Ctrl-C and
+    hang-up tests would ignore what the tests send them (seen when the suite ran as
+    ``nohup script &``). Give the suite the defaults; its children then start as from a
+    terminal."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 @pytest.fixture(autouse=True)
