@@ -489,8 +489,8 @@ def test_a_claim_whose_answer_was_lost_on_a_full_server_is_taken_up_when_asked_a
     real_statement = backend._claim_statement
     lost: list[bool] = []
 
-    def answer_lost_then_full(params: Any, features: Any, **how: Any) -> Any:
-        real = real_statement(params, features, **how)
+    def answer_lost_then_full(params: Any, features: Any, *how: Any) -> Any:
+        real = real_statement(params, features, *how)
 
         def run(conn: Any) -> Any:
             answer = real(conn)
@@ -567,8 +567,8 @@ def test_another_threads_claim_never_takes_up_a_lost_claim(
     real_statement = backend._claim_statement
     lost: list[bool] = []
 
-    def answer_lost_then_full(params: Any, features: Any, **how: Any) -> Any:
-        real = real_statement(params, features, **how)
+    def answer_lost_then_full(params: Any, features: Any, *how: Any) -> Any:
+        real = real_statement(params, features, *how)
 
         def run(conn: Any) -> Any:
             answer = real(conn)
