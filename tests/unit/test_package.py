@@ -1,9 +1,8 @@
 """The package as the Python ecosystem expects it: the wheel ships ``py.typed`` and the
 ``LICENSE``, carries classifiers and authors, and reports the version of its metadata.
 
-A user's ``mypy --strict`` sees the package's real types because the wheel ships ``py.typed``
-(checked here: only the built wheel can show it) and every definition is annotated (checked by
-``.ci/run``'s ``mypy --strict`` of the package, after the suite): no second mypy run here.
+A user's ``mypy --strict``, finding the package only where the wheel was installed, sees its
+real types (one run: a revealed signature, and a wrong argument reported).
 
 One wheel is built (``pip wheel --no-deps``, as ``pip install .`` builds it) from a copy of the
 source tree, so that the build leaves nothing in the checkout, and unpacked into a folder that
@@ -30,6 +29,14 @@ REPOSITORY: Final = Path(__file__).resolve().parents[2]
 SOURCES: Final = ("pyproject.toml", "README.md", "LICENSE", "mahabharatha")
 BUILD_TIMEOUT_SECONDS: Final = 300.0
 """Hang guard for one wheel build (it fetches its build backend)."""
+
+
+USERS_EXAMPLE: Final = """
+from mahabharatha.locks import FeatureLock
+
+reveal_type(FeatureLock)
+FeatureLock(42)
+"""
 
 
 def _copy_sources(into: Path) -> Path:
@@ -120,3 +127,21 @@ def test_the_installed_package_reports_its_metadata_version(site: Path) -> None:
     assert reported.stdout.strip() == version, reported.stderr
     cli = _python(site, "-m", "mahabharatha", "--version")
     assert cli.stdout.strip() == f"mahabharatha {version}", cli.stderr
+
+
+def test_a_users_mypy_strict_sees_the_packages_real_types(site: Path) -> None:
+    """Failed on 211f242: without ``py.typed`` mypy skipped the package ("missing library stubs
+    or py.typed marker"), every name was ``Any`` and the wrong argument passed."""
+    folder = site.parent / "user"
+    folder.mkdir(exist_ok=True)
+    (folder / "example.py").write_text(USERS_EXAMPLE)
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "example.py"],
+        cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_SECONDS,
+    )
+    assert 'Revealed type is "def (feature: str' in checked.stdout, checked.stdout
+    assert "[arg-type]" in checked.stdout and "Found 1 error" in checked.stdout, checked.stdout
