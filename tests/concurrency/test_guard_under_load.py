@@ -8,15 +8,19 @@ telling a user "try again" only because their machine was busy.
 
 On the code as it was (a ``sched_yield`` spin bounded by 0.5 s) the spinning contenders kept
 the descheduled holder off the CPU and some steps raised ``GuardBusyError`` (dozens per run on
-this 2-core machine); the guard now waits blocked in the kernel, so the holder runs.
+this 2-core machine); the guard now waits blocked in the kernel, so the holder runs. How often
+the storm shows a spin depends on the machine, so a second test looks at the waiter itself: every
+thread of a process waiting for a held guard must be asleep in the kernel.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
+from time import monotonic
 from typing import Final
 
 import pytest
@@ -30,6 +34,8 @@ CONTENDERS: Final = 8
 STEPS: Final = trials(1500)
 """Guarded steps per contender (``MAHABHARATHA_STRESS`` sets it)."""
 OCCUPIED: Final = "occupied"
+WAITER_PATIENCE: Final = 10.0
+"""How long the waiter waits for the held guard: a spinner ends then, a sleeper is seen sooner."""
 
 
 def _guarded_steps(folder: str, steps: int, start: Barrier, out: Queue[tuple[int, int]]) -> None:
@@ -72,3 +78,54 @@ def test_a_guarded_step_waits_for_the_guard_while_both_cores_are_busy(tmp_path: 
     assert sum(overlaps for _, overlaps in reports) == 0, "two holders of the guard at once"
     refused = sum(refused for refused, _ in reports)
     assert refused == 0, f"{refused} guarded steps gave up on a busy machine"
+
+
+def _wait_for_the_held_guard(folder: str, entering: int) -> None:
+    """Say (one byte on ``entering``) that we wait for the guard, then wait for it; exit 0 when
+    taken, 3 when refused. Nothing after the byte may sleep but the wait itself."""
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    os.write(entering, b"w")
+    try:
+        with Guard(dfd, wait=False, until=monotonic() + WAITER_PATIENCE) as taken:
+            os._exit(0 if taken else 3)
+    except GuardBusyError:
+        os._exit(3)
+
+
+def _all_threads_asleep(pid: int) -> bool:
+    """Whether every thread of ``pid`` is asleep in the kernel (state S), not running."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # Race: a thread ended as we listed them
+            continue
+        states.append(stat.rpartition(")")[2].split()[0])
+    return bool(states) and all(state == "S" for state in states)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_a_process_waiting_for_a_held_guard_sleeps_in_the_kernel(tmp_path: Path) -> None:
+    """While we hold the guard, a waiter's threads all go to sleep (a spinner stays runnable
+    and never does: the spin of the old code failed here every time), and once we let go the
+    waiter gets the guard."""
+    guard = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(guard, fcntl.LOCK_EX)
+    entering, told = os.pipe()
+    waiter = CTX.Process(target=_wait_for_the_held_guard, args=(str(tmp_path), told))
+    waiter.start()
+    try:
+        assert os.read(entering, 1) == b"w"
+        assert waiter.pid is not None
+        deadline = monotonic() + SYNC_TIMEOUT
+        while not _all_threads_asleep(waiter.pid):
+            assert waiter.exitcode is None, "the waiter never slept: it spun until it gave up"
+            assert monotonic() < deadline, "the waiter never slept: it spins for the guard"
+            os.sched_yield()
+    finally:
+        fcntl.flock(guard, fcntl.LOCK_UN)
+        os.close(guard)
+        waiter.join(SYNC_TIMEOUT)
+        os.close(entering)
+        os.close(told)
+    assert waiter.exitcode == 0, "the waiter did not get the guard once it was let go"
