@@ -22,7 +22,7 @@ from mahabharatha import locks
 from mahabharatha.backends.base import Requester
 from mahabharatha.owner import ownership
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
-from tests.support.postgres import PgServer, admin_execute
+from tests.support.postgres import PgServer, TurnsSeen, admin_execute
 
 _ACQUIRE_LIKE = "%INSERT INTO mahabharatha.mahabharatha_locks AS l%ON CONFLICT%"
 _RELEASE_LIKE = "%token = $3 AND pid IS NOT NULL%RETURNING 1%"
@@ -147,40 +147,51 @@ def test_a_release_on_the_kept_cursor_still_wakes_a_waiter(
     assert waiter.wait_for_release("wake", SYNC_TIMEOUT)
 
 
-def test_two_threads_acquiring_on_one_backend_each_read_their_own_answer(
+def test_two_threads_acquiring_on_one_backend_take_turns_and_read_their_own_answers(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Thread A's acquire is held between its statement's answer and its read of that answer
-    (``RawCursor.fetchall``) while the main thread acquires another feature on the same backend:
-    each must be handed its own feature, and both stand held in the database. Fails before the
-    fix: both ran on the one cursor kept per connection; the main thread's acquire replaced the
-    answer A had not read, and A read nothing (its feature stood taken by no one for the lease)
-    or the main thread's row."""
+    (``RawCursor.fetchall``) while thread B acquires another feature on the same backend: B's
+    operation waits for A's to end, and each is handed its own feature, both held in the
+    database. Failed before one operation at a time: both ran on the one cursor kept per
+    connection; B's acquire replaced the answer A had not read, and A read nothing or B's row.
+    With the turns removed (mutant ``shared-connection-transactions-interleave``) B never waits."""
     import psycopg
 
     answered, go_on = threading.Event(), threading.Event()
     real_fetchall = psycopg.RawCursor.fetchall
-    acquirer_a: list[threading.Thread] = []
+    first: list[threading.Thread] = []
 
     def fetchall_held_for_a(cursor: Any) -> Any:
-        if threading.current_thread() in acquirer_a and not answered.is_set():
+        if threading.current_thread() in first and not answered.is_set():
             answered.set()  # A's statement has run; its answer is not read yet
             go_on.wait(SYNC_TIMEOUT)
         return real_fetchall(cursor)
 
     backend.release_held(backend.try_acquire("warm", me()).held)  # the kept cursor exists
+    turns = TurnsSeen()
+    monkeypatch.setattr(backend, "_one_operation", turns)
     monkeypatch.setattr(psycopg.RawCursor, "fetchall", fetchall_held_for_a)
-    got_a: list[Any] = []
-    thread = threading.Thread(target=lambda: got_a.append(backend.try_acquire("alpha", me())))
-    acquirer_a.append(thread)
-    thread.start()
+    got: dict[str, Any] = {}
+
+    def acquire(feature: str) -> None:
+        got[feature] = backend.try_acquire(feature, me())
+        turns.decided.set()
+
+    a = threading.Thread(target=acquire, args=("alpha",))
+    b = threading.Thread(target=acquire, args=("beta",))
+    first.append(a)
+    a.start()
     try:
         assert answered.wait(SYNC_TIMEOUT)
-        got_main = backend.try_acquire("beta", me())
+        b.start()
+        assert turns.decided.wait(SYNC_TIMEOUT)
     finally:
         go_on.set()
-        thread.join(SYNC_TIMEOUT)
-    assert not thread.is_alive()
-    assert got_main.held is not None and got_main.held.feature == "beta"
-    assert got_a[0].held is not None and got_a[0].held.feature == "alpha"
+        a.join(SYNC_TIMEOUT)
+        if b.ident is not None:
+            b.join(SYNC_TIMEOUT)
+    assert turns.waited, "a second thread's statement ran inside the first's operation"
+    assert got["beta"].held is not None and got["beta"].held.feature == "beta"
+    assert got["alpha"].held is not None and got["alpha"].held.feature == "alpha"
     assert sorted(row.feature for row in backend.status()) == ["alpha", "beta"]

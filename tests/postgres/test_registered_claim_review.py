@@ -23,7 +23,7 @@ import pytest
 
 from mahabharatha.backends.base import Requester
 from mahabharatha.owner import ownership
-from tests.support.postgres import ADMIN_USER, APP_USER, PgServer, admin_execute
+from tests.support.postgres import ADMIN_USER, APP_USER, PgServer, TurnsSeen, admin_execute
 
 SYNC_SECONDS = 30.0
 """A hang-guard for the events the two claimers wait on (never a timing of the test)."""
@@ -33,44 +33,53 @@ def me() -> Requester:
     return Requester(os.getpid(), ownership.details_of(os.getpid()))
 
 
-def test_two_threads_claiming_on_one_backend_each_read_their_own_answer(
+def test_two_threads_claiming_on_one_backend_take_turns_and_read_their_own_answers(
     backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Thread A's registered claim is held between its statement's answer and its read of that
-    answer (``RawCursor.fetchall``) while the main thread claims from the same backend: each must
-    be handed the feature it took, and the two features held in the database are exactly the two
-    handed out. Fails before the fix: the registered claims ran on one ``RawCursor`` kept per
-    connection; the main thread's claim reset and then read that cursor, and thread A read
-    nothing (its claim said "nothing takeable" while its feature stood taken in the database, by
-    no one, for the lease's 2 hours) or another thread's row (two holders of one feature)."""
+    answer (``RawCursor.fetchall``) while thread B claims from the same backend: B's claim waits
+    for A's to end, each is handed the feature it took, and the two features held in the
+    database are exactly the two handed out. Failed before one operation at a time: the
+    registered claims ran on one ``RawCursor`` kept per connection; B's claim reset and read
+    that cursor, and A read nothing (its feature taken by no one for the lease's 2 hours) or
+    B's row (two holders of one feature)."""
     import psycopg
 
     names = [f"shared{index}" for index in range(6)]
     assert backend.try_claim(names, me()).held.feature == "shared0"  # rows exist: registered now
     answered, go_on = threading.Event(), threading.Event()
     real_fetchall = psycopg.RawCursor.fetchall
-    claimer_a: list[threading.Thread] = []
+    first: list[threading.Thread] = []
 
     def fetchall_held_for_a(cursor: Any) -> Any:
-        if threading.current_thread() in claimer_a and not answered.is_set():
+        if threading.current_thread() in first and not answered.is_set():
             answered.set()  # A's statement has run; its answer is not read yet
             go_on.wait(SYNC_SECONDS)
         return real_fetchall(cursor)
 
+    turns = TurnsSeen()
+    monkeypatch.setattr(backend, "_one_operation", turns)
     monkeypatch.setattr(psycopg.RawCursor, "fetchall", fetchall_held_for_a)
-    got_a: list[Any] = []
-    thread = threading.Thread(target=lambda: got_a.append(backend.try_claim(names, me())))
-    claimer_a.append(thread)
-    thread.start()
+    got: list[Any] = []
+
+    def claim() -> None:
+        got.append(backend.try_claim(names, me()))
+        turns.decided.set()
+
+    a, b = threading.Thread(target=claim), threading.Thread(target=claim)
+    first.append(a)
+    a.start()
     try:
         assert answered.wait(SYNC_SECONDS)
-        got_main = backend.try_claim(names, me())
+        b.start()
+        assert turns.decided.wait(SYNC_SECONDS)
     finally:
         go_on.set()
-        thread.join(SYNC_SECONDS)
-    assert not thread.is_alive()
-    assert got_main is not None and got_a[0] is not None
-    handed_out = sorted([got_a[0].held.feature, got_main.held.feature])
+        a.join(SYNC_SECONDS)
+        if b.ident is not None:
+            b.join(SYNC_SECONDS)
+    assert turns.waited, "a second thread's claim ran inside the first's operation"
+    handed_out = sorted(answer.held.feature for answer in got)
     assert handed_out == ["shared1", "shared2"]
     held = sorted(row.feature for row in backend.status())
     assert held == ["shared0", *handed_out]

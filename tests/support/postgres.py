@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -621,3 +622,23 @@ def hostile_server() -> HostileServer:
 
 
 _SHARED_HOSTILE: dict[str, HostileServer] = {}
+
+
+class TurnsSeen:
+    """Stands in for a backend's ``_one_operation`` lock and tells a test, through
+    ``decided``, that a second thread's operation had to wait for the first's (``waited``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.decided = threading.Event()
+        self.waited = False
+
+    def __enter__(self) -> TurnsSeen:
+        if not self.lock.acquire(blocking=False):
+            self.waited = True
+            self.decided.set()
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.lock.release()

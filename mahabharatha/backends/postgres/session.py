@@ -76,10 +76,10 @@ class Session:
         self._registered: dict[tuple[str, bool], bytes] = {}
         # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
         self._kept_cursor: psycopg.RawCursor[Any] | None = None
-        self._kept_busy = threading.Lock()  # held from a statement on the kept cursor to its read
         self._connecting = threading.Lock()  # one thread makes the shared connection
         # Race: threads sharing this backend: a transaction of several statements (a release
-        # and its wake-up, a pinned operation) must not take in another thread's statement.
+        # and its wake-up, a pinned operation) must not take in another thread's statement,
+        # nor a statement on the kept cursor replace the answer another has not read yet.
         self._one_operation = threading.RLock()
 
     def _connect_timeout_arg(self) -> int:
@@ -335,21 +335,13 @@ class Session:
         self, conn: _Connection, statement: str | bytes, values: Sequence[Any], *, binary: bool
     ) -> list[tuple[Any, ...]]:
         """Run a prepared ``$n`` statement on the cursor kept per connection and read its rows
-        (a cursor made per call builds its result loaders again)."""
-        # Race: two threads on one backend: a statement on a cursor replaces the answer the
-        # other has not read yet (it would read nothing, or the other's row). The kept cursor
-        # is one thread's from its statement to its read; others never wait for it.
+        (a cursor made per call builds its result loaders again). Called inside :meth:`_run`:
+        one thread at a time, from its statement to its read (``_one_operation``)."""
         prepare = not conn.pooled  # Race: a pooler runs another client's same-named statement
-        if not self._kept_busy.acquire(blocking=False):
-            with psycopg.RawCursor(conn) as own:
-                return own.execute(statement, values, prepare=prepare, binary=binary).fetchall()
-        try:
-            cursor = self._kept_cursor
-            if cursor is None or cursor.connection is not conn:
-                cursor = self._kept_cursor = psycopg.RawCursor(conn)
-            return cursor.execute(statement, values, prepare=prepare, binary=binary).fetchall()
-        finally:
-            self._kept_busy.release()
+        cursor = self._kept_cursor
+        if cursor is None or cursor.connection is not conn:
+            cursor = self._kept_cursor = psycopg.RawCursor(conn)
+        return cursor.execute(statement, values, prepare=prepare, binary=binary).fetchall()
 
     def _schema_named(self, found: re.Match[str]) -> str:
         before, after = found[1] or found[3] or "", found[2] or found[4] or ""
