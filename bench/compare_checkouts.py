@@ -52,9 +52,13 @@ def functions():
 cycles = {"legacy": legacy, "FeatureLock": feature_lock, "acquire/release": functions}
 url = os.environ.get("MAHABHARATHA_BENCH_PG_URL")
 if url:
-    from mahabharatha.owner import ownership
     from mahabharatha.backends.base import Requester
-    from mahabharatha.backends.postgres.backend import PostgresBackend
+    try:  # the layer folders; a checkout older than them has flat modules
+        from mahabharatha.owner import ownership
+        from mahabharatha.backends.postgres.backend import PostgresBackend
+    except ImportError:
+        from mahabharatha import ownership
+        from mahabharatha.backends.postgres import PostgresBackend
     space = os.environ["MAHABHARATHA_BENCH_PG_NAMESPACE"]
     backend = PostgresBackend(url, namespace=space)
     me = Requester(os.getpid(), ownership.details_of(os.getpid()))
