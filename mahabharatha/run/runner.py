@@ -632,18 +632,14 @@ def run_locked(
     stderr: IO[Any] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
-    One call for the two steps of :class:`Run`.
 
-    ``env``: variables added to the command's environment (``lock work``: the feature);
-    ``stdout``/``stderr``: where its output goes (``None``: ours).
-
-    ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
-    is gone before the command's output or any error. ``on_acquired`` is called once the lock
-    is ours, before the command starts. When the lock
-    is lost while the command runs, ``lock.lost`` says why afterwards, ``notify_lost`` is called
-    at once, and ``on_lost`` says what happens to the command. When a kernel lease keeps the
-    lock file from being read at the release, ``on_release_wait(seconds)`` is called once and
-    the release waits for the kernel to break the lease, at most that long.
+    ``env``: variables added to the command's environment; ``stdout``/``stderr``: where its
+    output goes (``None``: ours). ``waiting`` (a terminal's waiting line) is entered around the
+    wait for the lock only. ``on_acquired`` is called once the lock is ours, before the command
+    starts. When the lock is lost while the command runs, ``notify_lost`` is called at once,
+    ``on_lost`` says what happens to the command, and ``lock.lost`` says why afterwards. When
+    a kernel lease holds up the release, ``on_release_wait(seconds)`` is called once and the
+    release waits at most that long.
 
     Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
     :class:`Interrupted` when a signal arrives before the command started, and
