@@ -215,14 +215,10 @@ def work(
             return one_worker()
         if once:
             raise ValueError("--once takes one feature: it cannot be shared by --jobs workers")
-        # Forked before this process opens a backend: every worker connects on its own. The
-        # backend's code is imported first, once for the team, not once in each worker.
+        # Each worker connects on its own; code is imported once for the team, before the fork.
         load_backend_code(shared.place.url)
-        logs.logger()  # a worker that waits logs it: logging imported once, not once a worker
-        # What start-up made stays till the end (as ``main`` says of the CLI's own): out of the
-        # collector's sight, no worker's collection touches (copies) those pages after the
-        # fork, and no final collection walks them at exit.
-        gc.freeze()
+        logs.logger()
+        gc.freeze()  # start-up's objects: no worker's collection copies their pages
         ends = team.run_team(jobs, lambda: _worker_answer(answer(document, team_worker)))
         return _team_result(ends, document)
 
@@ -230,9 +226,8 @@ def work(
         try:
             return one_worker()
         finally:
-            # Race: a signal forwarded once this worker's pool is over (its report made) would
-            # end it before its answer is written, and the team's report would lose its
-            # results. Held back till it exits (os._exit drops them): nothing is left to stop.
+            # Race: a signal forwarded after this worker's report was made would kill it before
+            # its answer is written; held back till it exits (nothing is left to stop).
             signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
 
     def one_worker() -> Result:
@@ -304,8 +299,7 @@ class _CommandStep:
         except runner.WorkLeftError as left:
             return self._left_running(lock, left, run.signalled)
         except runner.CommandStartError as unstarted:
-            # Every feature would fail the same way, and not by its own fault: release it
-            # unmarked (no attempt counted against it), and stop this worker.
+            # Every feature would fail the same way: release it unmarked, stop this worker.
             code = exit_code_for(unstarted, before_run=True)
             result = lock.finish(None, unstarted.strerror, self.attempts)
             raise StopWork(result, code) from None
@@ -317,7 +311,7 @@ class _CommandStep:
         told = run.signalled
         if lock.lost is None and told is not None:
             # Race: CMD caught the signal and exited 1 (or 0): the worker was still told to
-            # stop. Released unmarked, no attempt counted, as for a CMD the signal ended.
+            # stop, so the feature is released unmarked.
             why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
             raise StopWork(lock.finish(None, why, self.attempts), killed_by(told))
         return lock.finish(code, None, self.attempts)

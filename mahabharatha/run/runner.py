@@ -133,8 +133,7 @@ class _Child:
         self.start = spawn.start_of(popen.pid) if own_group else None
         self._pidfd: int | None = None
         with suppress(AttributeError, OSError):  # no pidfd (old kernel, not Linux): by pid
-            # Race: only our wait() reaps CMD, and it has not run yet, so this is CMD's pidfd;
-            # later signals through it can never reach a process that reused CMD's pid.
+            # Race: a reused pid: only our wait() reaps CMD, and it has not run yet.
             self._pidfd = os.pidfd_open(popen.pid)
 
     def send(self, signum: int) -> None:
@@ -595,8 +594,8 @@ class Run:
                 child.close()
             relay.releasing()  # from here a signal cuts the wait for CMD's leftovers short
             if _work_still_held(work, child, relay):
-                # Race: work that left CMD's group still runs: releasing now would let a
-                # second holder in beside it. Its proof keeps the lock held until it ends.
+                # Race: work that left CMD's group still runs: a release would let a second
+                # holder in beside it. Its proof keeps the lock held until it ends.
                 lock.abandon()
                 left = _still_running(work, child)
                 work = None  # its watch goes with the error: asked until the work ends

@@ -51,8 +51,7 @@ def _parent_death_hook(then: Callable[[], None] | None = None) -> Callable[[], N
     getpid, getppid, kill, signum = os.getpid, os.getppid, os.kill, int(PARENT_DEATH_SIGNAL)
 
     def die_with_parent() -> None:
-        # The signal comes when the thread that forked us ends: run_locked starts CMD from the
-        # thread that waits for it.
+        # It comes when the forking thread ends: run_locked forks from the thread that waits.
         prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         # Race: lock run died between fork and prctl; we were re-parented and no signal comes.
         if getppid() != parent:
