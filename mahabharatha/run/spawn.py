@@ -309,8 +309,8 @@ def start_of(pid: int, *, leading: bool = False) -> int | None:
 def _in_terminal_job() -> bool:
     """Is ``lock run`` a job of its terminal (any of stdin, stdout, stderr is its controlling
     terminal, foreground or ``&``)? CMD then shares its group. Race: CMD stopped for ever by
-    a background read: in a group of its own it was no job of the shell's, so ``fg`` and
-    Ctrl-C never reached it; in the job's group the shell treats both as one job."""
+    a background read: in a group of its own it is no job of the shell's, and ``fg`` and
+    Ctrl-C never reach it; in the job's group the shell treats both as one job."""
     return any(_our_terminal(stream) for stream in (sys.stdin, sys.stdout, sys.stderr))
 
 
