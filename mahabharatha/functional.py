@@ -46,9 +46,8 @@ GsdDir = str | os.PathLike[str]
 
 
 def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
-    """The backend to use: the caller's, or the one its URL names, or the server
-    ``MAHABHARATHA_LOCK_URL`` names, or the folder backend of ``gsd_dir``. A server's backend
-    is kept for the process (``shared_backend``: one warm connection, closed at exit)."""
+    """The caller's backend, or the one its URL (or ``MAHABHARATHA_LOCK_URL``) names, or the
+    folder backend of ``gsd_dir``; a server's is kept for the process (one warm connection)."""
     if backend is not None and not isinstance(backend, str):
         return backend
     return shared_backend(backend or lock_url(), gsd_dir)
@@ -93,11 +92,9 @@ def survey(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
-    """Every feature, by name: its lock as :func:`status` lists it, or state ``done`` (a
-    completion marker and no lock) or ``free`` (neither). Folders that cannot be looked into
-    are skipped and reported as :func:`status` does. On a backend that keeps its locks
-    elsewhere (PostgreSQL), a feature free there but done or failed in its local folder is
-    shown so, exactly as :func:`claim` skips it."""
+    """Every feature, by name: its lock as :func:`status` lists it, or ``done`` (a marker and
+    no lock) or ``free``; problems as :func:`status` reports them. With locks on a server, a
+    feature done or failed in its local folder is shown so, as :func:`claim` skips it."""
     store = _backend(backend, gsd_dir)
     infos = store.survey(problems=problems)
     local = _local_markers(store)
@@ -119,9 +116,8 @@ def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
 def _finished_in(
     local: LockBackend, feature: str, *, include_done: bool, attempts: int | None
 ) -> tuple[State, Attempts | None] | None:
-    """Is ``feature`` done (its marker) or failed (its attempts at the limit: ``attempts``, or
-    the one recorded) in the local folders? One answer for claim and status; a folder that
-    cannot be looked into says nothing (the server decides alone)."""
+    """Is ``feature`` done or failed (attempts at ``attempts``, or the recorded limit) in the
+    local folders? One answer for claim and status; an unreadable folder says nothing."""
     try:
         if not include_done and local.is_done(feature):
             return State.DONE, None
@@ -168,8 +164,7 @@ def _said(outcome: AcquireResult) -> AcquireResult:
 def _held_by(
     holder: LockInfo | None, details: ownership.OwnerDetails | None, callers: set[int]
 ) -> bool:
-    """Is the active lock that stopped us the caller's own (``caller``, by the one owner
-    judgement: one of ``callers``' pids, on our host, with details that prove it)?"""
+    """Is the active lock that stopped us held by one of ``callers`` (the one judgement)?"""
     if holder is None or holder.state is not State.ACTIVE:
         return False
     facts = OwnerFacts(holder.pid, details=details, host=holder.host)
@@ -208,8 +203,7 @@ WaitCallback = Callable[[LockInfo, float | None], None]
 
 
 def _judged(backend: LockBackend, stopped_by: LockInfo) -> LockInfo:
-    """The holder that stopped a wait, its owner judged as status and check do (the polls
-    skip it: asking the process table 50 times a second would cost the waiter its CPU)."""
+    """The holder that stopped a wait, its owner judged as status does (the polls skip that)."""
     try:
         now = backend.inspect(stopped_by.feature)
     except OSError:
@@ -241,11 +235,9 @@ def acquire(
     ``command``: what the owner runs under the lock (``lock run``), kept in its owner details.
     Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held,
     :class:`AlreadyHeldError` at once when ``pid`` itself holds it, or one of ``caller_pids``
-    (``lock run`` records itself, but the shell that called it is the caller too): not
-    reentrant, and never waiting for itself. ``ValueError`` for a bad name, pid or timeout
-    (negative, ``nan`` or ``inf``: unlike filelock, ``-1`` does not mean "for ever" here; pass
-    ``None``), and ``OSError`` for trouble on disk. An acquire interrupted by a signal
-    (``KeyboardInterrupt``) never leaves its lock behind.
+    (not reentrant, never waiting for itself). ``ValueError`` for a bad name, pid or timeout
+    (negative, ``nan`` or ``inf``: ``-1`` does not mean "for ever"; pass ``None``), and
+    ``OSError`` for trouble on disk. An acquire interrupted by a signal never leaves its lock.
     """
     _validate_feature_name(feature)
     _valid_timeout(timeout)
@@ -265,8 +257,8 @@ def acquire(
 
 
 class _Waiting:
-    """One acquire's wait, the same for ``acquire`` and ``AsyncFeatureLock``: its deadline, its
-    backoff, and what a try that did not win means."""
+    """One acquire's wait (``acquire`` and ``AsyncFeatureLock``): deadline, backoff, and what a
+    lost try means."""
 
     def __init__(
         self, deadline: waiting.Deadline, callers: set[int], on_wait: WaitCallback | None
@@ -304,8 +296,7 @@ def _pause(backend: LockBackend, feature: str, delay: float, left: float | None)
 
 
 def _valid_timeout(timeout: float | None) -> None:
-    # A negative wait is refused rather than guessed at: filelock's users read -1 as "for
-    # ever", others as "do not wait"; None (for ever) and 0 (once) say it plainly.
+    # A negative wait is refused, not guessed at (-1: "for ever" to some, "once" to others).
     if timeout is not None and timeout < 0:
         raise ValueError(
             f"Invalid timeout: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
@@ -313,11 +304,8 @@ def _valid_timeout(timeout: float | None) -> None:
 
 
 def _valid_seconds(name: str, value: float | None) -> float | None:
-    """A duration given by a caller: ``None`` or a finite number of seconds.
-
-    ``nan`` passes every ``<`` and ``>`` check (a heartbeat of ``nan`` busy-loops) and ``inf``
-    means "for ever", which ``None`` already says: both are refused as bad input.
-    """
+    """A duration given by a caller: ``None`` or a finite number of seconds (``nan`` passes
+    every comparison, ``inf`` is what ``None`` says)."""
     if value is not None and not math.isfinite(value):
         raise ValueError(f"Invalid {name}: {value!r} (must be a finite number of seconds)")
     return value
@@ -335,8 +323,8 @@ def _valid_attempts(attempts: int) -> None:
 
 
 def _local_markers(store: LockBackend) -> LockBackend | None:
-    """The local folders of a backend that keeps its locks elsewhere (PostgreSQL): their
-    ``.completed`` markers count as done too. ``None`` on files (the store itself)."""
+    """The local folders of a backend that keeps its locks elsewhere (their markers count
+    too); ``None`` on files."""
     folder = store.marker_folder()
     return None if folder is None else open_backend(None, folder)
 
@@ -392,8 +380,7 @@ def fail(
     """Record a failed attempt of ``pid`` (default: this process) at ``feature`` (the time,
     the host, ``reason``), then release its lock, in that order; return the feature's record.
     Once its attempts reach ``attempts`` (the pool's limit) the feature is ``failed``:
-    :func:`claim` skips it until :func:`reopen`. The record keeps the count and the latest
-    few attempts, so it stays small however often a feature fails.
+    :func:`claim` skips it until :func:`reopen`. The record keeps the count and the latest few.
 
     Raises :class:`NotHeldError` (nothing written) when ``pid`` does not hold the lock,
     :class:`NotOwnerError` when another owner does, :class:`UnsupportedError` where the backend
@@ -434,8 +421,7 @@ def reopen_finished(
     backend: LockBackend | str | None = None,
 ) -> list[str]:
     """:func:`reopen` every feature that is failed (``failed_only``) or also done, or has
-    failed attempts; the features reopened, by name. A pool is reset in one call, not one
-    process per feature."""
+    failed attempts; the features reopened, by name."""
     store = _backend(backend, gsd_dir)
     names = store.feature_names()
     if failed_only:

@@ -1,26 +1,14 @@
-"""Feature locks for long-lived holders, waiters, worker pools and maintenance.
+"""Feature locks for long-lived holders, waiters, worker pools and maintenance: the public names.
 
-This layer talks to a :class:`~mahabharatha.backends.base.LockBackend` only (default: the folder
-backend of ``gsd_dir``, :mod:`mahabharatha.backends.files.backend`) and adds what is the same for
-every backend: an explicit owner pid (a CLI process records the shell that called it), waiting with
-backoff, a heartbeat that keeps a long-held lock fresh, signals held back while a lock is being
-published, and ``claim`` over many features. Every public function takes ``backend=`` (a
-:class:`LockBackend`, or a lock server's URL); without one, it uses the server
-``MAHABHARATHA_LOCK_URL`` names, else the folder backend of ``gsd_dir`` (every entry point uses
-the same backend as the CLI: never files beside a server, two holders).
-
-Typical use::
+Over any :class:`~mahabharatha.backends.base.LockBackend`, this layer adds an explicit owner
+pid, waiting with backoff, a heartbeat, signals held back while a lock is published, and
+``claim``. Every function takes ``backend=`` (a backend or a server's URL); without one, the
+server ``MAHABHARATHA_LOCK_URL`` names, else the folder backend of ``gsd_dir``, as the CLI.
 
     with FeatureLock("auth-flow", timeout=30):
         ...  # exclusive work; the lock is refreshed in the background
 
-Errors derive from :class:`LockError`; OS trouble (permissions, a directory or a symlinked
-folder in the way) stays an :class:`OSError`.
-
-This module is the lock layer's public names; the code lives in :mod:`mahabharatha.functional`
-(the calls), :mod:`mahabharatha.feature_lock` (``FeatureLock``, the heartbeat),
-:mod:`mahabharatha.pool.claim` (the claim engine) and :mod:`mahabharatha.pool.work` (the worker
-loop).
+Errors derive from :class:`LockError`; OS trouble stays an :class:`OSError`.
 """
 
 from __future__ import annotations
@@ -125,8 +113,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``AsyncFeatureLock`` (:mod:`mahabharatha.aio`), imported on first use: asyncio stays out
-    of every CLI call's cold start."""
+    """``AsyncFeatureLock``, imported on first use (asyncio stays out of the CLI's cold start)."""
     if name == "AsyncFeatureLock":
         from mahabharatha.aio import AsyncFeatureLock
 

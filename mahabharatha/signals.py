@@ -16,13 +16,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
+# What lock run passes on to CMD, and lock work -j to its workers.
 FORWARDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""Signals that ``lock run`` passes on to CMD and ``lock work -j`` to its workers."""
+# Signals whose Python handlers may raise: held back while a lock is being published.
 DEFERRED: Final = (*FORWARDED, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2)
-"""Signals whose Python handlers may raise: held back while a lock is being published."""
 
-# The C functions under ``signal``: its wrappers turn every answer into an enum, a cost that
-# lock acquire (one :class:`Deferred` per try) would pay on every try.
+# The C functions under ``signal``, without the enum wrapping every acquire try would pay for.
 _get_handler: Final[Callable[[int], Any]] = _signal.getsignal
 _set_handler: Final[Callable[[int, Any], Any]] = _signal.signal
 Handler = Callable[[int, Any], object]
@@ -66,10 +65,9 @@ class Handling:
 
 
 class Deferred(Handling):
-    """``with Deferred():`` holds back the Python handlers of :data:`DEFERRED` (a default or
-    ignored one raises nothing in Python: left alone) for the block, then runs them with the
-    signals that came. Only in the main thread can a ``KeyboardInterrupt`` land between the
-    ``link()`` that publishes a lock and the return that hands it over."""
+    """``with Deferred():`` holds back the Python handlers of :data:`DEFERRED` for the block,
+    then runs them with the signals that came: no ``KeyboardInterrupt`` lands between the
+    ``link()`` that publishes a lock and the return that hands it over (main thread only)."""
 
     __slots__ = ("caught",)
 
@@ -96,11 +94,9 @@ def masked(how: int, signums: Sequence[int]) -> Iterator[Iterable[int]]:
 
 
 def start_without_signals(thread: threading.Thread) -> None:
-    """Start ``thread`` with :data:`DEFERRED` blocked in it (a thread starts with its starter's
-    mask). A signal for the process then goes to a thread that takes it: the main thread, whose
-    wait (for ``lock run``'s command: ``waitpid``) it interrupts, so its Python handler runs at
-    once. Race: a helper thread that took it would only flag it, and the main thread would run
-    the handler (forward it to CMD) once CMD had ended."""
+    """Start ``thread`` with :data:`DEFERRED` blocked in it, so a signal interrupts the main
+    thread's wait and its handler runs at once. Race: a helper thread that took the signal
+    would only flag it, and the handler would run (forward it to CMD) once CMD had ended."""
     if not hasattr(signal, "pthread_sigmask"):
         thread.start()
         return

@@ -19,15 +19,13 @@ from mahabharatha.cli import pool as _pool  # noqa: F401  (registers lock fail, 
 from mahabharatha.cli._click import ClickException, Context
 from mahabharatha.cli._output import asks_for_json, emit_usage_error, set_verbosity
 
+# Where the root context keeps the command line: a usage error found deeper asks it for --json.
 ARGV_KEY = "mahabharatha.argv"
-"""Where the root context keeps the command line, so that a usage error found deeper (a
-sub-command's parsing, an option's callback) can tell whether ``--json`` was asked for."""
 
 
 class JsonUsageGroup(TyperGroup):
-    """The root group: with ``--json`` among the arguments, a usage error (an unknown option, a
-    missing FEATURE, a value that does not parse) is one JSON document on stdout with an
-    ``"error"`` key, and one sentence on stderr, exit 2; without it, Typer's usual message."""
+    """The root group: with ``--json``, a usage error is one JSON document on stdout (an
+    ``"error"`` key) and one sentence on stderr, exit 2; without it, Typer's usual message."""
 
     def make_context(
         self,
@@ -110,8 +108,7 @@ app.add_typer(feature.app, name="feature")
 
 
 class PlainUsageCommand(TyperCommand):
-    """A command whose usage line shows a required argument as ``FEATURE``, as other command
-    lines do (typer writes ``{FEATURE}``, a notation of its own)."""
+    """A command whose usage line shows ``FEATURE``, not typer's ``{FEATURE}``."""
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
         return [_unbraced(piece) for piece in super().collect_usage_pieces(ctx)]
@@ -122,8 +119,8 @@ def _unbraced(piece: str) -> str:
 
 
 def _plain_usage_everywhere(root: typer.Typer) -> None:
-    """Every command of every group (those added later too, if registered before this runs)
-    writes its usage line the plain way, unless it chose a class of its own."""
+    """Every command of every group writes its usage line the plain way, unless it chose a
+    class of its own."""
     for group in root.registered_groups:
         if group.typer_instance is None:
             continue
@@ -136,14 +133,9 @@ _plain_usage_everywhere(app)
 
 
 def app_for(argv: Sequence[str]) -> typer.Typer:
-    """The app, cut down to the one command ``argv`` calls (``lock check ...``).
-
-    Typer turns every registered command into a click command on each call (signatures,
-    annotations, converters): about 10 ms for our fifteen, most of a cold start's own cost. A
-    call names one command, so only that one is built. Everything else gets the whole app: a
-    group's help, a typo (its "did you mean" needs every name), a root option, and shell
-    completion (which calls with no arguments; the words come in the environment).
-    """
+    """The app, cut down to the one command ``argv`` calls (``lock check ...``): typer builds
+    every registered command on each call. Anything else (a group's help, a typo, a root
+    option, shell completion) gets the whole app."""
     if len(argv) < 2:
         return app
     group = next((g for g in app.registered_groups if g.name == argv[0]), None)
@@ -172,12 +164,6 @@ def _command_name(command: typer.models.CommandInfo) -> str:
 
 def main() -> None:
     """Console-script entry point: the command named on the command line, built alone.
-
-    Start-up leaves some 10^5 objects that live until the process ends (modules, classes,
-    typer's and click's objects). ``gc.freeze`` moves them out of the collector's sight, so
-    neither a later collection nor the final one at exit walks them again: about 10 ms of a
-    cold call, more than all of our own imports. What the command makes afterwards is
-    collected as usual (``lock run`` may run for hours).
-    """
+    ``gc.freeze`` keeps the start-up's long-lived objects out of every later collection."""
     gc.freeze()
     app_for(sys.argv[1:])()

@@ -1,8 +1,5 @@
-"""The few click names the CLI needs, from wherever this typer keeps click.
-
-typer 0.28 carries its own copy of click (``typer._click``) and has no public name for these;
-earlier releases depend on click itself. One home, so that no other file has to know.
-"""
+"""The few click names the CLI needs, from wherever this typer keeps click (typer 0.28 has
+its own copy, ``typer._click``; earlier releases depend on click itself)."""
 
 from __future__ import annotations
 

@@ -56,9 +56,8 @@ from mahabharatha.run import runner
 class Place(NamedTuple):
     """Where a command's locks live: ``--backend`` (or ``MAHABHARATHA_LOCK_URL``; none: the
     folder of ``--gsd-dir``), ``--namespace`` (or ``MAHABHARATHA_LOCK_NAMESPACE``) and
-    ``--connect-timeout``. Read from the environment here, never by typer: a URL's password
-    must never be shown in ``--help``. (A NamedTuple, as is ``Result``: a
-    ``@dataclass`` costs each cold start about half a millisecond to define.)"""
+    ``--connect-timeout``. The environment is read here, never by typer, so a URL's password
+    never shows in ``--help``."""
 
     url: str | None = None
     namespace: str | None = None
@@ -82,21 +81,18 @@ _SAID: Final[set[str]] = set()  # what this process has said once already
 
 
 def _say_if_password_on_argv(url: str) -> None:
-    """Once per process, on stderr: a ``--backend`` URL holding a password. Only the command
-    line matters (``ps``); ``MAHABHARATHA_LOCK_URL`` is the process's own environment."""
+    """Once per process, on stderr: a ``--backend`` URL holding a password (``ps`` shows it)."""
     if url_holds_password(url) and PASSWORD_ON_ARGV not in _SAID:
         _SAID.add(PASSWORD_ON_ARGV)
         typer.echo(PASSWORD_ON_ARGV, err=True)
 
 
-FILES: Final = Place()
-"""The folder backend of ``--gsd-dir`` (no URL)."""
+FILES: Final = Place()  # the folder backend of --gsd-dir
 
 
 def backend_for(gsd_dir: str, place: Place = FILES) -> LockBackend:
-    """The one place a command gets the backend its locks live in: the folder of ``--gsd-dir``,
-    or the server ``place`` names. It is closed when the command ends. A missing driver or
-    namespace is bad input (exit 2, saying what to do)."""
+    """The one place a command gets its backend (closed when the command ends); a missing
+    driver or namespace is bad input."""
     if place.url is None:
         backend = open_backend(None, gsd_dir)
     else:
@@ -113,15 +109,14 @@ def backend_for(gsd_dir: str, place: Place = FILES) -> LockBackend:
     return backend
 
 
-def _finite_seconds(value: float | None) -> float | None:
-    """Every numeric option refuses nan and inf (bad input, exit 2)."""
+def finite_seconds(value: float | None) -> float | None:
+    """The check of every numeric option: nan and inf are bad input (exit 2)."""
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number of seconds")
     return value
 
 
-ACROSS_HOSTS: Final = "Across hosts"
-"""The help panel of the options that matter only with a PostgreSQL --backend."""
+ACROSS_HOSTS: Final = "Across hosts"  # the help panel of the PostgreSQL-only options
 
 
 def _namespace_given(value: str | None) -> str | None:
@@ -131,10 +126,6 @@ def _namespace_given(value: str | None) -> str | None:
             "a namespace cannot be empty (leave --namespace out for the default)"
         )
     return value
-
-
-finite_seconds: Final = _finite_seconds
-"""The check of every numeric option (nan and inf are bad input), for the commands' modules."""
 
 
 BackendOption = Annotated[
@@ -170,7 +161,7 @@ ConnectTimeoutOption = Annotated[
         metavar="SECONDS",
         rich_help_panel=ACROSS_HOSTS,
         min=0.1,
-        callback=_finite_seconds,
+        callback=finite_seconds,
         help="PostgreSQL: give up on an unreachable or silent server after SECONDS (exit 3).",
     ),
 ]
@@ -181,7 +172,7 @@ LeaseOption = Annotated[
         metavar="SECONDS",
         rich_help_panel=ACROSS_HOSTS,
         min=1,
-        callback=_finite_seconds,
+        callback=finite_seconds,
         help=(
             "PostgreSQL: the lock expires SECONDS after its last refresh by the server's clock "
             "(acquire, claim: 2 h; run: 60 s, refreshed every 20 s). Files: fixed at 2 h."
@@ -190,16 +181,11 @@ LeaseOption = Annotated[
 ]
 
 
-_OPENED: Final[list[LockBackend]] = []
-"""The backends opened by the running command: :func:`respond` closes them when it is done."""
+_OPENED: Final[list[LockBackend]] = []  # the running command's backends
 
 
 def close_opened() -> None:
     """Close the backends the command opened (:func:`respond` does it for every command)."""
-    _close_opened()
-
-
-def _close_opened() -> None:
     while _OPENED:
         _OPENED.pop().close()
 
@@ -244,7 +230,6 @@ WaitOption = Annotated[
         help="Wait up to SECONDS for a busy lock (with backoff); 0 tries once.",
     ),
 ]
-"""How long to wait: one option with both common names, in every command that waits."""
 NonblockOption = Annotated[
     bool,
     typer.Option("--nonblock", "-n", help="Try once, never wait (like flock -n)."),
@@ -312,16 +297,14 @@ def backend_to_claim_from(shared: Shared, features: list[str] | None) -> LockBac
 
 
 class Shared(NamedTuple):
-    """The options every lock command takes, read once per call: ``--gsd-dir``, ``--json``,
-    and where its locks live (``--backend``, ``--namespace``, ``--connect-timeout``: one
-    :class:`Place`, the environment's defaults applied). A command declares a parameter
-    ``shared: Shared`` and :func:`with_shared_options` puts the five options in its place."""
+    """The options every lock command takes, read once per call: ``--gsd-dir``, ``--json`` and
+    a :class:`Place`. A command declares ``shared: Shared`` and :func:`with_shared_options`
+    puts the five options in its place."""
 
     gsd_dir: str
     as_json: bool
     place: Place
-    namespace_given: str | None
-    """``--namespace`` as given (``lock init``: the tables serve every namespace)."""
+    namespace_given: str | None  # as given (lock init: the tables serve every namespace)
 
     def backend(self) -> LockBackend:
         """The backend of this call's locks (closed when the command ends)."""
@@ -335,9 +318,7 @@ _SHARED_OPTIONS: Final = (
     ("backend_url", BackendOption, None),
     ("namespace", NamespaceOption, None),
     ("connect_timeout", ConnectTimeoutOption, CONNECT_TIMEOUT_SECONDS),
-)
-"""The options :class:`Shared` gathers: parameter name, typer declaration, default, in the
-order ``--help`` lists them."""
+)  # what Shared gathers: name, typer declaration, default, in --help's order
 
 
 def with_shared_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -347,10 +328,8 @@ def with_shared_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 class _WithSharedOptions:
-    """What :func:`with_shared_options` makes. typer reads a command's options from its
-    signature and type hints: these are written for it, when first asked for. (Lazily: a call
-    builds only the command it names, and reading all thirteen signatures, whose annotations
-    are strings to evaluate, would cost every cold start about 1.5 ms.)"""
+    """What :func:`with_shared_options` makes: the signature typer reads, written when first
+    asked for (a call builds only the command it names)."""
 
     def __init__(self, command: Callable[..., None]) -> None:
         self._command = command
@@ -393,9 +372,8 @@ def wait_seconds(wait: float | None, nonblock: bool, default: float | None) -> f
     return default if wait is None else wait
 
 
+# Our parent when the CLI started (or forked): a reaper that adopts us later is not our caller.
 _FIRST_PARENT: list[int] = [os.getppid()]
-"""Our parent when the CLI started (or this process was forked): a reaper that adopts us
-later is not our caller."""
 
 
 def _note_parent_after_fork() -> None:
@@ -411,10 +389,8 @@ def default_owner(pid: int | None) -> int:
 
 
 def calling_process() -> int:
-    """The process that ran us, refused when it is gone: a CLI whose caller died (a worker
-    shell SIGKILLed while its ``lock claim`` started) is adopted by pid 1 or a subreaper, which
-    never dies, and recording it would strand the feature for two hours. (Pid 1 itself may be
-    the caller: a container's shell; the session tells the two apart.)"""
+    """The process that ran us, refused when it is gone: the reaper that adopted us never
+    dies, and recording it would strand the feature (the session tells a real pid-1 caller)."""
     parent = os.getppid()
     if parent != _FIRST_PARENT[0] or _adopted_by(parent):
         raise typer.BadParameter(
@@ -425,9 +401,8 @@ def calling_process() -> int:
 
 
 def _adopted_by(parent: int) -> bool:
-    """Is ``parent`` a reaper rather than our caller? A session is inherited at fork: unless
-    we lead a session of our own, the process that started us is in ours (a reaper that
-    adopted us, init or a subreaper, is in another one)."""
+    """Is ``parent`` a reaper rather than our caller? Unless we lead our own session, our
+    caller is in ours (a session is inherited at fork); a reaper is in another."""
     ours = os.getsid(0)
     if ours == os.getpid():
         return False  # started with setsid: our caller's session is not ours to compare
@@ -486,8 +461,7 @@ def sentence(error: BaseException) -> str:
 
 
 def lock_entry(info: LockInfo) -> dict[str, Any]:
-    """One lock in JSON (``status``, ``check``, a ``holder``): its facts, and whether
-    ``--reclaim-dead`` would take it (held, but its owner is provably gone on this host)."""
+    """One lock in JSON: its facts, and whether ``--reclaim-dead`` would take it."""
     return {**info.to_dict(), "reclaimable": is_reclaimable(info)}
 
 
@@ -511,8 +485,7 @@ def what_to_do(busy: LockHeldError) -> str:
     return "wait for it with --wait SECONDS, or ask its owner"
 
 
-Advice = str | Callable[[LockHeldError], str | None] | None
-"""What ends the sentence about a held lock: fixed text, or chosen from the error."""
+Advice = str | Callable[[LockHeldError], str | None] | None  # ends a held lock's sentence
 
 
 def problem_fields(problem: FeatureProblem) -> dict[str, Any]:
@@ -526,31 +499,26 @@ def problem_warnings(problems: list[FeatureProblem]) -> list[str]:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP while a command works: ended like a Ctrl-C (one answer, and a lock a
-    try had just taken is given back by that try), with the signal's own exit code."""
+    """SIGTERM or SIGHUP while a command works: ended like a Ctrl-C, with the signal's code."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
 
 
-ENDING_SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP)
-"""Signals that end a command at once by default: they raise :class:`Terminated` instead."""
+ENDING_SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP)  # raise Terminated instead of ending
 
 
 def _terminate(signum: int, _frame: object) -> NoReturn:
-    """TERM and HUP (where their handler is the default, not ignored by a ``nohup``) raise
-    :class:`Terminated` while a command works: a lock operation's own deferral then keeps them
-    from cutting a publish short, and the answer (or a give-back) always follows."""
+    """TERM and HUP (when not ignored) raise :class:`Terminated`, so a lock operation's
+    deferral protects a publish and the answer (or a give-back) always follows."""
     raise Terminated(signum)
 
 
 def emit(result: Result, as_json: bool) -> NoReturn:
-    """Print ``result`` and exit with its code. When the answer cannot be written (stdout on a
-    full disk, a reader gone) a lock the command took is given back and the exit is 3: never
-    a lock its caller was not told of, never "held by someone else"."""
-    # While the answer is written TERM, HUP and INT are noted, not acted on: the command ends
-    # right after with the answer's code, which is what a caller must learn.
+    """Print ``result`` and exit with its code. An answer that cannot be written gives back a
+    lock the command took, and exits 3: never a lock its caller was not told of."""
+    # TERM, HUP and INT are ignored while the answer is written: the caller must learn it.
     with signals.Handling(signals.FORWARDED, lambda _signum, _frame: None):
         try:
             _write(result, as_json)
@@ -576,8 +544,7 @@ def _answer_lost(result: Result, error: OSError) -> NoReturn:
 
 
 def _silence_stdout() -> None:
-    """Point stdout at /dev/null: the interpreter's last flush of what could not be written
-    must not print an 'Exception ignored' trace at exit."""
+    """Point stdout at /dev/null: no 'Exception ignored' trace at exit."""
     with suppress(OSError, ValueError):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, sys.stdout.fileno())
@@ -634,9 +601,8 @@ CreateOption = Annotated[
 
 
 def given_gsd_dir_exists() -> None:
-    """A ``--gsd-dir`` given on the command line must exist unless ``--create`` is given (bad
-    input, exit 2): a typo must never make a tree nobody else looks at, nor answer "free".
-    The default ``.gsd`` is created as needed."""
+    """A ``--gsd-dir`` given on the command line must exist unless ``--create`` (bad input):
+    a typo must never make a tree nobody looks at, nor answer "free"."""
     ctx = get_current_context(silent=True)
     if ctx is not None and ctx.params.get("gsd_dir", None) == "":
         # `--gsd-dir "$GSD"` with GSD unset: never today's folder by accident (bad input).
@@ -719,5 +685,5 @@ def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advic
                 message = f"{message}; {told}"
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
     finally:
-        _close_opened()
+        close_opened()
     return result

@@ -20,8 +20,7 @@ from mahabharatha.states import State
 if TYPE_CHECKING:
     from rich.table import Table
 
-RECLAIMABLE: Final = "reclaimable"
-"""The kind of a held lock whose owner is provably gone here: ``--reclaim-dead`` takes it."""
+RECLAIMABLE: Final = "reclaimable"  # held, its owner provably gone: --reclaim-dead takes it
 _COUNTED_AS_HELD: Final = frozenset({State.ACTIVE, State.WRITING})
 SUMMARY_KINDS: Final = (
     "done",
@@ -34,8 +33,7 @@ SUMMARY_KINDS: Final = (
         for state in State
         if state not in _COUNTED_AS_HELD and state not in (State.DONE, State.FREE, State.STALE)
     ),
-)
-"""The kinds every summary counts, each also when none is there: one shape for JSON readers."""
+)  # every summary counts each kind, also when none is there: one shape for JSON readers
 
 
 def _seconds(value: float | None) -> str:
@@ -44,8 +42,7 @@ def _seconds(value: float | None) -> str:
 
 
 def is_reclaimable(info: LockInfo) -> bool:
-    """Is it held only by an owner that is provably gone on this host (``--reclaim-dead``)?
-    The backend's owner judgement says so (``gone``); nothing is judged again here."""
+    """Is it held by an owner the backend judged gone (``--reclaim-dead`` takes it)?"""
     return info.state in HELD_STATES and info.verdict is Verdict.GONE
 
 
@@ -66,7 +63,7 @@ def summary_counts(infos: list[LockInfo]) -> dict[str, int]:
 
 def summary(infos: list[LockInfo]) -> str:
     """One line counting every feature folder: done, held, free, failed, stale (and any
-    others, such as reclaimable locks whose owner is gone, when there are some)."""
+    other kind there is)."""
     counts = summary_counts(infos)
     always = ("done", "held", "free", "failed", "stale")
     parts = [f"{counts.pop(kind, 0)} {kind}" for kind in always]
@@ -98,11 +95,8 @@ def _row(info: LockInfo) -> tuple[str, ...]:
 
 
 def status_table(infos: list[LockInfo], footer: str | None = None) -> None:
-    """Print the locks as a table, or say there are none; then ``footer``.
-
-    At a terminal: a rich table. Elsewhere (a pipe, a file, a log): plain ASCII columns as wide
-    as their widest value, so that nothing is ever cut or wrapped and ``grep``/``awk`` work.
-    """
+    """Print the locks as a table (at a terminal a rich one, elsewhere plain columns that are
+    never cut, for ``grep``/``awk``), or say there are none; then ``footer``."""
     if not infos:
         print("no feature locks")
     elif sys.stdout.isatty():
@@ -155,8 +149,7 @@ def _watch_rank(info: LockInfo) -> int:
 
 def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
     """``status --watch``'s list in at most ``lines`` lines: held features first, one line
-    each (a long cell ends in an ellipsis, never wraps), and a last line counting those left
-    out. Empty when not even one feature fits."""
+    each, then a line counting those left out; empty when none fits."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -178,19 +171,10 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
 
 
 class WaitingLine:
-    """While a command waits for a lock at a terminal: one line on stderr saying who holds it
-    and how long is left, redrawn in place at most once a second.
-
-    Used one way by every command that waits::
-
-        with WaitingLine() as line:
-            ...  # pass ``line.callback`` as the lock's ``on_wait``
-
-    Leaving the block erases the line, whatever ends the wait (the lock, an error, Ctrl-C), so
-    no answer or error is ever glued onto it. Not a terminal: says nothing (``callback`` is
-    None). ``lock run`` enters the line around its run's acquire only (``runner.Run``), so it
-    is gone before the command's own output starts.
-    """
+    """While a command waits at a terminal: one line on stderr saying who holds the lock and
+    how long is left, redrawn at most once a second. ``with WaitingLine() as line:`` and pass
+    ``line.callback`` (None off a terminal) as ``on_wait``; leaving erases the line, so no
+    answer is glued onto it."""
 
     def __init__(self) -> None:
         self.callback: Callable[[LockInfo, float | None], None] | None = (
@@ -224,10 +208,9 @@ class WaitingLine:
 
 
 class GoneHolderNotice:
-    """While a command waits for a lock: say once, on stderr, that its holder is not running
-    and that ``--reclaim-dead`` would take the lock (without it, only age frees it: up to two
-    hours of silence otherwise). ``judge`` looks at a feature's lock with its owner judged;
-    ``then`` is the callback this one wraps (the waiting line at a terminal)."""
+    """While a command waits: say once on stderr that the holder is gone and ``--reclaim-dead``
+    would take the lock. ``judge`` looks at a feature's lock with its owner judged; ``then``
+    is the callback this one wraps."""
 
     def __init__(
         self,

@@ -1,11 +1,6 @@
 """Where ``lock work``'s command writes: ours, prefixed with its feature (``--tag``), and/or one
-file per feature attempt (``--log-dir``), whose name ``status --all`` shows afterwards.
-
-The last log of a feature is named in ``<gsd-dir>/specs/<feature>/.last-log`` (its path, one
-line), written when the attempt starts; ``status --all`` reads it back. A log file is never
-overwritten: its name carries the time the attempt started and the worker's pid (and a
-suffix for a second attempt within that second).
-"""
+new file per attempt (``--log-dir``, named by time and pid), whose path ``.last-log`` in the
+feature folder keeps for ``status --all``."""
 
 from __future__ import annotations
 
@@ -43,7 +38,7 @@ def command_output(
     stdout: IO[Any] | None,
 ) -> Iterator[CommandOutput]:
     """The outputs of one attempt at ``feature``; ``stdout``: where its stdout goes untold
-    (``None``: ours; ``--json`` passes stderr, stdout being the document's)."""
+    (``None``: ours)."""
     with ExitStack() as stack:
         log: str | None = None
         out_to: IO[Any] | None = stdout
@@ -69,8 +64,7 @@ def _new_log(log_dir: Path, feature: str) -> Iterator[IO[bytes]]:
     for again in itertools.count():
         suffix = f"-{again}" if again else ""
         try:
-            # "x": never append to, nor replace, another attempt's log (a retry in the same
-            # second by the same worker takes the next suffix).
+            # "x": never append to, nor replace, another attempt's log (a retry takes a suffix).
             opened = open(  # noqa: SIM115  (closed by the with below, once it is ours)
                 log_dir / f"{feature}.{stamp}.{os.getpid()}{suffix}.log", "xb"
             )

@@ -229,8 +229,7 @@ def _free_text(info: LockInfo) -> str:
     return f"{info.feature} is free (its lock is {info.state}: the next acquire replaces it)"
 
 
-WAIT_FOREVER: Final = 1e18
-"""What a bare ``claim --wait`` (no SECONDS) stands for: as long as it takes."""
+WAIT_FOREVER: Final = 1e18  # a bare claim --wait (no SECONDS): as long as it takes
 ClaimWaitOption = Annotated[
     float | None,
     typer.Option(
@@ -333,8 +332,7 @@ def claim(
         held = outcome.held
         found = {**document, "problems": [problem_fields(p) for p in problems]}
         if held is None and problems:
-            # Some feature could not even be tried: "none free" would be a guess. One sentence
-            # (the first problem); the JSON lists them all.
+            # Some feature could not be tried: "none free" would be a guess (JSON lists all).
             more = len(problems) - 1
             message = sentence(problems[0].error) + (
                 f" (and {more} other feature(s) could not be tried)" if more else ""

@@ -1,9 +1,8 @@
 """``mahabharatha lock fail`` and ``lock work``: a worker pool's commands (and ``status --watch``).
 
-Registered on the ``lock`` group (:mod:`mahabharatha.cli.lock`). ``lock work`` is the whole
-worker loop in one process: it claims as ``lock claim`` does, and runs each feature's command
-through :func:`mahabharatha.run.runner.run_locked`, exactly as ``lock run`` does; the hold ends in
-one step of the backend's (done, or a failed attempt, then the release), never a release first.
+``lock work`` is the worker loop in one process: it claims as ``lock claim`` does, runs each
+feature's command as ``lock run`` does, and ends each hold in one step of the backend's (done,
+or a failed attempt, then the release).
 """
 
 from __future__ import annotations
@@ -69,8 +68,7 @@ from mahabharatha.pool import team
 from mahabharatha.run import runner
 from mahabharatha.states import State, WorkEnd, WorkOutcome
 
-FEATURE_PLACEHOLDER: Final = "{}"
-"""Replaced by the feature's name in every argument of ``lock work``'s command (as xargs -I)."""
+FEATURE_PLACEHOLDER: Final = "{}"  # the feature's name in lock work's command (as xargs -I)
 
 
 @app.command()
@@ -217,14 +215,10 @@ def work(
             return one_worker()
         if once:
             raise ValueError("--once takes one feature: it cannot be shared by --jobs workers")
-        # Forked before this process opens a backend: every worker connects on its own. The
-        # backend's code is imported first, once for the team, not once in each worker.
+        # Each worker connects on its own; code is imported once for the team, before the fork.
         load_backend_code(shared.place.url)
-        logs.logger()  # a worker that waits logs it: logging imported once, not once a worker
-        # What start-up made stays till the end (as ``main`` says of the CLI's own): out of the
-        # collector's sight, no worker's collection touches (copies) those pages after the
-        # fork, and no final collection walks them at exit.
-        gc.freeze()
+        logs.logger()
+        gc.freeze()  # start-up's objects: no worker's collection copies their pages
         ends = team.run_team(jobs, lambda: _worker_answer(answer(document, team_worker)))
         return _team_result(ends, document)
 
@@ -232,9 +226,8 @@ def work(
         try:
             return one_worker()
         finally:
-            # Race: a signal forwarded once this worker's pool is over (its report made) would
-            # end it before its answer is written, and the team's report would lose its
-            # results. Held back till it exits (os._exit drops them): nothing is left to stop.
+            # Race: a signal forwarded after this worker's report was made would kill it before
+            # its answer is written; held back till it exits (nothing is left to stop).
             signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
 
     def one_worker() -> Result:
@@ -264,8 +257,7 @@ def work(
 
 
 class _Output(NamedTuple):
-    """Where CMD's output goes: tagged (``--tag``), to a file per attempt (``--log-dir``), and
-    its stdout untold (``None``: ours; ``--json``: stderr, stdout is for the document)."""
+    """Where CMD's output goes: ``--tag``, ``--log-dir``, and its stdout untold (``None``: ours)."""
 
     tag: bool
     log_dir: Path | None
@@ -307,8 +299,7 @@ class _CommandStep:
         except runner.WorkLeftError as left:
             return self._left_running(lock, left, run.signalled)
         except runner.CommandStartError as unstarted:
-            # Every feature would fail the same way, and not by its own fault: release it
-            # unmarked (no attempt counted against it), and stop this worker.
+            # Every feature would fail the same way: release it unmarked, stop this worker.
             code = exit_code_for(unstarted, before_run=True)
             result = lock.finish(None, unstarted.strerror, self.attempts)
             raise StopWork(result, code) from None
@@ -320,7 +311,7 @@ class _CommandStep:
         told = run.signalled
         if lock.lost is None and told is not None:
             # Race: CMD caught the signal and exited 1 (or 0): the worker was still told to
-            # stop. Released unmarked, no attempt counted, as for a CMD the signal ended.
+            # stop, so the feature is released unmarked.
             why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
             raise StopWork(lock.finish(None, why, self.attempts), killed_by(told))
         return lock.finish(code, None, self.attempts)
@@ -328,10 +319,8 @@ class _CommandStep:
     def _left_running(
         self, lock: PoolLock, left: runner.WorkLeftError, told: int | None
     ) -> WorkResult:
-        """CMD ended but work it started outside its group still holds its proof of life:
-        the lock stays held until that work ends (``lock run`` left it so). A success is
-        recorded all the same (the feature is done), and the worker goes on; told to stop,
-        it stops."""
+        """CMD ended but its work outside its group holds the lock until it ends: the result
+        is recorded all the same and the worker goes on (or stops, when told to)."""
         result = lock.finish_leaving_work(left.status, self.attempts, left.still_running)
         if told is not None:
             raise StopWork(result, killed_by(told))
@@ -442,10 +431,8 @@ def _work_result(
 # --------------------------------------------------------------------------- status --watch
 
 BAR_WIDTH: Final = 40
-TOP_LINES: Final = 3
-"""The bar, the counts that are not zero, the rate and estimate: always on screen, on top."""
-SPARE_LINES: Final = 1
-"""The line the cursor rests on under the view: a view that filled it would scroll."""
+TOP_LINES: Final = 3  # the bar, the counts, the rate and estimate: always on top
+SPARE_LINES: Final = 1  # where the cursor rests: a view that filled it would scroll
 
 
 class _Progress:
@@ -470,8 +457,7 @@ class _Progress:
         return f"{rate * 60:.1f}/min, {eta}"
 
 
-COUNT_ORDER: Final = ("held", "failed", "reclaimable", "stale", "free")
-"""The counts line, most telling first: what runs, what failed, what needs a hand."""
+COUNT_ORDER: Final = ("held", "failed", "reclaimable", "stale", "free")  # most telling first
 
 
 def counts_line(counts: dict[str, int]) -> str:
@@ -538,10 +524,8 @@ def _watch_lines(store: LockBackend, until_done: bool) -> int:
 
 
 def _watch_terminal(store: LockBackend, until_done: bool) -> int:
-    """The live view, redrawn every second, fitted to the terminal: the bar, the counts that
-    are not zero and the estimate on top, then the features, held ones first, cut to the
-    rows left. Rich's ``Live`` hides the cursor while it draws and shows it again however the
-    watch ends."""
+    """The live view, redrawn every second and fitted to the terminal: the bar, the counts and
+    the estimate on top, then the features, held ones first."""
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress_bar import ProgressBar

@@ -1,19 +1,10 @@
 """The legacy face: the contract's feature-lock functions and feature detection.
 
 ``acquire_feature_lock``, ``release_feature_lock`` and ``check_feature_lock`` keep the
-contract's signatures and answers (bools, ``None``, ``ValueError``); ``detect_feature`` finds the
-feature being worked on. A face like the CLI, and as thin: the lock protocol itself (publish,
-judge, reclaim, release, refresh) is :mod:`mahabharatha.backends.files.lockfile` (its read side
-``snapshot``, its folder and guard ``folder``), which reads no clock; the clock is
-:mod:`mahabharatha.clock`, the name rules :mod:`mahabharatha.names`, detection
-:mod:`mahabharatha.detect`. Each lock function here reads ``time.time()`` of this module once
-and passes it down.
-
-This module stays the contract's clock seam: tests replace ``time`` (or ``now``) here, and such
-a replacement is written through to :mod:`mahabharatha.clock`, so the folder backend and the
-lock layer, which read the clock there, see it too. Nothing but a face imports this module.
-
-The protocol's names are re-exported here for the callers that know them by this module.
+contract's signatures and answers (bools, ``None``, ``ValueError``) over the ``.lock`` protocol
+of :mod:`mahabharatha.backends.files.lockfile`, whose names are re-exported here for callers
+that know them by this module. It stays the contract's clock seam: a test that replaces
+``time`` (or ``now``) here replaces :mod:`mahabharatha.clock`'s too, which every layer reads.
 """
 
 from __future__ import annotations
@@ -103,9 +94,7 @@ _feature_from_state_files = detect.feature_from_state_files
 
 # --------------------------------------------------------------------------- the clock seam
 
-_CLOCK_NAMES: Final = frozenset({"time", "now"})
-"""This module's names that are also :mod:`mahabharatha.clock`'s: a replacement of either here
-is one of the clock of every layer (the contract's tests replace ``_utils.time``)."""
+_CLOCK_NAMES: Final = frozenset({"time", "now"})  # replaced here: replaced in mahabharatha.clock
 
 
 class _ClockSeam(types.ModuleType):
@@ -121,8 +110,7 @@ sys.modules[__name__].__class__ = _ClockSeam
 
 
 def _parse_lock_content(content: str) -> tuple[int, float] | None:
-    """Parse ``pid:timestamp``; ``None`` unless well formed and within bounds (by this
-    module's clock)."""
+    """Parse ``pid:timestamp``; ``None`` unless well formed and within bounds."""
     if not isinstance(content, str):
         return None
     return parse_record(content, time.time())
@@ -133,7 +121,7 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
 
 def _lock_server() -> str | None:
     """The lock server ``MAHABHARATHA_LOCK_URL`` names: then the legacy functions answer from
-    it (``mahabharatha.commands.legacy_server``, imported only then), never from files."""
+    it, never from files."""
     return os.environ.get(LOCK_URL_ENV) or None
 
 

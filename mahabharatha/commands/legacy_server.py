@@ -1,10 +1,6 @@
-"""The legacy functions' answers from a lock server (``MAHABHARATHA_LOCK_URL`` set).
-
-``mahabharatha.commands._utils`` hands its three lock functions here when the variable names a
-server, so that no entry point uses files while another uses the server (two holders). The
-contract is the legacy one: bools, ``None``, ``ValueError``; a server that cannot be reached is
-an ``OSError`` (``BackendError``), as a disk error is on files. The owner is this process; the
-lease is the 2 hours after which a file lock is stale.
+"""The legacy functions' answers from a lock server (``MAHABHARATHA_LOCK_URL`` set), so that no
+entry point uses files while another uses the server. Same contract; an unreachable server is
+an ``OSError``, as a disk error is on files; the lease is 2 hours, as a file lock's.
 """
 
 from __future__ import annotations

@@ -1,46 +1,15 @@
 """Who owns a lock: the owner details published beside the ``pid:timestamp`` record.
 
-The record's bytes are fixed (old and new writers share them), so the rest of what we know about
-an owner travels in one extended attribute of the lock file, ``user.mahabharatha.owner``, set on
-the file's descriptor *before* the file is linked (or renamed) to ``.lock``: a reader sees the
-record and its details together or not at all, and they can never disagree. The value is packed
-binary, little-endian (``DETAILS_LAYOUT``), then text::
+The record's bytes are fixed, so the rest travels in one extended attribute,
+``user.mahabharatha.owner``, set on the file's descriptor before the file is linked (or renamed)
+to ``.lock``: a reader sees record and details together or not at all. Packed little-endian::
 
     version (1 byte, 3) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
     | flags (1 byte) | sid (u32) | slot (u32) | folder (u32) | host (UTF-8) [ | NUL | cmd ]
 
-(Versions 1 and 2, still read, lacked the tail and ``folder``; their first bytes are the same.)
-
-Unknown numbers are 0. Small on purpose: ext4 keeps an attribute of up to ``INLINE_BYTES`` in
-the inode itself; a larger one costs a disk block per lock, which made an acquire-release
-cycle four times slower. So the host name is cut to fit there; only ``lock run``, which holds
-its lock for long, adds its command (up to ``MAX_DETAILS_BYTES`` in all).
-
-* ``boot``: the first 8 bytes of ``/proc/sys/kernel/random/boot_id`` (64 bits tell boots
-  apart); ``ns``: the inode of our ``/proc/self/ns/pid``, the namespace in which the recorded
-  pid number means something;
-* ``start``: the owner's start time in clock ticks after boot (``/proc/<pid>/stat`` field 22):
-  exact and cheap, where psutil's ``create_time`` is a float rebuilt from it; kept as the
-  initial time namespace sees it (``boottime_offset_ticks``), whichever one the writer is in;
-* ``pgid`` and ``gstart``: the owner's process group when it took the lock, and the start time of
-  that group's leader if it was running (tells a reused group number apart);
-* ``flags``: ``PROOF_FLAG`` when the holder holds its proof file's proof of life
-  (:mod:`mahabharatha.owner.proof`): then the kernel, not the pid, says whether it is alive;
-  ``WORK_GROUP_FLAG`` when ``pgid`` and ``gstart`` are the process group ``lock run`` made for
-  its command (recorded once the command started): its members are the owner's work;
-* ``sid``: the owner's session when it took the lock. A lock without a proof (a CLI ``acquire``
-  on behalf of its shell) stays alive while any process of that session lives: GNU ``timeout``
-  moves work to a group of its own, but not out of the session;
-* ``folder``: the identity of the file that holds the proof, the owner's own proof file in the
-  feature folder (:func:`folder_tag` of its ``st_dev`` and ``st_ino``): a judge that finds
-  another file there (the folder copied with ``cp -a`` and swapped in, restored from a backup)
-  holds no proof to look at: ``unknown``. (Versions 3 before the proof file recorded the
-  folder's own identity: their locks now read as another folder's, never dead);
-* ``host`` and, for ``lock run``, ``cmd`` (the command, cut to ``MAX_COMMAND_CHARS``): for people.
-
-Without the attribute (an older writer, a file system without extended attributes) the lock is
-valid and its owner details are unknown; nothing here ever makes a lock unreadable or corrupt.
-Judging a pid needs the judge's own boot and PID namespace in the details (``judgeable``).
+Unknown numbers are 0; versions 1 and 2 (no tail, no ``folder``) are still read. Without the
+attribute a lock is valid and its owner unknown. Fields and the judgement:
+``design/lockfile-hardening.md`` sections 12-14.
 """
 
 from __future__ import annotations
@@ -53,37 +22,21 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Final, NamedTuple
 
-XATTR_NAME: Final = "user.mahabharatha.owner"
-"""One attribute for everything: set with one system call, in the inode on ext4 (user.*: no
-privilege needed)."""
-DETAILS_VERSION: Final = 3
-"""The first byte of the value: a layout we do not know is treated as no details at all."""
+XATTR_NAME: Final = "user.mahabharatha.owner"  # user.*: no privilege needed
+DETAILS_VERSION: Final = 3  # an unknown first byte reads as no details at all
 DETAILS_VERSIONS: Final = (1, 2, DETAILS_VERSION)
-"""The layouts we read (version 1 lacks the tail; the database's rule reads the head only)."""
+# The head's first fields by name: DETAILS_LAYOUT and could_own_sql are both made from it.
 _HEAD_FIELDS: Final = (("version", "B"), ("boot", "8s"), ("ns", "I"), ("start", "Q"))
-"""The head's first fields, by name: the layout below and the database's copy of ``could_own``
-(``could_own_sql``, which reads them by byte offset) are both made from this one list."""
+# The head every version shares: the fields above, process group, group leader start.
 DETAILS_LAYOUT: Final = struct.Struct("<" + "".join(code for _, code in _HEAD_FIELDS) + "IQ")
-"""The head every version shares: version, boot id (8 bytes), PID namespace, start ticks,
-process group, group leader start."""
-DETAILS_TAIL: Final = struct.Struct("<BII")
-"""The tail after the head (versions 2 and 3): flags, session id, proof slot."""
-FOLDER_FIELD: Final = struct.Struct("<I")
-"""Version 3's last number: the proof file's tag (:func:`folder_tag`; 0: unknown). Four
-bytes, not the whole identity: the value must stay inside the inode (``INLINE_BYTES``)."""
-PROOF_FLAG: Final = 0x01
-"""The holder holds the folder's proof of life (published with the lock, never added later)."""
-WORK_GROUP_FLAG: Final = 0x02
-"""``pgid``/``gstart`` name the group the holder made for its command (``lock run``): work
-that left the proof behind but not that group still counts (revision 5)."""
-INLINE_BYTES: Final = 52
-"""The largest value of this name that ext4 (256-byte inodes) keeps inside the inode."""
-MAX_DETAILS_BYTES: Final = 512
-"""With ``lock run``'s command; a longer value is not ours and is ignored (bounded reads)."""
-MAX_COMMAND_CHARS: Final = 256
-"""The command is shown to people, never parsed: a long one is cut to keep the value bounded."""
-MAX_STAT_BYTES: Final = 4096
-"""``/proc/<pid>/stat`` is one line of about 300 bytes even with a 15-character comm."""
+DETAILS_TAIL: Final = struct.Struct("<BII")  # versions 2 and 3: flags, session id, proof slot
+FOLDER_FIELD: Final = struct.Struct("<I")  # version 3: the proof file's tag (folder_tag)
+PROOF_FLAG: Final = 0x01  # the holder holds its proof of life (published with the lock)
+WORK_GROUP_FLAG: Final = 0x02  # pgid/gstart: the group lock run made for its command
+INLINE_BYTES: Final = 52  # the largest value ext4 (256-byte inodes) keeps inside the inode
+MAX_DETAILS_BYTES: Final = 512  # with lock run's command; longer is not ours (bounded reads)
+MAX_COMMAND_CHARS: Final = 256  # shown to people, never parsed
+MAX_STAT_BYTES: Final = 4096  # /proc/<pid>/stat is one line of about 300 bytes
 
 # What a file system without (user) extended attributes, or one that is full, answers.
 _NO_XATTR_ERRNOS: Final = frozenset(
@@ -92,8 +45,7 @@ _NO_XATTR_ERRNOS: Final = frozenset(
 
 
 class OwnerDetails(NamedTuple):
-    """What the details say (``None``: unknown); a named tuple, cheaper to define and to make
-    than a dataclass (the CLI's cold start defines it on every call)."""
+    """What the details say (``None``: unknown); a named tuple, cheap for the CLI's cold start."""
 
     boot: str | None = None
     ns: int | None = None
@@ -110,8 +62,7 @@ class OwnerDetails(NamedTuple):
 
 
 class ProcStat(NamedTuple):
-    """The three fields of ``/proc/<pid>/stat`` the judgements need (a named tuple: a class
-    made by ``@dataclass`` costs the CLI's cold start four times as much)."""
+    """The fields of ``/proc/<pid>/stat`` the judgements need."""
 
     state: str  # R, S, D, Z (zombie), X (dead), ...
     pgrp: int
@@ -124,8 +75,7 @@ class ProcStat(NamedTuple):
 
 @cache
 def this_boot() -> str | None:
-    """This boot's id as recorded (16 hex digits, Linux); ``None`` elsewhere, and then no pid
-    is ever judged dead."""
+    """This boot's id (16 hex digits); ``None`` off Linux, and then no pid is judged dead."""
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as source:
             digits = source.read(64).decode("ascii").strip().replace("-", "")[:16]
@@ -141,11 +91,8 @@ _OWN_PID_NS: Final = (
 
 @cache
 def this_pid_namespace() -> int | None:
-    """Our PID namespace's inode, or ``None`` when ``/proc`` is not our namespace's.
-
-    ``unshare --pid --fork`` without ``--mount-proc`` leaves the host's ``/proc`` mounted: pid
-    numbers there are not ours, so nothing read from it may judge one of our pids.
-    """
+    """Our PID namespace's inode, or ``None`` when ``/proc`` is not our namespace's (``unshare
+    --pid --fork`` without ``--mount-proc``): then nothing read there may judge our pids."""
     try:
         if int(os.readlink("/proc/self")) != os.getpid() or boottime_offset_ticks() is None:
             return None  # the pids, or the start times, read here could not be compared
@@ -161,12 +108,8 @@ INITIAL_TIME_NS_INODE: Final = 0xEFFFFFFA
 
 @cache
 def boottime_offset_ticks() -> int | None:
-    """Our time namespace's boot-time offset in clock ticks: what ``/proc/<pid>/stat`` adds to
-    every start time we read (0 in the initial one); ``None`` when it cannot be known exactly.
-
-    Race: the same live process reads with another start time from another time namespace
-    (``unshare --time --boottime``); raw, a judge there would call a live owner's pid reused.
-    """
+    """Our time namespace's boot-time offset in clock ticks (0 in the initial one; ``None``:
+    not known exactly). Race: another time namespace reads a live owner's start time shifted."""
     try:
         active = os.stat(_OWN_TIME_NS).st_ino
     except FileNotFoundError:
@@ -208,9 +151,7 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 @cache
 def host_name() -> str:
-    """This host's name (what ``socket.gethostname()`` answers), the one every layer compares."""
-    # uname's node name is what socket.gethostname() answers on Linux and macOS, without the
-    # socket module (2 ms of the CLI's cold start).
+    """This host's name (``socket.gethostname()``'s answer, without importing ``socket``)."""
     return os.uname().nodename
 
 
@@ -247,11 +188,7 @@ def _parse_stat(raw: bytes) -> ProcStat | None:
 
 
 def has_live_thread(pid: int) -> bool:
-    """True when a thread of ``pid`` still runs although its main thread may have exited.
-
-    A process whose main thread called ``pthread_exit`` shows as a zombie while its other threads
-    work on: only its tasks tell.
-    """
+    """True when a thread of ``pid`` runs (a leader after ``pthread_exit`` shows as a zombie)."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -302,13 +239,9 @@ def _probe_group(pgid: int) -> _GroupProbe:
 
 
 def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
-    """Is any process of the group ``pgid`` (the one whose leader started at ``leader_start``)
-    still alive? Zombies waiting to be reaped do not count.
-
-    A group number is a pid: while any member lives the kernel never hands that number to a new
-    process, so a leader with another start time means the old group ended and the number was
-    reused (then the old group has no member left).
-    """
+    """Is any process of the group ``pgid`` (whose leader started at ``leader_start``) alive?
+    Zombies do not count; a leader with another start time means the group ended (a group
+    number is not reused while any member lives)."""
     probe = _probe_group(pgid)
     if probe is not _GroupProbe.MEMBERS and probe is not _GroupProbe.OTHERS_ONLY:
         return probe is _GroupProbe.CANNOT_TELL
@@ -323,11 +256,9 @@ def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
 
 
 def group_has_work_since(pgid: int, leader_start: int | None, since: int | None) -> bool:
-    """:func:`group_has_live_member`, counting only members that started at or after
-    ``since`` (clock ticks after boot; ``None``: all), never the caller itself: the group
-    ``lock run`` recorded for its command's work. A command's work started after ``lock run``
-    did; a terminal job's group that CMD shares also holds the script that started ``lock
-    run`` (older) and maybe its next try (the caller): neither is that work."""
+    """:func:`group_has_live_member` counting only members started at or after ``since``
+    (``None``: all) and never the caller: ``lock run``'s command's work, not the older script
+    that shares a terminal job's group."""
     if since is None:
         return group_has_live_member(pgid, leader_start)
     probe = _probe_group(pgid)
@@ -345,9 +276,8 @@ _STOPPED_STATES: Final = frozenset({"T", "t"})  # stopped by a signal; stopped b
 
 
 def holder_stopped(pid: int, details: OwnerDetails | None) -> bool:
-    """Is the holder ``pid`` (the one these details name), or the leader of the group
-    ``lock run`` made for its command, stopped (SIGSTOP, Ctrl-Z, a read from the background)?
-    Only on our own boot and PID namespace; a process with another start time is not it."""
+    """Is the holder ``pid``, or the leader of ``lock run``'s command group, stopped (SIGSTOP,
+    Ctrl-Z)? Only on our boot and PID namespace, and only the process with the recorded start."""
     if details is None or not judgeable(details):
         return False
     looks = [(pid, details.start)]
@@ -361,12 +291,8 @@ def holder_stopped(pid: int, details: OwnerDetails | None) -> bool:
 
 
 def session_has_live_member(sid: int) -> bool:
-    """Is any process of the session ``sid`` still alive (zombies do not count)? Only on the
-    rare path where a proof-less lock's owner and its group are gone.
-
-    A session id is a pid: while any member lives the kernel never hands it to a new process.
-    A ``/proc`` that cannot be listed, or a look that fails, answers alive.
-    """
+    """Is any process of the session ``sid`` alive (zombies do not count)? A failed look
+    answers alive."""
     if sid <= 0:
         return False
     try:
@@ -381,10 +307,9 @@ def session_has_live_member(sid: int) -> bool:
 
 
 def _scan_for_member(pgid: int, *, unseen_alive: bool = False, since: int | None = None) -> bool:
-    """Look through the process table for a live member of ``pgid`` (only on the rare path
-    where the owner itself is gone). ``unseen_alive``: ``killpg`` said members exist; if this
-    ``/proc`` shows none of them, not even a zombie, it hides them (``hidepid``): alive.
-    ``since``: only members started then or later count, and never the caller."""
+    """Scan ``/proc`` for a live member of ``pgid``. ``unseen_alive``: ``killpg`` said members
+    exist, so seeing none means ``hidepid`` hides them: alive. ``since``: as in
+    :func:`group_has_work_since`."""
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
@@ -405,8 +330,7 @@ def _scan_for_member(pgid: int, *, unseen_alive: bool = False, since: int | None
 
 
 def pid_exists(pid: int) -> bool:
-    """Is there a process ``pid`` (a zombie too), whether or not ``/proc`` shows it? Only
-    ``ESRCH`` says no: a failed look never calls an owner dead."""
+    """Is there a process ``pid`` (a zombie too)? Only ``ESRCH`` says no."""
     if pid <= 0:
         return False  # kill(0) and kill(-1) would ask about groups, not about this pid
     try:
@@ -430,14 +354,12 @@ def details_of(pid: int, command: Sequence[str] | None = None) -> bytes:
 
 @cache
 def _own_details(pid: int, pgrp: int) -> bytes:
-    # Keyed by pid and group: a forked child, a setpgid() or a setsid() (which changes the
-    # group too) gets its own.
-    return _encode(_collect(pid, None))
+    return _encode(_collect(pid, None))  # keyed by pid and group: a fork or setsid gets its own
 
 
 def command_name_only(raw: bytes | None) -> bytes | None:
-    """``raw`` with its command cut to the program's name (``/usr/bin/deploy --token=x`` ->
-    ``deploy``): for a store every role may read. Anything not our format is returned as is."""
+    """``raw`` with its command cut to the program's name (no arguments in a store every role
+    may read); anything not our format as is."""
     details = decode(raw)
     if details is None or details.cmd is None:
         return raw
@@ -446,8 +368,7 @@ def command_name_only(raw: bytes | None) -> bytes | None:
 
 
 def proof_slot(raw: bytes | None) -> int | None:
-    """The slot of the proof of life the packed details ``raw`` claim, ``None`` for none.
-    (Read on every judged lock: looks at five bytes instead of decoding.)"""
+    """The proof-of-life slot ``raw`` claims (``None``: none), read without decoding."""
     if raw is None or len(raw) < _TAIL_END or raw[0] not in _PROOF_VERSIONS:
         return None
     if not raw[_FLAGS_AT] & PROOF_FLAG:
@@ -456,17 +377,14 @@ def proof_slot(raw: bytes | None) -> int | None:
 
 
 def proof_folder(raw: bytes | None) -> int | None:
-    """The tag of the proof file the packed details ``raw`` say holds their proof (``None``:
-    not recorded, an older writer whose proof is on the folder's bytes)."""
+    """The tag of the proof file ``raw`` names (``None``: not recorded)."""
     if raw is None or len(raw) < _FOLDER_END or raw[0] != DETAILS_VERSION:
         return None
     return FOLDER_FIELD.unpack_from(raw, _TAIL_END)[0] or None
 
 
 def folder_tag(dev: int, ino: int) -> int:
-    """A proof file's identity in four bytes, never 0 (0 is "not recorded"). Two files of one
-    file system differ unless their inode numbers differ by a multiple of 2**32; a copy on
-    another device collides once in 2**32."""
+    """A proof file's identity in four bytes, never 0 ("not recorded")."""
     return ((ino ^ (dev * 0x9E3779B1)) & 0xFFFF_FFFF) or 1
 
 
@@ -476,9 +394,8 @@ def claims_proof(raw: bytes | None) -> bool:
 
 
 def with_proof(raw: bytes | None, slot: int, folder: int = 0) -> bytes | None:
-    """``raw`` (details of the current version) saying that the holder holds the proof of
-    life of ``slot`` in the folder tagged ``folder``; anything else is returned as it is (no
-    details: no proof is claimed)."""
+    """``raw`` (current version) claiming the proof of ``slot`` in the file tagged ``folder``;
+    anything else as it is."""
     if not raw or len(raw) < _FOLDER_END or raw[0] != DETAILS_VERSION:
         return raw
     flags = bytes([raw[_FLAGS_AT] | PROOF_FLAG])
@@ -555,8 +472,7 @@ def _flags_of(details: OwnerDetails) -> int:
 
 
 def with_work_group(raw: bytes | None, pgid: int, leader_start: int | None) -> bytes | None:
-    """``raw`` (details of the current version) naming ``pgid`` (whose leader started at
-    ``leader_start``) as the group made for the holder's command; anything else as it is."""
+    """``raw`` (current version) naming ``pgid`` as the holder's command group; else as is."""
     details = decode(raw)
     if raw is None or details is None or raw[0] != DETAILS_VERSION:
         return raw
@@ -604,12 +520,10 @@ def judgeable(details: OwnerDetails | None) -> bool:
 
 
 def _same_place(details: OwnerDetails, boot: str | None, ns: int | None) -> bool:
-    """Do the details record the boot ``boot`` and the PID namespace ``ns`` (both known)?"""
     return boot is not None and ns is not None and (details.boot, details.ns) == (boot, ns)
 
 
 def _records_place(details: OwnerDetails | None) -> bool:
-    """Do the details record both the owner's boot and its PID namespace?"""
     return details is not None and details.boot is not None and details.ns is not None
 
 
@@ -620,23 +534,15 @@ def _start_now(pid: int) -> int | None:
 
 @cache
 def _own_start(pid: int) -> int | None:
-    # Keyed by pid: our start time never changes, and a forked child asks under its own pid
-    # (the legacy release's hot path reads /proc once per process, not once per release).
-    return _start_now(pid)
+    return _start_now(pid)  # keyed by pid: a forked child asks under its own
 
 
 def could_own(details: OwnerDetails | None, pid: int) -> bool:
-    """May ``pid`` (a number in our PID namespace) be the owner these details record?
+    """May ``pid`` (in our PID namespace) be the owner these details record?
 
-    No when they record a boot and PID namespace that are not shown to be ours (another boot,
-    another namespace, or ours cannot be read): that pid number means another process there.
-    No when they record our boot and namespace and a start time, and ``pid`` runs now with
-    another one (the owner died and its number was reused). Yes otherwise: details missing
-    or partial (an older writer, no extended attributes) leave the pid alone to decide.
-
-    The caller rule of the one owner judgement (``backends/liveness.py: judge``), and of a
-    release by pid under the folder's guard; the database runs ``could_own_sql``, made from
-    the same layout and tested against :func:`could_be_owner` on a real server.
+    No for another (or unreadable) boot or namespace, or when ``pid`` now runs with another
+    start time (reused); yes otherwise (missing details leave the pid to decide). The caller
+    rule of ``backends/liveness.py: judge``; the database runs :func:`could_own_sql`.
     """
     return could_be_owner(details, this_boot(), this_pid_namespace(), lambda: _start_of(pid))
 
@@ -666,10 +572,9 @@ def _start_of(pid: int) -> int | None:
 
 
 def could_own_sql(column: str) -> str:
-    """:func:`could_own` as a SQL condition on the packed details in ``column`` (``bytea``),
-    with the parameters ``%(place)s`` (:func:`place_key`) and ``%(start)s`` (:func:`start_key`):
-    made from ``_HEAD_FIELDS`` and the rules of :func:`decode`, never written out by hand.
-    ``column`` is our own column's name, never input."""
+    """:func:`could_own` as SQL on the details in ``column`` (our own name, never input), with
+    ``%(place)s`` (:func:`place_key`) and ``%(start)s`` (:func:`start_key`); made from
+    ``_HEAD_FIELDS``, never written out by hand."""
     boot, ns, start = (_field_sql(column, name) for name in ("boot", "ns", "start"))
     zero_boot, zero_ns, zero_start = (_zeros(name) for name in ("boot", "ns", "start"))
     version = f"get_byte({column}, 0)"
@@ -691,14 +596,12 @@ def could_own_sql(column: str) -> str:
 
 
 def _offset(name: str) -> int:
-    """Where the head's field ``name`` starts (bytes from the value's start)."""
     codes = [code for _, code in _HEAD_FIELDS]
     at = [field for field, _ in _HEAD_FIELDS].index(name)
     return struct.calcsize("<" + "".join(codes[:at]))
 
 
 def _width(first: str, last: str) -> int:
-    """Bytes from the start of the field ``first`` to the end of the field ``last``."""
     names = [field for field, _ in _HEAD_FIELDS]
     codes = [code for _, code in _HEAD_FIELDS]
     return struct.calcsize("<" + "".join(codes[names.index(first) : names.index(last) + 1]))
@@ -709,8 +612,8 @@ def _field_sql(column: str, name: str) -> str:
 
 
 def _zeros(name: str) -> str:
-    """The field ``name`` when unknown (all zero bytes), as a ``bytea`` value written with no
-    backslash (``standard_conforming_strings = off`` read ``'\\x00'`` as a NUL and refused it)."""
+    """The field ``name`` unknown (zero bytes), as ``bytea`` without a backslash (which
+    ``standard_conforming_strings = off`` would misread)."""
     return f"decode('{'00' * _width(name, name)}', 'hex')"
 
 
@@ -719,8 +622,7 @@ def _sql_list(values: tuple[int, ...]) -> str:
 
 
 def place_key() -> bytes | None:
-    """Our boot and PID namespace packed as in the details (their bytes after the version),
-    for a database to compare; ``None`` when either is unknown."""
+    """Our boot and PID namespace packed as in the details; ``None`` when either is unknown."""
     boot, ns = this_boot(), this_pid_namespace()
     if boot is None or ns is None:
         return None
@@ -728,8 +630,7 @@ def place_key() -> bytes | None:
 
 
 def start_key(pid: int) -> bytes | None:
-    """``pid``'s start time packed as in the details (for a database to compare); ``None``
-    when it is not running or our ``/proc`` is not our namespace's."""
+    """``pid``'s start time packed as in the details; ``None`` when it cannot be read."""
     current = proc_stat(pid) if this_pid_namespace() is not None else None
     return None if current is None else _START_LAYOUT.pack(current.start)
 
@@ -739,21 +640,17 @@ _SLOT_AT: Final = DETAILS_LAYOUT.size + 5  # after flags (1 byte) and sid (4 byt
 _SLOT_LAYOUT: Final = struct.Struct("<I")
 _TAIL_END: Final = DETAILS_LAYOUT.size + DETAILS_TAIL.size
 _FOLDER_END: Final = _TAIL_END + FOLDER_FIELD.size
-_TEXT_AT: Final = {2: _TAIL_END, DETAILS_VERSION: _FOLDER_END}
-"""Where the host name starts, by the versions that have a tail."""
+_TEXT_AT: Final = {2: _TAIL_END, DETAILS_VERSION: _FOLDER_END}  # where the host name starts
 _PROOF_VERSIONS: Final = tuple(_TEXT_AT)
 _NS_LAYOUT: Final = struct.Struct("<" + dict(_HEAD_FIELDS)["ns"])
-"""The namespace field of ``DETAILS_LAYOUT``, alone."""
 _START_LAYOUT: Final = struct.Struct("<" + dict(_HEAD_FIELDS)["start"])
-"""The start-time field of ``DETAILS_LAYOUT``, alone."""
 
 
 # --------------------------------------------------------------------------- the attribute
 
 
 def attach(fd: int, raw: bytes | None) -> bytes | None:
-    """Set the details on the not-yet-published file ``fd``; what was attached (``None``: this
-    file system keeps no extended attributes, so the lock's owner details will be unknown)."""
+    """Set the details on the unpublished file ``fd``; what was attached (``None``: none)."""
     if not raw:
         return None
     try:
@@ -766,7 +663,7 @@ def attach(fd: int, raw: bytes | None) -> bytes | None:
 
 
 def read_attached(fd: int) -> bytes | None:
-    """The details on the file ``fd`` that was just read; ``None`` when there are none."""
+    """The details on the file ``fd``; ``None`` when there are none."""
     try:
         raw = os.getxattr(fd, XATTR_NAME)
     except OSError:

@@ -1,43 +1,24 @@
 """Proof of life: a fact the kernel keeps about whether a lock's holder (or its work) runs.
 
-A holder that is a process of ours holds a shared open-file-description lock (``F_OFD_SETLK``,
-``F_RDLCK``) on bytes of its user's *proof file* in the feature folder (``.proof-<uid>``, mode
-0600, made once and reused), from before its ``.lock`` is published until it lets the lock go.
-The kernel drops such a lock the moment the last descriptor of that open file description is
-closed, and every process that inherits the descriptor (``fork``, or ``exec``
-with the descriptor passed on) holds it too. So "is the holder alive?" becomes "does any process
-still hold the lock's proof?": no pid, process group, PID namespace, start time or ``/proc``
-view enters it, and it holds across containers that share the folder (one kernel).
+A holder holds a shared open-file-description lock (``F_OFD_SETLK``, ``F_RDLCK``) on bytes of
+its user's proof file in the feature folder (``.proof-<uid>``, mode 0600), from before its
+``.lock`` is published until it lets go. The kernel drops it with the last descriptor of that
+open file description, and every process that inherits the descriptor holds it too: "is the
+holder alive?" becomes "does anyone hold the lock's proof?", with no pid or ``/proc`` involved.
 
-The bytes (of the file's lock space; the file stays empty, the ranges are only names)
-belong to one lock: its publisher draws a random *slot* (recorded in the lock's owner details)
-and uses bytes ``4 * slot + 0, 1, 2``. A proof left behind by an earlier holder (a forked
-child that kept the descriptor, work that escaped) therefore vouches only for its own lock,
-never for a later one; and a publisher that loses a race holds ``PENDING`` of its own slot,
-which no judge of the winner's lock looks at.
+Each lock uses the bytes ``4 * slot + 0, 1, 2`` of a random slot, so a proof left behind
+vouches only for its own lock:
 
-* ``LIFE_BYTE``: held by every holder, and by its work (``lock run`` passes it to CMD).
-* ``PENDING_BYTE``: held from *before* a publish is tried until the lock is let go. Without it a
-  judge could look at ``LIFE`` just before the winner of a publish takes it: a live lock judged
-  dead. A judge that sees ``PENDING`` alone (the winner between its ``link`` and its ``LIFE``)
-  looks again for a moment (bounded), then counts the lock alive.
-* ``WORK_BYTE``: held only by the descriptor ``lock run`` gives its command, so ``lock run`` can
-  tell whether anything it started still runs (its own descriptor does not hold this byte).
+* ``LIFE_BYTE``: held by every holder and its work;
+* ``PENDING_BYTE``: held from before a publish is tried (Race: a judge looking at ``LIFE``
+  just before the winner takes it); seen alone, the judge looks again briefly, then says alive;
+* ``WORK_BYTE``: held only by ``lock run``'s command, so it can tell whether its work runs.
 
-The proof is not on the ``.lock`` file, because a refresh replaces ``.lock`` (``rename``): a
-child holding the old file's lock would no longer count; the proof file is never replaced by us.
-It is one file per user, open to that user alone: anyone who can open a file can hold a read
-lock on it, and a proof that another user could hold would let them keep every dead owner
-"alive". A judge finds it by the ``.lock`` file's owner; a judge that may not open it (another
-user), or finds something else there (removed, a link, a FIFO, another file than the lock
-recorded), answers ``UNKNOWN`` or ``OTHER_FOLDER``: never "free". A judge looks with
-``F_OFD_GETLK`` (it takes nothing, so it never disturbs a holder); locks of the judge's own open
-file description are not reported, so every judgement goes through a descriptor that holds none
-(or only its own, which is then rightly ignored).
-
-Where the kernel has no open-file-description locks (not Linux, some network file systems) no
-proof is taken, the owner details say so, and the pid rules of :mod:`mahabharatha.owner.ownership`
-apply. The long form: ``design/lockfile-hardening.md``, "Proof of life".
+The proof file, not ``.lock`` (which a refresh replaces), one per user and open to that user
+alone (anyone who may open it could keep dead owners "alive"). A judge looks with
+``F_OFD_GETLK``, which takes nothing; one that cannot look answers ``UNKNOWN``, never "free".
+Without OFD locks no proof is taken and the pid rules apply. The long form:
+``design/lockfile-hardening.md`` section 13.
 """
 
 from __future__ import annotations
@@ -57,16 +38,13 @@ from mahabharatha.owner import ownership
 LIFE_BYTE: Final = 0
 PENDING_BYTE: Final = 1
 WORK_BYTE: Final = 2
-SLOT_BYTES: Final = 4
-"""Bytes per slot: a lock's LIFE, PENDING and WORK are ``SLOT_BYTES * slot`` plus 0, 1, 2."""
+SLOT_BYTES: Final = 4  # a lock's LIFE, PENDING and WORK are SLOT_BYTES * slot plus 0, 1, 2
+# PENDING alone lasts a few system calls: a judge waits this long, then counts the lock alive.
 PENDING_WAIT_SECONDS: Final = 0.1
-"""A publisher holds ``PENDING`` alone for a few system calls (one ``linkat``): a judge waits
-this long for it to settle, then counts the lock as alive (a stopped publisher: never judged)."""
 
 _OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", None)
 _OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", None)
-_FLOCK: Final = struct.Struct("hhqqi4x")
-"""``struct flock`` on Linux: type, whence, start, len, pid (and padding)."""
+_FLOCK: Final = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, len, pid
 _FLOCK_SIZE: Final = _FLOCK.size
 # What a file system (or kernel) without open-file-description locks answers.
 _UNSUPPORTED_ERRNOS: Final = frozenset(
@@ -74,9 +52,7 @@ _UNSUPPORTED_ERRNOS: Final = frozenset(
 )
 
 
-PROOF_PREFIX: Final = ".proof-"
-"""A user's proof file in a feature folder: ``PROOF_PREFIX`` and the uid. One per user, so users
-who share a folder never share, nor can hold, one another's proofs."""
+PROOF_PREFIX: Final = ".proof-"  # and the uid: users never hold one another's proofs
 _PRIVATE: Final = 0o600
 # No link followed, no FIFO waited on, no terminal taken: whatever may be found at the name.
 _LOOK_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -123,8 +99,7 @@ def _byte(slot: int, which: int) -> int:
 
 
 def hold_pending(fd: int, slot: int) -> bool:
-    """Before a publish: hold ``PENDING`` of ``slot`` on the proof file ``fd``. False when this
-    kernel or file system has no such locks (the lock is then published without a proof)."""
+    """Before a publish: hold ``PENDING`` of ``slot`` on ``fd``; False without OFD locks."""
     if not supported():
         return False
     try:
@@ -148,15 +123,9 @@ def drop_pending(fd: int, slot: int) -> None:
 
 
 def life_of(folder_fd: int, slot: int, tag: int | None, uid: int) -> Life:
-    """Does anyone hold the proof of the lock whose slot is ``slot``, published by the user
-    ``uid`` with its proof file tagged ``tag`` (``None``: an older writer, whose proof is on
-    the folder's own bytes), in the folder ``folder_fd``?
-
-    A proof file we may not open (another user's) or cannot find (removed, a link in its
-    place) is ``UNKNOWN``; another file than the one recorded (the folder copied with
-    ``cp -a`` and swapped in, restored from a backup, the file replaced) is ``OTHER_FOLDER``.
-    No judge calls either dead: the owner's work may hold the file the lock recorded.
-    """
+    """Does anyone hold the proof of ``slot`` in ``uid``'s proof file tagged ``tag`` (``None``:
+    an older writer's, on the folder's own bytes) in ``folder_fd``? A file we cannot open is
+    ``UNKNOWN``; another file than recorded (a swapped folder) is ``OTHER_FOLDER``."""
     if not supported():
         return Life.UNKNOWN
     if tag is None:
@@ -174,10 +143,8 @@ def life_of(folder_fd: int, slot: int, tag: int | None, uid: int) -> Life:
 
 
 def _life_on(fd: int, slot: int) -> Life:
-    """The proof of ``slot`` on ``fd``'s file, held by another open file description than
-    ``fd``'s. ``LIFE`` held: yes. Otherwise ``PENDING`` held means a publisher is between its
-    try and its ``LIFE`` (or lost and is letting go): look again for at most
-    ``PENDING_WAIT_SECONDS``."""
+    """The proof of ``slot`` on ``fd``'s file, held by another open file description; with
+    ``PENDING`` alone, look again for at most ``PENDING_WAIT_SECONDS``."""
     deadline: float | None = None
     try:
         while True:
@@ -210,14 +177,11 @@ def work_running(fd: int, slot: int) -> bool:
         raise
 
 
-FIRST_FREE_FD: Final = 10
-"""Where the descriptor handed to work goes: shell scripts name 3-9 freely (``exec 5>>log``
-closes whatever was number 5), so a proof there would be let go of by the first such line."""
+FIRST_FREE_FD: Final = 10  # shell scripts use 3-9 freely (exec 5>>log closes number 5)
 
 
 def _above_shell_numbers(fd: int) -> int:
-    """``fd`` moved to a number of at least :data:`FIRST_FREE_FD` (same open file
-    description, close-on-exec: ``pass_fds`` clears that for the child it is passed to)."""
+    """``fd`` moved to at least :data:`FIRST_FREE_FD`, close-on-exec (``pass_fds`` clears it)."""
     if fd >= FIRST_FREE_FD:
         return fd
     try:
@@ -227,11 +191,9 @@ def _above_shell_numbers(fd: int) -> int:
 
 
 class WorkProof:
-    """The proof a holder hands to the work it starts: a new open file description of the
-    proof file holding ``LIFE``, ``PENDING`` and ``WORK``. Pass :attr:`fd` to the child (for
-    example ``subprocess.Popen(..., pass_fds=[proof.fd])``), then :meth:`close_ours`: from then
-    on only the child's tree holds it, and :meth:`running` says whether any of it still does.
-    """
+    """The proof a holder hands to its work: a new open file description holding ``LIFE``,
+    ``PENDING`` and ``WORK``. Pass :attr:`fd` to the child (``pass_fds``), then
+    :meth:`close_ours`; :meth:`running` says whether any of the child's tree still holds it."""
 
     __slots__ = ("_watch", "fd", "slot")
 
@@ -274,14 +236,11 @@ class WorkProof:
 
 
 class HandedProof:
-    """A work proof handed to processes that do not inherit our descriptors: ``multiprocessing``
-    workers of the ``spawn`` and ``forkserver`` start methods. Pickled while such a worker is
-    started, it sends the proof's descriptor along (``multiprocessing.reduction.DupFd``: the same
-    open file description, so the worker holds the proof from its first instruction); call it in
-    the worker (for example as the pool's ``initializer``) to say that the worker's work is the
-    lock's. Under ``fork`` nothing is sent: the worker inherits every descriptor anyway.
+    """A work proof for ``multiprocessing`` workers started by ``spawn`` or ``forkserver``.
 
-    Started after the proof was closed (the lock was let go), a worker gets nothing to hold.
+    Pickled while a worker starts, it sends the proof's descriptor along (``DupFd``: the same
+    open file description); call it in the worker (e.g. as ``initializer``). Under ``fork``
+    nothing is sent; after the lock is let go, nothing is held.
     """
 
     __slots__ = ("_source", "fd")
@@ -296,13 +255,11 @@ class HandedProof:
             return (HandedProof, ())
         from multiprocessing import reduction  # only when a worker is started: cold start
 
-        # Race: the fd number is read while the worker is being started, never kept from
-        # earlier: a proof closed since (lock released) is not handed on as a reused number.
+        # Race: a proof closed since (lock released) must not be handed on as a reused number.
         return (_arrived, (reduction.DupFd(fd),))
 
     def __call__(self) -> None:
-        """In the worker: nothing to do, the descriptor arrived with the worker and stays open
-        for as long as it runs (so the lock's owner counts as alive while it works)."""
+        """In the worker: nothing to do; the descriptor arrived and stays open while it runs."""
 
 
 class _Detachable(Protocol):
@@ -318,15 +275,10 @@ def _arrived(passed: _Detachable) -> HandedProof:
 
 # --------------------------------------------------------------------------- what we hold
 
+# This process's proofs: proof file identity -> (descriptor holding LIFE and PENDING, slot).
 _HELD: dict[tuple[int, int], tuple[int, int]] = {}
-"""This process's proofs: the proof file's identity (``st_dev``, ``st_ino``) -> the descriptor that
-holds its lock's ``LIFE`` and ``PENDING``, and the lock's slot. A forked child inherits the
-descriptors (and so keeps that lock's proof held while it lives: it is the holder's work) but
-not the right to let them go."""
 _HELD_MUTEX: Final = threading.Lock()
-_PATHS: dict[str, tuple[int, int]] = {}
-"""The folder path each proof was taken under -> its identity: a release by the same path
-finds its proof without an ``fstat`` (the uncontended cycle's hot path)."""
+_PATHS: dict[str, tuple[int, int]] = {}  # folder path -> identity: a release skips an fstat
 
 
 def _forget_after_fork() -> None:
@@ -343,11 +295,9 @@ def proof_name(uid: int) -> str:
 
 
 def open_proof(folder_fd: int) -> tuple[int, tuple[int, int]]:
-    """A new descriptor (its own open file description) of this user's proof file in the
-    folder ``folder_fd``, made (mode 0600) on first use and reused ever after, and the file's
-    identity (the key of :func:`keep`, recorded with the lock). Refused (``PermissionError``)
-    when what is there is not a regular file of this user that nobody else may open: whoever
-    can open it can hold a proof on it, and keep every dead owner "alive"."""
+    """A new open file description of this user's proof file in ``folder_fd`` (made 0600 on
+    first use) and its identity. Raises ``PermissionError`` unless it is a regular file of this
+    user that nobody else may open."""
     uid = os.geteuid()  # the owner of what we make; asked each time: a process may setuid
     name = proof_name(uid)
     try:  # made once: every later open writes no metadata (no O_CREAT)
@@ -382,9 +332,8 @@ def _identity(folder_fd: int) -> tuple[int, int] | None:
 
 
 class Pledge:
-    """``with Pledge(folder_fd, wanted) as fd``: a descriptor to publish a lock with a proof
-    on (``None`` when not ``wanted``); :meth:`keep` after a won publish keeps it as this
-    process's proof, otherwise the block closes it."""
+    """``with Pledge(folder_fd, wanted) as pledge``: a proof to publish with (``None`` when not
+    ``wanted``); :meth:`keep` after a won publish keeps it, otherwise the block closes it."""
 
     __slots__ = ("fd", "identity", "path", "proven", "slot")
 
@@ -402,8 +351,7 @@ class Pledge:
         return self if self.fd is not None else None
 
     def keep(self) -> None:
-        """Our lock is published: the proof stays held until the lock is let go. (Where the
-        publish could take no proof, nothing is kept: no proof is claimed either.)"""
+        """Our lock is published: the proof (if one was taken) stays held until we let go."""
         if self.fd is not None and self.identity is not None and self.proven:
             keep(self.identity, self.fd, self.slot, self.path)
             self.fd = None
@@ -415,9 +363,8 @@ class Pledge:
 
 
 def keep(identity: tuple[int, int], fd: int, slot: int, path: str | None = None) -> None:
-    """Remember the descriptor ``fd`` (holding the proof) as this process's proof in the proof
-    file ``identity`` (any earlier one is closed: a process holds a feature's lock once),
-    found again by ``path`` (the folder's path as it was opened) too."""
+    """Keep ``fd`` as this process's proof in the file ``identity`` (closing any earlier one),
+    found again by ``path`` too."""
     with _HELD_MUTEX:
         earlier = _HELD.pop(identity, None)
         _HELD[identity] = (fd, slot)
@@ -428,9 +375,7 @@ def keep(identity: tuple[int, int], fd: int, slot: int, path: str | None = None)
 
 
 def forget(folder_fd: int, path: str | None = None) -> None:
-    """This process no longer holds the lock of the folder ``folder_fd`` (opened as ``path``):
-    let go of its proof (nothing if there is none; no system call when this process holds no
-    proof at all, or holds it under that very path)."""
+    """Let go of this process's proof in ``folder_fd`` (opened as ``path``), if any."""
     if not _HELD:
         return
     known = None if path is None else _PATHS.pop(path, None)
@@ -445,9 +390,7 @@ def forget(folder_fd: int, path: str | None = None) -> None:
 
 
 def let_go_of_all() -> None:
-    """Close every proof this process holds, for test isolation. Its locks stay on disk and
-    are judged dead from then on, except in this PID namespace while this very process runs:
-    only for a process that is done with its locks."""
+    """Close every proof this process holds (test isolation; only when done with its locks)."""
     with _HELD_MUTEX:
         held = list(_HELD.values())
         _HELD.clear()

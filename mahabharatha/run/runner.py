@@ -1,42 +1,19 @@
 """Hold a feature lock while a command runs: ``mahabharatha lock run``.
 
-The lock is held by this process (it lives as long as the command), refreshed by the
-:class:`~mahabharatha.locks.FeatureLock` heartbeat, and released when the command ends, also
-when we are interrupted. SIGINT, SIGTERM and SIGHUP are handled from *before* the lock is taken:
+The lock is held by this process, refreshed by the ``FeatureLock`` heartbeat and released when
+the command (CMD) ends. SIGINT, SIGTERM and SIGHUP are handled from before the lock is taken: a
+signal ends the wait at the next poll, releases a lock whose CMD has not started, is sent to
+CMD once it exists, and is forwarded while it runs (then SIGCONT), except one the kernel sent to
+our whole group (a Ctrl-C), which CMD got already: with stdin a terminal a reader thread takes
+the blocked signals with ``sigwaitinfo`` to see who sent each.
 
-* while waiting for the lock, a signal ends the wait at the next poll (never in the middle of a
-  lock operation, so it cannot strand a half-taken lock); one that arrives after the lock is
-  taken but before the command starts releases the lock, and the command never starts;
-* while the command starts, a signal is remembered and sent to it as soon as it exists;
-* while it runs, a signal is forwarded to it (then SIGCONT, so a stopped CMD ends too), except
-  one the kernel sent to our whole process group (a Ctrl-C at the terminal, a hang-up): that
-  one reached it already, and a second SIGINT would hurt many programs. To tell the two apart,
-  the signals are kept blocked and taken with ``sigwaitinfo`` by a reader thread, which sees
-  who sent each (``si_code``): ``kill`` sends ``SI_USER``, a terminal ``SI_KERNEL``. The
-  Python handlers stay installed for the moment the command is being started (the mask is
-  lifted then, so the command does not inherit it). With stdin not a terminal the command
-  leads a group of its own and every signal is forwarded: no reader is needed, and the Python
-  handlers forward them.
-
-When the command has ended, the lock is released; a backend may be unable to do that at once
-(files: another process's kernel lease on the lock file, ``F_SETLEASE``). The backend then waits
-(files: until the kernel breaks the lease), this module says so on stderr, and a signal during
-that wait ends it at once, leaving the lock (:class:`ReleaseInterrupted`).
-
-If the lock is lost while the command runs (the heartbeat finds it removed or replaced, or
-refreshes failed until it turned stale), the command gets SIGTERM, then SIGKILL after
-:data:`LOST_KILL_GRACE_SECONDS` (``OnLost.TERMINATE``), or keeps running (``OnLost.WARN``).
-
-**The command's tree.** CMD runs in a process group of its own (unless ``lock run`` is a job
-of its terminal, in the foreground or started with ``&``: then CMD shares its group, so that
-the terminal's Ctrl-C, Ctrl-Z and reads, ``fg``, ``bg`` and a hang-up reach both as one job),
-and every signal forwarded to it goes to that whole group; that group is recorded with the
-lock before CMD runs (:mod:`~mahabharatha.run.spawn`), and counts as the owner's work until it
-is empty. CMD inherits a proof of life (:class:`~mahabharatha.owner.proof.WorkProof`), which
-its children inherit in turn. When CMD has ended, ``lock run`` releases only once no process holds
-that proof: it waits :data:`WORK_GRACE_SECONDS`, then SIGKILLs CMD's group, and if something
-that left the group (``setsid``, a daemon) still holds the proof, the lock is left held (its
-owner judged alive by that proof) and :class:`WorkLeftError` says so.
+CMD runs in a process group of its own (unless ``lock run`` is a terminal's job: then it shares
+ours), recorded with the lock, and inherits a proof of life. After CMD ends the lock is released
+once nothing holds that proof and the group is empty (a grace, then SIGKILL); work that left the
+group leaves the lock held (:class:`WorkLeftError`). A lost lock gets CMD SIGTERM, then SIGKILL
+(``OnLost.TERMINATE``), or a warning (``OnLost.WARN``). A release the backend must wait for
+(a kernel lease) ends at a signal (:class:`ReleaseInterrupted`). The long form:
+``design/lockfile-hardening.md`` section 6.
 """
 
 from __future__ import annotations
@@ -72,10 +49,9 @@ from mahabharatha.run.spawn import CommandNotExecutableError as CommandNotExecut
 from mahabharatha.run.spawn import CommandNotFoundError as CommandNotFoundError
 from mahabharatha.run.spawn import CommandStartError as CommandStartError
 
-SI_KERNEL: Final = 0x80
-"""``si_code`` of a signal the kernel sent (<asm-generic/siginfo.h>): a terminal's Ctrl-C."""
+SI_KERNEL: Final = 0x80  # si_code of a signal the kernel sent: a terminal's Ctrl-C
+# Can we learn who sent a signal (not on macOS)?
 _READ_SENDERS: Final = hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask")
-"""Can we learn who sent a signal (Linux and most POSIX systems; not macOS)?"""
 
 
 class OnLost(enum.StrEnum):
@@ -99,8 +75,7 @@ class Interrupted(Exception):
 
 
 class ReleaseInterrupted(Exception):
-    """A signal ended the wait for a kernel lease on the lock file: the lock was left behind
-    (stale after 2 hours; ``--reclaim-dead`` takes it sooner once this process has exited)."""
+    """A signal ended the wait for a kernel lease on the lock file: the lock was left behind."""
 
     def __init__(self, signum: int, feature: str, status: int | None) -> None:
         self.signum = signum
@@ -119,9 +94,8 @@ class ReleaseInterrupted(Exception):
 
 
 class WorkLeftError(LockError):
-    """CMD has ended, but processes it started outside its process group still hold its proof
-    of life: the lock was left held (judged alive) until they end. ``status``: CMD's exit
-    code, as ``lock run`` reports it."""
+    """CMD has ended but work it started outside its group holds its proof: the lock stays held
+    until that ends. ``status``: CMD's exit code as ``lock run`` reports it."""
 
     def __init__(
         self, feature: str, status: int, still_running: Callable[[], bool] | None = None
@@ -135,8 +109,7 @@ class WorkLeftError(LockError):
         self._still_running = still_running
 
     def still_running(self) -> bool:
-        """Does that work still run (its proof held, or CMD's group not empty)? Asked by a
-        holder that waits for it to end before it gives the lock back (``lock work``)."""
+        """Does that work still run (its proof held, or CMD's group not empty)?"""
         return self._still_running is None or self._still_running()
 
 
@@ -146,8 +119,8 @@ class _Phase(enum.Enum):
     RELEASING = "releasing"  # the command is over: a signal ends a wait for the release
 
 
+# Signals a stopped process needs no SIGCONT for (SIGKILL ends it stopped).
 _NEEDS_NO_CONT: Final = frozenset({signal.SIGKILL, signal.SIGCONT, signal.SIGSTOP, 0})
-"""Signals that a stopped process does not need continuing for (SIGKILL ends it stopped)."""
 
 
 class _Child:
@@ -160,15 +133,12 @@ class _Child:
         self.start = spawn.start_of(popen.pid) if own_group else None
         self._pidfd: int | None = None
         with suppress(AttributeError, OSError):  # no pidfd (old kernel, not Linux): by pid
-            # Race: only our wait() reaps CMD, and it has not run yet, so this is CMD's pidfd;
-            # later signals through it can never reach a process that reused CMD's pid.
+            # Race: a reused pid: only our wait() reaps CMD, and it has not run yet.
             self._pidfd = os.pidfd_open(popen.pid)
 
     def send(self, signum: int) -> None:
-        """Signal the command's whole group when it leads one; as a job of a terminal
-        (it shares ours), the command and what it started that is still in our group. A
-        signal that asks to end (not SIGKILL) is followed by SIGCONT: a stopped process
-        (SIGSTOP, Ctrl-Z, a read from the background) keeps it pending until continued."""
+        """Signal CMD's group (as a terminal's job: CMD and its work still in our group), then
+        SIGCONT, since a stopped process keeps a signal pending until continued."""
         follow = (signum,) if signum in _NEEDS_NO_CONT else (signum, signal.SIGCONT)
         for each in follow:
             self._send_once(each)
@@ -178,8 +148,7 @@ class _Child:
             self._send_to_command(signum)
             _signal_our_work(signum, but=self.popen.pid)
             return
-        # Race: CMD is not reaped (its pidfd said so), so its group's number is still CMD's
-        # and cannot belong to anyone else.
+        # Race: a reused group number: CMD is not reaped (its pidfd said so), so it is CMD's.
         if self._send_to_command(0):
             with suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signum)
@@ -198,16 +167,13 @@ class _Child:
         return True
 
     def group_lives(self) -> bool:
-        """After CMD was reaped: is anything left of its group (or, as a terminal's foreground
-        job, of what it started in ours)?"""
+        """After CMD was reaped: is anything left of its group (or of its work in ours)?"""
         if not self.own_group:
             return bool(_our_work())
         return ownership.group_has_live_member(self.popen.pid, self.start)
 
     def kill_group(self) -> None:
-        """After CMD was reaped: SIGKILL what is left of its group (its work). The group's
-        number is checked against CMD's start time first: a group that ended and whose number
-        was reused is someone else's."""
+        """After CMD was reaped: SIGKILL what is left of its group."""
         if not self.own_group:
             _signal_our_work(signal.SIGKILL)
             return
@@ -300,12 +266,9 @@ class _SignalRelay:
 
 
 def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> bool:
-    """Did the kernel send this signal to our whole group, the child included (a Ctrl-C at the
-    terminal; a hang-up, or an orphaned stopped job's SIGHUP)? Then forwarding it would deliver
-    it twice. ``kill`` reaches only us.
-
-    Without the sender (``from_kernel`` None), a SIGINT in the foreground is taken for a Ctrl-C.
-    """
+    """Did the kernel send this signal to our whole group, the child included (a Ctrl-C, a
+    hang-up)? Then forwarding would deliver it twice. Without the sender (``None``), a SIGINT
+    in the foreground is taken for a Ctrl-C."""
     if from_kernel is False or (from_kernel is None and signum != signal.SIGINT):
         return False
     try:
@@ -318,8 +281,8 @@ def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> 
 
 
 class _SenderReader:
-    """Takes the blocked forwarded signals with ``sigwaitinfo`` (which tells who sent each) in
-    a thread of its own, and hands them to the relay."""
+    """A thread that takes the blocked signals with ``sigwaitinfo`` and hands them, with their
+    sender, to the relay."""
 
     def __init__(self, relay: _SignalRelay) -> None:
         self._relay = relay
@@ -344,17 +307,9 @@ class _SenderReader:
 
 @contextmanager
 def _senders_known(relay: _SignalRelay) -> Iterator[None]:
-    """Block the forwarded signals in this thread (and in the threads it starts from now on:
-    the heartbeat, the loss watch) and read them with their senders. On leaving, signals that
-    came meanwhile reach the Python handler when the mask is lifted.
-
-    Only where the sender can matter: with stdin a terminal (a Ctrl-C there reaches CMD in our
-    foreground group from the kernel too, and is not forwarded again). Otherwise every signal
-    is forwarded whoever sent it (CMD leads a group of its own), the Python handler does that,
-    and a reader started and stopped for every command (a pool's worker, whose stdin is never
-    a terminal) was a thread for nothing: two waits per feature for it to be scheduled. Our
-    other threads start with the signals blocked (``signals.start_without_signals``), so the
-    handler runs in the main thread at once."""
+    """Block the forwarded signals here (and in threads started from now on) and read them
+    with their senders. Only with stdin a terminal: elsewhere CMD leads its own group, every
+    signal is forwarded whoever sent it, and the Python handler does that without a thread."""
     if not _READ_SENDERS or not _stdin_is_a_terminal():
         yield
         return
@@ -379,25 +334,22 @@ def _stdin_is_a_terminal() -> bool:
 
 
 def _unmasked() -> AbstractContextManager[object]:
-    """Lift the block while CMD is started: a child inherits the signal mask across exec, and
-    CMD must get its signals. Meanwhile a signal reaches the Python handler (the relay)."""
+    """Lift the block while CMD starts (a child inherits the mask); the handler takes over."""
     if not _READ_SENDERS:
         return nullcontext()
     return signals.masked(signal.SIG_UNBLOCK, signals.FORWARDED)
 
 
 def _grace_before(stop_by: float | None) -> float:
-    """CMD's grace after SIGTERM for a lost lock: :data:`LOST_KILL_GRACE_SECONDS`, cut short
-    to end by ``stop_by`` (monotonic), when the lease may still run on the server (a cut-off
-    holder: CMD must be gone before the lock can be given away)."""
+    """CMD's grace after SIGTERM for a lost lock, cut short to end by ``stop_by`` (monotonic):
+    a cut-off holder's CMD must be gone before its server lease runs out."""
     if stop_by is None:
         return LOST_KILL_GRACE_SECONDS
     return max(0.0, min(LOST_KILL_GRACE_SECONDS, stop_by - monotonic()))
 
 
 class _LossWatch:
-    """Applies the lost-lock rule to the command: called by the heartbeat when the lock is lost,
-    it acts in a thread of its own (the grace must not hold up anyone)."""
+    """Applies the lost-lock rule to CMD, in a thread of its own (the grace holds up no one)."""
 
     def __init__(self, policy: OnLost, notify: Callable[[LockLostError], None] | None) -> None:
         self.policy = policy
@@ -471,9 +423,8 @@ class _LossWatch:
 
 
 def _our_work() -> list[int]:
-    """As a terminal's foreground job CMD shares our group: what it started that is still in
-    our group (our descendants: we are their subreaper, so orphans among them stay ours), not
-    the job's other members (a ``| tee`` beside us) and not what left the group (``setsid``)."""
+    """As a terminal's job CMD shares our group: our live descendants still in it (not the
+    job's other members, such as a ``| tee`` beside us)."""
     import psutil  # only on this path: a foreground lock run that signals its command's work
 
     ours = os.getpgrp()
@@ -499,8 +450,8 @@ def _signal_our_work(signum: int, but: int | None = None) -> None:
 
 
 def work_grace_seconds() -> float:
-    """The grace of CMD's leftovers: ``MAHABHARATHA_RUN_GRACE`` when it is a finite number of
-    seconds (at least 0), else :data:`WORK_GRACE_SECONDS`."""
+    """The grace of CMD's leftovers: ``MAHABHARATHA_RUN_GRACE`` when a finite number of seconds
+    (at least 0), else :data:`WORK_GRACE_SECONDS`."""
     raw = os.environ.get(GRACE_ENV, "")
     try:
         seconds = float(raw)
@@ -526,13 +477,11 @@ def _still_running(work: WorkProof | None, child: _Child) -> Callable[[], bool]:
 
 def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
     """After CMD ended: wait (a grace, then SIGKILL to CMD's group) until nothing holds the
-    work's proof *and* CMD's group is empty; True when something still runs after that (work
-    that left the group holding the proof, or a member the SIGKILL did not take down)."""
+    work's proof and the group is empty; True when something still runs after that."""
 
     def running() -> bool:
-        # Race: work can drop the proof and stay in CMD's group (a Python subprocess child,
-        # closed descriptors; a shell's ``exec 5>>log`` over the proof's number): a free
-        # proof alone would let a second holder in beside it.
+        # Race: work that dropped the proof but stays in CMD's group (closed descriptors):
+        # a free proof alone would let a second holder in beside it.
         return (work is not None and work.running()) or child.group_lives()
 
     if not running():
@@ -552,20 +501,15 @@ def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay)
 
 
 class Run:
-    """``lock run`` in two steps, so that its caller can act between them (the CLI enters its
-    waiting line around :meth:`acquire` and notes the holder before :meth:`command`; nothing
-    here calls back up into it)::
+    """``lock run`` in two steps, so that its caller can act between them::
 
         with Run(lock, on_lost=..., notify_lost=..., on_release_wait=...) as run:
             run.acquire()  # waiting as ``lock`` was configured
-            ...  # the lock is held
             code = run.command(command, stdout)
 
-    Entering hands the forwarded signals to the run's relay (see the module docstring), from
-    before the lock is taken; leaving gives them back. Once :meth:`acquire` has returned, the
-    lock is released whatever happens: by :meth:`command` when it ends, else (an error between
-    the two steps) on leaving the block. :func:`run_locked` documents the arguments and what
-    each step raises.
+    Entering takes the forwarded signals, leaving gives them back; once :meth:`acquire` has
+    returned the lock is released whatever happens. :func:`run_locked` documents the arguments
+    and what each step raises.
     """
 
     def __init__(
@@ -650,8 +594,8 @@ class Run:
                 child.close()
             relay.releasing()  # from here a signal cuts the wait for CMD's leftovers short
             if _work_still_held(work, child, relay):
-                # Race: work that left CMD's group still runs: releasing now would let a
-                # second holder in beside it. Its proof keeps the lock held until it ends.
+                # Race: work that left CMD's group still runs: a release would let a second
+                # holder in beside it. Its proof keeps the lock held until it ends.
                 lock.abandon()
                 left = _still_running(work, child)
                 work = None  # its watch goes with the error: asked until the work ends
@@ -664,9 +608,8 @@ class Run:
 
     @property
     def signalled(self) -> int | None:
-        """The first signal (INT, TERM, HUP) this process received once the command was
-        started, ``None`` for none: what tells ``lock work`` to stop, whatever CMD made of it
-        (a CMD that catches TERM and exits 1 was still told to stop)."""
+        """The first signal (INT, TERM, HUP) received once the command started (``None``:
+        none): it tells ``lock work`` to stop, whatever CMD made of it."""
         return self._relay.received
 
     def _release(self, status: int | None) -> None:
@@ -688,18 +631,14 @@ def run_locked(
     stderr: IO[Any] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
-    One call for the two steps of :class:`Run`.
 
-    ``env``: variables added to the command's environment (``lock work``: the feature);
-    ``stdout``/``stderr``: where its output goes (``None``: ours).
-
-    ``waiting`` (a terminal's waiting line) is entered around the wait for the lock only, so it
-    is gone before the command's output or any error. ``on_acquired`` is called once the lock
-    is ours, before the command starts. When the lock
-    is lost while the command runs, ``lock.lost`` says why afterwards, ``notify_lost`` is called
-    at once, and ``on_lost`` says what happens to the command. When a kernel lease keeps the
-    lock file from being read at the release, ``on_release_wait(seconds)`` is called once and
-    the release waits for the kernel to break the lease, at most that long.
+    ``env``: variables added to the command's environment; ``stdout``/``stderr``: where its
+    output goes (``None``: ours). ``waiting`` (a terminal's waiting line) is entered around the
+    wait for the lock only. ``on_acquired`` is called once the lock is ours, before the command
+    starts. When the lock is lost while the command runs, ``notify_lost`` is called at once,
+    ``on_lost`` says what happens to the command, and ``lock.lost`` says why afterwards. When
+    a kernel lease holds up the release, ``on_release_wait(seconds)`` is called once and the
+    release waits at most that long.
 
     Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
     :class:`Interrupted` when a signal arrives before the command started, and
@@ -727,9 +666,8 @@ def _release_after_leases(
     on_release_wait: Callable[[float], None] | None,
     status: int | None,
 ) -> None:
-    """``lock.release()``, waiting as long as the backend must (files: until the kernel breaks
-    another process's lease on the lock file, bounded), unless a signal ends the wait first:
-    then :class:`ReleaseInterrupted`, and the lock stays."""
+    """``lock.release()``, waiting as long as the backend must (a kernel lease), unless a
+    signal ends the wait first: then :class:`ReleaseInterrupted`, and the lock stays."""
     relay.releasing()
 
     def pause(seconds: float) -> None:

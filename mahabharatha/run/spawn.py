@@ -33,26 +33,17 @@ class CommandNotFoundError(CommandStartError, FileNotFoundError):
 
 
 class CommandNotExecutableError(CommandStartError, PermissionError):
-    """The command exists but cannot be executed: no permission, a folder, not a program
-    (exit 126, like a shell)."""
+    """The command exists but cannot be executed (exit 126, like a shell)."""
 
 
 PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # <linux/prctl.h>
-PARENT_DEATH_SIGNAL: Final = signal.SIGKILL
-"""What CMD gets when ``lock run`` dies without ending it (SIGKILL, a crash): the same fate.
-A signal that ``lock run`` can handle is forwarded to CMD instead (see the module docstring)."""
+PARENT_DEATH_SIGNAL: Final = signal.SIGKILL  # CMD shares the fate of a lock run that dies
 
 
 def _parent_death_hook(then: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that asks Linux to kill the child when ``lock run`` dies, then calls
-    ``then`` (the group handshake); ``then`` alone where there is no ``prctl`` (CMD then
-    outlives a SIGKILLed ``lock run``, and its process group, recorded with the lock, keeps
-    the lock alive meanwhile).
-
-    Fork safety: everything is resolved here, in the parent; the child only calls one C
-    function and two system calls, touching no Python lock (the import lock is held across the
-    fork by ``subprocess`` itself, and glibc's ``fork`` leaves ``malloc`` usable).
-    """
+    ``then`` (the group handshake); ``then`` alone without ``prctl``. Fork safety: everything is
+    resolved in the parent; the child makes system calls only, touching no Python lock."""
     prctl = _prctl()
     if prctl is None:
         return then
@@ -60,8 +51,7 @@ def _parent_death_hook(then: Callable[[], None] | None = None) -> Callable[[], N
     getpid, getppid, kill, signum = os.getpid, os.getppid, os.kill, int(PARENT_DEATH_SIGNAL)
 
     def die_with_parent() -> None:
-        # The signal comes when the thread that forked us ends: run_locked starts CMD from the
-        # thread that waits for it.
+        # It comes when the forking thread ends: run_locked forks from the thread that waits.
         prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         # Race: lock run died between fork and prctl; we were re-parented and no signal comes.
         if getppid() != parent:
@@ -78,17 +68,12 @@ def _spawned_words(
     handshake: Callable[[], None] | None = None,
 ) -> tuple[list[str], Callable[[], None] | None]:
     """The words to start and the ``preexec_fn`` that give CMD the parent-death signal (and
-    run ``handshake`` in the child before its ``exec``: then never through ``setpriv``).
+    run ``handshake`` in the child before its ``exec``).
 
-    A ``preexec_fn`` makes Python fork this interpreter (it cannot ``vfork`` with one): about
-    1.5 ms of CPU per command in page faults, most of a short command's cost in a pool. Where
-    util-linux's ``setpriv`` can set the signal and no handshake is needed (CMD shares a
-    terminal job's group), CMD is started through it instead, and Python uses ``vfork``.
-    ``setpriv`` then runs CMD, so a command that cannot be started must be told here, as
-    ``Popen`` would tell it (its own message would be a "failed attempt").
-    Race: ``lock run`` killed between the start and ``setpriv``'s ``prctl`` (microseconds)
-    leaves CMD running; its proof of life keeps the lock held until it ends (safe, as for a
-    command that changed its credentials, section 13 of the design)."""
+    Without a handshake, ``setpriv --pdeathsig`` sets the signal instead, so Python can
+    ``vfork`` (a ``preexec_fn`` forces a full fork); a command that cannot start is then told
+    here, as ``Popen`` would. Race: ``lock run`` killed before ``setpriv``'s ``prctl`` leaves
+    CMD running, and its proof of life keeps the lock held until it ends (design section 12)."""
     wrapper = None if handshake is not None or _prctl() is None else _setpriv_with_pdeathsig()
     if wrapper is None:
         return list(command), _parent_death_hook(handshake)
@@ -98,9 +83,7 @@ def _spawned_words(
 
 @cache
 def _setpriv_with_pdeathsig() -> str | None:
-    """The path of util-linux's ``setpriv`` when it can set the parent-death signal
-    (``setpriv --pdeathsig KILL -- CMD`` then becomes CMD: one process, CMD's pid); asked once
-    per process: an older or a busybox ``setpriv`` may not know ``--pdeathsig``."""
+    """util-linux's ``setpriv`` when it knows ``--pdeathsig`` (it then becomes CMD); asked once."""
     import shutil
 
     path = shutil.which("setpriv")
@@ -128,8 +111,7 @@ def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
         return
     search = (env if env is not None else os.environ).get("PATH", os.defpath)
     try:
-        # A pool starts the same program for every feature: PATH is searched once, and the
-        # place found is checked again each time (two system calls, not one per PATH entry).
+        # A pool starts one program for every feature: PATH is searched once, the place rechecked.
         _check_startable(_found_on_path(program, search), program)
     except OSError:
         _found_on_path.cache_clear()  # moved or gone since: search again before saying so
@@ -148,9 +130,8 @@ def _check_startable(path: str | None, program: str) -> None:
 
 @lru_cache(maxsize=16)
 def _found_on_path(program: str, search: str) -> str | None:
-    """Where the ``PATH`` ``search`` (CMD's own) finds ``program``: an executable first, else
-    the first entry of that name (a folder, a file without execute permission: it then cannot
-    be executed, ``EACCES``, as ``execvp`` says)."""
+    """Where CMD's ``PATH`` ``search`` finds ``program``: an executable first, else the first
+    entry of that name (which then fails with ``EACCES``, as ``execvp`` says)."""
     import shutil
 
     found = shutil.which(program, path=search)
@@ -177,20 +158,17 @@ RecordGroup = Callable[[int, int | None], None]  # FeatureLock.record_work_group
 
 
 def _group_recorder(lock: FeatureLock) -> RecordGroup | None:
-    """Where CMD's group goes: ``None`` for a backend that records none (a lock server judges
-    by the holder's session), whose CMD needs no handshake (nor its fork)."""
+    """Where CMD's group goes: ``None`` for a backend that records none (no handshake then)."""
     return lock.record_work_group if Capability.PROOF_OF_LIFE in lock.backend.capabilities else None
 
 
 class _GroupHandshake:
-    """CMD's group recorded with the lock before anything of CMD runs. The child, between its
-    ``setpgid`` and its ``exec``, writes its pid to one pipe and blocks reading another; a
-    thread of ours (the main one waits in ``Popen``) records the group (the pid; its start
-    time from ``/proc``, unchanged by ``exec``) and then lets the child go on. A ``lock run``
-    killed before that takes the still-blocked child along (the parent-death signal, and the
-    end of the second pipe), so nothing of CMD ran. A busy guard holds CMD back for at most
-    the record's bounded wait for it; then CMD goes on unrecorded and the heartbeat records
-    the group (the window stays open that long, for that run only)."""
+    """CMD's group recorded with the lock before anything of CMD runs.
+
+    The child, between ``setpgid`` and ``exec``, writes its pid to one pipe and blocks reading
+    another; a thread of ours records the group, then lets it go on. A ``lock run`` killed
+    before that takes the blocked child along. A busy guard holds CMD back at most the
+    record's bounded wait; then the heartbeat records the group."""
 
     def __init__(self, record: RecordGroup) -> None:
         self._pipes = (*os.pipe(), *os.pipe())  # the pid's (read, write), then the go's
@@ -239,8 +217,7 @@ class _GroupHandshake:
                 os.write(go_write, b"go")
 
     def close(self) -> None:
-        """After ``Popen`` returned or raised: the thread ends (a child that never wrote
-        leaves it the end of the pipe), and the pipes are closed."""
+        """After ``Popen`` returned or raised: end the thread, close the pipes."""
         pid_read, pid_write, go_read, go_write = self._pipes
         os.close(pid_write)
         if self._thread.ident is not None:  # started
@@ -265,10 +242,8 @@ def start_command(
     if not own_group:
         _become_subreaper()  # CMD shares our group: its orphans must stay findable
         if record is not None and os.getpgrp() != os.getpid():
-            # Race: lock run SIGKILLed once CMD runs leaves work that dropped the proof in
-            # the terminal job's group, which a script (not we) leads: the judge's own-group
-            # rule never sees it, so it is recorded first. Members older than us are not
-            # CMD's work: the judge counts only those started since we did.
+            # Race: lock run SIGKILLed leaves proof-less work in a job's group a script leads;
+            # recorded first, the judge counts its members started since we did.
             record(os.getpgrp(), start_of(os.getpgrp(), leading=True))
     passed = () if work is None or work.fd is None else (work.fd,)
     try:
@@ -295,7 +270,7 @@ def start_command(
         if handshake is not None:
             handshake.close()
     if own_group and record is not None and handshake is None:
-        record(child.pid, start_of(child.pid))  # no thread for the handshake: late, as before
+        record(child.pid, start_of(child.pid))  # no thread for the handshake: late
     if work is not None:
         work.close_ours()  # Race: from now on only CMD's tree holds the work's proof
     return child, own_group
@@ -313,9 +288,7 @@ def _become_subreaper() -> None:
 
 @cache
 def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` (Linux), looked up once per process (a ``dlopen`` and a symbol lookup
-    per command were, with the ``PATH`` search below, a tenth of a quick command's cost in a
-    pool's worker); None where there is none."""
+    """libc's ``prctl`` (Linux), looked up once per process; None where there is none."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -334,17 +307,10 @@ def start_of(pid: int, *, leading: bool = False) -> int | None:
 
 
 def _in_terminal_job() -> bool:
-    """Is ``lock run`` a job of its terminal (stdin, stdout or stderr is its controlling
-    terminal), in the foreground or in the background (``lock run F -- CMD &``)? CMD then
-    shares its group. Any of the three: ``lock run F -- CMD <file`` or ``echo y | lock run``
-    typed at a shell is a job all the same (Ctrl-Z stopped ``lock run`` alone, CMD ran on).
-
-    Race: CMD in a group of its own while ``lock run`` was a background job was no job of the
-    shell's: its read of the terminal stopped it alone (SIGTTIN goes to the reader's group),
-    ``jobs`` said Running, ``fg`` continued and gave the terminal to ``lock run``'s group only,
-    so CMD stayed stopped for ever and Ctrl-C never reached it. In the job's group the kernel
-    and the shell treat both as one job: a read stops both, ``fg``/``bg`` continue both,
-    Ctrl-C and Ctrl-Z reach both, a hang-up ends both."""
+    """Is ``lock run`` a job of its terminal (any of stdin, stdout, stderr is its controlling
+    terminal, foreground or ``&``)? CMD then shares its group. Race: CMD stopped for ever by
+    a background read: in a group of its own it is no job of the shell's, and ``fg`` and
+    Ctrl-C never reach it; in the job's group the shell treats both as one job."""
     return any(_our_terminal(stream) for stream in (sys.stdin, sys.stdout, sys.stderr))
 
 
