@@ -24,6 +24,7 @@ from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.backend import PostgresBackend
 from mahabharatha.pool import claim as pool_claim
 from mahabharatha.pool import work as pool_work
+from tests.support.marks import needs_proc
 from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,9 +82,12 @@ def test_more_holders_than_connection_slots_all_hold_and_finish(
 ) -> None:
     """24 ``lock run`` (or ``lock work``) holders, each of its own feature, against 17
     connection slots; each CMD waits for a byte on its stdin (sent once every holder holds its
-    lock, and every ``lock run`` has refreshed it). Failed before: a holder kept its
-    connection for its whole run, so the 18th and later could not connect (exit 3); ``lock
-    work`` kept it until its first refresh, 20 s later."""
+    lock, and every ``lock run`` has refreshed it, or every ``lock work`` let go of its server
+    connection). Failed before: a holder kept its connection for its whole run, so the 18th
+    and later could not connect (exit 3). ``lock work`` holders must let go of theirs before
+    their first refresh: with the connection's grace removed (mutant
+    ``pool-lock-keeps-its-claims-connection``) those that connected first kept theirs until it,
+    20 s later, and the others waited for a slot (all held, all exit 0: only the sessions tell)."""
     url = crowded_server.url()
     env = _tables_made(url)
     opts = ["--backend", url, "--namespace", "crowd"]
@@ -124,6 +128,8 @@ def test_more_holders_than_connection_slots_all_hold_and_finish(
             )
 
         assert wait_until(all_held_and_refreshed_or_one_ended, timeout=HANG_GUARD_SECONDS)
+        if command == "work":
+            _holders_let_go_before_a_refresh(crowded_server)
     finally:
         codes = []
         for holder in holders:
@@ -150,55 +156,84 @@ def test_more_holders_than_connection_slots_all_hold_and_finish(
     assert held == 0  # every one released
 
 
-QUICK_WORKERS = 30
-QUICK_FEATURES = 1500
-"""Enough quick features (``sleep 0.05`` each) that the 17 workers that connect first are still
-at work when the others' connect timeout (2 s) runs out."""
+def _holders_let_go_before_a_refresh(server: PgServer) -> None:
+    """Once every ``lock work`` holder holds: the holders' server sessions all end before any
+    of them refreshes (a grace of a quarter of a second after its claim; its first refresh a
+    third of the run lease after it). One look sees both counts at once."""
+    look = (
+        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE usename = 'mh_app'),"
+        " (SELECT count(*) FROM mahabharatha_locks WHERE namespace = 'crowd'"
+        " AND refreshed_at > acquired_at)"
+    )
+    seen: list[tuple[object, ...]] = []
+
+    def none_kept_or_one_refreshed() -> bool:
+        seen[:] = admin_execute(server, look)
+        return seen[0][0] == 0 or seen[0][1] != 0
+
+    assert wait_until(none_kept_or_one_refreshed, timeout=HANG_GUARD_SECONDS)
+    kept, refreshed = seen[0]
+    assert refreshed == 0, f"{kept} server sessions kept by holders until they refreshed"
 
 
+QUICK_FREE_SLOTS = 2
+"""Every usable slot but these is taken by the admin role: each worker's first look sees the
+server crowded (at most one free, its own session taking one)."""
+QUICK_WORKERS = 4
+"""More workers than the free slots."""
+QUICK_FEATURES = 24
+QUICK_COMMAND = 'echo "$1 $(ls -l /proc/$PPID/fd | grep -c socket:)" >> "$2"'
+"""A quick command: records its feature and the sockets its worker (its parent) holds as it
+runs: the worker's server connection, if it kept one."""
+
+
+@needs_proc
 def test_more_workers_of_quick_commands_than_connection_slots_all_finish(
     crowded_server: PgServer, tmp_path: Path
 ) -> None:
-    """30 ``lock work`` workers of one shared pool of quick commands against 17 connection
-    slots: the contract's many holders (revision 4) are also workers of quick commands. None
-    may exit 3: a worker that finds no slot must get one before its ``--connect-timeout`` runs
-    out. Failed before (a strict xfail): the workers connected first kept their connections
-    between features, letting go once a second only to connect again at once; now they see
-    the server crowded and let go of it during each command."""
+    """4 ``lock work`` workers of one pool of quick commands against 2 free connection slots:
+    the contract's many holders (revision 4) are also workers of quick commands. None may exit
+    3, every feature runs once, and a worker that saw the server crowded holds no connection
+    while a command runs, so that the others get a slot between its statements. Failed
+    before (mutant ``pool-ignores-a-crowded-server``: the workers connected first kept their
+    connections between features, their commands being shorter than the connection's grace):
+    every command found its worker holding its connection (all exited 0 nonetheless)."""
     url = crowded_server.url()
     env = _tables_made(url)
     for number in range(QUICK_FEATURES):
-        (tmp_path / ".gsd" / "specs" / f"q{number:04d}").mkdir(parents=True)
+        (tmp_path / ".gsd" / "specs" / f"q{number:02d}").mkdir(parents=True)
+    ran = tmp_path / "ran.log"
     work = [
-        "lock",
-        "work",
-        "--backend",
-        url,
-        "--namespace",
-        "crowd-quick",
-        "--connect-timeout",
-        "2",
-    ]
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "mahabharatha", *work, "--", "sleep", "0.05"],
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        for _ in range(QUICK_WORKERS)
-    ]
+        "lock", "work", "--backend", url, "--namespace", "crowd-quick",
+        "--connect-timeout", "2", "--", "sh", "-c", QUICK_COMMAND, "sh", "{}", str(ran),
+    ]  # fmt: skip
     codes = []
-    for worker in workers:
-        try:
-            _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            _, stderr = worker.communicate()
-        codes.append((worker.returncode, stderr.decode(errors="replace")[-300:]))
+    with _every_slot_taken(crowded_server, but=QUICK_FREE_SLOTS):
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "mahabharatha", *work],
+                cwd=tmp_path,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
+            for _ in range(QUICK_WORKERS)
+        ]
+        for worker in workers:
+            try:
+                _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                _, stderr = worker.communicate()
+            codes.append((worker.returncode, stderr.decode(errors="replace")[-300:]))
     assert all(code == 0 for code, _ in codes), [entry for entry in codes if entry[0] != 0][:3]
+    lines = ran.read_text().splitlines()
+    assert sorted(line.split()[0] for line in lines) == [
+        f"q{number:02d}" for number in range(QUICK_FEATURES)
+    ]
+    kept = [line for line in lines if line.split()[1] != "0"]
+    assert kept == [], f"{len(kept)} of {len(lines)} commands ran beside a kept connection"
 
 
 def test_a_server_is_crowded_when_a_tenth_of_its_slots_or_fewer_are_free(
@@ -260,16 +295,18 @@ def _app_sessions(server: PgServer) -> int:
     )
 
 
-def _take_every_slot(server: PgServer) -> list[psycopg.Connection[tuple[object, ...]]]:
-    """Every slot the app role may use, taken by the admin role (which keeps the reserved ones
-    for the test's own looks)."""
-    return [psycopg.connect(server.admin_url()) for _ in range(USABLE_SLOTS)]
+def _take_every_slot(
+    server: PgServer, but: int = 0
+) -> list[psycopg.Connection[tuple[object, ...]]]:
+    """Every slot the app role may use (``but`` a few), taken by the admin role (which keeps
+    the reserved ones for the test's own looks)."""
+    return [psycopg.connect(server.admin_url()) for _ in range(USABLE_SLOTS - but)]
 
 
 @contextmanager
-def _every_slot_taken(server: PgServer) -> Iterator[None]:
+def _every_slot_taken(server: PgServer, but: int = 0) -> Iterator[None]:
     """:func:`_take_every_slot` while the block runs."""
-    taken = _take_every_slot(server)
+    taken = _take_every_slot(server, but)
     try:
         yield
     finally:

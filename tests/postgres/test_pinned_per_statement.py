@@ -86,6 +86,53 @@ def test_a_pooler_neighbours_synchronous_commit_off_never_loses_an_acknowledged_
             holder.close()
 
 
+def test_a_pooled_operation_sends_nothing_after_its_commit(
+    database: Callable[..., str],  # noqa: F811
+    pg_server: PgServer,
+    tmp_path: Any,
+) -> None:
+    """Behind PgBouncer in transaction mode, an acquire, a refresh, a status, a claim and a
+    release each end with their COMMIT's answer: no Flush follows it, which would make the
+    pooler hand the server connection to us again (a pooled client never keeps it between
+    its operations). Failed before: psycopg's pipeline sent a Flush after each operation's
+    last Sync; when PgBouncer had freed the server connection at the COMMIT's answer, the
+    Flush took it again, unanswered, and a neighbour of a pool of one waited for it: the
+    test above hung so until pytest's timeout, about 1 run in 10 under load."""
+    from psycopg import pq
+
+    url = database()
+    maker = _backend(url, tmp_path)
+    try:
+        maker.init()  # the tables, made before the pooler's pool of one
+    finally:
+        maker.close()
+    with pgbouncer(pg_server, "transaction", 1) as port:
+        pooled = f"postgresql://{APP_USER}@127.0.0.1:{port}/{url.rsplit('/', 1)[1]}"
+        backend = _backend(pooled, tmp_path, connect_timeout=LOADED_MACHINE_TIMEOUT)
+        trace = tmp_path / "sent.trace"
+        try:
+            backend.status()  # connected: its messages from here on are traced
+            conn = backend._conn
+            with trace.open("w") as out:
+                conn.pgconn.trace(out.fileno())
+                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                held = backend.try_acquire("feat", me()).held
+                assert held is not None
+                backend.refresh(held)
+                backend.status()
+                claimed = backend.try_claim(["other"], me())
+                assert claimed is not None and claimed.held is not None
+                for each in (held, claimed.held):
+                    assert backend.release_held(each)
+                assert backend._conn is conn  # one connection: all of it traced
+                conn.pgconn.untrace()  # flushes libpq's buffer
+        finally:
+            backend.close()
+    sent = [line.split("\t")[2] for line in trace.read_text().splitlines() if line[:2] == "F\t"]
+    assert sent.count("Sync") + sent.count("Query") >= 5
+    assert "Flush" not in sent, f"{sent.count('Flush')} Flush messages sent: {sent}"
+
+
 # --------------------------------------------------------------------------- item 4: times
 
 

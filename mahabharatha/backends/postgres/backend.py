@@ -488,19 +488,22 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def _release_then_wake(
         self, conn: _Connection, text: str, values: Sequence[Any]
     ) -> list[tuple[Any, ...]]:
-        """The release in a transaction of its own (pinned first behind a pooler), then the
-        wake-up in another, sent in one pipeline: one flush, one Sync, one round trip. A
-        wake-up the server refuses (its notification queue full) fails only its own
-        transaction, after the release's COMMIT: the release stands, the error is dropped."""
+        """The release in a transaction of its own, then the wake-up in another, sent in one
+        pipeline: one flush, one Sync, one round trip. A wake-up the server refuses (its
+        notification queue full) fails only its own transaction, after the release's COMMIT:
+        the release stands, the error is dropped. Behind a pooler: pinned, no pipeline
+        (:meth:`_pinned` says why), then the wake-up."""
         released = psycopg.RawCursor(conn)
+        if conn.pooled:
+            # Race: a pooler runs another client's same-named prepared statement: unprepared
+            self._pinned(conn, lambda _: released.execute(text, values, prepare=False, binary=True))
+            self._wake_waiters()
+            return released.fetchall()
         commit = conn.cursor()
         try:
             with conn.pipeline():
                 conn.execute(statements.BEGIN, prepare=False)
-                if conn.pooled:
-                    conn.execute(statements.PIN_SETTINGS, prepare=False)
-                # Race: a pooler runs another client's same-named prepared statement
-                released.execute(text, values, prepare=not conn.pooled, binary=True)
+                released.execute(text, values, prepare=True, binary=True)
                 commit.execute("COMMIT", prepare=False)
                 conn.execute(statements.WAKE, {"channel": self.channel}, prepare=False)
         except psycopg.Error:

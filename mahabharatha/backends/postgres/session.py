@@ -54,6 +54,8 @@ found closed (an idle timeout, a restart), then a fresh one whose answer a reset
 _T = TypeVar("_T")
 
 _Connection = Connection  # the name the tests patch statements on
+_BEGIN_PINNED: Final = f"{statements.BEGIN}; {statements.PIN_SETTINGS}"
+"""One round trip (the simple protocol: no parameters) that begins a pooled transaction."""
 
 
 class Session:
@@ -299,11 +301,23 @@ class Session:
     @staticmethod
     def _pinned(conn: _Connection, operation: Callable[[_Connection], _T]) -> _T:
         """``operation`` in a transaction of its own that first pins what it relies on
-        (``PIN_SETTINGS``; begun READ COMMITTED), sent in one pipeline: behind a
-        transaction-mode pooler another client's ``SET`` may be on the server connection."""
-        with conn.pipeline(), conn.transaction():
-            conn.execute(statements.PIN_SETTINGS, prepare=False)
-            return operation(conn)
+        (``PIN_SETTINGS``, sent with its ``BEGIN`` READ COMMITTED), then its COMMIT: behind a
+        transaction-mode pooler another client's ``SET`` may be on the server connection.
+        No pipeline: psycopg ends one with a Flush after its last Sync, and a Flush that
+        reaches PgBouncer after the COMMIT's answer freed the server connection takes it
+        again for this client, unanswered, until its next statement: the pool's other
+        clients wait for it (a pool of one, for ever)."""
+        try:
+            conn.execute(_BEGIN_PINNED, prepare=False)
+            answer = operation(conn)
+            conn.execute("COMMIT", prepare=False)
+        except BaseException:
+            # Race: a pooler keeps the server connection of a client inside a transaction:
+            # a failed one is ended now, never left open until our next operation.
+            with suppress(psycopg.Error, OSError):
+                conn.rollback()
+            raise
+        return answer
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         statement = self._sql(query)
