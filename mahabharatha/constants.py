@@ -40,9 +40,6 @@ CONNECT_TIMEOUT_SECONDS: Final = 5.0
 # A pool worker keeps its server connection this long into each command, then lets go of it
 # until the command ends: a long command holds no connection slot while it runs.
 POOL_CONNECTION_GRACE_SECONDS: Final = 0.25
-# How often a pool worker that keeps its connection asks whether the server's slots are
-# nearly all taken (then it lets go of it before each command for the rest of its run).
-POOL_SLOTS_LOOK_SECONDS: Final = 0.5
 # Waiters poll from 2 ms up to 25 ms apart (jittered): a released lock is taken within tens of
 # milliseconds, and a crowd of waiters does not poll in step.
 BACKOFF_FIRST_SECONDS: Final = 0.002

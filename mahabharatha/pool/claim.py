@@ -12,16 +12,19 @@ from mahabharatha import clock, logs, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
-    Capability,
+    ClaimsInOneStep,
     FeatureProblem,
     Held,
     LockBackend,
     LockError,
     LockInfo,
     Owner,
+    PollingWatch,
+    ReleaseWatch,
     Requester,
     ServerFullError,
     Verdict,
+    WatchesReleases,
     describe_holder,
 )
 from mahabharatha.constants import (
@@ -216,7 +219,11 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
     pool.tell_waiting(outcome.busy)
-    with pool.store.release_watch(pool.candidates) as watch:
+    store = pool.store
+    watching: ReleaseWatch = PollingWatch()
+    if isinstance(store, WatchesReleases):
+        watching = store.release_watch(pool.candidates)
+    with watching as watch:
         while True:
             # Race: a release between the claim above and the watch's start was not seen by
             # either: this claim, made with the watch in place, sees it.
@@ -252,6 +259,7 @@ class _Pool:
         self.details = details
         self.problems = problems
         self.local = _local_markers(store)
+        self.one_step = store if isinstance(store, ClaimsInOneStep) else None
         # Features seen done or failed: they stay so while the pool runs (only ``reopen``
         # changes that), so later rounds skip them without a look (no system call).
         self.finished: dict[str, str] = {}
@@ -304,8 +312,8 @@ class _Pool:
 
     def claim(self, options: _ClaimOptions) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
-        if Capability.CLAIM_IN_ONE_STEP in self.store.capabilities:
-            return self._claim_in_one_step(options)
+        if self.one_step is not None:
+            return self._claim_in_one_step(self.one_step, options)
         seen: dict[str, list[str]] = {"done": [], "failed": [], "busy": [], "mine": []}
         start = self.open_from
         for index in range(start, len(self.candidates)):
@@ -384,7 +392,7 @@ class _Pool:
             return True
         return _held_by(outcome.holder, outcome.holder_details, {self.owner})
 
-    def _claim_in_one_step(self, options: _ClaimOptions) -> ClaimOutcome:
+    def _claim_in_one_step(self, store: ClaimsInOneStep, options: _ClaimOptions) -> ClaimOutcome:
         """A backend that claims in one statement (PostgreSQL): features done or failed in
         their local folder are left out (both backends mean the same by done and failed, and
         :func:`survey` shows them so). The folders are looked at
@@ -396,7 +404,7 @@ class _Pool:
             self.offered = [f for f in self.candidates if f not in self.here]
         offered = self.offered
         while True:
-            won = self.store.try_claim(
+            won = store.try_claim(
                 offered,
                 Requester(self.owner, self.details),
                 reclaim_dead=options.reclaim_dead,
@@ -416,11 +424,11 @@ class _Pool:
             offered = [f for f in offered if f != won.held.feature]
         held = {info.feature: info for info in self.store.status() if info.held}
         # Race: a rest may end between the claim and this look: still counted unfinished.
-        resting = self.store.retried_features(self.offered) if self.retry_delay > 0 else set()
+        resting = store.retried_features(self.offered) if self.retry_delay > 0 else set()
         busy = [f for f in self.offered if f in held or f in resting]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
-        gave_up = self.store.failed_features() | {
+        gave_up = store.failed_features() | {
             f for f, finished in self.here.items() if finished == "failed"
         }
         seen = {

@@ -14,6 +14,7 @@ from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
     FeatureProblem,
     Held,
+    LocalFolder,
     LockBackend,
     LockError,
     LockInfo,
@@ -27,7 +28,6 @@ from mahabharatha.constants import (
     HEARTBEAT_SECONDS,
     LEFT_WORK_POLL_SECONDS,
     POOL_CONNECTION_GRACE_SECONDS,
-    POOL_SLOTS_LOOK_SECONDS,
     RETRY_DELAY_SECONDS,
 )
 from mahabharatha.feature_lock import FeatureLock, Heartbeat
@@ -182,14 +182,13 @@ class PoolLock(FeatureLock):
             return WorkResult(
                 feature, WorkOutcome.LEFT, exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}"
             )
-        try:
-            _while_leased(left, lambda: self.backend.mark_done_holding(left), self.on_server_full)
-        except UnsupportedError:  # no proof of life here: the release cannot let a holder in
-            _while_leased(
-                left, lambda: _mark_done(self.backend, feature, left.pid), self.on_server_full
-            )
-            return WorkResult(feature, WorkOutcome.DONE, 0)
-        return WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
+        store = self.backend
+        if isinstance(store, LocalFolder):
+            _while_leased(left, lambda: store.mark_done_holding(left), self.on_server_full)
+            return WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
+        # No proof of life here: the release cannot let a holder in beside the left work.
+        _while_leased(left, lambda: _mark_done(store, feature, left.pid), self.on_server_full)
+        return WorkResult(feature, WorkOutcome.DONE, 0)
 
     def finish_left_work(self, limit: int) -> WorkResult:
         """The work a failed command left (:meth:`finish_leaving_work`) has ended: its failed
@@ -316,7 +315,6 @@ def run_pool(
     beats = Heartbeat()  # one thread for the worker's whole run, not one per feature
     leaving: list[PoolLock] = []  # held for work a failed command left running
     try:
-        crowded = False
         told = _once(on_server_full)
         while True:
             outcome = _claim_patiently(pool, options, wait, told)
@@ -348,9 +346,6 @@ def run_pool(
                 beats=beats,
                 on_server_full=told,
             )
-            crowded = crowded or store.crowded(POOL_SLOTS_LOOK_SECONDS)
-            if crowded:
-                store.rest()  # others wait for a slot: CMD runs holding none
             try:
                 result = step(lock)
             except StopWork as stop:

@@ -2,9 +2,10 @@
 
 The lock layer, the runner and the CLI once asked ``getattr(backend, "wait_for_release",
 None)`` and ten other such questions: a backend that misspelt a method silently lost the
-capability. Now :class:`~mahabharatha.backends.base.LockBackend` gives every capability a
-default, and no ``getattr`` in the package looks at anything but a module's constants, an
-object's own attributes (``self``) or an exception.
+capability. Now each optional ability is a protocol of its own in
+:mod:`~mahabharatha.backends.base` (issue 29), tested with ``isinstance``, and no ``getattr``
+in the package looks at anything but a module's constants, an object's own attributes
+(``self``) or an exception.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import Final
 import pytest
 
 import mahabharatha
-from mahabharatha.backends.base import Capability, LockBackend, UnsupportedError
+from mahabharatha.backends.base import (
+    ClaimsInOneStep,
+    HearsReleases,
+    LocalFolder,
+    LockBackend,
+    LockServer,
+    WatchesReleases,
+)
 from mahabharatha.backends.files.backend import FileBackend
 
 PACKAGE_DIR: Final = Path(mahabharatha.__file__).parent
@@ -78,18 +86,28 @@ def test_the_probe_finder_finds_probes(source: str, probed: bool) -> None:
     assert bool(probes_in(source)) is probed
 
 
-def test_the_folder_backend_answers_what_it_lacks_one_named_way(tmp_path: Path) -> None:
+def test_the_folder_backend_declares_what_it_has(tmp_path: Path) -> None:
     backend = FileBackend(tmp_path / "gsd")
     assert isinstance(backend, LockBackend)
-    assert Capability.TOKENS not in backend.capabilities
-    assert Capability.CLAIM_IN_ONE_STEP not in backend.capabilities
-    for lacking in (
-        lambda: backend.verify("feat", 1),
-        lambda: backend.failed_features(),
-    ):
-        with pytest.raises(UnsupportedError):
-            lacking()
-    assert backend.init() is None  # nothing to set up
-    assert backend.marker_folder() is None  # its markers are its own
+    assert isinstance(backend, LocalFolder)
+    assert isinstance(backend, WatchesReleases)
+    for lacking in (LockServer, ClaimsInOneStep, HearsReleases):
+        assert not isinstance(backend, lacking)
+    assert backend.local_calls
     assert backend.run_lease is None  # the fixed 2 h
-    backend.rest()  # no connection to let go of
+    backend.close()  # no connection to let go of
+
+
+SEAM_MOST_METHODS: Final = 16
+"""Issue 29: the operations every backend has and every caller needs."""
+
+
+def test_the_seam_keeps_only_what_every_backend_has() -> None:
+    """``LockBackend`` has at most 16 public methods; the rest are protocols of their own.
+    Failed before (issue 29): 32 methods, 16 of them with one implementation or one caller."""
+    methods = [
+        name
+        for name, value in vars(LockBackend).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    ]
+    assert len(methods) <= SEAM_MOST_METHODS, methods

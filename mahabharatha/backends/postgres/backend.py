@@ -34,7 +34,6 @@ except ImportError as missing:  # pragma: no cover - exercised by the CLI's own 
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
-    Capability,
     CleanedEntry,
     FeatureProblem,
     Held,
@@ -101,9 +100,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     """Locks in PostgreSQL, keyed by (namespace, feature); see the module's docstring."""
 
     kind = "postgresql"
-    capabilities = frozenset(
-        {Capability.TOKENS, Capability.CLAIM_IN_ONE_STEP, Capability.RELEASE_NOTICE}
-    )
     run_lease = RUN_LEASE_SECONDS
     """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless given."""
 
@@ -291,6 +287,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             params["judged"] = self._judged_dead(features)
         answer = self._claim_rounds(params, features, requester, checked=lost_before)
         self._unanswered_claims.pop(lost_key, None)  # answered: the next claim is new
+        if answer is not None:
+            self._let_go_if_crowded()
         return answer
 
     def _claim_rounds(

@@ -74,7 +74,7 @@ class ReleaseWaits(Session):
         if self._slots_scarce:
             # A crowded server: a second connection to listen on would take a slot a worker
             # needs to record its done. Poll, once per wait, holding no connection meanwhile.
-            self.rest()
+            self.close()
         if self._behind_pooler or self._slots_scarce:
             # A transaction-mode pooler keeps no LISTEN for us: it would stay on a server
             # connection and deliver releases to whichever client gets it next (psycopg keeps

@@ -47,6 +47,9 @@ SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
 SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
 """Between two connection attempts refused for want of a slot: from 20 ms, doubling, to 0.5 s
 (jittered: a crowd of holders starting at once does not knock in step)."""
+SLOTS_LOOK_SECONDS: Final = 0.5
+"""How often a claimer that keeps its connection asks whether the server's slots are nearly all
+taken (then every claim lets go of the connection once answered, for the backend's life)."""
 MAX_LOST_ANSWERS: Final = 2
 """A statement whose connection was lost under it is run again at most twice: a warm connection
 found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
@@ -72,6 +75,7 @@ class Session:
         self._slots_scarce = False  # were the server's connection slots nearly all taken?
         self._slots_seen = -math.inf  # when that was seen (monotonic)
         self._slots_hidden = False  # the role may not look at the server's sessions
+        self._crowded_once = False  # seen crowded after a claim: claims let go from then on
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
         # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
@@ -195,20 +199,20 @@ class Session:
         self._slots_scarce = usable - taken <= _few_slots(usable)
         return self._slots_scarce
 
-    def rest(self) -> None:
+    def _let_go_if_crowded(self) -> None:
+        """After a claim won: on a crowded server the claimer works holding no connection, so
+        the workers waiting for a slot get one (seen once, for the rest of its run)."""
+        self._crowded_once = self._crowded_once or self.crowded(SLOTS_LOOK_SECONDS)
+        if self._crowded_once:
+            self.close()
+
+    def close(self) -> None:
         """Let go of this backend's server connections until its next call: a holder between
         two refreshes (``lock run``, ``FeatureLock``) keeps none, so many holders fit in a
         server's ``max_connections`` (a refresh every third of the lease connects again)."""
         with self._connecting:  # Race: a thread making the shared connection at this moment
             self._drop_connection()
         self._drop_listener()
-
-    def close(self) -> None:
-        for conn in (self._conn, self._listener):
-            if conn is not None:
-                with suppress(psycopg.Error, OSError):
-                    conn.close()
-        self._conn = self._listener = None
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
