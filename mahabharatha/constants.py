@@ -58,7 +58,6 @@ POLL_SECONDS: Final = 0.05
 # Even where releases wake waiters, a waiter claims again at least this often: a lock that goes
 # stale or whose owner dies is not released, so nothing says so.
 RECHECK_SECONDS: Final = 1.0
-SLOT_PAUSE_SECONDS: Final = 0.5  # a pool worker's pause after a server had no free slot
 # A failed feature rests this long before its next attempt (``lock work --retry-delay``).
 RETRY_DELAY_SECONDS: Final = 1.0
 # How often a worker with nothing else to claim asks whether work left by a failed command has

@@ -575,10 +575,12 @@ class ClaimsInOneStep(Protocol):
         lease: float | None = None,
         include_done: bool = False,
         retry_delay: float = 0.0,
+        slot_wait: float | None = 0.0,
     ) -> AcquireResult | None:
         """The first free feature of ``features`` not done (unless ``include_done``) nor
         failed nor resting (``retry_delay`` seconds after a failed attempt, by the backend's
-        clock); ``None`` when none is free."""
+        clock); ``None`` when none is free. ``slot_wait``: how long it may wait for room on
+        the server (``None``: for ever)."""
         ...
 
     def failed_features(self) -> set[str]:

@@ -93,10 +93,11 @@ FILES: Final = Place()
 """The folder backend of ``--gsd-dir`` (no URL)."""
 
 
-def backend_for(gsd_dir: str, place: Place = FILES) -> LockBackend:
+def backend_for(gsd_dir: str, place: Place = FILES, **server: Any) -> LockBackend:
     """The one place a command gets the backend its locks live in: the folder of ``--gsd-dir``,
-    or the server ``place`` names. It is closed when the command ends. A missing driver or
-    namespace is bad input (exit 2, saying what to do)."""
+    or the server ``place`` names (``server``: more of its options, ``on_slot_wait``). It is
+    closed when the command ends. A missing driver or namespace is bad input (exit 2, saying
+    what to do)."""
     if place.url is None:
         backend = open_backend(None, gsd_dir)
     else:
@@ -106,6 +107,7 @@ def backend_for(gsd_dir: str, place: Place = FILES) -> LockBackend:
                 gsd_dir,
                 namespace=place.namespace,
                 connect_timeout=place.connect_timeout,
+                **server,
             )
         except RuntimeError as missing:  # PostgreSQL support not installed
             raise ValueError(str(missing)) from None
@@ -303,12 +305,12 @@ def require_folder_of_files(shared: Shared) -> None:
         _require_gsd_dir(shared.gsd_dir)
 
 
-def backend_to_claim_from(shared: Shared, features: list[str] | None) -> LockBackend:
+def backend_to_claim_from(shared: Shared, features: list[str] | None, **server: Any) -> LockBackend:
     """``claim`` and ``work``: where features are claimed; with none named (every feature
     folder a candidate) the gsd folder must be there, whatever the backend."""
     if not features:
         _require_gsd_dir(shared.gsd_dir)
-    return shared.backend()
+    return backend_for(shared.gsd_dir, shared.place, **server)
 
 
 class Shared(NamedTuple):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from time import monotonic, sleep
 from typing import Any, NamedTuple, TypedDict, Unpack
 
 from mahabharatha import clock, logs, waiting
@@ -22,16 +21,11 @@ from mahabharatha.backends.base import (
     PollingWatch,
     ReleaseWatch,
     Requester,
-    ServerFullError,
     Verdict,
     WatchesReleases,
     describe_holder,
 )
-from mahabharatha.constants import (
-    GSD_DIR,
-    RECHECK_SECONDS,
-    SLOT_PAUSE_SECONDS,
-)
+from mahabharatha.constants import GSD_DIR, RECHECK_SECONDS
 from mahabharatha.functional import (
     GsdDir,
     _backend,
@@ -171,50 +165,11 @@ def claim_next(
     return outcome
 
 
-def _claim_patiently(
-    pool: _Pool,
-    options: _ClaimOptions,
-    wait: float | None,
-    on_server_full: Callable[[ServerFullError], None],
-) -> ClaimOutcome:
-    """:func:`_claim_waiting`, asked again while the server has no free connection slot: the
-    worker holds nothing, so it waits for a slot as it would for a feature (at most ``wait``
-    seconds; ``None``: for ever), and says so (``on_server_full``). More workers than slots
-    all finish: a slot comes free when another worker lets go of it, or ends."""
-    deadline = None if wait is None else monotonic() + wait
-    left = wait
-    while True:
-        try:
-            return _claim_waiting(pool, options, left)
-        except ServerFullError as full:
-            if deadline is not None and monotonic() >= deadline:
-                raise
-            on_server_full(full)
-        _pause_for_a_slot()
-        # The wait for a slot counts against ``wait``: asked again, the claim waits what is left.
-        left = None if deadline is None else max(0.0, deadline - monotonic())
-
-
-def _once(tell: Callable[[ServerFullError], None] | None) -> Callable[[ServerFullError], None]:
-    """``tell``, called the first time only (nothing when ``None``), and logged then."""
-    told: list[bool] = []
-
-    def tell_once(error: ServerFullError) -> None:
-        if told:
-            return
-        told.append(True)
-        logs.say(logs.WARNING, "%s; waiting for a free connection slot", error)
-        if tell is not None:
-            tell(error)
-
-    return tell_once
-
-
 def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
     """Claim; while only features held by others are left, wait for a release (at most
     ``wait`` seconds; ``None``: for ever) and claim again. The watch (an inotify descriptor, a
     listening connection) exists only while waiting: a holder keeps none while it works."""
-    deadline = waiting.Deadline(wait)
+    deadline = pool.deadline = waiting.Deadline(wait)
     outcome = pool.claim(options)
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
@@ -260,6 +215,7 @@ class _Pool:
         self.problems = problems
         self.local = _local_markers(store)
         self.one_step = store if isinstance(store, ClaimsInOneStep) else None
+        self.deadline = waiting.Deadline(0.0)  # the claim's wait (also for a server's slot)
         # Features seen done or failed: they stay so while the pool runs (only ``reopen``
         # changes that), so later rounds skip them without a look (no system call).
         self.finished: dict[str, str] = {}
@@ -411,6 +367,7 @@ class _Pool:
                 lease=options.lease,
                 include_done=options.include_done,
                 retry_delay=self.retry_delay,  # the statement skips resting rows, by its clock
+                slot_wait=self.deadline.left(),  # a claimer holding nothing waits for a slot
             )
             if won is None or won.held is None:
                 break
@@ -472,10 +429,3 @@ def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
         tuple(seen["failed"]),
         tuple(seen["mine"]),
     )
-
-
-def _pause_for_a_slot() -> None:
-    """Between two rounds of connecting refused for want of a slot (each round retries for
-    ``--connect-timeout``): a jittered pause, so that refused workers do not come back at once
-    (each refused connection costs the server a process)."""
-    sleep(waiting.jittered(SLOT_PAUSE_SECONDS))

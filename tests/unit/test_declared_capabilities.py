@@ -111,3 +111,49 @@ def test_the_seam_keeps_only_what_every_backend_has() -> None:
         if not name.startswith("_") and (callable(value) or isinstance(value, property))
     ]
     assert len(methods) <= SEAM_MOST_METHODS, methods
+
+
+LOCK_LAYER: Final = ("pool", "run", "aio.py", "feature_lock.py", "functional.py", "locks.py")
+"""The lock layer's modules and folders: they talk to the seam only."""
+CONNECTION_POLICY: Final = frozenset(
+    {"ServerFullError", "SLOT_PAUSE_SECONDS", "POOL_SLOTS_LOOK_SECONDS", "_pause_for_a_slot"}
+)
+"""A server backend's connection policy: waiting for a free slot, looking whether it is
+crowded. The PostgreSQL backend decides it; the lock layer never names it."""
+
+
+def connection_policy_in(source: str) -> list[str]:
+    """The connection-policy names ``source`` imports, and its calls of ``crowded(...)`` or
+    of a bare ``rest()`` (a backend's connection let go)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            found += [alias.name for alias in node.names if alias.name in CONNECTION_POLICY]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = node.func.attr
+            if name == "crowded" or (name == "rest" and not node.args):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_lock_layer_leaves_connection_policy_to_the_backend() -> None:
+    """Issue 29: slot waits, crowded servers and resting connections are the PostgreSQL
+    backend's own. Failed before: ``pool/`` imported ``ServerFullError``, ``SLOT_PAUSE_SECONDS``,
+    ``POOL_SLOTS_LOOK_SECONDS`` and ``_pause_for_a_slot`` and called ``crowded()`` and
+    ``rest()``; ``aio.py`` and ``feature_lock.py`` called ``rest()``."""
+    paths = [PACKAGE_DIR / name for name in LOCK_LAYER]
+    files = [p for path in paths for p in (sorted(path.rglob("*.py")) if path.is_dir() else [path])]
+    found = {
+        str(path.relative_to(PACKAGE_DIR)): names
+        for path in files
+        if (names := connection_policy_in(path.read_text(encoding="utf-8")))
+    }
+    assert not found, found
+
+
+def test_the_policy_finder_finds_policy() -> None:
+    """A guard against a check that finds nothing."""
+    assert connection_policy_in("from x import ServerFullError")
+    assert connection_policy_in("store.crowded(0.5)")
+    assert connection_policy_in("self.backend.rest()")
+    assert not connection_policy_in("pool.rest(feature)")  # a feature's rest after a failure
