@@ -304,8 +304,8 @@ def _pause(backend: LockBackend, feature: str, delay: float, left: float | None)
     if not isinstance(backend, HearsReleases):
         sleep(delay)
         return
-    backend.pause(
-        feature, delay, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
+    backend.wait_for_release(
+        feature, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
     )
 
 
@@ -345,7 +345,7 @@ def _local_markers(store: LockBackend) -> LockBackend | None:
     ``.completed`` markers count as done too. ``None`` on files (the store itself)."""
     if not isinstance(store, LockServer):
         return None
-    return open_backend(None, store.marker_folder())
+    return open_backend(None, store.gsd_dir)
 
 
 # --------------------------------------------------------------------------- done features

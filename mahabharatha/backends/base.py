@@ -549,16 +549,15 @@ class LockServer(Protocol):
     """A backend on a server (PostgreSQL): fencing tokens and a lease chosen per lock, tables
     to make, and done markers kept in a local gsd folder as well."""
 
+    gsd_dir: str | os.PathLike[str]
+    """The local gsd folder whose ``.completed`` markers count as done too."""
+
     def init(self) -> int:
         """Create the tables (idempotent); the schema version."""
         ...
 
     def verify(self, feature: str, token: int) -> bool:
         """Is ``token`` the current holder's?"""
-        ...
-
-    def marker_folder(self) -> str | os.PathLike[str]:
-        """The local gsd folder whose ``.completed`` markers count as done too."""
         ...
 
 
@@ -605,9 +604,9 @@ class WatchesReleases(Protocol):
 class HearsReleases(Protocol):
     """A backend whose acquire waits are woken by a release (PostgreSQL's LISTEN/NOTIFY)."""
 
-    def pause(self, feature: str, backoff: float, most: float) -> None:
-        """Between two tries of an acquire: wait for ``feature``'s release, ``most`` seconds
-        at most (``backoff``: the poll a missed notification falls to)."""
+    def wait_for_release(self, feature: str, timeout: float) -> bool:
+        """Between two tries of an acquire: wait up to ``timeout`` seconds for ``feature``'s
+        release; True when one came (or may have: look again)."""
         ...
 
     def async_release_listener(self) -> Any:

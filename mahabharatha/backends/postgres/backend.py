@@ -134,7 +134,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             )
         super().__init__(url, schema=chosen_schema, connect_timeout=connect_timeout)
         self.namespace: str = namespace
-        self.gsd_dir = gsd_dir
+        self.gsd_dir: str | os.PathLike[str] = gsd_dir
         self.on_slot_wait = on_slot_wait
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
@@ -796,10 +796,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         }
 
     # ------------------------------------------------------------------ waiting
-
-    def marker_folder(self) -> str | os.PathLike[str]:
-        """The local gsd folder: its ``.completed`` markers count as done here too."""
-        return self.gsd_dir
 
     def async_release_listener(self) -> Any:
         """The running event loop's listener for releases of this backend's locks
