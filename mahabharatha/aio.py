@@ -55,6 +55,7 @@ from mahabharatha.backends.base import (
     LockInfo,
     LockLostError,
     LockTimeoutError,
+    lacks,
 )
 from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS
 from mahabharatha.feature_lock import FeatureLock
@@ -370,7 +371,9 @@ class AsyncFeatureLock:
         store = state.backend
         details = ownership.details_of(state.pid, state.command)
         wait = functional._Waiting(deadline, {state.pid, *state.caller_pids}, on_wait)
-        listener = store.async_release_listener() if isinstance(store, HearsReleases) else None
+        listener = None
+        if not lacks(store, HearsReleases) and isinstance(store, HearsReleases):
+            listener = store.async_release_listener()
         released = _Wake(listener, self.feature)
         try:
             while True:

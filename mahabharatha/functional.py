@@ -31,6 +31,7 @@ from mahabharatha.backends.base import (
     Requester,
     Verdict,
     describe_holder,
+    lacks,
 )
 from mahabharatha.backends.liveness import (
     OwnerFacts,
@@ -301,7 +302,7 @@ class _Waiting:
 def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
     """Between two tries: sleep ``delay`` (backoff), or, where the backend wakes waiters on a
     release, wait for that (at most a slice, or what is left of the wait)."""
-    if not isinstance(backend, HearsReleases):
+    if lacks(backend, HearsReleases) or not isinstance(backend, HearsReleases):
         sleep(delay)
         return
     backend.wait_for_release(
@@ -343,7 +344,7 @@ def _valid_attempts(attempts: int) -> None:
 def _local_markers(store: LockBackend) -> LockBackend | None:
     """The local folders of a backend that keeps its locks elsewhere (PostgreSQL): their
     ``.completed`` markers count as done too. ``None`` on files (the store itself)."""
-    if not isinstance(store, LockServer):
+    if lacks(store, LockServer) or not isinstance(store, LockServer):
         return None
     return open_backend(None, store.gsd_dir)
 

@@ -24,6 +24,7 @@ from mahabharatha.backends.base import (
     Verdict,
     WatchesReleases,
     describe_holder,
+    lacks,
 )
 from mahabharatha.constants import GSD_DIR, RECHECK_SECONDS
 from mahabharatha.functional import (
@@ -214,7 +215,9 @@ class _Pool:
         self.details = details
         self.problems = problems
         self.local = _local_markers(store)
-        self.one_step = store if isinstance(store, ClaimsInOneStep) else None
+        self.one_step: ClaimsInOneStep | None = None
+        if not lacks(store, ClaimsInOneStep) and isinstance(store, ClaimsInOneStep):
+            self.one_step = store
         self.deadline = waiting.Deadline(0.0)  # the claim's wait (also for a server's slot)
         # Features seen done or failed: they stay so while the pool runs (only ``reopen``
         # changes that), so later rounds skip them without a look (no system call).
