@@ -47,7 +47,7 @@ from mahabharatha import functional, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
-    Capability,
+    HearsReleases,
     Held,
     LockBackend,
     LockError,
@@ -55,6 +55,7 @@ from mahabharatha.backends.base import (
     LockInfo,
     LockLostError,
     LockTimeoutError,
+    lacks,
 )
 from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS
 from mahabharatha.feature_lock import FeatureLock
@@ -233,7 +234,7 @@ class AsyncFeatureLock:
         )
         self._state._beats = None  # this loop's task beats; the loop rests the backend
         self.on_lost = on_lost
-        self._on_loop = Capability.LOCAL_CALLS in self._state.backend.capabilities
+        self._on_loop = self._state.backend.local_calls
         self._calls = _calls_of(self._state.backend)
         self._beating: asyncio.Task[None] | None = None
         self._gate: _Gate | None = None  # our turn among this loop's tasks, while we hold
@@ -301,10 +302,10 @@ class AsyncFeatureLock:
             future.exception()  # read: a failed give-back leaves a lock that ages out (lease)
 
     def _rest(self) -> None:
-        """Let the backend's connection go between calls (PostgreSQL: ``rest``), as a
-        ``FeatureLock`` with a heartbeat does, when no call of it is in flight."""
+        """Let the backend's connection go between calls (``close``), as a ``FeatureLock``
+        with a heartbeat does, when no call of it is in flight."""
         if self.heartbeat and self._calls.idle():
-            self.backend.rest()
+            self.backend.close()
 
     # ------------------------------------------------------------------ acquiring
 
@@ -370,7 +371,10 @@ class AsyncFeatureLock:
         store = state.backend
         details = ownership.details_of(state.pid, state.command)
         wait = functional._Waiting(deadline, {state.pid, *state.caller_pids}, on_wait)
-        released = _Wake(store.async_release_listener(), self.feature)
+        listener = None
+        if not lacks(store, HearsReleases) and isinstance(store, HearsReleases):
+            listener = store.async_release_listener()
+        released = _Wake(listener, self.feature)
         try:
             while True:
                 # Race: a release between this try and the wait below: the event, cleared

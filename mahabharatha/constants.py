@@ -30,8 +30,6 @@ CONNECT_TIMEOUT_SECONDS: Final = 5.0
 # A pool worker keeps its server connection this long into each command, then lets go of it:
 # a long command holds no connection slot.
 POOL_CONNECTION_GRACE_SECONDS: Final = 0.25
-# How often a pool worker asks whether the server's slots are nearly all taken.
-POOL_SLOTS_LOOK_SECONDS: Final = 0.5
 # Waiters poll from 2 ms up to 25 ms apart (jittered): a release is seen quickly, not in step.
 BACKOFF_FIRST_SECONDS: Final = 0.002
 BACKOFF_MAX_SECONDS: Final = 0.025
@@ -47,7 +45,6 @@ WAKE_UP_SLICE_SECONDS: Final = 0.25
 POLL_SECONDS: Final = 0.05
 # Even where releases wake waiters, claim again this often: a stale or dead lock wakes no one.
 RECHECK_SECONDS: Final = 1.0
-SLOT_PAUSE_SECONDS: Final = 0.5  # a pool worker's pause after a server had no free slot
 # A failed feature rests this long before its next attempt (``lock work --retry-delay``).
 RETRY_DELAY_SECONDS: Final = 1.0
 # How often an idle worker asks whether a failed command's left work has ended (no wake-up).

@@ -18,6 +18,7 @@ from mahabharatha import clock, logs, signals
 from mahabharatha.backends.base import (
     HeartbeatStartError,
     Held,
+    LocalFolder,
     LockBackend,
     LockError,
     LockLostError,
@@ -287,19 +288,19 @@ class FeatureLock:
     def _refreshed(self, mine: Held) -> Held:
         """``mine`` refreshed; with a command's group still to record, recorded in the same
         write (then no longer due)."""
-        due = self._work_group_due
-        if due is None:
-            return self.backend.refresh(mine)
-        fresh = self.backend.record_work_group(mine, *due)
+        due, store = self._work_group_due, self.backend
+        if due is None or not isinstance(store, LocalFolder):
+            return store.refresh(mine)
+        fresh = store.record_work_group(mine, *due)
         self._work_group_due = None
-        return fresh if fresh is not mine else self.backend.refresh(mine)
+        return fresh if fresh is not mine else store.refresh(mine)
 
     def _rest_backend(self) -> None:
-        """Between refreshes a holder keeps no server connection (a backend that has them:
-        PostgreSQL's ``rest``): 200 holders against a server of 40 connection slots. An
-        event loop's locks (no ``_beats``) are rested by the loop, never under a call."""
+        """Between refreshes a holder keeps no server connection (the backend's ``close``):
+        200 holders against a server of 40 connection slots. An event loop's locks (no
+        ``_beats``) are rested by the loop, never under a call."""
         if self.heartbeat and self._beats is not None:
-            self.backend.rest()
+            self.backend.close()
 
     def _beat_once(self, first: bool = False) -> float | None:
         """One heartbeat: refresh, and say when the next is due (seconds), or ``None`` once
@@ -398,10 +399,10 @@ class FeatureLock:
         the lock carries no proof (not held here, another owner pid, a backend or file system
         without one). Python's ``subprocess`` closes descriptors by default: work started
         without it does not count."""
-        mine = self._mine
+        mine, store = self._mine, self.backend
         if mine is None or self._holder_process != os.getpid():
             return None
-        return self.backend.work_proof(mine)
+        return store.work_proof(mine) if isinstance(store, LocalFolder) else None
 
     def record_work_group(self, pgid: int, leader_start: int | None) -> None:
         """Record with the lock the process group ``pgid`` (leader started at
@@ -411,10 +412,11 @@ class FeatureLock:
         tried again by each heartbeat until one succeeds."""
         with self._mutex:
             self._forget_if_forked()
-            if self._mine is None:
+            store = self.backend
+            if self._mine is None or not isinstance(store, LocalFolder):
                 return
             try:
-                fresh = self.backend.record_work_group(self._mine, pgid, leader_start)
+                fresh = store.record_work_group(self._mine, pgid, leader_start)
                 if fresh is not self._mine:  # rewritten (files): a refresh, a new deadline
                     self._mine = self._with_deadline(fresh)
             except LockLostError as error:

@@ -9,7 +9,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
-from time import monotonic
+from time import monotonic, sleep
 
 from mahabharatha import logs, signals, waiting
 from mahabharatha.backends import lock_url, open_backend, shared_backend
@@ -20,14 +20,18 @@ from mahabharatha.backends.base import (
     Attempts,
     CleanedEntry,
     FeatureProblem,
+    HearsReleases,
     Held,
+    LocalFolder,
     LockBackend,
     LockHeldError,
     LockInfo,
+    LockServer,
     LockTimeoutError,
     Requester,
     Verdict,
     describe_holder,
+    lacks,
 )
 from mahabharatha.backends.liveness import (
     OwnerFacts,
@@ -290,8 +294,11 @@ class _Waiting:
 def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
     """Between two tries: sleep ``delay`` (backoff), or, where the backend wakes waiters on a
     release, wait for that (at most a slice, or what is left of the wait)."""
-    backend.pause(
-        feature, delay, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
+    if lacks(backend, HearsReleases) or not isinstance(backend, HearsReleases):
+        sleep(delay)
+        return
+    backend.wait_for_release(
+        feature, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
     )
 
 
@@ -325,8 +332,9 @@ def _valid_attempts(attempts: int) -> None:
 def _local_markers(store: LockBackend) -> LockBackend | None:
     """The local folders of a backend that keeps its locks elsewhere (their markers count
     too); ``None`` on files."""
-    folder = store.marker_folder()
-    return None if folder is None else open_backend(None, folder)
+    if lacks(store, LockServer) or not isinstance(store, LockServer):
+        return None
+    return open_backend(None, store.gsd_dir)
 
 
 # --------------------------------------------------------------------------- done features
@@ -362,7 +370,7 @@ def done(
 def _mark_done(store: LockBackend, feature: str, owner: int) -> str:
     stamp = store.done(feature, owner)
     local = _local_markers(store)
-    if local is not None:
+    if isinstance(local, LocalFolder):
         with suppress(OSError):  # done on the server is what counts; the folder is a copy
             local.mark_done_here(feature, stamp)
     return stamp

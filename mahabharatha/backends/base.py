@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from time import sleep
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, runtime_checkable
 
 from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 from mahabharatha.states import State
@@ -387,26 +387,6 @@ class AcquireResult(NamedTuple):
         return None if self.holder is None else self.holder.verdict
 
 
-class Capability(enum.StrEnum):
-    """What a backend offers beyond the operations every backend has (tooz's
-    ``CHARACTERISTICS``): declared once per backend in :attr:`LockBackend.capabilities`, read by
-    callers that choose a way of working (never probed with ``getattr``)."""
-
-    TOKENS = "tokens"
-    """Fencing tokens (``verify``, ``Held.token``) and a lease chosen per lock."""
-    CLAIM_IN_ONE_STEP = "claim-in-one-step"
-    """:meth:`LockBackend.try_claim`: the first free feature of a list, in one step."""
-    RELEASE_NOTICE = "release-notice"
-    """A waiter is woken by a release (:meth:`LockBackend.pause`, :meth:`release_watch`)
-    rather than polling."""
-    PROOF_OF_LIFE = "proof-of-life"
-    """A holder's lock carries a proof of life its work inherits (:meth:`work_proof`)."""
-    LOCAL_CALLS = "local-calls"
-    """Every call is a few system calls on this host (microseconds, never a wait): an event
-    loop may make them itself (``AsyncFeatureLock``); without it, a call is a network round
-    trip, made in a worker thread."""
-
-
 class ReleaseWait(NamedTuple):
     """How a release that cannot be done at once may wait (files: another process's kernel
     lease on the lock file refuses its read until the kernel breaks the lease).
@@ -434,10 +414,10 @@ class ReleaseWatch(Protocol):
         ...
 
 
-class _PollingWatch:
+class PollingWatch:
     """The :class:`ReleaseWatch` of a backend that hears no releases: a short sleep."""
 
-    def __enter__(self) -> _PollingWatch:
+    def __enter__(self) -> PollingWatch:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -449,21 +429,20 @@ class _PollingWatch:
 
 
 class LockBackend(abc.ABC):
-    """Where locks live. Every method answers at once (none waits for a busy lock); the lock
-    layer waits, refreshes and reports. Feature names are already validated.
-
-    The abstract methods are what every backend does. The others are capabilities with a
-    default here (filelock's base class does the same): a caller calls them, never probes, and
-    a backend that lacks one answers one of two ways: the neutral answer where there is one
-    (no proof of life: ``None``; nothing to set up: ``None``; no connection to rest: nothing
-    done), else :class:`UnsupportedError`. What each backend offers is declared in
-    :attr:`capabilities`, for a caller that chooses how to work (a claim in one step)."""
+    """Where locks live: the operations every backend has and every caller needs. Every method
+    answers at once (none waits for a busy lock); the lock layer waits, refreshes and reports.
+    Feature names are already validated. What only some backends can do is a protocol of its
+    own below (:class:`LockServer`, :class:`ClaimsInOneStep`, :class:`WatchesReleases`,
+    :class:`HearsReleases`, :class:`LocalFolder`): a caller tests ``isinstance``, never
+    ``getattr``. How a backend uses its connections (slots, resting) is its own business."""
 
     kind: str
     """``"file"`` or ``"postgresql"``: for messages and JSON."""
 
-    capabilities: frozenset[Capability] = frozenset()
-    """What this backend offers beyond the abstract methods."""
+    local_calls: bool = False
+    """Every call is a few system calls on this host (microseconds, never a wait): an event
+    loop may make them itself (``AsyncFeatureLock``); otherwise a call is a network round
+    trip, made in a worker thread."""
 
     run_lease: float | None = None
     """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless it chose one;
@@ -473,17 +452,13 @@ class LockBackend(abc.ABC):
     """The lock space within :meth:`where` (PostgreSQL's namespace; files: ``None``, the
     folder is the space)."""
 
-    @property
-    def supports_tokens(self) -> bool:
-        """Fencing tokens (``verify``, ``Held.token``) and a lease chosen per lock."""
-        return Capability.TOKENS in self.capabilities
-
     @abc.abstractmethod
     def where(self) -> str:
         """Where the locks are, for people: a folder, or ``host:port/database`` (no password)."""
 
     def close(self) -> None:
-        """Let go of what the backend keeps open (connections); default: nothing."""
+        """Let go of what the backend keeps open (server connections) until its next call: a
+        holder between two refreshes keeps none. Default: nothing."""
         return None
 
     @abc.abstractmethod
@@ -565,11 +540,44 @@ class LockBackend(abc.ABC):
     def attempts(self, feature: str) -> Attempts | None:
         """The feature's failed attempts (``None``: none recorded)."""
 
-    # ----------------------------------------------------------------- capabilities
+
+# --------------------------------------------------------------------------- optional abilities
+
+_LACKS: dict[tuple[type, type], bool] = {}
+
+
+def lacks(backend: object, ability: type) -> bool:
+    """``not isinstance(backend, ability)``, known per class after the first ask (a backend's
+    abilities are its class's): a protocol's own check walks its members every time, tens of
+    microseconds, more than a whole try on files. ``lacks(b, P) or not isinstance(b, P)``
+    narrows ``b`` for the type checker at the price of the fast answer."""
+    key = (type(backend), ability)
+    known = _LACKS.get(key)
+    if known is None:
+        known = _LACKS[key] = not isinstance(backend, ability)
+    return known
+
+
+@runtime_checkable
+class LockServer(Protocol):
+    """A backend on a server (PostgreSQL): fencing tokens and a lease chosen per lock, tables
+    to make, and done markers kept in a local gsd folder as well."""
+
+    gsd_dir: str | os.PathLike[str]
+    """The local gsd folder whose ``.completed`` markers count as done too."""
+
+    def init(self) -> int:
+        """Create the tables (idempotent); the schema version."""
+        ...
 
     def verify(self, feature: str, token: int) -> bool:
-        """Is ``token`` the current holder's? (:attr:`Capability.TOKENS`)"""
-        raise UnsupportedError(f"the {self.kind} backend has no fencing tokens")
+        """Is ``token`` the current holder's?"""
+        ...
+
+
+@runtime_checkable
+class ClaimsInOneStep(Protocol):
+    """A backend that takes the first free feature of a list in one step (PostgreSQL)."""
 
     def try_claim(
         self,
@@ -580,84 +588,67 @@ class LockBackend(abc.ABC):
         lease: float | None = None,
         include_done: bool = False,
         retry_delay: float = 0.0,
+        slot_wait: float | None = 0.0,
     ) -> AcquireResult | None:
         """The first free feature of ``features`` not done (unless ``include_done``) nor
         failed nor resting (``retry_delay`` seconds after a failed attempt, by the backend's
-        clock), taken in one step; ``None`` when none is free
-        (:attr:`Capability.CLAIM_IN_ONE_STEP`)."""
-        raise UnsupportedError(f"the {self.kind} backend claims one feature at a time")
+        clock); ``None`` when none is free. ``slot_wait``: how long it may wait for room on
+        the server (``None``: for ever)."""
+        ...
 
     def failed_features(self) -> set[str]:
-        """The features whose failed attempts reached their limit
-        (:attr:`Capability.CLAIM_IN_ONE_STEP`: what a claim in one step left out)."""
-        raise UnsupportedError(f"the {self.kind} backend lists no failed features at once")
+        """The features whose failed attempts reached their limit (left out of a claim)."""
+        ...
 
     def retried_features(self, features: Sequence[str]) -> set[str]:
-        """Those of ``features`` free and open after a failed attempt: what a claim in one
-        step passed over while they rested (:attr:`Capability.CLAIM_IN_ONE_STEP`)."""
-        raise UnsupportedError(f"the {self.kind} backend lists no resting features at once")
+        """Those of ``features`` free and open after a failed attempt (a claim passed them
+        over while they rested)."""
+        ...
 
-    def pause(self, feature: str, backoff: float, most: float) -> None:
-        """Between two tries of an acquire: sleep ``backoff`` seconds; a backend that hears
-        releases (:attr:`Capability.RELEASE_NOTICE`) waits for one instead, ``most`` seconds
-        at most."""
-        sleep(backoff)
 
-    def release_watch(self, features: Iterable[str]) -> ReleaseWatch:
-        """A watch that wakes a waiter when a lock of ``features`` is released; default: a
-        short poll."""
-        return _PollingWatch()
+@runtime_checkable
+class WatchesReleases(Protocol):
+    """A backend that wakes a pool's waiter on a release (inotify, LISTEN/NOTIFY); without
+    it the waiter polls (:class:`PollingWatch`)."""
 
-    def record_work_group(self, held: Held, pgid: int, leader_start: int | None) -> Held:
-        """Record with ``held`` the process group ``pgid`` made for its holder's command (whose
-        leader started at ``leader_start``), so that a judge counts its members as the owner's
-        work. Default: nothing (a backend without a proof of life judges by the holder's
-        group and session, and the command's group is in that session)."""
-        return held
+    def release_watch(self, features: Iterable[str]) -> ReleaseWatch: ...
 
-    def mark_done_holding(self, held: Held) -> str:
-        """Mark ``held``'s feature done and keep its lock (``lock work``: CMD succeeded, and
-        work it left running still holds the lock): the time written. Default: unsupported
-        (a backend without a proof of life never sees such work)."""
-        raise UnsupportedError(f"the {self.kind} backend marks done only with a release")
 
-    def work_proof(self, held: Held) -> WorkProof | None:
-        """The proof of life for the work ``held``'s holder starts (``lock run``'s command);
-        ``None``: the lock carries none (:attr:`Capability.PROOF_OF_LIFE`)."""
-        return None
+@runtime_checkable
+class HearsReleases(Protocol):
+    """A backend whose acquire waits are woken by a release (PostgreSQL's LISTEN/NOTIFY)."""
+
+    def wait_for_release(self, feature: str, timeout: float) -> bool:
+        """Between two tries of an acquire: wait up to ``timeout`` seconds for ``feature``'s
+        release; True when one came (or may have: look again)."""
+        ...
 
     def async_release_listener(self) -> Any:
-        """The running event loop's listener for this backend's releases (what
-        ``AsyncFeatureLock`` waits on without blocking its loop); default ``None``: it polls
-        with a backoff (:attr:`Capability.RELEASE_NOTICE` by another way, or none)."""
-        return None
+        """The running event loop's listener for releases (``AsyncFeatureLock``)."""
+        ...
 
-    def rest(self) -> None:
-        """Between a holder's refreshes: let go of what need not stay open (a server
-        connection); default: nothing."""
-        return None
 
-    def crowded(self, within: float) -> bool:
-        """Are the server's connection slots nearly all taken (seen at most ``within`` seconds
-        ago)? Then a pool's worker keeps its connection only while it talks to the server, so
-        the workers waiting for a slot get one. Default: False (no server, no slots)."""
-        return False
+@runtime_checkable
+class LocalFolder(Protocol):
+    """Locks in a local folder (files): a proof of life the holder's work inherits, the
+    work's process group recorded with the lock, and done markers."""
 
-    def init(self) -> int | None:
-        """Create what the backend needs (a server's tables); the schema version, or ``None``
-        where there is nothing to create."""
-        return None
+    def work_proof(self, held: Held) -> WorkProof | None:
+        """The proof of life for the work ``held``'s holder starts; ``None``: none here."""
+        ...
 
-    def marker_folder(self) -> str | os.PathLike[str] | None:
-        """The local gsd folder whose ``.completed`` markers count as done too, for a backend
-        that keeps its locks elsewhere (PostgreSQL); ``None`` where the markers are the
-        backend's own (files)."""
-        return None
+    def record_work_group(self, held: Held, pgid: int, leader_start: int | None) -> Held:
+        """Record with ``held`` the process group ``pgid`` made for its holder's command, so
+        that a judge counts its members as the owner's work."""
+        ...
+
+    def mark_done_holding(self, held: Held) -> str:
+        """Mark ``held``'s feature done and keep its lock (work it left still holds it)."""
+        ...
 
     def mark_done_here(self, feature: str, stamp: str) -> bool:
-        """Publish the done marker in ``feature``'s local folder if there is one; True if
-        written (the folder backend: the marker of another backend's ``done``)."""
-        raise UnsupportedError(f"the {self.kind} backend keeps no local done markers")
+        """Publish the done marker of another backend's ``done``; True if written."""
+        ...
 
 
 STATES: Final[Sequence[str]] = tuple(State)

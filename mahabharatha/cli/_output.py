@@ -90,9 +90,9 @@ def _say_if_password_on_argv(url: str) -> None:
 FILES: Final = Place()  # the folder backend of --gsd-dir
 
 
-def backend_for(gsd_dir: str, place: Place = FILES) -> LockBackend:
-    """The one place a command gets its backend (closed when the command ends); a missing
-    driver or namespace is bad input."""
+def backend_for(gsd_dir: str, place: Place = FILES, **server: Any) -> LockBackend:
+    """The one place a command gets its backend (closed when the command ends; ``server``:
+    more of the server's options, ``on_slot_wait``); a missing driver or namespace is bad input."""
     if place.url is None:
         backend = open_backend(None, gsd_dir)
     else:
@@ -102,6 +102,7 @@ def backend_for(gsd_dir: str, place: Place = FILES) -> LockBackend:
                 gsd_dir,
                 namespace=place.namespace,
                 connect_timeout=place.connect_timeout,
+                **server,
             )
         except RuntimeError as missing:  # PostgreSQL support not installed
             raise ValueError(str(missing)) from None
@@ -288,12 +289,12 @@ def require_folder_of_files(shared: Shared) -> None:
         _require_gsd_dir(shared.gsd_dir)
 
 
-def backend_to_claim_from(shared: Shared, features: list[str] | None) -> LockBackend:
+def backend_to_claim_from(shared: Shared, features: list[str] | None, **server: Any) -> LockBackend:
     """``claim`` and ``work``: where features are claimed; with none named (every feature
     folder a candidate) the gsd folder must be there, whatever the backend."""
     if not features:
         _require_gsd_dir(shared.gsd_dir)
-    return shared.backend()
+    return backend_for(shared.gsd_dir, shared.place, **server)
 
 
 class Shared(NamedTuple):

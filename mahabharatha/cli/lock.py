@@ -13,6 +13,7 @@ from mahabharatha import locks
 from mahabharatha.backends.base import (
     Held,
     LockBackend,
+    LockServer,
     UnsupportedError,
     describe_holder,
     format_duration,
@@ -782,7 +783,7 @@ def _lost_result(
 
 def _held_fields(store: LockBackend, held: Held | locks.FeatureLock) -> dict[str, Any]:
     """``host`` and ``token`` of a lock just taken (files: no tokens, null)."""
-    host = ownership.host_name() if store.supports_tokens else None
+    host = ownership.host_name() if isinstance(store, LockServer) else None
     return {"host": host, "token": held.token}
 
 
@@ -801,9 +802,9 @@ def init(shared: Shared) -> None:
     def action() -> Result:
         tables = shared.place._replace(namespace=shared.namespace_given or "-")  # every namespace
         store = backend_for(shared.gsd_dir, tables)
-        version = store.init()
-        if version is None:
+        if not isinstance(store, LockServer):
             return Result(EXIT_OK, document, "the folder backend needs no set-up")
+        version = store.init()
         done = {"backend": store.kind, "schema_version": version}
         return Result(EXIT_OK, done, f"lock tables ready on {store.where()} (schema {version})")
 
@@ -831,7 +832,7 @@ def verify(
     def action() -> Result:
         _validate_feature_name(feature)
         store = shared.backend()
-        if not store.supports_tokens:
+        if not isinstance(store, LockServer):
             raise UnsupportedError(
                 f"the {store.kind} backend has no fencing tokens: lock verify needs --backend "
                 "postgresql://..."

@@ -231,7 +231,7 @@ def work(
             signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
 
     def one_worker() -> Result:
-        store = backend_to_claim_from(shared, features)
+        store = backend_to_claim_from(shared, features, on_slot_wait=_say_server_full)
         problems: list[FeatureProblem] = []
         output = _Output(tag, log_dir, shared.gsd_dir, sys.stderr if shared.as_json else None)
         step = _CommandStep(command, attempts, output)
@@ -247,7 +247,6 @@ def work(
             command=command,
             on_result=lambda result: _say(result, attempts),
             problems=problems,
-            on_server_full=_say_server_full,
             retry_delay=retry_delay,
             on_waiting=_say_waiting,
         )

@@ -5,30 +5,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from time import monotonic, sleep
 from typing import Any, NamedTuple, TypedDict, Unpack
 
 from mahabharatha import clock, logs, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
-    Capability,
+    ClaimsInOneStep,
     FeatureProblem,
     Held,
     LockBackend,
     LockError,
     LockInfo,
     Owner,
+    PollingWatch,
+    ReleaseWatch,
     Requester,
-    ServerFullError,
     Verdict,
+    WatchesReleases,
     describe_holder,
+    lacks,
 )
-from mahabharatha.constants import (
-    GSD_DIR,
-    RECHECK_SECONDS,
-    SLOT_PAUSE_SECONDS,
-)
+from mahabharatha.constants import GSD_DIR, RECHECK_SECONDS
 from mahabharatha.functional import (
     GsdDir,
     _backend,
@@ -168,55 +166,20 @@ def claim_next(
     return outcome
 
 
-def _claim_patiently(
-    pool: _Pool,
-    options: _ClaimOptions,
-    wait: float | None,
-    on_server_full: Callable[[ServerFullError], None],
-) -> ClaimOutcome:
-    """:func:`_claim_waiting`, asked again while the server has no free connection slot: the
-    worker holds nothing, so it waits for a slot as it would for a feature (at most ``wait``
-    seconds; ``None``: for ever), and says so (``on_server_full``). More workers than slots
-    all finish: a slot comes free when another worker lets go of it, or ends."""
-    deadline = None if wait is None else monotonic() + wait
-    left = wait
-    while True:
-        try:
-            return _claim_waiting(pool, options, left)
-        except ServerFullError as full:
-            if deadline is not None and monotonic() >= deadline:
-                raise
-            on_server_full(full)
-        _pause_for_a_slot()
-        # The wait for a slot counts against ``wait``: asked again, the claim waits what is left.
-        left = None if deadline is None else max(0.0, deadline - monotonic())
-
-
-def _once(tell: Callable[[ServerFullError], None] | None) -> Callable[[ServerFullError], None]:
-    """``tell``, called the first time only (nothing when ``None``), and logged then."""
-    told: list[bool] = []
-
-    def tell_once(error: ServerFullError) -> None:
-        if told:
-            return
-        told.append(True)
-        logs.say(logs.WARNING, "%s; waiting for a free connection slot", error)
-        if tell is not None:
-            tell(error)
-
-    return tell_once
-
-
 def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
     """Claim; while only features held by others are left, wait for a release (at most
     ``wait`` seconds; ``None``: for ever) and claim again. The watch (an inotify descriptor, a
     listening connection) exists only while waiting: a holder keeps none while it works."""
-    deadline = waiting.Deadline(wait)
+    deadline = pool.deadline = waiting.Deadline(wait)
     outcome = pool.claim(options)
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
     pool.tell_waiting(outcome.busy)
-    with pool.store.release_watch(pool.candidates) as watch:
+    store = pool.store
+    watching: ReleaseWatch = PollingWatch()
+    if isinstance(store, WatchesReleases):
+        watching = store.release_watch(pool.candidates)
+    with watching as watch:
         while True:
             # Race: a release between the claim above and the watch's start was not seen by
             # either: this claim, made with the watch in place, sees it.
@@ -252,6 +215,10 @@ class _Pool:
         self.details = details
         self.problems = problems
         self.local = _local_markers(store)
+        self.one_step: ClaimsInOneStep | None = None
+        if not lacks(store, ClaimsInOneStep) and isinstance(store, ClaimsInOneStep):
+            self.one_step = store
+        self.deadline = waiting.Deadline(0.0)  # the claim's wait (also for a server's slot)
         # Features seen done or failed: they stay so while the pool runs (only ``reopen``
         # changes that), so later rounds skip them without a look (no system call).
         self.finished: dict[str, str] = {}
@@ -304,8 +271,8 @@ class _Pool:
 
     def claim(self, options: _ClaimOptions) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
-        if Capability.CLAIM_IN_ONE_STEP in self.store.capabilities:
-            return self._claim_in_one_step(options)
+        if self.one_step is not None:
+            return self._claim_in_one_step(self.one_step, options)
         seen: dict[str, list[str]] = {"done": [], "failed": [], "busy": [], "mine": []}
         start = self.open_from
         for index in range(start, len(self.candidates)):
@@ -384,7 +351,7 @@ class _Pool:
             return True
         return _held_by(outcome.holder, outcome.holder_details, {self.owner})
 
-    def _claim_in_one_step(self, options: _ClaimOptions) -> ClaimOutcome:
+    def _claim_in_one_step(self, store: ClaimsInOneStep, options: _ClaimOptions) -> ClaimOutcome:
         """A backend that claims in one statement (PostgreSQL): features done or failed in
         their local folder are left out (both backends mean the same by done and failed, and
         :func:`survey` shows them so). The folders are looked at
@@ -396,13 +363,14 @@ class _Pool:
             self.offered = [f for f in self.candidates if f not in self.here]
         offered = self.offered
         while True:
-            won = self.store.try_claim(
+            won = store.try_claim(
                 offered,
                 Requester(self.owner, self.details),
                 reclaim_dead=options.reclaim_dead,
                 lease=options.lease,
                 include_done=options.include_done,
                 retry_delay=self.retry_delay,  # the statement skips resting rows, by its clock
+                slot_wait=self.deadline.left(),  # a claimer holding nothing waits for a slot
             )
             if won is None or won.held is None:
                 break
@@ -416,11 +384,11 @@ class _Pool:
             offered = [f for f in offered if f != won.held.feature]
         held = {info.feature: info for info in self.store.status() if info.held}
         # Race: a rest may end between the claim and this look: still counted unfinished.
-        resting = self.store.retried_features(self.offered) if self.retry_delay > 0 else set()
+        resting = store.retried_features(self.offered) if self.retry_delay > 0 else set()
         busy = [f for f in self.offered if f in held or f in resting]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
-        gave_up = self.store.failed_features() | {
+        gave_up = store.failed_features() | {
             f for f, finished in self.here.items() if finished == "failed"
         }
         seen = {
@@ -464,10 +432,3 @@ def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
         tuple(seen["failed"]),
         tuple(seen["mine"]),
     )
-
-
-def _pause_for_a_slot() -> None:
-    """Between two rounds of connecting refused for want of a slot (each round retries for
-    ``--connect-timeout``): a jittered pause, so that refused workers do not come back at once
-    (each refused connection costs the server a process)."""
-    sleep(waiting.jittered(SLOT_PAUSE_SECONDS))

@@ -6,20 +6,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from time import monotonic, sleep
-from typing import Any, Final, NamedTuple, Self, TypeVar
+from time import sleep
+from typing import Any, Final, NamedTuple, Self
 
-from mahabharatha import clock, waiting
+from mahabharatha import waiting
 from mahabharatha.backends.base import (
     DEFAULT_ATTEMPTS,
     FeatureProblem,
     Held,
+    LocalFolder,
     LockBackend,
     LockError,
     LockInfo,
     LockLostError,
     ReleaseWait,
-    ServerFullError,
     UnsupportedError,
 )
 from mahabharatha.constants import (
@@ -27,7 +27,6 @@ from mahabharatha.constants import (
     HEARTBEAT_SECONDS,
     LEFT_WORK_POLL_SECONDS,
     POOL_CONNECTION_GRACE_SECONDS,
-    POOL_SLOTS_LOOK_SECONDS,
     RETRY_DELAY_SECONDS,
 )
 from mahabharatha.feature_lock import FeatureLock, Heartbeat
@@ -41,16 +40,8 @@ from mahabharatha.functional import (
     _valid_timeout,
 )
 from mahabharatha.owner import ownership
-from mahabharatha.pool.claim import (
-    _claim_patiently,
-    _ClaimOptions,
-    _once,
-    _pause_for_a_slot,
-    _Pool,
-)
+from mahabharatha.pool.claim import _claim_waiting, _ClaimOptions, _Pool
 from mahabharatha.states import WorkEnd, WorkOutcome
-
-_T = TypeVar("_T")
 
 # --------------------------------------------------------------------------- the worker loop
 
@@ -110,7 +101,6 @@ class PoolLock(FeatureLock):
         command: Sequence[str] | None,
         lease: float | None,
         beats: Heartbeat | None = None,
-        on_server_full: Callable[[ServerFullError], None] | None = None,
     ) -> None:
         super().__init__(
             held.feature,
@@ -129,8 +119,6 @@ class PoolLock(FeatureLock):
         self._left_code = 1
         if beats is not None:  # the worker's, for its whole run
             self._beats, self._own_beats = beats, False
-        # Told when the server turns away the end of this hold for want of a slot (run_pool's).
-        self.on_server_full = on_server_full
 
     def acquire(
         self,
@@ -182,14 +170,13 @@ class PoolLock(FeatureLock):
             return WorkResult(
                 feature, WorkOutcome.LEFT, exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}"
             )
-        try:
-            _while_leased(left, lambda: self.backend.mark_done_holding(left), self.on_server_full)
-        except UnsupportedError:  # no proof of life here: the release cannot let a holder in
-            _while_leased(
-                left, lambda: _mark_done(self.backend, feature, left.pid), self.on_server_full
-            )
-            return WorkResult(feature, WorkOutcome.DONE, 0)
-        return WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
+        store = self.backend
+        if isinstance(store, LocalFolder):
+            store.mark_done_holding(left)
+            return WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
+        # No proof of life here: the release cannot let a holder in beside the left work.
+        _mark_done(store, feature, left.pid)
+        return WorkResult(feature, WorkOutcome.DONE, 0)
 
     def finish_left_work(self, limit: int) -> WorkResult:
         """The work a failed command left (:meth:`finish_leaving_work`) has ended: its failed
@@ -212,22 +199,18 @@ class PoolLock(FeatureLock):
                     self.backend.release_held(mine)
             return WorkResult(feature, WorkOutcome.LOST, exit_code)
         if exit_code == 0:
-            _while_leased(
-                mine, lambda: _mark_done(self.backend, feature, mine.pid), self.on_server_full
-            )
+            _mark_done(self.backend, feature, mine.pid)
             return WorkResult(feature, WorkOutcome.DONE, 0)
         if exit_code is None:
-            # A stop (a signal, CMD not started, an interrupted task): one try, never a wait
-            # for a slot as long as the lease; the lock would come free at its end anyway.
+            # A stop (a signal, CMD not started, an interrupted task): one try (a release
+            # never waits for a slot); the lock would come free at its lease's end anyway.
             self.backend.release_held(mine)
             return WorkResult(feature, WorkOutcome.RELEASED, None, 0, reason)
         why = reason or f"exit code {exit_code}"
         try:
-            record = _while_leased(
-                mine, lambda: self.backend.fail(feature, mine.pid, why, limit), self.on_server_full
-            )
+            record = self.backend.fail(feature, mine.pid, why, limit)
         except UnsupportedError:
-            _while_leased(mine, lambda: self.backend.release_held(mine), self.on_server_full)
+            self.backend.release_held(mine)
             return WorkResult(feature, WorkOutcome.RELEASED, exit_code, 0, why)
         return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
 
@@ -236,26 +219,6 @@ WORK_LEFT: Final = (
     "its work still runs outside its process group; the lock stays held until it ends"
 )
 """What a result says of work that CMD left running, holding the lock's proof of life."""
-
-
-def _while_leased(
-    mine: Held,
-    operation: Callable[[], _T],
-    on_server_full: Callable[[ServerFullError], None] | None = None,
-) -> _T:
-    """``operation`` (the end of a hold: done, a failed attempt), asked again while the server
-    has no free connection slot and ``mine``'s lease lasts, saying so (``on_server_full``): the
-    lock is still ours till then, and a done command's outcome must not be lost."""
-    ends = monotonic() + (mine.expires_at - clock.now())
-    while True:
-        try:
-            return operation()
-        except ServerFullError as full:
-            if monotonic() >= ends:
-                raise
-            if on_server_full is not None:
-                on_server_full(full)
-        _pause_for_a_slot()
 
 
 class StopWork(Exception):
@@ -286,7 +249,6 @@ def run_pool(
     command: Sequence[str] | None = None,
     on_result: Callable[[WorkResult], None] | None = None,
     problems: list[FeatureProblem] | None = None,
-    on_server_full: Callable[[ServerFullError], None] | None = None,
     retry_delay: float = RETRY_DELAY_SECONDS,
     on_waiting: Callable[[LockInfo], None] | None = None,
 ) -> WorkReport:
@@ -294,9 +256,7 @@ def run_pool(
     owner this process), run ``step`` with the lock held, again; while nothing is free but
     others hold features, wait for a release (``wait`` seconds at most each time; ``None``:
     for ever). Ends when nothing is left, when the wait ran out, after one feature with
-    ``once``, or when a step raises :class:`StopWork`. ``on_server_full`` is told, once per
-    run, that the server turned the worker away for want of a connection slot (it waits on
-    for one, to claim or to record a command's outcome); ``on_waiting``, once per run, which
+    ``once``, or when a step raises :class:`StopWork`. ``on_waiting`` is told, once per run, which
     feature (and holder) the worker waits for when only features held by others are left.
     A feature whose attempt failed rests ``retry_delay`` seconds before it is claimed again
     (meanwhile it counts as held)."""
@@ -316,10 +276,8 @@ def run_pool(
     beats = Heartbeat()  # one thread for the worker's whole run, not one per feature
     leaving: list[PoolLock] = []  # held for work a failed command left running
     try:
-        crowded = False
-        told = _once(on_server_full)
         while True:
-            outcome = _claim_patiently(pool, options, wait, told)
+            outcome = _claim_waiting(pool, options, wait)
             if outcome.held is None and outcome.nothing_left and leaving:
                 # Race: only features whose failed command left work are ours still; the
                 # other workers wait for them (their owner, us, lives): wait for that work
@@ -346,11 +304,7 @@ def run_pool(
                 command=command,
                 lease=lease,
                 beats=beats,
-                on_server_full=told,
             )
-            crowded = crowded or store.crowded(POOL_SLOTS_LOOK_SECONDS)
-            if crowded:
-                store.rest()  # others wait for a slot: CMD runs holding none
             try:
                 result = step(lock)
             except StopWork as stop:

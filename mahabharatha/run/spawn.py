@@ -17,7 +17,7 @@ from functools import cache, lru_cache
 from typing import IO, Any, Final
 
 from mahabharatha import signals
-from mahabharatha.backends.base import Capability
+from mahabharatha.backends.base import LocalFolder
 from mahabharatha.constants import PROOF_FD_ENV, SETPRIV_PROBE_SECONDS, TOKEN_ENV
 from mahabharatha.locks import FeatureLock, LockError
 from mahabharatha.owner import ownership
@@ -159,7 +159,7 @@ RecordGroup = Callable[[int, int | None], None]  # FeatureLock.record_work_group
 
 def _group_recorder(lock: FeatureLock) -> RecordGroup | None:
     """Where CMD's group goes: ``None`` for a backend that records none (no handshake then)."""
-    return lock.record_work_group if Capability.PROOF_OF_LIFE in lock.backend.capabilities else None
+    return lock.record_work_group if isinstance(lock.backend, LocalFolder) else None
 
 
 class _GroupHandshake:

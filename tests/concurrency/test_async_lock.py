@@ -25,7 +25,7 @@ from typing import Any, Final, cast
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends.base import Capability, Held, LockBackend, Requester
+from mahabharatha.backends.base import Held, LockBackend, Requester
 from mahabharatha.backends.files.backend import FileBackend
 from mahabharatha.commands import _utils
 from mahabharatha.locks import AsyncFeatureLock
@@ -319,7 +319,7 @@ class _TryInAThread:
 
     def __init__(self, real: LockBackend) -> None:
         self.real = real
-        self.capabilities = real.capabilities - {Capability.LOCAL_CALLS}  # calls in a thread
+        self.local_calls = False  # its calls are made in a thread
         self.entered = threading.Event()
         self.go_on = threading.Event()
 

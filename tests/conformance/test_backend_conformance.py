@@ -19,14 +19,17 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.backends.base import (
-    Capability,
+    ClaimsInOneStep,
+    LocalFolder,
     LockBackend,
     LockInfo,
     LockLostError,
+    LockServer,
     NotHeldError,
     NotOwnerError,
     Requester,
     UnsupportedError,
+    WatchesReleases,
 )
 from mahabharatha.owner import ownership
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
@@ -106,42 +109,31 @@ def test_refresh_detects_a_lost_lock_and_release_never_removes_the_new_holders(
 
 def test_tokens_and_leases_are_answered_as_the_backend_says(backend: LockBackend) -> None:
     held = _win(backend)
-    if backend.supports_tokens:
+    if isinstance(backend, LockServer):
         assert held.token is not None
         assert backend.verify(FEATURE, held.token) is True
         backend.release_held(held)
         return
     assert held.token is None
     with pytest.raises(UnsupportedError):
-        backend.verify(FEATURE, 1)
-    with pytest.raises(UnsupportedError):
         backend.try_acquire("other-feat", Requester(ME), lease=60.0)
 
 
-def test_declared_capabilities_are_what_the_backend_does(backend: LockBackend) -> None:
-    """Issue 20: a capability is declared once (``capabilities``) and called, never probed; a
-    backend without it answers the one named way (``UnsupportedError``) or the neutral answer
-    (no proof of life: ``None``). Fails if a backend declares what it does not do, or does
-    what it does not declare."""
+def test_declared_abilities_are_what_the_backend_does(backend: LockBackend) -> None:
+    """Issues 20 and 29: an optional ability is a protocol of its own (``isinstance``, never
+    ``getattr``). Fails if a backend declares what it does not do."""
     names = ["cap-a", "cap-b"]
-    if Capability.CLAIM_IN_ONE_STEP in backend.capabilities:
+    if isinstance(backend, ClaimsInOneStep):
         won = backend.try_claim(names, Requester(ME))
         assert won is not None and won.held is not None and won.held.feature == "cap-a"
         assert backend.failed_features() == set()
         assert backend.release_held(won.held) is True
-    else:
-        with pytest.raises(UnsupportedError):
-            backend.try_claim(names, Requester(ME))
-        with pytest.raises(UnsupportedError):
-            backend.failed_features()
-    assert backend.supports_tokens is (Capability.TOKENS in backend.capabilities)
     held = _win(backend)
-    work = backend.work_proof(held)
-    try:
-        assert (work is not None) is (Capability.PROOF_OF_LIFE in backend.capabilities)
-    finally:
-        if work is not None:
-            work.close()
+    if isinstance(backend, LocalFolder):
+        work = backend.work_proof(held)
+        assert work is not None
+        work.close()
+    assert isinstance(backend, WatchesReleases)
     with backend.release_watch([FEATURE]) as watch:
         backend.release_held(held)
         assert watch.wait(SYNC_TIMEOUT)  # woken by the release, or a poll: look again

@@ -20,10 +20,9 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.backends.base import Requester, ServerFullError
+from mahabharatha.backends.postgres import session as pg_session
 from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.backend import PostgresBackend
-from mahabharatha.pool import claim as pool_claim
-from mahabharatha.pool import work as pool_work
 from tests.support.marks import needs_proc
 from tests.support.postgres import PgServer, admin_execute, private_server, wait_until
 
@@ -462,8 +461,8 @@ def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again
     crowded_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pool worker's done commits on the server, its answer is lost (the connection dies),
-    and every slot is taken when it connects again: a ServerFullError. The worker asks again
-    while its lease lasts (``_while_leased``) and must find its own done mark. Failed before:
+    and every slot is taken when it connects again: a ServerFullError. The backend asks again
+    while the lease lasts (``_while_full``) and must find its own done mark. Failed before:
     each ``done`` call drew a new attempt id, so the call asked again found the feature done
     by "someone else", unheld, and raised NotHeldError: a done command reported as an error."""
     url = crowded_server.url()
@@ -488,7 +487,7 @@ def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again
             taken.pop().close()
 
     monkeypatch.setattr(backend, "_rows", answer_lost_then_full)
-    monkeypatch.setattr(pool_work, "_pause_for_a_slot", free_the_slots)
+    monkeypatch.setattr(pg_session, "_pause_for_a_slot", free_the_slots)
     try:
         claimed = locks.claim_next(["f"], tmp_path / ".gsd", backend=backend)
         assert claimed.held is not None
@@ -545,7 +544,7 @@ def test_a_claim_whose_answer_was_lost_on_a_full_server_is_taken_up_when_asked_a
             taken.pop().close()
 
     monkeypatch.setattr(backend, "_claim_statement", answer_lost_then_full)
-    monkeypatch.setattr(pool_claim, "_pause_for_a_slot", free_the_slots)
+    monkeypatch.setattr(pg_session, "_pause_for_a_slot", free_the_slots)
     ran: list[str] = []
     try:
         report = locks.work(ran.append, ["f"], tmp_path / ".gsd", backend=backend, wait=None)

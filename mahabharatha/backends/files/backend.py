@@ -25,7 +25,6 @@ from mahabharatha import clock, reads, waiting
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
-    Capability,
     CleanedEntry,
     FeatureProblem,
     Held,
@@ -431,9 +430,7 @@ class FileBackend(LockBackend):
     """Locks as ``.lock`` files under ``<gsd>/specs``: the :class:`LockBackend` of one folder."""
 
     kind = "file"
-    capabilities = frozenset(
-        {Capability.PROOF_OF_LIFE, Capability.RELEASE_NOTICE, Capability.LOCAL_CALLS}
-    )
+    local_calls = True
 
     def __init__(self, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> None:
         self.gsd_dir = gsd_dir

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 try:
@@ -34,7 +35,6 @@ except ImportError as missing:  # pragma: no cover - exercised by the CLI's own 
 from mahabharatha.backends.base import (
     AcquireResult,
     Attempts,
-    Capability,
     CleanedEntry,
     FeatureProblem,
     Held,
@@ -46,6 +46,7 @@ from mahabharatha.backends.base import (
     Owner,
     ReleaseWait,
     Requester,
+    ServerFullError,
     Verdict,
 )
 from mahabharatha.backends.postgres import statements
@@ -101,9 +102,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     """Locks in PostgreSQL, keyed by (namespace, feature); see the module's docstring."""
 
     kind = "postgresql"
-    capabilities = frozenset(
-        {Capability.TOKENS, Capability.CLAIM_IN_ONE_STEP, Capability.RELEASE_NOTICE}
-    )
     run_lease = RUN_LEASE_SECONDS
     """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless given."""
 
@@ -115,6 +113,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         gsd_dir: str | os.PathLike[str] = ".gsd",
         connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
         schema: str | None = None,
+        on_slot_wait: Callable[[ServerFullError], None] | None = None,
     ) -> None:
         chosen_schema = schema or os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
         if not _SCHEMA_NAME.fullmatch(chosen_schema):
@@ -135,7 +134,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             )
         super().__init__(url, schema=chosen_schema, connect_timeout=connect_timeout)
         self.namespace: str = namespace
-        self.gsd_dir = gsd_dir
+        self.gsd_dir: str | os.PathLike[str] = gsd_dir
+        self.on_slot_wait = on_slot_wait
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
@@ -144,6 +144,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         # (pid, thread) -> the attempt id of a claim whose answer never came (:meth:`try_claim`)
         self._unanswered_claims: dict[tuple[int, int], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
+        # (feature, pid) -> when the lease of a lock this backend took ends (monotonic): its
+        # done or failed attempt waits for a free connection slot until then (:meth:`_while_full`)
+        self._leases: dict[tuple[str, int], float] = {}
 
     @classmethod
     def from_url(
@@ -154,6 +157,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         namespace: str | None = None,
         connect_timeout: float | None = None,
         schema: str | None = None,
+        on_slot_wait: Callable[[ServerFullError], None] | None = None,
     ) -> PostgresBackend:
         """The backend for ``url``; the namespace from ``namespace``, else
         ``MAHABHARATHA_LOCK_NAMESPACE``, else the repository's ``origin`` remote (ValueError
@@ -169,7 +173,14 @@ class PostgresBackend(ReleaseWaits, LockBackend):
                 "../up.git names another one from each folder)"
             )
         timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
-        return cls(url, namespace=chosen, gsd_dir=gsd_dir, connect_timeout=timeout, schema=schema)
+        return cls(
+            url,
+            namespace=chosen,
+            gsd_dir=gsd_dir,
+            connect_timeout=timeout,
+            schema=schema,
+            on_slot_wait=on_slot_wait,
+        )
 
     # ------------------------------------------------------------------ people
 
@@ -268,12 +279,33 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         lease: float | None = None,
         include_done: bool = False,
         retry_delay: float = 0.0,
+        slot_wait: float | None = 0.0,
     ) -> AcquireResult | None:
         """Take the first takeable of ``features`` in their order (one statement); None when
         every one is held, resting ``retry_delay`` seconds after a failed attempt by the
-        server's clock, or done (unless ``include_done``)."""
+        server's clock, or done (unless ``include_done``). The claimer holds nothing: it waits
+        up to ``slot_wait`` seconds (``None``: for ever) for a free connection slot, and works
+        holding no connection once it has seen the server crowded."""
         if not features:
             return None
+        until = None if slot_wait is None else time.monotonic() + slot_wait
+        claim = partial(
+            self._claim, features, requester, reclaim_dead, lease, include_done, retry_delay
+        )
+        answer = self._while_full(claim, until)
+        if answer is not None:
+            self._let_go_if_crowded()
+        return answer
+
+    def _claim(
+        self,
+        features: Sequence[str],
+        requester: Requester,
+        reclaim_dead: bool,
+        lease: float | None,
+        include_done: bool,
+        retry_delay: float,
+    ) -> AcquireResult | None:
         names = self._joined(features)
         params = self._take_params(None, requester, lease)
         params["rest"] = float(retry_delay)
@@ -429,6 +461,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     ) -> AcquireResult:
         feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
         shift = _clock_shift(now)
+        self._leases[(feature, requester.pid)] = time.monotonic() + (expires - now)
         held = Held(
             feature=feature,
             pid=requester.pid,
@@ -463,6 +496,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             raise LockLostError(held.feature, "its lease ran out, or it was released or taken over")
         refreshed, expires, now = found[0]
         shift = _clock_shift(now)
+        self._leases[(held.feature, held.pid)] = time.monotonic() + (expires - now)
         return Held(
             held.feature,
             held.pid,
@@ -483,7 +517,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
             return self._release_then_wake(conn, text, values)
 
-        return bool(self._run(run, pins_itself=True))
+        released = bool(self._run(run, pins_itself=True))
+        self._leases.pop((held.feature, held.pid), None)
+        return released
 
     def _release_then_wake(
         self, conn: _Connection, text: str, values: Sequence[Any]
@@ -645,6 +681,16 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return bool(self._rows(statements.IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int) -> str:
+        """As the seam says; a done of a lock this backend took waits for a free connection
+        slot while its lease lasts (a command's success must not be lost)."""
+        return self._while_full(partial(self._done, feature, pid), self._lease_end(feature, pid))
+
+    def _lease_end(self, feature: str, pid: int) -> float:
+        """When the lease of ``pid``'s lock on ``feature`` ends, if this backend took it
+        (monotonic); else now: nothing to wait for."""
+        return self._leases.get((feature, pid), -math.inf)
+
+    def _done(self, feature: str, pid: int) -> str:
         # Race: a done committed, its answer lost, and no connection to ask again on (every
         # slot taken: ServerFullError); a pool's worker calls again. A new attempt id would
         # find the feature done by "someone else" (NotHeldError): the unanswered one finds it.
@@ -659,6 +705,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         )
         found = self._rows(statements.DONE, params)
         self._unanswered_done.pop(lost_key, None)  # answered: the next done is new
+        self._leases.pop((feature, pid), None)
         if not found:
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:
@@ -702,6 +749,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return self._all_attempts().get(feature)
 
     def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
+        """As the seam says; waits for a slot as :meth:`done` does."""
+        failing = partial(self._fail, feature, pid, reason, limit)
+        return self._while_full(failing, self._lease_end(feature, pid))
+
+    def _fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
         entry = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "at": time.time(),  # the epoch seconds a --retry-delay rest is counted from
@@ -724,6 +776,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             return conn.execute(statement, params, binary=True).fetchall()
 
         found = self._run(run, retry=False)  # repeated after a lost answer: "not held"
+        self._leases.pop((feature, pid), None)
         if not found:
             holder = self._row(feature)
             if holder is not None and holder.pid is not None:
@@ -746,10 +799,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         }
 
     # ------------------------------------------------------------------ waiting
-
-    def marker_folder(self) -> str | os.PathLike[str]:
-        """The local gsd folder: its ``.completed`` markers count as done here too."""
-        return self.gsd_dir
 
     def async_release_listener(self) -> Any:
         """The running event loop's listener for releases of this backend's locks

@@ -39,11 +39,6 @@ class ReleaseWaits(Session):
         self._behind_pooler = False  # seen by the listener's set-up: waiters poll, never LISTEN
         self._woken = -math.inf  # when a wait last ended woken (monotonic): one per interval
 
-    def pause(self, feature: str, backoff: float, most: float) -> None:
-        """Between two tries of an acquire: wait for ``feature``'s release (LISTEN/NOTIFY),
-        ``most`` seconds at most (the backoff is the poll a missed notification falls to)."""
-        self.wait_for_release(feature, most)
-
     def release_watch(self, features: Iterable[str]) -> _Listening:
         """A pool's wait for any of ``features`` to be released: LISTEN while it waits, and no
         listening connection kept once it ends (a holder keeps none while it works)."""
@@ -62,11 +57,6 @@ class ReleaseWaits(Session):
         ``timeout``."""
         return self.wait_for_any_release((feature,), timeout)
 
-    def stop_listening(self) -> None:
-        """Close the listening connection (a pool's worker that took a feature: many workers
-        must not keep a connection each while they work)."""
-        self._drop_listener()
-
     def wait_for_any_release(self, features: Iterable[str], timeout: float) -> bool:
         """:meth:`wait_for_release` for any of ``features`` (a pool waiting for the next one
         that comes free: a release, a ``done``, a reclaim of one of them)."""
@@ -74,7 +64,7 @@ class ReleaseWaits(Session):
         if self._slots_scarce:
             # A crowded server: a second connection to listen on would take a slot a worker
             # needs to record its done. Poll, once per wait, holding no connection meanwhile.
-            self.rest()
+            self.close()
         if self._behind_pooler or self._slots_scarce:
             # A transaction-mode pooler keeps no LISTEN for us: it would stay on a server
             # connection and deliver releases to whichever client gets it next (psycopg keeps
@@ -170,7 +160,7 @@ class _Listening:
         conn, self.conn = self.conn, None
         if conn is not None:
             self.backend._stop_listening_on(conn)
-        self.backend.stop_listening()
+        self.backend._drop_listener()  # a worker that took a feature keeps no second one
 
     def wait(self, seconds: float) -> bool:
         seconds = max(0.0, min(seconds, RECHECK_SECONDS))  # the protocol's bound: look again

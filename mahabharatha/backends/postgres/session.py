@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 
+from mahabharatha import logs
 from mahabharatha.backends.base import BackendError, ServerFullError
 from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.connection import (
@@ -25,7 +26,7 @@ from mahabharatha.backends.postgres.connection import (
     server_of,
 )
 from mahabharatha.constants import SCHEMA_ENV
-from mahabharatha.waiting import Deadline, backoff
+from mahabharatha.waiting import Deadline, backoff, jittered
 
 CLIENT_ENCODING: Final = "UTF8"
 """Always the package's choice: on a ``SQL_ASCII`` database the database's own makes psycopg
@@ -47,6 +48,13 @@ SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
 SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
 """Between two connection attempts refused for want of a slot: from 20 ms, doubling, to 0.5 s
 (jittered: a crowd of holders starting at once does not knock in step)."""
+SLOT_PAUSE_SECONDS: Final = 0.5
+"""Between two rounds of connecting refused for want of a slot (each retries for
+``--connect-timeout``), jittered: refused workers do not come back at once (each refused
+connection costs the server a process)."""
+SLOTS_LOOK_SECONDS: Final = 0.5
+"""How often a claimer that keeps its connection asks whether the server's slots are nearly all
+taken (then every claim lets go of the connection once answered, for the backend's life)."""
 MAX_LOST_ANSWERS: Final = 2
 """A statement whose connection was lost under it is run again at most twice: a warm connection
 found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
@@ -74,6 +82,10 @@ class Session:
         self._slots_scarce = False  # were the server's connection slots nearly all taken?
         self._slots_seen = -math.inf  # when that was seen (monotonic)
         self._slots_hidden = False  # the role may not look at the server's sessions
+        self._crowded_once = False  # seen crowded after a claim: claims let go from then on
+        self.on_slot_wait: Callable[[ServerFullError], None] | None = None
+        """Told (once per backend) that an operation waits for a free connection slot."""
+        self._told_slot_wait = False
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
         # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
@@ -197,20 +209,39 @@ class Session:
         self._slots_scarce = usable - taken <= _few_slots(usable)
         return self._slots_scarce
 
-    def rest(self) -> None:
+    def _while_full(self, operation: Callable[[], _T], until: float | None) -> _T:
+        """``operation``, asked again while the server has no free connection slot, until
+        ``until`` (monotonic; ``None``: for ever): a claimer holding nothing waits for a slot
+        as for a feature, a holder's outcome waits while its lease lasts (the lock is its own
+        till then). More workers than slots all finish: a slot comes free when another lets
+        go of one. The first wait is logged and told (:attr:`on_slot_wait`), once."""
+        while True:
+            try:
+                return operation()
+            except ServerFullError as full:
+                if until is not None and time.monotonic() >= until:
+                    raise
+                if not self._told_slot_wait:
+                    self._told_slot_wait = True
+                    logs.say(logs.WARNING, "%s; waiting for a free connection slot", full)
+                    if self.on_slot_wait is not None:
+                        self.on_slot_wait(full)
+            _pause_for_a_slot()
+
+    def _let_go_if_crowded(self) -> None:
+        """After a claim won: on a crowded server the claimer works holding no connection, so
+        the workers waiting for a slot get one (seen once, for the rest of its run)."""
+        self._crowded_once = self._crowded_once or self.crowded(SLOTS_LOOK_SECONDS)
+        if self._crowded_once:
+            self.close()
+
+    def close(self) -> None:
         """Let go of this backend's server connections until its next call: a holder between
         two refreshes (``lock run``, ``FeatureLock``) keeps none, so many holders fit in a
         server's ``max_connections`` (a refresh every third of the lease connects again)."""
         with self._connecting:  # Race: a thread making the shared connection at this moment
             self._drop_connection()
         self._drop_listener()
-
-    def close(self) -> None:
-        for conn in (self._conn, self._listener):
-            if conn is not None:
-                with suppress(psycopg.Error, OSError):
-                    conn.close()
-        self._conn = self._listener = None
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
@@ -463,6 +494,11 @@ class _Pauses:
             return False
         time.sleep(self.deadline.cap(next(self.pauses)))
         return True
+
+
+def _pause_for_a_slot() -> None:
+    """Between two rounds of connecting refused for want of a slot (:data:`SLOT_PAUSE_SECONDS`)."""
+    time.sleep(jittered(SLOT_PAUSE_SECONDS))
 
 
 def _few_slots(usable: int) -> int:
