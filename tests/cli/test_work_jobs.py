@@ -1,6 +1,6 @@
 """``lock work --jobs N``: one command runs N workers of the pool, and keeps every pool promise.
 
-The same pool as ``test_work_pool`` (sixteen features, three flaky, two broken, a ``mkdir``
+The same pool as ``test_work_pool`` (thirty features, three flaky, two broken, a ``mkdir``
 occupancy marker and one ``O_APPEND`` log), run by one ``lock work -j 4`` instead of four
 commands: every feature done exactly once or failed after exactly ``--attempts`` attempts, one
 exit code and one JSON document for the pool, no lock left. A worker SIGKILLed mid-build is
@@ -104,7 +104,7 @@ def _kill_session(sid: int) -> None:
             process.kill()
 
 
-def test_one_command_of_four_jobs_finishes_sixteen_features_with_failures(pool: Path) -> None:
+def test_one_command_of_four_jobs_finishes_thirty_features_with_failures(pool: Path) -> None:
     """Without ``--jobs`` there was no such command (``-j`` was a usage error, exit 2)."""
     with team(pool) as command:
         out, err = command.communicate(timeout=POOL_TIMEOUT)

@@ -54,7 +54,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_four_workers_finish_sixteen_features_on_postgresql(on_server: str, tmp_path: Path) -> None:
+def test_four_workers_finish_thirty_features_on_postgresql(on_server: str, tmp_path: Path) -> None:
     """The files pool test, on the server: done once or failed after exactly --attempts, each
     worker exits 1 (finished, some failed), no lock left; done features get their local
     marker too."""
@@ -74,7 +74,7 @@ def test_four_workers_finish_sixteen_features_on_postgresql(on_server: str, tmp_
     assert not [name for name, (state, _) in states.items() if state not in ("done", "failed")]
 
 
-def test_one_command_of_four_jobs_finishes_sixteen_features_on_postgresql(
+def test_one_command_of_four_jobs_finishes_thirty_features_on_postgresql(
     on_server: str, tmp_path: Path
 ) -> None:
     """``lock work -j 4`` on the server: each forked worker opens a connection of its own
