@@ -167,18 +167,18 @@ SHORT_BOUND_CLI: Final = (
     "import sys\n"
     "from mahabharatha.backends.files import backend as files\n"
     "files.lease_break_seconds = lambda: 0.0  # a kernel that breaks leases at once ...\n"
-    "files.LEASE_BREAK_MARGIN_SECONDS = 1.0  # ... but a lease holder that keeps it\n"
+    "files.LEASE_BREAK_MARGIN_SECONDS = 0.3  # ... but a lease holder that keeps it\n"
     "from mahabharatha.cli import main\n"
     "main()\n"
 )
-"""The CLI with the wait for a lease bounded at 1 s: what happens when a lease outlasts it."""
+"""The CLI with the wait for a lease bounded at 0.3 s: what happens when a lease outlasts it."""
 
 
 @needs_leases
 def test_a_lease_that_outlasts_the_bound_leaves_the_lock_with_one_sentence(
     gsd: Path, spawn: Any
 ) -> None:
-    """The wait is bounded: a lease still there after lease-break-time + margin (here 0 + 1 s:
+    """The wait is bounded: a lease still there after lease-break-time + margin (here 0 + 0.3 s:
     this lease holder is not broken by the kernel) ends it with exit 3 and one sentence, the
     lock left (never removed unread). A guard of the new wait's bound: before the fix the
     release gave up without waiting (also exit 3, but with no waiting line)."""
@@ -192,7 +192,7 @@ def test_a_lease_that_outlasts_the_bound_leaves_the_lock_with_one_sentence(
     leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
     assert leaser.next_line() == "leased"
     runner.send("x")
-    assert "waiting up to 1s " in runner.next_line("stderr")
+    assert "waiting up to 0.3s " in runner.next_line("stderr")
     code = runner.wait(timeout=SYNC_TIMEOUT)
     leaser.send("x")
     assert leaser.next_line() == "unleased"

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from mahabharatha import locks
+from mahabharatha.backends.files import snapshot
 from mahabharatha.commands import _utils
 from tests.cli._support import invoke, one_document
 from tests.concurrency._harness import CTX, FEATURE, SYNC_TIMEOUT, lock_path, team
@@ -52,10 +53,14 @@ def _outcome(call: Any) -> str:
 
 @needs_leases
 @pytest.mark.timeout(60)
-def test_a_live_lock_under_a_kernel_lease_is_held_not_reclaimed(tmp_path: Path) -> None:
+def test_a_live_lock_under_a_kernel_lease_is_held_not_reclaimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Fails before the fix: the ``EWOULDBLOCK`` open made the lock "unreadable", so
     ``check_feature_lock`` said None, ``acquire_feature_lock`` took the live lock and a
-    non-owner's ``release_feature_lock`` deleted it."""
+    non-owner's ``release_feature_lock`` deleted it. The lease outlasts any wait: each look
+    retries the refused read for a tenth of the package's 0.5 s (busy is busy either way)."""
+    monkeypatch.setattr(snapshot, "READ_WAIT_SECONDS", snapshot.READ_WAIT_SECONDS / 10)
     gsd = tmp_path / "gsd"
     lock = lock_path(gsd)
     lock.parent.mkdir(parents=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import postgres
+from tests.unit.test_clean_checkout import NO_HYPOTHESIS
 
 
 def test_server_answers_on_socket_and_port(pg_server: postgres.PgServer) -> None:
@@ -32,8 +33,9 @@ def test_server_runs_unprivileged(pg_server: postgres.PgServer) -> None:
 def _run_fixture_test(tmp_path: Any, **env: str) -> subprocess.CompletedProcess[str]:
     """Run this file's first test in a child pytest with PostgreSQL made unfindable."""
     target = f"{__file__}::test_server_answers_on_socket_and_port"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", NO_HYPOTHESIS]
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", target],
+        [*argv, "-rs", target],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[2],

@@ -32,6 +32,9 @@ def test_leaves_nothing(tmp_path):
     (tmp_path / "go.fifo").write_text("go\\n")
 """
 
+NO_HYPOTHESIS: Final = "no:hypothesispytest"
+"""A child pytest without hypothesis's plugin (its import costs a second of CPU, for nothing)."""
+
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
@@ -64,8 +67,9 @@ def _run_suite(folder: Path, test_text: str) -> subprocess.CompletedProcess[str]
         "PYTHONPATH": str(REPOSITORY),
         "GIT_CEILING_DIRECTORIES": str(folder.parent),
     }
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", NO_HYPOTHESIS]
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+        [*argv, str(folder)],
         cwd=folder,
         env=env,
         capture_output=True,

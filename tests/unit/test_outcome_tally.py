@@ -11,6 +11,8 @@ from typing import Final
 
 import pytest
 
+from tests.unit.test_clean_checkout import NO_HYPOTHESIS
+
 pytestmark = pytest.mark.timeout(60)
 
 REPOSITORY: Final = Path(__file__).resolve().parents[2]
@@ -65,6 +67,7 @@ def _run_inner(folder: Path, *options: str) -> subprocess.CompletedProcess[str]:
     (folder / "test_outcomes.py").write_text(EVERY_OUTCOME)
     env = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
     argv = [sys.executable, "-m", "pytest", "-p", "tests.support.tally", "-p", "no:cacheprovider"]
+    argv += ["-p", NO_HYPOTHESIS]
     return subprocess.run(
         [*argv, "-q", *options, str(folder)],
         cwd=folder,
