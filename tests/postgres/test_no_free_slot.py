@@ -94,7 +94,7 @@ def _no_slot_for_the_app(server: PgServer, limit: str) -> Iterator[None]:
         limited = {"role": "ROLE mh_app", "database": "DATABASE mh"}[limit]
         admin_execute(server, f"ALTER {limited} CONNECTION LIMIT 1")
         undo = f"ALTER {limited} CONNECTION LIMIT -1"
-        taken = [psycopg.connect(server.url())]
+        taken = [_the_one_slot(server.url())]
     try:
         with pytest.raises(psycopg.OperationalError):  # the app role is refused now
             psycopg.connect(server.url()).close()
@@ -104,6 +104,22 @@ def _no_slot_for_the_app(server: PgServer, limit: str) -> Iterator[None]:
             conn.close()
         if undo is not None:
             admin_execute(server, undo)
+
+
+def _the_one_slot(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    """The app role's one slot under its limit, once the sessions of the tests before have
+    ended on the server too (a backend leaves a moment after its client closed)."""
+    got: list[psycopg.Connection[tuple[object, ...]]] = []
+
+    def connected() -> bool:
+        try:
+            got.append(psycopg.connect(url))
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    assert wait_until(connected, HANG_GUARD_SECONDS), "an earlier session kept the one slot"
+    return got[0]
 
 
 def _refused_twice_and_still_asking(
