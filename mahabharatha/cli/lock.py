@@ -421,7 +421,7 @@ def status(
     feature folder, free, done and failed ones too), then a one-line summary. A lock whose owner
     is provably gone on this host is shown as reclaimable: --reclaim-dead takes it."""
     if watch or until_done:
-        from mahabharatha.cli.pool import watch_status  # only a watch needs the live view
+        from mahabharatha.cli.watch import watch_status  # only a watch needs the live view
 
         watch_status(shared, until_done)
 

@@ -1,4 +1,4 @@
-"""``mahabharatha lock fail`` and ``lock work``: a worker pool's commands (and ``status --watch``).
+"""``mahabharatha lock fail`` and ``lock work``: a worker pool's commands.
 
 ``lock work`` is the worker loop in one process: it claims as ``lock claim`` does, runs each
 feature's command as ``lock run`` does, and ends each hold in one step of the backend's (done,
@@ -8,20 +8,18 @@ or a failed attempt, then the release).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import signal
 import sys
 from pathlib import Path
-from time import monotonic, sleep, time
-from typing import IO, Annotated, Any, Final, NamedTuple, NoReturn
+from typing import IO, Annotated, Any, Final, NamedTuple
 
 import typer
 from typer.core import TyperCommand
 
 from mahabharatha import locks, logs, signals
 from mahabharatha.backends import load_backend_code
-from mahabharatha.backends.base import BackendError, LockBackend, describe_holder, format_duration
+from mahabharatha.backends.base import BackendError, describe_holder
 from mahabharatha.cli._output import (
     AttemptsOption,
     FeatureArg,
@@ -31,33 +29,27 @@ from mahabharatha.cli._output import (
     Shared,
     answer,
     backend_to_claim_from,
-    close_opened,
     complete_feature,
     default_owner,
     exit_code_for,
     finite_seconds,
     note,
     problem_warnings,
-    require_folder_of_files,
     respond,
-    sentence,
     with_shared_options,
 )
-from mahabharatha.cli._render import summary_counts, watch_table
 from mahabharatha.cli._work_output import CommandOutput, command_output
 from mahabharatha.cli.lock import _warn_release_wait, app
-from mahabharatha.constants import FEATURE_ENV_VAR, RETRY_DELAY_SECONDS, WATCH_SECONDS
+from mahabharatha.constants import FEATURE_ENV_VAR, RETRY_DELAY_SECONDS
 from mahabharatha.exits import (
     EXIT_BAD_INPUT,
     EXIT_HELD,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TEMPFAIL,
     killed_by,
 )
 from mahabharatha.locks import (
     FeatureProblem,
-    LockError,
     LockInfo,
     PoolLock,
     StopWork,
@@ -425,136 +417,3 @@ def _work_result(
         )
         return Result(EXIT_HELD, {**found, "exit_code": EXIT_HELD}, message=said)
     return Result(EXIT_OK, {**found, "exit_code": EXIT_OK}, warnings=warnings)
-
-
-# --------------------------------------------------------------------------- status --watch
-
-BAR_WIDTH: Final = 40
-TOP_LINES: Final = 3  # the bar, the counts, the rate and estimate: always on top
-SPARE_LINES: Final = 1  # where the cursor rests: a view that filled it would scroll
-
-
-class _Progress:
-    """What the watch shows about the pool: counts, the rate of finishing, the time left."""
-
-    def __init__(self) -> None:
-        self.started = monotonic()
-        self.first_finished: int | None = None
-
-    def rate(self, counts: dict[str, int]) -> str:
-        """The rate of finishing since the watch began, and the time left at that rate."""
-        total = sum(counts.values())
-        finished = counts["done"] + counts["failed"]
-        if self.first_finished is None:
-            self.first_finished = finished
-        elapsed = monotonic() - self.started
-        rate = (finished - self.first_finished) / elapsed if elapsed > 0 else 0.0
-        left = total - finished
-        if not left:
-            return "nothing left to claim"
-        eta = f"about {format_duration(left / rate)} left" if rate > 0 else "no estimate yet"
-        return f"{rate * 60:.1f}/min, {eta}"
-
-
-COUNT_ORDER: Final = ("held", "failed", "reclaimable", "stale", "free")  # most telling first
-
-
-def counts_line(counts: dict[str, int]) -> str:
-    """The counts that are not zero (done is on the bar's line), in :data:`COUNT_ORDER`."""
-    kinds = [*COUNT_ORDER, *(kind for kind in counts if kind not in (*COUNT_ORDER, "done"))]
-    shown = [f"{counts[kind]} {kind}" for kind in kinds if counts.get(kind)]
-    return ", ".join(shown) if shown else "every feature done"
-
-
-def _nothing_left(counts: dict[str, int]) -> bool:
-    return all(count == 0 for kind, count in counts.items() if kind not in ("done", "failed"))
-
-
-def watch_status(shared: Shared, until_done: bool) -> NoReturn:
-    """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130) or,
-    with ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
-    try:
-        require_folder_of_files(shared)
-        store = shared.backend()
-        if shared.as_json or not sys.stdout.isatty():
-            code = _watch_lines(store, until_done)
-        else:
-            code = _watch_terminal(store, until_done)
-    except KeyboardInterrupt:
-        code = EXIT_INTERRUPTED
-    except (ValueError, LockError, OSError) as error:
-        if shared.as_json:
-            typer.echo(json.dumps({"error": sentence(error)}, sort_keys=True))
-        typer.echo(f"mahabharatha: {sentence(error)}", err=True)
-        raise typer.Exit(exit_code_for(error)) from None
-    finally:
-        close_opened()
-    raise typer.Exit(code)
-
-
-def _survey(store: LockBackend) -> list[LockInfo]:
-    problems: list[FeatureProblem] = []
-    return locks.survey(backend=store, problems=problems)
-
-
-def _what_changes(info: LockInfo) -> tuple[object, ...]:
-    """What of a feature makes a new line off a terminal: its state and holder, its failed
-    attempts; not its ages, which change every second while anything is held."""
-    return (info.feature, info.state, info.pid, info.host, info.token, info.owner, info.attempts)
-
-
-def _watch_lines(store: LockBackend, until_done: bool) -> int:
-    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``.
-    A change is a count or a holder (:func:`_what_changes`), never an age ticking."""
-    last: object = None
-    while True:
-        infos = _survey(store)
-        counts = summary_counts(infos)
-        now = [_what_changes(info) for info in infos]
-        if now != last:
-            features = [info.to_dict() for info in infos]
-            document = {"time": time(), "summary": counts, "features": features}
-            typer.echo(json.dumps(document, sort_keys=True))
-            sys.stdout.flush()
-            last = now
-        if until_done and _nothing_left(counts):
-            return EXIT_HELD if counts["failed"] else EXIT_OK
-        sleep(WATCH_SECONDS)
-
-
-def _watch_terminal(store: LockBackend, until_done: bool) -> int:
-    """The live view, redrawn every second and fitted to the terminal: the bar, the counts and
-    the estimate on top, then the features, held ones first."""
-    from rich.console import Console, Group
-    from rich.live import Live
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
-    from rich.text import Text
-
-    progress = _Progress()
-    console = Console()
-
-    def line(text: str) -> Text:
-        return Text(text, no_wrap=True, overflow="ellipsis")
-
-    def view(infos: list[LockInfo]) -> tuple[Group, dict[str, int]]:
-        counts = summary_counts(infos)
-        total = sum(counts.values())
-        width, height = console.size
-        done = f" {counts['done']}/{total} done"
-        bar_width = max(10, min(BAR_WIDTH, width - len(done)))
-        bar = ProgressBar(total=max(1, total), completed=counts["done"], width=bar_width)
-        top = Table.grid()
-        top.add_row(bar, line(done))
-        rows = max(0, height - TOP_LINES - SPARE_LINES)
-        listed = watch_table(infos, rows)
-        parts = [top, line(counts_line(counts)), line(progress.rate(counts)), *listed]
-        return Group(*parts), counts
-
-    shown, counts = view(_survey(store))
-    with Live(shown, console=console, auto_refresh=False, transient=False) as live:
-        while not (until_done and _nothing_left(counts)):
-            sleep(WATCH_SECONDS)
-            shown, counts = view(_survey(store))
-            live.update(shown, refresh=True)
-    return EXIT_HELD if counts["failed"] else EXIT_OK

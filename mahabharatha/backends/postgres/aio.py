@@ -19,16 +19,13 @@ import asyncio
 import time
 import weakref
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import psycopg
 from psycopg import sql
 
-from mahabharatha.backends.postgres.release_watch import WAKE_UP_INTERVAL_SECONDS
+from mahabharatha.backends.postgres.release_watch import WAKE_UP_INTERVAL_SECONDS, ReleaseWaits
 from mahabharatha.backends.postgres.session import CLIENT_ENCODING
-
-if TYPE_CHECKING:
-    from mahabharatha.backends.postgres.backend import PostgresBackend
 
 LISTENER_NAME: Final = "mahabharatha-wait-async"
 """The ``application_name`` of the listening connection (``pg_stat_activity`` tells it apart)."""
@@ -43,7 +40,7 @@ _LISTENERS: Final[
 """Each running loop's listeners, one per backend (by ``id``: the listener keeps its backend)."""
 
 
-def listener_for(backend: PostgresBackend) -> AsyncReleaseListener:
+def listener_for(backend: ReleaseWaits) -> AsyncReleaseListener:
     """The running loop's listener for ``backend`` (made on first use, kept with the loop)."""
     per_loop = _LISTENERS.setdefault(asyncio.get_running_loop(), {})
     listener = per_loop.get(id(backend))
@@ -60,7 +57,7 @@ class AsyncReleaseListener:
     still ends the wait. :meth:`unwatch` when done; the last waiter's closes the connection.
     """
 
-    def __init__(self, backend: PostgresBackend) -> None:
+    def __init__(self, backend: ReleaseWaits) -> None:
         self.backend = backend
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._reader: asyncio.Task[None] | None = None
