@@ -248,7 +248,7 @@ def _work_group_lives(details: OwnerDetails) -> bool:
     return (
         details.work_group
         and details.pgid is not None
-        and ownership.group_has_work_since(details.pgid, details.gstart, details.start)
+        and ownership.group_has_live_member(details.pgid, details.gstart, details.start)
     )
 
 

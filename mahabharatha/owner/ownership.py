@@ -18,9 +18,9 @@ import enum
 import errno
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeGuard
 
 XATTR_NAME: Final = "user.mahabharatha.owner"  # user.*: no privilege needed
 DETAILS_VERSION: Final = 3  # an unknown first byte reads as no details at all
@@ -102,8 +102,7 @@ def this_pid_namespace() -> int | None:
 
 
 _OWN_TIME_NS: Final = _OWN_PID_NS.replace("/pid", "/time")
-INITIAL_TIME_NS_INODE: Final = 0xEFFFFFFA
-"""The kernel's fixed inode of the initial time namespace (``PROC_TIME_INIT_INO``)."""
+INITIAL_TIME_NS_INODE: Final = 0xEFFFFFFA  # the kernel's PROC_TIME_INIT_INO
 
 
 @cache
@@ -190,36 +189,26 @@ def _parse_stat(raw: bytes) -> ProcStat | None:
 def has_live_thread(pid: int) -> bool:
     """True when a thread of ``pid`` runs (a leader after ``pthread_exit`` shows as a zombie)."""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        tasks = [tid for tid in os.listdir(f"/proc/{pid}/task") if tid.isdigit()]
     except OSError:
         return False
     for tid in tasks:
-        if not tid.isdigit():
-            continue
-        task = _task_stat(pid, int(tid))
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as source:
+                task = _parse_stat(source.read(MAX_STAT_BYTES))
+        except OSError:
+            continue  # Race: the thread ended since the listing
         if task is not None and task.state not in ("Z", "X"):
             return True
     return False
 
 
-def _task_stat(pid: int, tid: int) -> ProcStat | None:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as source:
-            return _parse_stat(source.read(MAX_STAT_BYTES))
-    except OSError:
-        return None  # Race: the thread ended since the listing
-
-
 def is_alive(stat: ProcStat | None, pid: int) -> bool:
     """A process is alive while any of its threads runs (a zombie leader with live threads is)."""
-    if stat is None:
-        return False
-    return stat.state not in ("Z", "X") or has_live_thread(pid)
+    return stat is not None and (stat.state not in ("Z", "X") or has_live_thread(pid))
 
 
-class _GroupProbe(enum.Enum):
-    """What ``killpg(pgid, 0)`` says of a process group."""
-
+class _GroupProbe(enum.Enum):  # what killpg(pgid, 0) says of a process group
     GONE = "gone"  # no process at all is in that group
     CANNOT_TELL = "cannot-tell"  # the look failed: never call an owner dead on it
     MEMBERS = "members"  # members exist, some of them ours: look at them
@@ -238,38 +227,22 @@ def _probe_group(pgid: int) -> _GroupProbe:
     return _GroupProbe.MEMBERS
 
 
-def group_has_live_member(pgid: int, leader_start: int | None) -> bool:
+def group_has_live_member(pgid: int, leader_start: int | None, since: int | None = None) -> bool:
     """Is any process of the group ``pgid`` (whose leader started at ``leader_start``) alive?
     Zombies do not count; a leader with another start time means the group ended (a group
-    number is not reused while any member lives)."""
+    number is not reused while any member lives). ``since``: count only members started at or
+    after it, never the caller (``lock run``'s command's work, not the older script that shares
+    a terminal job's group)."""
     probe = _probe_group(pgid)
     if probe is not _GroupProbe.MEMBERS and probe is not _GroupProbe.OTHERS_ONLY:
         return probe is _GroupProbe.CANNOT_TELL
-    others_only = probe is _GroupProbe.OTHERS_ONLY
     leader = proc_stat(pgid)
     if leader is not None and leader.pgrp == pgid:
-        if leader_start is not None and leader.start != leader_start:
+        if leader_start not in (None, leader.start):
             return False  # Race: group ended and its number was reused by a new leader
-        if is_alive(leader, pgid):
+        if since is None and is_alive(leader, pgid):
             return True
-    return _scan_for_member(pgid, unseen_alive=others_only)
-
-
-def group_has_work_since(pgid: int, leader_start: int | None, since: int | None) -> bool:
-    """:func:`group_has_live_member` counting only members started at or after ``since``
-    (``None``: all) and never the caller: ``lock run``'s command's work, not the older script
-    that shares a terminal job's group."""
-    if since is None:
-        return group_has_live_member(pgid, leader_start)
-    probe = _probe_group(pgid)
-    if probe is not _GroupProbe.MEMBERS and probe is not _GroupProbe.OTHERS_ONLY:
-        return probe is _GroupProbe.CANNOT_TELL
-    others_only = probe is _GroupProbe.OTHERS_ONLY
-    leader = proc_stat(pgid)
-    reused = leader is not None and leader.pgrp == pgid and leader_start not in (None, leader.start)
-    if reused:
-        return False  # Race: group ended and its number was reused by a new leader
-    return _scan_for_member(pgid, unseen_alive=others_only, since=since)
+    return _scan_for_member(pgid, unseen_alive=probe is _GroupProbe.OTHERS_ONLY, since=since)
 
 
 _STOPPED_STATES: Final = frozenset({"T", "t"})  # stopped by a signal; stopped by a tracer
@@ -293,38 +266,34 @@ def holder_stopped(pid: int, details: OwnerDetails | None) -> bool:
 def session_has_live_member(sid: int) -> bool:
     """Is any process of the session ``sid`` alive (zombies do not count)? A failed look
     answers alive."""
-    if sid <= 0:
-        return False
     try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+        return sid > 0 and any(s.session == sid and is_alive(s, pid) for pid, s in _processes())
     except OSError:
         return True  # cannot tell: alive
-    for pid in pids:
-        stat = proc_stat(pid)
-        if stat is not None and stat.session == sid and is_alive(stat, pid):
-            return True
-    return False
 
 
-def _scan_for_member(pgid: int, *, unseen_alive: bool = False, since: int | None = None) -> bool:
+def _processes() -> Iterator[tuple[int, ProcStat]]:
+    """Every process ``/proc`` lists, with its stat (``OSError``: the listing failed)."""
+    for pid in [int(name) for name in os.listdir("/proc") if name.isdigit()]:
+        if (stat := proc_stat(pid)) is not None:
+            yield pid, stat
+
+
+def _scan_for_member(pgid: int, *, unseen_alive: bool, since: int | None) -> bool:
     """Scan ``/proc`` for a live member of ``pgid``. ``unseen_alive``: ``killpg`` said members
-    exist, so seeing none means ``hidepid`` hides them: alive. ``since``: as in
-    :func:`group_has_work_since`."""
+    exist, so seeing none means ``hidepid`` hides them: alive."""
+    seen = False
     try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+        for pid, stat in _processes():
+            if stat.pgrp != pgid:
+                continue
+            seen = True
+            if since is not None and (stat.start < since or pid == os.getpid()):
+                continue  # a member, but not the work: not hidden either
+            if is_alive(stat, pid):
+                return True
     except OSError:
         return True  # cannot tell: alive
-    seen = False
-    for pid in pids:
-        stat = proc_stat(pid)
-        if stat is None or stat.pgrp != pgid:
-            continue
-        if since is not None and (stat.start < since or pid == os.getpid()):
-            seen = True  # a member, but not the work: not hidden either
-            continue
-        if is_alive(stat, pid):
-            return True
-        seen = True
     # Race: /proc mounted hidepid=1/2 hides another user's live members from a judge.
     return unseen_alive and not seen
 
@@ -388,11 +357,6 @@ def folder_tag(dev: int, ino: int) -> int:
     return ((ino ^ (dev * 0x9E3779B1)) & 0xFFFF_FFFF) or 1
 
 
-def claims_proof(raw: bytes | None) -> bool:
-    """Do the packed details ``raw`` say that their holder holds a proof of life?"""
-    return proof_slot(raw) is not None
-
-
 def with_proof(raw: bytes | None, slot: int, folder: int = 0) -> bytes | None:
     """``raw`` (current version) claiming the proof of ``slot`` in the file tagged ``folder``;
     anything else as it is."""
@@ -450,6 +414,7 @@ def _command_line(command: Sequence[str]) -> str:
 
 
 def _encode(details: OwnerDetails) -> bytes:
+    flags = (PROOF_FLAG if details.proof else 0) | (WORK_GROUP_FLAG if details.work_group else 0)
     boot = bytes.fromhex((details.boot or "").replace("-", "")[:16].ljust(16, "0"))
     head = DETAILS_LAYOUT.pack(
         DETAILS_VERSION,
@@ -458,17 +423,13 @@ def _encode(details: OwnerDetails) -> bytes:
         details.start or 0,
         details.pgid or 0,
         details.gstart or 0,
-    ) + DETAILS_TAIL.pack(_flags_of(details), details.sid or 0, details.slot or 0)
+    ) + DETAILS_TAIL.pack(flags, details.sid or 0, details.slot or 0)
     head += FOLDER_FIELD.pack(details.folder or 0)
     host = (details.host or "").encode("utf-8", "replace")[: INLINE_BYTES - len(head)]
     host = host.decode("utf-8", "ignore").encode()  # never cut a character in two
     if details.cmd is None:
         return head + host
     return (head + host + b"\0" + details.cmd.encode("utf-8", "replace"))[:MAX_DETAILS_BYTES]
-
-
-def _flags_of(details: OwnerDetails) -> int:
-    return (PROOF_FLAG if details.proof else 0) | (WORK_GROUP_FLAG if details.work_group else 0)
 
 
 def with_work_group(raw: bytes | None, pgid: int, leader_start: int | None) -> bytes | None:
@@ -513,37 +474,37 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
 
 def judgeable(details: OwnerDetails | None) -> bool:
     """May this process judge the recorded pid? Only on its own boot, in its own namespace."""
-    if not _records_place(details):
-        return False
-    assert details is not None  # _records_place says so
-    return _same_place(details, this_boot(), this_pid_namespace())
+    return _records_place(details) and _same_place(details, this_boot(), this_pid_namespace())
 
 
 def _same_place(details: OwnerDetails, boot: str | None, ns: int | None) -> bool:
     return boot is not None and ns is not None and (details.boot, details.ns) == (boot, ns)
 
 
-def _records_place(details: OwnerDetails | None) -> bool:
+def _records_place(details: OwnerDetails | None) -> TypeGuard[OwnerDetails]:
     return details is not None and details.boot is not None and details.ns is not None
 
 
-def _start_now(pid: int) -> int | None:
-    current = proc_stat(pid)
-    return None if current is None else current.start
+def start_time(pid: int, *, leading: bool = False) -> int | None:
+    """``pid``'s start time; with ``leading``, only while it leads its group (``None``: gone)."""
+    stat = proc_stat(pid)
+    return None if stat is None or (leading and stat.pgrp != pid) else stat.start
 
 
 @cache
 def _own_start(pid: int) -> int | None:
-    return _start_now(pid)  # keyed by pid: a forked child asks under its own
+    return start_time(pid)  # keyed by pid: a forked child asks under its own
+
+
+def _start_of(pid: int) -> int | None:
+    return _own_start(pid) if pid == os.getpid() else start_time(pid)
 
 
 def could_own(details: OwnerDetails | None, pid: int) -> bool:
-    """May ``pid`` (in our PID namespace) be the owner these details record?
-
-    No for another (or unreadable) boot or namespace, or when ``pid`` now runs with another
-    start time (reused); yes otherwise (missing details leave the pid to decide). The caller
-    rule of ``backends/liveness.py: judge``; the database runs :func:`could_own_sql`.
-    """
+    """May ``pid`` (in our PID namespace) be the owner these details record? No for another
+    (or unreadable) boot or namespace, or when ``pid`` now runs with another start time
+    (reused); yes otherwise (missing details leave the pid to decide). The caller rule of
+    ``backends/liveness.py: judge``; the database runs :func:`could_own_sql`."""
     return could_be_owner(details, this_boot(), this_pid_namespace(), lambda: _start_of(pid))
 
 
@@ -558,17 +519,10 @@ def could_be_owner(
     ``None``: not running)."""
     if not _records_place(details):
         return True
-    assert details is not None  # _records_place says so
     if not _same_place(details, boot, ns):
         return False
-    if details.start is None:
-        return True
-    start = start_now()
+    start = None if details.start is None else start_now()
     return start is None or start == details.start
-
-
-def _start_of(pid: int) -> int | None:
-    return _own_start(pid) if pid == os.getpid() else _start_now(pid)
 
 
 def could_own_sql(column: str) -> str:
@@ -576,9 +530,8 @@ def could_own_sql(column: str) -> str:
     ``%(place)s`` (:func:`place_key`) and ``%(start)s`` (:func:`start_key`); made from
     ``_HEAD_FIELDS``, never written out by hand."""
     boot, ns, start = (_field_sql(column, name) for name in ("boot", "ns", "start"))
-    zero_boot, zero_ns, zero_start = (_zeros(name) for name in ("boot", "ns", "start"))
     version = f"get_byte({column}, 0)"
-    old_versions = tuple(v for v in DETAILS_VERSIONS if v not in _TEXT_AT)
+    old_versions = ", ".join(str(v) for v in DETAILS_VERSIONS if v not in _TEXT_AT)
     # decode(): a head of a version we read, and the later versions also have their tail.
     tails = "".join(
         f" OR ({version} = {number} AND length({column}) >= {end})"
@@ -587,52 +540,42 @@ def could_own_sql(column: str) -> str:
     ours = (
         f"{column} IS NOT NULL"
         f" AND length({column}) BETWEEN {DETAILS_LAYOUT.size} AND {MAX_DETAILS_BYTES}"
-        f" AND ({version} IN {_sql_list(old_versions)}{tails})"
+        f" AND ({version} IN ({old_versions}){tails})"
     )
-    records_place = f"{ours} AND {boot} <> {zero_boot} AND {ns} <> {zero_ns}"
-    place = f"substring({column} FROM {_offset('boot') + 1} FOR {_width('boot', 'ns')})"
-    same_start = f"(%(start)s::bytea IS NULL OR {start} IN ({zero_start}, %(start)s::bytea))"
+    records_place = f"{ours} AND {boot} <> {_zeros('boot')} AND {ns} <> {_zeros('ns')}"
+    place = _field_sql(column, "boot", "ns")
+    same_start = f"(%(start)s::bytea IS NULL OR {start} IN ({_zeros('start')}, %(start)s::bytea))"
     return f"(NOT ({records_place}) OR ({place} = %(place)s::bytea AND {same_start}))"
 
 
-def _offset(name: str) -> int:
-    codes = [code for _, code in _HEAD_FIELDS]
-    at = [field for field, _ in _HEAD_FIELDS].index(name)
-    return struct.calcsize("<" + "".join(codes[:at]))
+def _span(first: str, last: str) -> tuple[int, int]:
+    """Where the head's fields ``first`` to ``last`` lie: their offset and their width."""
+    names, codes = zip(*_HEAD_FIELDS, strict=True)
+    at, end = names.index(first), names.index(last) + 1
+    return struct.calcsize("<" + "".join(codes[:at])), struct.calcsize("<" + "".join(codes[at:end]))
 
 
-def _width(first: str, last: str) -> int:
-    names = [field for field, _ in _HEAD_FIELDS]
-    codes = [code for _, code in _HEAD_FIELDS]
-    return struct.calcsize("<" + "".join(codes[names.index(first) : names.index(last) + 1]))
-
-
-def _field_sql(column: str, name: str) -> str:
-    return f"substring({column} FROM {_offset(name) + 1} FOR {_width(name, name)})"
+def _field_sql(column: str, first: str, last: str | None = None) -> str:
+    offset, width = _span(first, last or first)
+    return f"substring({column} FROM {offset + 1} FOR {width})"
 
 
 def _zeros(name: str) -> str:
     """The field ``name`` unknown (zero bytes), as ``bytea`` without a backslash (which
     ``standard_conforming_strings = off`` would misread)."""
-    return f"decode('{'00' * _width(name, name)}', 'hex')"
-
-
-def _sql_list(values: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(value) for value in values) + ")"
+    return f"decode('{'00' * _span(name, name)[1]}', 'hex')"
 
 
 def place_key() -> bytes | None:
     """Our boot and PID namespace packed as in the details; ``None`` when either is unknown."""
     boot, ns = this_boot(), this_pid_namespace()
-    if boot is None or ns is None:
-        return None
-    return bytes.fromhex(boot) + _NS_LAYOUT.pack(ns)
+    return None if boot is None or ns is None else bytes.fromhex(boot) + _NS_LAYOUT.pack(ns)
 
 
 def start_key(pid: int) -> bytes | None:
     """``pid``'s start time packed as in the details; ``None`` when it cannot be read."""
-    current = proc_stat(pid) if this_pid_namespace() is not None else None
-    return None if current is None else _START_LAYOUT.pack(current.start)
+    start = start_time(pid) if this_pid_namespace() is not None else None
+    return None if start is None else _START_LAYOUT.pack(start)
 
 
 _FLAGS_AT: Final = DETAILS_LAYOUT.size

@@ -130,7 +130,7 @@ class _Child:
     def __init__(self, popen: subprocess.Popen[bytes], own_group: bool = False) -> None:
         self.popen = popen
         self.own_group = own_group
-        self.start = spawn.start_of(popen.pid) if own_group else None
+        self.start = ownership.start_time(popen.pid) if own_group else None
         self._pidfd: int | None = None
         with suppress(AttributeError, OSError):  # no pidfd (old kernel, not Linux): by pid
             # Race: a reused pid: only our wait() reaps CMD, and it has not run yet.

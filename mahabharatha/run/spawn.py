@@ -211,7 +211,7 @@ class _GroupHandshake:
             return  # the child never got there (its start failed): nothing waits
         pid = int.from_bytes(said, "little")
         try:
-            record(pid, start_of(pid))
+            record(pid, ownership.start_time(pid))
         finally:
             with suppress(OSError):  # EPIPE: the child was killed meanwhile
                 os.write(go_write, b"go")
@@ -244,7 +244,7 @@ def start_command(
         if record is not None and os.getpgrp() != os.getpid():
             # Race: lock run SIGKILLed leaves proof-less work in a job's group a script leads;
             # recorded first, the judge counts its members started since we did.
-            record(os.getpgrp(), start_of(os.getpgrp(), leading=True))
+            record(os.getpgrp(), ownership.start_time(os.getpgrp(), leading=True))
     passed = () if work is None or work.fd is None else (work.fd,)
     try:
         words, hook = _spawned_words(
@@ -270,7 +270,7 @@ def start_command(
         if handshake is not None:
             handshake.close()
     if own_group and record is not None and handshake is None:
-        record(child.pid, start_of(child.pid))  # no thread for the handshake: late
+        record(child.pid, ownership.start_time(child.pid))  # no thread for the handshake: late
     if work is not None:
         work.close_ours()  # Race: from now on only CMD's tree holds the work's proof
     return child, own_group
@@ -298,12 +298,6 @@ def _prctl() -> Callable[..., int] | None:
     except (OSError, AttributeError):
         return None
     return prctl
-
-
-def start_of(pid: int, *, leading: bool = False) -> int | None:
-    """``pid``'s start time; with ``leading``, only while it leads its group (``None``: gone)."""
-    stat = ownership.proc_stat(pid)
-    return None if stat is None or (leading and stat.pgrp != pid) else stat.start
 
 
 def _in_terminal_job() -> bool:

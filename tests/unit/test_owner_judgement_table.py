@@ -84,10 +84,9 @@ def _enter(monkeypatch: pytest.MonkeyPatch, here: World) -> liveness.FactsOfPid:
         ownership, "_start_of", lambda pid: here.pid_start if here.pid_running else None
     )
     monkeypatch.setattr(
-        ownership, "group_has_live_member", lambda pgid, _start: pgid in here.live_groups
-    )
-    monkeypatch.setattr(
-        ownership, "group_has_work_since", lambda pgid, _start, _since: pgid in here.live_groups
+        ownership,
+        "group_has_live_member",
+        lambda pgid, _start, _since=None: pgid in here.live_groups,
     )
     monkeypatch.setattr(ownership, "session_has_live_member", lambda sid: sid in here.live_sessions)
     monkeypatch.setattr(ownership, "holder_stopped", lambda _pid, _details: here.stopped)
