@@ -1,24 +1,16 @@
 """Proof of life: a fact the kernel keeps about whether a lock's holder (or its work) runs.
 
 A holder holds a shared open-file-description lock (``F_OFD_SETLK``, ``F_RDLCK``) on bytes of
-its user's proof file in the feature folder (``.proof-<uid>``, mode 0600), from before its
-``.lock`` is published until it lets go. The kernel drops it with the last descriptor of that
-open file description, and every process that inherits the descriptor holds it too: "is the
-holder alive?" becomes "does anyone hold the lock's proof?", with no pid or ``/proc`` involved.
-
-Each lock uses the bytes ``4 * slot + 0, 1, 2`` of a random slot, so a proof left behind
-vouches only for its own lock:
-
-* ``LIFE_BYTE``: held by every holder and its work;
-* ``PENDING_BYTE``: held from before a publish is tried (Race: a judge looking at ``LIFE``
-  just before the winner takes it); seen alone, the judge looks again briefly, then says alive;
-* ``WORK_BYTE``: held only by ``lock run``'s command, so it can tell whether its work runs.
-
-The proof file, not ``.lock`` (which a refresh replaces), one per user and open to that user
-alone (anyone who may open it could keep dead owners "alive"). A judge looks with
-``F_OFD_GETLK``, which takes nothing; one that cannot look answers ``UNKNOWN``, never "free".
-Without OFD locks no proof is taken and the pid rules apply. The long form:
-``design/lockfile-hardening.md`` section 13.
+its user's proof file in the feature folder (``.proof-<uid>``, mode 0600: anyone who may open
+it could keep dead owners "alive") from before its ``.lock`` is published until it lets go.
+Every process that inherits the descriptor holds it too, and the kernel drops it with the last
+one: "is the holder alive?" becomes "does anyone hold the lock's proof?". Each lock uses the
+bytes ``4 * slot`` + ``LIFE_BYTE`` (every holder and its work), ``PENDING_BYTE`` (from before a
+publish is tried: Race: a judge looking at ``LIFE`` just before the winner takes it; seen
+alone, the judge looks again briefly, then says alive) and ``WORK_BYTE`` (``lock run``'s
+command only) of a random slot. A judge looks with ``F_OFD_GETLK``, which takes nothing; one
+that cannot look answers ``UNKNOWN``, never "free". Without OFD locks no proof is taken and the
+pid rules apply. The long form: ``design/lockfile-hardening.md`` section 13.
 """
 
 from __future__ import annotations
@@ -34,6 +26,7 @@ from time import monotonic
 from typing import Final, Protocol
 
 from mahabharatha.owner import ownership
+from mahabharatha.reads import close_quietly
 
 LIFE_BYTE: Final = 0
 PENDING_BYTE: Final = 1
@@ -45,13 +38,10 @@ PENDING_WAIT_SECONDS: Final = 0.1
 _OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", None)
 _OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", None)
 _FLOCK: Final = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, len, pid
-_FLOCK_SIZE: Final = _FLOCK.size
 # What a file system (or kernel) without open-file-description locks answers.
 _UNSUPPORTED_ERRNOS: Final = frozenset(
     {errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.ENOSYS}
 )
-
-
 PROOF_PREFIX: Final = ".proof-"  # and the uid: users never hold one another's proofs
 _PRIVATE: Final = 0o600
 # No link followed, no FIFO waited on, no terminal taken: whatever may be found at the name.
@@ -68,30 +58,21 @@ class Life(enum.Enum):
     OTHER_FOLDER = "other-folder"  # the proof file at the path is not the one the lock recorded
 
 
-def _lock_request(kind: int, start: int, length: int) -> bytes:
-    return _FLOCK.pack(kind, os.SEEK_SET, start, length, 0)
-
-
 def _set(fd: int, kind: int, start: int, length: int = 1) -> None:
     assert _OFD_SETLK is not None
-    fcntl.fcntl(fd, _OFD_SETLK, _lock_request(kind, start, length))
+    fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, start, length, 0))
 
 
-def _someone_holds(fd: int, start: int, length: int = 1) -> bool:
-    """Does another open file description hold a lock on these bytes of ``fd``'s file?"""
+def _someone_holds(fd: int, start: int) -> bool:
+    """Does another open file description hold a lock on this byte of ``fd``'s file?"""
     assert _OFD_GETLK is not None
-    answer = fcntl.fcntl(fd, _OFD_GETLK, _lock_request(fcntl.F_WRLCK, start, length))
-    return bool(_FLOCK.unpack(answer[:_FLOCK_SIZE])[0] != fcntl.F_UNLCK)
+    asked = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, start, 1, 0)
+    return bool(_FLOCK.unpack(fcntl.fcntl(fd, _OFD_GETLK, asked))[0] != fcntl.F_UNLCK)
 
 
 def supported() -> bool:
     """Does this kernel have open-file-description locks at all?"""
     return _OFD_SETLK is not None and _OFD_GETLK is not None
-
-
-def new_slot() -> int:
-    """A lock's own slot: random, never 0 (0 in the details means "no proof")."""
-    return int.from_bytes(os.urandom(4), "little") or 1
 
 
 def _byte(slot: int, which: int) -> int:
@@ -135,11 +116,12 @@ def life_of(folder_fd: int, slot: int, tag: int | None, uid: int) -> Life:
     except OSError:
         return Life.UNKNOWN  # EACCES: only its user may look; ENOENT, ELOOP: not the file
     try:
-        if tag != ownership.folder_tag(*identity_of(fd)):
+        info = os.fstat(fd)
+        if tag != ownership.folder_tag(info.st_dev, info.st_ino):
             return Life.OTHER_FOLDER  # Race: the folder or its file was swapped since
         return _life_on(fd, slot)
     finally:
-        _close_quietly(fd)
+        close_quietly(fd)
 
 
 def _life_on(fd: int, slot: int) -> Life:
@@ -162,18 +144,6 @@ def _life_on(fd: int, slot: int) -> Life:
     except OSError as error:
         if error.errno in _UNSUPPORTED_ERRNOS:
             return Life.UNKNOWN
-        raise
-
-
-def work_running(fd: int, slot: int) -> bool:
-    """Does any process still hold the ``WORK`` byte of ``slot`` (the command's copy)?"""
-    if not supported():
-        return False
-    try:
-        return _someone_holds(fd, _byte(slot, WORK_BYTE))
-    except OSError as error:
-        if error.errno in _UNSUPPORTED_ERRNOS:
-            return False
         raise
 
 
@@ -225,8 +195,15 @@ class WorkProof:
             self.fd = None
 
     def running(self) -> bool:
-        """Does any process still hold the work's proof?"""
-        return work_running(self._watch, self.slot)
+        """Does any process still hold the work's ``WORK`` byte (the command's copy)?"""
+        if not supported():
+            return False
+        try:
+            return _someone_holds(self._watch, _byte(self.slot, WORK_BYTE))
+        except OSError as error:
+            if error.errno in _UNSUPPORTED_ERRNOS:
+                return False
+            raise
 
     def close(self) -> None:
         self.close_ours()
@@ -311,15 +288,9 @@ def open_proof(folder_fd: int) -> tuple[int, tuple[int, int]]:
             why = "not a proof of life file of this user's alone (mode 0600): remove it"
             raise PermissionError(errno.EPERM, why, name)
     except BaseException:
-        _close_quietly(fd)
+        close_quietly(fd)
         raise
     return fd, (info.st_dev, info.st_ino)
-
-
-def identity_of(fd: int) -> tuple[int, int]:
-    """The identity of the file (or folder) ``fd``."""
-    info = os.fstat(fd)
-    return (info.st_dev, info.st_ino)
 
 
 def _identity(folder_fd: int) -> tuple[int, int] | None:
@@ -341,7 +312,7 @@ class Pledge:
         self.fd: int | None = None
         self.identity: tuple[int, int] | None = None
         self.path = path
-        self.slot = new_slot() if wanted else 0
+        self.slot = (int.from_bytes(os.urandom(4), "little") or 1) if wanted else 0  # never 0
         self.proven = False  # set by the publish once the proof is taken (not everywhere)
         if wanted and supported():  # no file made where no proof can be taken
             # Before the publish: a failure here leaves nothing behind.
@@ -351,27 +322,23 @@ class Pledge:
         return self if self.fd is not None else None
 
     def keep(self) -> None:
-        """Our lock is published: the proof (if one was taken) stays held until we let go."""
-        if self.fd is not None and self.identity is not None and self.proven:
-            keep(self.identity, self.fd, self.slot, self.path)
-            self.fd = None
+        """Our lock is published: the proof (if one was taken) stays held until we let go,
+        replacing (and closing) any earlier one in that file."""
+        if self.fd is None or self.identity is None or not self.proven:
+            return
+        with _HELD_MUTEX:
+            earlier = _HELD.pop(self.identity, None)
+            _HELD[self.identity] = (self.fd, self.slot)
+            if self.path is not None:
+                _PATHS[self.path] = self.identity
+        if earlier is not None and earlier[0] != self.fd:
+            close_quietly(earlier[0])
+        self.fd = None
 
     def __exit__(self, *_exc: object) -> None:
         if self.fd is not None:
-            _close_quietly(self.fd)
+            close_quietly(self.fd)
             self.fd = None
-
-
-def keep(identity: tuple[int, int], fd: int, slot: int, path: str | None = None) -> None:
-    """Keep ``fd`` as this process's proof in the file ``identity`` (closing any earlier one),
-    found again by ``path`` too."""
-    with _HELD_MUTEX:
-        earlier = _HELD.pop(identity, None)
-        _HELD[identity] = (fd, slot)
-        if path is not None:
-            _PATHS[path] = identity
-    if earlier is not None and earlier[0] != fd:
-        _close_quietly(earlier[0])
 
 
 def forget(folder_fd: int, path: str | None = None) -> None:
@@ -386,7 +353,7 @@ def forget(folder_fd: int, path: str | None = None) -> None:
     with _HELD_MUTEX:
         held = None if known is None else _HELD.pop(known, None)
     if held is not None:
-        _close_quietly(held[0])
+        close_quietly(held[0])
 
 
 def let_go_of_all() -> None:
@@ -396,7 +363,7 @@ def let_go_of_all() -> None:
         _HELD.clear()
         _PATHS.clear()
     for fd, _slot in held:
-        _close_quietly(fd)
+        close_quietly(fd)
 
 
 def holds(folder_fd: int) -> bool:
@@ -411,10 +378,3 @@ def kept_slot(folder_fd: int) -> int | None:
     known = _identity(folder_fd)
     held = None if known is None else _HELD.get(known)
     return None if held is None else held[1]
-
-
-def _close_quietly(fd: int) -> None:
-    try:  # noqa: SIM105  (a close error still frees the descriptor on Linux)
-        os.close(fd)
-    except OSError:
-        pass
