@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from time import monotonic
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import IO, Any, Final, Self
 
 from mahabharatha import signals, waiting
@@ -340,14 +340,6 @@ def _unmasked() -> AbstractContextManager[object]:
     return signals.masked(signal.SIG_UNBLOCK, signals.FORWARDED)
 
 
-def _grace_before(stop_by: float | None) -> float:
-    """CMD's grace after SIGTERM for a lost lock, cut short to end by ``stop_by`` (monotonic):
-    a cut-off holder's CMD must be gone before its server lease runs out."""
-    if stop_by is None:
-        return LOST_KILL_GRACE_SECONDS
-    return max(0.0, min(LOST_KILL_GRACE_SECONDS, stop_by - monotonic()))
-
-
 class _LossWatch:
     """Applies the lost-lock rule to CMD, in a thread of its own (the grace holds up no one)."""
 
@@ -408,7 +400,10 @@ class _LossWatch:
         if self.policy is OnLost.WARN:
             return
         child.send(signal.SIGTERM)
-        if not self._ended.wait(_grace_before(error.stop_by)):
+        grace = LOST_KILL_GRACE_SECONDS
+        if error.stop_by is not None:  # a cut-off holder's CMD is gone before its lease ends
+            grace = max(0.0, min(grace, error.stop_by - monotonic()))
+        if not self._ended.wait(grace):
             child.send(signal.SIGKILL)
 
     def ended(self) -> None:
@@ -460,44 +455,44 @@ def work_grace_seconds() -> float:
     return seconds if math.isfinite(seconds) and seconds >= 0 else WORK_GRACE_SECONDS
 
 
-def _still_running(work: WorkProof | None, child: _Child) -> Callable[[], bool]:
-    """Does CMD's leftover work still run? Its proof's watch closes once it answers no."""
+class _Leftovers:
+    """What CMD left running once it ended: work holding its proof, or members of its group."""
 
-    def running() -> bool:
-        nonlocal work
-        if (work is not None and work.running()) or child.group_lives():
-            return True
-        if work is not None:
-            work.close()
-            work = None
-        return False
+    def __init__(self, work: WorkProof | None, child: _Child) -> None:
+        self.work, self.child = work, child
 
-    return running
-
-
-def _work_still_held(work: WorkProof | None, child: _Child, relay: _SignalRelay) -> bool:
-    """After CMD ended: wait (a grace, then SIGKILL to CMD's group) until nothing holds the
-    work's proof and the group is empty; True when something still runs after that."""
-
-    def running() -> bool:
+    def running(self) -> bool:
+        work, child = self.work, self.child
         # Race: work that dropped the proof but stays in CMD's group (closed descriptors):
         # a free proof alone would let a second holder in beside it.
         return (work is not None and work.running()) or child.group_lives()
 
-    if not running():
+    def outlast(self, relay: _SignalRelay) -> bool:
+        """Wait (a grace, then SIGKILL to CMD's group) until nothing holds the work's proof
+        and the group is empty; True when something still runs after that."""
+        if not self.running():
+            return False
+        grace = waiting.Deadline(work_grace_seconds())
+        # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
+        while self.running() and not grace.passed():
+            if relay.signalled_within(WORK_POLL_SECONDS) is not None:
+                break
+        if not self.running():
+            return False
+        self.child.kill_group()
+        killed = waiting.Deadline(WORK_KILL_WAIT_SECONDS)
+        while self.running() and not killed.passed():
+            relay.signalled_within(WORK_POLL_SECONDS)
+        return self.running()
+
+    def still_running(self) -> bool:
+        """:meth:`running` for :class:`WorkLeftError`; the proof's watch closes once it is no."""
+        if self.running():
+            return True
+        if self.work is not None:
+            self.work.close()
+            self.work = None
         return False
-    grace = waiting.Deadline(work_grace_seconds())
-    # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
-    while running() and not grace.passed():
-        if relay.signalled_within(WORK_POLL_SECONDS) is not None:
-            break
-    if not running():
-        return False
-    child.kill_group()
-    killed = waiting.Deadline(WORK_KILL_WAIT_SECONDS)
-    while running() and not killed.passed():
-        relay.signalled_within(WORK_POLL_SECONDS)
-    return running()
 
 
 class Run:
@@ -533,16 +528,11 @@ class Run:
         self._block = block
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> bool | None:
+    def __exit__(self, *exc: Any) -> bool | None:
         block, self._block = self._block, None
         if block is None:
             raise RuntimeError("Run left without being entered")
-        return block.__exit__(kind, error, trace)
+        return block.__exit__(*exc)
 
     @contextmanager
     def _signals_then_release(self) -> Iterator[None]:
@@ -593,13 +583,13 @@ class Run:
                 watch.ended()
                 child.close()
             relay.releasing()  # from here a signal cuts the wait for CMD's leftovers short
-            if _work_still_held(work, child, relay):
+            left = _Leftovers(work, child)
+            if left.outlast(relay):
                 # Race: work that left CMD's group still runs: a release would let a second
                 # holder in beside it. Its proof keeps the lock held until it ends.
                 lock.abandon()
-                left = _still_running(work, child)
                 work = None  # its watch goes with the error: asked until the work ends
-                raise WorkLeftError(lock.feature, shell_status(returncode), left)
+                raise WorkLeftError(lock.feature, shell_status(returncode), left.still_running)
         finally:
             if work is not None:
                 work.close()
@@ -613,8 +603,19 @@ class Run:
         return self._relay.received
 
     def _release(self, status: int | None) -> None:
+        """``lock.release()``, waiting as long as the backend must (a kernel lease), unless a
+        signal ends the wait first: then :class:`ReleaseInterrupted`, and the lock stays."""
         self._held = False  # one release only, whether it succeeds or raises
-        _release_after_leases(self.lock, self._relay, self._on_release_wait, status)
+        relay = self._relay
+        relay.releasing()
+
+        def pause(seconds: float) -> None:
+            signum = relay.signalled_within(seconds)
+            if signum is not None:
+                code = None if status is None else shell_status(status)
+                raise ReleaseInterrupted(signum, self.lock.feature, code)
+
+        self.lock.release(ReleaseWait(self._on_release_wait, pause))
 
 
 def run_locked(
@@ -658,22 +659,3 @@ def run_locked(
         if on_acquired is not None:
             on_acquired()
         return run.command(command, stdout, env=env, stderr=stderr)
-
-
-def _release_after_leases(
-    lock: FeatureLock,
-    relay: _SignalRelay,
-    on_release_wait: Callable[[float], None] | None,
-    status: int | None,
-) -> None:
-    """``lock.release()``, waiting as long as the backend must (a kernel lease), unless a
-    signal ends the wait first: then :class:`ReleaseInterrupted`, and the lock stays."""
-    relay.releasing()
-
-    def pause(seconds: float) -> None:
-        signum = relay.signalled_within(seconds)
-        if signum is not None:
-            code = None if status is None else shell_status(status)
-            raise ReleaseInterrupted(signum, lock.feature, code)
-
-    lock.release(ReleaseWait(on_release_wait, pause))
