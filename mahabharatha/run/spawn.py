@@ -36,7 +36,7 @@ class CommandNotExecutableError(CommandStartError, PermissionError):
     """The command exists but cannot be executed (exit 126, like a shell)."""
 
 
-PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15  # <linux/prctl.h>
+PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36  # <linux/prctl.h>
 PARENT_DEATH_SIGNAL: Final = signal.SIGKILL  # CMD shares the fate of a lock run that dies
 
 
@@ -157,11 +157,6 @@ def _child_env(
 RecordGroup = Callable[[int, int | None], None]  # FeatureLock.record_work_group
 
 
-def _group_recorder(lock: FeatureLock) -> RecordGroup | None:
-    """Where CMD's group goes: ``None`` for a backend that records none (no handshake then)."""
-    return lock.record_work_group if isinstance(lock.backend, LocalFolder) else None
-
-
 class _GroupHandshake:
     """CMD's group recorded with the lock before anything of CMD runs.
 
@@ -236,15 +231,17 @@ def start_command(
     """Start CMD under ``lock`` (``outputs``: its stdout and stderr, ``None``: ours), its group
     recorded with the lock before it can run anything; CMD and whether it leads a group of
     its own. Raises :class:`CommandStartError`'s kinds."""
-    env, record = _child_env(lock.token, work, extra_env), _group_recorder(lock)
+    env = _child_env(lock.token, work, extra_env)
+    # Where CMD's group goes: nowhere for a backend that records none (no handshake then).
+    record = lock.record_work_group if isinstance(lock.backend, LocalFolder) else None
     own_group = not _in_terminal_job()
     handshake = _GroupHandshake.begun(record) if own_group and record is not None else None
-    if not own_group:
-        _become_subreaper()  # CMD shares our group: its orphans must stay findable
-        if record is not None and os.getpgrp() != os.getpid():
-            # Race: lock run SIGKILLed leaves proof-less work in a job's group a script leads;
-            # recorded first, the judge counts its members started since we did.
-            record(os.getpgrp(), ownership.start_time(os.getpgrp(), leading=True))
+    if not own_group and (prctl := _prctl()) is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # CMD shares our group: its orphans are ours
+    if not own_group and record is not None and os.getpgrp() != os.getpid():
+        # Race: lock run SIGKILLed leaves proof-less work in a job's group a script leads;
+        # recorded first, the judge counts its members started since we did.
+        record(os.getpgrp(), ownership.start_time(os.getpgrp(), leading=True))
     passed = () if work is None or work.fd is None else (work.fd,)
     try:
         words, hook = _spawned_words(
@@ -276,16 +273,6 @@ def start_command(
     return child, own_group
 
 
-PR_SET_CHILD_SUBREAPER: Final = 36  # <linux/prctl.h>
-
-
-def _become_subreaper() -> None:
-    """Orphans of CMD's tree become our children (not init's), so we can find them (Linux)."""
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
 @cache
 def _prctl() -> Callable[..., int] | None:
     """libc's ``prctl`` (Linux), looked up once per process; None where there is none."""
@@ -305,13 +292,11 @@ def _in_terminal_job() -> bool:
     terminal, foreground or ``&``)? CMD then shares its group. Race: CMD stopped for ever by
     a background read: in a group of its own it is no job of the shell's, and ``fg`` and
     Ctrl-C never reach it; in the job's group the shell treats both as one job."""
-    return any(_our_terminal(stream) for stream in (sys.stdin, sys.stdout, sys.stderr))
-
-
-def _our_terminal(stream: IO[str] | None) -> bool:
-    """Is ``stream`` our controlling terminal?"""
-    try:
-        fd = stream.fileno() if stream is not None else -1
-        return fd >= 0 and os.isatty(fd) and os.tcgetpgrp(fd) > 0  # ENOTTY: not our terminal
-    except (OSError, ValueError, AttributeError):
-        return False
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno() if stream is not None else -1
+            if fd >= 0 and os.isatty(fd) and os.tcgetpgrp(fd) > 0:  # ENOTTY: not our terminal
+                return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
