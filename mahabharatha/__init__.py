@@ -68,9 +68,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """A name of :data:`__all__` (from ``locks``, ``AsyncFeatureLock`` from ``aio``) or
-    ``__version__`` (the installed distribution's: pyproject.toml is its one source), each
-    read on first use and kept."""
+    """A name of :data:`__all__` or ``__version__`` (the installed distribution's), read on
+    first use and kept."""
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 

@@ -1,10 +1,7 @@
-"""The clock of every lock decision, below every layer.
+"""The clock of every lock decision: :func:`now`, read once per operation and passed down.
 
-:func:`now` reads ``time.time()`` of this module, once per operation, and the operation passes
-that ``now`` down (the ``.lock`` protocol reads no wall clock). The folder backend and the lock
-layer read it here; the legacy face (:mod:`mahabharatha.commands._utils`) re-exports it and is
-the contract's clock seam: a test that replaces ``_utils.time`` or ``_utils.now`` replaces them
-here too (that module writes such a replacement through), so every layer keeps one clock.
+``commands/_utils.py`` re-exports it as the contract's clock seam and writes a test's replacement
+of ``_utils.time`` or ``_utils.now`` through to here, so every layer keeps one clock.
 """
 
 from __future__ import annotations

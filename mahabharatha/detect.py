@@ -1,11 +1,5 @@
-"""Which feature is being worked on: ``detect_feature`` and the bounded read it trusts.
-
-Sources, first non-empty valid name wins: the environment variable ``MAHABHARATHA_FEATURE``,
-the ``.current-feature`` marker in the gsd folder, the stem of the newest
-``.mahabharatha/state/*.json``. A source that cannot be read, or that names an invalid feature,
-is skipped. The legacy face (:mod:`mahabharatha.commands._utils`) re-exports these under the
-names its callers know; the CLI's ``feature detect`` uses them directly.
-"""
+"""Which feature is being worked on: ``detect_feature`` and the bounded read it trusts
+(re-exported by ``commands/_utils.py`` under the names its callers know)."""
 
 from __future__ import annotations
 
@@ -21,9 +15,6 @@ from mahabharatha.names import is_valid_feature_name
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 
 CURRENT_FEATURE_FILE: Final = ".current-feature"
-
-
-# --------------------------------------------------------------------------- bounded reads
 
 
 def read_small_regular_file(path: Path) -> bytes | None:
@@ -43,9 +34,8 @@ def read_small_regular_file(path: Path) -> bytes | None:
 
 
 class CheckedFile(PosixPath):
-    """``path`` as ``Path.read_text`` sees it, its ``open`` serving the bytes already read
-    through the checked descriptor: the decoding (and any test that patches ``read_text``)
-    goes through ``Path.read_text`` as the old module did, while the name is never re-opened."""
+    """``path`` whose ``open`` serves the bytes already read through the checked descriptor:
+    ``Path.read_text`` (which tests patch) decodes them, and the name is never re-opened."""
 
     _data: bytes
 
@@ -62,13 +52,8 @@ class CheckedFile(PosixPath):
 
 
 def safe_read_text(path: Path) -> str | None:
-    """Stripped text of a small regular file, or ``None`` when it cannot or should not be read.
-
-    Links, FIFOs, devices, folders and files over ``MAX_READ_BYTES`` are refused through one
-    no-follow, non-blocking descriptor, and what is read is read through that descriptor
-    (bounded), whatever another process does to the name meanwhile; ``Path.read_text`` then
-    decodes it, as the existing callers and tests expect. Lock files are never read this way.
-    """
+    """Stripped text of a small regular file (:func:`read_small_regular_file`), decoded by
+    ``Path.read_text``; ``None`` when it cannot or should not be read. Never a lock file."""
     try:
         data = read_small_regular_file(Path(path))
         if data is None:
@@ -78,9 +63,6 @@ def safe_read_text(path: Path) -> str | None:
         return checked.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
-
-
-# --------------------------------------------------------------------------- feature detection
 
 
 def feature_from_env() -> str | None:
@@ -111,10 +93,8 @@ def feature_from_state_files() -> str | None:
 
 
 def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
-    """The feature being worked on: env var, then ``.current-feature``, then newest state file.
-
-    A source that cannot be read, or that names an invalid feature, is skipped.
-    """
+    """The feature being worked on: the first valid name of ``MAHABHARATHA_FEATURE``, the
+    ``.current-feature`` marker, the newest state file; a source that cannot be read is skipped."""
     sources: tuple[Callable[[], str | None], ...] = (
         feature_from_env,
         lambda: feature_from_marker(gsd_dir),

@@ -1,14 +1,8 @@
-"""The library's one voice: the ``mahabharatha`` logger (:mod:`logging`).
+"""The library's one voice: the ``mahabharatha`` logger, with a ``NullHandler``.
 
-What the library says, it says here, so that an application can route or silence it:
-a wait for a held lock (INFO, once per wait), a lock reclaimed from a stale, corrupt or dead
-holder (INFO), a lock lost while held (WARNING), a wait for a free server connection slot
-(WARNING, once per run). Expected outcomes (acquired, released, held by another) are answers,
-not messages: they are never logged. The logger has a ``NullHandler``, as a library's should:
-nothing reaches stderr unless the application (or the CLI's ``-v``) configures a handler.
-
-``logging`` is imported on the first message only: most CLI calls say nothing and must not pay
-its import at start-up.
+It says: a wait for a held lock (INFO, once per wait), a reclaim (INFO), a lost lock (WARNING),
+a wait for a server connection slot (WARNING, once per run); expected outcomes are answers, never
+logged. ``logging`` is imported on the first message: most CLI calls say nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +13,10 @@ if TYPE_CHECKING:
     import logging
 
 LOGGER_NAME: Final = "mahabharatha"
+# logging's levels, named here so that a caller need not import it to say something.
 DEBUG: Final = 10
 INFO: Final = 20
 WARNING: Final = 30
-"""``logging``'s levels, named here so that a caller need not import it to say something."""
 
 
 def logger() -> logging.Logger:

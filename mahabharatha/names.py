@@ -1,9 +1,6 @@
-"""Feature names: the one rule every entry point checks, how a refused name is shown, and the
-features of a gsd folder (what a bare ``claim`` offers, whichever backend keeps the locks).
-
-A feature name is one safe path component (it names the folder ``<gsd>/specs/<feature>`` and a
-database row alike): a letter or digit, then letters, digits, ``.``, ``_`` or ``-``, no ``..``,
-at most 255 bytes. Also the largest pid any lock may record (:data:`MAX_PID`).
+"""Feature names: the one rule every entry point checks (one safe path component: it names the
+folder ``<gsd>/specs/<feature>`` and a database row alike), how a refused name is shown, the
+features of a gsd folder, and the largest pid any lock may record (:data:`MAX_PID`).
 """
 
 from __future__ import annotations
@@ -12,20 +9,13 @@ import os
 import re
 from typing import Final
 
-MAX_NAME_BYTES: Final = 255
-"""``NAME_MAX`` on Linux and macOS: a longer feature name cannot be a folder."""
-
-MAX_PID: Final = 4_194_304
-"""Linux's ``PID_MAX_LIMIT``: no process can have a larger pid."""
-
-NAME_RULE: Final = (
+MAX_NAME_BYTES: Final = 255  # NAME_MAX on Linux and macOS: a longer name cannot be a folder
+MAX_PID: Final = 4_194_304  # Linux's PID_MAX_LIMIT: no process can have a larger pid
+NAME_RULE: Final = (  # what a refused name is told it may be
     "a feature name is a letter or digit, then letters, digits, '.', '_' or '-' "
     "(no '..'), at most 255 bytes"
 )
-"""What a refused name is told it may be."""
-
-SHOWN_NAME_CHARS: Final = 40
-"""A refused name is echoed up to this many characters: enough to spot it, never a wall."""
+SHOWN_NAME_CHARS: Final = 40  # a refused name is echoed this far: enough to spot, never a wall
 
 _FEATURE_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 

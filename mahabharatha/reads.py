@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
-MAX_READ_BYTES: Final = 4096
-"""A record is about 30 bytes; we never read more than this from any file we judge."""
+MAX_READ_BYTES: Final = 4096  # a record is about 30 bytes: never more from a file we judge
 
 NOFOLLOW_READ: Final = (
     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC

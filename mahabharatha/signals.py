@@ -1,10 +1,7 @@
-"""Every signal rule in one place: the signals a holder forwards, those an acquire holds back,
-handlers installed for a block and restored after it, and masks.
-
-Python runs signal handlers in the main thread only, and only there can they be set: elsewhere
-:class:`Handling` does nothing. A signal someone set to be ignored (``nohup``: HUP; a script's
-background job: INT) stays ignored, for us and for a child, which inherits an ignored signal
-across ``exec`` (a handled one it would not).
+"""Every signal rule: the signals a holder forwards, those an acquire holds back, handlers
+for a block (main thread only: elsewhere Python cannot set them) and masks. A signal someone set
+to be ignored (``nohup``: HUP; a script's background job: INT) stays ignored, for us and for a
+child, which inherits an ignored signal across ``exec`` (a handled one it would not).
 """
 
 from __future__ import annotations

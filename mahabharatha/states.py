@@ -1,9 +1,5 @@
-"""The states a feature lock can be in: one set for the file protocol and every backend.
-
-A module of its own, importing nothing of the package, so that the protocol (``lockfile``,
-under the legacy functions) and the seam (``backends.base``) share it without either importing
-the other.
-"""
+"""A lock's states and a pool worker's outcomes, as enums: a module importing nothing of the
+package, so that the file protocol and the seam share them without importing each other."""
 
 from __future__ import annotations
 
@@ -11,9 +7,8 @@ import enum
 
 
 class State(enum.StrEnum):
-    """A lock's state: what the file protocol's judgement (``lockfile.judge_lock``, which never
-    answers ``done`` or ``failed``, the pool's marks) and every backend's ``LockInfo`` report.
-    A ``str``: JSON and text show the value."""
+    """What ``lockfile.judge_lock`` (never ``done`` or ``failed``: the pool's marks) and every
+    backend's ``LockInfo`` report; a ``str``: JSON and text show the value."""
 
     FREE = "free"
     ACTIVE = "active"
