@@ -14,7 +14,6 @@ attribute a lock is valid and its owner unknown. Fields and the judgement:
 
 from __future__ import annotations
 
-import enum
 import errno
 import os
 import struct
@@ -208,41 +207,28 @@ def is_alive(stat: ProcStat | None, pid: int) -> bool:
     return stat is not None and (stat.state not in ("Z", "X") or has_live_thread(pid))
 
 
-class _GroupProbe(enum.Enum):  # what killpg(pgid, 0) says of a process group
-    GONE = "gone"  # no process at all is in that group
-    CANNOT_TELL = "cannot-tell"  # the look failed: never call an owner dead on it
-    MEMBERS = "members"  # members exist, some of them ours: look at them
-    OTHERS_ONLY = "others-only"  # members exist, every one another user's: look at them
-
-
-def _probe_group(pgid: int) -> _GroupProbe:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return _GroupProbe.GONE
-    except PermissionError:
-        return _GroupProbe.OTHERS_ONLY
-    except OSError:
-        return _GroupProbe.CANNOT_TELL
-    return _GroupProbe.MEMBERS
-
-
 def group_has_live_member(pgid: int, leader_start: int | None, since: int | None = None) -> bool:
     """Is any process of the group ``pgid`` (whose leader started at ``leader_start``) alive?
     Zombies do not count; a leader with another start time means the group ended (a group
     number is not reused while any member lives). ``since``: count only members started at or
     after it, never the caller (``lock run``'s command's work, not the older script that shares
     a terminal job's group)."""
-    probe = _probe_group(pgid)
-    if probe is not _GroupProbe.MEMBERS and probe is not _GroupProbe.OTHERS_ONLY:
-        return probe is _GroupProbe.CANNOT_TELL
+    try:
+        os.killpg(pgid, 0)
+        others_only = False
+    except ProcessLookupError:
+        return False  # no process at all is in that group
+    except PermissionError:
+        others_only = True  # members exist, every one another user's: look at them
+    except OSError:
+        return True  # the look failed: never call an owner dead on it
     leader = proc_stat(pgid)
     if leader is not None and leader.pgrp == pgid:
         if leader_start not in (None, leader.start):
             return False  # Race: group ended and its number was reused by a new leader
         if since is None and is_alive(leader, pgid):
             return True
-    return _scan_for_member(pgid, unseen_alive=probe is _GroupProbe.OTHERS_ONLY, since=since)
+    return _scan_for_member(pgid, unseen_alive=others_only, since=since)
 
 
 _STOPPED_STATES: Final = frozenset({"T", "t"})  # stopped by a signal; stopped by a tracer
