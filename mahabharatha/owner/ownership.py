@@ -349,39 +349,24 @@ def with_proof(raw: bytes | None, slot: int, folder: int = 0) -> bytes | None:
     if not raw or len(raw) < _FOLDER_END or raw[0] != DETAILS_VERSION:
         return raw
     flags = bytes([raw[_FLAGS_AT] | PROOF_FLAG])
-    return (
-        raw[:_FLAGS_AT]
-        + flags
-        + raw[_FLAGS_AT + 1 : _SLOT_AT]
-        + _SLOT_LAYOUT.pack(slot)
-        + FOLDER_FIELD.pack(folder)
-        + raw[_FOLDER_END:]
-    )
+    proof = _SLOT_LAYOUT.pack(slot) + FOLDER_FIELD.pack(folder)
+    return raw[:_FLAGS_AT] + flags + raw[_FLAGS_AT + 1 : _SLOT_AT] + proof + raw[_FOLDER_END:]
 
 
 def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
     cmd = None if command is None else _command_line(command)
-    owner = proc_stat(pid) if this_pid_namespace() is not None else None
+    place = (this_boot(), this_pid_namespace())
+    owner = proc_stat(pid) if place[1] is not None else None
     if owner is None:  # gone, hidden (hidepid) or /proc is not ours: no start time known
         # Race: a writer that cannot read its short-lived parent (hidepid=2, the CLI run as a
         # service account through sudo or setpriv) still records the group and session the
         # system calls tell: the worker's, which keep the lock alive after that parent exits.
         group, session = _ask_kernel(os.getpgid, pid), _ask_kernel(os.getsid, pid)
-        return OwnerDetails(
-            this_boot(), this_pid_namespace(), host=host_name(), cmd=cmd, pgid=group, sid=session
-        )
+        return OwnerDetails(*place, host=host_name(), cmd=cmd, pgid=group, sid=session)
     leader = owner if owner.pgrp == pid else proc_stat(owner.pgrp)
     leader_start = leader.start if leader is not None and leader.pgrp == owner.pgrp else None
-    return OwnerDetails(
-        this_boot(),
-        this_pid_namespace(),
-        owner.start,
-        owner.pgrp,
-        leader_start,
-        host_name(),
-        cmd,
-        owner.session or None,
-    )
+    sid = owner.session or None
+    return OwnerDetails(*place, owner.start, owner.pgrp, leader_start, host_name(), cmd, sid)
 
 
 def _ask_kernel(question: Callable[[int], int], pid: int) -> int | None:
@@ -402,14 +387,9 @@ def _command_line(command: Sequence[str]) -> str:
 def _encode(details: OwnerDetails) -> bytes:
     flags = (PROOF_FLAG if details.proof else 0) | (WORK_GROUP_FLAG if details.work_group else 0)
     boot = bytes.fromhex((details.boot or "").replace("-", "")[:16].ljust(16, "0"))
-    head = DETAILS_LAYOUT.pack(
-        DETAILS_VERSION,
-        boot,
-        details.ns or 0,
-        details.start or 0,
-        details.pgid or 0,
-        details.gstart or 0,
-    ) + DETAILS_TAIL.pack(flags, details.sid or 0, details.slot or 0)
+    numbers = (details.ns, details.start, details.pgid, details.gstart)
+    head = DETAILS_LAYOUT.pack(DETAILS_VERSION, boot, *(number or 0 for number in numbers))
+    head += DETAILS_TAIL.pack(flags, details.sid or 0, details.slot or 0)
     head += FOLDER_FIELD.pack(details.folder or 0)
     host = (details.host or "").encode("utf-8", "replace")[: INLINE_BYTES - len(head)]
     host = host.decode("utf-8", "ignore").encode()  # never cut a character in two
