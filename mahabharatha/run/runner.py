@@ -141,17 +141,13 @@ class _Child:
         SIGCONT, since a stopped process keeps a signal pending until continued."""
         follow = (signum,) if signum in _NEEDS_NO_CONT else (signum, signal.SIGCONT)
         for each in follow:
-            self._send_once(each)
-
-    def _send_once(self, signum: int) -> None:
-        if not self.own_group:
-            self._send_to_command(signum)
-            _signal_our_work(signum, but=self.popen.pid)
-            return
-        # Race: a reused group number: CMD is not reaped (its pidfd said so), so it is CMD's.
-        if self._send_to_command(0):
-            with suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signum)
+            if not self.own_group:
+                self._send_to_command(each)
+                _signal_our_work(each, but=self.popen.pid)
+            # Race: a reused group number: CMD is not reaped (its pidfd said so), so it is CMD's.
+            elif self._send_to_command(0):
+                with suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, each)
 
     def _send_to_command(self, signum: int) -> bool:
         """Signal CMD itself (0: only ask); False once it has exited."""
@@ -210,8 +206,10 @@ class _SignalRelay:
         with self._mutex:
             if self.phase is not _Phase.PREPARING and self.received is None:
                 self.received = signum  # lock work stops on it, whatever CMD made of it
-            if self.phase is _Phase.RUNNING:
-                self._forward(signum, from_kernel)
+            child = self.child  # set with RUNNING, under this mutex
+            if self.phase is _Phase.RUNNING and child is not None:
+                if not _child_got_it_too(signum, from_kernel, child.popen.pid):
+                    child.send(signum)
             else:
                 # Race: a signal before the child exists; acted on at the next safe point.
                 self.pending = signum
@@ -257,13 +255,6 @@ class _SignalRelay:
                 self.received = self.pending
                 child.send(self.pending)  # it did not exist when the signal came: send it now
 
-    def _forward(self, signum: int, from_kernel: bool | None) -> None:
-        if self.child is None:
-            return
-        if _child_got_it_too(signum, from_kernel, self.child.popen.pid):
-            return
-        self.child.send(signum)
-
 
 def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> bool:
     """Did the kernel send this signal to our whole group, the child included (a Ctrl-C, a
@@ -280,42 +271,28 @@ def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> 
         return False
 
 
-class _SenderReader:
-    """A thread that takes the blocked signals with ``sigwaitinfo`` and hands them, with their
-    sender, to the relay."""
-
-    def __init__(self, relay: _SignalRelay) -> None:
-        self._relay = relay
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="lock-run-signals", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            info = signal.sigwaitinfo(signals.FORWARDED)
-            if self._stopping:
-                return
-            self._relay.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
-
-    def stop(self) -> None:
-        self._stopping = True
-        if self._thread.ident is not None:
-            # Wakes the reader (a signal for its thread alone); it sees ``_stopping`` and ends.
-            signal.pthread_kill(self._thread.ident, signal.SIGHUP)
-        self._thread.join()
-
-
 @contextmanager
 def _senders_known(relay: _SignalRelay) -> Iterator[None]:
-    """Block the forwarded signals here (and in threads started from now on) and read them
-    with their senders. Only with stdin a terminal: elsewhere CMD leads its own group, every
-    signal is forwarded whoever sent it, and the Python handler does that without a thread."""
+    """Block the forwarded signals here (and in threads started from now on) and hand them,
+    read with ``sigwaitinfo`` in a thread, to ``relay`` with their senders. Only with stdin a
+    terminal: elsewhere CMD leads its own group, every signal is forwarded whoever sent it, and
+    the Python handler does that without a thread."""
     if not _READ_SENDERS or not _stdin_is_a_terminal():
         yield
         return
+    stopping = False
+
+    def read() -> None:
+        while True:
+            info = signal.sigwaitinfo(signals.FORWARDED)
+            if stopping:
+                return
+            relay.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
+
     with signals.masked(signal.SIG_BLOCK, signals.FORWARDED) as previous:
+        reader = threading.Thread(target=read, name="lock-run-signals", daemon=True)
         try:
-            reader = _SenderReader(relay)
+            reader.start()
         except RuntimeError:  # "can't start new thread": on without senders (nor the block)
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             yield
@@ -323,7 +300,11 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
         try:
             yield
         finally:
-            reader.stop()
+            stopping = True
+            if reader.ident is not None:
+                # Wakes the reader (a signal for its thread alone); it sees ``stopping``, ends.
+                signal.pthread_kill(reader.ident, signal.SIGHUP)
+            reader.join()
 
 
 def _stdin_is_a_terminal() -> bool:
