@@ -277,7 +277,11 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
     read with ``sigwaitinfo`` in a thread, to ``relay`` with their senders. Only with stdin a
     terminal: elsewhere CMD leads its own group, every signal is forwarded whoever sent it, and
     the Python handler does that without a thread."""
-    if not _READ_SENDERS or not _stdin_is_a_terminal():
+    try:
+        terminal = sys.stdin is not None and os.isatty(sys.stdin.fileno())
+    except (OSError, ValueError):  # closed, or not a real file
+        terminal = False
+    if not _READ_SENDERS or not terminal:
         yield
         return
     stopping = False
@@ -307,13 +311,6 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
             reader.join()
 
 
-def _stdin_is_a_terminal() -> bool:
-    try:
-        return sys.stdin is not None and os.isatty(sys.stdin.fileno())
-    except (OSError, ValueError):  # closed, or not a real file
-        return False
-
-
 def _unmasked() -> AbstractContextManager[object]:
     """Lift the block while CMD starts (a child inherits the mask); the handler takes over."""
     if not _READ_SENDERS:
@@ -326,7 +323,7 @@ class _LossWatch:
 
     def __init__(self, policy: OnLost, notify: Callable[[LockLostError], None] | None) -> None:
         self.policy = policy
-        self.notify = notify
+        self.notify = notify or (lambda _error: None)
         self._mutex = threading.Lock()
         self._child: _Child | None = None
         self._lost: LockLostError | None = None
@@ -366,18 +363,14 @@ class _LossWatch:
         try:
             signals.start_without_signals(acting)
         except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
-            self._notify(error)
+            self.notify(error)
             if self.policy is OnLost.TERMINATE:
                 child.send(signal.SIGTERM)
             return
         self._acting = acting
 
-    def _notify(self, error: LockLostError) -> None:
-        if self.notify is not None:
-            self.notify(error)
-
     def _act(self, child: _Child, error: LockLostError) -> None:
-        self._notify(error)
+        self.notify(error)
         if self.policy is OnLost.WARN:
             return
         child.send(signal.SIGTERM)
@@ -405,13 +398,11 @@ def _our_work() -> list[int]:
 
     ours = os.getpgrp()
     found = []
-    try:
+    with suppress(psutil.Error):
         for process in psutil.Process().children(recursive=True):
             with suppress(psutil.Error, OSError):
                 if os.getpgid(process.pid) == ours and process.status() != psutil.STATUS_ZOMBIE:
                     found.append(process.pid)
-    except psutil.Error:
-        return found
     return found
 
 
@@ -614,23 +605,15 @@ def run_locked(
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
 
-    ``env``: variables added to the command's environment; ``stdout``/``stderr``: where its
-    output goes (``None``: ours). ``waiting`` (a terminal's waiting line) is entered around the
-    wait for the lock only. ``on_acquired`` is called once the lock is ours, before the command
-    starts. When the lock is lost while the command runs, ``notify_lost`` is called at once,
-    ``on_lost`` says what happens to the command, and ``lock.lost`` says why afterwards. When
-    a kernel lease holds up the release, ``on_release_wait(seconds)`` is called once and the
-    release waits at most that long.
-
-    Raises :class:`~mahabharatha.locks.LockHeldError` when the lock stays busy,
-    :class:`Interrupted` when a signal arrives before the command started, and
-    :class:`CommandNotFoundError` or :class:`CommandNotExecutableError` (both
-    :class:`CommandStartError`) when the command cannot be started (lock released),
-    :class:`ReleaseInterrupted` when a signal ended the wait for a lease at the release,
-    an ``OSError`` (files: ``LockBusyError``) when a kernel lease outlasted that wait,
-    :class:`~mahabharatha.locks.LockLostError` when the lock was lost before the command could
-    start (it never starts), and :class:`WorkLeftError` when the command ended but work it
-    started outside its group still holds its proof of life (the lock is left held).
+    ``env``: added to the command's environment; ``stdout``/``stderr``: its output (``None``:
+    ours); ``waiting`` (a terminal's waiting line) is entered around the wait only;
+    ``on_acquired`` is called before the command starts. A lock lost while it runs calls
+    ``notify_lost`` at once and ``on_lost`` says what happens to the command (``lock.lost``
+    says why, afterwards); a kernel lease holding up the release calls ``on_release_wait``
+    with the seconds it waits at most. Raises ``LockHeldError`` (busy), :class:`Interrupted`
+    (a signal before the command), :class:`CommandStartError`'s kinds (lock released),
+    :class:`ReleaseInterrupted`, an ``OSError`` (a lease outlasted that wait), ``LockLostError``
+    (lost before the command could start) and :class:`WorkLeftError` (the lock is left held).
     """
     with Run(
         lock, on_lost=on_lost, notify_lost=notify_lost, on_release_wait=on_release_wait
