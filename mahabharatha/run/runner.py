@@ -1,18 +1,11 @@
-"""Hold a feature lock while a command runs: ``mahabharatha lock run``.
+"""Hold a feature lock while a command (CMD) runs: ``mahabharatha lock run``.
 
-The lock is held by this process, refreshed by the ``FeatureLock`` heartbeat and released when
-the command (CMD) ends. SIGINT, SIGTERM and SIGHUP are handled from before the lock is taken: a
-signal ends the wait at the next poll, releases a lock whose CMD has not started, is sent to
-CMD once it exists, and is forwarded while it runs (then SIGCONT), except one the kernel sent to
-our whole group (a Ctrl-C), which CMD got already: with stdin a terminal a reader thread takes
-the blocked signals with ``sigwaitinfo`` to see who sent each.
-
-CMD runs in a process group of its own (unless ``lock run`` is a terminal's job: then it shares
-ours), recorded with the lock, and inherits a proof of life. After CMD ends the lock is released
-once nothing holds that proof and the group is empty (a grace, then SIGKILL); work that left the
-group leaves the lock held (:class:`WorkLeftError`). A lost lock gets CMD SIGTERM, then SIGKILL
-(``OnLost.TERMINATE``), or a warning (``OnLost.WARN``). A release the backend must wait for
-(a kernel lease) ends at a signal (:class:`ReleaseInterrupted`). The long form:
+SIGINT, SIGTERM and SIGHUP are handled from before the lock is taken: a signal ends the wait,
+releases a lock whose CMD has not started, is sent to CMD once it exists and forwarded while it
+runs (then SIGCONT), except one the kernel sent to our whole group (a Ctrl-C: CMD got it). CMD
+runs in a process group of its own (unless ``lock run`` is a terminal's job), recorded with the
+lock, and inherits a proof of life; the lock is released once nothing holds that proof and the
+group is empty (a grace, then SIGKILL), else left held (:class:`WorkLeftError`). The long form:
 ``design/lockfile-hardening.md`` section 6.
 """
 
@@ -69,8 +62,7 @@ class Interrupted(Exception):
         super().__init__(f"interrupted by {signal.Signals(signum).name} before the command ran")
 
     @property
-    def exit_code(self) -> int:
-        """What a shell would report (the CLI's ``exit_code_for`` says the same)."""
+    def exit_code(self) -> int:  # what a shell would report (as the CLI's exit_code_for)
         return killed_by(self.signum)
 
 
@@ -88,8 +80,7 @@ class ReleaseInterrupted(Exception):
         )
 
     @property
-    def exit_code(self) -> int:
-        """What a shell would report for a process ended by this signal."""
+    def exit_code(self) -> int:  # what a shell would report (as the CLI's exit_code_for)
         return killed_by(self.signum)
 
 
@@ -468,16 +459,10 @@ class _Leftovers:
 
 
 class Run:
-    """``lock run`` in two steps, so that its caller can act between them::
-
-        with Run(lock, on_lost=..., notify_lost=..., on_release_wait=...) as run:
-            run.acquire()  # waiting as ``lock`` was configured
-            code = run.command(command, stdout)
-
-    Entering takes the forwarded signals, leaving gives them back; once :meth:`acquire` has
-    returned the lock is released whatever happens. :func:`run_locked` documents the arguments
-    and what each step raises.
-    """
+    """``lock run`` in two steps, so that its caller can act between them: ``with Run(lock,
+    ...) as run: run.acquire(); code = run.command(command)``. Entering takes the forwarded
+    signals, leaving gives them back; once :meth:`acquire` has returned the lock is released
+    whatever happens. :func:`run_locked` documents the arguments and what each step raises."""
 
     def __init__(
         self,
@@ -516,8 +501,7 @@ class Run:
                     self._release(None)
 
     def acquire(self) -> None:
-        """Take the lock (raises what ``lock.acquire`` raises, and :class:`Interrupted` when a
-        signal ends the wait)."""
+        """Take the lock (:class:`Interrupted` when a signal ends the wait)."""
         self.lock.acquire(
             on_wait=self._relay.waiting(self.lock.on_wait),
             on_lost=self._watch.also_telling(self.lock.on_lost),
@@ -532,9 +516,8 @@ class Run:
         env: Mapping[str, str] | None = None,
         stderr: IO[Any] | None = None,
     ) -> int:
-        """Run ``command`` under the lock taken by :meth:`acquire`, then release it; return
-        the command's exit code as a shell reports it. ``stdout``/``stderr``: where its
-        output goes (``None``: ours)."""
+        """Run ``command`` under the lock taken by :meth:`acquire`, then release it; its exit
+        code as a shell reports it."""
         if not self._held:
             raise RuntimeError("Run.command needs the lock: call Run.acquire first")
         lock, relay, watch = self.lock, self._relay, self._watch
