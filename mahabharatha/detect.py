@@ -8,7 +8,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path, PosixPath
-from typing import Final
+from typing import Any, Final
 
 from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STATE_DIR
 from mahabharatha.names import is_valid_feature_name
@@ -39,16 +39,9 @@ class CheckedFile(PosixPath):
 
     _data: bytes
 
-    def open(  # type: ignore[override]  # (text mode only: all read_text asks for)
-        self,
-        mode: str = "r",
-        buffering: int = -1,
-        encoding: str | None = None,
-        errors: str | None = None,
-        newline: str | None = None,
-    ) -> io.TextIOWrapper:
-        raw = io.BytesIO(self._data)
-        return io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline=newline)
+    # Text mode only, all read_text asks for: encoding, errors (and newline, Python 3.13).
+    def open(self, mode: str = "r", buffering: int = -1, **text: Any) -> io.TextIOWrapper:  # type: ignore[override]
+        return io.TextIOWrapper(io.BytesIO(self._data), **text)
 
 
 def safe_read_text(path: Path) -> str | None:
