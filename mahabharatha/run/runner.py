@@ -302,13 +302,6 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
             reader.join()
 
 
-def _unmasked() -> AbstractContextManager[object]:
-    """Lift the block while CMD starts (a child inherits the mask); the handler takes over."""
-    if not _READ_SENDERS:
-        return nullcontext()
-    return signals.masked(signal.SIG_UNBLOCK, signals.FORWARDED)
-
-
 class _LossWatch:
     """Applies the lost-lock rule to CMD, in a thread of its own (the grace holds up no one)."""
 
@@ -410,9 +403,8 @@ def _signal_our_work(signum: int, but: int | None = None) -> None:
 def work_grace_seconds() -> float:
     """The grace of CMD's leftovers: ``MAHABHARATHA_RUN_GRACE`` when a finite number of seconds
     (at least 0), else :data:`WORK_GRACE_SECONDS`."""
-    raw = os.environ.get(GRACE_ENV, "")
     try:
-        seconds = float(raw)
+        seconds = float(os.environ.get(GRACE_ENV, ""))
     except ValueError:
         return WORK_GRACE_SECONDS
     return seconds if math.isfinite(seconds) and seconds >= 0 else WORK_GRACE_SECONDS
@@ -528,7 +520,9 @@ class Run:
             if lock.lost is not None:
                 raise lock.lost  # Race: lost between the acquire and now: CMD never starts
             work = lock.work_proof()
-            with _unmasked():
+            # The block lifted while CMD starts (a child inherits the mask): the handler takes over.
+            unmasked = signals.masked(signal.SIG_UNBLOCK, signals.FORWARDED)
+            with unmasked if _READ_SENDERS else nullcontext():
                 child = _Child(*spawn.start_command(lock, command, (stdout, stderr), work, env))
                 relay.started(child)
             watch.started(child)
