@@ -34,7 +34,7 @@ from mahabharatha.constants import (
     WORK_POLL_SECONDS,
 )
 from mahabharatha.exits import killed_by, shell_status
-from mahabharatha.locks import FeatureLock, LockError, LockInfo, LockLostError, WaitCallback
+from mahabharatha.locks import FeatureLock, LockError, LockInfo, LockLostError
 from mahabharatha.owner import ownership
 from mahabharatha.owner.proof import WorkProof
 from mahabharatha.run import spawn
@@ -229,16 +229,6 @@ class _SignalRelay:
         self._take_own()
         return self.pending
 
-    def waiting(self, on_wait: WaitCallback | None) -> WaitCallback:
-        """The lock's wait callback, made to end the wait once a signal has arrived."""
-
-        def check_then_report(info: LockInfo, left: float | None) -> None:
-            self.raise_if_pending()
-            if on_wait is not None:
-                on_wait(info, left)
-
-        return check_then_report
-
     def started(self, child: _Child) -> None:
         with self._mutex:
             self.child, self.phase = child, _Phase.RUNNING
@@ -313,18 +303,6 @@ class _LossWatch:
         self._lost: LockLostError | None = None
         self._ended = threading.Event()
         self._acting: threading.Thread | None = None
-
-    def also_telling(
-        self, caller: Callable[[LockLostError], None] | None
-    ) -> Callable[[LockLostError], None]:
-        """``FeatureLock.on_lost`` for the run: the caller's own callback, then this watch."""
-
-        def lost(error: LockLostError) -> None:
-            if caller is not None:
-                caller(error)
-            self.lost(error)
-
-        return lost
 
     def lost(self, error: LockLostError) -> None:
         """``FeatureLock.on_lost``: runs in the heartbeat thread."""
@@ -494,10 +472,19 @@ class Run:
 
     def acquire(self) -> None:
         """Take the lock (:class:`Interrupted` when a signal ends the wait)."""
-        self.lock.acquire(
-            on_wait=self._relay.waiting(self.lock.on_wait),
-            on_lost=self._watch.also_telling(self.lock.on_lost),
-        )
+        on_wait, on_lost = self.lock.on_wait, self.lock.on_lost
+
+        def check_then_report(info: LockInfo, left: float | None) -> None:
+            self._relay.raise_if_pending()  # a signal that came ends the wait
+            if on_wait is not None:
+                on_wait(info, left)
+
+        def lost(error: LockLostError) -> None:  # the caller's own callback, then the watch
+            if on_lost is not None:
+                on_lost(error)
+            self._watch.lost(error)
+
+        self.lock.acquire(on_wait=check_then_report, on_lost=lost)
         self._held = True
 
     def command(
