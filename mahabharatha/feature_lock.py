@@ -127,6 +127,10 @@ class FeatureLock:
         self._beats: Heartbeat | None = Heartbeat(feature)
         self._own_beats = True
         self._handed: WorkProof | None = None  # the proof handed on (``proof_fds``), made once
+        # A pool's hold: ``acquire`` adopts this claim, and the hold outlives ``release`` (the
+        # block's end) until ``PoolLock.finish`` marks and releases it in one step.
+        self._claimed: Held | None = None
+        self._ends_by_outcome = False
         self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
         self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
         _LIVE_LOCKS.add(self)
@@ -198,10 +202,14 @@ class FeatureLock:
         where the feature folder or the lock should be, and ``OSError`` for other trouble on
         disk (permissions, a read-only or full file system).
         """
+        claimed, self._claimed = self._claimed, None
+        if self._ends_by_outcome and claimed is None:
+            raise LockError(f"the claim of {self.feature!r} was used already")
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
         self._adopt(
-            acquire(
+            claimed
+            or acquire(
                 self.feature,
                 self.gsd_dir,
                 pid=self.pid,
@@ -215,12 +223,14 @@ class FeatureLock:
             ),
             on_lost,
         )
-        self._rest_backend()
+        if claimed is None:  # a claim keeps its connection for a grace: its first beat rests it
+            self._rest_backend()
         try:
             self._start_heartbeat()
         except BaseException:
             # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
-            self.release()
+            self._stop_heartbeat()
+            self._give_back()
             raise
         return self
 
@@ -373,6 +383,10 @@ class FeatureLock:
         process's kernel lease on the lock file), as :class:`ReleaseWait` says.
         """
         self._stop_heartbeat()
+        if not self._ends_by_outcome:
+            self._give_back(wait)
+
+    def _give_back(self, wait: ReleaseWait | None = None) -> None:
         with self._mutex:
             self._forget_if_forked()
             mine = self._mine

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from time import sleep
-from typing import Any, Final, NamedTuple, Self
+from typing import Any, Final, NamedTuple
 
 from mahabharatha import waiting
 from mahabharatha.backends.base import (
@@ -16,10 +16,7 @@ from mahabharatha.backends.base import (
     Held,
     LocalFolder,
     LockBackend,
-    LockError,
     LockInfo,
-    LockLostError,
-    ReleaseWait,
     UnsupportedError,
 )
 from mahabharatha.constants import (
@@ -32,7 +29,6 @@ from mahabharatha.constants import (
 from mahabharatha.feature_lock import FeatureLock, Heartbeat
 from mahabharatha.functional import (
     GsdDir,
-    WaitCallback,
     _backend,
     _mark_done,
     _valid_attempts,
@@ -83,11 +79,10 @@ class WorkReport(NamedTuple):
 
 
 class PoolLock(FeatureLock):
-    """A :class:`FeatureLock` over a feature the pool just claimed: ``acquire`` adopts that
-    acquisition (and starts the heartbeat), ``release`` only stops the heartbeat, and
-    :meth:`finish` ends the hold as the work's outcome says: done, a failed attempt, or a plain
-    release. So whoever runs the work (``run_locked`` for ``lock work``) releases nothing
-    itself: the mark and the release are one step of the backend's, never a release first."""
+    """A :class:`FeatureLock` built from the pool's claim: ``acquire`` adopts it, and
+    :meth:`finish` ends the hold as the work's outcome says (done, a failed attempt, a plain
+    release), the mark and the release one step of the backend's. Until then the lock outlives
+    ``release`` and the block's end (``run_locked`` for ``lock work``), which stop the heartbeat."""
 
     _connection_grace = POOL_CONNECTION_GRACE_SECONDS  # a quick command's end reuses it
 
@@ -112,35 +107,13 @@ class PoolLock(FeatureLock):
             command=command,
             lease=lease,
         )
-        self._claimed: Held | None = held
+        self._claimed, self._ends_by_outcome = held, True  # adopted; ended by :meth:`finish`
         self._left: Held | None = None  # abandoned to work that still holds its proof
         # A failed command's leftover work: asked until it ends (then the attempt is recorded).
         self.left_running: Callable[[], bool] | None = None
         self._left_code = 1
         if beats is not None:  # the worker's, for its whole run
             self._beats, self._own_beats = beats, False
-
-    def acquire(
-        self,
-        *,
-        on_wait: WaitCallback | None = None,
-        on_lost: Callable[[LockLostError], None] | None = None,
-    ) -> Self:
-        claimed, self._claimed = self._claimed, None
-        if claimed is None:
-            raise LockError(f"the claim of {self.feature!r} was used already")
-        self._adopt(claimed, on_lost)
-        try:
-            self._start_heartbeat()
-        except BaseException:
-            # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
-            self.finish(None, None, DEFAULT_ATTEMPTS)
-            raise
-        return self
-
-    def release(self, wait: ReleaseWait | None = None) -> None:
-        """Keep the lock: :meth:`finish` marks and releases it in one step."""
-        self._stop_heartbeat()
 
     def abandon(self) -> None:
         """Leave the lock held for work that still holds its proof of life; kept aside for
