@@ -1,34 +1,10 @@
-"""Feature locks for asyncio programs: ``async with AsyncFeatureLock(feature, ...)``.
+"""``AsyncFeatureLock``: ``FeatureLock`` held from an event loop (``async with``).
 
-The same lock as :class:`~mahabharatha.locks.FeatureLock`, held from an event loop::
-
-    async with AsyncFeatureLock("auth-flow", timeout=30):
-        ...  # exclusive work; the lock is refreshed by a task of this loop
-
-Same arguments, attributes and errors as ``FeatureLock`` (``timeout``, ``heartbeat``, ``lost``,
-``on_lost``, ``LockTimeoutError``, ...), on every backend (files; PostgreSQL through ``url=`` or
-``MAHABHARATHA_LOCK_URL``). This module only schedules; the lock is ``FeatureLock``'s own
-(its state, its refresh, its lost-lock rule, its release) and each step is the backend's:
-
-- **Waiting** never blocks the loop. On files, a try is a few system calls (microseconds),
-  made on the loop, with ``asyncio.sleep`` between tries (the backoff of ``locks.acquire``).
-  On PostgreSQL a try is a round trip, made in a worker thread (bounded by the backend's
-  deadlines), and between tries the task waits for the release's NOTIFY on an async
-  connection (``backends/postgres/aio.py``), one per loop, at most a slice at a time.
-- **The heartbeat** is one asyncio task per lock (no thread of its own): on files it refreshes
-  on the loop, on PostgreSQL in a worker thread of the loop's default executor.
-- **Cancellation** never leaves a lock behind nor holds one the caller does not know about: a
-  backend call in a thread is not abandoned when its task is cancelled; the task waits for it
-  (bounded), gives back what it took, and only then lets ``CancelledError`` go on. The exit
-  of ``async with`` releases on any exception, ``CancelledError`` too.
-- **A lost lock** is reported as ``FeatureLock`` reports it: :attr:`lost` set, ``on_lost``
-  called (on the loop), :meth:`refresh` raising :class:`LockLostError`.
-
-Why a class of its own and not ``async with FeatureLock``: ``acquire()`` cannot be a coroutine
-and a plain call at once, and one object carrying a thread heartbeat and a task heartbeat
-would let a ``with`` and an ``async with`` race on it. The switch is ``with FeatureLock`` to
-``async with AsyncFeatureLock`` (and ``await`` before ``acquire``, ``refresh``, ``release``).
-The long form: ``design/async.md``.
+Only the scheduling is this module's: waits are awaits (files try on the loop, PostgreSQL in a
+worker thread woken by NOTIFY), the heartbeat is a task of the loop, and a cancelled task waits
+for its backend call, gives back what it took, then lets ``CancelledError`` go on. The lock,
+its refresh, its lost-lock rule and its release are ``FeatureLock``'s. Long form:
+``design/async.md``.
 """
 
 from __future__ import annotations
@@ -167,16 +143,13 @@ async def _settled(future: asyncio.Future[Any]) -> bool:
 
 
 class _Forwarded(Generic[_T]):
-    """An attribute of an ``AsyncFeatureLock``, read from the ``FeatureLock`` state it drives."""
-
-    def __init__(self, read: Callable[[FeatureLock], _T]) -> None:
-        self.read = read
+    """A read-only attribute of an ``AsyncFeatureLock``: its ``FeatureLock``'s of that name."""
 
     def __set_name__(self, _owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, lock: AsyncFeatureLock | None, _owner: type | None = None) -> _T:
-        return cast(_T, self) if lock is None else self.read(lock._state)
+        return cast(_T, self if lock is None else getattr(lock._state, self.name))
 
     def __set__(self, _lock: AsyncFeatureLock, _value: object) -> None:
         raise AttributeError(f"property {self.name!r} of 'AsyncFeatureLock' object has no setter")
@@ -185,20 +158,10 @@ class _Forwarded(Generic[_T]):
 class AsyncFeatureLock:
     """Hold a feature lock for a block of an asyncio program, refreshed by a task of the loop.
 
-    Takes :class:`~mahabharatha.locks.FeatureLock`'s arguments, means the same by each, and
-    raises the same errors: ``timeout`` (seconds; 0 tries once, ``None`` waits for ever),
-    ``heartbeat`` (seconds between refreshes; ``None`` for none), ``pid``, ``reclaim_dead``,
-    ``on_wait(info, seconds_left)``, ``on_lost(error)`` (both called on the loop), ``url`` or
-    ``backend`` (default ``MAHABHARATHA_LOCK_URL``, else the files of ``gsd_dir``), ``lease``.
-
-    Waiting lets the loop's other tasks run; a task cancelled while it waits, or inside the
-    block, leaves no lock behind. Not reentrant, as ``FeatureLock`` is not.
-
-    Attributes:
-        lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
-            found it taken away (``lock release --force``, a reclaim after it went stale).
-            Check it after the block if the work must not have run unlocked.
-        heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
+    :class:`~mahabharatha.locks.FeatureLock`'s arguments, attributes (``lost``,
+    ``heartbeat_error``, ...) and errors, meaning the same; ``on_wait`` and ``on_lost`` are
+    called on the loop. Waiting lets the loop's other tasks run; a task cancelled while it
+    waits, or inside the block, leaves no lock behind. Not reentrant.
     """
 
     def __init__(
@@ -242,19 +205,19 @@ class AsyncFeatureLock:
 
     # ------------------------------------------------------------------ what FeatureLock says
 
-    feature = _Forwarded[str](lambda state: state.feature)
-    gsd_dir = _Forwarded[str | os.PathLike[str]](lambda state: state.gsd_dir)
-    backend = _Forwarded[LockBackend](lambda state: state.backend)
-    pid = _Forwarded[int](lambda state: state.pid)
-    timeout = _Forwarded[float | None](lambda state: state.timeout)
-    heartbeat = _Forwarded[float | None](lambda state: state.heartbeat)
-    lease = _Forwarded[float | None](lambda state: state.lease)
-    lost = _Forwarded[LockLostError | None](lambda state: state.lost)
-    heartbeat_error = _Forwarded[OSError | None](lambda state: state.heartbeat_error)
+    feature = _Forwarded[str]()
+    gsd_dir = _Forwarded[str | os.PathLike[str]]()
+    backend = _Forwarded[LockBackend]()
+    pid = _Forwarded[int]()
+    timeout = _Forwarded[float | None]()
+    heartbeat = _Forwarded[float | None]()
+    lease = _Forwarded[float | None]()
+    lost = _Forwarded[LockLostError | None]()
+    heartbeat_error = _Forwarded[OSError | None]()
     # As ``FeatureLock``'s: ours and not yet stale; its end (epoch seconds); its fencing token.
-    held = _Forwarded[bool](lambda state: state.held)
-    expires_at = _Forwarded[float | None](lambda state: state.expires_at)
-    token = _Forwarded[int | None](lambda state: state.token)
+    held = _Forwarded[bool]()
+    expires_at = _Forwarded[float | None]()
+    token = _Forwarded[int | None]()
 
     def work_proof(self) -> WorkProof | None:
         """As :meth:`FeatureLock.work_proof`: a proof of life to pass to a child."""
@@ -315,17 +278,9 @@ class AsyncFeatureLock:
         on_wait: WaitCallback | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
     ) -> Self:
-        """Take the lock (waiting as ``timeout`` says, without blocking the loop) and start
-        the heartbeat task; return self. ``on_wait`` and ``on_lost`` replace the object's own
-        for this acquisition only.
-
-        Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
-        when a wait ran out), :class:`AlreadyHeldError` when the owner pid already holds it,
-        :class:`LockError` when this object already holds it, ``UnsafeLockPathError`` (an
-        ``OSError``) when something stands in the lock's way, and ``OSError`` for other
-        trouble (a disk, an unreachable server: ``BackendError``). Cancelled while it waits,
-        it leaves no lock behind.
-        """
+        """As :meth:`FeatureLock.acquire` (same errors, and :class:`AlreadyHeldError` when the
+        owner pid holds it), waiting without blocking the loop; cancelled while it waits, it
+        leaves no lock behind."""
         state = self._state
         if state._mine is not None or self._gate is not None:
             raise LockError(f"this AsyncFeatureLock already holds {self.feature!r}")
