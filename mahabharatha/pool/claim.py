@@ -383,14 +383,12 @@ class _Pool:
             self.offered = [f for f in self.offered if f != won.held.feature]
             offered = [f for f in offered if f != won.held.feature]
         held = {info.feature: info for info in self.store.status() if info.held}
+        gave_up, resting = store.failed_and_retried(self.offered)
         # Race: a rest may end between the claim and this look: still counted unfinished.
-        resting = store.retried_features(self.offered) if self.retry_delay > 0 else set()
-        busy = [f for f in self.offered if f in held or f in resting]
+        busy = [f for f in self.offered if f in held or (self.retry_delay > 0 and f in resting)]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
-        gave_up = store.failed_features() | {
-            f for f, finished in self.here.items() if finished == "failed"
-        }
+        gave_up |= {f for f, finished in self.here.items() if finished == "failed"}
         seen = {
             "done": [f for f in finished if f not in gave_up],
             "failed": [f for f in finished if f in gave_up],
