@@ -9,7 +9,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from time import monotonic
 from types import TracebackType
 from typing import Final, Self
@@ -56,24 +56,17 @@ def cut_off_notice(lease: float) -> float:
 class FeatureLock:
     """Hold a feature lock for a block, keeping it fresh with a background heartbeat.
 
-    ``timeout``: seconds to wait for a busy lock; 0 tries once, ``None`` (the default) waits
-    for ever; a negative, ``nan`` or infinite value is refused with ``ValueError`` (``-1`` is
-    not "for ever"). ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the
-    owner to record (default: this process). ``reclaim_dead``: also take over a lock whose owner
-    is provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
-    ``url`` (or ``backend``): the lock server; default ``MAHABHARATHA_LOCK_URL``, else files.
-    If the lock is taken away (``release --force``), or refreshes keep failing until it turned
-    stale, the heartbeat stops, :attr:`lost` is set and ``on_lost`` is called (from the
-    heartbeat thread); :meth:`refresh` raises :class:`LockLostError`.
+    ``timeout``: seconds to wait for a busy lock (0 tries once, ``None`` waits for ever; a
+    negative, ``nan`` or infinite one is a ``ValueError``). ``heartbeat``: seconds between
+    refreshes (``None``: none). ``pid``: the owner recorded (default: this process).
+    ``reclaim_dead``: also take a lock whose owner is provably gone on this host.
+    ``on_wait(info, seconds_left)`` is called while waiting. ``url`` or ``backend``: the lock
+    server (default ``MAHABHARATHA_LOCK_URL``, else files). A forked child forgets the lock.
 
-    Fork-safe: a child forked from the holder forgets the lock (it is the parent's) and gets a
-    fresh mutex, so it never waits on one the heartbeat thread held at the fork.
-
-    Attributes:
-        lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
-            found it taken away (``lock release --force``, a reclaim after it went stale).
-            Check it after the block if the work must not have run unlocked.
-        heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
+    Attributes: lost: ``None`` while ours, the :class:`LockLostError` once the lock was taken
+    away or refreshes failed until it turned stale (``on_lost`` is then called from the
+    heartbeat thread; check it after the block). heartbeat_error: the last ``OSError`` of a
+    refresh that will be retried.
     """
 
     _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
@@ -106,7 +99,10 @@ class FeatureLock:
         self.heartbeat = _valid_seconds("heartbeat", heartbeat)
         if self.heartbeat is not None and self.heartbeat < 0:  # it would refresh in a busy loop
             raise ValueError(f"Invalid heartbeat: {heartbeat!r} (must be >= 0; 0 or None: none)")
-        self.lease = self._chosen_lease(_valid_seconds("lease", lease))
+        if lease is not None and (_valid_seconds("lease", lease) or 0) <= 0:
+            raise ValueError(f"Invalid lease: {lease!r} (must be a positive number of seconds)")
+        # Files: none (fixed at 2 h); a server: the lease of a holder that refreshes.
+        self.lease = self.backend.run_lease if lease is None else lease
         if self.lease is not None and self.heartbeat:  # refresh 3 times a lease: 2 may fail
             self.heartbeat = min(self.heartbeat, self.lease / LEASE_REFRESHES)
         self.on_wait = on_wait
@@ -135,15 +131,6 @@ class FeatureLock:
         self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
         _LIVE_LOCKS.add(self)
 
-    def _chosen_lease(self, lease: float | None) -> float | None:
-        """The lease of this holder: the one given, else the backend's lease for a holder that
-        refreshes (PostgreSQL: ``run_lease``), else none (files: fixed at 2 h)."""
-        if lease is not None and lease <= 0:
-            raise ValueError(f"Invalid lease: {lease!r} (must be a positive number of seconds)")
-        if lease is not None:
-            return lease
-        return self.backend.run_lease
-
     @property
     def token(self) -> int | None:
         """The fencing token of our acquisition (None: not held, or files: no tokens)."""
@@ -151,9 +138,7 @@ class FeatureLock:
         return None if mine is None else mine.token
 
     def _forget_after_fork(self) -> None:
-        """In a freshly forked child (one thread, run by ``os.register_at_fork``): the mutex
-        may have been held by the heartbeat thread, which does not exist here. (The lock itself
-        is the parent's: ``_holder_process`` keeps the child's hands off it.)"""
+        """In a freshly forked child: the lock is the parent's (``_holder_process``)."""
         # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
         self._mutex = threading.Lock()
         self._stop = threading.Event()
@@ -171,11 +156,8 @@ class FeatureLock:
 
     @property
     def expires_at(self) -> float | None:
-        """When our lock turns stale unless refreshed (epoch seconds); None when not held.
-
-        Past it, another process may rightly reclaim the lock: a holder whose heartbeat keeps
-        failing has lost it even before a refresh tells it so.
-        """
+        """When our lock turns stale unless refreshed (epoch seconds; None: not held): past it
+        another process may rightly reclaim it."""
         return None if self._mine is None else self._mine.expires_at
 
     def __repr__(self) -> str:
@@ -191,17 +173,13 @@ class FeatureLock:
         on_wait: WaitCallback | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
     ) -> Self:
-        """Take the lock (waiting as ``timeout`` says) and start the heartbeat; return self.
+        """Take the lock (waiting as ``timeout`` says), start the heartbeat; return self.
+        ``on_wait`` and ``on_lost`` replace the object's own for this acquisition only.
 
-        ``on_wait`` and ``on_lost``, when given, replace the object's own for this acquisition
-        only (a caller such as ``lock run`` adds its own checks without rewriting the object).
-
-        Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
-        when a wait ran out), :class:`LockError` when this object already holds it,
-        ``UnsafeLockPathError`` (an ``OSError``) when a symlink, a file or a directory stands
-        where the feature folder or the lock should be, and ``OSError`` for other trouble on
-        disk (permissions, a read-only or full file system).
-        """
+        Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait), :class:`LockError`
+        when this object holds it already, ``UnsafeLockPathError`` (an ``OSError``) when
+        something stands where the feature folder or the lock should be, ``OSError`` for
+        other trouble on disk."""
         claimed, self._claimed = self._claimed, None
         if self._ends_by_outcome and claimed is None:
             raise LockError(f"the claim of {self.feature!r} was used already")
@@ -306,17 +284,15 @@ class FeatureLock:
         return fresh if fresh is not mine else store.refresh(mine)
 
     def _rest_backend(self) -> None:
-        """Between refreshes a holder keeps no server connection (the backend's ``close``):
-        200 holders against a server of 40 connection slots. An event loop's locks (no
-        ``_beats``) are rested by the loop, never under a call."""
+        """Between refreshes a holder keeps no server connection (many holders, few slots);
+        an event loop's locks (no ``_beats``) are rested by the loop."""
         if self.heartbeat and self._beats is not None:
             self.backend.close()
 
     def _beat_once(self, first: bool = False) -> float | None:
-        """One heartbeat: refresh, and say when the next is due (seconds), or ``None`` once
-        the lock is lost (:attr:`lost` set, ``on_lost`` told). The rule of every heartbeat:
-        :class:`Heartbeat`'s thread and ``AsyncFeatureLock``'s task. The ``first`` step of a
-        hold that keeps its claim's connection for a grace (:class:`PoolLock`) lets it go."""
+        """One heartbeat (the rule of :class:`Heartbeat`'s thread and ``AsyncFeatureLock``'s
+        task): refresh; the seconds to the next, or ``None`` once lost (``on_lost`` told). A
+        claim's ``first`` step lets its connection go (the pool's grace)."""
         assert self.heartbeat is not None
         if self.lost is not None:
             return None  # declared by the cut-off: given up
@@ -342,9 +318,8 @@ class FeatureLock:
         return self.heartbeat
 
     def _with_deadline(self, mine: Held) -> Held:
-        """Keep ``mine``'s expiry also as a deadline on the monotonic clock: its lease from
-        when the statement that set it was sent (the server's lease cannot end sooner),
-        else from now."""
+        """Keep ``mine``'s expiry also on the monotonic clock, its lease counted from when the
+        statement that set it was sent (the server's cannot end sooner), else from now."""
         if mine.sent is None:
             self._deadline = monotonic() + (mine.expires_at - clock.now())
         else:
@@ -373,15 +348,10 @@ class FeatureLock:
             tell(error)
 
     def release(self, wait: ReleaseWait | None = None) -> None:
-        """Stop the heartbeat and remove our lock (only if it is still exactly ours).
-
-        Does nothing when the lock is not held (never taken, released, lost, or held by the
-        process this one was forked from), and never removes another owner's lock. Raises
-        ``OSError`` when the lock cannot be removed just now (permissions, an I/O error, the
-        folder's guard stayed busy); the lock is then still ours and release can be retried.
-        ``wait``: how to wait where the backend cannot release at once (files: another
-        process's kernel lease on the lock file), as :class:`ReleaseWait` says.
-        """
+        """Stop the heartbeat and remove our lock if it is still exactly ours (nothing when
+        it is not held here). ``OSError`` when it cannot be removed just now: it stays ours,
+        and release can be retried. ``wait``: how to wait where the backend cannot release at
+        once (:class:`ReleaseWait`). A claimed hold (``PoolLock``) keeps it for its outcome."""
         self._stop_heartbeat()
         if not self._ends_by_outcome:
             self._give_back(wait)
@@ -392,38 +362,27 @@ class FeatureLock:
             mine = self._mine
             if mine is None:
                 return
-            if self.lost is not None:
-                # Lost already (its lease ran out while the backend was unreachable): taking
-                # back what may be left is best effort, and a failure to reach the backend is
-                # not this release's news (the loss was reported).
-                with suppress(OSError):
-                    self.backend.release_held(mine)
-                self._mine = None
-                self._close_handed()
-                return
-            # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
-            self.backend.release_held(mine, wait)
+            lost = self.lost is not None
+            # Lost already: taking back what may be left is best effort (the loss was told).
+            # Else on an error the lock stays ours (``_mine`` kept): release can be retried.
+            with suppress(OSError) if lost else nullcontext():
+                self.backend.release_held(mine, None if lost else wait)
             self._mine = None
             self._close_handed()
 
     def work_proof(self) -> WorkProof | None:
-        """A proof of life for work this holder starts (``lock run``'s command): pass its
-        ``fd`` to the child (``pass_fds``), then ``close_ours()``; the lock's owner then stays
-        alive while any process of that work holds it, even after this one died. ``None`` when
-        the lock carries no proof (not held here, another owner pid, a backend or file system
-        without one). Python's ``subprocess`` closes descriptors by default: work started
-        without it does not count."""
+        """A proof of life for work this holder starts: pass its ``fd`` to the child
+        (``pass_fds``), then ``close_ours()``; the owner stays alive while that work holds it.
+        ``None`` when the lock carries none (not held here, a server, no file system support)."""
         mine, store = self._mine, self.backend
         if mine is None or self._holder_process != os.getpid():
             return None
         return store.work_proof(mine) if isinstance(store, LocalFolder) else None
 
     def record_work_group(self, pgid: int, leader_start: int | None) -> None:
-        """Record with the lock the process group ``pgid`` (leader started at
-        ``leader_start``) that ``lock run`` made for its command: its members count as the
-        owner's work, also after this process died (proof or no proof). A lock found lost is
-        declared so (as the heartbeat would); a failed write (a busy guard, a full disk) is
-        tried again by each heartbeat until one succeeds."""
+        """Record with the lock ``lock run``'s process group ``pgid`` (leader started at
+        ``leader_start``): its members count as the owner's work. A lock found lost is declared
+        so; a failed write is tried again by each heartbeat until one succeeds."""
         with self._mutex:
             self._forget_if_forked()
             store = self.backend
@@ -448,25 +407,21 @@ class FeatureLock:
 
     @property
     def proof_fds(self) -> tuple[int, ...]:
-        """The descriptors that carry this lock's proof of life to a child that does not
-        inherit ours: ``subprocess.Popen(..., pass_fds=lock.proof_fds)``. The owner then stays
-        alive while any such child runs, even after this process died. Empty when the lock is
-        not held here or carries no proof (a lock server, a file system without one). Valid
-        until the lock is let go; children started without them are not the lock's work."""
+        """The descriptors that carry this lock's proof of life to a child:
+        ``subprocess.Popen(..., pass_fds=lock.proof_fds)``; the owner then stays alive while
+        the child runs. Empty when there is no proof here; valid until the lock is let go."""
         handed = self._handed_proof()
         return () if handed is None or handed.fd is None else (handed.fd,)
 
     def proof_for_workers(self) -> HandedProof:
-        """This lock's proof of life for ``multiprocessing`` workers started with ``spawn`` or
-        ``forkserver`` (which inherit no descriptors): pass it as the pool's ``initializer``
-        (``Pool(initializer=lock.proof_for_workers())``), or call it in your own initializer
-        or worker. Workers started while the lock is held then keep its owner alive while they
-        work, even after this process died; start them inside the ``with`` block."""
+        """This lock's proof of life for ``spawn``/``forkserver`` ``multiprocessing`` workers:
+        ``Pool(initializer=lock.proof_for_workers())`` (or call it in your own initializer).
+        Workers started inside the ``with`` block keep the owner alive while they work."""
         return HandedProof(self._handed_proof())
 
     def _handed_proof(self) -> WorkProof | None:
-        """The one work proof this hold hands on, made at the first request (off the
-        acquire-release cycle) and closed when the lock is let go."""
+        """The one work proof this hold hands on: made at the first request, closed when the
+        lock is let go."""
         with self._mutex:
             if self._handed is None or self._handed.fd is None:
                 self._handed = self.work_proof()
@@ -510,10 +465,9 @@ class FeatureLock:
 
 
 class Heartbeat:
-    """The heartbeat thread: runs ``_beat_once`` of the one lock it holds at a time, when due.
-    A ``FeatureLock`` has one of its own; a pool worker one for its whole run. A lock let go of
-    is never touched again: :meth:`let_go` returns once no step of it runs, and none starts
-    after."""
+    """The heartbeat thread: runs the due ``_beat_once`` of the one lock it holds at a time
+    (a ``FeatureLock``'s own, or a pool worker's for its whole run). A lock let go of is never
+    touched again."""
 
     def __init__(self, name: str = "pool") -> None:
         self._name = f"lock-heartbeat-{name}"
