@@ -32,7 +32,7 @@ from mahabharatha.constants import (
 from mahabharatha.functional import (
     WaitCallback,
     _backend,
-    _valid_pid,
+    _owner_pid,
     _valid_seconds,
     _valid_timeout,
     acquire,
@@ -89,12 +89,11 @@ class FeatureLock:
         url: str | None = None,
     ) -> None:
         _validate_feature_name(feature)
-        _valid_timeout(timeout)
+        self.timeout = _valid_timeout(timeout)
         self.feature = feature
         self.gsd_dir = gsd_dir
         self.backend = _backend(url if backend is None else backend, gsd_dir)
-        self.pid = os.getpid() if pid is None else _valid_pid(pid)
-        self.timeout = _valid_seconds("timeout", timeout)
+        self.pid = _owner_pid(pid)
         self.reclaim_dead = reclaim_dead
         self.heartbeat = _valid_seconds("heartbeat", heartbeat)
         if self.heartbeat is not None and self.heartbeat < 0:  # it would refresh in a busy loop

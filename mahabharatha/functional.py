@@ -67,11 +67,8 @@ def _owner_pid(pid: int | None) -> int:
 def inspect(
     feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
 ) -> LockInfo:
-    """The lock on ``feature``: state ``free`` when there is none.
-
-    Raises ``UnsafeLockPathError`` when a symlink or a file stands where the feature folder
-    should be, or a directory where the lock should be: acquire would fail there too.
-    """
+    """The lock on ``feature`` (state ``free``: none). ``UnsafeLockPathError`` when something
+    stands where the feature folder or the lock should be (acquire would fail there too)."""
     _validate_feature_name(feature)
     return _backend(backend, gsd_dir).inspect(feature)
 
@@ -82,11 +79,8 @@ def status(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
-    """Every feature that has a lock entry, by name.
-
-    A folder that cannot be looked into is skipped and added to ``problems`` (without that
-    list, its error is raised after the scan).
-    """
+    """Every feature that has a lock entry, by name. A folder that cannot be looked into is
+    skipped and added to ``problems`` (without that list, its error is raised after the scan)."""
     return _backend(backend, gsd_dir).status(problems=problems)
 
 
@@ -232,21 +226,16 @@ def acquire(
 ) -> Held:
     """Make ``pid`` (default: this process) the holder of ``feature``; return the acquisition.
 
-    ``lease``: seconds the lock lasts unless refreshed, where the backend lets it be chosen
-    (PostgreSQL; default 2 h); ``UnsupportedError`` on files, whose lease is fixed.
-
-    ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
-    ``command``: what the owner runs under the lock (``lock run``), kept in its owner details.
-    Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held,
-    :class:`AlreadyHeldError` at once when ``pid`` itself holds it, or one of ``caller_pids``
-    (not reentrant, never waiting for itself). ``ValueError`` for a bad name, pid or timeout
-    (negative, ``nan`` or ``inf``: ``-1`` does not mean "for ever"; pass ``None``), and
-    ``OSError`` for trouble on disk. An acquire interrupted by a signal never leaves its lock.
-    """
+    ``timeout`` 0 tries once, ``None`` waits for ever, else seconds. ``lease``: seconds the
+    lock lasts unless refreshed (PostgreSQL; default 2 h; ``UnsupportedError`` on files).
+    ``command``: what the owner runs under the lock, kept in its owner details. Raises
+    :class:`LockHeldError` (``LockTimeoutError`` after a wait), :class:`AlreadyHeldError` at
+    once when ``pid`` or one of ``caller_pids`` holds it, ``ValueError`` for a bad name, pid or
+    timeout (``-1`` is not "for ever"), ``OSError`` for trouble on disk. An acquire
+    interrupted by a signal never leaves its lock."""
     _validate_feature_name(feature)
-    _valid_timeout(timeout)
+    timeout = _valid_timeout(timeout)
     owner = _owner_pid(pid)
-    timeout = _valid_seconds("timeout", timeout)
     store = _backend(backend, gsd_dir)
     details = ownership.details_of(owner, command)
     wait = _Waiting(waiting.Deadline(timeout), {owner, *caller_pids}, on_wait)
@@ -302,12 +291,13 @@ def _pause(backend: LockBackend, feature: str, delay: float, left: float | None)
     )
 
 
-def _valid_timeout(timeout: float | None) -> None:
+def _valid_timeout(timeout: float | None, name: str = "timeout") -> float | None:
     # A negative wait is refused, not guessed at (-1: "for ever" to some, "once" to others).
     if timeout is not None and timeout < 0:
         raise ValueError(
             f"Invalid timeout: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
         )
+    return _valid_seconds(name, timeout)
 
 
 def _valid_seconds(name: str, value: float | None) -> float | None:
@@ -355,13 +345,10 @@ def done(
     pid: int | None = None,
     backend: LockBackend | str | None = None,
 ) -> str:
-    """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the time
-    written to the marker (ISO-8601, UTC). A backend that keeps its locks elsewhere
-    (PostgreSQL) also writes the marker in the feature's local folder where there is one.
-
-    Raises :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does
-    not hold the lock, and :class:`NotOwnerError` when another owner does.
-    """
+    """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the
+    marker's time (ISO-8601, UTC). On a server the local folder gets the marker too.
+    :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does not
+    hold the lock, :class:`NotOwnerError` when another owner does."""
     _validate_feature_name(feature)
     owner = _owner_pid(pid)
     return _mark_done(_backend(backend, gsd_dir), feature, owner)
@@ -385,15 +372,10 @@ def fail(
     attempts: int = DEFAULT_ATTEMPTS,
     backend: LockBackend | str | None = None,
 ) -> Attempts:
-    """Record a failed attempt of ``pid`` (default: this process) at ``feature`` (the time,
-    the host, ``reason``), then release its lock, in that order; return the feature's record.
-    Once its attempts reach ``attempts`` (the pool's limit) the feature is ``failed``:
-    :func:`claim` skips it until :func:`reopen`. The record keeps the count and the latest few.
-
-    Raises :class:`NotHeldError` (nothing written) when ``pid`` does not hold the lock,
-    :class:`NotOwnerError` when another owner does, :class:`UnsupportedError` where the backend
-    keeps no attempts.
-    """
+    """Record a failed attempt of ``pid`` (default: this process) at ``feature`` (time, host,
+    ``reason``), then release its lock; return the feature's record. Once its attempts reach
+    ``attempts`` the feature is ``failed``: :func:`claim` skips it until :func:`reopen`.
+    Errors as :func:`done`'s, and :class:`UnsupportedError` where no attempts are kept."""
     _validate_feature_name(feature)
     _valid_attempts(attempts)
     owner = _owner_pid(pid)
@@ -433,13 +415,8 @@ def reopen_finished(
     store = _backend(backend, gsd_dir)
     names = store.feature_names()
     if failed_only:
-        names = [name for name in names if _failed_for_good(store, name)]
+        names = [name for name in names if (tried := store.attempts(name)) and tried.failed]
     return [name for name in names if reopen(name, backend=store)]
-
-
-def _failed_for_good(store: LockBackend, feature: str) -> bool:
-    record = store.attempts(feature)
-    return record is not None and record.failed
 
 
 # --------------------------------------------------------------------------- releasing
@@ -453,11 +430,8 @@ def release(
     force: bool = False,
     backend: LockBackend | str | None = None,
 ) -> bool:
-    """Remove ``pid``'s lock on ``feature``; True if a lock was removed, False if none.
-
-    Another owner's lock (stale or not) raises :class:`NotOwnerError` and is left intact,
-    unless ``force``. A corrupt or non-file entry is removed as clean-up.
-    """
+    """Remove ``pid``'s lock on ``feature``; True if a lock was removed. Another owner's lock
+    raises :class:`NotOwnerError` and stays, unless ``force``; a corrupt entry is cleaned up."""
     _validate_feature_name(feature)
     owner = _owner_pid(pid)
     return _backend(backend, gsd_dir).release(feature, owner, force=force)
@@ -475,13 +449,9 @@ def clean(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[CleanedEntry]:
-    """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live locks.
-
-    Each removal re-checks that the entry is the one judged. A feature (or an entry of it)
-    that fails with an OS error is skipped and added to ``problems``, and the other features
-    are cleaned all the same; without that list, the first such error is raised at the end.
-    ``features``: only these (default: every feature).
-    """
+    """Remove stale, corrupt and non-file lock entries and orphan temp files (each re-checked
+    before removal); leave live locks. ``features``: only these (default: all). A feature that
+    fails with an OS error is skipped into ``problems`` (without it: raised at the end)."""
     return _backend(backend, gsd_dir).clean(
         dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems, features=features
     )
