@@ -236,26 +236,16 @@ class AsyncFeatureLock:
             return call()
         future = self._calls.start(asyncio.get_running_loop(), call)
         if await _settled(future):
-            raise asyncio.CancelledError
-        return future.result()
-
-    async def _try(self, try_once: Callable[[], AcquireResult]) -> AcquireResult:
-        """One try (``_call``); cancelled while it ran in its thread, the lock it took, if
-        any, is released before ``CancelledError`` goes on."""
-        if self._on_loop:
-            return try_once()
-        future = self._calls.start(asyncio.get_running_loop(), try_once)
-        if await _settled(future):
-            # Race: cancelled while the try ran in its thread: the lock it took is taken all
-            # the same, and nobody would know of it: give it back first.
             if not future.cancelled() and future.exception() is None:
                 await self._give_back(future.result())
             raise asyncio.CancelledError
         return future.result()
 
-    async def _give_back(self, outcome: AcquireResult) -> None:
-        """Release a lock a cancelled try took (waited for, even if cancelled again)."""
-        if outcome.held is None:
+    async def _give_back(self, outcome: object) -> None:
+        """Release a lock a cancelled try took (waited for, even if cancelled again). Race:
+        cancelled while the try ran in its thread: the lock is taken all the same, and
+        nobody would know of it."""
+        if not isinstance(outcome, AcquireResult) or outcome.held is None:
             return
         future = self._calls.start(
             asyncio.get_running_loop(), partial(self.backend.release_held, outcome.held)
@@ -344,7 +334,7 @@ class AsyncFeatureLock:
                     details,
                     state.lease,
                 )
-                outcome = await self._try(try_once)
+                outcome = await self._call(try_once)
                 if outcome.held is not None:
                     return outcome.held
                 holder, left = wait.stopped_by(outcome)
