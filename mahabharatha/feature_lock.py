@@ -115,19 +115,15 @@ class FeatureLock:
         self._work_group_due: tuple[int, int | None] | None = None  # to record at the next beat
         self._deadline = 0.0  # ``_mine``'s expiry on the monotonic clock (``_with_deadline``)
         self._holder_process: int | None = None  # a forked child shares this object, not the lock
-        self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
-        self._stop = threading.Event()  # ends the cut-off
         # Who beats (``_beat_once``): a thread of its own, a pool worker's shared one, or
         # ``None``: an event loop's task, which also rests the backend its locks share.
         self._beats: Heartbeat | None = Heartbeat(feature)
         self._own_beats = True
-        self._handed: WorkProof | None = None  # the proof handed on (``proof_fds``), made once
         # A pool's hold: ``acquire`` adopts this claim, and the hold outlives ``release`` (the
         # block's end) until ``PoolLock.finish`` marks and releases it in one step.
         self._claimed: Held | None = None
         self._ends_by_outcome = False
-        self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
-        self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
+        self._forget_after_fork()
         _LIVE_LOCKS.add(self)
 
     @property
@@ -137,13 +133,15 @@ class FeatureLock:
         return None if mine is None else mine.token
 
     def _forget_after_fork(self) -> None:
-        """In a freshly forked child: the lock is the parent's (``_holder_process``)."""
+        """The state no process inherits, made new (also in ``__init__``); in a forked child
+        the lock itself is the parent's (``_holder_process``)."""
         # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
-        self._mutex = threading.Lock()
-        self._stop = threading.Event()
-        self._handed = None  # its descriptors stay open here: this child is the holder's work
-        self._cut_off = None
-        self._declaring = threading.Lock()
+        self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
+        self._stop = threading.Event()  # ends the cut-off
+        # The proof handed on (``proof_fds``), made once; a child keeps its descriptors open.
+        self._handed: WorkProof | None = None
+        self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
+        self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
 
     @property
     def held(self) -> bool:
@@ -470,22 +468,20 @@ class Heartbeat:
 
     def __init__(self, name: str = "pool") -> None:
         self._name = f"lock-heartbeat-{name}"
-        self._changed = threading.Condition()
-        self._held: FeatureLock | None = None
-        self._busy: FeatureLock | None = None  # whose step runs now, outside the condition
+        self._forget_after_fork()
         self._first = True  # the held lock's next step is its first (the connection's grace)
         self._due = 0.0
         self._closed = False
-        self._thread: threading.Thread | None = None
         _LIVE_HEARTBEATS.add(self)
 
     def _forget_after_fork(self) -> None:
-        """In a freshly forked child (one thread): the heartbeat thread is the parent's."""
+        """The state no process inherits (in a forked child the thread is the parent's)."""
         # Race: fork while the thread held the condition or stepped a lock: the child's copy
         # would stay locked, or say for ever that a step runs (a release there waited on it).
         self._changed = threading.Condition()
-        self._held = self._busy = None
-        self._thread = None
+        self._held: FeatureLock | None = None
+        self._busy: FeatureLock | None = None  # whose step runs now, outside the condition
+        self._thread: threading.Thread | None = None
 
     def hold(self, lock: FeatureLock) -> None:
         """Keep ``lock`` fresh from now on; :class:`HeartbeatStartError` when the thread cannot
