@@ -24,11 +24,7 @@ from mahabharatha.backends.base import (
     LockLostError,
     ReleaseWait,
 )
-from mahabharatha.constants import (
-    CUT_OFF_NOTICE_SECONDS,
-    GSD_DIR,
-    HEARTBEAT_SECONDS,
-)
+from mahabharatha.constants import CUT_OFF_NOTICE_SECONDS, GSD_DIR, HEARTBEAT_SECONDS
 from mahabharatha.functional import (
     WaitCallback,
     _backend,

@@ -33,14 +33,8 @@ from mahabharatha.backends.base import (
     describe_holder,
     lacks,
 )
-from mahabharatha.backends.liveness import (
-    OwnerFacts,
-    judge,
-)
-from mahabharatha.constants import (
-    GSD_DIR,
-    WAKE_UP_SLICE_SECONDS,
-)
+from mahabharatha.backends.liveness import OwnerFacts, judge
+from mahabharatha.constants import GSD_DIR, WAKE_UP_SLICE_SECONDS
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.owner import ownership
@@ -50,8 +44,8 @@ GsdDir = str | os.PathLike[str]
 
 
 def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
-    """The caller's backend, or the one its URL (or ``MAHABHARATHA_LOCK_URL``) names, or the
-    folder backend of ``gsd_dir``; a server's is kept for the process (one warm connection)."""
+    """The caller's backend, else its URL's (or ``MAHABHARATHA_LOCK_URL``'s: a server's is kept
+    for the process), else the folder backend of ``gsd_dir``."""
     if backend is not None and not isinstance(backend, str):
         return backend
     return shared_backend(backend or lock_url(), gsd_dir)
@@ -90,9 +84,8 @@ def survey(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
-    """Every feature, by name: its lock as :func:`status` lists it, or ``done`` (a marker and
-    no lock) or ``free``; problems as :func:`status` reports them. With locks on a server, a
-    feature done or failed in its local folder is shown so, as :func:`claim` skips it."""
+    """Every feature, by name: its lock as :func:`status` lists it, else ``done`` or ``free``
+    (on a server, ``done`` or ``failed`` as its local folder says, as :func:`claim` skips it)."""
     store = _backend(backend, gsd_dir)
     infos = store.survey(problems=problems)
     local = _local_markers(store)
@@ -114,8 +107,8 @@ def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
 def _finished_in(
     local: LockBackend, feature: str, *, include_done: bool, attempts: int | None
 ) -> tuple[State, Attempts | None] | None:
-    """Is ``feature`` done or failed (attempts at ``attempts``, or the recorded limit) in the
-    local folders? One answer for claim and status; an unreadable folder says nothing."""
+    """Is ``feature`` done or failed (``attempts``, or the recorded limit) in the local folders,
+    for claim and status alike? An unreadable folder says nothing."""
     try:
         if not include_done and local.is_done(feature):
             return State.DONE, None
@@ -139,10 +132,9 @@ def _try_once(
     details: bytes | None = None,
     lease: float | None = None,
 ) -> AcquireResult:
+    chosen = {} if lease is None else {"lease": lease}  # a backend without leases sees none
     requester = Requester(pid, details)
-    if lease is None:  # the seam's default: a backend that cannot choose a lease never sees one
-        return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead))
-    return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease))
+    return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, **chosen))
 
 
 def _said(outcome: AcquireResult) -> AcquireResult:
@@ -250,8 +242,7 @@ def acquire(
 
 
 class _Waiting:
-    """One acquire's wait (``acquire`` and ``AsyncFeatureLock``): deadline, backoff, and what a
-    lost try means."""
+    """One acquire's wait (``acquire``, ``AsyncFeatureLock``): deadline, backoff, a lost try."""
 
     def __init__(
         self, deadline: waiting.Deadline, callers: set[int], on_wait: WaitCallback | None
@@ -281,8 +272,8 @@ class _Waiting:
 
 
 def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
-    """Between two tries: sleep ``delay`` (backoff), or, where the backend wakes waiters on a
-    release, wait for that (at most a slice, or what is left of the wait)."""
+    """Between two tries: sleep ``delay``, or wait for a release where the backend hears them
+    (at most a slice, or what is left of the wait)."""
     if lacks(backend, HearsReleases) or not isinstance(backend, HearsReleases):
         sleep(delay)
         return
@@ -320,8 +311,7 @@ def _valid_attempts(attempts: int) -> None:
 
 
 def _local_markers(store: LockBackend) -> LockBackend | None:
-    """The local folders of a backend that keeps its locks elsewhere (their markers count
-    too); ``None`` on files."""
+    """The local folders of a server backend (their markers count too); ``None`` on files."""
     if lacks(store, LockServer) or not isinstance(store, LockServer):
         return None
     return open_backend(None, store.gsd_dir)
