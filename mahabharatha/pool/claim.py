@@ -203,19 +203,16 @@ class _Pool:
         if not lacks(store, ClaimsInOneStep) and isinstance(store, ClaimsInOneStep):
             self.one_step = store
         self.deadline = waiting.Deadline(0.0)  # the claim's wait (also for a server's slot)
-        # Features seen done or failed: they stay so while the pool runs (only ``reopen``
-        # changes that), so later rounds skip them without a look (no system call).
+        # Features seen done or failed stay so while the pool runs (only ``reopen`` undoes
+        # it): later rounds skip them without a look, and start past the finished prefix.
         self.finished: dict[str, str] = {}
-        # Candidates before this index are all finished: a round starts after them. Features
-        # finish about in order, so a worker's rounds walk O(features) in all, not each.
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
         self.here: dict[str, str] = {}  # one-statement claims: done or failed locally
-        # --retry-delay: a feature rests this long after a failed attempt. When a rest ends,
-        # by the attempt's record (any worker's; where the claim reads it) or this worker's.
+        # --retry-delay: a feature rests this long after a failed attempt (any worker's record,
+        # or this worker's ``rest_until``); ``on_waiting`` is told once what the pool waits for.
         self.retry_delay = 0.0
         self.rest_until: dict[str, float] = {}
-        # Told once per run which feature (and holder) the worker waits for.
         self.on_waiting: Callable[[LockInfo], None] | None = None
         self.told_waiting = False
 
@@ -242,8 +239,8 @@ class _Pool:
             self.rest_until[feature] = clock.now() + self.retry_delay
 
     def _resting(self, feature: str, record: Attempts | None = None) -> bool:
-        """Is ``feature`` resting after a failed attempt (this worker's, or the one its
-        ``record`` names last)? It counts as held by others: the pool waits for it."""
+        """Is ``feature`` resting after a failed attempt (this worker's, or its ``record``'s
+        last)? Then it counts as held by others."""
         now = clock.now()
         ends = self.rest_until.get(feature, 0.0)
         if record is not None and record.history and self.retry_delay > 0:
@@ -273,19 +270,10 @@ class _Pool:
                 self.open_from += 1  # a finished feature stays so: later rounds start past it
             if verdict is not None:
                 seen[verdict].append(feature)
-        return _outcome_of(self._passed(start, seen))
-
-    def _passed(self, start: int, seen: dict[str, list[str]]) -> dict[str, list[str]]:
-        """``seen`` with the candidates before ``start`` (all finished, what each was is known)
-        in front, in the candidates' order."""
-        before: dict[str, list[str]] = {"done": [], "failed": []}
-        for feature in self.candidates[:start]:
-            before[self.finished[feature]].append(feature)
-        return {
-            **seen,
-            "done": before["done"] + seen["done"],
-            "failed": before["failed"] + seen["failed"],
-        }
+        passed = self.candidates[:start]  # all finished: what each was is known
+        for verdict in ("done", "failed"):
+            seen[verdict][:0] = [f for f in passed if self.finished[f] == verdict]
+        return _outcome_of(seen)
 
     def _tried(self, feature: str, options: _ClaimOptions) -> Held | str | None:
         """:meth:`_claim_one`, with an OS error kept in ``problems`` (``None``: not tried)."""
