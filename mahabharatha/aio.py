@@ -82,11 +82,9 @@ def _calls_of(store: LockBackend) -> _Calls:
 
 
 class _Gate:
-    """The tasks of one loop that want one feature for one owner pid, queued (FIFO).
-
-    The backend's lock is the process's (its owner pid, its proof of life): a second task of
-    the same process asking the backend would be told "already held by you". Tasks of one loop
-    take turns here first, and only the one at the front contends with other processes."""
+    """The tasks of one loop that want one feature for one owner pid, queued (FIFO): the
+    backend would tell a second task of the holder's process "already held by you", so only
+    the task at the front contends with other processes."""
 
     def __init__(self) -> None:
         self.turn = asyncio.Lock()
@@ -121,11 +119,7 @@ _GATES_GUARD: Final = threading.Lock()  # Race: loops in two threads adding thei
 def _gate_of(store: LockBackend, feature: str, pid: int) -> _Gate:
     place = (store.kind, store.where(), store.namespace, feature, pid)
     with _GATES_GUARD:
-        gates = _GATES.setdefault(asyncio.get_running_loop(), {})
-        gate = gates.get(place)
-        if gate is None:
-            gate = gates[place] = _Gate()
-        return gate
+        return _GATES.setdefault(asyncio.get_running_loop(), {}).setdefault(place, _Gate())
 
 
 async def _settled(future: asyncio.Future[Any]) -> bool:
@@ -299,13 +293,12 @@ class AsyncFeatureLock:
         """This task's turn among the loop's tasks asking for the feature for the same owner;
         the errors of a busy lock when the wait for it runs out."""
         gate = _gate_of(self.backend, self.feature, self.pid)
-        if gate.owner is not None and gate.owner is asyncio.current_task():
-            # Not reentrant: waiting for our own turn would wait for ever.
+        # Not reentrant: waiting for our own turn would wait for ever.
+        ours = gate.owner is not None and gate.owner is asyncio.current_task()
+        if ours or not await gate.enter(deadline.left()):
             holder = await self._call(partial(self.backend.inspect, self.feature))
-            raise AlreadyHeldError(holder)
-        if not await gate.enter(deadline.left()):
-            holder = await self._call(partial(self.backend.inspect, self.feature))
-            raise (LockTimeoutError if self.timeout else LockHeldError)(holder)
+            busy = LockTimeoutError if self.timeout else LockHeldError
+            raise (AlreadyHeldError if ours else busy)(holder)
         return gate
 
     async def _wait_for_lock(
