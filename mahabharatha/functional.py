@@ -388,10 +388,8 @@ def reopen(
     _validate_feature_name(feature)
     store = _backend(backend, gsd_dir)
     reopened = store.reopen(feature)
-    local = _local_markers(store)
-    if local is not None:
-        reopened = local.reopen(feature) or reopened
-    return reopened
+    local = _local_markers(store)  # a server's features are reopened in their folders too
+    return (local is not None and local.reopen(feature)) or reopened
 
 
 def reopen_finished(
