@@ -389,11 +389,10 @@ class AsyncFeatureLock:
             finally:
                 # The next task of this loop may try once the lock is gone (or, if the release
                 # failed, once it knows: its own try then says who holds it).
-                gate, self._gate = self._gate, None
-                if gate is not None and self._state._mine is None:
+                gate = self._gate
+                if gate is not None and self._state._mine is None:  # else a retry lets it in
+                    self._gate = None
                     gate.leave()
-                elif gate is not None:
-                    self._gate = gate  # still ours: a retried release lets the next one in
             self._rest()
 
     async def __aenter__(self) -> Self:
