@@ -313,21 +313,13 @@ class AsyncFeatureLock:
         if not lacks(store, HearsReleases) and isinstance(store, HearsReleases):
             listener = store.async_release_listener()
         released = _Wake(listener, self.feature)
+        asked = (store, self.feature, state.pid, state.reclaim_dead, details, state.lease)
         try:
             while True:
                 # Race: a release between this try and the wait below: the event, cleared
                 # before the try, is set by it and the wait ends at once.
                 released.clear()
-                try_once = partial(
-                    functional._try_uninterrupted,
-                    store,
-                    self.feature,
-                    state.pid,
-                    state.reclaim_dead,
-                    details,
-                    state.lease,
-                )
-                outcome = await self._call(try_once)
+                outcome = await self._call(partial(functional._try_uninterrupted, *asked))
                 if outcome.held is not None:
                     return outcome.held
                 holder, left = wait.stopped_by(outcome)
