@@ -1,34 +1,10 @@
-"""Feature locks for asyncio programs: ``async with AsyncFeatureLock(feature, ...)``.
+"""``AsyncFeatureLock``: ``FeatureLock`` held from an event loop (``async with``).
 
-The same lock as :class:`~mahabharatha.locks.FeatureLock`, held from an event loop::
-
-    async with AsyncFeatureLock("auth-flow", timeout=30):
-        ...  # exclusive work; the lock is refreshed by a task of this loop
-
-Same arguments, attributes and errors as ``FeatureLock`` (``timeout``, ``heartbeat``, ``lost``,
-``on_lost``, ``LockTimeoutError``, ...), on every backend (files; PostgreSQL through ``url=`` or
-``MAHABHARATHA_LOCK_URL``). This module only schedules; the lock is ``FeatureLock``'s own
-(its state, its refresh, its lost-lock rule, its release) and each step is the backend's:
-
-- **Waiting** never blocks the loop. On files, a try is a few system calls (microseconds),
-  made on the loop, with ``asyncio.sleep`` between tries (the backoff of ``locks.acquire``).
-  On PostgreSQL a try is a round trip, made in a worker thread (bounded by the backend's
-  deadlines), and between tries the task waits for the release's NOTIFY on an async
-  connection (``backends/postgres/aio.py``), one per loop, at most a slice at a time.
-- **The heartbeat** is one asyncio task per lock (no thread of its own): on files it refreshes
-  on the loop, on PostgreSQL in a worker thread of the loop's default executor.
-- **Cancellation** never leaves a lock behind nor holds one the caller does not know about: a
-  backend call in a thread is not abandoned when its task is cancelled; the task waits for it
-  (bounded), gives back what it took, and only then lets ``CancelledError`` go on. The exit
-  of ``async with`` releases on any exception, ``CancelledError`` too.
-- **A lost lock** is reported as ``FeatureLock`` reports it: :attr:`lost` set, ``on_lost``
-  called (on the loop), :meth:`refresh` raising :class:`LockLostError`.
-
-Why a class of its own and not ``async with FeatureLock``: ``acquire()`` cannot be a coroutine
-and a plain call at once, and one object carrying a thread heartbeat and a task heartbeat
-would let a ``with`` and an ``async with`` race on it. The switch is ``with FeatureLock`` to
-``async with AsyncFeatureLock`` (and ``await`` before ``acquire``, ``refresh``, ``release``).
-The long form: ``design/async.md``.
+Only the scheduling is this module's: waits are awaits (files try on the loop, PostgreSQL in a
+worker thread woken by NOTIFY), the heartbeat is a task of the loop, and a cancelled task waits
+for its backend call, gives back what it took, then lets ``CancelledError`` go on. The lock,
+its refresh, its lost-lock rule and its release are ``FeatureLock``'s. Long form:
+``design/async.md``.
 """
 
 from __future__ import annotations
@@ -106,11 +82,9 @@ def _calls_of(store: LockBackend) -> _Calls:
 
 
 class _Gate:
-    """The tasks of one loop that want one feature for one owner pid, queued (FIFO).
-
-    The backend's lock is the process's (its owner pid, its proof of life): a second task of
-    the same process asking the backend would be told "already held by you". Tasks of one loop
-    take turns here first, and only the one at the front contends with other processes."""
+    """The tasks of one loop that want one feature for one owner pid, queued (FIFO): the
+    backend would tell a second task of the holder's process "already held by you", so only
+    the task at the front contends with other processes."""
 
     def __init__(self) -> None:
         self.turn = asyncio.Lock()
@@ -145,11 +119,7 @@ _GATES_GUARD: Final = threading.Lock()  # Race: loops in two threads adding thei
 def _gate_of(store: LockBackend, feature: str, pid: int) -> _Gate:
     place = (store.kind, store.where(), store.namespace, feature, pid)
     with _GATES_GUARD:
-        gates = _GATES.setdefault(asyncio.get_running_loop(), {})
-        gate = gates.get(place)
-        if gate is None:
-            gate = gates[place] = _Gate()
-        return gate
+        return _GATES.setdefault(asyncio.get_running_loop(), {}).setdefault(place, _Gate())
 
 
 async def _settled(future: asyncio.Future[Any]) -> bool:
@@ -185,20 +155,10 @@ class _Forwarded(Generic[_T]):
 class AsyncFeatureLock:
     """Hold a feature lock for a block of an asyncio program, refreshed by a task of the loop.
 
-    Takes :class:`~mahabharatha.locks.FeatureLock`'s arguments, means the same by each, and
-    raises the same errors: ``timeout`` (seconds; 0 tries once, ``None`` waits for ever),
-    ``heartbeat`` (seconds between refreshes; ``None`` for none), ``pid``, ``reclaim_dead``,
-    ``on_wait(info, seconds_left)``, ``on_lost(error)`` (both called on the loop), ``url`` or
-    ``backend`` (default ``MAHABHARATHA_LOCK_URL``, else the files of ``gsd_dir``), ``lease``.
-
-    Waiting lets the loop's other tasks run; a task cancelled while it waits, or inside the
-    block, leaves no lock behind. Not reentrant, as ``FeatureLock`` is not.
-
-    Attributes:
-        lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
-            found it taken away (``lock release --force``, a reclaim after it went stale).
-            Check it after the block if the work must not have run unlocked.
-        heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
+    :class:`~mahabharatha.locks.FeatureLock`'s arguments, attributes (``lost``,
+    ``heartbeat_error``, ...) and errors, meaning the same; ``on_wait`` and ``on_lost`` are
+    called on the loop. Waiting lets the loop's other tasks run; a task cancelled while it
+    waits, or inside the block, leaves no lock behind. Not reentrant.
     """
 
     def __init__(
@@ -273,26 +233,16 @@ class AsyncFeatureLock:
             return call()
         future = self._calls.start(asyncio.get_running_loop(), call)
         if await _settled(future):
-            raise asyncio.CancelledError
-        return future.result()
-
-    async def _try(self, try_once: Callable[[], AcquireResult]) -> AcquireResult:
-        """One try (``_call``); cancelled while it ran in its thread, the lock it took, if
-        any, is released before ``CancelledError`` goes on."""
-        if self._on_loop:
-            return try_once()
-        future = self._calls.start(asyncio.get_running_loop(), try_once)
-        if await _settled(future):
-            # Race: cancelled while the try ran in its thread: the lock it took is taken all
-            # the same, and nobody would know of it: give it back first.
             if not future.cancelled() and future.exception() is None:
                 await self._give_back(future.result())
             raise asyncio.CancelledError
         return future.result()
 
-    async def _give_back(self, outcome: AcquireResult) -> None:
-        """Release a lock a cancelled try took (waited for, even if cancelled again)."""
-        if outcome.held is None:
+    async def _give_back(self, outcome: object) -> None:
+        """Release a lock a cancelled try took (waited for, even if cancelled again). Race:
+        cancelled while the try ran in its thread: the lock is taken all the same, and
+        nobody would know of it."""
+        if not isinstance(outcome, AcquireResult) or outcome.held is None:
             return
         future = self._calls.start(
             asyncio.get_running_loop(), partial(self.backend.release_held, outcome.held)
@@ -315,17 +265,9 @@ class AsyncFeatureLock:
         on_wait: WaitCallback | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
     ) -> Self:
-        """Take the lock (waiting as ``timeout`` says, without blocking the loop) and start
-        the heartbeat task; return self. ``on_wait`` and ``on_lost`` replace the object's own
-        for this acquisition only.
-
-        Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
-        when a wait ran out), :class:`AlreadyHeldError` when the owner pid already holds it,
-        :class:`LockError` when this object already holds it, ``UnsafeLockPathError`` (an
-        ``OSError``) when something stands in the lock's way, and ``OSError`` for other
-        trouble (a disk, an unreachable server: ``BackendError``). Cancelled while it waits,
-        it leaves no lock behind.
-        """
+        """As :meth:`FeatureLock.acquire` (same errors, and :class:`AlreadyHeldError` when the
+        owner pid holds it), waiting without blocking the loop; cancelled while it waits, it
+        leaves no lock behind."""
         state = self._state
         if state._mine is not None or self._gate is not None:
             raise LockError(f"this AsyncFeatureLock already holds {self.feature!r}")
@@ -354,13 +296,12 @@ class AsyncFeatureLock:
         """This task's turn among the loop's tasks asking for the feature for the same owner;
         the errors of a busy lock when the wait for it runs out."""
         gate = _gate_of(self.backend, self.feature, self.pid)
-        if gate.owner is not None and gate.owner is asyncio.current_task():
-            # Not reentrant: waiting for our own turn would wait for ever.
+        # Not reentrant: waiting for our own turn would wait for ever.
+        ours = gate.owner is not None and gate.owner is asyncio.current_task()
+        if ours or not await gate.enter(deadline.left()):
             holder = await self._call(partial(self.backend.inspect, self.feature))
-            raise AlreadyHeldError(holder)
-        if not await gate.enter(deadline.left()):
-            holder = await self._call(partial(self.backend.inspect, self.feature))
-            raise (LockTimeoutError if self.timeout else LockHeldError)(holder)
+            busy = LockTimeoutError if self.timeout else LockHeldError
+            raise (AlreadyHeldError if ours else busy)(holder)
         return gate
 
     async def _wait_for_lock(
@@ -375,21 +316,13 @@ class AsyncFeatureLock:
         if not lacks(store, HearsReleases) and isinstance(store, HearsReleases):
             listener = store.async_release_listener()
         released = _Wake(listener, self.feature)
+        asked = (store, self.feature, state.pid, state.reclaim_dead, details, state.lease)
         try:
             while True:
                 # Race: a release between this try and the wait below: the event, cleared
                 # before the try, is set by it and the wait ends at once.
                 released.clear()
-                try_once = partial(
-                    functional._try_uninterrupted,
-                    store,
-                    self.feature,
-                    state.pid,
-                    state.reclaim_dead,
-                    details,
-                    state.lease,
-                )
-                outcome = await self._try(try_once)
+                outcome = await self._call(partial(functional._try_uninterrupted, *asked))
                 if outcome.held is not None:
                     return outcome.held
                 holder, left = wait.stopped_by(outcome)
@@ -451,11 +384,10 @@ class AsyncFeatureLock:
             finally:
                 # The next task of this loop may try once the lock is gone (or, if the release
                 # failed, once it knows: its own try then says who holds it).
-                gate, self._gate = self._gate, None
-                if gate is not None and self._state._mine is None:
+                gate = self._gate
+                if gate is not None and self._state._mine is None:  # else a retry lets it in
+                    self._gate = None
                     gate.leave()
-                elif gate is not None:
-                    self._gate = gate  # still ours: a retried release lets the next one in
             self._rest()
 
     async def __aenter__(self) -> Self:

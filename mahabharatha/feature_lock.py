@@ -9,7 +9,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from time import monotonic
 from types import TracebackType
 from typing import Final, Self
@@ -24,15 +24,11 @@ from mahabharatha.backends.base import (
     LockLostError,
     ReleaseWait,
 )
-from mahabharatha.constants import (
-    CUT_OFF_NOTICE_SECONDS,
-    GSD_DIR,
-    HEARTBEAT_SECONDS,
-)
+from mahabharatha.constants import CUT_OFF_NOTICE_SECONDS, GSD_DIR, HEARTBEAT_SECONDS
 from mahabharatha.functional import (
     WaitCallback,
     _backend,
-    _valid_pid,
+    _owner_pid,
     _valid_seconds,
     _valid_timeout,
     acquire,
@@ -56,24 +52,17 @@ def cut_off_notice(lease: float) -> float:
 class FeatureLock:
     """Hold a feature lock for a block, keeping it fresh with a background heartbeat.
 
-    ``timeout``: seconds to wait for a busy lock; 0 tries once, ``None`` (the default) waits
-    for ever; a negative, ``nan`` or infinite value is refused with ``ValueError`` (``-1`` is
-    not "for ever"). ``heartbeat``: seconds between refreshes (``None`` for none). ``pid``: the
-    owner to record (default: this process). ``reclaim_dead``: also take over a lock whose owner
-    is provably gone on this host. ``on_wait(info, seconds_left)`` is called while waiting.
-    ``url`` (or ``backend``): the lock server; default ``MAHABHARATHA_LOCK_URL``, else files.
-    If the lock is taken away (``release --force``), or refreshes keep failing until it turned
-    stale, the heartbeat stops, :attr:`lost` is set and ``on_lost`` is called (from the
-    heartbeat thread); :meth:`refresh` raises :class:`LockLostError`.
+    ``timeout``: seconds to wait for a busy lock (0 tries once, ``None`` waits for ever; a
+    negative, ``nan`` or infinite one is a ``ValueError``). ``heartbeat``: seconds between
+    refreshes (``None``: none). ``pid``: the owner recorded (default: this process).
+    ``reclaim_dead``: also take a lock whose owner is provably gone on this host.
+    ``on_wait(info, seconds_left)`` is called while waiting. ``url`` or ``backend``: the lock
+    server (default ``MAHABHARATHA_LOCK_URL``, else files). A forked child forgets the lock.
 
-    Fork-safe: a child forked from the holder forgets the lock (it is the parent's) and gets a
-    fresh mutex, so it never waits on one the heartbeat thread held at the fork.
-
-    Attributes:
-        lost: ``None`` while the lock is ours; the :class:`LockLostError` once the heartbeat
-            found it taken away (``lock release --force``, a reclaim after it went stale).
-            Check it after the block if the work must not have run unlocked.
-        heartbeat_error: the last ``OSError`` of a refresh that will be retried, else None.
+    Attributes: lost: ``None`` while ours, the :class:`LockLostError` once the lock was taken
+    away or refreshes failed until it turned stale (``on_lost`` is then called from the
+    heartbeat thread; check it after the block). heartbeat_error: the last ``OSError`` of a
+    refresh that will be retried.
     """
 
     _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
@@ -96,17 +85,19 @@ class FeatureLock:
         url: str | None = None,
     ) -> None:
         _validate_feature_name(feature)
-        _valid_timeout(timeout)
+        self.timeout = _valid_timeout(timeout)
         self.feature = feature
         self.gsd_dir = gsd_dir
         self.backend = _backend(url if backend is None else backend, gsd_dir)
-        self.pid = os.getpid() if pid is None else _valid_pid(pid)
-        self.timeout = _valid_seconds("timeout", timeout)
+        self.pid = _owner_pid(pid)
         self.reclaim_dead = reclaim_dead
         self.heartbeat = _valid_seconds("heartbeat", heartbeat)
         if self.heartbeat is not None and self.heartbeat < 0:  # it would refresh in a busy loop
             raise ValueError(f"Invalid heartbeat: {heartbeat!r} (must be >= 0; 0 or None: none)")
-        self.lease = self._chosen_lease(_valid_seconds("lease", lease))
+        if lease is not None and (_valid_seconds("lease", lease) or 0) <= 0:
+            raise ValueError(f"Invalid lease: {lease!r} (must be a positive number of seconds)")
+        # Files: none (fixed at 2 h); a server: the lease of a holder that refreshes.
+        self.lease = self.backend.run_lease if lease is None else lease
         if self.lease is not None and self.heartbeat:  # refresh 3 times a lease: 2 may fail
             self.heartbeat = min(self.heartbeat, self.lease / LEASE_REFRESHES)
         self.on_wait = on_wait
@@ -120,25 +111,16 @@ class FeatureLock:
         self._work_group_due: tuple[int, int | None] | None = None  # to record at the next beat
         self._deadline = 0.0  # ``_mine``'s expiry on the monotonic clock (``_with_deadline``)
         self._holder_process: int | None = None  # a forked child shares this object, not the lock
-        self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
-        self._stop = threading.Event()  # ends the cut-off
         # Who beats (``_beat_once``): a thread of its own, a pool worker's shared one, or
         # ``None``: an event loop's task, which also rests the backend its locks share.
         self._beats: Heartbeat | None = Heartbeat(feature)
         self._own_beats = True
-        self._handed: WorkProof | None = None  # the proof handed on (``proof_fds``), made once
-        self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
-        self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
+        # A pool's hold: ``acquire`` adopts this claim, and the hold outlives ``release`` (the
+        # block's end) until ``PoolLock.finish`` marks and releases it in one step.
+        self._claimed: Held | None = None
+        self._ends_by_outcome = False
+        self._forget_after_fork()
         _LIVE_LOCKS.add(self)
-
-    def _chosen_lease(self, lease: float | None) -> float | None:
-        """The lease of this holder: the one given, else the backend's lease for a holder that
-        refreshes (PostgreSQL: ``run_lease``), else none (files: fixed at 2 h)."""
-        if lease is not None and lease <= 0:
-            raise ValueError(f"Invalid lease: {lease!r} (must be a positive number of seconds)")
-        if lease is not None:
-            return lease
-        return self.backend.run_lease
 
     @property
     def token(self) -> int | None:
@@ -147,15 +129,15 @@ class FeatureLock:
         return None if mine is None else mine.token
 
     def _forget_after_fork(self) -> None:
-        """In a freshly forked child (one thread, run by ``os.register_at_fork``): the mutex
-        may have been held by the heartbeat thread, which does not exist here. (The lock itself
-        is the parent's: ``_holder_process`` keeps the child's hands off it.)"""
+        """The state no process inherits, made new (also in ``__init__``); in a forked child
+        the lock itself is the parent's (``_holder_process``)."""
         # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
-        self._mutex = threading.Lock()
-        self._stop = threading.Event()
-        self._handed = None  # its descriptors stay open here: this child is the holder's work
-        self._cut_off = None
-        self._declaring = threading.Lock()
+        self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
+        self._stop = threading.Event()  # ends the cut-off
+        # The proof handed on (``proof_fds``), made once; a child keeps its descriptors open.
+        self._handed: WorkProof | None = None
+        self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
+        self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
 
     @property
     def held(self) -> bool:
@@ -167,11 +149,8 @@ class FeatureLock:
 
     @property
     def expires_at(self) -> float | None:
-        """When our lock turns stale unless refreshed (epoch seconds); None when not held.
-
-        Past it, another process may rightly reclaim the lock: a holder whose heartbeat keeps
-        failing has lost it even before a refresh tells it so.
-        """
+        """When our lock turns stale unless refreshed (epoch seconds; None: not held): past it
+        another process may rightly reclaim it."""
         return None if self._mine is None else self._mine.expires_at
 
     def __repr__(self) -> str:
@@ -187,21 +166,21 @@ class FeatureLock:
         on_wait: WaitCallback | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
     ) -> Self:
-        """Take the lock (waiting as ``timeout`` says) and start the heartbeat; return self.
+        """Take the lock (waiting as ``timeout`` says), start the heartbeat; return self.
+        ``on_wait`` and ``on_lost`` replace the object's own for this acquisition only.
 
-        ``on_wait`` and ``on_lost``, when given, replace the object's own for this acquisition
-        only (a caller such as ``lock run`` adds its own checks without rewriting the object).
-
-        Raises :class:`LockHeldError` when it is held by someone else (``LockTimeoutError``
-        when a wait ran out), :class:`LockError` when this object already holds it,
-        ``UnsafeLockPathError`` (an ``OSError``) when a symlink, a file or a directory stands
-        where the feature folder or the lock should be, and ``OSError`` for other trouble on
-        disk (permissions, a read-only or full file system).
-        """
+        Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait), :class:`LockError`
+        when this object holds it already, ``UnsafeLockPathError`` (an ``OSError``) when
+        something stands where the feature folder or the lock should be, ``OSError`` for
+        other trouble on disk."""
+        claimed, self._claimed = self._claimed, None
+        if self._ends_by_outcome and claimed is None:
+            raise LockError(f"the claim of {self.feature!r} was used already")
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
         self._adopt(
-            acquire(
+            claimed
+            or acquire(
                 self.feature,
                 self.gsd_dir,
                 pid=self.pid,
@@ -215,12 +194,14 @@ class FeatureLock:
             ),
             on_lost,
         )
-        self._rest_backend()
+        if claimed is None:  # a claim keeps its connection for a grace: its first beat rests it
+            self._rest_backend()
         try:
             self._start_heartbeat()
         except BaseException:
             # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
-            self.release()
+            self._stop_heartbeat()
+            self._give_back()
             raise
         return self
 
@@ -296,17 +277,15 @@ class FeatureLock:
         return fresh if fresh is not mine else store.refresh(mine)
 
     def _rest_backend(self) -> None:
-        """Between refreshes a holder keeps no server connection (the backend's ``close``):
-        200 holders against a server of 40 connection slots. An event loop's locks (no
-        ``_beats``) are rested by the loop, never under a call."""
+        """Between refreshes a holder keeps no server connection (many holders, few slots);
+        an event loop's locks (no ``_beats``) are rested by the loop."""
         if self.heartbeat and self._beats is not None:
             self.backend.close()
 
     def _beat_once(self, first: bool = False) -> float | None:
-        """One heartbeat: refresh, and say when the next is due (seconds), or ``None`` once
-        the lock is lost (:attr:`lost` set, ``on_lost`` told). The rule of every heartbeat:
-        :class:`Heartbeat`'s thread and ``AsyncFeatureLock``'s task. The ``first`` step of a
-        hold that keeps its claim's connection for a grace (:class:`PoolLock`) lets it go."""
+        """One heartbeat (the rule of :class:`Heartbeat`'s thread and ``AsyncFeatureLock``'s
+        task): refresh; the seconds to the next, or ``None`` once lost (``on_lost`` told). A
+        claim's ``first`` step lets its connection go (the pool's grace)."""
         assert self.heartbeat is not None
         if self.lost is not None:
             return None  # declared by the cut-off: given up
@@ -332,9 +311,8 @@ class FeatureLock:
         return self.heartbeat
 
     def _with_deadline(self, mine: Held) -> Held:
-        """Keep ``mine``'s expiry also as a deadline on the monotonic clock: its lease from
-        when the statement that set it was sent (the server's lease cannot end sooner),
-        else from now."""
+        """Keep ``mine``'s expiry also on the monotonic clock, its lease counted from when the
+        statement that set it was sent (the server's cannot end sooner), else from now."""
         if mine.sent is None:
             self._deadline = monotonic() + (mine.expires_at - clock.now())
         else:
@@ -363,53 +341,41 @@ class FeatureLock:
             tell(error)
 
     def release(self, wait: ReleaseWait | None = None) -> None:
-        """Stop the heartbeat and remove our lock (only if it is still exactly ours).
-
-        Does nothing when the lock is not held (never taken, released, lost, or held by the
-        process this one was forked from), and never removes another owner's lock. Raises
-        ``OSError`` when the lock cannot be removed just now (permissions, an I/O error, the
-        folder's guard stayed busy); the lock is then still ours and release can be retried.
-        ``wait``: how to wait where the backend cannot release at once (files: another
-        process's kernel lease on the lock file), as :class:`ReleaseWait` says.
-        """
+        """Stop the heartbeat and remove our lock if it is still exactly ours (nothing when
+        it is not held here). ``OSError`` when it cannot be removed just now: it stays ours,
+        and release can be retried. ``wait``: how to wait where the backend cannot release at
+        once (:class:`ReleaseWait`). A claimed hold (``PoolLock``) keeps it for its outcome."""
         self._stop_heartbeat()
+        if not self._ends_by_outcome:
+            self._give_back(wait)
+
+    def _give_back(self, wait: ReleaseWait | None = None) -> None:
         with self._mutex:
             self._forget_if_forked()
             mine = self._mine
             if mine is None:
                 return
-            if self.lost is not None:
-                # Lost already (its lease ran out while the backend was unreachable): taking
-                # back what may be left is best effort, and a failure to reach the backend is
-                # not this release's news (the loss was reported).
-                with suppress(OSError):
-                    self.backend.release_held(mine)
-                self._mine = None
-                self._close_handed()
-                return
-            # On an error the lock stays ours (``_mine`` kept), so release can be tried again.
-            self.backend.release_held(mine, wait)
+            lost = self.lost is not None
+            # Lost already: taking back what may be left is best effort (the loss was told).
+            # Else on an error the lock stays ours (``_mine`` kept): release can be retried.
+            with suppress(OSError) if lost else nullcontext():
+                self.backend.release_held(mine, None if lost else wait)
             self._mine = None
             self._close_handed()
 
     def work_proof(self) -> WorkProof | None:
-        """A proof of life for work this holder starts (``lock run``'s command): pass its
-        ``fd`` to the child (``pass_fds``), then ``close_ours()``; the lock's owner then stays
-        alive while any process of that work holds it, even after this one died. ``None`` when
-        the lock carries no proof (not held here, another owner pid, a backend or file system
-        without one). Python's ``subprocess`` closes descriptors by default: work started
-        without it does not count."""
+        """A proof of life for work this holder starts: pass its ``fd`` to the child
+        (``pass_fds``), then ``close_ours()``; the owner stays alive while that work holds it.
+        ``None`` when the lock carries none (not held here, a server, no file system support)."""
         mine, store = self._mine, self.backend
         if mine is None or self._holder_process != os.getpid():
             return None
         return store.work_proof(mine) if isinstance(store, LocalFolder) else None
 
     def record_work_group(self, pgid: int, leader_start: int | None) -> None:
-        """Record with the lock the process group ``pgid`` (leader started at
-        ``leader_start``) that ``lock run`` made for its command: its members count as the
-        owner's work, also after this process died (proof or no proof). A lock found lost is
-        declared so (as the heartbeat would); a failed write (a busy guard, a full disk) is
-        tried again by each heartbeat until one succeeds."""
+        """Record with the lock ``lock run``'s process group ``pgid`` (leader started at
+        ``leader_start``): its members count as the owner's work. A lock found lost is declared
+        so; a failed write is tried again by each heartbeat until one succeeds."""
         with self._mutex:
             self._forget_if_forked()
             store = self.backend
@@ -434,25 +400,21 @@ class FeatureLock:
 
     @property
     def proof_fds(self) -> tuple[int, ...]:
-        """The descriptors that carry this lock's proof of life to a child that does not
-        inherit ours: ``subprocess.Popen(..., pass_fds=lock.proof_fds)``. The owner then stays
-        alive while any such child runs, even after this process died. Empty when the lock is
-        not held here or carries no proof (a lock server, a file system without one). Valid
-        until the lock is let go; children started without them are not the lock's work."""
+        """The descriptors that carry this lock's proof of life to a child:
+        ``subprocess.Popen(..., pass_fds=lock.proof_fds)``; the owner then stays alive while
+        the child runs. Empty when there is no proof here; valid until the lock is let go."""
         handed = self._handed_proof()
         return () if handed is None or handed.fd is None else (handed.fd,)
 
     def proof_for_workers(self) -> HandedProof:
-        """This lock's proof of life for ``multiprocessing`` workers started with ``spawn`` or
-        ``forkserver`` (which inherit no descriptors): pass it as the pool's ``initializer``
-        (``Pool(initializer=lock.proof_for_workers())``), or call it in your own initializer
-        or worker. Workers started while the lock is held then keep its owner alive while they
-        work, even after this process died; start them inside the ``with`` block."""
+        """This lock's proof of life for ``spawn``/``forkserver`` ``multiprocessing`` workers:
+        ``Pool(initializer=lock.proof_for_workers())`` (or call it in your own initializer).
+        Workers started inside the ``with`` block keep the owner alive while they work."""
         return HandedProof(self._handed_proof())
 
     def _handed_proof(self) -> WorkProof | None:
-        """The one work proof this hold hands on, made at the first request (off the
-        acquire-release cycle) and closed when the lock is let go."""
+        """The one work proof this hold hands on: made at the first request, closed when the
+        lock is let go."""
         with self._mutex:
             if self._handed is None or self._handed.fd is None:
                 self._handed = self.work_proof()
@@ -496,29 +458,26 @@ class FeatureLock:
 
 
 class Heartbeat:
-    """The heartbeat thread: runs ``_beat_once`` of the one lock it holds at a time, when due.
-    A ``FeatureLock`` has one of its own; a pool worker one for its whole run. A lock let go of
-    is never touched again: :meth:`let_go` returns once no step of it runs, and none starts
-    after."""
+    """The heartbeat thread: runs the due ``_beat_once`` of the one lock it holds at a time
+    (a ``FeatureLock``'s own, or a pool worker's for its whole run). A lock let go of is never
+    touched again."""
 
     def __init__(self, name: str = "pool") -> None:
         self._name = f"lock-heartbeat-{name}"
-        self._changed = threading.Condition()
-        self._held: FeatureLock | None = None
-        self._busy: FeatureLock | None = None  # whose step runs now, outside the condition
+        self._forget_after_fork()
         self._first = True  # the held lock's next step is its first (the connection's grace)
         self._due = 0.0
         self._closed = False
-        self._thread: threading.Thread | None = None
         _LIVE_HEARTBEATS.add(self)
 
     def _forget_after_fork(self) -> None:
-        """In a freshly forked child (one thread): the heartbeat thread is the parent's."""
+        """The state no process inherits (in a forked child the thread is the parent's)."""
         # Race: fork while the thread held the condition or stepped a lock: the child's copy
         # would stay locked, or say for ever that a step runs (a release there waited on it).
         self._changed = threading.Condition()
-        self._held = self._busy = None
-        self._thread = None
+        self._held: FeatureLock | None = None
+        self._busy: FeatureLock | None = None  # whose step runs now, outside the condition
+        self._thread: threading.Thread | None = None
 
     def hold(self, lock: FeatureLock) -> None:
         """Keep ``lock`` fresh from now on; :class:`HeartbeatStartError` when the thread cannot

@@ -33,14 +33,8 @@ from mahabharatha.backends.base import (
     describe_holder,
     lacks,
 )
-from mahabharatha.backends.liveness import (
-    OwnerFacts,
-    judge,
-)
-from mahabharatha.constants import (
-    GSD_DIR,
-    WAKE_UP_SLICE_SECONDS,
-)
+from mahabharatha.backends.liveness import OwnerFacts, judge
+from mahabharatha.constants import GSD_DIR, WAKE_UP_SLICE_SECONDS
 from mahabharatha.names import MAX_PID
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.owner import ownership
@@ -50,8 +44,8 @@ GsdDir = str | os.PathLike[str]
 
 
 def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
-    """The caller's backend, or the one its URL (or ``MAHABHARATHA_LOCK_URL``) names, or the
-    folder backend of ``gsd_dir``; a server's is kept for the process (one warm connection)."""
+    """The caller's backend, else its URL's (or ``MAHABHARATHA_LOCK_URL``'s: a server's is kept
+    for the process), else the folder backend of ``gsd_dir``."""
     if backend is not None and not isinstance(backend, str):
         return backend
     return shared_backend(backend or lock_url(), gsd_dir)
@@ -67,11 +61,8 @@ def _owner_pid(pid: int | None) -> int:
 def inspect(
     feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
 ) -> LockInfo:
-    """The lock on ``feature``: state ``free`` when there is none.
-
-    Raises ``UnsafeLockPathError`` when a symlink or a file stands where the feature folder
-    should be, or a directory where the lock should be: acquire would fail there too.
-    """
+    """The lock on ``feature`` (state ``free``: none). ``UnsafeLockPathError`` when something
+    stands where the feature folder or the lock should be (acquire would fail there too)."""
     _validate_feature_name(feature)
     return _backend(backend, gsd_dir).inspect(feature)
 
@@ -82,11 +73,8 @@ def status(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
-    """Every feature that has a lock entry, by name.
-
-    A folder that cannot be looked into is skipped and added to ``problems`` (without that
-    list, its error is raised after the scan).
-    """
+    """Every feature that has a lock entry, by name. A folder that cannot be looked into is
+    skipped and added to ``problems`` (without that list, its error is raised after the scan)."""
     return _backend(backend, gsd_dir).status(problems=problems)
 
 
@@ -96,9 +84,8 @@ def survey(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
-    """Every feature, by name: its lock as :func:`status` lists it, or ``done`` (a marker and
-    no lock) or ``free``; problems as :func:`status` reports them. With locks on a server, a
-    feature done or failed in its local folder is shown so, as :func:`claim` skips it."""
+    """Every feature, by name: its lock as :func:`status` lists it, else ``done`` or ``free``
+    (on a server, ``done`` or ``failed`` as its local folder says, as :func:`claim` skips it)."""
     store = _backend(backend, gsd_dir)
     infos = store.survey(problems=problems)
     local = _local_markers(store)
@@ -120,8 +107,8 @@ def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
 def _finished_in(
     local: LockBackend, feature: str, *, include_done: bool, attempts: int | None
 ) -> tuple[State, Attempts | None] | None:
-    """Is ``feature`` done or failed (attempts at ``attempts``, or the recorded limit) in the
-    local folders? One answer for claim and status; an unreadable folder says nothing."""
+    """Is ``feature`` done or failed (``attempts``, or the recorded limit) in the local folders,
+    for claim and status alike? An unreadable folder says nothing."""
     try:
         if not include_done and local.is_done(feature):
             return State.DONE, None
@@ -145,10 +132,9 @@ def _try_once(
     details: bytes | None = None,
     lease: float | None = None,
 ) -> AcquireResult:
+    chosen = {} if lease is None else {"lease": lease}  # a backend without leases sees none
     requester = Requester(pid, details)
-    if lease is None:  # the seam's default: a backend that cannot choose a lease never sees one
-        return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead))
-    return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, lease=lease))
+    return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, **chosen))
 
 
 def _said(outcome: AcquireResult) -> AcquireResult:
@@ -232,21 +218,16 @@ def acquire(
 ) -> Held:
     """Make ``pid`` (default: this process) the holder of ``feature``; return the acquisition.
 
-    ``lease``: seconds the lock lasts unless refreshed, where the backend lets it be chosen
-    (PostgreSQL; default 2 h); ``UnsupportedError`` on files, whose lease is fixed.
-
-    ``timeout`` 0 tries once, ``None`` waits for ever, otherwise waits that many seconds.
-    ``command``: what the owner runs under the lock (``lock run``), kept in its owner details.
-    Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait) when it stays held,
-    :class:`AlreadyHeldError` at once when ``pid`` itself holds it, or one of ``caller_pids``
-    (not reentrant, never waiting for itself). ``ValueError`` for a bad name, pid or timeout
-    (negative, ``nan`` or ``inf``: ``-1`` does not mean "for ever"; pass ``None``), and
-    ``OSError`` for trouble on disk. An acquire interrupted by a signal never leaves its lock.
-    """
+    ``timeout`` 0 tries once, ``None`` waits for ever, else seconds. ``lease``: seconds the
+    lock lasts unless refreshed (PostgreSQL; default 2 h; ``UnsupportedError`` on files).
+    ``command``: what the owner runs under the lock, kept in its owner details. Raises
+    :class:`LockHeldError` (``LockTimeoutError`` after a wait), :class:`AlreadyHeldError` at
+    once when ``pid`` or one of ``caller_pids`` holds it, ``ValueError`` for a bad name, pid or
+    timeout (``-1`` is not "for ever"), ``OSError`` for trouble on disk. An acquire
+    interrupted by a signal never leaves its lock."""
     _validate_feature_name(feature)
-    _valid_timeout(timeout)
+    timeout = _valid_timeout(timeout)
     owner = _owner_pid(pid)
-    timeout = _valid_seconds("timeout", timeout)
     store = _backend(backend, gsd_dir)
     details = ownership.details_of(owner, command)
     wait = _Waiting(waiting.Deadline(timeout), {owner, *caller_pids}, on_wait)
@@ -261,8 +242,7 @@ def acquire(
 
 
 class _Waiting:
-    """One acquire's wait (``acquire`` and ``AsyncFeatureLock``): deadline, backoff, and what a
-    lost try means."""
+    """One acquire's wait (``acquire``, ``AsyncFeatureLock``): deadline, backoff, a lost try."""
 
     def __init__(
         self, deadline: waiting.Deadline, callers: set[int], on_wait: WaitCallback | None
@@ -292,8 +272,8 @@ class _Waiting:
 
 
 def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
-    """Between two tries: sleep ``delay`` (backoff), or, where the backend wakes waiters on a
-    release, wait for that (at most a slice, or what is left of the wait)."""
+    """Between two tries: sleep ``delay``, or wait for a release where the backend hears them
+    (at most a slice, or what is left of the wait)."""
     if lacks(backend, HearsReleases) or not isinstance(backend, HearsReleases):
         sleep(delay)
         return
@@ -302,12 +282,13 @@ def _pause(backend: LockBackend, feature: str, delay: float, left: float | None)
     )
 
 
-def _valid_timeout(timeout: float | None) -> None:
+def _valid_timeout(timeout: float | None, name: str = "timeout") -> float | None:
     # A negative wait is refused, not guessed at (-1: "for ever" to some, "once" to others).
     if timeout is not None and timeout < 0:
         raise ValueError(
             f"Invalid timeout: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
         )
+    return _valid_seconds(name, timeout)
 
 
 def _valid_seconds(name: str, value: float | None) -> float | None:
@@ -330,8 +311,7 @@ def _valid_attempts(attempts: int) -> None:
 
 
 def _local_markers(store: LockBackend) -> LockBackend | None:
-    """The local folders of a backend that keeps its locks elsewhere (their markers count
-    too); ``None`` on files."""
+    """The local folders of a server backend (their markers count too); ``None`` on files."""
     if lacks(store, LockServer) or not isinstance(store, LockServer):
         return None
     return open_backend(None, store.gsd_dir)
@@ -355,13 +335,10 @@ def done(
     pid: int | None = None,
     backend: LockBackend | str | None = None,
 ) -> str:
-    """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the time
-    written to the marker (ISO-8601, UTC). A backend that keeps its locks elsewhere
-    (PostgreSQL) also writes the marker in the feature's local folder where there is one.
-
-    Raises :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does
-    not hold the lock, and :class:`NotOwnerError` when another owner does.
-    """
+    """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the
+    marker's time (ISO-8601, UTC). On a server the local folder gets the marker too.
+    :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does not
+    hold the lock, :class:`NotOwnerError` when another owner does."""
     _validate_feature_name(feature)
     owner = _owner_pid(pid)
     return _mark_done(_backend(backend, gsd_dir), feature, owner)
@@ -385,15 +362,10 @@ def fail(
     attempts: int = DEFAULT_ATTEMPTS,
     backend: LockBackend | str | None = None,
 ) -> Attempts:
-    """Record a failed attempt of ``pid`` (default: this process) at ``feature`` (the time,
-    the host, ``reason``), then release its lock, in that order; return the feature's record.
-    Once its attempts reach ``attempts`` (the pool's limit) the feature is ``failed``:
-    :func:`claim` skips it until :func:`reopen`. The record keeps the count and the latest few.
-
-    Raises :class:`NotHeldError` (nothing written) when ``pid`` does not hold the lock,
-    :class:`NotOwnerError` when another owner does, :class:`UnsupportedError` where the backend
-    keeps no attempts.
-    """
+    """Record a failed attempt of ``pid`` (default: this process) at ``feature`` (time, host,
+    ``reason``), then release its lock; return the feature's record. Once its attempts reach
+    ``attempts`` the feature is ``failed``: :func:`claim` skips it until :func:`reopen`.
+    Errors as :func:`done`'s, and :class:`UnsupportedError` where no attempts are kept."""
     _validate_feature_name(feature)
     _valid_attempts(attempts)
     owner = _owner_pid(pid)
@@ -416,10 +388,8 @@ def reopen(
     _validate_feature_name(feature)
     store = _backend(backend, gsd_dir)
     reopened = store.reopen(feature)
-    local = _local_markers(store)
-    if local is not None:
-        reopened = local.reopen(feature) or reopened
-    return reopened
+    local = _local_markers(store)  # a server's features are reopened in their folders too
+    return (local is not None and local.reopen(feature)) or reopened
 
 
 def reopen_finished(
@@ -433,13 +403,8 @@ def reopen_finished(
     store = _backend(backend, gsd_dir)
     names = store.feature_names()
     if failed_only:
-        names = [name for name in names if _failed_for_good(store, name)]
+        names = [name for name in names if (tried := store.attempts(name)) and tried.failed]
     return [name for name in names if reopen(name, backend=store)]
-
-
-def _failed_for_good(store: LockBackend, feature: str) -> bool:
-    record = store.attempts(feature)
-    return record is not None and record.failed
 
 
 # --------------------------------------------------------------------------- releasing
@@ -453,11 +418,8 @@ def release(
     force: bool = False,
     backend: LockBackend | str | None = None,
 ) -> bool:
-    """Remove ``pid``'s lock on ``feature``; True if a lock was removed, False if none.
-
-    Another owner's lock (stale or not) raises :class:`NotOwnerError` and is left intact,
-    unless ``force``. A corrupt or non-file entry is removed as clean-up.
-    """
+    """Remove ``pid``'s lock on ``feature``; True if a lock was removed. Another owner's lock
+    raises :class:`NotOwnerError` and stays, unless ``force``; a corrupt entry is cleaned up."""
     _validate_feature_name(feature)
     owner = _owner_pid(pid)
     return _backend(backend, gsd_dir).release(feature, owner, force=force)
@@ -475,13 +437,9 @@ def clean(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[CleanedEntry]:
-    """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live locks.
-
-    Each removal re-checks that the entry is the one judged. A feature (or an entry of it)
-    that fails with an OS error is skipped and added to ``problems``, and the other features
-    are cleaned all the same; without that list, the first such error is raised at the end.
-    ``features``: only these (default: every feature).
-    """
+    """Remove stale, corrupt and non-file lock entries and orphan temp files (each re-checked
+    before removal); leave live locks. ``features``: only these (default: all). A feature that
+    fails with an OS error is skipped into ``problems`` (without it: raised at the end)."""
     return _backend(backend, gsd_dir).clean(
         dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems, features=features
     )

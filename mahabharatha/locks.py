@@ -1,14 +1,10 @@
-"""Feature locks for long-lived holders, waiters, worker pools and maintenance: the public names.
-
-Over any :class:`~mahabharatha.backends.base.LockBackend`, this layer adds an explicit owner
-pid, waiting with backoff, a heartbeat, signals held back while a lock is published, and
-``claim``. Every function takes ``backend=`` (a backend or a server's URL); without one, the
-server ``MAHABHARATHA_LOCK_URL`` names, else the folder backend of ``gsd_dir``, as the CLI.
+"""The public names of the lock layer: an owner pid, waiting, a heartbeat, ``claim`` and the
+worker loop over any backend (``backend=``: a backend or a server's URL; default the server
+``MAHABHARATHA_LOCK_URL`` names, else the folders of ``gsd_dir``). Errors derive from
+:class:`LockError`; OS trouble stays an :class:`OSError`.
 
     with FeatureLock("auth-flow", timeout=30):
         ...  # exclusive work; the lock is refreshed in the background
-
-Errors derive from :class:`LockError`; OS trouble stays an :class:`OSError`.
 """
 
 from __future__ import annotations

@@ -596,13 +596,9 @@ class ClaimsInOneStep(Protocol):
         the server (``None``: for ever)."""
         ...
 
-    def failed_features(self) -> set[str]:
-        """The features whose failed attempts reached their limit (left out of a claim)."""
-        ...
-
-    def retried_features(self, features: Sequence[str]) -> set[str]:
-        """Those of ``features`` free and open after a failed attempt (a claim passed them
-        over while they rested)."""
+    def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
+        """The features whose failed attempts reached their limit (left out of a claim), and
+        those of ``features`` free and open after a failed attempt (resting, or just rested)."""
         ...
 
 

@@ -37,7 +37,6 @@ from mahabharatha.functional import (
     _said,
     _try_once,
     _valid_attempts,
-    _valid_seconds,
     _valid_timeout,
 )
 from mahabharatha.names import validate_feature_name as _validate_feature_name
@@ -46,12 +45,9 @@ from mahabharatha.states import State
 
 
 class ClaimOutcome(NamedTuple):
-    """How a claim ended: ``held`` when it took a feature; otherwise what the others are.
-
-    ``busy``: features held by others at the last look (one may come back: its worker fails,
-    dies or releases it); ``done`` and ``failed``: finished ones (``failed``: their failed
-    attempts reached the limit); ``mine``: features the claimer itself holds (waiting for them
-    would wait for itself). Nothing held and nothing busy: nothing is left to claim."""
+    """How a claim ended: ``held`` when it took a feature; otherwise what the others are:
+    ``busy`` (held by others at the last look: one may come back), ``done``, ``failed`` (their
+    attempts reached the limit), ``mine`` (held by the claimer itself)."""
 
     held: Held | None
     busy: tuple[str, ...] = ()
@@ -78,8 +74,7 @@ class NoneFreeError(LockError):
 
 
 class _ClaimKeywords(TypedDict, total=False):
-    """The options :func:`claim`, :func:`claim_held` and :func:`claim_next` share, by name
-    (their defaults: :func:`claim_next`'s signature, the one that lists them)."""
+    """The options :func:`claim` and :func:`claim_held` pass on to :func:`claim_next`."""
 
     pid: int | None
     reclaim_dead: bool
@@ -99,20 +94,13 @@ def claim(
 ) -> str | None:
     """Acquire the first free feature of ``features`` (default: every feature folder, by name).
 
-    Workers claiming at once never get the same feature: each try is a full acquire. A feature
-    marked done (:func:`done`) is never returned unless ``include_done``, nor one whose failed
-    attempts (:func:`fail`) reached ``attempts`` (``None``: the limit recorded with them, that
-    of the pool that failed it, 3 by default): both are looked for again once the lock is
-    held, and such a feature's lock is given straight back. A feature whose try fails with an
-    OS error (a folder we may not enter) is skipped and added to ``problems``; without that
-    list, the first such error is raised when nothing was claimed. ``lease`` as for
-    :func:`acquire`. :func:`claim_held` returns the acquisition itself, :func:`claim_next`
-    also says why nothing was claimed.
-
-    ``wait``: 0 (the default) tries once and answers ``None`` when nothing is free; a number
-    of seconds (``None``: for ever) waits, woken by releases, while others hold features: then
-    ``None`` means nothing is left (every feature done or failed), and :class:`NoneFreeError`
-    that the wait ran out.
+    Each try is a full acquire: two workers never get the same feature. Skipped: a feature
+    marked done (unless ``include_done``) or whose failed attempts reached ``attempts``
+    (``None``: the limit recorded with them), both checked again once the lock is held; one
+    whose try fails with an OS error goes to ``problems`` (without it, the first is raised
+    when nothing was claimed). ``wait``: 0 tries once (``None``: nothing free); seconds, or
+    ``None`` for ever, wait for releases while others hold features: then ``None`` means
+    nothing is left, and :class:`NoneFreeError` that the wait ran out.
     """
     outcome = claim_next(features, gsd_dir, wait=wait, **options)
     if outcome.held is None and outcome.busy and wait != 0:
@@ -145,9 +133,7 @@ def claim_next(
     command: Sequence[str] | None = None,
 ) -> ClaimOutcome:
     """:func:`claim`, answering a :class:`ClaimOutcome`: the acquisition, or what the
-    features left are (held by others, done, failed). With ``wait`` (seconds; ``None``: for
-    ever) it claims again each time a feature is released, until it takes one, nothing is
-    left, or the wait runs out (then the outcome lists the busy features)."""
+    features left are; a ``wait`` that runs out lists the busy ones."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     for feature in candidates:
@@ -155,8 +141,7 @@ def claim_next(
     owner = _owner_pid(pid)
     if attempts is not None:
         _valid_attempts(attempts)
-    _valid_timeout(wait)
-    wait = _valid_seconds("wait", wait)
+    wait = _valid_timeout(wait, "wait")
     found: list[FeatureProblem] = [] if problems is None else problems
     pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
     options = _ClaimOptions(reclaim_dead, include_done, attempts, lease)
@@ -167,9 +152,8 @@ def claim_next(
 
 
 def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
-    """Claim; while only features held by others are left, wait for a release (at most
-    ``wait`` seconds; ``None``: for ever) and claim again. The watch (an inotify descriptor, a
-    listening connection) exists only while waiting: a holder keeps none while it works."""
+    """Claim; while only features held by others are left, wait for a release (``wait``
+    seconds; ``None``: for ever) and claim again. The watch exists only while waiting."""
     deadline = pool.deadline = waiting.Deadline(wait)
     outcome = pool.claim(options)
     if outcome.held is not None or outcome.nothing_left or wait == 0:
@@ -219,19 +203,16 @@ class _Pool:
         if not lacks(store, ClaimsInOneStep) and isinstance(store, ClaimsInOneStep):
             self.one_step = store
         self.deadline = waiting.Deadline(0.0)  # the claim's wait (also for a server's slot)
-        # Features seen done or failed: they stay so while the pool runs (only ``reopen``
-        # changes that), so later rounds skip them without a look (no system call).
+        # Features seen done or failed stay so while the pool runs (only ``reopen`` undoes
+        # it): later rounds skip them without a look, and start past the finished prefix.
         self.finished: dict[str, str] = {}
-        # Candidates before this index are all finished: a round starts after them. Features
-        # finish about in order, so a worker's rounds walk O(features) in all, not each.
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
         self.here: dict[str, str] = {}  # one-statement claims: done or failed locally
-        # --retry-delay: a feature rests this long after a failed attempt. When a rest ends,
-        # by the attempt's record (any worker's; where the claim reads it) or this worker's.
+        # --retry-delay: a feature rests this long after a failed attempt (any worker's record,
+        # or this worker's ``rest_until``); ``on_waiting`` is told once what the pool waits for.
         self.retry_delay = 0.0
         self.rest_until: dict[str, float] = {}
-        # Told once per run which feature (and holder) the worker waits for.
         self.on_waiting: Callable[[LockInfo], None] | None = None
         self.told_waiting = False
 
@@ -258,8 +239,8 @@ class _Pool:
             self.rest_until[feature] = clock.now() + self.retry_delay
 
     def _resting(self, feature: str, record: Attempts | None = None) -> bool:
-        """Is ``feature`` resting after a failed attempt (this worker's, or the one its
-        ``record`` names last)? It counts as held by others: the pool waits for it."""
+        """Is ``feature`` resting after a failed attempt (this worker's, or its ``record``'s
+        last)? Then it counts as held by others."""
         now = clock.now()
         ends = self.rest_until.get(feature, 0.0)
         if record is not None and record.history and self.retry_delay > 0:
@@ -289,19 +270,10 @@ class _Pool:
                 self.open_from += 1  # a finished feature stays so: later rounds start past it
             if verdict is not None:
                 seen[verdict].append(feature)
-        return _outcome_of(self._passed(start, seen))
-
-    def _passed(self, start: int, seen: dict[str, list[str]]) -> dict[str, list[str]]:
-        """``seen`` with the candidates before ``start`` (all finished, what each was is known)
-        in front, in the candidates' order."""
-        before: dict[str, list[str]] = {"done": [], "failed": []}
-        for feature in self.candidates[:start]:
-            before[self.finished[feature]].append(feature)
-        return {
-            **seen,
-            "done": before["done"] + seen["done"],
-            "failed": before["failed"] + seen["failed"],
-        }
+        passed = self.candidates[:start]  # all finished: what each was is known
+        for verdict in ("done", "failed"):
+            seen[verdict][:0] = [f for f in passed if self.finished[f] == verdict]
+        return _outcome_of(seen)
 
     def _tried(self, feature: str, options: _ClaimOptions) -> Held | str | None:
         """:meth:`_claim_one`, with an OS error kept in ``problems`` (``None``: not tried)."""
@@ -352,11 +324,9 @@ class _Pool:
         return _held_by(outcome.holder, outcome.holder_details, {self.owner})
 
     def _claim_in_one_step(self, store: ClaimsInOneStep, options: _ClaimOptions) -> ClaimOutcome:
-        """A backend that claims in one statement (PostgreSQL): features done or failed in
-        their local folder are left out (both backends mean the same by done and failed, and
-        :func:`survey` shows them so). The folders are looked at
-        once per pool, and the list offered stays the same from claim to claim (the server
-        keeps a prepared claim per list)."""
+        """A backend that claims in one statement (PostgreSQL), offered the features not done
+        or failed in their local folder (looked at once per pool: the list offered stays the
+        same, the server keeps a prepared claim per list)."""
         if self.offered is None:
             here = ((f, self._finished_here(f, options)) for f in self.candidates)
             self.here = {f: finished for f, finished in here if finished is not None}
@@ -383,14 +353,12 @@ class _Pool:
             self.offered = [f for f in self.offered if f != won.held.feature]
             offered = [f for f in offered if f != won.held.feature]
         held = {info.feature: info for info in self.store.status() if info.held}
+        gave_up, resting = store.failed_and_retried(self.offered)
         # Race: a rest may end between the claim and this look: still counted unfinished.
-        resting = store.retried_features(self.offered) if self.retry_delay > 0 else set()
-        busy = [f for f in self.offered if f in held or f in resting]
+        busy = [f for f in self.offered if f in held or (self.retry_delay > 0 and f in resting)]
         unfinished = set(busy)
         finished = [f for f in self.candidates if f not in unfinished]
-        gave_up = store.failed_features() | {
-            f for f, finished in self.here.items() if finished == "failed"
-        }
+        gave_up |= {f for f, finished in self.here.items() if finished == "failed"}
         seen = {
             "done": [f for f in finished if f not in gave_up],
             "failed": [f for f in finished if f in gave_up],
@@ -413,8 +381,7 @@ class _Pool:
         return holder.pid == self.owner and holder.host in (None, ownership.host_name())
 
     def _finished_here(self, feature: str, options: _ClaimOptions) -> str | None:
-        """``done`` or ``failed`` when the feature's local folder says so (both backends mean
-        the same by done and failed), else None."""
+        """``done`` or ``failed`` when the feature's local folder says so, else None."""
         if self.local is None:
             return None
         found = _finished_in(

@@ -1,23 +1,9 @@
-"""``lock work --jobs N``: one command, N workers of one pool (as ``xargs -P N`` is one command).
-
-A pool of short commands pays most for what each worker costs before its first feature: an
-interpreter's start-up. So the N workers are forks of this process, made after its modules are
-imported and before it opens a backend, takes a lock or starts a thread: they share the imports
-and nothing else. Each worker
-
-- leads a session of its own, away from the terminal (stdin /dev/null in place of one): a
-  Ctrl-C at a terminal reaches this process (the terminal's foreground job) and not the
-  workers, and this process forwards INT, TERM and HUP to every worker once, so a worker never
-  gets one signal twice (from the terminal and from us); a command that reads the terminal
-  is never stopped by it (SIGTTIN) with nobody to continue it;
-- runs the worker loop exactly as a lone ``lock work`` does (its own backend connection, its
-  own locks and their proof of life, its own commands): the pool's promises hold as they do for
-  N separate workers, including a worker that is killed (its feature is taken again by the
-  others once its lock is free);
-- answers with one JSON document on a pipe of its own, read while the workers run, so an answer
-  longer than a pipe's buffer never blocks its worker.
-
-:func:`merge_reports` makes the pool's one report out of the workers' reports.
+"""``lock work --jobs N``: N workers of one pool, forked from this process after its imports and
+before any backend, lock or thread exists (they share the imports and nothing else). Each leads
+a session of its own, off the terminal; this process forwards INT, TERM and HUP to every worker
+once; each runs the loop as a lone ``lock work`` and answers one JSON report on a pipe of its
+own, read as it comes. :func:`merge_reports` makes the pool's report. Long form:
+``design/lockfile-hardening.md`` (``lock work -j N``).
 """
 
 from __future__ import annotations
@@ -36,14 +22,12 @@ from mahabharatha.exits import shell_status
 from mahabharatha.pool.work import WorkReport, WorkResult
 from mahabharatha.states import WorkEnd, WorkOutcome
 
-"""Signals this process forwards to every worker (each worker handles them as ``lock work``)."""
 READ_CHUNK: Final = 65536
 WORKER_FAILED: Final = 70  # EX_SOFTWARE: a worker whose own code raised past its answer
 
 
 class WorkerEnd(NamedTuple):
-    """How one worker ended: its answer (``None`` when it died before giving one, e.g.
-    SIGKILLed) and its exit status as a shell reports it (128+n for signal n)."""
+    """How one worker ended: its answer (``None``: it died first) and its shell exit status."""
 
     pid: int
     answer: dict[str, Any] | None
@@ -58,14 +42,10 @@ class _Worker(NamedTuple):
 def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
     """Run ``job`` in ``jobs`` forked workers at once; return how each ended, in start order.
 
-    ``job`` returns a JSON-able answer; it must handle its own errors (an exception that
-    escapes it ends its worker with status 70 and no answer; a ``KeyboardInterrupt`` as its
-    signal would, 128+n). Call this before any thread is started and before any lock or
-    connection is opened: a fork copies only the calling thread, and a worker must share no
-    descriptor of a lock or a server with the others.
-    A fork that fails after the first leaves a smaller team (the ``OSError`` is raised only
-    when no worker could start).
-    """
+    ``job`` returns a JSON-able answer (an exception escaping it ends its worker with status
+    70, a ``KeyboardInterrupt`` with 128+n). Call it before any thread, lock or connection
+    exists: a fork copies one thread, and workers share no lock or server descriptor. A fork
+    that fails after the first leaves a smaller team."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     if threading.active_count() > 1:
@@ -73,10 +53,8 @@ def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
     workers: list[_Worker] = []
     forwarding = _Forwarding(workers)
     with ExitStack() as forwarded:
-        # Race: a signal between two forks would reach only the workers forked so far (or end
-        # this process before it forwards anything): held back until every worker is started
-        # (with our handlers, not this one) and forwarded as the block ends. One someone set
-        # to be ignored (nohup: HUP) stays ignored, as the workers and their commands do.
+        # Race: a signal between two forks would reach only the workers forked so far: held
+        # back until every worker is started, then forwarded (an ignored one stays ignored).
         with signals.masked(signal.SIG_BLOCK, signals.FORWARDED) as unblocked:
             _fork_workers(jobs, job, unblocked, workers)
             forwarded.enter_context(signals.Handling(signals.FORWARDED, forwarding))
@@ -138,13 +116,9 @@ def _be_worker(
 
 
 def _leave_the_terminal() -> None:
-    """A session of our own (and so a group of our own: the terminal's signals reach only the
-    parent), with no controlling terminal, and stdin /dev/null in place of a terminal (as
-    ``xargs`` gives its commands). Race: a worker in a background group of the terminal's
-    session, and its command, are stopped by SIGTTIN (a read: a prompt, a pager) or SIGTTOU
-    (a mode change), and nobody continues them, as they are not the shell's jobs: the team
-    never ends, its features held by live owners. Out of the session nothing stops them: a
-    read of stdin ends (end of input), ``/dev/tty`` cannot be opened."""
+    """A session of our own (the terminal's signals reach only the parent), stdin /dev/null in
+    place of a terminal. Race: a worker in a background group of the terminal's session was
+    stopped by SIGTTIN/SIGTTOU with nobody to continue it: the team never ended."""
     if os.isatty(0):
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -159,8 +133,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class _Forwarding:
-    """This process's handler for :data:`signals.FORWARDED` while the team works: each signal is
-    sent on to every worker that has not ended."""
+    """While the team works, each :data:`signals.FORWARDED` signal goes on to every live worker."""
 
     def __init__(self, workers: list[_Worker]) -> None:
         self.workers = workers
@@ -224,17 +197,13 @@ def report_from_document(document: dict[str, Any]) -> WorkReport | None:
 
 
 ENDED_FIRST: Final = (WorkEnd.STOPPED, WorkEnd.FINISHED, WorkEnd.WAITED_OUT)
-"""Which worker's ending the pool's report takes: a stopped worker (a signal, a command that
-cannot start) says most, then finished, then a wait that ran out. Race: a teammate's wait can
-run out on a feature a worker of the team still holds, which that worker then finishes; a
-worker that finished saw every feature done or failed, which stays so (only ``reopen`` undoes
-it), so finished is the later fact, and the pool is finished with nothing busy."""
+"""Which worker's ending the pool's report takes. Race: a teammate's wait can run out on a
+feature a worker then finishes: finished is the later fact (only ``reopen`` undoes it)."""
 
 
 def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
-    """The pool's report: every result, the features failed for good, the ending that says
-    most (:data:`ENDED_FIRST`), and the features still held when that ending is a wait that
-    ran out (none once a worker finished)."""
+    """The pool's report: every result and failed feature, the ending that says most
+    (:data:`ENDED_FIRST`), and the busy features when that ending is a wait that ran out."""
     if not reports:
         raise ValueError("no report to merge")
     ended = min(reports, key=lambda report: _rank(report.ended))

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from time import sleep
-from typing import Any, Final, NamedTuple, Self
+from typing import Any, Final, NamedTuple
 
 from mahabharatha import waiting
 from mahabharatha.backends.base import (
@@ -16,10 +16,7 @@ from mahabharatha.backends.base import (
     Held,
     LocalFolder,
     LockBackend,
-    LockError,
     LockInfo,
-    LockLostError,
-    ReleaseWait,
     UnsupportedError,
 )
 from mahabharatha.constants import (
@@ -32,7 +29,6 @@ from mahabharatha.constants import (
 from mahabharatha.feature_lock import FeatureLock, Heartbeat
 from mahabharatha.functional import (
     GsdDir,
-    WaitCallback,
     _backend,
     _mark_done,
     _valid_attempts,
@@ -47,14 +43,11 @@ from mahabharatha.states import WorkEnd, WorkOutcome
 
 
 class WorkResult(NamedTuple):
-    """What a worker did with one feature it claimed.
-
-    ``outcome``: ``done`` (marked done), ``failed`` (a failed attempt recorded; ``attempts``
-    counts them, and the feature is failed for good once they reach the limit), ``released``
-    (given back unmarked: the work was interrupted, or the backend keeps no attempts), ``lost``
-    (the lock was taken away while the work ran: nothing marked), ``left`` (CMD failed and
-    work it started still holds the lock: nothing recorded, the lock stays until that work
-    ends). A ``done`` whose work still runs keeps its lock too; ``reason`` says so."""
+    """What a worker did with one feature it claimed. ``outcome``: ``done``, ``failed`` (an
+    attempt recorded; ``attempts`` counts them), ``released`` (given back unmarked: work
+    interrupted, or no attempts kept), ``lost`` (taken away while the work ran: nothing
+    marked), ``left`` (CMD failed and work it started still holds the lock until it ends).
+    ``reason`` also says when a ``done`` feature's work still runs, holding its lock."""
 
     feature: str
     outcome: WorkOutcome
@@ -69,10 +62,8 @@ class WorkResult(NamedTuple):
 
 
 class WorkReport(NamedTuple):
-    """How a worker's loop ended: ``finished`` (nothing left: every feature done or failed),
-    ``waited-out`` (its wait ran out while others held features), ``once`` (``once``: it took
-    one feature), ``stopped`` (a step raised :class:`StopWork`).
-    ``failed``: the features failed for good at the end."""
+    """How a worker's loop ended: ``finished`` (every feature done or failed), ``waited-out``,
+    ``once`` or ``stopped`` (a step raised :class:`StopWork`); ``failed``: those failed for good."""
 
     ended: WorkEnd
     results: tuple[WorkResult, ...]
@@ -83,11 +74,10 @@ class WorkReport(NamedTuple):
 
 
 class PoolLock(FeatureLock):
-    """A :class:`FeatureLock` over a feature the pool just claimed: ``acquire`` adopts that
-    acquisition (and starts the heartbeat), ``release`` only stops the heartbeat, and
-    :meth:`finish` ends the hold as the work's outcome says: done, a failed attempt, or a plain
-    release. So whoever runs the work (``run_locked`` for ``lock work``) releases nothing
-    itself: the mark and the release are one step of the backend's, never a release first."""
+    """A :class:`FeatureLock` built from the pool's claim: ``acquire`` adopts it, and
+    :meth:`finish` ends the hold as the work's outcome says (done, a failed attempt, a plain
+    release), the mark and the release one step of the backend's. Until then the lock outlives
+    ``release`` and the block's end (``run_locked`` for ``lock work``), which stop the heartbeat."""
 
     _connection_grace = POOL_CONNECTION_GRACE_SECONDS  # a quick command's end reuses it
 
@@ -112,7 +102,7 @@ class PoolLock(FeatureLock):
             command=command,
             lease=lease,
         )
-        self._claimed: Held | None = held
+        self._claimed, self._ends_by_outcome = held, True  # adopted; ended by :meth:`finish`
         self._left: Held | None = None  # abandoned to work that still holds its proof
         # A failed command's leftover work: asked until it ends (then the attempt is recorded).
         self.left_running: Callable[[], bool] | None = None
@@ -120,31 +110,8 @@ class PoolLock(FeatureLock):
         if beats is not None:  # the worker's, for its whole run
             self._beats, self._own_beats = beats, False
 
-    def acquire(
-        self,
-        *,
-        on_wait: WaitCallback | None = None,
-        on_lost: Callable[[LockLostError], None] | None = None,
-    ) -> Self:
-        claimed, self._claimed = self._claimed, None
-        if claimed is None:
-            raise LockError(f"the claim of {self.feature!r} was used already")
-        self._adopt(claimed, on_lost)
-        try:
-            self._start_heartbeat()
-        except BaseException:
-            # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
-            self.finish(None, None, DEFAULT_ATTEMPTS)
-            raise
-        return self
-
-    def release(self, wait: ReleaseWait | None = None) -> None:
-        """Keep the lock: :meth:`finish` marks and releases it in one step."""
-        self._stop_heartbeat()
-
     def abandon(self) -> None:
-        """Leave the lock held for work that still holds its proof of life; kept aside for
-        :meth:`finish_leaving_work`, which records the outcome without a release."""
+        """As :meth:`FeatureLock.abandon`, the lock kept aside for :meth:`finish_leaving_work`."""
         with self._mutex:
             self._left = self._mine
         super().abandon()
@@ -152,10 +119,9 @@ class PoolLock(FeatureLock):
     def finish_leaving_work(
         self, exit_code: int, limit: int, still_running: Callable[[], bool] | None = None
     ) -> WorkResult:
-        """End a hold that :meth:`abandon` left to work still running: exit code 0 marks the
-        feature done and the lock stays until that work ends; another records nothing yet (a
-        failed attempt would release the lock under the running work): once
-        ``still_running`` answers no, :meth:`finish_left_work` records it and releases."""
+        """End a hold :meth:`abandon` left to running work: exit code 0 marks the feature done
+        (the lock stays until that work ends); another records nothing until ``still_running``
+        says no (a failed attempt releases): then :meth:`finish_left_work` records it."""
         self._stop_heartbeat()
         with self._mutex:
             left, self._left = self._left, None
@@ -179,8 +145,7 @@ class PoolLock(FeatureLock):
         return WorkResult(feature, WorkOutcome.DONE, 0)
 
     def finish_left_work(self, limit: int) -> WorkResult:
-        """The work a failed command left (:meth:`finish_leaving_work`) has ended: its failed
-        attempt is recorded and the lock released, so that the feature can be built again."""
+        """The work a failed command left has ended: record its failed attempt and release."""
         with self._mutex:
             self._mine, self._left, self.left_running = self._left, None, None
         return self.finish(self._left_code, None, limit)
@@ -252,19 +217,15 @@ def run_pool(
     retry_delay: float = RETRY_DELAY_SECONDS,
     on_waiting: Callable[[LockInfo], None] | None = None,
 ) -> WorkReport:
-    """The worker loop under :func:`work` and ``lock work``: claim (as :func:`claim_next`,
-    owner this process), run ``step`` with the lock held, again; while nothing is free but
-    others hold features, wait for a release (``wait`` seconds at most each time; ``None``:
-    for ever). Ends when nothing is left, when the wait ran out, after one feature with
-    ``once``, or when a step raises :class:`StopWork`. ``on_waiting`` is told, once per run, which
-    feature (and holder) the worker waits for when only features held by others are left.
-    A feature whose attempt failed rests ``retry_delay`` seconds before it is claimed again
-    (meanwhile it counts as held)."""
+    """The worker loop under :func:`work` and ``lock work``: claim (owner this process), run
+    ``step`` with the lock held, again; while others hold what is left, wait for a release
+    (``wait`` seconds each time; ``None``: for ever), telling ``on_waiting`` once what for.
+    Ends when nothing is left, the wait ran out, after one feature (``once``), or on
+    :class:`StopWork`. A failed feature rests ``retry_delay`` seconds (counted as held)."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     _valid_attempts(attempts)
-    _valid_timeout(wait)
-    wait = _valid_seconds("wait", wait)
+    wait = _valid_timeout(wait, "wait")
     owner = os.getpid()
     found: list[FeatureProblem] = [] if problems is None else problems
     pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
@@ -273,6 +234,12 @@ def run_pool(
     lease = _valid_seconds("lease", store.run_lease)
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
     results: list[WorkResult] = []
+
+    def record(result: WorkResult) -> None:
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+
     beats = Heartbeat()  # one thread for the worker's whole run, not one per feature
     leaving: list[PoolLock] = []  # held for work a failed command left running
     try:
@@ -285,10 +252,7 @@ def run_pool(
                 over = _left_work_ended(leaving, wait)
                 for each in over:
                     leaving.remove(each)
-                    result = each.finish_left_work(attempts)
-                    results.append(result)
-                    if on_result is not None:
-                        on_result(result)
+                    record(each.finish_left_work(attempts))
                 if over:
                     continue
             if outcome.held is None:
@@ -308,15 +272,11 @@ def run_pool(
             try:
                 result = step(lock)
             except StopWork as stop:
-                results.append(stop.result)
-                if on_result is not None:
-                    on_result(stop.result)
+                record(stop.result)
                 return WorkReport(WorkEnd.STOPPED, tuple(results), exit_code=stop.exit_code)
-            results.append(result)
             if result.outcome == WorkOutcome.FAILED:
                 pool.rest(result.feature)
-            if on_result is not None:
-                on_result(result)
+            record(result)
             if lock.left_running is not None:
                 leaving.append(lock)
             if once:
@@ -330,14 +290,10 @@ def _left_work_ended(leaving: list[PoolLock], wait: float | None) -> list[PoolLo
     most ``wait`` seconds; ``None``: for ever); none when the wait ran out."""
     deadline = waiting.Deadline(wait)
     while True:
-        ended = [lock for lock in leaving if not _still_running(lock)]
+        ended = [lock for lock in leaving if not (lock.left_running and lock.left_running())]
         if ended or deadline.passed():
             return ended
         sleep(LEFT_WORK_POLL_SECONDS)
-
-
-def _still_running(lock: PoolLock) -> bool:
-    return lock.left_running is not None and lock.left_running()
 
 
 def work(
@@ -355,16 +311,10 @@ def work(
     retry_delay: float = RETRY_DELAY_SECONDS,
 ) -> WorkReport:
     """Work through a pool of features in this process: claim one, call ``task(feature)``
-    holding its lock (refreshed in the background), mark it done when ``task`` returns, or
-    record a failed attempt when it raises an ``Exception`` (its text is the reason) or
-    returns ``False``; then the next. While nothing is free but other workers hold features,
-    it waits for one to come back (``wait`` seconds at most; ``None``: for ever). A feature
-    that failed ``attempts`` times is skipped until :func:`reopen`; one that failed fewer
-    times rests ``retry_delay`` seconds before its next attempt.
-
-    Returns a :class:`WorkReport` (``ended`` ``finished`` once every feature is done or
-    failed). A ``KeyboardInterrupt`` (or any other ``BaseException``) releases the feature
-    unmarked and propagates."""
+    holding its lock, mark it done when it returns, or record a failed attempt when it raises
+    an ``Exception`` (the reason) or returns ``False``; then the next, waiting as
+    :func:`run_pool` does. A feature failed ``attempts`` times is skipped until
+    :func:`reopen`. A ``BaseException`` releases the feature unmarked and propagates."""
 
     def step(lock: PoolLock) -> WorkResult:
         code, reason = 1, None

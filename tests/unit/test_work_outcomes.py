@@ -9,6 +9,8 @@ import pkgutil
 from pathlib import Path
 from typing import Final
 
+import pytest
+
 import mahabharatha
 from mahabharatha import locks
 from mahabharatha.pool import team
@@ -66,3 +68,43 @@ def test_every_error_the_package_raises_is_a_lock_error() -> None:
         and not issubclass(value, mahabharatha.LockError)
     )
     assert outside == []
+
+
+def test_no_feature_lock_subclass_overrides_acquire_or_release() -> None:
+    """Issue 29, item 2: one hold, no subclass that turns its behaviour off. Fails before the
+    fix: ``PoolLock`` overrode ``acquire`` (to adopt its claim) and ``release`` (to keep the
+    lock: it only stopped the heartbeat)."""
+    from mahabharatha.feature_lock import FeatureLock
+
+    for module in pkgutil.walk_packages(mahabharatha.__path__, "mahabharatha."):
+        importlib.import_module(module.name)
+    pending, overriding = list(FeatureLock.__subclasses__()), []
+    while pending:
+        kind = pending.pop()
+        pending.extend(kind.__subclasses__())
+        if kind.__module__.startswith("mahabharatha."):
+            overriding += [
+                f"{kind.__name__}.{name}" for name in ("acquire", "release") if name in vars(kind)
+            ]
+    assert overriding == []
+
+
+def test_a_pool_lock_is_kept_past_its_block_until_finish_ends_it(tmp_path: Path) -> None:
+    """The block of a claimed lock stops its heartbeat only: ``finish`` marks and releases."""
+    gsd = tmp_path / ".gsd"
+    (gsd / "specs" / "a").mkdir(parents=True)
+    seen: list[tuple[bool, locks.LockInfo]] = []
+
+    def step(lock: locks.PoolLock) -> locks.WorkResult:
+        with lock:
+            pass
+        seen.append((lock.held, locks.inspect("a", gsd)))
+        with pytest.raises(locks.LockError, match="used already"):
+            lock.acquire()
+        return lock.finish(0, None, 3)
+
+    report = locks.run_pool(step, ["a"], gsd, heartbeat=None)
+    [(held, info)] = seen
+    assert held and info.held
+    assert [r.outcome for r in report.results] == [WorkOutcome.DONE]
+    assert locks.is_done("a", gsd) and not locks.inspect("a", gsd).held

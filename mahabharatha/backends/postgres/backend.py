@@ -786,16 +786,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         tries = int(found[0][0])
         return Attempts(tries, limit, (entry,))
 
-    def failed_features(self) -> set[str]:
-        """The features whose attempts reached their limit (closed like done ones)."""
-        return {name for name, record in self._all_attempts().items() if record.failed}
-
-    def retried_features(self, features: Sequence[str]) -> set[str]:
-        """Those of ``features`` free and open after a failed attempt: resting, or just
-        rested (a claim passed them over; a pool waits for them, never counts them finished)."""
-        return {
-            name
-            for (name,) in self._rows(statements.RETRIED, self._params(features=list(features)))
+    def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
+        """As the protocol says, in one look (a failed row is closed: ``done_at`` set)."""
+        rows = self._rows(statements.FAILED_AND_RETRIED, self._params(features=list(features)))
+        return {name for name, failed in rows if failed}, {
+            name for name, failed in rows if not failed
         }
 
     # ------------------------------------------------------------------ waiting

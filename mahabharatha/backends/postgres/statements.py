@@ -299,10 +299,10 @@ attempts reach the pool's limit is closed the way a done one is (``done_at``: ev
 statement already skips it) and flagged ``failed``, which tells the two apart. The record's
 ``at`` is the server's clock (the rest a claim judges, :func:`_rested`): hosts' clocks differ."""
 
-RETRIED: Final = """
-SELECT feature FROM mahabharatha.mahabharatha_locks
-WHERE namespace = %(ns)s AND feature = ANY(%(features)s::text[]) AND pid IS NULL
-    AND done_at IS NULL AND failures > 0"""
+FAILED_AND_RETRIED: Final = """
+SELECT feature, failed FROM mahabharatha.mahabharatha_locks
+WHERE namespace = %(ns)s AND failures > 0 AND (failed OR (feature = ANY(%(features)s::text[])
+    AND pid IS NULL AND done_at IS NULL))"""
 
 ATTEMPTS: Final = """
 SELECT feature, failures, failed, last_failure FROM mahabharatha.mahabharatha_locks
