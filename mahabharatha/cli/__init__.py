@@ -111,11 +111,8 @@ class PlainUsageCommand(TyperCommand):
     """A command whose usage line shows ``FEATURE``, not typer's ``{FEATURE}``."""
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
-        return [_unbraced(piece) for piece in super().collect_usage_pieces(ctx)]
-
-
-def _unbraced(piece: str) -> str:
-    return piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+        pieces = super().collect_usage_pieces(ctx)
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
 
 
 def _plain_usage_everywhere(root: typer.Typer) -> None:

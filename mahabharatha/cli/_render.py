@@ -5,20 +5,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import Any, Final, Self
 
-from mahabharatha.backends.base import (
-    HELD_STATES,
-    LockInfo,
-    Verdict,
-    describe_holder,
-    format_duration,
-)
+from mahabharatha.backends.base import LockInfo, describe_holder, format_duration, owner_is_gone
 from mahabharatha.constants import JUDGE_EVERY_SECONDS, REDRAW_SECONDS
 from mahabharatha.states import State
-
-if TYPE_CHECKING:
-    from rich.table import Table
 
 RECLAIMABLE: Final = "reclaimable"  # held, its owner provably gone: --reclaim-dead takes it
 _COUNTED_AS_HELD: Final = frozenset({State.ACTIVE, State.WRITING})
@@ -43,7 +34,7 @@ def _seconds(value: float | None) -> str:
 
 def is_reclaimable(info: LockInfo) -> bool:
     """Is it held by an owner the backend judged gone (``--reclaim-dead`` takes it)?"""
-    return info.state in HELD_STATES and info.verdict is Verdict.GONE
+    return info.held and owner_is_gone(info)
 
 
 def _kind(info: LockInfo) -> str:
@@ -119,11 +110,6 @@ def _plain_table(rows: list[tuple[str, ...]]) -> None:
 
 def _rich_table(rows: list[tuple[str, ...]]) -> None:
     from rich.console import Console  # imported here: only this command draws tables
-
-    Console().print(_table_of(rows))
-
-
-def _table_of(rows: list[tuple[str, ...]]) -> Table:
     from rich.table import Table
 
     table = Table()
@@ -132,7 +118,7 @@ def _table_of(rows: list[tuple[str, ...]]) -> Table:
         table.add_column(name, no_wrap=name != "feature", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    return table
+    Console().print(table)
 
 
 WATCH_TABLE_LINES: Final = 2
@@ -196,9 +182,6 @@ class WaitingLine:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._erase()
-
-    def _erase(self) -> None:
         """Remove the waiting line (the answer, or the command's output, takes its place)."""
         if self._shown:
             sys.stderr.write("\r\x1b[K")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Annotated, Any, Final
@@ -35,7 +36,6 @@ from mahabharatha.cli._output import (
     default_owner,
     exit_code_for,
     finite_seconds,
-    holder_fields,
     lock_entry,
     note,
     problem_fields,
@@ -97,7 +97,7 @@ def acquire(
 
     def action() -> Result:
         store = shared.backend()
-        warned = _valid_case_warnings(shared.gsd_dir, feature)  # before acquire makes a new folder
+        warned = case_warnings(shared.gsd_dir, feature)  # before acquire makes a new folder
         with WaitingLine() as line:
             held = locks.acquire(
                 feature,
@@ -169,7 +169,10 @@ def check(feature: FeatureArg, shared: Shared) -> None:
 
 def case_warnings(gsd_dir: str, feature: str) -> list[str]:
     """A warning when ``feature`` differs only by case from a feature folder: two features on
-    a case-sensitive file system (a typo), one folder on a case-insensitive one (whose lock)."""
+    a case-sensitive file system (a typo), one folder on a case-insensitive one (whose lock).
+    None for an invalid name (the command says so itself)."""
+    if not is_valid_feature_name(feature):
+        return []
     specs = os.path.join(gsd_dir, "specs")
     folder = os.path.join(specs, feature)
     flipped = feature.swapcase()
@@ -188,11 +191,6 @@ def case_warnings(gsd_dir: str, feature: str) -> list[str]:
         f"taken is {name!r}'s ({os.path.join(specs, name, '.lock')})"
         for name in _case_twins(specs, feature)
     ]
-
-
-def _valid_case_warnings(gsd_dir: str, feature: str) -> list[str]:
-    """:func:`case_warnings` for a name that may be invalid (the command says so itself)."""
-    return case_warnings(gsd_dir, feature) if is_valid_feature_name(feature) else []
 
 
 def _case_twins(specs: str, feature: str) -> list[str]:
@@ -318,7 +316,7 @@ def claim(
     def action() -> Result:
         problems: list[FeatureProblem] = []
         store = backend_to_claim_from(shared, features)
-        warned = [w for name in features or () for w in _valid_case_warnings(shared.gsd_dir, name)]
+        warned = [w for name in features or () for w in case_warnings(shared.gsd_dir, name)]
         outcome = locks.claim_next(
             features,
             backend=store,
@@ -350,14 +348,13 @@ def claim(
         if held is None:
             left = "nothing left to claim: every feature is done or failed"
             return Result(EXIT_HELD, found, message=left, warnings=warned)
-        taken = held
         claimed = {**found, "feature": held.feature, "claimed": True, **_held_fields(store, held)}
         return Result(
             EXIT_OK,
             claimed,
             held.feature,
             warnings=[*warned, *problem_warnings(problems)],
-            give_back=lambda: store.release_held(taken),  # when the answer cannot get out
+            give_back=functools.partial(store.release_held, held),  # if the answer cannot get out
         )
 
     respond(shared.as_json, document, action)
@@ -366,15 +363,8 @@ def claim(
 def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
     """A folder status could not look into, as an entry: state ``error``, its sentence."""
     unknown = dict.fromkeys(("pid", "timestamp", "age_seconds", "expires_in_seconds"))
-    fields = problem_fields(problem)
-    return {
-        **unknown,
-        "feature": problem.feature,
-        "state": "error",
-        "owner": "unknown",
-        "reclaimable": False,
-        **fields,
-    }
+    said = {"state": "error", "owner": "unknown", "reclaimable": False}
+    return {**unknown, **said, **problem_fields(problem)}
 
 
 STATUS_JSON_VERSION: Final = 1  # lock status --json: version, features, summary (error)
@@ -594,7 +584,7 @@ def run_command(
         try:
             line = WaitingLine()  # entered around the wait only: gone before CMD's output
             store = shared.backend()
-            for warning in _valid_case_warnings(shared.gsd_dir, feature):
+            for warning in case_warnings(shared.gsd_dir, feature):
                 note(warning)
             holder = locks.FeatureLock(
                 feature,
@@ -631,9 +621,9 @@ def run_command(
             return Result(left.status, kept, message=str(left))
         except AlreadyHeldError as mine:
             code = _conflict_code(mine, conflict_exit_code)
-            return Result(code, {**document, **holder_fields(mine.info)}, message=str(mine))
+            return Result(code, {**document, "holder": lock_entry(mine.info)}, message=str(mine))
         except LockHeldError as busy:
-            held = {**document, **holder_fields(busy.info)}
+            held = {**document, "holder": lock_entry(busy.info)}
             said = f"{busy}; not run: {_run_advice(busy)}"
             return Result(_conflict_code(busy, conflict_exit_code), held, message=said)
         except runner.Interrupted as stop:

@@ -22,7 +22,7 @@ from mahabharatha.cli._output import (
 from mahabharatha.cli._render import summary_counts, watch_table
 from mahabharatha.constants import WATCH_SECONDS
 from mahabharatha.exits import EXIT_HELD, EXIT_INTERRUPTED, EXIT_OK
-from mahabharatha.locks import FeatureProblem, LockError, LockInfo
+from mahabharatha.locks import LockError, LockInfo
 
 BAR_WIDTH: Final = 40
 TOP_LINES: Final = 3  # the bar, the counts, the rate and estimate: always on top
@@ -88,8 +88,7 @@ def watch_status(shared: Shared, until_done: bool) -> NoReturn:
 
 
 def _survey(store: LockBackend) -> list[LockInfo]:
-    problems: list[FeatureProblem] = []
-    return locks.survey(backend=store, problems=problems)
+    return locks.survey(backend=store, problems=[])  # a folder not read: left out, not raised
 
 
 def _what_changes(info: LockInfo) -> tuple[object, ...]:
