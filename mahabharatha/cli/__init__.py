@@ -99,7 +99,6 @@ def _options(
         ),
     ] = 0,
 ) -> None:
-    """Work on features without stepping on each other: feature locks and detection."""
     set_verbosity(quiet, verbose)
 
 

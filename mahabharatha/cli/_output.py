@@ -70,14 +70,12 @@ PASSWORD_ON_ARGV: Final = (
     "(ps shows a command's arguments while it runs); give it through PGPASSWORD, ~/.pgpass "
     "or PGSERVICE (pg_service.conf) instead"
 )
-_SAID: Final[set[str]] = set()  # what this process has said once already
 
 
-def _say_if_password_on_argv(url: str) -> None:
-    """Once per process, on stderr: a ``--backend`` URL holding a password (``ps`` shows it)."""
-    if url_holds_password(url) and PASSWORD_ON_ARGV not in _SAID:
-        _SAID.add(PASSWORD_ON_ARGV)
-        typer.echo(PASSWORD_ON_ARGV, err=True)
+@functools.cache  # once per process
+def _say_password_on_argv() -> None:
+    """On stderr: a ``--backend`` URL holds a password (``ps`` shows it)."""
+    typer.echo(PASSWORD_ON_ARGV, err=True)
 
 
 def backend_for(gsd_dir: str, place: Place, **server: Any) -> LockBackend:
@@ -219,21 +217,26 @@ NonblockOption = Annotated[
 ]
 
 
-def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
-    """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
-    gsd_dir = ctx.params.get("gsd_dir") or GSD_DIR
+def feature_folders(gsd_dir: str, wanted: Callable[[str], bool]) -> list[str]:
+    """The folders under ``<gsd_dir>/specs`` whose name is ``wanted``, by name (none when
+    there is no specs folder yet, or it cannot be read)."""
     try:
-        entries = os.scandir(os.path.join(gsd_dir, "specs"))
+        with os.scandir(os.path.join(gsd_dir, "specs")) as entries:
+            return sorted(
+                entry.name
+                for entry in entries
+                if wanted(entry.name) and entry.is_dir(follow_symlinks=False)
+            )
     except OSError:
         return []
-    with entries:
-        return sorted(
-            entry.name
-            for entry in entries
-            if entry.name.startswith(incomplete)
-            and entry.is_dir(follow_symlinks=False)
-            and is_valid_feature_name(entry.name)
-        )
+
+
+def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
+    return feature_folders(
+        ctx.params.get("gsd_dir") or GSD_DIR,
+        lambda name: name.startswith(incomplete) and is_valid_feature_name(name),
+    )
 
 
 FeatureArg = Annotated[
@@ -335,8 +338,8 @@ class _WithSharedOptions:
         gsd_dir, as_json, url, namespace, connect_timeout = (
             given.pop(name) for name, _, _ in _SHARED_OPTIONS
         )
-        if url:
-            _say_if_password_on_argv(url)
+        if url and url_holds_password(url):
+            _say_password_on_argv()
         chosen = url or os.environ.get(LOCK_URL_ENV) or None
         named = namespace or os.environ.get(NAMESPACE_ENV) or None
         place = Place(chosen, named, connect_timeout)  # the one Place of this call
@@ -602,9 +605,8 @@ class _Verbosity:
 
 
 def set_verbosity(quiet: bool, verbose: int) -> None:
-    """``-q``: notes (a pool's line per feature, what a wait is for, warnings) are not said,
-    only errors. ``-v``: the library's own messages (the ``mahabharatha`` logger: waits,
-    reclaims, lost locks, server-full waits) reach stderr too; ``-vv`` its debug ones."""
+    """The root's ``-q`` (no :func:`note`, only errors) and ``-v``/``-vv`` (the
+    ``mahabharatha`` logger's info/debug messages on stderr too)."""
     _Verbosity.quiet = quiet
     if verbose and not quiet:
         import logging  # only -v pays for it: kept out of every other call's cold start

@@ -13,17 +13,9 @@ from mahabharatha.states import State
 
 RECLAIMABLE: Final = "reclaimable"  # held, its owner provably gone: --reclaim-dead takes it
 _COUNTED_AS_HELD: Final = frozenset({State.ACTIVE, State.WRITING})
-SUMMARY_KINDS: Final = (
-    "done",
-    "held",
-    RECLAIMABLE,
-    "free",
-    "stale",
-    *(
-        str(state)
-        for state in State
-        if state not in _COUNTED_AS_HELD and state not in (State.DONE, State.FREE, State.STALE)
-    ),
+_SHOWN_FIRST: Final = ("done", "held", RECLAIMABLE, "free", "stale")
+SUMMARY_KINDS: Final = _SHOWN_FIRST + tuple(
+    str(state) for state in State if state not in _COUNTED_AS_HELD and state not in _SHOWN_FIRST
 )  # every summary counts each kind, also when none is there: one shape for JSON readers
 
 
@@ -66,18 +58,13 @@ def summary(infos: list[LockInfo]) -> str:
 COLUMNS: Final = ("feature", "state", "pid", "owner", "age", "time left")
 
 
-def _state_cell(info: LockInfo) -> str:
-    """The state, with the failed attempts and the last reason where there are any."""
-    if not info.attempts:
-        return str(info.state)
-    return f"{info.state} ({info.attempts} failed: {info.reason})"
-
-
 def _row(info: LockInfo) -> tuple[str, ...]:
     pid = "-" if info.pid is None else str(info.pid)
+    # The state, with the failed attempts and the last reason where there are any.
+    tried = f" ({info.attempts} failed: {info.reason})" if info.attempts else ""
     return (
         info.feature,
-        RECLAIMABLE if is_reclaimable(info) else _state_cell(info),
+        RECLAIMABLE if is_reclaimable(info) else f"{info.state}{tried}",
         pid,
         info.owner,
         _seconds(info.age_seconds),

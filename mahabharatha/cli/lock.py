@@ -35,6 +35,7 @@ from mahabharatha.cli._output import (
     complete_feature,
     default_owner,
     exit_code_for,
+    feature_folders,
     finite_seconds,
     lock_entry,
     note,
@@ -160,9 +161,7 @@ def check(feature: FeatureArg, shared: Shared) -> None:
 
     def action() -> Result:
         info = locks.inspect(feature, backend=shared.backend())
-        held = info.held
-        text = _held_text(info) if held else _free_text(info)
-        return Result(EXIT_HELD if held else EXIT_OK, lock_entry(info), text)
+        return Result(EXIT_HELD if info.held else EXIT_OK, lock_entry(info), _check_text(info))
 
     respond(shared.as_json, {"feature": feature, "state": None}, action)
 
@@ -177,7 +176,7 @@ def case_warnings(gsd_dir: str, feature: str) -> list[str]:
     folder = os.path.join(specs, feature)
     flipped = feature.swapcase()
     if not os.path.isdir(folder):
-        twins = " or ".join(repr(twin) for twin in _case_twins(specs, feature))
+        twins = " or ".join(repr(twin) for twin in _case_twins(gsd_dir, feature))
         if not twins:
             return []
         return [
@@ -189,24 +188,14 @@ def case_warnings(gsd_dir: str, feature: str) -> list[str]:
     return [
         f"{feature!r} is the folder {name!r} on this case-insensitive file system: the lock "
         f"taken is {name!r}'s ({os.path.join(specs, name, '.lock')})"
-        for name in _case_twins(specs, feature)
+        for name in _case_twins(gsd_dir, feature)
     ]
 
 
-def _case_twins(specs: str, feature: str) -> list[str]:
-    """Folders under ``specs`` whose name equals ``feature`` but for case."""
+def _case_twins(gsd_dir: str, feature: str) -> list[str]:
+    """Feature folders whose name equals ``feature`` but for case."""
     wanted = feature.casefold()
-    try:
-        with os.scandir(specs) as entries:
-            return sorted(
-                entry.name
-                for entry in entries
-                if entry.name != feature
-                and entry.name.casefold() == wanted
-                and entry.is_dir(follow_symlinks=False)
-            )
-    except OSError:  # no specs folder yet (or unreadable): nothing to compare with
-        return []
+    return feature_folders(gsd_dir, lambda name: name != feature and name.casefold() == wanted)
 
 
 def same_folder(one: str, other: str) -> bool:
@@ -217,12 +206,10 @@ def same_folder(one: str, other: str) -> bool:
         return False
 
 
-def _held_text(info: LockInfo) -> str:
-    said = describe_holder(info)
-    return f"{said}; {RECLAIM_DEAD_ADVICE}" if locks.owner_is_gone(info) else said
-
-
-def _free_text(info: LockInfo) -> str:
+def _check_text(info: LockInfo) -> str:
+    if info.held:
+        said = describe_holder(info)
+        return f"{said}; {RECLAIM_DEAD_ADVICE}" if locks.owner_is_gone(info) else said
     if info.state == "free":
         return f"{info.feature} is free"
     return f"{info.feature} is free (its lock is {info.state}: the next acquire replaces it)"

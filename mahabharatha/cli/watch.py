@@ -13,8 +13,10 @@ import typer
 from mahabharatha import locks
 from mahabharatha.backends.base import LockBackend, format_duration
 from mahabharatha.cli._output import (
+    Result,
     Shared,
     close_opened,
+    emit,
     exit_code_for,
     require_folder_of_files,
     sentence,
@@ -78,10 +80,7 @@ def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except (ValueError, LockError, OSError) as error:
-        if shared.as_json:
-            typer.echo(json.dumps({"error": sentence(error)}, sort_keys=True))
-        typer.echo(f"mahabharatha: {sentence(error)}", err=True)
-        raise typer.Exit(exit_code_for(error)) from None
+        emit(Result(exit_code_for(error), {}, message=sentence(error)), shared.as_json)
     finally:
         close_opened()
     raise typer.Exit(code)
