@@ -606,13 +606,13 @@ def run_command(
                 lost = _lost_result(holder.lost, on_lost, kept, left.status)
                 return lost._replace(message=f"{lost.message or holder.lost}; {left}")
             return Result(left.status, kept, message=str(left))
-        except AlreadyHeldError as mine:
-            code = _conflict_code(mine, conflict_exit_code)
-            return Result(code, {**document, "holder": lock_entry(mine.info)}, message=str(mine))
         except LockHeldError as busy:
+            usual = exit_code_for(busy, before_run=True)
+            code = usual if conflict_exit_code is None else conflict_exit_code  # -E N
             held = {**document, "holder": lock_entry(busy.info)}
-            said = f"{busy}; not run: {_run_advice(busy)}"
-            return Result(_conflict_code(busy, conflict_exit_code), held, message=said)
+            mine = isinstance(busy, AlreadyHeldError)  # nobody else to wait for: no advice
+            said = str(busy) if mine else f"{busy}; not run: {_run_advice(busy)}"
+            return Result(code, held, message=said)
         except runner.Interrupted as stop:
             return Result(exit_code_for(stop, before_run=True), document, message=str(stop))
         except runner.CommandStartError as unstarted:
@@ -715,11 +715,6 @@ def _on_wait(
     if reclaim_dead:
         return line.callback
     return GoneHolderNotice(lambda feature: locks.inspect(feature, backend=store), line.callback)
-
-
-def _conflict_code(busy: LockHeldError, chosen: int | None) -> int:
-    """``lock run``'s exit code when it could not take the lock: ``-E N``, else the usual."""
-    return exit_code_for(busy, before_run=True) if chosen is None else chosen
 
 
 def _run_advice(busy: LockHeldError) -> str:
