@@ -99,7 +99,6 @@ def _options(
         ),
     ] = 0,
 ) -> None:
-    """Work on features without stepping on each other: feature locks and detection."""
     set_verbosity(quiet, verbose)
 
 
@@ -111,11 +110,8 @@ class PlainUsageCommand(TyperCommand):
     """A command whose usage line shows ``FEATURE``, not typer's ``{FEATURE}``."""
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
-        return [_unbraced(piece) for piece in super().collect_usage_pieces(ctx)]
-
-
-def _unbraced(piece: str) -> str:
-    return piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+        pieces = super().collect_usage_pieces(ctx)
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
 
 
 def _plain_usage_everywhere(root: typer.Typer) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import math
 import os
 import signal
@@ -56,20 +57,12 @@ from mahabharatha.run import runner
 class Place(NamedTuple):
     """Where a command's locks live: ``--backend`` (or ``MAHABHARATHA_LOCK_URL``; none: the
     folder of ``--gsd-dir``), ``--namespace`` (or ``MAHABHARATHA_LOCK_NAMESPACE``) and
-    ``--connect-timeout``. The environment is read here, never by typer, so a URL's password
-    never shows in ``--help``."""
+    ``--connect-timeout``. The environment is read by the call, never by typer, so a URL's
+    password never shows in ``--help``."""
 
     url: str | None = None
     namespace: str | None = None
     connect_timeout: float = CONNECT_TIMEOUT_SECONDS
-
-    @classmethod
-    def of(cls, url: str | None, namespace: str | None, connect_timeout: float) -> Place:
-        if url:
-            _say_if_password_on_argv(url)
-        chosen = url or os.environ.get(LOCK_URL_ENV) or None
-        named = namespace or os.environ.get(NAMESPACE_ENV) or None
-        return cls(chosen, named, connect_timeout)
 
 
 PASSWORD_ON_ARGV: Final = (
@@ -77,35 +70,22 @@ PASSWORD_ON_ARGV: Final = (
     "(ps shows a command's arguments while it runs); give it through PGPASSWORD, ~/.pgpass "
     "or PGSERVICE (pg_service.conf) instead"
 )
-_SAID: Final[set[str]] = set()  # what this process has said once already
 
 
-def _say_if_password_on_argv(url: str) -> None:
-    """Once per process, on stderr: a ``--backend`` URL holding a password (``ps`` shows it)."""
-    if url_holds_password(url) and PASSWORD_ON_ARGV not in _SAID:
-        _SAID.add(PASSWORD_ON_ARGV)
-        typer.echo(PASSWORD_ON_ARGV, err=True)
+@functools.cache  # once per process
+def _say_password_on_argv() -> None:
+    """On stderr: a ``--backend`` URL holds a password (``ps`` shows it)."""
+    typer.echo(PASSWORD_ON_ARGV, err=True)
 
 
-FILES: Final = Place()  # the folder backend of --gsd-dir
-
-
-def backend_for(gsd_dir: str, place: Place = FILES, **server: Any) -> LockBackend:
+def backend_for(gsd_dir: str, place: Place, **server: Any) -> LockBackend:
     """The one place a command gets its backend (closed when the command ends; ``server``:
     more of the server's options, ``on_slot_wait``); a missing driver or namespace is bad input."""
-    if place.url is None:
-        backend = open_backend(None, gsd_dir)
-    else:
-        try:
-            backend = open_backend(
-                place.url,
-                gsd_dir,
-                namespace=place.namespace,
-                connect_timeout=place.connect_timeout,
-                **server,
-            )
-        except RuntimeError as missing:  # PostgreSQL support not installed
-            raise ValueError(str(missing)) from None
+    options = {"namespace": place.namespace, "connect_timeout": place.connect_timeout}
+    try:
+        backend = open_backend(place.url, gsd_dir, **options, **server)
+    except RuntimeError as missing:  # PostgreSQL support not installed
+        raise ValueError(str(missing)) from None
     _OPENED.append(backend)
     return backend
 
@@ -235,24 +215,28 @@ NonblockOption = Annotated[
     bool,
     typer.Option("--nonblock", "-n", help="Try once, never wait (like flock -n)."),
 ]
-DEFAULT_GSD_DIR: Final = GSD_DIR
+
+
+def feature_folders(gsd_dir: str, wanted: Callable[[str], bool]) -> list[str]:
+    """The folders under ``<gsd_dir>/specs`` whose name is ``wanted``, by name (none when
+    there is no specs folder yet, or it cannot be read)."""
+    try:
+        with os.scandir(os.path.join(gsd_dir, "specs")) as entries:
+            return sorted(
+                entry.name
+                for entry in entries
+                if wanted(entry.name) and entry.is_dir(follow_symlinks=False)
+            )
+    except OSError:
+        return []
 
 
 def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
     """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
-    gsd_dir = ctx.params.get("gsd_dir") or DEFAULT_GSD_DIR
-    try:
-        entries = os.scandir(os.path.join(gsd_dir, "specs"))
-    except OSError:
-        return []
-    with entries:
-        return sorted(
-            entry.name
-            for entry in entries
-            if entry.name.startswith(incomplete)
-            and entry.is_dir(follow_symlinks=False)
-            and is_valid_feature_name(entry.name)
-        )
+    return feature_folders(
+        ctx.params.get("gsd_dir") or GSD_DIR,
+        lambda name: name.startswith(incomplete) and is_valid_feature_name(name),
+    )
 
 
 FeatureArg = Annotated[
@@ -278,9 +262,7 @@ def _require_gsd_dir(gsd_dir: str) -> None:
     """A missing gsd folder is bad input (a typo in --gsd-dir must not read as "no locks")."""
     if not os.path.isdir(gsd_dir):
         what = "not a folder" if os.path.lexists(gsd_dir) else "no such folder"
-        raise ValueError(
-            f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {DEFAULT_GSD_DIR})"
-        )
+        raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {GSD_DIR})")
 
 
 def require_folder_of_files(shared: Shared) -> None:
@@ -314,7 +296,7 @@ class Shared(NamedTuple):
 
 _SHARED_PARAMETER: Final = "shared"
 _SHARED_OPTIONS: Final = (
-    ("gsd_dir", GsdDirOption, DEFAULT_GSD_DIR),
+    ("gsd_dir", GsdDirOption, GSD_DIR),
     ("as_json", JsonOption, False),
     ("backend_url", BackendOption, None),
     ("namespace", NamespaceOption, None),
@@ -322,15 +304,11 @@ _SHARED_OPTIONS: Final = (
 )  # what Shared gathers: name, typer declaration, default, in --help's order
 
 
-def with_shared_options(command: Callable[..., None]) -> Callable[..., None]:
-    """``command`` as typer sees it: its ``shared`` parameter replaced, at the same place, by
-    the five options of :data:`_SHARED_OPTIONS`; a call gathers them into one :class:`Shared`."""
-    return _WithSharedOptions(command)
-
-
 class _WithSharedOptions:
-    """What :func:`with_shared_options` makes: the signature typer reads, written when first
-    asked for (a call builds only the command it names)."""
+    """``@with_shared_options``: ``command`` as typer sees it, its ``shared`` parameter replaced,
+    at the same place, by the five options of :data:`_SHARED_OPTIONS`; a call gathers them into
+    one :class:`Shared`. The signature is written when first asked for (a call builds only the
+    command it names)."""
 
     def __init__(self, command: Callable[..., None]) -> None:
         self._command = command
@@ -360,8 +338,15 @@ class _WithSharedOptions:
         gsd_dir, as_json, url, namespace, connect_timeout = (
             given.pop(name) for name, _, _ in _SHARED_OPTIONS
         )
-        place = Place.of(url, namespace, connect_timeout)  # the one Place of this call
+        if url and url_holds_password(url):
+            _say_password_on_argv()
+        chosen = url or os.environ.get(LOCK_URL_ENV) or None
+        named = namespace or os.environ.get(NAMESPACE_ENV) or None
+        place = Place(chosen, named, connect_timeout)  # the one Place of this call
         self._command(**given, shared=Shared(gsd_dir, as_json, place, namespace))
+
+
+with_shared_options: Final = _WithSharedOptions
 
 
 def wait_seconds(wait: float | None, nonblock: bool, default: float | None) -> float | None:
@@ -385,13 +370,11 @@ os.register_at_fork(after_in_child=_note_parent_after_fork)
 
 
 def default_owner(pid: int | None) -> int:
-    """The owner a CLI call records: ``--pid``, else the shell or worker that ran us."""
-    return calling_process() if pid is None else pid
-
-
-def calling_process() -> int:
-    """The process that ran us, refused when it is gone: the reaper that adopted us never
-    dies, and recording it would strand the feature (the session tells a real pid-1 caller)."""
+    """The owner a CLI call records: ``--pid``, else the shell or worker that ran us, refused
+    when it is gone: the reaper that adopted us never dies, and recording it would strand the
+    feature (the session tells a real pid-1 caller)."""
+    if pid is not None:
+        return pid
     parent = os.getppid()
     if parent != _FIRST_PARENT[0] or _adopted_by(parent):
         raise typer.BadParameter(
@@ -466,11 +449,6 @@ def lock_entry(info: LockInfo) -> dict[str, Any]:
     return {**info.to_dict(), "reclaimable": is_reclaimable(info)}
 
 
-def holder_fields(info: LockInfo) -> dict[str, Any]:
-    """The lock that stopped a command, as its JSON document names it."""
-    return {"holder": lock_entry(info)}
-
-
 RECLAIM_DEAD_ADVICE: Final = "its owner is gone: --reclaim-dead takes the lock over"
 
 
@@ -486,7 +464,7 @@ def what_to_do(busy: LockHeldError) -> str:
     return "wait for it with --wait SECONDS, or ask its owner"
 
 
-Advice = str | Callable[[LockHeldError], str | None] | None  # ends a held lock's sentence
+Advice = Callable[[LockHeldError], str] | None  # ends a held lock's sentence
 
 
 def problem_fields(problem: FeatureProblem) -> dict[str, Any]:
@@ -579,10 +557,7 @@ def _write(result: Result, as_json: bool) -> None:
 def asks_for_json(args: Sequence[str]) -> bool:
     """Is ``--json`` among a command line's own arguments (those before ``--``; what follows
     is ``lock run``'s command)?"""
-    own = list(args)
-    if "--" in own:
-        own = own[: own.index("--")]
-    return "--json" in own
+    return "--json" in itertools.takewhile(lambda arg: arg != "--", args)
 
 
 def emit_usage_error(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -630,9 +605,8 @@ class _Verbosity:
 
 
 def set_verbosity(quiet: bool, verbose: int) -> None:
-    """``-q``: notes (a pool's line per feature, what a wait is for, warnings) are not said,
-    only errors. ``-v``: the library's own messages (the ``mahabharatha`` logger: waits,
-    reclaims, lost locks, server-full waits) reach stderr too; ``-vv`` its debug ones."""
+    """The root's ``-q`` (no :func:`note`, only errors) and ``-v``/``-vv`` (the
+    ``mahabharatha`` logger's info/debug messages on stderr too)."""
     _Verbosity.quiet = quiet
     if verbose and not quiet:
         import logging  # only -v pays for it: kept out of every other call's cold start
@@ -660,8 +634,8 @@ def respond(
 ) -> NoReturn:
     """Run ``action`` and print its result; an expected failure becomes one sentence and a code.
 
-    ``advice`` (what to do about a held lock, or a function of the error choosing it) ends the
-    sentence of a ``LockHeldError``. A ``--gsd-dir`` given but missing is bad input first.
+    ``advice`` (what to do about a held lock, a function of the error) ends the sentence of a
+    ``LockHeldError``. A ``--gsd-dir`` given but missing is bad input first.
     """
     emit(answer(document, action, advice), as_json)
 
@@ -680,10 +654,9 @@ def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advic
         message = sentence(error)
         extra = {}
         if isinstance(error, LockHeldError):
-            extra = holder_fields(error.info)
-            told = advice(error) if callable(advice) else advice
-            if told and not isinstance(error, AlreadyHeldError):  # no one else to wait for
-                message = f"{message}; {told}"
+            extra = {"holder": lock_entry(error.info)}
+            if advice and not isinstance(error, AlreadyHeldError):  # no one else to wait for
+                message = f"{message}; {advice(error)}"
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
     finally:
         close_opened()

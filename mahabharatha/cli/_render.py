@@ -5,34 +5,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import Any, Final, Self
 
-from mahabharatha.backends.base import (
-    HELD_STATES,
-    LockInfo,
-    Verdict,
-    describe_holder,
-    format_duration,
-)
+from mahabharatha.backends.base import LockInfo, describe_holder, format_duration, owner_is_gone
 from mahabharatha.constants import JUDGE_EVERY_SECONDS, REDRAW_SECONDS
 from mahabharatha.states import State
 
-if TYPE_CHECKING:
-    from rich.table import Table
-
 RECLAIMABLE: Final = "reclaimable"  # held, its owner provably gone: --reclaim-dead takes it
 _COUNTED_AS_HELD: Final = frozenset({State.ACTIVE, State.WRITING})
-SUMMARY_KINDS: Final = (
-    "done",
-    "held",
-    RECLAIMABLE,
-    "free",
-    "stale",
-    *(
-        str(state)
-        for state in State
-        if state not in _COUNTED_AS_HELD and state not in (State.DONE, State.FREE, State.STALE)
-    ),
+_SHOWN_FIRST: Final = ("done", "held", RECLAIMABLE, "free", "stale")
+SUMMARY_KINDS: Final = _SHOWN_FIRST + tuple(
+    str(state) for state in State if state not in _COUNTED_AS_HELD and state not in _SHOWN_FIRST
 )  # every summary counts each kind, also when none is there: one shape for JSON readers
 
 
@@ -43,7 +26,7 @@ def _seconds(value: float | None) -> str:
 
 def is_reclaimable(info: LockInfo) -> bool:
     """Is it held by an owner the backend judged gone (``--reclaim-dead`` takes it)?"""
-    return info.state in HELD_STATES and info.verdict is Verdict.GONE
+    return info.held and owner_is_gone(info)
 
 
 def _kind(info: LockInfo) -> str:
@@ -75,18 +58,13 @@ def summary(infos: list[LockInfo]) -> str:
 COLUMNS: Final = ("feature", "state", "pid", "owner", "age", "time left")
 
 
-def _state_cell(info: LockInfo) -> str:
-    """The state, with the failed attempts and the last reason where there are any."""
-    if not info.attempts:
-        return str(info.state)
-    return f"{info.state} ({info.attempts} failed: {info.reason})"
-
-
 def _row(info: LockInfo) -> tuple[str, ...]:
     pid = "-" if info.pid is None else str(info.pid)
+    # The state, with the failed attempts and the last reason where there are any.
+    tried = f" ({info.attempts} failed: {info.reason})" if info.attempts else ""
     return (
         info.feature,
-        RECLAIMABLE if is_reclaimable(info) else _state_cell(info),
+        RECLAIMABLE if is_reclaimable(info) else f"{info.state}{tried}",
         pid,
         info.owner,
         _seconds(info.age_seconds),
@@ -119,11 +97,6 @@ def _plain_table(rows: list[tuple[str, ...]]) -> None:
 
 def _rich_table(rows: list[tuple[str, ...]]) -> None:
     from rich.console import Console  # imported here: only this command draws tables
-
-    Console().print(_table_of(rows))
-
-
-def _table_of(rows: list[tuple[str, ...]]) -> Table:
     from rich.table import Table
 
     table = Table()
@@ -132,7 +105,7 @@ def _table_of(rows: list[tuple[str, ...]]) -> Table:
         table.add_column(name, no_wrap=name != "feature", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    return table
+    Console().print(table)
 
 
 WATCH_TABLE_LINES: Final = 2
@@ -196,9 +169,6 @@ class WaitingLine:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._erase()
-
-    def _erase(self) -> None:
         """Remove the waiting line (the answer, or the command's output, takes its place)."""
         if self._shown:
             sys.stderr.write("\r\x1b[K")

@@ -48,13 +48,11 @@ def command_output(
             log = os.path.abspath(opened.name)
             _remember(gsd_dir, feature, log)
             out_to = err_to = opened
-        if not tag:
-            yield CommandOutput(out_to, err_to, log)
-            return
-        prefix = f"[{feature}] ".encode()
-        out = stack.enter_context(_tagging(prefix, out_to or sys.stdout))
-        err = stack.enter_context(_tagging(prefix, err_to or sys.stderr))
-        yield CommandOutput(out, err, log)
+        if tag:
+            prefix = f"[{feature}] ".encode()
+            out_to = stack.enter_context(_tagging(prefix, out_to or sys.stdout))
+            err_to = stack.enter_context(_tagging(prefix, err_to or sys.stderr))
+        yield CommandOutput(out_to, err_to, log)
 
 
 @contextmanager

@@ -8,13 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from mahabharatha.cli._output import (
-    DEFAULT_GSD_DIR,
-    JsonOption,
-    Result,
-    respond,
-)
-from mahabharatha.constants import FEATURE_ENV_VAR, STATE_DIR
+from mahabharatha.cli._output import JsonOption, Result, respond
+from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STATE_DIR
 from mahabharatha.detect import (
     CURRENT_FEATURE_FILE,
     detect_feature,
@@ -65,13 +60,8 @@ def _skipped(gsd_dir: str) -> list[str]:
     return notes
 
 
-def _looked_at(gsd_dir: str) -> str:
-    marker = Path(gsd_dir) / CURRENT_FEATURE_FILE
-    return f"${FEATURE_ENV_VAR}, {marker}, {STATE_DIR}/*.json"
-
-
 @app.command()
-def detect(gsd_dir: MarkerDirOption = DEFAULT_GSD_DIR, as_json: JsonOption = False) -> None:
+def detect(gsd_dir: MarkerDirOption = GSD_DIR, as_json: JsonOption = False) -> None:
     """Print the detected feature: $MAHABHARATHA_FEATURE, <gsd-dir>/.current-feature, or the
     newest .mahabharatha/state/*.json. Exit 1 when none is found, saying where it looked.
 
@@ -84,7 +74,8 @@ def detect(gsd_dir: MarkerDirOption = DEFAULT_GSD_DIR, as_json: JsonOption = Fal
         document: dict[str, Any] = {"feature": found, "skipped": skipped}
         if found is None:
             told = "; ".join(skipped)
-            said = f"no feature detected (looked at {_looked_at(gsd_dir)})"
+            looked = f"${FEATURE_ENV_VAR}, {Path(gsd_dir) / CURRENT_FEATURE_FILE}"
+            said = f"no feature detected (looked at {looked}, {STATE_DIR}/*.json)"
             return Result(EXIT_HELD, document, message=f"{said}; {told}" if told else said)
         for why in skipped:  # a skipped source still deserves a word, on stderr
             typer.echo(f"mahabharatha: {why}", err=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Annotated, Any, Final
@@ -34,8 +35,8 @@ from mahabharatha.cli._output import (
     complete_feature,
     default_owner,
     exit_code_for,
+    feature_folders,
     finite_seconds,
-    holder_fields,
     lock_entry,
     note,
     problem_fields,
@@ -97,7 +98,7 @@ def acquire(
 
     def action() -> Result:
         store = shared.backend()
-        warned = _valid_case_warnings(shared.gsd_dir, feature)  # before acquire makes a new folder
+        warned = case_warnings(shared.gsd_dir, feature)  # before acquire makes a new folder
         with WaitingLine() as line:
             held = locks.acquire(
                 feature,
@@ -160,21 +161,22 @@ def check(feature: FeatureArg, shared: Shared) -> None:
 
     def action() -> Result:
         info = locks.inspect(feature, backend=shared.backend())
-        held = info.held
-        text = _held_text(info) if held else _free_text(info)
-        return Result(EXIT_HELD if held else EXIT_OK, lock_entry(info), text)
+        return Result(EXIT_HELD if info.held else EXIT_OK, lock_entry(info), _check_text(info))
 
     respond(shared.as_json, {"feature": feature, "state": None}, action)
 
 
 def case_warnings(gsd_dir: str, feature: str) -> list[str]:
     """A warning when ``feature`` differs only by case from a feature folder: two features on
-    a case-sensitive file system (a typo), one folder on a case-insensitive one (whose lock)."""
+    a case-sensitive file system (a typo), one folder on a case-insensitive one (whose lock).
+    None for an invalid name (the command says so itself)."""
+    if not is_valid_feature_name(feature):
+        return []
     specs = os.path.join(gsd_dir, "specs")
     folder = os.path.join(specs, feature)
     flipped = feature.swapcase()
     if not os.path.isdir(folder):
-        twins = " or ".join(repr(twin) for twin in _case_twins(specs, feature))
+        twins = " or ".join(repr(twin) for twin in _case_twins(gsd_dir, feature))
         if not twins:
             return []
         return [
@@ -186,29 +188,14 @@ def case_warnings(gsd_dir: str, feature: str) -> list[str]:
     return [
         f"{feature!r} is the folder {name!r} on this case-insensitive file system: the lock "
         f"taken is {name!r}'s ({os.path.join(specs, name, '.lock')})"
-        for name in _case_twins(specs, feature)
+        for name in _case_twins(gsd_dir, feature)
     ]
 
 
-def _valid_case_warnings(gsd_dir: str, feature: str) -> list[str]:
-    """:func:`case_warnings` for a name that may be invalid (the command says so itself)."""
-    return case_warnings(gsd_dir, feature) if is_valid_feature_name(feature) else []
-
-
-def _case_twins(specs: str, feature: str) -> list[str]:
-    """Folders under ``specs`` whose name equals ``feature`` but for case."""
+def _case_twins(gsd_dir: str, feature: str) -> list[str]:
+    """Feature folders whose name equals ``feature`` but for case."""
     wanted = feature.casefold()
-    try:
-        with os.scandir(specs) as entries:
-            return sorted(
-                entry.name
-                for entry in entries
-                if entry.name != feature
-                and entry.name.casefold() == wanted
-                and entry.is_dir(follow_symlinks=False)
-            )
-    except OSError:  # no specs folder yet (or unreadable): nothing to compare with
-        return []
+    return feature_folders(gsd_dir, lambda name: name != feature and name.casefold() == wanted)
 
 
 def same_folder(one: str, other: str) -> bool:
@@ -219,12 +206,10 @@ def same_folder(one: str, other: str) -> bool:
         return False
 
 
-def _held_text(info: LockInfo) -> str:
-    said = describe_holder(info)
-    return f"{said}; {RECLAIM_DEAD_ADVICE}" if locks.owner_is_gone(info) else said
-
-
-def _free_text(info: LockInfo) -> str:
+def _check_text(info: LockInfo) -> str:
+    if info.held:
+        said = describe_holder(info)
+        return f"{said}; {RECLAIM_DEAD_ADVICE}" if locks.owner_is_gone(info) else said
     if info.state == "free":
         return f"{info.feature} is free"
     return f"{info.feature} is free (its lock is {info.state}: the next acquire replaces it)"
@@ -318,7 +303,7 @@ def claim(
     def action() -> Result:
         problems: list[FeatureProblem] = []
         store = backend_to_claim_from(shared, features)
-        warned = [w for name in features or () for w in _valid_case_warnings(shared.gsd_dir, name)]
+        warned = [w for name in features or () for w in case_warnings(shared.gsd_dir, name)]
         outcome = locks.claim_next(
             features,
             backend=store,
@@ -350,14 +335,13 @@ def claim(
         if held is None:
             left = "nothing left to claim: every feature is done or failed"
             return Result(EXIT_HELD, found, message=left, warnings=warned)
-        taken = held
         claimed = {**found, "feature": held.feature, "claimed": True, **_held_fields(store, held)}
         return Result(
             EXIT_OK,
             claimed,
             held.feature,
             warnings=[*warned, *problem_warnings(problems)],
-            give_back=lambda: store.release_held(taken),  # when the answer cannot get out
+            give_back=functools.partial(store.release_held, held),  # if the answer cannot get out
         )
 
     respond(shared.as_json, document, action)
@@ -366,15 +350,8 @@ def claim(
 def _problem_entry(problem: FeatureProblem) -> dict[str, Any]:
     """A folder status could not look into, as an entry: state ``error``, its sentence."""
     unknown = dict.fromkeys(("pid", "timestamp", "age_seconds", "expires_in_seconds"))
-    fields = problem_fields(problem)
-    return {
-        **unknown,
-        "feature": problem.feature,
-        "state": "error",
-        "owner": "unknown",
-        "reclaimable": False,
-        **fields,
-    }
+    said = {"state": "error", "owner": "unknown", "reclaimable": False}
+    return {**unknown, **said, **problem_fields(problem)}
 
 
 STATUS_JSON_VERSION: Final = 1  # lock status --json: version, features, summary (error)
@@ -594,7 +571,7 @@ def run_command(
         try:
             line = WaitingLine()  # entered around the wait only: gone before CMD's output
             store = shared.backend()
-            for warning in _valid_case_warnings(shared.gsd_dir, feature):
+            for warning in case_warnings(shared.gsd_dir, feature):
                 note(warning)
             holder = locks.FeatureLock(
                 feature,
@@ -629,13 +606,13 @@ def run_command(
                 lost = _lost_result(holder.lost, on_lost, kept, left.status)
                 return lost._replace(message=f"{lost.message or holder.lost}; {left}")
             return Result(left.status, kept, message=str(left))
-        except AlreadyHeldError as mine:
-            code = _conflict_code(mine, conflict_exit_code)
-            return Result(code, {**document, **holder_fields(mine.info)}, message=str(mine))
         except LockHeldError as busy:
-            held = {**document, **holder_fields(busy.info)}
-            said = f"{busy}; not run: {_run_advice(busy)}"
-            return Result(_conflict_code(busy, conflict_exit_code), held, message=said)
+            usual = exit_code_for(busy, before_run=True)
+            code = usual if conflict_exit_code is None else conflict_exit_code  # -E N
+            held = {**document, "holder": lock_entry(busy.info)}
+            mine = isinstance(busy, AlreadyHeldError)  # nobody else to wait for: no advice
+            said = str(busy) if mine else f"{busy}; not run: {_run_advice(busy)}"
+            return Result(code, held, message=said)
         except runner.Interrupted as stop:
             return Result(exit_code_for(stop, before_run=True), document, message=str(stop))
         except runner.CommandStartError as unstarted:
@@ -738,11 +715,6 @@ def _on_wait(
     if reclaim_dead:
         return line.callback
     return GoneHolderNotice(lambda feature: locks.inspect(feature, backend=store), line.callback)
-
-
-def _conflict_code(busy: LockHeldError, chosen: int | None) -> int:
-    """``lock run``'s exit code when it could not take the lock: ``-E N``, else the usual."""
-    return exit_code_for(busy, before_run=True) if chosen is None else chosen
 
 
 def _run_advice(busy: LockHeldError) -> str:

@@ -248,7 +248,8 @@ def work(
 
 
 class _Output(NamedTuple):
-    """Where CMD's output goes: ``--tag``, ``--log-dir``, and its stdout untold (``None``: ours)."""
+    """Where CMD's output goes (:func:`command_output`'s options): ``--tag``, ``--log-dir``,
+    and its stdout untold (``None``: ours)."""
 
     tag: bool
     log_dir: Path | None
@@ -265,15 +266,7 @@ class _CommandStep:
         self.output = output
 
     def __call__(self, lock: PoolLock) -> WorkResult:
-        feature = lock.feature
-        given = self.output
-        with command_output(
-            feature,
-            tag=given.tag,
-            log_dir=given.log_dir,
-            gsd_dir=given.gsd_dir,
-            stdout=given.stdout,
-        ) as output:
+        with command_output(lock.feature, **self.output._asdict()) as output:
             result = self._run(lock, output)
         return result._replace(log=output.log)
 

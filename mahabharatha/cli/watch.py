@@ -13,8 +13,10 @@ import typer
 from mahabharatha import locks
 from mahabharatha.backends.base import LockBackend, format_duration
 from mahabharatha.cli._output import (
+    Result,
     Shared,
     close_opened,
+    emit,
     exit_code_for,
     require_folder_of_files,
     sentence,
@@ -22,7 +24,7 @@ from mahabharatha.cli._output import (
 from mahabharatha.cli._render import summary_counts, watch_table
 from mahabharatha.constants import WATCH_SECONDS
 from mahabharatha.exits import EXIT_HELD, EXIT_INTERRUPTED, EXIT_OK
-from mahabharatha.locks import FeatureProblem, LockError, LockInfo
+from mahabharatha.locks import LockError, LockInfo
 
 BAR_WIDTH: Final = 40
 TOP_LINES: Final = 3  # the bar, the counts, the rate and estimate: always on top
@@ -78,18 +80,14 @@ def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except (ValueError, LockError, OSError) as error:
-        if shared.as_json:
-            typer.echo(json.dumps({"error": sentence(error)}, sort_keys=True))
-        typer.echo(f"mahabharatha: {sentence(error)}", err=True)
-        raise typer.Exit(exit_code_for(error)) from None
+        emit(Result(exit_code_for(error), {}, message=sentence(error)), shared.as_json)
     finally:
         close_opened()
     raise typer.Exit(code)
 
 
 def _survey(store: LockBackend) -> list[LockInfo]:
-    problems: list[FeatureProblem] = []
-    return locks.survey(backend=store, problems=problems)
+    return locks.survey(backend=store, problems=[])  # a folder not read: left out, not raised
 
 
 def _what_changes(info: LockInfo) -> tuple[object, ...]:

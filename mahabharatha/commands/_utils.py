@@ -5,10 +5,14 @@ contract's signatures and answers (bools, ``None``, ``ValueError``) over the ``.
 of :mod:`mahabharatha.backends.files.lockfile`, whose names are re-exported here for callers
 that know them by this module. It stays the contract's clock seam: a test that replaces
 ``time`` (or ``now``) here replaces :mod:`mahabharatha.clock`'s too, which every layer reads.
+With ``MAHABHARATHA_LOCK_URL`` set they answer from that server, never from files (so no entry
+point uses files while another uses the server): same contract, an unreachable server is an
+``OSError`` as a disk error is, the lease is 2 hours as a file lock's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -16,6 +20,8 @@ import types
 from typing import Any, Final
 
 from mahabharatha import clock, detect
+from mahabharatha.backends import shared_backend
+from mahabharatha.backends.base import NotOwnerError, Requester
 from mahabharatha.backends.files.folder import (
     Guard,
     GuardBusyError,
@@ -47,7 +53,7 @@ from mahabharatha.clock import now
 from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, LOCK_URL_ENV
 from mahabharatha.detect import CURRENT_FEATURE_FILE, detect_feature
 from mahabharatha.names import MAX_PID, is_valid_feature_name, shown_name, validate_feature_name
-from mahabharatha.owner import proof
+from mahabharatha.owner import ownership, proof
 from mahabharatha.reads import MAX_READ_BYTES
 from mahabharatha.states import State as LockState
 
@@ -120,18 +126,18 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
 
 
 def _lock_server() -> str | None:
-    """The lock server ``MAHABHARATHA_LOCK_URL`` names: then the legacy functions answer from
-    it, never from files."""
+    """The lock server ``MAHABHARATHA_LOCK_URL`` names (the legacy functions answer from it)."""
     return os.environ.get(LOCK_URL_ENV) or None
 
 
 def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
-    """Claim ``feature`` for this process. False when someone else holds it (or just won it)."""
+    """Claim ``feature`` for this process. False when someone else holds it (or just won it;
+    on a server, this process too: not reentrant)."""
     _validate_feature_name(feature)
     if (server := _lock_server()) is not None:
-        from mahabharatha.commands import legacy_server
-
-        return legacy_server.acquire_feature_lock(server, feature, gsd_dir)
+        me = os.getpid()
+        requester = Requester(me, ownership.details_of(me))
+        return shared_backend(server, gsd_dir).try_acquire(feature, requester).held is not None
     try:
         opened = OpenFeatureDir(gsd_dir, feature, create=True)
         with opened as dfd:
@@ -151,9 +157,9 @@ def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
     """Remove this process's lock on ``feature`` (and a corrupt one); leave anyone else's."""
     _validate_feature_name(feature)
     if (server := _lock_server()) is not None:
-        from mahabharatha.commands import legacy_server
-
-        return legacy_server.release_feature_lock(server, feature, gsd_dir)
+        with contextlib.suppress(NotOwnerError):  # another owner's lock is left as it is
+            shared_backend(server, gsd_dir).release(feature, os.getpid())
+        return
     opened = OpenFeatureDir(gsd_dir, feature, create=False)
     with opened as dfd:
         if dfd is not None:
@@ -163,12 +169,15 @@ def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
 
 
 def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float | int] | None:
-    """``{"pid", "timestamp", "age_seconds"}`` of an active lock on ``feature``, else ``None``."""
+    """``{"pid", "timestamp", "age_seconds"}`` of an active lock on ``feature``, else ``None``
+    (on a server: the age by the server's clock, the timestamp on this host's)."""
     _validate_feature_name(feature)
     if (server := _lock_server()) is not None:
-        from mahabharatha.commands import legacy_server
-
-        return legacy_server.check_feature_lock(server, feature, gsd_dir)
+        info = shared_backend(server, gsd_dir).inspect(feature)
+        if info.state is not LockState.ACTIVE or info.pid is None or info.age_seconds is None:
+            return None
+        age = max(0.0, info.age_seconds)
+        return {"pid": info.pid, "timestamp": time.time() - age, "age_seconds": age}
     try:
         with OpenFeatureDir(gsd_dir, feature, create=False) as dfd:
             snapshot = MISSING if dfd is None else read_lock(dfd)
