@@ -28,12 +28,9 @@ from collections.abc import Callable, Collection
 from typing import Final, NamedTuple
 
 from mahabharatha.backends.base import VERDICT_OF, Owner, Verdict
+from mahabharatha.constants import CREATE_TIME_SLACK_SECONDS
 from mahabharatha.owner import ownership
 from mahabharatha.owner.proof import Life
-
-CREATE_TIME_SLACK_SECONDS: Final = 1.0
-"""Process start times are known to a clock tick; a process that started within a second
-before the lock's timestamp may be its writer."""
 
 ProcessFacts = tuple[bool, int | None]
 """(alive here, start time in clock ticks after boot) of a pid, from ``/proc/<pid>/stat``."""

@@ -54,7 +54,6 @@ from mahabharatha.backends.files.release_watch import ReleaseWatch
 from mahabharatha.backends.files.snapshot import (
     LOCK_FILE_NAME,
     MISSING,
-    STALE_AFTER_SECONDS,
     EntryKind,
     LockBusyError,
     LockSnapshot,
@@ -72,6 +71,7 @@ from mahabharatha.constants import (
     LEASE_BREAK_MARGIN_SECONDS,
     RELEASE_RETRY_FIRST_SECONDS,
     RELEASE_RETRY_MAX_SECONDS,
+    STALE_AFTER_SECONDS,
 )
 from mahabharatha.names import feature_folders
 from mahabharatha.owner import ownership, proof

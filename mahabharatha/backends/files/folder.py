@@ -24,11 +24,9 @@ from mahabharatha.backends.files.snapshot import (
     read_lock,
     with_name,
 )
+from mahabharatha.constants import GUARD_WAIT_SECONDS
 from mahabharatha.names import feature_names_in
 from mahabharatha.reads import close_quietly
-
-GUARD_WAIT_SECONDS: Final = 0.5
-"""How long a release or refresh waits for the guard (held for a few system calls at a time)."""
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A feature folder we cannot enter (or that is not a real folder) holds no lock we can see.

@@ -42,7 +42,7 @@ from time import monotonic
 from typing import Final, NamedTuple
 
 from mahabharatha.backends.base import UnsafeLockPathError
-from mahabharatha.backends.files.folder import GUARD_WAIT_SECONDS, Guard
+from mahabharatha.backends.files.folder import Guard
 from mahabharatha.backends.files.snapshot import (
     LOCK_FILE_NAME,
     MISSING,
@@ -57,6 +57,7 @@ from mahabharatha.backends.files.snapshot import (
     read_lock,
     with_name,
 )
+from mahabharatha.constants import GUARD_WAIT_SECONDS, TEMP_ORPHAN_SECONDS
 from mahabharatha.names import MAX_PID
 from mahabharatha.owner import ownership, proof
 from mahabharatha.reads import close_quietly
@@ -65,8 +66,6 @@ from mahabharatha.states import State as LockState
 MAX_ROUNDS: Final = 8
 """Judge-and-retry rounds (each ended by another process's change) before we answer "held"."""
 
-TEMP_ORPHAN_SECONDS: Final = 60.0
-"""A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
 
 TEMP_ATTEMPTS: Final = 3
 """A named temp can be swept as debris before we link it; we write a new one this often."""

@@ -17,22 +17,16 @@ from time import monotonic
 from typing import Final
 
 from mahabharatha.backends.base import LockError
+from mahabharatha.constants import (
+    EMPTY_LOCK_GRACE_SECONDS,
+    FUTURE_SKEW_SECONDS,
+    READ_WAIT_SECONDS,
+    STALE_AFTER_SECONDS,
+)
 from mahabharatha.names import MAX_PID
 from mahabharatha.owner import ownership, proof
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 from mahabharatha.states import State as LockState
-
-STALE_AFTER_SECONDS: Final = 7200.0
-"""A lock older than this (strictly) is stale: its holder is presumed gone."""
-
-FUTURE_SKEW_SECONDS: Final = 86400.0
-"""A timestamp up to a day ahead is clock skew between hosts; beyond that it is garbage."""
-
-EMPTY_LOCK_GRACE_SECONDS: Final = 2.0
-"""An empty lock this young is an old writer's between its create and its write: not corrupt."""
-
-READ_WAIT_SECONDS: Final = 0.5
-"""How long a read refused for a passing reason (a kernel lease, a signal) is retried: "busy"."""
 
 READ_ATTEMPTS: Final = 3
 """Looks at an entry that keeps changing between open, lstat and readlink before we give up."""

@@ -24,8 +24,9 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from mahabharatha.backends.postgres.release_watch import WAKE_UP_INTERVAL_SECONDS, ReleaseWaits
+from mahabharatha.backends.postgres.release_watch import ReleaseWaits
 from mahabharatha.backends.postgres.session import CLIENT_ENCODING
+from mahabharatha.constants import WAKE_UP_INTERVAL_SECONDS
 
 LISTENER_NAME: Final = "mahabharatha-wait-async"
 """The ``application_name`` of the listening connection (``pg_stat_activity`` tells it apart)."""

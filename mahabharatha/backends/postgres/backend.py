@@ -55,19 +55,15 @@ from mahabharatha.backends.postgres.release_watch import ReleaseWaits
 from mahabharatha.backends.postgres.session import DEFAULT_SCHEMA, _Connection
 from mahabharatha.constants import (
     CONNECT_TIMEOUT_SECONDS,
+    DEFAULT_LEASE_SECONDS,
     NAMESPACE_ENV,
+    RUN_LEASE_SECONDS,
     SCHEMA_ENV,
 )
 from mahabharatha.names import feature_folders
 from mahabharatha.owner import ownership
 from mahabharatha.states import State
 
-DEFAULT_LEASE_SECONDS: Final = 7200.0
-"""acquire and claim: their owner (a shell, a worker script) cannot refresh, so the 2 hours of
-the file backend."""
-RUN_LEASE_SECONDS: Final = 60.0
-"""``lock run`` and ``FeatureLock`` refresh every third of it: a dead host's lock is free again
-within a minute, and a heartbeat may miss twice (a server restart, a lost connection) first."""
 MAX_NAMESPACE_BYTES: Final = 200
 """Plenty for a repository's ``host/org/repo``; every statement and row carries it."""
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -12,7 +12,7 @@ import psycopg
 
 from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.session import Session, _Connection
-from mahabharatha.constants import RECHECK_SECONDS
+from mahabharatha.constants import RECHECK_SECONDS, WAKE_UP_INTERVAL_SECONDS
 
 NOTIFY_CHANNEL: Final = "mahabharatha_release"
 """The channel of the default schema's wake-ups (one for every release; no payload)."""
@@ -22,11 +22,6 @@ def channel_of(schema: str) -> str:
     """The wake-up channel of ``schema``: a channel per schema, so one team's releases never
     wake another's waiters (cut to PostgreSQL's 63-byte names; a shared prefix costs hints)."""
     return f"{schema[:55]}_release"
-
-
-WAKE_UP_INTERVAL_SECONDS: Final = 0.25
-"""A waiter looks at most once per this long however many wake-ups come (anyone who may connect
-may NOTIFY the channel); the slice of an acquire's wait (``locks.WAKE_UP_SLICE_SECONDS``)."""
 
 
 class ReleaseWaits(Session):

@@ -25,14 +25,21 @@ from mahabharatha.backends.postgres.connection import (
     password_of,
     server_of,
 )
-from mahabharatha.constants import SCHEMA_ENV
+from mahabharatha.constants import (
+    MIN_CONNECT_TIMEOUT_SECONDS,
+    SCHEMA_ENV,
+    SERIALIZATION_FIRST_PAUSE_SECONDS,
+    SERIALIZATION_MAX_PAUSE_SECONDS,
+    SLOT_PAUSE_SECONDS,
+    SLOTS_FIRST_PAUSE_SECONDS,
+    SLOTS_LOOK_SECONDS,
+    SLOTS_MAX_PAUSE_SECONDS,
+)
 from mahabharatha.waiting import Deadline, backoff, jittered
 
 CLIENT_ENCODING: Final = "UTF8"
 """Always the package's choice: on a ``SQL_ASCII`` database the database's own makes psycopg
 answer ``bytes`` for text."""
-MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
-"""libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
 DEFAULT_SCHEMA: Final = "mahabharatha"
 """The schema of the lock tables unless ``MAHABHARATHA_LOCK_SCHEMA`` (or ``schema=``) names
 another: every statement names it, so no ``search_path`` decides where the tables are."""
@@ -40,21 +47,6 @@ _NAMED_SCHEMA: Final = re.compile(
     r"(\bSCHEMA (?:IF NOT EXISTS )?)mahabharatha()\b|()\bmahabharatha(\.mahabharatha_)"
 )
 """Where a statement names the default schema (never a value: those are parameters)."""
-SERIALIZATION_FIRST_PAUSE_SECONDS: Final = 0.01
-SERIALIZATION_MAX_PAUSE_SECONDS: Final = 0.2
-"""Between two runs of a statement the server rolled back as a serialization failure or a
-deadlock (SQLSTATE 40001, 40P01): from 10 ms, doubling, jittered, until ``--connect-timeout``."""
-SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
-SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
-"""Between two connection attempts refused for want of a slot: from 20 ms, doubling, to 0.5 s
-(jittered: a crowd of holders starting at once does not knock in step)."""
-SLOT_PAUSE_SECONDS: Final = 0.5
-"""Between two rounds of connecting refused for want of a slot (each retries for
-``--connect-timeout``), jittered: refused workers do not come back at once (each refused
-connection costs the server a process)."""
-SLOTS_LOOK_SECONDS: Final = 0.5
-"""How often a claimer that keeps its connection asks whether the server's slots are nearly all
-taken (then every claim lets go of the connection once answered, for the backend's life)."""
 MAX_LOST_ANSWERS: Final = 2
 """A statement whose connection was lost under it is run again at most twice: a warm connection
 found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
