@@ -16,7 +16,7 @@ from contextlib import suppress
 from functools import cache
 from pathlib import Path
 from time import gmtime, monotonic, strftime
-from typing import Any, Final
+from typing import Final
 
 from mahabharatha import clock, reads, waiting
 from mahabharatha.backends.base import (
@@ -173,14 +173,24 @@ class _Problems:
 # --------------------------------------------------------------------------- the audit trail
 
 
-def _audit(gsd_dir: str | os.PathLike[str], action: str, feature: str, **facts: Any) -> None:
-    """Append one JSON line; a lock operation never fails because its log could not be written."""
+def _audit(
+    gsd_dir: str | os.PathLike[str],
+    action: str,
+    feature: str,
+    old: LockSnapshot,
+    reason: str,
+    new_owner: int | None = None,
+) -> None:
+    """Append one JSON line about the lock ``old`` that ``action`` removed; a lock operation
+    never fails because its log could not be written."""
     entry = {
         "time": clock.now(),
         "feature": feature,
         "action": action,
         "by_pid": os.getpid(),
-        **facts,
+        "old_record": None if old.content is None else old.content[:200].decode("utf-8", "replace"),
+        "new_owner": new_owner,
+        "reason": reason,
     }
     import json  # only a reclaim, forced release or clean writes a line: not every cold start
 
@@ -201,12 +211,6 @@ def _is_own_log(info: os.stat_result) -> bool:
     """A log file of its own: not a FIFO or a device, and not a hard link to a file elsewhere
     (``ln outside.txt <gsd>/lock-audit.jsonl`` would make us append to ``outside.txt``)."""
     return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
-
-
-def _old_record(snapshot: LockSnapshot | None) -> str | None:
-    if snapshot is None or snapshot.content is None:
-        return None
-    return snapshot.content[:200].decode("utf-8", "replace")
 
 
 # --------------------------------------------------------------------------- reclaim rules
@@ -458,14 +462,7 @@ class FileBackend(LockBackend):
             reason = _reclaim_reason(outcome.replaced_state)
             state = outcome.replaced_state or LockState.CORRUPT
             replaced = describe_snapshot(feature, outcome.replaced, state, now, None)
-            _audit(
-                self.gsd_dir,
-                "reclaim",
-                feature,
-                old_record=_old_record(outcome.replaced),
-                new_owner=requester.pid,
-                reason=reason,
-            )
+            _audit(self.gsd_dir, "reclaim", feature, outcome.replaced, reason, requester.pid)
         held = _held(feature, requester.pid, now, outcome.mine)
         return AcquireResult(held, None, replaced, reason)
 
@@ -529,14 +526,7 @@ class FileBackend(LockBackend):
             record = snapshot.record_at(now)
             if not lockfile.owned_by(snapshot, pid, now):
                 action = "forced-release" if record else "release-cleanup"
-                _audit(
-                    self.gsd_dir,
-                    action,
-                    feature,
-                    old_record=_old_record(snapshot),
-                    new_owner=None,
-                    reason=judge_lock(snapshot, now).value,
-                )
+                _audit(self.gsd_dir, action, feature, snapshot, judge_lock(snapshot, now).value)
             return True
         if snapshot.kind is EntryKind.DIRECTORY:
             raise _directory_in_the_way(self.gsd_dir, feature)
@@ -738,14 +728,7 @@ class FileBackend(LockBackend):
             lock_path = str(folder / LOCK_FILE_NAME)
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
-                _audit(
-                    self.gsd_dir,
-                    "clean",
-                    feature,
-                    old_record=_old_record(snapshot),
-                    new_owner=None,
-                    reason="owner-dead" if state is LockState.ACTIVE else state.value,
-                )
+                _audit(self.gsd_dir, "clean", feature, snapshot, _reclaim_reason(state))
         temps = lockfile.orphan_temps(dfd, now)
         for name in temps:
             removed = False
