@@ -464,15 +464,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         refreshed, expires, now = found[0]
         shift = _clock_shift(now)
         self._leases[(held.feature, held.pid)] = time.monotonic() + (expires - now)
-        return Held(
-            held.feature,
-            held.pid,
-            refreshed + shift,
-            expires + shift,
-            held.token,
-            held.handle,
-            sent[-1],
-        )
+        return held._replace(timestamp=refreshed + shift, expires_at=expires + shift, sent=sent[-1])
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
         """Release and wake the waiters in one round trip (``wait``: nothing refuses a release)."""
@@ -731,13 +723,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             limit=limit,
             **_owner_keys(pid),
         )
-
-        statement = self._sql(statements.FAIL)
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(statement, params, binary=True).fetchall()
-
-        found = self._run(run, retry=False)  # repeated after a lost answer: "not held"
+        found = self._rows(
+            statements.FAIL, params, retry=False
+        )  # again after a lost answer: "not held"
         self._leases.pop((feature, pid), None)
         if not found:
             raise self._not_held(feature, pid, "recorded as failed")

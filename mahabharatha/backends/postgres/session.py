@@ -314,13 +314,15 @@ class Session:
             raise
         return answer
 
-    def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _rows(
+        self, query: str, params: dict[str, Any], *, retry: bool = True
+    ) -> list[tuple[Any, ...]]:
         statement = self._sql(query)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
             return conn.execute(statement, params, binary=True).fetchall()
 
-        return self._run(run)
+        return self._run(run, retry=retry)
 
     def _hot(
         self, statement: str, values: Sequence[Any], sent: list[float] | None = None
