@@ -673,9 +673,8 @@ class FileBackend(LockBackend):
                 # the attempt is recorded only while the caller really holds it.
                 mine = _own_lock(dfd, feature, pid, now, "recorded as failed")
                 record = _next_attempts(_read_attempts(dfd), pid, reason, limit, now)
-                # Race: record first, release second (as ``done``): a claimer that wins the
-                # lock after our release sees this attempt, so a feature at its limit is
-                # never handed out once more. Two holders never write at once: we hold it.
+                # Race: record first, release second (as ``done``): a claimer winning the lock
+                # after our release sees this attempt (a feature at its limit is not handed out).
                 _publish_marker(dfd, _attempts_text(record), ATTEMPTS_RECORD_NAME)
             lockfile.release_mine(dfd, mine)
         return record

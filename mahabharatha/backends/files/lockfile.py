@@ -426,9 +426,8 @@ def _reclaim(
     pledge: proof.Pledge | None = None,
 ) -> LockSnapshot | None:
     """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
-    # Race: another process is removing this very lock right now (its owner's release, a
-    # clean, another reclaim): wait for it to finish, as a release would, then judge again.
-    # Only a guard kept past the deadline (a foreign flock on our folder) answers "held".
+    # Race: another process is removing this very lock right now: wait for it, then judge
+    # again; only a guard kept past the deadline (a foreign flock) answers "held".
     with Guard(dfd, wait=False, until=deadline) as taken:
         if not taken:
             return None

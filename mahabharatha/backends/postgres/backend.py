@@ -283,12 +283,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         names = self._joined(features)
         params = self._take_params(None, requester, lease)
         params["rest"] = float(retry_delay)
-        # Race: a claim committed, its answer lost, and no connection to ask again on (every
-        # slot taken: ServerFullError); a pool's worker claims again once a slot is free. A new
-        # attempt id would see the feature held by the worker itself and pass it over (left
-        # held, never run, till the lease ran out): the unanswered one takes it up.
-        # Race: threads of one process share a backend: each its own lost attempt, or one
-        # thread's claim would take up the feature another just took (two holders).
+        # Race: a claim committed, its answer lost on a full server: asked again, a new attempt
+        # id would pass over the feature the worker itself holds; the unanswered id takes it up.
+        # Race: threads sharing a backend: one's lost attempt must not take up another's feature.
         lost_key = (requester.pid, threading.get_ident())
         attempt = self._unanswered_claims.setdefault(lost_key, params["attempt"])
         lost_before = attempt is not params["attempt"]
@@ -642,9 +639,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return self._leases.get((feature, pid), -math.inf)
 
     def _done(self, feature: str, pid: int) -> str:
-        # Race: a done committed, its answer lost, and no connection to ask again on (every
-        # slot taken: ServerFullError); a pool's worker calls again. A new attempt id would
-        # find the feature done by "someone else" (NotHeldError): the unanswered one finds it.
+        # Race: a done committed, its answer lost on a full server: asked again, a new attempt id
+        # would find it done by "someone else"; the unanswered id finds its own mark.
         lost_key = (feature, pid, threading.get_ident())
         attempt = self._unanswered_done.setdefault(lost_key, secrets.token_bytes(16))
         params = self._params(
@@ -679,9 +675,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             conn.execute(statements.WAKE, {"channel": self.channel}, prepare=False)
         except psycopg.Error as error:
             if error.sqlstate is None:
-                # The link was lost or froze after the release's answer: its state is unknown;
-                # the next call connects again. (The server's own refusal, e.g. its
-                # notification queue full, leaves the connection as it was.)
+                # The link was lost or froze (a refusal by the server has a SQLSTATE and leaves
+                # the connection as it was): the next call connects again.
                 self._drop_connection()
 
     def reopen(self, feature: str) -> bool:

@@ -49,9 +49,8 @@ class ReleaseWaits(Session):
             # needs to record its done. Poll, once per wait, holding no connection meanwhile.
             self.close()
         if self._behind_pooler or self._slots_scarce:
-            # A transaction-mode pooler keeps no LISTEN for us: it would stay on a server
-            # connection and deliver releases to whichever client gets it next (psycopg keeps
-            # unread notifications without bound). Poll instead, once per wait.
+            # A pooler's LISTEN would deliver releases to whichever client gets its server
+            # connection next; a crowded server has no slot to spare. Poll, once per wait.
             time.sleep(max(0.0, deadline - time.monotonic()))
             return False
         try:
@@ -66,9 +65,8 @@ class ReleaseWaits(Session):
                 return True
             return self._heard(self._listener, deadline)
         except psycopg.Error:
-            # Race: the listener died (or froze) between two tries; a release sent meanwhile
-            # was never heard. Look again, no sooner than a wait would have (no busy loop when
-            # listening keeps failing at once, e.g. with every connection slot taken).
+            # Race: the listener died between two tries, so a release may not have been heard:
+            # look again, no sooner than a wait would have (no busy loop while it fails).
             self._drop_listener()
             time.sleep(max(0.0, deadline - time.monotonic()))
             return True
@@ -145,9 +143,8 @@ class _Listening:
         if conn is not None and conn is self.backend._conn and not conn.closed:
             deadline = time.monotonic() + max(0.0, seconds)
             return self.backend._notified_on_claims_connection(conn, deadline)
-        # Race: the claims' connection was let go of or lost since (a refresh's rest in another
-        # thread, a server restart): its LISTEN went with it. The backend's listener takes over
-        # (its first call only starts listening and says "look again").
+        # Race: the claims' connection was let go of or lost since, and its LISTEN with it: the
+        # backend's listener takes over (its first call only starts listening: "look again").
         self.conn = None
         heard = self.backend.wait_for_any_release(self.features, seconds)
         # Behind a pooler (or on a crowded server) nothing is heard: that wait was a poll.

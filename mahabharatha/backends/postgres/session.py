@@ -77,9 +77,8 @@ class Session:
         # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
         self._kept_cursor: psycopg.RawCursor[Any] | None = None
         self._connecting = threading.Lock()  # one thread makes the shared connection
-        # Race: threads sharing this backend: a transaction of several statements (a release
-        # and its wake-up, a pinned operation) must not take in another thread's statement,
-        # nor a statement on the kept cursor replace the answer another has not read yet.
+        # Race: threads sharing this backend: no transaction of several statements takes in
+        # another thread's statement, no kept-cursor statement replaces an unread answer.
         self._one_operation = threading.RLock()
 
     def _connect_timeout_arg(self) -> int:
@@ -265,9 +264,8 @@ class Session:
                         return self._pinned(conn, operation)
                     return operation(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
-                # Race: a concurrent transaction (or a session default of serializable that
-                # pinning missed) made the server roll the statement back: nothing was done
-                # and the connection is sound. Run it again on it, after a pause.
+                # Race: a concurrent transaction made the server roll the statement back: nothing
+                # was done and the connection is sound; run it again after a pause.
                 rolled_back = rolled_back or _Pauses(self.connect_timeout)
                 if not rolled_back.pause():
                     raise self._error(error) from None
@@ -276,9 +274,8 @@ class Session:
                     raise self._error(error) from None
                 created = True
                 if conn.pooled:
-                    # Race: a pooler may keep the failed transaction's server connection
-                    # assigned to this client a while (seen: a pool of one never freed for the
-                    # schema's own connection): let go of it first.
+                    # Race: a pooler may keep the failed transaction's server connection for this
+                    # client a while (a pool of one: for ever): let go of it first.
                     self._drop_connection()
                 try:
                     self._create_schema()
@@ -374,8 +371,7 @@ class Session:
 
     def _create_schema(self, *, repair: bool = False) -> None:
         # Race: other threads' statements on the shared connection would run inside this
-        # transaction (psycopg nests a second creation as a savepoint): a thread told "held"
-        # whose row is never committed. The tables are made on a connection of their own.
+        # transaction (never committed): the tables are made on a connection of their own.
         with self._connect() as conn:
             self._create_schema_on(conn, repair=repair)
 
