@@ -127,15 +127,6 @@ class LockSnapshot:
         "uid",
     )
 
-    kind: EntryKind
-    identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
-    content: bytes | None  # None: not readable (or not a file); a symlink holds its target
-    mtime: float
-    read_errno: int | None  # why a regular file's bytes could not be read
-    owner: bytes | None  # the owner details published with the record; not its identity
-    life: proof.Life | None  # the lock's proof of life, when asked and the lock claims one
-    uid: int  # the file's owner: whose proof file the proof is in
-
     def __init__(
         self,
         kind: EntryKind,
@@ -147,13 +138,13 @@ class LockSnapshot:
         uid: int = -1,
     ) -> None:
         self.kind = kind
-        self.identity = identity
-        self.content = content
+        self.identity = identity  # (st_dev, st_ino): with kind and content, the entry
+        self.content = content  # None: not readable (or not a file); a symlink: its target
         self.mtime = mtime
-        self.read_errno = read_errno
-        self.owner = owner
-        self.uid = uid
-        self.life = None
+        self.read_errno = read_errno  # why a regular file's bytes could not be read
+        self.owner = owner  # the owner details published with the record; not its identity
+        self.uid = uid  # the file's owner: whose proof file the proof is in
+        self.life: proof.Life | None = None  # the proof of life, when asked and claimed
         self._record: tuple[int, float] | _Unparsed | None = _UNPARSED
 
     def _key(self) -> tuple[object, ...]:
