@@ -344,7 +344,6 @@ class ReleaseWatch(Protocol):
     and the wait still ends the wait."""
 
     def __enter__(self) -> ReleaseWatch: ...
-
     def __exit__(self, *_exc: object) -> None: ...
 
     def wait(self, seconds: float) -> bool:

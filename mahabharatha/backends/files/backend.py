@@ -387,7 +387,6 @@ def _attempts_text(record: Attempts) -> str:
 def _next_attempts(
     previous: Attempts | None, pid: int, reason: str, limit: int, now: float
 ) -> Attempts:
-    """The record after one more failed attempt."""
     attempt = {
         "time": _iso_time(now),
         "at": now,  # the epoch seconds a --retry-delay rest is counted from
