@@ -597,30 +597,28 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         if features is not None:
             wanted = set(features)
             rows = [row for row in rows if row.feature in wanted]
+        infos = {row.feature: self._info(row) for row in rows}  # each judged once
         judged = [
             row.token
             for row in rows
             if reclaim_dead
             and row.token is not None
-            and self._info(row).state == "active"
-            and self._info(row).verdict is Verdict.GONE
+            and infos[row.feature].state == "active"
+            and infos[row.feature].verdict is Verdict.GONE
         ]
         if dry_run:
             return [
-                CleanedEntry(
-                    row.feature, self._path(row.feature), "lock", self._info(row).state, False
-                )
+                CleanedEntry(row.feature, self._path(row.feature), "lock", state, False)
                 for row in rows
-                if self._info(row).state == "stale" or row.token in judged
+                if (state := infos[row.feature].state) == "stale" or row.token in judged
             ]
         removed = self._rows(
             statements.CLEAN, self._params(judged=judged, features=[row.feature for row in rows])
         )
         if removed:
             self._wake_waiters()
-        states = {row.feature: self._info(row).state for row in rows}
-        return [
-            CleanedEntry(feature, self._path(feature), "lock", states.get(feature, "stale"), True)
+        return [  # the statement removes only rows of ``infos``
+            CleanedEntry(feature, self._path(feature), "lock", infos[feature].state, True)
             for (feature,) in sorted(removed)
         ]
 
