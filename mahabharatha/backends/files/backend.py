@@ -297,8 +297,7 @@ def _own_lock(dfd: int, feature: str, pid: int, now: float, what: str) -> LockSn
 
 def _iso_time(epoch: float) -> str:
     # time.strftime, not datetime: the CLI's cold start pays for every module it imports.
-    whole = int(epoch)
-    return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(whole))
+    return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(int(epoch)))
 
 
 def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> None:

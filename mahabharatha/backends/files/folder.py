@@ -56,13 +56,6 @@ def _refuse_folder(folder: str, error: OSError) -> UnsafeLockPathError:
     )
 
 
-def _make_feature_dir(folder: str) -> None:
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except FileExistsError as error:  # a dangling link or a file where the folder should be
-        raise _refuse_folder(folder, error) from error
-
-
 class OpenFeatureDir:
     """``with OpenFeatureDir(gsd, feature, create=...) as dfd``: ``specs/<feature>`` opened
     without following a link (``None``: no usable folder; ``create`` makes a missing one).
@@ -124,7 +117,10 @@ def _open_dir_nofollow(folder: str, *, create: bool, refuse: bool) -> int | None
         if refuse:
             raise _refuse_folder(folder, error) from error
         return None
-    _make_feature_dir(folder)  # first lock of this feature: make its folder, then open it
+    try:  # the first lock of this feature: make its folder, then open it
+        os.makedirs(folder, exist_ok=True)
+    except FileExistsError as error:  # a dangling link or a file where the folder should be
+        raise _refuse_folder(folder, error) from error
     dfd = _open_dir_nofollow(folder, create=False, refuse=True)
     if dfd is None:  # Race: the folder was removed or swapped for a link just after mkdir.
         raise _refuse_folder(folder, OSError(errno.ENOENT, "vanished"))
