@@ -716,9 +716,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             limit=limit,
             **_owner_keys(pid),
         )
-        found = self._rows(
-            statements.FAIL, params, retry=False
-        )  # again after a lost answer: "not held"
+        # Not retried: run again after a lost answer, it would say "not held".
+        found = self._rows(statements.FAIL, params, retry=False)
         self._leases.pop((feature, pid), None)
         if not found:
             raise self._not_held(feature, pid, "recorded as failed")
