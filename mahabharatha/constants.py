@@ -68,3 +68,31 @@ LEASE_BREAK_MARGIN_SECONDS: Final = 5.0
 # Pauses between release tries under a kernel lease (doubling).
 RELEASE_RETRY_FIRST_SECONDS: Final = 0.1
 RELEASE_RETRY_MAX_SECONDS: Final = 2.0
+# The folder's locks: a lock older than this (strictly) is stale, its holder presumed gone.
+STALE_AFTER_SECONDS: Final = 7200.0
+FUTURE_SKEW_SECONDS: Final = 86400.0  # a timestamp this far ahead is garbage, not clock skew
+# An empty lock this young is a writer's between its create and its write: not corrupt.
+EMPTY_LOCK_GRACE_SECONDS: Final = 2.0
+READ_WAIT_SECONDS: Final = 0.5  # a read refused for a passing reason is retried this long: busy
+GUARD_WAIT_SECONDS: Final = 0.5  # a release or refresh waits this long for the folder's guard
+TEMP_ORPHAN_SECONDS: Final = 60.0  # a named temp file this old (or whose writer died) is debris
+PENDING_WAIT_SECONDS: Final = 0.1  # a proof's PENDING alone, then the lock counts as alive
+# A process that started within this of a lock's timestamp may be its writer (clock ticks).
+CREATE_TIME_SLACK_SECONDS: Final = 1.0
+# PostgreSQL leases: acquire and claim cannot refresh (2 h, as files); lock run and FeatureLock
+# refresh every third of theirs, so a dead host's lock is free within a minute.
+DEFAULT_LEASE_SECONDS: Final = 7200.0
+RUN_LEASE_SECONDS: Final = 60.0
+MIN_CONNECT_TIMEOUT_SECONDS: Final = 2  # libpq rounds a shorter connect_timeout up to this
+# A waiter looks at most once per this however many wake-ups come (anyone may NOTIFY).
+WAKE_UP_INTERVAL_SECONDS: Final = 0.25
+# Pauses (doubling, jittered) before rerunning a statement rolled back as a serialization
+# failure or deadlock (40001, 40P01), and between connections refused for want of a slot.
+SERIALIZATION_FIRST_PAUSE_SECONDS: Final = 0.01
+SERIALIZATION_MAX_PAUSE_SECONDS: Final = 0.2
+SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
+SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
+# Between two rounds of refused connecting (jittered: each refusal costs the server a process).
+SLOT_PAUSE_SECONDS: Final = 0.5
+# How often a claimer keeping its connection asks whether the server's slots are nearly all taken.
+SLOTS_LOOK_SECONDS: Final = 0.5

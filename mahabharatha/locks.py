@@ -31,8 +31,13 @@ from mahabharatha.backends.base import (
     UnsafeLockPathError,
     owner_is_gone,
 )
-from mahabharatha.backends.liveness import CREATE_TIME_SLACK_SECONDS, owner_liveness
-from mahabharatha.constants import AUDIT_LOG_NAME, COMPLETED_MARKER_NAME, HEARTBEAT_SECONDS
+from mahabharatha.backends.liveness import owner_liveness
+from mahabharatha.constants import (
+    AUDIT_LOG_NAME,
+    COMPLETED_MARKER_NAME,
+    CREATE_TIME_SLACK_SECONDS,
+    HEARTBEAT_SECONDS,
+)
 from mahabharatha.feature_lock import FeatureLock
 from mahabharatha.functional import (
     WaitCallback,

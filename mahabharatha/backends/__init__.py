@@ -15,32 +15,30 @@ from typing import Any, Final
 from mahabharatha.backends.base import LockBackend
 from mahabharatha.constants import GSD_DIR, LOCK_URL_ENV, NAMESPACE_ENV
 
-POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")
-"""The URL schemes that name a PostgreSQL server (libpq accepts both)."""
-
+POSTGRES_SCHEMES: Final = ("postgresql://", "postgres://")  # libpq accepts both
+# A URL's scheme, the only part of an unknown URL that a message repeats.
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,20})://")
-"""A URL's scheme, the only part of an unknown URL that a message repeats."""
-
+# What to run when the PostgreSQL backend or its driver is not installed.
 POSTGRES_EXTRA_HINT: Final = (
     "pip install '.[postgres]' in the mahabharatha checkout (the postgres extra; the package "
     "is on no package index, so 'mahabharatha[postgres]' cannot be fetched by name)"
 )
-"""What to run when the PostgreSQL backend or its driver is not installed."""
 
 
 def open_backend(
     url: str | None, gsd_dir: str | os.PathLike[str] = GSD_DIR, **options: Any
 ) -> LockBackend:
-    """The backend a URL names: ``None`` for the folder backend of ``gsd_dir``, a
-    ``postgresql://`` (or ``postgres://``) URL for PostgreSQL (``options``: ``namespace``,
-    ``connect_timeout``). ``ValueError`` for any other URL; ``RuntimeError`` naming
-    :data:`POSTGRES_EXTRA_HINT` when PostgreSQL support is not installed."""
+    """The backend a URL names (``None``: the folder of ``gsd_dir``); ``ValueError`` for an
+    unknown URL, ``RuntimeError`` when PostgreSQL support is not installed."""
     if url is None:
         from mahabharatha.backends.files.backend import FileBackend
 
         return FileBackend(gsd_dir)
     if url.startswith(POSTGRES_SCHEMES):
-        return _postgres(url, gsd_dir, **options)
+        backend: LockBackend = _postgres_module().PostgresBackend.from_url(
+            url, gsd_dir=gsd_dir, **options
+        )
+        return backend
     # Never the URL itself: a libpq key=value string ("host=db password=...") is all secret.
     scheme = _SCHEME.match(url)
     named = f" ({scheme.group(1)}://)" if scheme else ""
@@ -48,13 +46,6 @@ def open_backend(
         f"unknown lock backend URL{named}: expected a postgresql:// or postgres:// URL "
         "(a libpq key=value string is not accepted)"
     )
-
-
-def _postgres(url: str, gsd_dir: str | os.PathLike[str], **options: Any) -> LockBackend:
-    backend: LockBackend = _postgres_module().PostgresBackend.from_url(
-        url, gsd_dir=gsd_dir, **options
-    )
-    return backend
 
 
 def _postgres_module() -> Any:
@@ -67,10 +58,8 @@ def _postgres_module() -> Any:
 
 
 def load_backend_code(url: str | None) -> None:
-    """Import the code of the backends a command on ``url`` uses (the folder backend always:
-    a server's pool also reads its local done markers; PostgreSQL's driver when ``url`` names
-    a server) without opening anything: a team of workers forked afterwards shares the import
-    instead of paying for it once each. A missing driver is left for :func:`open_backend`."""
+    """Import the backends' code a command on ``url`` uses, opening nothing: workers forked
+    afterwards share the import."""
     importlib.import_module("mahabharatha.backends.files.backend")
     if url is not None and url.startswith(POSTGRES_SCHEMES):
         with contextlib.suppress(RuntimeError):
@@ -78,8 +67,7 @@ def load_backend_code(url: str | None) -> None:
 
 
 def url_holds_password(url: str) -> bool:
-    """Does ``url`` carry a password (``user:PASSWORD@host``, or a ``password`` parameter)?
-    Read without the driver: the CLI asks on every call that names a URL."""
+    """Does ``url`` carry a password (``user:PASSWORD@host``, or a ``password`` parameter)?"""
     rest = url.partition("://")[2]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     if authority.rpartition("@")[0].partition(":")[2]:
@@ -101,10 +89,8 @@ _SHARED_GUARD = threading.Lock()  # Race: two threads' first use each opening a 
 
 
 def shared_backend(url: str | None, gsd_dir: str | os.PathLike[str] = GSD_DIR) -> LockBackend:
-    """The backend of ``url`` (None: the folder of ``gsd_dir``) for callers that pass none: a
-    server's is opened once per process, URL, folder and namespace and kept (its connection
-    stays warm between calls; closed at exit). A forked child opens its own (a connection is
-    never shared across a fork)."""
+    """The backend of ``url`` for callers that pass none: a server's is opened once per
+    process, URL, folder and namespace, kept warm and closed at exit (never across a fork)."""
     if url is None:
         return open_backend(None, gsd_dir)
     key = (os.getpid(), url, os.fspath(gsd_dir), os.environ.get(NAMESPACE_ENV))

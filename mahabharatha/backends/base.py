@@ -1,15 +1,7 @@
-"""The seam between the lock layer and where locks live: one typed interface, many backends.
-
-:mod:`mahabharatha.locks`, :mod:`mahabharatha.run.runner` and the CLI talk to a :class:`LockBackend`
-only. A backend keeps, for each feature, at most one lock held by one owner, and answers the
-operations below; waiting, heartbeats, signals and messages are the lock layer's, the same for
-every backend. Backends: the folder (``backends/files/backend.py``, the default, nothing to run) and
-PostgreSQL (``backends/postgres/backend.py``, for workers on several hosts). What each guarantees,
-side by side: ``design/backends.md``.
-
-Also here, because every layer shares them: the facts about a lock (:class:`LockInfo`), the
-errors (one base, :class:`LockError`; OS trouble stays ``OSError``) and how a holder is
-described to a person.
+"""The seam between the lock layer and where locks live: :class:`LockBackend`, its optional
+abilities, and what every layer shares: the facts about a lock (:class:`LockInfo`), the errors
+(one base, :class:`LockError`) and how a holder is described. A backend keeps at most one lock
+per feature; waiting, heartbeats and signals are the lock layer's (``design/backends.md``).
 """
 
 from __future__ import annotations
@@ -34,8 +26,7 @@ if TYPE_CHECKING:
 
 
 class Owner(enum.StrEnum):
-    """What the one owner judgement (``backends/liveness.py: judge``) says of a lock's owner,
-    in the word ``status`` and JSON show; :class:`Verdict` is the answer it stands for."""
+    """The owner judgement's word for a lock's owner (``status``, JSON); see :class:`Verdict`."""
 
     RUNNING = "running"
     WORK_RUNNING = "work-running"  # the owner pid is gone; its proof of life or group lives on
@@ -46,8 +37,7 @@ class Owner(enum.StrEnum):
 
 
 class Verdict(enum.StrEnum):
-    """The answer of the one owner judgement: is the owner alive, gone, the caller itself, or
-    can it not be told here (then only age decides)?"""
+    """Is the owner alive, gone, the caller itself, or unknown here (then age alone decides)?"""
 
     ALIVE = "alive"
     GONE = "gone"  # provably gone on this host: ``--reclaim-dead`` takes its lock
@@ -55,7 +45,7 @@ class Verdict(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-VERDICT_OF: Final = {
+VERDICT_OF: Final = {  # a judgement of liveness is never ``caller``
     Owner.RUNNING: Verdict.ALIVE,
     Owner.WORK_RUNNING: Verdict.ALIVE,
     Owner.STOPPED: Verdict.ALIVE,
@@ -63,20 +53,16 @@ VERDICT_OF: Final = {
     Owner.PID_REUSED: Verdict.GONE,
     Owner.UNKNOWN: Verdict.UNKNOWN,
 }
-"""The verdict each owner word stands for (a judgement of liveness is never ``caller``)."""
 
 
+# An acquire fails on these: a live lock, one being written, one unreadable just now (a lease).
 HELD_STATES: Final = frozenset({State.ACTIVE, State.WRITING, State.BUSY})
-"""States in which an acquire would fail: a live lock, one being written, one that cannot be
-read just now (a kernel lease on it)."""
 
 
 @dataclass(frozen=True)
 class LockInfo:
-    """One feature lock as a person or a JSON reader sees it.
-
-    ``state`` and ``owner`` are :class:`State` and :class:`Owner` (``str`` enums; a plain
-    string given by a backend is turned into its member)."""
+    """One feature lock as a person or a JSON reader sees it (a plain string given for
+    ``state`` or ``owner`` becomes its member)."""
 
     feature: str
     state: State
@@ -85,54 +71,45 @@ class LockInfo:
     age_seconds: float | None
     expires_in_seconds: float | None
     owner: Owner
-    host: str | None = None
-    """The holder's host where the backend records it (PostgreSQL); files: None."""
+    host: str | None = None  # PostgreSQL records the holder's host and fencing token
     token: int | None = None
-    """The holder's fencing token where the backend has them (PostgreSQL); files: None."""
-    attempts: int = 0
-    """Failed attempts recorded for the feature (``lock fail``) since it was last reopened."""
-    reason: str | None = None
-    """The last failed attempt's reason (``None``: no failed attempt)."""
+    attempts: int = 0  # failed attempts (``lock fail``) since the feature was last reopened
+    reason: str | None = None  # the last failed attempt's
 
     def __post_init__(self) -> None:
-        # frozen: set through object; a backend may pass "active" or State.ACTIVE alike.
-        if self.state.__class__ is not State:  # a member already (status: per lock) is kept
+        if self.state.__class__ is not State:  # frozen: set through object
             object.__setattr__(self, "state", State(self.state))
         if self.owner.__class__ is not Owner:
             object.__setattr__(self, "owner", Owner(self.owner))
 
     @property
     def verdict(self) -> Verdict:
-        """The owner judgement's answer that ``owner`` carries (not a JSON key of its own)."""
+        """The verdict ``owner`` stands for (not a JSON key)."""
         return VERDICT_OF[self.owner]
 
     @property
     def held(self) -> bool:
-        """Would an acquire fail on it (someone holds it, or its lock cannot be judged now)?"""
+        """Would an acquire fail on it?"""
         return self.state in HELD_STATES
 
     def with_attempts(self, count: int, reason: str | None) -> LockInfo:
-        """The same lock, with the feature's failed attempts."""
         return replace(self, attempts=count, reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of a lock; ``attempts`` and ``reason`` only for a feature that has
-        failed attempts (every other entry keeps the keys it always had)."""
+        """The JSON object; ``attempts`` and ``reason`` only for a feature with failed attempts."""
         fields = asdict(self)
         if not self.attempts:
             del fields["attempts"], fields["reason"]
         return fields
 
 
+# A feature whose attempts failed this often is ``failed``, no longer handed out (``--attempts``).
 DEFAULT_ATTEMPTS: Final = 3
-"""A feature whose attempts failed this many times is ``failed`` (``--attempts`` changes it):
-a build that fails every time stops being handed out, one that failed once is retried."""
 
 
 class Attempts(NamedTuple):
-    """A feature's record of failed attempts (``lock fail``): how many, the limit of the pool
-    that recorded the last one, and the latest few (``time``, ``host``, ``pid``, ``reason``),
-    oldest first. ``failed``: the count reached the limit."""
+    """A feature's failed attempts (``lock fail``): how many, the recording pool's limit, and
+    the latest few (``time``, ``host``, ``pid``, ``reason``), oldest first."""
 
     tries: int
     limit: int
@@ -148,10 +125,8 @@ class Attempts(NamedTuple):
 
 
 class FeatureProblem(NamedTuple):
-    """A feature that ``status``, ``clean`` or ``claim`` had to skip (the others were done).
-
-    ``error`` names the full path it was about (``path``). Plain records are named tuples
-    here: a ``@dataclass`` class costs every CLI call half a millisecond to define."""
+    """A feature that ``status``, ``clean`` or ``claim`` had to skip; ``path``: what ``error``
+    was about. (Named tuples, not dataclasses: cheaper to define at every CLI start.)"""
 
     feature: str
     path: str
@@ -175,18 +150,16 @@ _GONE: Final = {
     Owner.NOT_RUNNING: ", which is not running",
     Owner.PID_REUSED: ", which is not running (its pid now belongs to a newer process)",
 }
-"""How :func:`describe_holder` says that a lock's owner is provably gone on this host."""
 _WORKING: Final = ", which is not running, but its work still is"
 
 
 def owner_is_gone(info: LockInfo) -> bool:
-    """Is the lock's owner provably gone on this host (``--reclaim-dead`` would take it)?"""
+    """Is the owner provably gone here (``--reclaim-dead`` would take the lock)?"""
     return info.verdict is Verdict.GONE
 
 
 def describe_holder(info: LockInfo) -> str:
-    """Who holds a lock, whether it is still running, since when and until when (the caller
-    adds what to do about it)."""
+    """Who holds a lock, whether it still runs, since and until when."""
     if info.state not in HELD_STATES and info.state is not State.FREE:
         # A stale, corrupt or odd lock that stopped us: its folder's guard stayed busy.
         return (
@@ -201,13 +174,9 @@ def describe_holder(info: LockInfo) -> str:
         if info.expires_in_seconds is not None
         else ""
     )
-    gone = _GONE[info.owner] if info.verdict is Verdict.GONE else _working(info)
+    working = _WORKING if info.owner is Owner.WORK_RUNNING else ""
+    gone = _GONE[info.owner] if info.verdict is Verdict.GONE else working
     return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"
-
-
-def _working(info: LockInfo) -> str:
-    """Said of an alive owner whose own pid is gone (its proof of life or group works on)."""
-    return _WORKING if info.owner is Owner.WORK_RUNNING else ""
 
 
 def format_duration(seconds: float) -> str:
@@ -226,8 +195,7 @@ def format_duration(seconds: float) -> str:
 
 
 class LockError(Exception):
-    """Base of every error about locks. Those of the system or the place (a path in the way, a
-    server down, a busy guard, a command that cannot start) are ``OSError`` too."""
+    """Base of every error about locks; those of the system or the place are ``OSError`` too."""
 
 
 class LockHeldError(LockError):
@@ -250,8 +218,7 @@ class NotOwnerError(LockHeldError):
 
 
 class NotHeldError(LockError):
-    """``done`` or ``fail`` was asked by a caller that does not hold the feature's lock:
-    nothing written. ``what``: what was not written (``marked done``, ``recorded as failed``)."""
+    """``done`` or ``fail`` by a caller that does not hold the lock: nothing ``what``."""
 
     def __init__(self, feature: str, pid: int, what: str = "marked done") -> None:
         self.feature = feature
@@ -267,7 +234,7 @@ class NotHeldError(LockError):
 
 
 class AlreadyHeldError(LockHeldError):
-    """The would-be owner already holds the feature (same pid): waiting would wait for itself."""
+    """The would-be owner already holds the feature: waiting would wait for itself."""
 
     def __init__(self, info: LockInfo) -> None:
         super().__init__(info)
@@ -282,10 +249,9 @@ class LockLostError(LockError):
     ) -> None:
         self.feature = feature
         self.reason = reason or "it was removed or replaced by another owner"
+        # When the lock's work must be gone (monotonic), before the server's lease runs out and
+        # the lock is given away; None: it is gone already (the work gets its full grace).
         self.stop_by = stop_by
-        """When the work done under the lock must be gone (monotonic): the holder's lease may
-        still run on the server, and can be given away only after; None when it is already
-        gone (then the work gets its full grace)."""
         super().__init__(f"lost the lock on {feature!r}: {self.reason}")
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -293,7 +259,7 @@ class LockLostError(LockError):
 
 
 class HeartbeatStartError(LockError):
-    """The heartbeat thread could not start (no threads left); the lock just taken was released."""
+    """The heartbeat thread could not start; the lock just taken was released."""
 
     def __init__(self, feature: str, cause: str) -> None:
         self.feature = feature
@@ -308,7 +274,7 @@ class HeartbeatStartError(LockError):
 
 
 class UnsafeLockPathError(OSError, LockError):
-    """Something other than a lock, or a folder we refuse to follow, stands in the lock's way."""
+    """Something other than a lock, or a folder we refuse to follow, is in the lock's way."""
 
 
 class UnsupportedError(LockError):
@@ -316,102 +282,72 @@ class UnsupportedError(LockError):
 
 
 class BackendError(OSError, LockError):
-    """The place where locks live cannot be reached or used (a server down, a login refused, a
-    connection lost). Its message names the place (never a password); the CLI exits 3."""
+    """Where locks live cannot be reached or used; the message names it (never a password)."""
 
 
 class ServerFullError(BackendError):
-    """The server refused every connection for want of a free slot (``max_connections``) until
-    ``--connect-timeout`` ran out: it is there, and busy. A pool's worker waits on for a slot
-    (its turn comes when another lets go of one); elsewhere it is a :class:`BackendError`."""
+    """Every connection was refused for want of a free slot until ``--connect-timeout``: the
+    server is there, and busy (a pool's worker waits on for a slot)."""
 
 
 # --------------------------------------------------------------------------- the seam
 
 
 class Requester(NamedTuple):
-    """Who asks for a lock: the owner pid to record, and its owner details (packed by
-    :mod:`mahabharatha.owner.ownership`; ``None``: unknown).
-
-    The seam's records (this, :class:`Held`, :class:`AcquireResult`) are named tuples, not
-    dataclasses: made on every try, and a ``@dataclass`` class costs the CLI's cold start four
-    times as much to define."""
+    """Who asks for a lock: the owner pid to record, and its packed owner details."""
 
     pid: int
     details: bytes | None = None
 
 
 class Held(NamedTuple):
-    """One acquisition, as its holder keeps it: enough to refresh or release exactly it.
-
-    ``token``: the fencing token (PostgreSQL: larger than every earlier one of the feature;
-    files: ``None``). ``expires_at``: epoch seconds by the backend's clock, as last known.
-    ``handle``: the backend's own record of the acquisition (files: the lock's snapshot).
-    """
+    """One acquisition, as its holder keeps it: enough to refresh or release exactly it."""
 
     feature: str
     pid: int
     timestamp: float
-    expires_at: float
-    token: int | None = None
-    handle: Any = None
-    sent: float | None = None
-    """When the statement that set this lease was sent (monotonic): the lease on the server
-    runs from no earlier (``locks.acquire`` sets it; a cut-off holder's deadline counts from
-    it)."""
+    expires_at: float  # epoch seconds by the backend's clock, as last known
+    token: int | None = None  # the fencing token (PostgreSQL; files: None)
+    handle: Any = None  # the backend's own record (files: the lock's snapshot)
+    sent: float | None = None  # when the statement setting the lease was sent (monotonic)
 
 
 class AcquireResult(NamedTuple):
-    """How one try ended: ``held`` when it won; otherwise ``holder`` is who stopped it.
-
-    ``replaced`` is what the try reclaimed to win (a stale, corrupt or dead owner's lock), for
-    the audit trail: the old holder's facts and why it could be taken (``reason``)."""
+    """How one try ended: ``held`` when it won, else ``holder`` stopped it. ``replaced`` and
+    ``reason``: the lock it reclaimed to win, and why it could (the audit trail)."""
 
     held: Held | None
     holder: LockInfo | None = None
     replaced: LockInfo | None = None
     reason: str | None = None
-    holder_details: OwnerDetails | None = None
-    """The owner details recorded with ``holder`` (``None``: none, or not our format): the
-    lock layer's "already held by you" needs the holder's boot and PID namespace."""
-    holder_is_caller: bool = False
-    """The backend knows the holder is the caller itself (files: this process holds the
-    folder's proof of life and the lock records its pid), details or not."""
+    holder_details: OwnerDetails | None = None  # for the lock layer's "already held by you"
+    holder_is_caller: bool = False  # the backend knows (files: by its proof of life)
 
     @property
     def verdict(self) -> Verdict | None:
-        """The owner judgement's answer about ``holder`` (``None``: no holder): ``caller`` when
-        the backend judged it the caller's own, else what ``holder`` carries."""
+        """The judgement about ``holder`` (``None``: no holder)."""
         if self.holder_is_caller:
             return Verdict.CALLER
         return None if self.holder is None else self.holder.verdict
 
 
 class ReleaseWait(NamedTuple):
-    """How a release that cannot be done at once may wait (files: another process's kernel
-    lease on the lock file refuses its read until the kernel breaks the lease).
-
-    ``announce(bound)`` is told once, before the wait, how long it may last (seconds);
-    ``pause(seconds)`` sleeps between two tries and may raise to end the wait at once (``lock
-    run``: a signal arrived); the lock is then left as it was."""
+    """How a release refused for now (files: another's kernel lease) may wait: ``announce`` is
+    told the bound once; ``pause`` sleeps between tries, and may raise to end the wait."""
 
     announce: Callable[[float], None] | None
     pause: Callable[[float], None]
 
 
 class ReleaseWatch(Protocol):
-    """``with backend.release_watch(features) as watch: ... watch.wait(seconds)``: entered
-    *before* the claim that found nothing free, so a release between that claim and the wait
-    still ends the wait."""
+    """Entered *before* the claim that found nothing free. Race: a release between that claim
+    and the wait still ends the wait."""
 
     def __enter__(self) -> ReleaseWatch: ...
-
     def __exit__(self, *_exc: object) -> None: ...
 
     def wait(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` (at most :data:`RECHECK_SECONDS`) for a release; True when
-        one came (or may have: look again)."""
-        ...
+        """Wait up to ``seconds`` (at most ``RECHECK_SECONDS``); True: a release may have come."""
 
 
 class PollingWatch:
@@ -429,36 +365,21 @@ class PollingWatch:
 
 
 class LockBackend(abc.ABC):
-    """Where locks live: the operations every backend has and every caller needs. Every method
-    answers at once (none waits for a busy lock); the lock layer waits, refreshes and reports.
-    Feature names are already validated. What only some backends can do is a protocol of its
-    own below (:class:`LockServer`, :class:`ClaimsInOneStep`, :class:`WatchesReleases`,
-    :class:`HearsReleases`, :class:`LocalFolder`): a caller tests ``isinstance``, never
-    ``getattr``. How a backend uses its connections (slots, resting) is its own business."""
+    """Where locks live: the operations every backend has. Every method answers at once (none
+    waits for a busy lock); names are validated. What only some backends can do is a protocol
+    below: callers test ``isinstance``, never ``getattr``."""
 
-    kind: str
-    """``"file"`` or ``"postgresql"``: for messages and JSON."""
-
-    local_calls: bool = False
-    """Every call is a few system calls on this host (microseconds, never a wait): an event
-    loop may make them itself (``AsyncFeatureLock``); otherwise a call is a network round
-    trip, made in a worker thread."""
-
-    run_lease: float | None = None
-    """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless it chose one;
-    ``None``: the backend's fixed lease (files: 2 h)."""
-
-    namespace: str | None = None
-    """The lock space within :meth:`where` (PostgreSQL's namespace; files: ``None``, the
-    folder is the space)."""
+    kind: str  # "file" or "postgresql"
+    local_calls: bool = False  # a few local system calls: an event loop may make them itself
+    run_lease: float | None = None  # a refreshing holder's lease (None: the fixed lease)
+    namespace: str | None = None  # the lock space within where() (files: the folder is)
 
     @abc.abstractmethod
     def where(self) -> str:
-        """Where the locks are, for people: a folder, or ``host:port/database`` (no password)."""
+        """Where the locks are, for people (never a password)."""
 
     def close(self) -> None:
-        """Let go of what the backend keeps open (server connections) until its next call: a
-        holder between two refreshes keeps none. Default: nothing."""
+        """Let go of what the backend keeps open (connections) until its next call."""
         return None
 
     @abc.abstractmethod
@@ -470,24 +391,21 @@ class LockBackend(abc.ABC):
         reclaim_dead: bool = False,
         lease: float | None = None,
     ) -> AcquireResult:
-        """One attempt: publish the lock, reclaiming a stale or corrupt one (and, with
-        ``reclaim_dead``, one whose owner is provably gone). ``lease`` (seconds; ``None``: the
-        backend's default, 2 h) raises :class:`UnsupportedError` where it cannot be chosen."""
+        """One attempt, reclaiming a stale or corrupt lock (``reclaim_dead``: or one whose owner
+        is provably gone). ``lease``: :class:`UnsupportedError` where it cannot be chosen."""
 
     @abc.abstractmethod
     def refresh(self, held: Held) -> Held:
-        """Renew exactly this acquisition (new timestamp / lease); :class:`LockLostError`
-        when it is no longer the holder's."""
+        """Renew exactly this acquisition; :class:`LockLostError` when it is no longer ours."""
 
     @abc.abstractmethod
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        """Remove exactly this acquisition; False if it was already gone (never another's).
-        ``wait``: how to wait where the release cannot be done at once (``None``: raise)."""
+        """Remove exactly this acquisition; False if already gone. ``wait``: see ReleaseWait."""
 
     @abc.abstractmethod
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
-        """Remove ``pid``'s lock on ``feature`` (CLI release): True if removed, False if there
-        was none; :class:`NotOwnerError` for another owner's, unless ``force``."""
+        """Remove ``pid``'s lock: False if none; :class:`NotOwnerError` for another's unless
+        ``force``."""
 
     @abc.abstractmethod
     def inspect(self, feature: str) -> LockInfo:
@@ -499,11 +417,11 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
-        """Every feature (``feature_names`` and every lock), free and done ones too."""
+        """Every feature (``feature_names`` and every lock), free and done too."""
 
     @abc.abstractmethod
     def feature_names(self) -> list[str]:
-        """The features a bare ``claim`` offers, by name (the local ``specs`` folders)."""
+        """The features a bare ``claim`` offers, by name."""
 
     @abc.abstractmethod
     def clean(
@@ -514,31 +432,27 @@ class LockBackend(abc.ABC):
         problems: list[FeatureProblem] | None = None,
         features: Iterable[str] | None = None,
     ) -> list[CleanedEntry]:
-        """Remove stale and corrupt locks (and debris); active ones stay. ``features``: only
-        these (``None``: every feature)."""
+        """Remove stale and corrupt locks and debris (``features``: only these)."""
 
     @abc.abstractmethod
     def is_done(self, feature: str) -> bool: ...
 
     @abc.abstractmethod
     def done(self, feature: str, pid: int) -> str:
-        """Mark ``feature`` done, then release ``pid``'s lock on it; the time written.
-        :class:`NotHeldError` (nothing written) when ``pid`` does not hold it."""
+        """Mark done, then release ``pid``'s lock; the time written (or :class:`NotHeldError`)."""
 
     @abc.abstractmethod
     def reopen(self, feature: str) -> bool:
-        """Remove the done mark, the failed state and the attempt count; True if there was
-        any of them."""
+        """Remove the done mark and the failed attempts; True if there was any."""
 
     @abc.abstractmethod
     def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
-        """Record a failed attempt of ``pid``'s (``reason``: why, or the exit code), then
-        release its lock, in that order; the record after it. :class:`NotHeldError`
-        (nothing written) when ``pid`` does not hold it. ``limit``: the pool's attempts."""
+        """Record ``pid``'s failed attempt, then release its lock; the record after it (or
+        :class:`NotHeldError`). ``limit``: the pool's attempts."""
 
     @abc.abstractmethod
     def attempts(self, feature: str) -> Attempts | None:
-        """The feature's failed attempts (``None``: none recorded)."""
+        """The feature's failed attempts (``None``: none)."""
 
 
 # --------------------------------------------------------------------------- optional abilities
@@ -547,10 +461,8 @@ _LACKS: dict[tuple[type, type], bool] = {}
 
 
 def lacks(backend: object, ability: type) -> bool:
-    """``not isinstance(backend, ability)``, known per class after the first ask (a backend's
-    abilities are its class's): a protocol's own check walks its members every time, tens of
-    microseconds, more than a whole try on files. ``lacks(b, P) or not isinstance(b, P)``
-    narrows ``b`` for the type checker at the price of the fast answer."""
+    """``not isinstance(backend, ability)``, cached per class (a protocol's check is slow).
+    ``lacks(b, P) or not isinstance(b, P)`` also narrows ``b`` for the type checker."""
     key = (type(backend), ability)
     known = _LACKS.get(key)
     if known is None:
@@ -560,19 +472,15 @@ def lacks(backend: object, ability: type) -> bool:
 
 @runtime_checkable
 class LockServer(Protocol):
-    """A backend on a server (PostgreSQL): fencing tokens and a lease chosen per lock, tables
-    to make, and done markers kept in a local gsd folder as well."""
+    """A backend on a server: fencing tokens, a lease per lock, tables to make."""
 
-    gsd_dir: str | os.PathLike[str]
-    """The local gsd folder whose ``.completed`` markers count as done too."""
+    gsd_dir: str | os.PathLike[str]  # the local folder whose done markers count too
 
     def init(self) -> int:
         """Create the tables (idempotent); the schema version."""
-        ...
 
     def verify(self, feature: str, token: int) -> bool:
         """Is ``token`` the current holder's?"""
-        ...
 
 
 @runtime_checkable
@@ -590,62 +498,48 @@ class ClaimsInOneStep(Protocol):
         retry_delay: float = 0.0,
         slot_wait: float | None = 0.0,
     ) -> AcquireResult | None:
-        """The first free feature of ``features`` not done (unless ``include_done``) nor
-        failed nor resting (``retry_delay`` seconds after a failed attempt, by the backend's
-        clock); ``None`` when none is free. ``slot_wait``: how long it may wait for room on
-        the server (``None``: for ever)."""
-        ...
+        """The first free feature not done (unless ``include_done``), failed nor resting
+        (``retry_delay`` after a failed attempt); ``None``: none. ``slot_wait``: how long to
+        wait for room on the server (``None``: for ever)."""
 
     def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
-        """The features whose failed attempts reached their limit (left out of a claim), and
-        those of ``features`` free and open after a failed attempt (resting, or just rested)."""
-        ...
+        """The features whose failed attempts reached their limit, and those of ``features``
+        free and open after a failed attempt (resting)."""
 
 
 @runtime_checkable
 class WatchesReleases(Protocol):
-    """A backend that wakes a pool's waiter on a release (inotify, LISTEN/NOTIFY); without
-    it the waiter polls (:class:`PollingWatch`)."""
+    """Wakes a pool's waiter on a release (else it polls: :class:`PollingWatch`)."""
 
     def release_watch(self, features: Iterable[str]) -> ReleaseWatch: ...
 
 
 @runtime_checkable
 class HearsReleases(Protocol):
-    """A backend whose acquire waits are woken by a release (PostgreSQL's LISTEN/NOTIFY)."""
+    """Acquire waits are woken by a release (LISTEN/NOTIFY)."""
 
     def wait_for_release(self, feature: str, timeout: float) -> bool:
-        """Between two tries of an acquire: wait up to ``timeout`` seconds for ``feature``'s
-        release; True when one came (or may have: look again)."""
-        ...
+        """Wait up to ``timeout`` for ``feature``'s release; True: one may have come."""
 
     def async_release_listener(self) -> Any:
-        """The running event loop's listener for releases (``AsyncFeatureLock``)."""
-        ...
+        """The running event loop's listener for releases."""
 
 
 @runtime_checkable
 class LocalFolder(Protocol):
-    """Locks in a local folder (files): a proof of life the holder's work inherits, the
-    work's process group recorded with the lock, and done markers."""
+    """Locks in a local folder: a proof of life the work inherits, its group, done markers."""
 
     def work_proof(self, held: Held) -> WorkProof | None:
-        """The proof of life for the work ``held``'s holder starts; ``None``: none here."""
-        ...
+        """The proof of life for ``held``'s work; ``None``: none here."""
 
     def record_work_group(self, held: Held, pgid: int, leader_start: int | None) -> Held:
-        """Record with ``held`` the process group ``pgid`` made for its holder's command, so
-        that a judge counts its members as the owner's work."""
-        ...
+        """Record ``held``'s command's group: a judge counts its members as the owner's work."""
 
     def mark_done_holding(self, held: Held) -> str:
-        """Mark ``held``'s feature done and keep its lock (work it left still holds it)."""
-        ...
+        """Mark done and keep the lock (work the command left still holds it)."""
 
     def mark_done_here(self, feature: str, stamp: str) -> bool:
-        """Publish the done marker of another backend's ``done``; True if written."""
-        ...
+        """Publish another backend's done marker here; True if written."""
 
 
-STATES: Final[Sequence[str]] = tuple(State)
-"""Every ``state`` a :class:`LockInfo` can have (``error`` is the CLI's, for a skipped folder)."""
+STATES: Final[Sequence[str]] = tuple(State)  # every LockInfo state (``error`` is the CLI's)

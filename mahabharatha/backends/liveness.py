@@ -1,22 +1,11 @@
-"""Is a lock's owner alive, gone, or the caller itself? The one owner judgement, for every
-backend and for the CLI's messages: :func:`judge`.
+"""Is a lock's owner alive, gone, or the caller itself? :func:`judge`, the one owner
+judgement for every backend and the CLI's messages, from one lock's :class:`OwnerFacts`.
 
-Its inputs are the facts of one lock (:class:`OwnerFacts`: the recorded pid and timestamp, the
-owner details, what the lock's proof of life said) and, for "already held by you", the pids
-that count as the caller. Its answer (:class:`Judgement`) is a :class:`Verdict` (alive, gone,
-caller, unknown), the :class:`Owner` word ``status`` shows, and the :class:`Rule` that decided.
-
-The caller first: the lock names one of the caller's pids and this process holds the lock's
-proof of life, or the owner details show our boot, our PID namespace and the start time that pid
-runs with now. Then liveness. Where the lock carries a proof of life
-(:mod:`mahabharatha.owner.proof`), the kernel answers: alive while any process holds it
-(``work-running`` when the owner pid itself is gone), gone when nobody does, unless the owner led
-its own process group and that group lives on, or the exact owner process still runs. Without a
-proof, a pid means something only on the boot and PID namespace it was recorded in (its owner
-details say which, :mod:`mahabharatha.owner.ownership`); elsewhere the answer is ``unknown`` and
-age decides; on ours the owner is alive while it, its process group or its session has a live
-process. A proof that was claimed but not looked at, or recorded in another folder than the one at
-the path now (a copy swapped in), is never called gone. The long form, with who calls it:
+The caller first (its pid and its proof of life, or details showing our boot, namespace and
+the pid's start time). Then the kernel's proof of life where the lock has one (alive while
+anyone holds it; the owner's exact process or group also count); without one, the pid, its
+group and its session, on the boot and PID namespace the details name (elsewhere: unknown, age
+decides). A proof not looked at, or of another folder, is never called gone. The long form:
 ``design/lockfile-hardening.md``, "One judgement".
 """
 
@@ -28,39 +17,29 @@ from collections.abc import Callable, Collection
 from typing import Final, NamedTuple
 
 from mahabharatha.backends.base import VERDICT_OF, Owner, Verdict
+from mahabharatha.constants import CREATE_TIME_SLACK_SECONDS
 from mahabharatha.owner import ownership
 from mahabharatha.owner.proof import Life
 
-CREATE_TIME_SLACK_SECONDS: Final = 1.0
-"""Process start times are known to a clock tick; a process that started within a second
-before the lock's timestamp may be its writer."""
-
-ProcessFacts = tuple[bool, int | None]
-"""(alive here, start time in clock ticks after boot) of a pid, from ``/proc/<pid>/stat``."""
+ProcessFacts = tuple[bool, int | None]  # (alive here, start in clock ticks after boot) of a pid
 
 OwnerDetails = ownership.OwnerDetails
 
+# Judges a lock's owner from its pid, timestamp, owner details and proof of life.
 Liveness = Callable[[int | None, float | None, OwnerDetails | None, Life | None], Owner]
-"""Judges a lock's owner from its pid, timestamp, owner details and proof of life."""
-FactsOf = Callable[[], ProcessFacts]
-"""The owner pid's facts, asked only when a judgement needs them."""
-FactsOfPid = Callable[[int], ProcessFacts]
-"""How a judge looks at a pid (``process_facts``, or ``per_pid``'s cache of it)."""
+FactsOf = Callable[[], ProcessFacts]  # the owner pid's facts, asked only when needed
+FactsOfPid = Callable[[int], ProcessFacts]  # process_facts, or per_pid's cache of it
 
 
 class OwnerFacts(NamedTuple):
-    """What a lock says about its owner: the judgement's input.
-
-    ``life``: the lock's proof as looked at with the lock (``None``: not looked at).
-    ``host``: the holder's host where the backend records one (PostgreSQL; files: ``None``).
-    ``proof_ours``: this process holds the proof of life of the folder the lock is in."""
+    """What a lock says about its owner: the judgement's input."""
 
     pid: int | None
     timestamp: float | None = None
     details: OwnerDetails | None = None
-    life: Life | None = None
-    host: str | None = None
-    proof_ours: bool = False
+    life: Life | None = None  # the proof as looked at with the lock (None: not looked at)
+    host: str | None = None  # PostgreSQL records the holder's host
+    proof_ours: bool = False  # this process holds the proof of life of the lock's folder
 
 
 class Rule(enum.StrEnum):
@@ -85,8 +64,7 @@ class Rule(enum.StrEnum):
 
 
 class Judgement(NamedTuple):
-    """The one owner judgement's answer: ``verdict``, the ``owner`` word ``status`` shows for
-    it (``running`` for the caller), and the ``rule`` that decided."""
+    """The judgement's answer, the ``owner`` word ``status`` shows, and the rule that decided."""
 
     verdict: Verdict
     owner: Owner
@@ -95,8 +73,7 @@ class Judgement(NamedTuple):
 
 _JUDGEMENTS: Final = {
     (owner, rule): Judgement(VERDICT_OF[owner], owner, rule) for owner in Owner for rule in Rule
-}
-"""Every liveness answer, made once: ``status`` judges thousands of locks."""
+}  # every answer made once: status judges thousands of locks
 
 
 def _said(owner: Owner, rule: Rule) -> Judgement:
@@ -104,8 +81,7 @@ def _said(owner: Owner, rule: Rule) -> Judgement:
 
 
 def process_facts(pid: int) -> ProcessFacts:
-    """Is ``pid`` alive (any of its threads: a main thread that exited leaves a zombie leader
-    whose other threads run on), and when did it start?"""
+    """Is ``pid`` alive (any of its threads), and when did it start?"""
     stat = ownership.proc_stat(pid)
     if stat is None:
         # Race: /proc hides another user's process (hidepid), or a read failed in passing:
@@ -140,9 +116,8 @@ def _owner(facts: ProcessFacts, timestamp: float | None, details: OwnerDetails) 
 
 
 def proof_decides(details: OwnerDetails | None, life: Life | None) -> bool:
-    """Does the kernel's proof of life judge this owner? Only for a lock whose details claim
-    one, written on this very kernel (same boot: a folder shared with containers counts), and
-    whose proof could be looked at."""
+    """Does the kernel's proof of life judge this owner: claimed by the details, written on
+    this very boot, and looked at?"""
     return (
         details is not None
         and details.proof
@@ -159,10 +134,8 @@ def judge(
     alive: bool = True,
     facts_of: FactsOfPid = process_facts,
 ) -> Judgement:
-    """Is the owner of the lock these ``facts`` describe alive, gone, or the caller (one of
-    ``callers``)? ``alive`` False: only the caller is asked (no look at the process table; the
-    answer is ``caller`` or ``unknown``). ``facts_of``: how a pid is looked at (``per_pid``
-    asks once per pid)."""
+    """Is the owner of the lock ``facts`` describe alive, gone, or the caller (one of
+    ``callers``)? ``alive`` False: only whether it is the caller is asked."""
     pid = facts.pid
     if pid is None:
         return _said(Owner.UNKNOWN, Rule.NO_PID)
@@ -176,11 +149,8 @@ def judge(
 
 
 def _as_caller(facts: OwnerFacts, pid: int) -> Judgement | None:
-    """The caller's own lock (its pid is the lock's): by its proof of life, or by details that
-    show our boot, our PID namespace and the pid's start time. Without readable details we
-    cannot tell, and say "not yours": a wrong "busy" costs a wait, a wrong "yours" tells a
-    caller it holds someone else's lock (the same pid number in a container's namespace, or
-    before a reboot, is someone else; so is a reused pid)."""
+    """The caller's own lock, by its proof of life or by details showing our boot, namespace
+    and the pid's start time. Without them: "not yours" (a wrong "busy" only costs a wait)."""
     if facts.host is not None and facts.host != ownership.host_name():
         return None
     if facts.proof_ours:
@@ -197,8 +167,7 @@ def _liveness(
     life: Life | None,
     pid_facts: FactsOf,
 ) -> Judgement:
-    """The proof of life where the lock has one, the pid, group and session rules where it has
-    none."""
+    """The proof of life where the lock has one, else the pid, group and session rules."""
     if details is not None and details.proof and life is Life.OTHER_FOLDER:
         # A folder copied and swapped in (or restored) holds nobody's proof: the owner's
         # work may run on in the old one, so nothing here may call it dead.
@@ -215,7 +184,7 @@ def _liveness(
 def _by_proof(
     pid: int, timestamp: float | None, details: OwnerDetails, life: Life, pid_facts: FactsOf
 ) -> Judgement:
-    """The owner judgement for a lock with a proof of life: alive while anyone holds it."""
+    """Alive while anyone holds the proof."""
     pid_judgeable = ownership.judgeable(details)  # our PID namespace: the pid means ours
     if life is Life.HELD:
         if not pid_judgeable:
@@ -240,11 +209,8 @@ def _by_proof(
 
 
 def _work_group_lives(details: OwnerDetails) -> bool:
-    """Revision 5: the group ``lock run`` made for its command (recorded with the lock) counts
-    as the owner's work while any member lives: a Python ``subprocess`` child or a shell's
-    ``exec 5>>log`` drops the proof but stays there. Only a group so recorded: the group a
-    ``multiprocessing`` worker shares is its parent's, never its work. Only members started
-    since the owner did: a terminal job's group that CMD shares holds older processes too."""
+    """The group ``lock run`` recorded for its command counts as the owner's work while a
+    member started since the owner lives (a child may drop the proof but stays there)."""
     return (
         details.work_group
         and details.pgid is not None
@@ -255,8 +221,7 @@ def _work_group_lives(details: OwnerDetails) -> bool:
 def _by_pid(
     pid: int, timestamp: float | None, details: OwnerDetails | None, pid_facts: FactsOf
 ) -> Judgement:
-    """The owner judgement without a proof: only on our own boot and PID namespace; alive
-    while any process of the group, or of the session, it took the lock in is alive."""
+    """Without a proof, on our boot and namespace only: alive while its group or session is."""
     if details is None or not ownership.judgeable(details):
         return _said(Owner.UNKNOWN, Rule.ELSEWHERE)  # or an older writer: age decides
     own = _owner(pid_facts(), timestamp, details)
@@ -283,9 +248,8 @@ def owner_liveness(
 
 
 def _as_shown(owner: Owner, pid: int, details: OwnerDetails | None) -> Owner:
-    """The word ``status`` shows: a live holder that is stopped (itself, or the group
-    ``lock run`` made for its command) shows as ``stopped``: it keeps its lock but does no
-    work until it is continued. Never a verdict of its own (alive all the same)."""
+    """The word ``status`` shows: a live holder that is stopped (or its command's group) is
+    ``stopped`` (alive all the same)."""
     if owner in _LIVE_WORDS and ownership.holder_stopped(pid, details):
         return Owner.STOPPED
     return owner
@@ -295,8 +259,7 @@ _LIVE_WORDS: Final = frozenset({Owner.RUNNING, Owner.WORK_RUNNING})
 
 
 def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
-    """:func:`judge`'s owner word for many locks, asking the process table once per pid (many
-    locks share few owners)."""
+    """:func:`judge`'s owner word for many locks, asking the process table once per pid."""
     seen: dict[int, ProcessFacts] = {}
 
     def facts(pid: int) -> ProcessFacts:

@@ -40,7 +40,6 @@ from mahabharatha.backends.files.lockfile import (
 from mahabharatha.backends.files.snapshot import (
     LOCK_FILE_NAME,
     MISSING,
-    STALE_AFTER_SECONDS,
     EntryKind,
     LockSnapshot,
     busy_error,
@@ -50,7 +49,7 @@ from mahabharatha.backends.files.snapshot import (
     read_lock,
 )
 from mahabharatha.clock import now
-from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, LOCK_URL_ENV
+from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, LOCK_URL_ENV, STALE_AFTER_SECONDS
 from mahabharatha.detect import CURRENT_FEATURE_FILE, detect_feature
 from mahabharatha.names import MAX_PID, is_valid_feature_name, shown_name, validate_feature_name
 from mahabharatha.owner import ownership, proof

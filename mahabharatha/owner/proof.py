@@ -25,6 +25,7 @@ import threading
 from time import monotonic
 from typing import Final, Protocol
 
+from mahabharatha.constants import PENDING_WAIT_SECONDS
 from mahabharatha.owner import ownership
 from mahabharatha.reads import close_quietly
 
@@ -32,8 +33,6 @@ LIFE_BYTE: Final = 0
 PENDING_BYTE: Final = 1
 WORK_BYTE: Final = 2
 SLOT_BYTES: Final = 4  # a lock's LIFE, PENDING and WORK are SLOT_BYTES * slot plus 0, 1, 2
-# PENDING alone lasts a few system calls: a judge waits this long, then counts the lock alive.
-PENDING_WAIT_SECONDS: Final = 0.1
 
 _OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", None)
 _OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", None)

@@ -23,6 +23,7 @@ import pytest
 from mahabharatha import locks
 from mahabharatha.backends.files import snapshot
 from mahabharatha.commands import _utils
+from mahabharatha.constants import READ_WAIT_SECONDS
 from tests.cli._support import invoke, one_document
 from tests.concurrency._harness import CTX, FEATURE, SYNC_TIMEOUT, lock_path, team
 from tests.support.marks import needs_leases
@@ -60,7 +61,7 @@ def test_a_live_lock_under_a_kernel_lease_is_held_not_reclaimed(
     ``check_feature_lock`` said None, ``acquire_feature_lock`` took the live lock and a
     non-owner's ``release_feature_lock`` deleted it. The lease outlasts any wait: each look
     retries the refused read for a tenth of the package's 0.5 s (busy is busy either way)."""
-    monkeypatch.setattr(snapshot, "READ_WAIT_SECONDS", snapshot.READ_WAIT_SECONDS / 10)
+    monkeypatch.setattr(snapshot, "READ_WAIT_SECONDS", READ_WAIT_SECONDS / 10)
     gsd = tmp_path / "gsd"
     lock = lock_path(gsd)
     lock.parent.mkdir(parents=True)

@@ -31,8 +31,8 @@ import psutil  # noqa: F401  (loaded before a child drops to a uid that cannot r
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
+from mahabharatha.constants import TEMP_ORPHAN_SECONDS
 from tests.cli._support import invoke
 from tests.faults._kills import (
     Entry,
@@ -310,7 +310,7 @@ def _inject(gsd: Path, op: Op, call: Call, code: int) -> None:
         if call.name == "unlink" and _is_temp(call):
             # The temp's own removal failed: it stays until it is an orphan (60 s old, or its
             # writer gone), and then any clean or reclaim sweeps it.
-            with clock_ahead(lockfile.TEMP_ORPHAN_SECONDS + 1):
+            with clock_ahead(TEMP_ORPHAN_SECONDS + 1):
                 locks.clean(gsd, features=[FEATURE])
             debris = set(temps(gsd)) - before
         assert not debris, f"{fault}: temp files left: {debris}"

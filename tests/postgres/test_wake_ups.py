@@ -25,7 +25,8 @@ from mahabharatha import locks
 from mahabharatha.backends.base import Requester
 from mahabharatha.backends.postgres import backend as postgres
 from mahabharatha.backends.postgres import statements
-from mahabharatha.backends.postgres.release_watch import NOTIFY_CHANNEL, WAKE_UP_INTERVAL_SECONDS
+from mahabharatha.backends.postgres.release_watch import NOTIFY_CHANNEL
+from mahabharatha.constants import WAKE_UP_INTERVAL_SECONDS
 from tests.support.postgres import FreezingProxy, PgServer, admin_execute
 
 LINK_TIMEOUT = 1.0

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from mahabharatha.backends.base import Requester
-from mahabharatha.backends.files import lockfile, snapshot
+from mahabharatha.backends.files import lockfile
 from mahabharatha.backends.files.backend import FileBackend
+from mahabharatha.constants import STALE_AFTER_SECONDS
 from mahabharatha.states import State
 
 FEATURE = "feat"
@@ -73,7 +74,7 @@ def test_a_missing_lock_is_published(tmp_path: Path, publishes: list[int]) -> No
 def test_a_stale_lock_is_still_reclaimed(tmp_path: Path, publishes: list[int]) -> None:
     """The look answers only "held and not to be reclaimed": a stale lock goes on to the
     publish and the judged reclaim, as before."""
-    path = _lock(tmp_path, f"1:{time.time() - snapshot.STALE_AFTER_SECONDS - 60}")
+    path = _lock(tmp_path, f"1:{time.time() - STALE_AFTER_SECONDS - 60}")
     outcome = _try(tmp_path)
     assert outcome.held is not None
     assert publishes

@@ -1,11 +1,8 @@
-"""The folder backend: each feature's lock is a ``.lock`` file in ``<gsd>/specs/<feature>/``.
+"""The folder backend (the default): each feature's lock is ``<gsd>/specs/<feature>/.lock``.
 
-The default backend, nothing to run. Every read, publish, reclaim, refresh and removal goes
-through the hardened protocol of :mod:`mahabharatha.backends.files.lockfile` (the clock of every
-decision is :func:`mahabharatha.clock.now`, read once per call); this module adds what a
-lock layer needs on top: an explicit owner pid with its owner details, the ``--reclaim-dead``
-judgement, the audit trail, listings, clean-up and the ``.completed`` marker. No fencing
-tokens, no chosen lease: the lease is the contract's fixed 2 hours.
+Every lock operation goes through the protocol of :mod:`mahabharatha.backends.files.lockfile`;
+this module adds the owner's pid and details, ``--reclaim-dead``, the audit trail, listings,
+clean-up, done markers and failed attempts. No fencing tokens; the lease is a fixed 2 hours.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from contextlib import suppress
 from functools import cache
 from pathlib import Path
 from time import gmtime, monotonic, strftime
-from typing import Any, Final
+from typing import Final
 
 from mahabharatha import clock, reads, waiting
 from mahabharatha.backends.base import (
@@ -54,7 +51,6 @@ from mahabharatha.backends.files.release_watch import ReleaseWatch
 from mahabharatha.backends.files.snapshot import (
     LOCK_FILE_NAME,
     MISSING,
-    STALE_AFTER_SECONDS,
     EntryKind,
     LockBusyError,
     LockSnapshot,
@@ -72,38 +68,28 @@ from mahabharatha.constants import (
     LEASE_BREAK_MARGIN_SECONDS,
     RELEASE_RETRY_FIRST_SECONDS,
     RELEASE_RETRY_MAX_SECONDS,
+    STALE_AFTER_SECONDS,
 )
 from mahabharatha.names import feature_folders
 from mahabharatha.owner import ownership, proof
 from mahabharatha.states import State
 from mahabharatha.states import State as LockState
 
+# A feature's failed attempts (one JSON object), replaced whole by rename on every lock fail.
 ATTEMPTS_RECORD_NAME: Final = ".attempts"
-"""A feature's failed attempts beside its ``.completed`` marker: one JSON object (count, the
-pool's limit, the latest attempts), replaced whole by ``rename`` on every ``lock fail``."""
-
-KEPT_ATTEMPTS: Final = 5
-"""Attempts kept in the record (the count goes on): enough to see a pattern, bounded however
-often a feature fails."""
-MAX_REASON_CHARS: Final = 200
-"""A reason is cut to this: an exit code or one line of a message, never a whole log."""
-MAX_ATTEMPTS_BYTES: Final = 3072
-"""The record never grows past this (oldest attempts dropped first): well inside the 4 KiB that
-bounded reads accept."""
-
-
+KEPT_ATTEMPTS: Final = 5  # the latest attempts kept (the count goes on)
+MAX_REASON_CHARS: Final = 200  # an exit code or one line of a message, never a whole log
+MAX_ATTEMPTS_BYTES: Final = 3072  # oldest attempts dropped first: within bounded reads' 4 KiB
 LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
 
 
 # --------------------------------------------------------------------------- facts about locks
 
-_STATE_OF: Final = {state: State(state.value) for state in LockState}
-"""A judged lock's state as :class:`LockInfo` shows it (a look-up: ``status`` asks per lock)."""
-
+_STATE_OF: Final = {state: State(state.value) for state in LockState}  # status asks per lock
+# Members bound once: on Python 3.11 each ``Enum.X`` look-up is a descriptor call.
 _ACTIVE: Final = LockState.ACTIVE
 _SHOWN_ACTIVE: Final = State.ACTIVE
 _UNKNOWN: Final = Owner.UNKNOWN
-"""Members bound once: on Python 3.11 each ``Enum.X`` look-up is a descriptor call."""
 
 
 def _listed_info(
@@ -115,11 +101,8 @@ def _listed_info(
     expires: float | None,
     owner: Owner,
 ) -> LockInfo:
-    """``LockInfo(feature, state, pid, timestamp, age, expires, owner)`` for a state and an
-    owner that are members already, made without the frozen dataclass's ``__init__`` (one
-    ``object.__setattr__`` per field and ``__post_init__``'s checks: the costliest step of a
-    ``status`` line, ``bench/PROFILE.md``). Equal to what the constructor makes
-    (``tests/unit/test_status_listing.py`` compares them)."""
+    """``LockInfo(...)`` for members already, without the frozen dataclass's costly
+    ``__init__`` (``bench/PROFILE.md``); ``tests/unit/test_status_listing.py`` compares them."""
     info = object.__new__(LockInfo)
     fields = {  # every field; a default changed in LockInfo fails the test named above
         "feature": feature,
@@ -165,14 +148,13 @@ def describe_snapshot(
 
 
 def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
-    """Our acquisition of the lock ``mine`` whose record we wrote as ``pid:timestamp`` (the
-    record is ``repr`` of the float, so reading it back would give these very values)."""
+    """Our acquisition of ``mine``, whose record we wrote as ``pid:timestamp``."""
     return Held(feature, pid, timestamp, timestamp + STALE_AFTER_SECONDS, None, mine)
 
 
 class _Problems:
-    """Where a maintenance call puts the features it skipped: the caller's list, or (for a
-    caller that gave none) its own, whose first problem is raised once the rest is done."""
+    """Where a maintenance call puts the features it skipped: the caller's list, or its own,
+    whose first problem is raised once the rest is done."""
 
     def __init__(self, gsd_dir: str | os.PathLike[str], sink: list[FeatureProblem] | None) -> None:
         self.gsd_dir = gsd_dir
@@ -191,14 +173,24 @@ class _Problems:
 # --------------------------------------------------------------------------- the audit trail
 
 
-def _audit(gsd_dir: str | os.PathLike[str], action: str, feature: str, **facts: Any) -> None:
-    """Append one JSON line; a lock operation never fails because its log could not be written."""
+def _audit(
+    gsd_dir: str | os.PathLike[str],
+    action: str,
+    feature: str,
+    old: LockSnapshot,
+    reason: str,
+    new_owner: int | None = None,
+) -> None:
+    """Append one JSON line about the lock ``old`` that ``action`` removed; a lock operation
+    never fails because its log could not be written."""
     entry = {
         "time": clock.now(),
         "feature": feature,
         "action": action,
         "by_pid": os.getpid(),
-        **facts,
+        "old_record": None if old.content is None else old.content[:200].decode("utf-8", "replace"),
+        "new_owner": new_owner,
+        "reason": reason,
     }
     import json  # only a reclaim, forced release or clean writes a line: not every cold start
 
@@ -221,12 +213,6 @@ def _is_own_log(info: os.stat_result) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
 
 
-def _old_record(snapshot: LockSnapshot | None) -> str | None:
-    if snapshot is None or snapshot.content is None:
-        return None
-    return snapshot.content[:200].decode("utf-8", "replace")
-
-
 # --------------------------------------------------------------------------- reclaim rules
 
 
@@ -242,9 +228,8 @@ def _dead_owner_rule(snapshot: LockSnapshot, state: LockState) -> bool:
 
 
 def _proof_says_caller(holder: LockInfo, requester: Requester, proof_ours: bool) -> bool:
-    """Is the lock that stopped ``requester`` its own by the proof of life this process holds
-    in the folder (the judgement's ``own-proof`` rule; details are judged by the lock layer,
-    which knows every pid that counts as the caller)?"""
+    """Is the lock that stopped ``requester`` its own by this process's proof of life (the
+    lock layer judges details: it knows every pid that counts as the caller)?"""
     facts = OwnerFacts(holder.pid, proof_ours=proof_ours)
     return judge(facts, (requester.pid,), alive=False).verdict is Verdict.CALLER
 
@@ -266,12 +251,8 @@ def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> Unsa
 
 
 def _surely_absent(gsd_dir: str | os.PathLike[str], feature: str, name: str) -> bool:
-    """Is the feature folder's file ``name`` certainly not there? One ``lstat`` by path: most
-    features of a pool are neither done nor failed, and a claim asks about each one it passes
-    (the careful look costs an open and a close of the folder more). A missing file is missing
-    however the path's folders are reached; a file found, or a path that cannot be looked at,
-    is left to the careful look through the folder opened without following a link, which
-    alone says what the file is (or refuses the folder)."""
+    """Is the folder's file ``name`` certainly not there? One ``lstat`` by path, cheaper than
+    the careful look through the opened folder that a file found (or an error) is left to."""
     try:
         os.lstat(f"{folder_path(gsd_dir, feature)}/{name}")
     except FileNotFoundError:
@@ -282,7 +263,7 @@ def _surely_absent(gsd_dir: str | os.PathLike[str], feature: str, name: str) -> 
 
 
 def _marker_present(dfd: int) -> bool:
-    """Is there a completion marker (a regular file, not followed if a link) in the folder?"""
+    """Is there a done marker (a regular file, not followed if a link) in the folder?"""
     try:
         info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -291,41 +272,38 @@ def _marker_present(dfd: int) -> bool:
 
 
 def _mark_done_holding(dfd: int, feature: str, pid: int) -> tuple[str, LockSnapshot]:
-    """Publish the done marker while ``pid`` holds the feature's lock: the time written and
-    the lock judged. :class:`NotHeldError` / :class:`NotOwnerError` (nothing written) when
-    ``pid`` does not hold it."""
+    """Publish the done marker while ``pid`` holds the lock: the time written and the lock."""
     now = clock.now()
     with Guard(dfd, wait=True):
-        # Under the guard no reclaim, clean or release can remove the lock: the marker
-        # is written only while the caller really holds it.
-        mine = read_lock(dfd)
-        record = mine.record_at(now)
-        # Another PID namespace's holder with the same pid number is not the caller.
-        if not lockfile.owned_by(mine, pid, now):
-            state = judge_lock(mine, now)
-            if record is None or state is LockState.FREE:
-                raise NotHeldError(feature, pid)
-            raise NotOwnerError(describe_snapshot(feature, mine, state, now))
+        # Race: under the guard no reclaim, clean or release can remove the lock, so the
+        # marker is written only while the caller really holds it.
+        mine = _own_lock(dfd, feature, pid, now, "marked done")
         stamp = _iso_time(now)
         _publish_marker(dfd, stamp + "\n")
     return stamp, mine
 
 
+def _own_lock(dfd: int, feature: str, pid: int, now: float, what: str) -> LockSnapshot:
+    """The lock ``pid`` holds; :class:`NotHeldError` / :class:`NotOwnerError` (nothing
+    ``what``) when it does not. Another PID namespace's holder of the same pid is not it."""
+    mine = read_lock(dfd)
+    if not lockfile.owned_by(mine, pid, now):
+        state = judge_lock(mine, now)
+        if mine.record_at(now) is None or state is LockState.FREE:
+            raise NotHeldError(feature, pid, what)
+        raise NotOwnerError(describe_snapshot(feature, mine, state, now))
+    return mine
+
+
 def _iso_time(epoch: float) -> str:
     # time.strftime, not datetime: the CLI's cold start pays for every module it imports.
-    whole = int(epoch)
-    return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(whole))
+    return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(int(epoch)))
 
 
 def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> None:
-    """Write ``text`` to a private temp in the folder, then rename it to ``name`` (the done
-    marker, or the attempts record) at once.
-
-    Everything is relative to the folder's descriptor (opened without following a link), the
-    temp is created ``O_EXCL | O_NOFOLLOW`` and ``rename`` replaces a link at the marker's name
-    rather than following it: nothing is ever written through a symlink. A reader sees no
-    marker or a whole one, never a half-written one.
-    """
+    """Write ``text`` to a private temp in the folder, then rename it to ``name``: a reader
+    sees no file or a whole one, and nothing is written through a symlink (``O_EXCL |
+    O_NOFOLLOW`` relative to the folder's descriptor; ``rename`` replaces a link)."""
     temp = f"{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, lockfile.LOCK_MODE, dir_fd=dfd)
@@ -348,8 +326,7 @@ def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> N
 
 
 def _in_the_way(error: OSError, name: str) -> OSError:
-    """A rename onto ``name`` refused because something else stands there (a directory): the
-    error names ``name``, the thing in the way, never our private temp."""
+    """A rename refused by something in the way names ``name``, never our private temp."""
     if error.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
         return type(error)(error.errno, f"{error.strerror}: something else is in the way", name)
     return error
@@ -359,9 +336,8 @@ def _in_the_way(error: OSError, name: str) -> OSError:
 
 
 def _read_attempts(dfd: int) -> Attempts | None:
-    """The folder's attempts record; ``None`` when there is none. A record that is not ours
-    (a link, not a regular file, too big, not our JSON) counts as none: the next ``fail``
-    replaces it."""
+    """The folder's attempts record; ``None`` when there is none or it is not ours (a link,
+    not a regular file, too big, not our JSON): the next ``fail`` replaces it."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(ATTEMPTS_RECORD_NAME, flags, dir_fd=dfd)
@@ -410,7 +386,6 @@ def _attempts_text(record: Attempts) -> str:
 def _next_attempts(
     previous: Attempts | None, pid: int, reason: str, limit: int, now: float
 ) -> Attempts:
-    """The record after one more failed attempt."""
     attempt = {
         "time": _iso_time(now),
         "at": now,  # the epoch seconds a --retry-delay rest is counted from
@@ -427,7 +402,7 @@ def _next_attempts(
 
 
 class FileBackend(LockBackend):
-    """Locks as ``.lock`` files under ``<gsd>/specs``: the :class:`LockBackend` of one folder."""
+    """The :class:`LockBackend` of one gsd folder."""
 
     kind = "file"
     local_calls = True
@@ -461,7 +436,9 @@ class FileBackend(LockBackend):
             assert dfd is not None
             # A lock taken for another pid (the CLI's caller) carries no proof: it would die
             # with us. Ours does: a descriptor of the folder holds it while we hold the lock.
-            pledge = proof.Pledge(dfd, requester.pid == os.getpid(), _folder(self.gsd_dir, feature))
+            pledge = proof.Pledge(
+                dfd, requester.pid == os.getpid(), folder_path(self.gsd_dir, feature)
+            )
             with pledge as proven:
                 outcome = lockfile.publish_or_reclaim(
                     dfd, requester.pid, now, rule, requester.details, proven, look_first=True
@@ -483,14 +460,7 @@ class FileBackend(LockBackend):
             reason = _reclaim_reason(outcome.replaced_state)
             state = outcome.replaced_state or LockState.CORRUPT
             replaced = describe_snapshot(feature, outcome.replaced, state, now, None)
-            _audit(
-                self.gsd_dir,
-                "reclaim",
-                feature,
-                old_record=_old_record(outcome.replaced),
-                new_owner=requester.pid,
-                reason=reason,
-            )
+            _audit(self.gsd_dir, "reclaim", feature, outcome.replaced, reason, requester.pid)
         held = _held(feature, requester.pid, now, outcome.mine)
         return AcquireResult(held, None, replaced, reason)
 
@@ -498,7 +468,6 @@ class FileBackend(LockBackend):
         return self._rewrite(held, None)
 
     def record_work_group(self, held: Held, pgid: int, leader_start: int | None) -> Held:
-        """Refresh ``held``, its owner details now naming ``pgid`` as its command's group."""
         details = ownership.with_work_group(held.handle.owner, pgid, leader_start)
         return self._rewrite(held, details)
 
@@ -514,15 +483,12 @@ class FileBackend(LockBackend):
             )
             if fresh is None and dfd is not None:
                 # Not ours any more: our proof must not keep theirs alive.
-                proof.forget(dfd, _folder(self.gsd_dir, held.feature))
+                proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
         if fresh is None:
             raise LockLostError(held.feature)
         return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        """Remove exactly ``held``'s lock. A kernel lease that another process holds on the
-        lock file refuses its read for a while: with ``wait``, the release is tried again
-        until the kernel breaks the lease (bounded); without, :class:`LockBusyError`."""
         if wait is None:
             return self._release_held_once(held)
         return _through_leases(lambda: self._release_held_once(held), wait)
@@ -532,12 +498,10 @@ class FileBackend(LockBackend):
             if dfd is None:
                 return False
             released = lockfile.release_mine(dfd, held.handle)
-            proof.forget(dfd, _folder(self.gsd_dir, held.feature))
+            proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
             return released
 
     def work_proof(self, held: Held) -> proof.WorkProof | None:
-        """The proof of life for the work ``held``'s holder starts (``lock run``'s command):
-        ``None`` when the holder holds no proof (another process's lock, no kernel support)."""
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             slot = None if dfd is None else proof.kept_slot(dfd)
             if dfd is None or slot is None:
@@ -553,21 +517,14 @@ class FileBackend(LockBackend):
             now = clock.now()
             outcome, snapshot = lockfile.release_at(dfd, pid, now, force=force)
             if pid == os.getpid():
-                proof.forget(dfd, _folder(self.gsd_dir, feature))
+                proof.forget(dfd, folder_path(self.gsd_dir, feature))
         if outcome is ReleaseOutcome.NOTHING:
             return False
         if outcome is ReleaseOutcome.RELEASED:
             record = snapshot.record_at(now)
             if not lockfile.owned_by(snapshot, pid, now):
                 action = "forced-release" if record else "release-cleanup"
-                _audit(
-                    self.gsd_dir,
-                    action,
-                    feature,
-                    old_record=_old_record(snapshot),
-                    new_owner=None,
-                    reason=judge_lock(snapshot, now).value,
-                )
+                _audit(self.gsd_dir, action, feature, snapshot, judge_lock(snapshot, now).value)
             return True
         if snapshot.kind is EntryKind.DIRECTORY:
             raise _directory_in_the_way(self.gsd_dir, feature)
@@ -576,9 +533,8 @@ class FileBackend(LockBackend):
     # ----------------------------------------------------------------- looking
 
     def inspect(self, feature: str) -> LockInfo:
-        """Raises ``UnsafeLockPathError`` when a symlink or a file stands where the feature
-        folder should be, or a directory where the lock should be: acquire would fail there
-        too."""
+        """``UnsafeLockPathError`` where acquire would fail too (a link, file or folder in the
+        way)."""
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             snapshot = MISSING if dfd is None else read_lock(dfd, life=True)
         if snapshot.kind is EntryKind.DIRECTORY:
@@ -587,13 +543,9 @@ class FileBackend(LockBackend):
         return describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now)
 
     def feature_names(self) -> list[str]:
-        """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted."""
         return feature_folders(self.gsd_dir)
 
     def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
-        """Every feature folder that has a ``.lock`` entry, by name. A folder that cannot be
-        looked into is skipped and added to ``problems`` (without that list, its error is
-        raised after the scan)."""
         now = clock.now()
         liveness = per_pid()
         skipped = _Problems(self.gsd_dir, problems)
@@ -629,8 +581,7 @@ class FileBackend(LockBackend):
         return sorted(infos, key=lambda info: info.feature)
 
     def _refuse_odd_marker(self, feature: str) -> None:
-        """A done marker that is not a regular file (a directory, a FIFO) is neither done nor
-        free: the survey reports it as a problem, naming it (``done`` says the same)."""
+        """A done marker that is not a regular file is neither done nor free: a problem."""
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             if dfd is None:
                 return
@@ -654,7 +605,6 @@ class FileBackend(LockBackend):
             return info
 
     def release_watch(self, features: Iterable[str]) -> ReleaseWatch:
-        """A watch that wakes a waiter when a lock of ``features`` is removed (inotify)."""
         return ReleaseWatch(self.gsd_dir, features)
 
     # ----------------------------------------------------------------- done features
@@ -666,8 +616,6 @@ class FileBackend(LockBackend):
             return dfd is not None and _marker_present(dfd)
 
     def mark_done_here(self, feature: str, stamp: str) -> bool:
-        """Publish the done marker in the feature's folder if the folder exists (a backend
-        that keeps its locks elsewhere marks the local folder too); True if written."""
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             if dfd is None:
                 return False
@@ -683,12 +631,10 @@ class FileBackend(LockBackend):
             stamp, mine = _mark_done_holding(dfd, feature, pid)
             lockfile.release_mine(dfd, mine)
             if pid == os.getpid():
-                proof.forget(dfd, _folder(self.gsd_dir, feature))
+                proof.forget(dfd, folder_path(self.gsd_dir, feature))
         return stamp
 
     def mark_done_holding(self, held: Held) -> str:
-        """Mark ``held``'s feature done and keep its lock (work its command left running
-        still holds the lock's proof of life): the time written."""
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 raise NotHeldError(held.feature, held.pid)
@@ -721,18 +667,12 @@ class FileBackend(LockBackend):
                 raise NotHeldError(feature, pid, "recorded as failed")
             now = clock.now()
             with Guard(dfd, wait=True):
-                # Under the guard no reclaim, clean or release can remove the lock: the attempt
-                # is recorded only while the caller really holds it.
-                mine = read_lock(dfd)
-                if not lockfile.owned_by(mine, pid, now):
-                    state = judge_lock(mine, now)
-                    if mine.record_at(now) is None or state is LockState.FREE:
-                        raise NotHeldError(feature, pid, "recorded as failed")
-                    raise NotOwnerError(describe_snapshot(feature, mine, state, now))
+                # Race: under the guard no reclaim, clean or release can remove the lock, so
+                # the attempt is recorded only while the caller really holds it.
+                mine = _own_lock(dfd, feature, pid, now, "recorded as failed")
                 record = _next_attempts(_read_attempts(dfd), pid, reason, limit, now)
-                # Race: record first, release second (as ``done``): a claimer that wins the
-                # lock after our release sees this attempt, so a feature at its limit is
-                # never handed out once more. Two holders never write at once: we hold it.
+                # Race: record first, release second (as ``done``): a claimer winning the lock
+                # after our release sees this attempt (a feature at its limit is not handed out).
                 _publish_marker(dfd, _attempts_text(record), ATTEMPTS_RECORD_NAME)
             lockfile.release_mine(dfd, mine)
         return record
@@ -747,10 +687,7 @@ class FileBackend(LockBackend):
         problems: list[FeatureProblem] | None = None,
         features: Iterable[str] | None = None,
     ) -> list[CleanedEntry]:
-        """Remove stale, corrupt and non-file lock entries and orphan temp files; leave live
-        locks. Each removal re-checks, under the folder's guard, that the entry is the one
-        judged. A folder (or an entry in it) that fails with an OS error is skipped and added
-        to ``problems``; without that list, the first such error is raised at the end."""
+        """Each removal re-checks, under the folder's guard, that the entry is the one judged."""
         rule = _dead_owner_rule if reclaim_dead else age_only
         cleaned: list[CleanedEntry] = []
         skipped = _Problems(self.gsd_dir, problems)
@@ -773,8 +710,7 @@ class FileBackend(LockBackend):
         found: list[CleanedEntry],
         skipped: _Problems,
     ) -> None:
-        """Clean one folder, adding to ``found`` as it goes (an error later in the folder must
-        not lose what was already removed)."""
+        """Clean one folder, adding to ``found`` as it goes (a later error loses nothing)."""
         folder = feature_dir_path(self.gsd_dir, feature)
         now = clock.now()
 
@@ -789,14 +725,7 @@ class FileBackend(LockBackend):
             lock_path = str(folder / LOCK_FILE_NAME)
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
-                _audit(
-                    self.gsd_dir,
-                    "clean",
-                    feature,
-                    old_record=_old_record(snapshot),
-                    new_owner=None,
-                    reason="owner-dead" if state is LockState.ACTIVE else state.value,
-                )
+                _audit(self.gsd_dir, "clean", feature, snapshot, _reclaim_reason(state))
         temps = lockfile.orphan_temps(dfd, now)
         for name in temps:
             removed = False
@@ -824,9 +753,8 @@ def lease_break_seconds() -> float:
 
 
 def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
-    """``release()``; while a kernel lease refuses the read of the lock file, try again until
-    the kernel has broken the lease (bounded), pausing between tries as ``wait`` says (its
-    pause may raise to end the wait: the lock then stays)."""
+    """``release()``, tried again (pausing as ``wait`` says) until the kernel breaks a lease
+    that refuses the lock file's read (bounded)."""
     deadline: float | None = None
     bound = 0.0
     pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS, math.inf)
@@ -848,7 +776,6 @@ def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
 
 
 def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
-    """The release's answer when a lease outlasted the wait: the lock stays, and how it goes."""
     where = f"{busy.filename}: " if busy.filename else ""
     return LockBusyError(
         busy.errno,
@@ -856,11 +783,6 @@ def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
         "the lock stays until it is stale, or until --reclaim-dead takes it",
         busy.filename,
     )
-
-
-def _folder(gsd_dir: str | os.PathLike[str], feature: str) -> str:
-    """The feature folder's path as :class:`OpenFeatureDir` opens it (the proof's key)."""
-    return folder_path(gsd_dir, feature)
 
 
 def _with_attempts(info: LockInfo, record: Attempts | None) -> LockInfo:

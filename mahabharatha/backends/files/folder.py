@@ -24,11 +24,9 @@ from mahabharatha.backends.files.snapshot import (
     read_lock,
     with_name,
 )
+from mahabharatha.constants import GUARD_WAIT_SECONDS
 from mahabharatha.names import feature_names_in
 from mahabharatha.reads import close_quietly
-
-GUARD_WAIT_SECONDS: Final = 0.5
-"""How long a release or refresh waits for the guard (held for a few system calls at a time)."""
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A feature folder we cannot enter (or that is not a real folder) holds no lock we can see.
@@ -58,22 +56,11 @@ def _refuse_folder(folder: str, error: OSError) -> UnsafeLockPathError:
     )
 
 
-def _make_feature_dir(folder: str) -> None:
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except FileExistsError as error:  # a dangling link or a file where the folder should be
-        raise _refuse_folder(folder, error) from error
-
-
 class OpenFeatureDir:
-    """``with OpenFeatureDir(gsd, feature, create=...) as dfd``: a descriptor of
-    ``specs/<feature>`` opened without following a link, or ``None`` when there is no usable
-    folder (with ``create`` a missing folder is made and a refused one raises instead).
-
-    Every later step works relative to this descriptor, so swapping the folder for a symlink
-    mid-call (race: folder replaced by a link) cannot redirect a write. OS errors of the block
-    name their full path (:func:`named_error`). Opened on entering the block, never before.
-    """
+    """``with OpenFeatureDir(gsd, feature, create=...) as dfd``: ``specs/<feature>`` opened
+    without following a link (``None``: no usable folder; ``create`` makes a missing one).
+    Race: every step works relative to it, so a folder swapped for a link redirects nothing.
+    OS errors of the block name their full path."""
 
     __slots__ = ("create", "dfd", "folder", "refuse")
 
@@ -107,10 +94,8 @@ class OpenFeatureDir:
 
 
 def named_error(error: OSError, folder: str) -> OSError:
-    """The same error, naming the full path of the file it was about. Only an error that names
-    a file relative to the folder's descriptor is rewritten: a bare name (``.lock``, a temp),
-    ``.`` or ``/proc/self/fd/N`` (both: the unnamed lock being published). An error that names
-    no file is left as it is, never guessed at (the protocol names its own: :func:`with_name`)."""
+    """The same error, naming the full path of a file it named relative to the folder (``.``
+    and ``/proc/self/fd/N``: the unnamed lock being published); others are left as they are."""
     name = None if error.filename is None else str(error.filename)
     if error.errno is None or name is None or (os.sep in name and not name.startswith("/proc/")):
         return error
@@ -132,15 +117,17 @@ def _open_dir_nofollow(folder: str, *, create: bool, refuse: bool) -> int | None
         if refuse:
             raise _refuse_folder(folder, error) from error
         return None
-    _make_feature_dir(folder)  # first lock of this feature: make its folder, then open it
+    try:  # the first lock of this feature: make its folder, then open it
+        os.makedirs(folder, exist_ok=True)
+    except FileExistsError as error:  # a dangling link or a file where the folder should be
+        raise _refuse_folder(folder, error) from error
     dfd = _open_dir_nofollow(folder, create=False, refuse=True)
     if dfd is None:  # Race: the folder was removed or swapped for a link just after mkdir.
         raise _refuse_folder(folder, OSError(errno.ENOENT, "vanished"))
     return dfd
 
 
-FolderError = Callable[[str, OSError], None]
-"""Told of a feature folder a scan could not look into (the error names its full path)."""
+FolderError = Callable[[str, OSError], None]  # told of a folder a scan could not look into
 
 
 def scan_locks(
@@ -150,14 +137,9 @@ def scan_locks(
     on_error: FolderError | None = None,
     life: bool = False,
 ) -> Iterator[tuple[str, LockSnapshot]]:
-    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
-
-    One descriptor of ``specs`` serves the whole scan; each feature folder is opened relative
-    to it without following a link (a symlinked feature folder is skipped, as it is refused
-    everywhere). With ``read=False`` only the names are listed (snapshots are ``MISSING``).
-    A folder that cannot be looked into (no permission) raises, or with ``on_error`` is
-    reported to it and skipped: one odd folder does not hide the others.
-    """
+    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock
+    (``read=False``: ``MISSING``). Symlinked folders are skipped; one that cannot be looked
+    into raises, or is told to ``on_error`` and skipped."""
     specs_path = os.path.join(os.fspath(gsd_dir), "specs")
     try:
         specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -213,16 +195,15 @@ def _try_guard(dfd: int) -> bool:
 
 
 def _let_go(fd: int) -> None:
-    """Unlock the guard held through ``fd`` (a child forked meanwhile may share it) and close."""
+    """Unlock the guard held through ``fd`` (a forked child may share it) and close it."""
     with suppress(OSError):  # closing the descriptor lets go of it anyway
         fcntl.flock(fd, fcntl.LOCK_UN)
     close_quietly(fd)
 
 
 class _GuardWaiter:
-    """A blocking ``flock`` of the folder taken by a helper thread through an open file
-    description of its own, so that the caller can wait with a deadline (the kernel's wait has
-    none). Blocking, never spinning: a spinning contender takes the CPU from the holder."""
+    """A blocking ``flock`` taken by a helper thread through a description of its own, so the
+    caller waits with a deadline; never spinning (that takes the CPU from the holder)."""
 
     __slots__ = ("abandoned", "error", "fd", "finished", "mutex", "ready")
 
@@ -265,8 +246,7 @@ class _GuardWaiter:
 
 
 def _wait_for_guard(dfd: int, deadline: float) -> int | None:
-    """Wait (blocked, not spinning) until the guard of folder ``dfd`` is ours or ``deadline``
-    (``monotonic``) passes: the descriptor that holds it, or None."""
+    """The descriptor holding the guard of ``dfd`` once ours, or None at ``deadline``."""
     try:
         fd = os.open(".", _DIR_FLAGS, dir_fd=dfd)  # a description of its own: a lock of its own
     except OSError as error:
@@ -281,13 +261,9 @@ def _wait_for_guard(dfd: int, deadline: float) -> int | None:
 
 
 class Guard:
-    """Hold the feature folder's ``flock`` (the guard) for a ``with`` block, which gets True,
-    or False if it was busy. Taken on entering the block, never in the constructor.
-
-    With ``wait`` we wait (blocked in the kernel, never spinning or sleeping) for at most
-    ``GUARD_WAIT_SECONDS`` and then raise ``GuardBusyError``. With ``until`` (a ``monotonic``
-    time) we wait until then and the block learns whether we got it. With neither we try once.
-    """
+    """Hold the folder's ``flock`` (the guard) for a ``with`` block, which gets whether it
+    was taken: ``wait``: for ``GUARD_WAIT_SECONDS``, then ``GuardBusyError``; ``until``: until
+    that ``monotonic`` time; neither: one try."""
 
     __slots__ = ("dfd", "held_by", "taken", "until", "wait")
 

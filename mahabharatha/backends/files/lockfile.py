@@ -1,32 +1,16 @@
-"""The ``.lock`` file protocol: every step that reads, writes or removes a feature's lock.
+"""The ``.lock`` file protocol: publish, reclaim, release, refresh and sweep a feature's lock
+``<gsd>/specs/F/.lock`` (``"{pid}:{time}"``); reading and judging are in ``snapshot``, the folder
+and its guard in ``folder``. The long form: ``design/lockfile-hardening.md``.
 
-A feature ``F`` is claimed by the file ``<gsd>/specs/F/.lock`` holding ``"{pid}:{time}"``. Only
-this module and the two below it (``snapshot``, ``folder``) touch ``.lock``; the legacy functions
-(:mod:`mahabharatha.commands._utils`) and the folder backend
-(:mod:`mahabharatha.backends.files.backend`) call them. The long form, with the
-reasoning and the rejected options, is ``design/lockfile-hardening.md``.
+* **publish**: the record is written into an unnamed file (``O_TMPFILE``; else a private temp)
+  and ``link()``-ed to ``.lock``: ``link`` fails when ``.lock`` exists, so one publisher wins
+  and nobody sees an empty or half-written lock.
+* **judge**: one no-follow, non-blocking, bounded read; a lock's identity is its inode and bytes.
+* **reclaim / release / refresh** change ``.lock`` only under the *guard* (an ``flock`` on the
+  feature folder), after re-reading it and finding the very entry they judged.
 
-Protocol:
-
-* **publish**: the record is written into a file that has no name yet (``O_TMPFILE``; elsewhere a
-  private temp file) and then ``link()``-ed to ``.lock``. ``link`` fails when ``.lock`` exists, so
-  exactly one publisher wins and nobody ever sees an empty or half-written lock.
-* **judge**: a lock is read through one no-follow, non-blocking open of at most ``MAX_READ_BYTES``;
-  its *identity* is its inode and its bytes (an inode reused with the very same bytes is the
-  same lock for every judgement we make).
-* **reclaim / release / refresh** change or remove an existing ``.lock`` only while holding the
-  *guard*, an ``flock`` on the feature folder itself, and only after re-reading the lock under
-  the guard and finding the very entry they judged. ``publish`` needs no guard (``link`` cannot
-  replace anything), so the only way ``.lock`` ever changes is under the guard.
-
-Invariants: at most one live lock per feature; no process removes or replaces a lock other than
-the one it judged; every call answers within a bounded time; nothing is followed through a link.
-
-Clock-free: every judgement takes ``now`` (epoch seconds) from its caller, which reads its own
-clock once per operation; ``time.monotonic`` only bounds the waits (guard, busy reads).
-
-Reading and judging are in ``snapshot``, the folder, its guard and the scan in ``folder``; here
-publish, reclaim (``publish_or_reclaim``), release, refresh (``replace_if_unchanged``), sweep.
+Invariants: at most one live lock per feature; nobody removes or replaces a lock other than the
+one it judged; every call is bounded in time; no link is followed. ``now`` is the caller's.
 """
 
 from __future__ import annotations
@@ -42,7 +26,7 @@ from time import monotonic
 from typing import Final, NamedTuple
 
 from mahabharatha.backends.base import UnsafeLockPathError
-from mahabharatha.backends.files.folder import GUARD_WAIT_SECONDS, Guard
+from mahabharatha.backends.files.folder import Guard
 from mahabharatha.backends.files.snapshot import (
     LOCK_FILE_NAME,
     MISSING,
@@ -57,34 +41,24 @@ from mahabharatha.backends.files.snapshot import (
     read_lock,
     with_name,
 )
+from mahabharatha.constants import GUARD_WAIT_SECONDS, TEMP_ORPHAN_SECONDS
 from mahabharatha.names import MAX_PID
 from mahabharatha.owner import ownership, proof
 from mahabharatha.reads import close_quietly
 from mahabharatha.states import State as LockState
 
-MAX_ROUNDS: Final = 8
-"""Judge-and-retry rounds (each ended by another process's change) before we answer "held"."""
-
-TEMP_ORPHAN_SECONDS: Final = 60.0
-"""A named temp file lives for microseconds; one this old (or whose writer is dead) is debris."""
-
-TEMP_ATTEMPTS: Final = 3
-"""A named temp can be swept as debris before we link it; we write a new one this often."""
-
-LOCK_MODE: Final = 0o644
-"""Locks are readable by everyone who shares the folder: an unreadable lock is reclaimable."""
-
+MAX_ROUNDS: Final = 8  # judge-and-retry rounds (each ended by another's change), then "held"
+TEMP_ATTEMPTS: Final = 3  # a named temp swept as debris before its link is written anew
+LOCK_MODE: Final = 0o644  # readable by all who share the folder: an unreadable lock is reclaimable
+# A test's seam: called between a won ``link`` and taking ``LIFE`` (only ``PENDING`` held).
 AFTER_LINK: Callable[[], None] | None = None
-"""A test's seam: called by a publisher between its won ``link`` and its ``LIFE`` (only
-``PENDING`` held), so that tests can judge the lock inside that window on purpose."""
 
 _TEMP_RE: Final = re.compile(r"\.lock\.([0-9]+)\.[0-9a-f]+\.tmp", re.ASCII)
 _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
+# Our descriptors by path (``/proc/self/fd`` is gone once the main thread has exited).
 _OWN_FDS: Final = (
     "/proc/thread-self/fd" if os.path.isdir("/proc/thread-self/fd") else "/proc/self/fd"
 )
-"""Our descriptors by path. ``self`` is the main thread: once it has exited (``pthread_exit``)
-while other threads run, ``/proc/self/fd`` is gone and an unnamed lock could not be linked."""
 # Kernels or file systems without O_TMPFILE answer with one of these.
 _NO_TMPFILE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
@@ -94,16 +68,14 @@ def _unlink_lock(dfd: int) -> None:
     os.unlink(LOCK_FILE_NAME, dir_fd=dfd)
 
 
-Reclaimable = Callable[[LockSnapshot], bool]
-"""Whether an entry, read under the guard, may be removed (the caller's judgement, again)."""
+Reclaimable = Callable[[LockSnapshot], bool]  # the caller's judgement, again under the guard
 
 
 def remove_if_unchanged(
     dfd: int, judged: LockSnapshot, still: Reclaimable, *, life: bool = False
 ) -> bool:
-    """Remove ``.lock`` if it is still the entry ``judged`` and ``still`` judges it removable;
-    the caller holds the guard. ``life``: the judgement needs the proof of life (looked at
-    again too: its holder may have taken it since)."""
+    """Remove ``.lock`` if it is still ``judged`` and ``still`` removable (the caller holds the
+    guard); ``life``: the judgement needs the proof of life, looked at again."""
     # Race: the lock was replaced (or, being an old writer's, filled in) between the caller's
     # read and now: re-read and judge it again under the guard.
     current = read_lock(dfd, life=life)
@@ -115,12 +87,9 @@ def remove_if_unchanged(
 
 
 def _still_mine(dfd: int, mine: LockSnapshot) -> bool:
-    """Is ``.lock`` still the holder's own lock ``mine``? The caller holds the guard.
-
-    Raises the read error when our own inode cannot be read just now (a ``chmod``, an I/O
-    error): we cannot tell, so we say why instead of giving the lock up. A read refused for a
-    passing reason (a kernel lease) is :class:`LockBusyError`: a caller may wait it out.
-    """
+    """Is ``.lock`` still the holder's own ``mine`` (the caller holds the guard)? When our own
+    inode cannot be read just now, its error is raised (a lease: :class:`LockBusyError`)
+    rather than the lock given up."""
     current = read_lock(dfd, details=False)  # same_entry compares no owner details
     if current.same_entry(mine):
         return True
@@ -155,8 +124,7 @@ def remove_judged(
 
 
 def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
-    """Take the guard and remove a directory standing at ``.lock`` if it is still exactly
-    ``judged`` and empty (clean never deletes what someone put inside one)."""
+    """Take the guard and remove a directory at ``.lock`` if still exactly ``judged`` and empty."""
     with Guard(dfd, wait=True):
         # Race: replaced since it was judged (a file published after a rmdir elsewhere).
         if not read_lock(dfd).same_entry(judged):
@@ -169,8 +137,7 @@ def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
 
 
 def remove_orphan_temp(dfd: int, name: str) -> bool:
-    """Remove the temp file ``name`` (listed by :func:`orphan_temps`); False if it is gone
-    already. Other OS errors are raised (the caller names the path)."""
+    """Remove the temp file ``name`` (from :func:`orphan_temps`); False if gone already."""
     try:
         os.unlink(name, dir_fd=dfd)
     except FileNotFoundError:
@@ -190,8 +157,7 @@ def is_temp_name(name: str) -> bool:
 
 
 def write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data``; ``EIO`` when the file system accepts nothing (a write of 0 bytes
-    would otherwise be retried for ever)."""
+    """Write all of ``data``; ``EIO`` when the file system accepts nothing."""
     while data:  # bytes, not a memoryview: a record goes in one write, and a view costs more
         written = os.write(fd, data)
         if written == 0:
@@ -207,8 +173,8 @@ def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> Lock
 
 
 def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result:
-    """Write the record and its owner details; return the file's facts. Readable by all,
-    whatever the umask (race: cross-user reclaim of a lock another user cannot read)."""
+    """Write the record and its owner details; the file's facts. Race: readable by all,
+    whatever the umask (another user would reclaim a lock it cannot read)."""
     try:
         write_all(fd, record)
         # Race: a reader must never see the record without its details: set them before link.
@@ -243,8 +209,7 @@ def _write_named_temp(dfd: int, record: bytes, owner: bytes | None) -> tuple[str
 
 
 def _unlink_quietly(dfd: int, name: str) -> None:
-    """Remove a temp name as clean-up. Failing to is not the caller's failure: the lock is
-    already published (or the real error is being raised), and debris is swept later."""
+    """Remove a temp name as clean-up; a failure is left to a later sweep."""
     try:  # noqa: SIM105  (suppress() costs a microsecond on every acquire)
         os.unlink(name, dir_fd=dfd)
     except OSError:
@@ -252,9 +217,8 @@ def _unlink_quietly(dfd: int, name: str) -> None:
 
 
 class TmpfileSwitch:
-    """Whether :func:`publish` makes the lock as an unnamed file (``O_TMPFILE`` + ``linkat``
-    through ``/proc/self/fd``): learned once, set False for good when the file system refuses.
-    Tests and the benchmark set ``TMPFILE.usable = False`` to take the named-temp path."""
+    """Whether :func:`publish` makes an unnamed file (``O_TMPFILE`` + ``linkat``); False for
+    good once the file system refuses (tests set it to take the named-temp path)."""
 
     __slots__ = ("usable",)
 
@@ -263,7 +227,6 @@ class TmpfileSwitch:
 
 
 TMPFILE: Final = TmpfileSwitch()
-"""The one switch between the unnamed-file and the named-temp ways to publish."""
 
 
 class _NoTmpfileError(Exception):
@@ -325,8 +288,7 @@ def _publish_named(dfd: int, record: bytes, owner: bytes | None, now: float) -> 
 
 
 def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> LockSnapshot | None:
-    """Make ``.lock`` appear holding ``record`` and its ``owner`` details, whole; ``None`` when
-    a lock already exists. ``now``: the caller's clock, to tell debris from live temp files."""
+    """Make ``.lock`` appear, whole, with ``record`` and ``owner``; ``None``: a lock exists."""
     if TMPFILE.usable:
         try:
             return _publish_unnamed(dfd, record, owner)
@@ -338,9 +300,8 @@ def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> 
 def publish_proven(
     dfd: int, record: bytes, now: float, owner: bytes | None, pledge: proof.Pledge | None
 ) -> LockSnapshot | None:
-    """:func:`publish` holding, from before the try, the proof of life of the pledge's slot (in
-    its proof file); the details claim the proof and the pledge is ``proven`` only when it
-    could be taken. ``pledge`` None: no proof."""
+    """:func:`publish` holding the pledge's proof of life from before the try; the details
+    claim it and the pledge is ``proven`` only when it could be taken."""
     # Race: a judge looking at LIFE an instant before a winner takes it: PENDING comes first.
     if pledge is None or pledge.fd is None or not proof.hold_pending(pledge.fd, pledge.slot):
         return publish(dfd, record, now, owner)
@@ -368,9 +329,8 @@ def publish_proven(
 def replace_if_unchanged(
     dfd: int, judged: LockSnapshot, record: bytes, owner: bytes | None = None
 ) -> LockSnapshot | None:
-    """Atomically swap ``.lock`` for ``record`` if it is still the holder's ``judged`` lock:
-    the new snapshot, or ``None``. The owner details of ``judged`` are carried forward unless
-    ``owner`` gives new ones (``lock run``: its command's group)."""
+    """Swap ``.lock`` for ``record`` at once if it is still the holder's ``judged``: the new
+    snapshot, or ``None``. ``owner``: new details (default: ``judged``'s carried on)."""
     with Guard(dfd, wait=True):
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
         if not _still_mine(dfd, judged):
@@ -392,8 +352,8 @@ def orphan_temps(dfd: int, now: float) -> list[str]:
 
 
 def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
-    """A regular file (we never make anything else under a temp name: a folder, link or FIFO
-    so named is someone else's, left alone) whose writer is gone or that is too old."""
+    """A regular file (anything else so named is someone else's) whose writer is gone or that
+    is too old."""
     try:
         info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -414,11 +374,8 @@ def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
 
 
 def sweep_orphan_temps(dfd: int, now: float) -> list[str]:
-    """Remove orphan temp files and return their names; best effort, never raises an OS error
-    (debris left now is swept next time; the caller's own work must not fail for it).
-
-    Removing a live writer's temp is harmless too: its link or rename then fails and it retries.
-    """
+    """Remove orphan temp files, their names; never an OS error (left debris goes next time).
+    A live writer's temp removed is harmless: its link or rename fails and it retries."""
     try:
         removed = orphan_temps(dfd, now)
     except OSError:
@@ -432,8 +389,8 @@ def sweep_orphan_temps(dfd: int, now: float) -> list[str]:
 
 
 class AcquireOutcome(NamedTuple):
-    """How an attempt ended: ``mine`` is our new lock; otherwise ``holder`` stopped us.
-    ``replaced`` is the stale, corrupt or foreign entry we reclaimed to get it, if any."""
+    """How an attempt ended: ``mine``, our new lock (``replaced``: what we reclaimed for it),
+    or ``holder``, who stopped us."""
 
     mine: LockSnapshot | None
     holder: LockSnapshot = MISSING
@@ -469,9 +426,8 @@ def _reclaim(
     pledge: proof.Pledge | None = None,
 ) -> LockSnapshot | None:
     """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
-    # Race: another process is removing this very lock right now (its owner's release, a
-    # clean, another reclaim): wait for it to finish, as a release would, then judge again.
-    # Only a guard kept past the deadline (a foreign flock on our folder) answers "held".
+    # Race: another process is removing this very lock right now: wait for it, then judge
+    # again; only a guard kept past the deadline (a foreign flock) answers "held".
     with Guard(dfd, wait=False, until=deadline) as taken:
         if not taken:
             return None
@@ -494,10 +450,8 @@ def publish_or_reclaim(
 ) -> AcquireOutcome:
     """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``.
 
-    ``owner``: the owner details to publish (default: those of ``pid``). ``pledge``: the proof
-    of life this process takes with the lock (``None``: no proof). A rule other than
-    :func:`age_only` judges owners, so it is given each lock's proof (``snapshot.life``).
-    ``look_first``: answer "held" from a read before publishing (:func:`_held_now`).
+    ``owner``: the details to publish (default: ``pid``'s); ``pledge``: the proof of life taken
+    with the lock; ``look_first``: answer "held" from a read before publishing.
     """
     record = format_record(pid, now)
     if owner is None:
@@ -547,10 +501,9 @@ def publish_or_reclaim(
 def _held_now(
     dfd: int, now: float, may_reclaim: MayReclaim, judges_owners: bool
 ) -> AcquireOutcome | None:
-    """The answer "held" when the lock in ``dfd`` is held and may not be reclaimed, read
-    without publishing (no inode made in vain); ``None``: try to publish. The answer a failed
-    publish gives, one step earlier. Race: released just after this read: "held" was true
-    when read, as after a failed publish; the next try takes it."""
+    """ "held" when the lock is held and may not be reclaimed, read without publishing (no
+    inode made in vain); ``None``: publish. Race: released just after this read: "held" was
+    true when read, as after a failed publish; the next try takes it."""
     holder = read_lock(dfd, life=judges_owners)
     if holder.kind is EntryKind.MISSING or holder.kind is EntryKind.DIRECTORY:
         return None  # free, or in the way: the publish below says which
@@ -590,11 +543,8 @@ def release_at(
 
 
 def owned_by(snapshot: LockSnapshot, pid: int, now: float) -> bool:
-    """Is ``snapshot`` a lock of ``pid``: its record names that pid, and its owner details
-    (when they record a boot and PID namespace) show ours and, when they record a start time,
-    the one ``pid`` runs with now? A lock without details is judged by its pid alone.
-    (The release rule of the one owner judgement, ``ownership.could_own``: this module sits
-    below ``backends/liveness.py``; PostgreSQL runs the same rule as generated SQL.)"""
+    """Is ``snapshot`` a lock of ``pid``: its record names it and its owner details, if any,
+    could be ``pid``'s here (``ownership.could_own``, the judgement's release rule)?"""
     record = snapshot.record_at(now)
     if record is None or record[0] != pid:
         return False

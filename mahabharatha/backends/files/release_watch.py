@@ -1,15 +1,7 @@
-"""Waiting for a feature lock to be released, on the folder backend: inotify where there is one.
-
-A pool's worker with nothing free to claim waits for one of the held features to come back:
-its holder marks it done, records a failed attempt or releases it, and each of these ends with
-the ``.lock`` entry unlinked from the feature's folder. On Linux the kernel tells us of that
-unlink (``IN_DELETE`` on the folder, named ``.lock``), so a waiter wakes within a millisecond
-of the release instead of polling every folder. Elsewhere (no inotify, or its watches used up)
-the wait is a short sleep.
-
-A wake-up is a hint, never a judgement: the waiter claims again either way, and waits are cut
-into slices (:data:`RECHECK_SECONDS`), because some changes come with no event at all (a lock
-turning stale, an owner dying while its lock stays on disk).
+"""The folder backend's wait for a release: inotify tells of ``.lock`` unlinked (done, fail,
+release, reclaim, clean all unlink it); elsewhere a short sleep. A wake-up is a hint: the
+waiter claims again either way, at least every ``RECHECK_SECONDS`` (a lock turning stale or
+an owner dying sends no event).
 """
 
 from __future__ import annotations
@@ -36,10 +28,8 @@ IN_Q_OVERFLOW: Final = 0x00004000  # events were lost: wake, to be safe
 IN_ONLYDIR: Final = 0x01000000  # <sys/inotify.h>: refuse anything but a folder
 IN_DONT_FOLLOW: Final = 0x02000000  # <sys/inotify.h>: never follow a symlink
 WATCHED_EVENTS: Final = IN_DELETE | IN_MOVED_FROM
-"""A release, a ``done``, a ``fail``, a reclaim and a ``clean`` all unlink ``.lock``."""
+# A folder not there yet, not a real folder or unreadable is not watched (the claim still looks).
 SKIPPED_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP})
-"""A folder that is not there yet, is not a real folder (a symlinked feature folder is refused
-everywhere) or cannot be read: not watched; the periodic claim still looks at it."""
 _EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then name
 _READ_BYTES: Final = 64 * 1024
 
@@ -58,11 +48,8 @@ def _libc_inotify() -> ctypes.CDLL | None:
 
 
 class ReleaseWatch:
-    """``with ReleaseWatch(gsd_dir, features) as watch: ... watch.wait(seconds)``.
-
-    Set up *before* the claim that found nothing free, so a release between that claim and
-    the wait is not missed (it is queued on the inotify descriptor and ends the wait at once).
-    """
+    """The folder's :class:`~mahabharatha.backends.base.ReleaseWatch`. Race: a release between
+    the claim and the wait is queued on the inotify descriptor and ends the wait at once."""
 
     def __init__(self, gsd_dir: str | os.PathLike[str], features: Iterable[str]) -> None:
         self.gsd_dir = gsd_dir
@@ -101,8 +88,6 @@ class ReleaseWatch:
         return fd
 
     def wait(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` (at most :data:`RECHECK_SECONDS`) for a release; True when
-        one came. Without inotify, a short sleep (then True: look again)."""
         seconds = max(0.0, min(seconds, RECHECK_SECONDS))
         if self._fd is None:
             sleep(min(seconds, POLL_SECONDS))

@@ -1,8 +1,5 @@
-"""The read side of the ``.lock`` protocol: the record, the snapshot, the read, the judgement.
-
-A lock is read through one no-follow, non-blocking open of at most ``MAX_READ_BYTES``; its
-identity is its inode and its bytes. Judging is clock-free: ``now`` comes from the caller. The
-protocol and its invariants: :mod:`mahabharatha.backends.files.lockfile`.
+"""The read side of the ``.lock`` protocol (:mod:`~mahabharatha.backends.files.lockfile`): the
+record, the snapshot, the bounded no-follow read and the judgement (``now`` is the caller's).
 """
 
 from __future__ import annotations
@@ -17,26 +14,18 @@ from time import monotonic
 from typing import Final
 
 from mahabharatha.backends.base import LockError
+from mahabharatha.constants import (
+    EMPTY_LOCK_GRACE_SECONDS,
+    FUTURE_SKEW_SECONDS,
+    READ_WAIT_SECONDS,
+    STALE_AFTER_SECONDS,
+)
 from mahabharatha.names import MAX_PID
 from mahabharatha.owner import ownership, proof
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 from mahabharatha.states import State as LockState
 
-STALE_AFTER_SECONDS: Final = 7200.0
-"""A lock older than this (strictly) is stale: its holder is presumed gone."""
-
-FUTURE_SKEW_SECONDS: Final = 86400.0
-"""A timestamp up to a day ahead is clock skew between hosts; beyond that it is garbage."""
-
-EMPTY_LOCK_GRACE_SECONDS: Final = 2.0
-"""An empty lock this young is an old writer's between its create and its write: not corrupt."""
-
-READ_WAIT_SECONDS: Final = 0.5
-"""How long a read refused for a passing reason (a kernel lease, a signal) is retried: "busy"."""
-
-READ_ATTEMPTS: Final = 3
-"""Looks at an entry that keeps changing between open, lstat and readlink before we give up."""
-
+READ_ATTEMPTS: Final = 3  # looks at an entry that keeps changing under us, then we give up
 LOCK_FILE_NAME: Final = ".lock"
 
 _RECORD_RE: Final = re.compile(r"([0-9]+):([0-9]+(?:\.[0-9]+)?)", re.ASCII)
@@ -56,8 +45,7 @@ _DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
 
 
 def _parse_syntax(text: str) -> tuple[int, float] | None:
-    """``pid:timestamp`` as written (a pid no process can have, or a timestamp that is not a
-    positive finite number, is no record); how far in the future it lies is the caller's."""
+    """``pid:timestamp`` as written, with a possible pid and a positive finite timestamp."""
     if len(text) > MAX_READ_BYTES:
         return None
     match = _RECORD_RE.fullmatch(text.strip())
@@ -70,7 +58,6 @@ def _parse_syntax(text: str) -> tuple[int, float] | None:
 
 
 def _within_skew(record: tuple[int, float] | None, now: float) -> tuple[int, float] | None:
-    """``record``, unless its timestamp lies beyond the clock skew we accept (then garbage)."""
     if record is None or record[1] > now + FUTURE_SKEW_SECONDS:
         return None
     return record
@@ -82,7 +69,6 @@ def parse_record(text: str, now: float) -> tuple[int, float] | None:
 
 
 def format_record(pid: int, timestamp: float) -> bytes:
-    """The bytes of a lock record, as every writer of this module writes them."""
     return f"{pid}:{timestamp}".encode("ascii")
 
 
@@ -90,8 +76,7 @@ def format_record(pid: int, timestamp: float) -> bytes:
 
 
 class LockBusyError(OSError, LockError):
-    """The lock could not be read just now (a kernel lease or a mandatory lock on it): it was
-    neither judged nor touched. Try again."""
+    """The lock could not be read just now (a kernel lease): neither judged nor touched."""
 
 
 def busy_error(snapshot: LockSnapshot) -> LockBusyError:
@@ -123,13 +108,12 @@ class _Unparsed(enum.Enum):
     UNPARSED = "unparsed"
 
 
-_UNPARSED: Final = _Unparsed.UNPARSED
-"""A snapshot's record before anyone asked for it (parsed at most once)."""
+_UNPARSED: Final = _Unparsed.UNPARSED  # a snapshot's record before anyone asked for it
 
 
 class LockSnapshot:
-    """What one read of ``.lock`` saw. Two snapshots of one unchanged entry compare equal.
-    Read-only by convention: a plain class with slots, as one is made on every read."""
+    """What one read of ``.lock`` saw; snapshots of one unchanged entry compare equal.
+    Read-only by convention (slots: one is made on every read)."""
 
     __slots__ = (
         "_record",
@@ -143,15 +127,6 @@ class LockSnapshot:
         "uid",
     )
 
-    kind: EntryKind
-    identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
-    content: bytes | None  # None: not readable (or not a file); a symlink holds its target
-    mtime: float
-    read_errno: int | None  # why a regular file's bytes could not be read
-    owner: bytes | None  # the owner details published with the record; not its identity
-    life: proof.Life | None  # the lock's proof of life, when asked and the lock claims one
-    uid: int  # the file's owner: whose proof file the proof is in
-
     def __init__(
         self,
         kind: EntryKind,
@@ -163,13 +138,13 @@ class LockSnapshot:
         uid: int = -1,
     ) -> None:
         self.kind = kind
-        self.identity = identity
-        self.content = content
+        self.identity = identity  # (st_dev, st_ino): with kind and content, the entry
+        self.content = content  # None: not readable (or not a file); a symlink: its target
         self.mtime = mtime
-        self.read_errno = read_errno
-        self.owner = owner
-        self.uid = uid
-        self.life = None
+        self.read_errno = read_errno  # why a regular file's bytes could not be read
+        self.owner = owner  # the owner details published with the record; not its identity
+        self.uid = uid  # the file's owner: whose proof file the proof is in
+        self.life: proof.Life | None = None  # the proof of life, when asked and claimed
         self._record: tuple[int, float] | _Unparsed | None = _UNPARSED
 
     def _key(self) -> tuple[object, ...]:
@@ -193,13 +168,12 @@ class LockSnapshot:
 
     @property
     def owner_details(self) -> ownership.OwnerDetails | None:
-        """The decoded owner details, ``None`` when unknown (no attribute, or not ours)."""
+        """The decoded owner details (``None``: none, or not ours)."""
         return ownership.decode(self.owner)
 
     @property
     def record(self) -> tuple[int, float] | None:
-        """The record's syntax, parsed once per snapshot; whether its timestamp is too far
-        ahead is :meth:`record_at`'s (with the caller's ``now``)."""
+        """The record's syntax, parsed once (the skew is :meth:`record_at`'s)."""
         record = self._record
         if record is _UNPARSED:
             text = self.text
@@ -207,8 +181,7 @@ class LockSnapshot:
         return record
 
     def record_at(self, now: float) -> tuple[int, float] | None:
-        """The record if it is one at ``now`` (``None`` too when its timestamp lies beyond the
-        clock skew we accept)."""
+        """The record if it is one at ``now`` (not beyond the clock skew we accept)."""
         return _within_skew(self.record, now)
 
     @property
@@ -221,9 +194,8 @@ class LockSnapshot:
             return None
 
     def same_entry(self, other: LockSnapshot) -> bool:
-        """The very entry ``other`` saw: same kind, inode and bytes. Where the bytes say nothing
-        (an empty or unreadable file, a FIFO), the mtime must match too: an inode number is
-        reused at once, and an old writer's new empty lock must not pass for the one judged."""
+        """The very entry ``other`` saw: same kind, inode and bytes. Race: where the bytes say
+        nothing, the mtime must match too (an inode number is reused at once)."""
         if (self.kind, self.identity, self.content) != (other.kind, other.identity, other.content):
             return False
         return bool(self.content) or self.mtime == other.mtime
@@ -268,13 +240,9 @@ def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None
 
 
 def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnapshot:
-    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``.
-
-    A read refused for a passing reason (a kernel lease, a signal) is tried again, yielding
-    the CPU, for at most ``READ_WAIT_SECONDS``; then ``judge_lock`` calls it busy. ``life``:
-    the proof of life its details claim, looked at *after* the read (``snapshot.life``).
-    Without ``details`` the owner details are not read (for :meth:`LockSnapshot.same_entry`).
-    """
+    """One bounded, no-follow, non-blocking look at ``.lock`` in the folder ``dfd``; a read
+    refused for a passing reason is retried for ``READ_WAIT_SECONDS`` (then busy). ``life``:
+    also the proof of life the details claim; ``details``: False skips reading them."""
     snapshot = _read_lock_once(dfd, details) or _look(dfd, READ_ATTEMPTS - 1, details)
     if snapshot.content is None and _is_busy(snapshot):
         deadline = monotonic() + READ_WAIT_SECONDS
@@ -304,10 +272,8 @@ def _look(dfd: int, attempts: int = READ_ATTEMPTS, details: bool = True) -> Lock
 
 
 class DetailsReader:
-    """Reads a lock's owner details (:func:`ownership.read_attached`) the cheaper way for the
-    locks seen last: after a lock without details (whose ``getxattr`` raises) ask
-    ``listxattr`` first. The same bytes come back either way (details are set before a lock is
-    published), so threads that race on the hint still read correctly."""
+    """Reads a lock's owner details the cheaper way for the locks seen last (after one without,
+    ``listxattr`` first). Race: threads racing on the hint read the same bytes either way."""
 
     __slots__ = ("none_last",)
 
@@ -326,8 +292,7 @@ class DetailsReader:
         return raw
 
 
-DETAILS: Final = DetailsReader()
-"""The one reader of owner details for every lock read of this process."""
+DETAILS: Final = DetailsReader()  # the process's one reader of owner details
 
 
 def _read_lock_once(dfd: int, details: bool = True) -> LockSnapshot | None:
@@ -383,9 +348,7 @@ def judge_lock(snapshot: LockSnapshot, now: float) -> LockState:
 
 
 def with_name(error: OSError, name: str) -> OSError:
-    """``error`` naming ``name`` (relative to the folder) if it named no file: a call on a
-    file descriptor (``write``, ``fstat``, ``flock``) reports none, so the step that made it
-    says which file it was about, where it raises."""
+    """``error`` naming ``name`` if it named no file (a call on a descriptor names none)."""
     if error.filename is not None or error.errno is None:
         return error
     return type(error)(error.errno, error.strerror, name)

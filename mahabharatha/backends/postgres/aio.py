@@ -1,16 +1,6 @@
-"""Waiting for a release on PostgreSQL from an event loop: LISTEN on psycopg's AsyncConnection.
-
-:class:`~mahabharatha.aio.AsyncFeatureLock` waits for a busy lock without blocking its loop.
-On PostgreSQL a release is followed by a NOTIFY on the schema's channel; this module
-hears it on an :class:`psycopg.AsyncConnection`, read by one task, so the loop's other tasks
-run while any number of its tasks wait. One listening connection per event loop and backend,
-shared by every task of that loop waiting on that backend, open only while one of them waits
-(a holder keeps no listening connection while it works: ``max_connections``).
-
-A notification is a hint, never a judgement, exactly as for the blocking waiters of
-``postgres.py``: a waiter tries again after it, and at least every slice without it (a lease
-that runs out sends nothing). Every wait is bounded: the connection and its ``LISTEN`` by the
-backend's connect timeout, a wait for a notification by the caller's slice.
+"""Waiting for a release on PostgreSQL from an event loop: LISTEN on an AsyncConnection read
+by one task, one per loop and backend, open only while a task waits. A notification is a hint:
+the waiter tries again after it, and every slice without it (``design/async.md``).
 """
 
 from __future__ import annotations
@@ -24,20 +14,17 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from mahabharatha.backends.postgres.release_watch import WAKE_UP_INTERVAL_SECONDS, ReleaseWaits
+from mahabharatha.backends.postgres.release_watch import ReleaseWaits
 from mahabharatha.backends.postgres.session import CLIENT_ENCODING
+from mahabharatha.constants import WAKE_UP_INTERVAL_SECONDS
 
-LISTENER_NAME: Final = "mahabharatha-wait-async"
-"""The ``application_name`` of the listening connection (``pg_stat_activity`` tells it apart)."""
-
+LISTENER_NAME: Final = "mahabharatha-wait-async"  # its application_name
+# No pooler in between (as in SESSION_SET_UP): a transaction-mode pooler keeps no LISTEN for us.
 _DIRECT: Final = "SELECT pg_backend_pid() = %(pid)s"
-"""Is the server process answering the one the connection's start named? A pooler names its
-own (as in ``SESSION_SET_UP``): a transaction-mode pooler keeps no LISTEN for us."""
 
 _LISTENERS: Final[
     weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, AsyncReleaseListener]]
-] = weakref.WeakKeyDictionary()
-"""Each running loop's listeners, one per backend (by ``id``: the listener keeps its backend)."""
+] = weakref.WeakKeyDictionary()  # per loop, by backend ``id`` (the listener keeps its backend)
 
 
 def listener_for(backend: ReleaseWaits) -> AsyncReleaseListener:
@@ -50,12 +37,9 @@ def listener_for(backend: ReleaseWaits) -> AsyncReleaseListener:
 
 
 class AsyncReleaseListener:
-    """Releases of one backend's namespace, heard for the tasks of one event loop.
-
-    A waiter calls :meth:`watch` *before* its try and :meth:`wait` after a try that found the
-    lock busy (clearing its event before each try), so a release between the try and the wait
-    still ends the wait. :meth:`unwatch` when done; the last waiter's closes the connection.
-    """
+    """Releases of one backend's namespace, heard for the tasks of one event loop. Race: a
+    waiter calls :meth:`watch` *before* its try, so a release before :meth:`wait` still ends
+    it; the last :meth:`unwatch` closes the connection."""
 
     def __init__(self, backend: ReleaseWaits) -> None:
         self.backend = backend
@@ -82,10 +66,8 @@ class AsyncReleaseListener:
             self._reader = None
 
     async def wait(self, seen: asyncio.Event, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for ``seen``: True when a release came, or when this
-        call only started listening (the caller tries again, and any release after that wakes
-        it), or when the listener failed (look again; the caller's own statement says whether
-        the server is reachable at all)."""
+        """Wait up to ``timeout`` for ``seen``: True when a release came, when this call only
+        started listening, or when the listener failed (look again)."""
         timeout = max(0.0, timeout)
         if self._behind_pooler:
             await asyncio.sleep(timeout)  # no LISTEN behind a pooler: poll, once per slice
@@ -144,10 +126,8 @@ class AsyncReleaseListener:
         return conn
 
     async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Wake every waiter at each wake-up (it names nothing: a hint to look again), at most
-        once per :data:`WAKE_UP_INTERVAL_SECONDS`, until cancelled (the last waiter left) or
-        the connection fails (then every waiter looks again at once, and the next wait listens
-        on a new connection)."""
+        """Wake every waiter at each wake-up (throttled), until cancelled or the connection
+        fails (then every waiter looks again at once)."""
         try:
             async for _note in conn.notifies():
                 self._wake_in_time()
@@ -165,9 +145,8 @@ class AsyncReleaseListener:
                 await conn.close()
 
     def _wake_in_time(self) -> None:
-        """Wake the waiters now, or, when they were woken less than an interval ago, once the
-        interval is over. Race: a flood of forged wake-ups (anyone who may connect can NOTIFY
-        the channel) costs each waiter one look per interval, never one per notification."""
+        """Wake the waiters now, or once an interval since the last wake is over. Race: forged
+        wake-ups (anyone may NOTIFY) cost a waiter one look per interval, not one each."""
         due = self._woken + WAKE_UP_INTERVAL_SECONDS - time.monotonic()
         if due <= 0:
             self._wake_all()

@@ -1,13 +1,8 @@
 """Locks across hosts: a lease table in PostgreSQL (psycopg 3), behind :class:`LockBackend`.
 
-Imported only for a ``postgresql://`` or ``postgres://`` URL: nothing else in the package imports
-psycopg. One row per (namespace, feature) in ``mahabharatha_locks`` is that feature's lock, its
-done mark and its token history (a released row stays, with no holder: its next holder's token is
-drawn while the row is locked, so tokens of a feature only ever grow). Every operation is one
-statement (claim: two when it first meets features the table has no row for; a list claimed from
-again is registered: prepared on the connection with the names written in, planned once); every
-expiry is judged by the server's clock (``now()``), never the client's. The design, the
-statements and what a network partition does: ``design/postgres.md``.
+Imported only for a ``postgresql://`` URL. One row per (namespace, feature) is that feature's
+lock, done mark and token history (a released row stays, so tokens only grow). Every operation
+is one statement, every expiry judged by the server's clock. The long form: ``design/postgres.md``.
 """
 
 from __future__ import annotations
@@ -55,31 +50,20 @@ from mahabharatha.backends.postgres.release_watch import ReleaseWaits
 from mahabharatha.backends.postgres.session import DEFAULT_SCHEMA, _Connection
 from mahabharatha.constants import (
     CONNECT_TIMEOUT_SECONDS,
+    DEFAULT_LEASE_SECONDS,
     NAMESPACE_ENV,
+    RUN_LEASE_SECONDS,
     SCHEMA_ENV,
 )
 from mahabharatha.names import feature_folders
 from mahabharatha.owner import ownership
 from mahabharatha.states import State
 
-DEFAULT_LEASE_SECONDS: Final = 7200.0
-"""acquire and claim: their owner (a shell, a worker script) cannot refresh, so the 2 hours of
-the file backend."""
-RUN_LEASE_SECONDS: Final = 60.0
-"""``lock run`` and ``FeatureLock`` refresh every third of it: a dead host's lock is free again
-within a minute, and a heartbeat may miss twice (a server restart, a lost connection) first."""
-MAX_NAMESPACE_BYTES: Final = 200
-"""Plenty for a repository's ``host/org/repo``; every statement and row carries it."""
-_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-"""A schema name needing no quotes (it is written into statements and into regclass text)."""
-MAX_REASON_CHARS: Final = 200
-"""A failed attempt's reason is cut to this (as on files): one line, never a whole log."""
-MAX_CLAIM_ROUNDS: Final = 4
-"""A claim statement finds rows missing at most once per new feature list; a few rounds bound it."""
-MAX_REGISTERED_LISTS: Final = 8
-"""Feature lists a connection keeps a registered claim for: a pool claims from one list, and a
-list that changes often falls back to the statement that sends it (never more than this many
-statements of a list's size are built per connection)."""
+MAX_NAMESPACE_BYTES: Final = 200  # plenty for ``host/org/repo``; every row carries it
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # written into statements unquoted
+MAX_REASON_CHARS: Final = 200  # a failed attempt's reason, as on files
+MAX_CLAIM_ROUNDS: Final = 4  # a claim finds rows missing at most once per new feature list
+MAX_REGISTERED_LISTS: Final = 8  # lists a connection keeps a prepared claim for (a pool: one)
 
 
 # --------------------------------------------------------------------------- the backend
@@ -103,7 +87,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
 
     kind = "postgresql"
     run_lease = RUN_LEASE_SECONDS
-    """The lease of a holder that refreshes (``lock run``, ``FeatureLock``) unless given."""
 
     def __init__(
         self,
@@ -159,9 +142,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         schema: str | None = None,
         on_slot_wait: Callable[[ServerFullError], None] | None = None,
     ) -> PostgresBackend:
-        """The backend for ``url``; the namespace from ``namespace``, else
-        ``MAHABHARATHA_LOCK_NAMESPACE``, else the repository's ``origin`` remote (ValueError
-        when there is none: the caller says to pass ``--namespace``)."""
+        """The backend for ``url``; the namespace given, else from the environment, else the
+        repository's ``origin`` remote (else ValueError)."""
         chosen = namespace or os.environ.get(NAMESPACE_ENV) or None
         if chosen is None:
             chosen = derive_namespace(gsd_dir)
@@ -198,13 +180,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     # ------------------------------------------------------------------ schema
 
     def init(self) -> int:
-        """Create the tables (idempotent), or make the token sequence again when it was lost
-        (above every token in the rows); the schema version. Needs DDL rights then; otherwise
-        it runs no DDL, and the role that uses the tables needs only SELECT, INSERT, UPDATE,
-        DELETE (and USAGE on the token sequence)."""
-        version = self._rows(statements.SCHEMA_VERSION_QUERY, {})[0][
-            0
-        ]  # first use creates the tables
+        """Create the tables, or the lost token sequence (above every token); the schema
+        version. DDL runs only then: a role using the tables needs no DDL rights."""
+        version = self._rows(statements.SCHEMA_VERSION_QUERY, {})[0][0]  # first use creates
         if version is not None and version > statements.SCHEMA_VERSION:
             raise self._newer_schema(int(version))
         if (
@@ -281,11 +259,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         retry_delay: float = 0.0,
         slot_wait: float | None = 0.0,
     ) -> AcquireResult | None:
-        """Take the first takeable of ``features`` in their order (one statement); None when
-        every one is held, resting ``retry_delay`` seconds after a failed attempt by the
-        server's clock, or done (unless ``include_done``). The claimer holds nothing: it waits
-        up to ``slot_wait`` seconds (``None``: for ever) for a free connection slot, and works
-        holding no connection once it has seen the server crowded."""
+        """One statement; holding no connection once the server was seen crowded."""
         if not features:
             return None
         until = None if slot_wait is None else time.monotonic() + slot_wait
@@ -309,12 +283,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         names = self._joined(features)
         params = self._take_params(None, requester, lease)
         params["rest"] = float(retry_delay)
-        # Race: a claim committed, its answer lost, and no connection to ask again on (every
-        # slot taken: ServerFullError); a pool's worker claims again once a slot is free. A new
-        # attempt id would see the feature held by the worker itself and pass it over (left
-        # held, never run, till the lease ran out): the unanswered one takes it up.
-        # Race: threads of one process share a backend: each its own lost attempt, or one
-        # thread's claim would take up the feature another just took (two holders).
+        # Race: a claim committed, its answer lost on a full server: asked again, a new attempt
+        # id would pass over the feature the worker itself holds; the unanswered id takes it up.
+        # Race: threads sharing a backend: one's lost attempt must not take up another's feature.
         lost_key = (requester.pid, threading.get_ident())
         attempt = self._unanswered_claims.setdefault(lost_key, params["attempt"])
         lost_before = attempt is not params["attempt"]
@@ -355,8 +326,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return None
 
     def _joined(self, features: Sequence[str]) -> str:
-        """The names as one text; a pool's loop passes the same list every time, and then the
-        same text object comes back (its hash, a dictionary key below, is computed once)."""
+        """The names as one text, the same object for the same list (its hash computed once)."""
         last_features, last_names = self._last_list
         if features == last_features:  # names compared by identity first: no copy, no join
             return last_names
@@ -373,25 +343,20 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             self._ensured[names] = ascending and self._server_orders_like_python(features)
 
     def _server_orders_like_python(self, features: Sequence[str]) -> bool:
-        """Does ``COLLATE "C"`` (bytes in the database's encoding) order ``features`` as Python
-        does (code points)? In UTF-8 always, and ASCII names are the same bytes in every server
-        encoding; in another (WIN1251: "€" is byte 88, "Б" is C1) the orders differ, and a list
-        sorted for Python must be claimed in its given order, not by ``ORDER BY feature``."""
+        """Does ``COLLATE "C"`` order ``features`` as Python does? In UTF-8, or for ASCII names;
+        otherwise a sorted list is claimed in its given order, not by ``ORDER BY feature``."""
         conn = self._conn
         encoding = None if conn is None else conn.info.parameter_status("server_encoding")
         return encoding == "UTF8" or all(name.isascii() for name in features)
 
-    # A claim that sends its list is never prepared: PostgreSQL's generic plan for it cannot
-    # see the feature list and was 30x slower over 1,000 features. A registered list is
-    # written into its statement instead, which is then prepared (``CLAIM_REGISTERED``).
+    # A claim that sends its list is never prepared (a generic plan cannot see the list); a
+    # registered list is written into its statement, which is prepared (design/postgres.md).
     def _claim_statement(
         self, params: dict[str, Any], features: Sequence[str], sent: list[float], checked: bool
     ) -> Callable[[_Connection], tuple[int, Sequence[Any] | None]]:
-        """The claim to run, answering (names without a row, the taken row or None): the
-        registered one for a sorted list whose rows this backend has seen, else the one that
-        sends the list (lean when sorted and seen); always the checked one on a retry, or when
-        ``checked`` (an earlier call's answer was lost: it puts our own lost attempt first).
-        ``sent`` gets the time of each send: the lease it sets runs from no earlier."""
+        """The claim to run, answering (names without a row, the taken row or None): registered
+        for a sorted list with rows seen, else sending it (lean when sorted and seen), checked
+        on a retry or ``checked`` (a lost answer). ``sent`` gets the time of each send."""
         lean = self._ensured.get(params["names"], False)
         registered = lean and not params["judged"]
         first = statements.CLAIM_SORTED if lean else statements.CLAIM_CHECKED
@@ -415,8 +380,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return run
 
     def _registered_claim(self, conn: _Connection, names: str, include_done: bool) -> bytes:
-        """The claim statement of this (sorted, rows seen) list on ``conn``, built once per
-        connection and list: psycopg prepares it on its first run, the server plans it once."""
+        """The claim of this list on ``conn``, built once per connection (planned once)."""
         key = (names, include_done)
         statement = self._registered.get(key)
         if statement is None:
@@ -497,20 +461,10 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         refreshed, expires, now = found[0]
         shift = _clock_shift(now)
         self._leases[(held.feature, held.pid)] = time.monotonic() + (expires - now)
-        return Held(
-            held.feature,
-            held.pid,
-            refreshed + shift,
-            expires + shift,
-            held.token,
-            held.handle,
-            sent[-1],
-        )
+        return held._replace(timestamp=refreshed + shift, expires_at=expires + shift, sent=sent[-1])
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        """Remove exactly ``held`` and wake the waiters, in one round trip (``wait`` is unused:
-        nothing on a server refuses a release for a while, and a lost answer is retried by
-        :meth:`_run`)."""
+        """Release and wake the waiters in one round trip (``wait``: nothing refuses a release)."""
         text = self._sql(statements.RELEASE_HELD_NUMBERED)
         values = (self.namespace, held.feature, held.token)
 
@@ -524,11 +478,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def _release_then_wake(
         self, conn: _Connection, text: str, values: Sequence[Any]
     ) -> list[tuple[Any, ...]]:
-        """The release in a transaction of its own, then the wake-up in another, sent in one
-        pipeline: one flush, one Sync, one round trip. A wake-up the server refuses (its
-        notification queue full) fails only its own transaction, after the release's COMMIT:
-        the release stands, the error is dropped. Behind a pooler: pinned, no pipeline
-        (:meth:`_pinned` says why), then the wake-up."""
+        """The release and then the wake-up, each its own transaction, in one pipeline: a
+        refused wake-up (a full queue) fails after the release's COMMIT, which stands. Behind
+        a pooler: pinned, no pipeline, then the wake-up."""
         released = psycopg.RawCursor(conn)
         if conn.pooled:
             # Race: a pooler runs another client's same-named prepared statement: unprepared
@@ -590,8 +542,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         )
 
     def _judge(self, row: _Row) -> Owner:
-        """The one owner judgement (``liveness.judge``, as on files), with the lock's time
-        moved onto this host's clock."""
+        """The one owner judgement, the lock's time moved onto this host's clock."""
         from mahabharatha.backends.liveness import OwnerFacts, judge
 
         if row.pid is None or row.refreshed is None:
@@ -630,7 +581,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return [infos[name] for name in sorted(infos)]
 
     def feature_names(self) -> list[str]:
-        """The local ``specs`` folders, as on files (a bare ``claim`` offers the same)."""
         return feature_folders(self.gsd_dir)
 
     # ------------------------------------------------------------------ maintenance
@@ -647,30 +597,28 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         if features is not None:
             wanted = set(features)
             rows = [row for row in rows if row.feature in wanted]
+        infos = {row.feature: self._info(row) for row in rows}  # each judged once
         judged = [
             row.token
             for row in rows
             if reclaim_dead
             and row.token is not None
-            and self._info(row).state == "active"
-            and self._info(row).verdict is Verdict.GONE
+            and infos[row.feature].state == "active"
+            and infos[row.feature].verdict is Verdict.GONE
         ]
         if dry_run:
             return [
-                CleanedEntry(
-                    row.feature, self._path(row.feature), "lock", self._info(row).state, False
-                )
+                CleanedEntry(row.feature, self._path(row.feature), "lock", state, False)
                 for row in rows
-                if self._info(row).state == "stale" or row.token in judged
+                if (state := infos[row.feature].state) == "stale" or row.token in judged
             ]
         removed = self._rows(
             statements.CLEAN, self._params(judged=judged, features=[row.feature for row in rows])
         )
         if removed:
             self._wake_waiters()
-        states = {row.feature: self._info(row).state for row in rows}
-        return [
-            CleanedEntry(feature, self._path(feature), "lock", states.get(feature, "stale"), True)
+        return [  # the statement removes only rows of ``infos``
+            CleanedEntry(feature, self._path(feature), "lock", infos[feature].state, True)
             for (feature,) in sorted(removed)
         ]
 
@@ -681,19 +629,16 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return bool(self._rows(statements.IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int) -> str:
-        """As the seam says; a done of a lock this backend took waits for a free connection
-        slot while its lease lasts (a command's success must not be lost)."""
+        """Waits for a connection slot while the lease of a lock this backend took lasts."""
         return self._while_full(partial(self._done, feature, pid), self._lease_end(feature, pid))
 
     def _lease_end(self, feature: str, pid: int) -> float:
-        """When the lease of ``pid``'s lock on ``feature`` ends, if this backend took it
-        (monotonic); else now: nothing to wait for."""
+        """When ``pid``'s lease on ``feature`` ends if this backend took it (monotonic)."""
         return self._leases.get((feature, pid), -math.inf)
 
     def _done(self, feature: str, pid: int) -> str:
-        # Race: a done committed, its answer lost, and no connection to ask again on (every
-        # slot taken: ServerFullError); a pool's worker calls again. A new attempt id would
-        # find the feature done by "someone else" (NotHeldError): the unanswered one finds it.
+        # Race: a done committed, its answer lost on a full server: asked again, a new attempt id
+        # would find it done by "someone else"; the unanswered id finds its own mark.
         lost_key = (feature, pid, threading.get_ident())
         attempt = self._unanswered_done.setdefault(lost_key, secrets.token_bytes(16))
         params = self._params(
@@ -707,17 +652,20 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         self._unanswered_done.pop(lost_key, None)  # answered: the next done is new
         self._leases.pop((feature, pid), None)
         if not found:
-            holder = self._row(feature)
-            if holder is not None and holder.pid is not None:
-                raise NotOwnerError(self._info(holder))
-            raise NotHeldError(feature, pid)
+            raise self._not_held(feature, pid, "marked done")
         self._wake_waiters()
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][0]))
 
+    def _not_held(self, feature: str, pid: int, what: str) -> NotOwnerError | NotHeldError:
+        """Why ``pid``'s ``done`` or ``fail`` wrote nothing: another holds it, or nobody."""
+        holder = self._row(feature)
+        if holder is not None and holder.pid is not None:
+            return NotOwnerError(self._info(holder))
+        return NotHeldError(feature, pid, what)
+
     def _wake_waiters(self) -> None:
-        """Wake every waiter on this schema's channel (``WAKE``), after a release, a done,
-        a failed attempt or a clean has committed: best effort. A wake-up not sent costs a
-        waiter the rest of its slice, never the release its success."""
+        """Wake this schema's waiters after a committed change; best effort (one not sent costs
+        a waiter the rest of its slice)."""
         conn = self._conn
         if conn is None or conn.closed:
             return
@@ -725,9 +673,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             conn.execute(statements.WAKE, {"channel": self.channel}, prepare=False)
         except psycopg.Error as error:
             if error.sqlstate is None:
-                # The link was lost or froze after the release's answer: its state is unknown;
-                # the next call connects again. (The server's own refusal, e.g. its
-                # notification queue full, leaves the connection as it was.)
+                # The link was lost or froze (a refusal by the server has a SQLSTATE and leaves
+                # the connection as it was): the next call connects again.
                 self._drop_connection()
 
     def reopen(self, feature: str) -> bool:
@@ -749,7 +696,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return self._all_attempts().get(feature)
 
     def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
-        """As the seam says; waits for a slot as :meth:`done` does."""
+        """Waits for a slot as :meth:`done` does."""
         failing = partial(self._fail, feature, pid, reason, limit)
         return self._while_full(failing, self._lease_end(feature, pid))
 
@@ -769,19 +716,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             limit=limit,
             **_owner_keys(pid),
         )
-
-        statement = self._sql(statements.FAIL)
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(statement, params, binary=True).fetchall()
-
-        found = self._run(run, retry=False)  # repeated after a lost answer: "not held"
+        # Not retried: run again after a lost answer, it would say "not held".
+        found = self._rows(statements.FAIL, params, retry=False)
         self._leases.pop((feature, pid), None)
         if not found:
-            holder = self._row(feature)
-            if holder is not None and holder.pid is not None:
-                raise NotOwnerError(self._info(holder))
-            raise NotHeldError(feature, pid, "recorded as failed")
+            raise self._not_held(feature, pid, "recorded as failed")
         self._wake_waiters()
         tries = int(found[0][0])
         return Attempts(tries, limit, (entry,))
@@ -796,18 +735,14 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     # ------------------------------------------------------------------ waiting
 
     def async_release_listener(self) -> Any:
-        """The running event loop's listener for releases of this backend's locks
-        (:class:`~mahabharatha.backends.postgres.aio.AsyncReleaseListener`): what
-        ``AsyncFeatureLock`` waits on, without blocking its loop."""
         from mahabharatha.backends.postgres.aio import listener_for
 
         return listener_for(self)
 
 
 def _hand_on_buffered_notifies(conn: _Connection) -> None:
-    """Give psycopg the notifications libpq read with a pipeline's last answer (our own
-    wake-up, heard by a LISTEN on this connection): psycopg leaves them in libpq's buffer, where
-    ``notifies()``, which waits for the socket, never looks. Handed on as psycopg itself does."""
+    """Hand psycopg the notifications libpq read with a pipeline's last answer: psycopg leaves
+    them in libpq's buffer, where ``notifies()`` (waiting on the socket) never looks."""
     pgconn = conn.pgconn
     while (note := pgconn.notifies()) is not None:
         if pgconn.notify_handler is not None:
@@ -815,16 +750,14 @@ def _hand_on_buffered_notifies(conn: _Connection) -> None:
 
 
 def _clock_shift(server_now: float) -> float:
-    """What to add to a server time to read it on this host's clock: ``Held`` times are
-    compared with ``time.time()`` by the lock layer, and a client clock hours wrong must judge
-    nothing differently (only durations measured by the server count)."""
+    """What to add to a server time to read it on this host's clock (only the server's
+    durations count: a client clock hours wrong judges nothing differently)."""
     return time.time() - server_now
 
 
 def _acquire_values(params: dict[str, Any]) -> list[Any]:
-    """``ACQUIRE_NUMBERED``'s parameters from a take's dict. No judged token is sent as NULL
-    (cheaper to adapt than an empty array): ``token = ANY(NULL)`` is NULL, which in the takeable
-    test's OR decides nothing, exactly as the empty array's false."""
+    """``ACQUIRE_NUMBERED``'s parameters; no judged token is sent as NULL (cheaper than an
+    empty array, and ``token = ANY(NULL)`` decides nothing in the takeable test's OR)."""
     values = [params[name] for name in statements.ACQUIRE_PARAMS]
     values[-1] = values[-1] or None  # "judged", the last of statements.ACQUIRE_PARAMS
     return values

@@ -1,8 +1,5 @@
-"""Where a PostgreSQL lock server is, and a connection that never waits past its deadline.
-
-The server's address as messages show it (host, port, database; never the password), the URL
-checks that keep a password out of every error, and :class:`Connection`, whose every wait for
-the server is bounded. Imported only for a ``postgresql://`` URL (it needs psycopg).
+"""Where a PostgreSQL lock server is (for messages: never the password, which URL checks keep
+out of every error), and :class:`Connection`, whose every wait for the server is bounded.
 """
 
 from __future__ import annotations
@@ -23,25 +20,18 @@ from psycopg.waiting import Ready, Wait
 
 from mahabharatha.constants import CONNECT_TIMEOUT_SECONDS
 
-SLOTS_TAKEN_SQLSTATE: Final = "53300"
-"""too_many_connections: the server's ``max_connections`` (past the reserved slots), a role's
-or a database's ``CONNECTION LIMIT``, in whatever language the server speaks."""
-PQERRORS_VERBOSE: Final = 2
-"""libpq's ``PGVerbosity``: its error text then carries the server's SQLSTATE."""
-_SQLSTATE_IN_TEXT: Final = re.compile(r"(\S+:  )([0-9A-Z]{5}): ")
-"""``FATAL:  53300: ...`` as verbose libpq writes a server's error (severity, two spaces, code)."""
+SLOTS_TAKEN_SQLSTATE: Final = "53300"  # too_many_connections: any limit, any language
+PQERRORS_VERBOSE: Final = 2  # libpq's PGVerbosity whose error text carries the SQLSTATE
+_SQLSTATE_IN_TEXT: Final = re.compile(r"(\S+:  )([0-9A-Z]{5}): ")  # FATAL:  53300: ...
 _LOCATION_LINE: Final = re.compile(r"^LOCATION: .*\n?", re.M)
 
 
 class Connection(psycopg.Connection[Any]):
-    """A connection whose every wait for the server ends within ``deadline`` seconds: a server
-    that accepted the connection and then froze (SIGSTOP, a dead host behind a live link)
-    answers nothing, and TCP alone would wait for minutes."""
+    """A connection whose every wait ends within ``deadline`` seconds: a frozen server answers
+    nothing, and TCP alone would wait for minutes."""
 
     deadline: float = CONNECT_TIMEOUT_SECONDS
-    pooled: bool = False
-    """Behind a connection pooler (seen when the session is set up): no named prepared
-    statements on it."""
+    pooled: bool = False  # behind a pooler (seen at set-up): no named prepared statements
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         # A caller's own timeout (notifies: what is left of a wait, possibly 0) stands as given.
@@ -50,15 +40,15 @@ class Connection(psycopg.Connection[Any]):
 
     @classmethod
     def _connect_gen(cls, conninfo: str = "") -> Any:
-        """psycopg's own connection generator, but a refusal carries the server's SQLSTATE
-        (``sqlstate``): the message alone is in the server's language (``lc_messages``)."""
+        """psycopg's own, but a refusal carries the server's ``sqlstate`` (the message is in
+        the server's language)."""
         pgconn = yield from _connect_telling_sqlstate(conninfo)
         return cls(pgconn)
 
 
 def _connect_telling_sqlstate(conninfo: str) -> Generator[tuple[int, Wait], Ready, Any]:
-    """Connect as psycopg does (``psycopg.generators.connect``), with libpq's verbose errors:
-    libpq keeps no SQLSTATE of a connection it could not make, only the text it writes."""
+    """Connect as ``psycopg.generators.connect`` does, with libpq's verbose errors (libpq keeps
+    no SQLSTATE of a failed connection, only its text)."""
     pgconn = pq.PGconn.connect_start(conninfo.encode())
     _verbose_errors(pgconn)
     while True:
@@ -81,8 +71,7 @@ def _connect_telling_sqlstate(conninfo: str) -> Generator[tuple[int, Wait], Read
 
 
 def _refusal(pgconn: Any, what: str) -> psycopg.OperationalError:
-    """The error of a connection not made: the text libpq would write by default, and the
-    server's SQLSTATE (when it sent one) as ``sqlstate``."""
+    """A connection not made: libpq's default text, and the server's SQLSTATE if it sent one."""
     said = pgconn.get_error_message()
     pgconn.finish()
     found = _SQLSTATE_IN_TEXT.search(said)
@@ -93,8 +82,7 @@ def _refusal(pgconn: Any, what: str) -> psycopg.OperationalError:
 
 
 def _verbose_errors(pgconn: Any) -> None:
-    """``PQsetErrorVerbosity(VERBOSE)`` on ``pgconn`` (psycopg has no call for it), through
-    the libpq that psycopg loaded; nothing when that library cannot be found."""
+    """``PQsetErrorVerbosity(VERBOSE)`` through the libpq psycopg loaded, if it can be found."""
     libpq = _loaded_libpq()
     if libpq is not None:
         libpq.PQsetErrorVerbosity(ctypes.c_void_p(pgconn.pgconn_ptr), PQERRORS_VERBOSE)
@@ -102,8 +90,7 @@ def _verbose_errors(pgconn: Any) -> None:
 
 @cache
 def _loaded_libpq() -> ctypes.CDLL | None:
-    """The libpq psycopg runs on (psycopg-binary bundles its own, loaded privately): found
-    among the files this process has mapped, opened again (the same library, not a copy)."""
+    """The libpq psycopg runs on (psycopg-binary's own too), found in ``/proc/self/maps``."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -133,17 +120,14 @@ class Server:
         return f"{self.host}:{self.port}/{self.database}"
 
 
+# What a URL's userinfo may not hold unencoded: libpq would print part of the password.
 _MUST_BE_ENCODED: Final = re.compile(r"[@/?#\[\] ]|%(?![0-9A-Fa-f]{2})")
-"""What a URL's user name and password may not hold as it is (RFC 3986 userinfo): an ``@`` made
-libpq read the password's end as the host (and print it), a ``%``, space or ``[`` made its
-parse error quote the password."""
 _QUOTED: Final = re.compile(r'".*"', re.S)
 
 
 def server_of(url: str) -> Server:
-    """host, port and database of ``url`` as libpq would use them (its defaults and PG*
-    variables), for messages only. A URL that libpq cannot parse, or whose password libpq would
-    misread, is refused without a word of it (libpq's own error quotes the part it choked on)."""
+    """host, port and database of ``url`` as libpq would use them, for messages; a URL libpq
+    cannot parse, or would misread, is refused without quoting it."""
     refuse_unencoded_userinfo(url)
     try:
         given = conninfo_to_dict(url)
@@ -159,8 +143,7 @@ def server_of(url: str) -> Server:
 
 
 def refuse_unencoded_userinfo(url: str) -> None:
-    """ValueError (never quoting the URL) when its user name or password holds a character
-    that must be percent-encoded there."""
+    """ValueError (never quoting the URL) for a userinfo character that must be encoded."""
     rest = url.partition("://")[2]
     before_query = rest.partition("?")[0]
     userinfo = before_query.rpartition("@")[0]

@@ -1,22 +1,8 @@
-"""The default lock namespace of a checkout: its repository, named by its ``origin`` remote.
-
-The namespace identifies the repository, not the spelling of its remote: two checkouts of one
-repository (on one host or two) share locks, two repositories never do.
-
-- A hosted remote (``https://``, ``ssh://``, ``git://``, scp-like ``git@host:org/repo``) is
-  ``host/path``: no scheme, user, password or port; the host lower-cased; the path without
-  empty segments, trailing slashes or one ``.git``. Paths keep their case (a self-hosted server
-  on a case-sensitive filesystem may serve ``Repo`` and ``repo`` as two repositories), except on
-  :data:`CASE_INSENSITIVE_HOSTS`, whose paths are lower-cased (GitHub serves ``Org/Repo`` and
-  ``org/repo`` as one repository).
-- A local repository (an absolute path, or ``file://``) is the real path of its git folder
-  (symlinks resolved; ``/srv/up`` that git reads as ``/srv/up.git``, and a working tree's
-  ``.git``, found as git finds them). Hosts that see one repository at one path share its
-  locks; a path that does not exist here is its absolute, normalised spelling.
-- A relative path (``../up.git``) names a different repository from every folder: no
-  namespace (the caller says to pass ``--namespace``), as with no ``origin`` at all.
-
-Plain ``git`` and the filesystem; no database driver needed.
+"""The default lock namespace of a checkout: the repository its ``origin`` remote names, so
+two checkouts of one repository share locks and two repositories never do
+(``design/postgres.md``): a hosted remote is ``host/path`` (no scheme, user or port, no
+``.git``; paths lower-cased only on :data:`CASE_INSENSITIVE_HOSTS`), a local one the real path
+of its git folder, a relative path none.
 """
 
 from __future__ import annotations
@@ -26,8 +12,8 @@ import re
 import subprocess
 from typing import Final
 
+# Hosts whose repository paths are case-insensitive (``Org/Repo`` is ``org/repo``).
 CASE_INSENSITIVE_HOSTS: Final = frozenset({"github.com", "gitlab.com", "bitbucket.org"})
-"""Hosts whose repository paths are case-insensitive (``Org/Repo`` is ``org/repo``)."""
 
 _SCP_LIKE: Final = re.compile(r"^(?:[^@/]+@)?([^:/]+):(?!//)(.*)$")
 _URL_LIKE: Final = re.compile(r"^([a-z][a-z0-9+.-]*)://(?:[^@/]*@)?([^/:]*)(?::\d*)?(/.*)?$", re.I)
@@ -35,8 +21,7 @@ _GIT_SUFFIX: Final = ".git"
 
 
 def normalise_remote(url: str) -> str | None:
-    """The repository ``url`` names (see the module's docstring), or None when it names none
-    stably (a relative path, nothing)."""
+    """The repository ``url`` names, or None when it names none stably."""
     text = url.strip()
     if not text:
         return None
@@ -80,8 +65,7 @@ def _local_identity(path: str) -> str | None:
 
 
 def _is_git_folder(folder: str) -> bool:
-    """A repository's own folder (bare, or a working tree's ``.git``): ``HEAD``, ``objects``
-    and ``refs`` in it."""
+    """A repository's own folder: ``HEAD``, ``objects`` and ``refs`` in it."""
     return (
         os.path.isfile(os.path.join(folder, "HEAD"))
         and os.path.isdir(os.path.join(folder, "objects"))
@@ -90,8 +74,7 @@ def _is_git_folder(folder: str) -> bool:
 
 
 def derive_namespace(where: str | os.PathLike[str] | None = None) -> str | None:
-    """The namespace of the repository at ``where`` (its ``origin`` remote), or None (no
-    repository, no ``origin``, or one that names no stable repository: a relative path)."""
+    """The namespace of the repository at ``where`` (its ``origin`` remote), or None."""
     folder = os.fspath(where) if where is not None else os.getcwd()
     while folder and not os.path.isdir(folder):
         folder = os.path.dirname(folder)

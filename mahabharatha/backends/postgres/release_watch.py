@@ -12,21 +12,15 @@ import psycopg
 
 from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.session import Session, _Connection
-from mahabharatha.constants import RECHECK_SECONDS
+from mahabharatha.constants import RECHECK_SECONDS, WAKE_UP_INTERVAL_SECONDS
 
-NOTIFY_CHANNEL: Final = "mahabharatha_release"
-"""The channel of the default schema's wake-ups (one for every release; no payload)."""
+NOTIFY_CHANNEL: Final = "mahabharatha_release"  # the default schema's wake-ups (no payload)
 
 
 def channel_of(schema: str) -> str:
-    """The wake-up channel of ``schema``: a channel per schema, so one team's releases never
-    wake another's waiters (cut to PostgreSQL's 63-byte names; a shared prefix costs hints)."""
+    """``schema``'s wake-up channel: one team's releases never wake another's waiters (cut to
+    PostgreSQL's 63-byte names)."""
     return f"{schema[:55]}_release"
-
-
-WAKE_UP_INTERVAL_SECONDS: Final = 0.25
-"""A waiter looks at most once per this long however many wake-ups come (anyone who may connect
-may NOTIFY the channel); the slice of an acquire's wait (``locks.WAKE_UP_SLICE_SECONDS``)."""
 
 
 class ReleaseWaits(Session):
@@ -35,40 +29,28 @@ class ReleaseWaits(Session):
     def __init__(self, url: str, *, schema: str, connect_timeout: float) -> None:
         super().__init__(url, schema=schema, connect_timeout=connect_timeout)
         self.channel: str = channel_of(schema)
-        """The schema's wake-up channel (:func:`channel_of`)."""
         self._behind_pooler = False  # seen by the listener's set-up: waiters poll, never LISTEN
         self._woken = -math.inf  # when a wait last ended woken (monotonic): one per interval
 
     def release_watch(self, features: Iterable[str]) -> _Listening:
-        """A pool's wait for any of ``features`` to be released: LISTEN while it waits, and no
-        listening connection kept once it ends (a holder keeps none while it works)."""
+        """LISTEN while a pool waits; no listening connection kept once it ends."""
         return _Listening(self, list(features))
 
     def wait_for_release(self, feature: str, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a release of ``feature`` (LISTEN/NOTIFY): True
-        when one came (or when this is the first call, which only starts listening: the caller
-        tries again, and any release after that wakes it).
-
-        The listening connection is no promise: a server's ``idle_session_timeout``, a
-        terminated backend or a frozen link ends it. Then this answers True after what is left
-        of ``timeout`` (the caller looks again; a later call listens on a new connection), and
-        the caller's own statement says whether the server is reachable at all. Every wait
-        here is bounded: the listener's statements by ``--connect-timeout``, notifications by
-        ``timeout``."""
+        """True too on the first call (it only starts listening) and after ``timeout`` when the
+        listener failed (a later call listens anew); bounded by ``--connect-timeout`` too."""
         return self.wait_for_any_release((feature,), timeout)
 
     def wait_for_any_release(self, features: Iterable[str], timeout: float) -> bool:
-        """:meth:`wait_for_release` for any of ``features`` (a pool waiting for the next one
-        that comes free: a release, a ``done``, a reclaim of one of them)."""
+        """:meth:`wait_for_release` for any of ``features``."""
         deadline = time.monotonic() + max(0.0, timeout)
         if self._slots_scarce:
             # A crowded server: a second connection to listen on would take a slot a worker
             # needs to record its done. Poll, once per wait, holding no connection meanwhile.
             self.close()
         if self._behind_pooler or self._slots_scarce:
-            # A transaction-mode pooler keeps no LISTEN for us: it would stay on a server
-            # connection and deliver releases to whichever client gets it next (psycopg keeps
-            # unread notifications without bound). Poll instead, once per wait.
+            # A pooler's LISTEN would deliver releases to whichever client gets its server
+            # connection next; a crowded server has no slot to spare. Poll, once per wait.
             time.sleep(max(0.0, deadline - time.monotonic()))
             return False
         try:
@@ -83,17 +65,15 @@ class ReleaseWaits(Session):
                 return True
             return self._heard(self._listener, deadline)
         except psycopg.Error:
-            # Race: the listener died (or froze) between two tries; a release sent meanwhile
-            # was never heard. Look again, no sooner than a wait would have (no busy loop when
-            # listening keeps failing at once, e.g. with every connection slot taken).
+            # Race: the listener died between two tries, so a release may not have been heard:
+            # look again, no sooner than a wait would have (no busy loop while it fails).
             self._drop_listener()
             time.sleep(max(0.0, deadline - time.monotonic()))
             return True
 
     def _listen_on_claims_connection(self) -> _Connection | None:
-        """LISTEN on the connection the claims use, when there is one that can: a pool's
-        waiting worker needs no second connection (a server process each). None behind a
-        pooler or on a crowded server (both poll), or with no connection kept."""
+        """LISTEN on the claims' connection (a waiting worker needs no second one); None behind
+        a pooler, on a crowded server (both poll) or with no connection kept."""
         conn = self._conn
         if self._behind_pooler or self._slots_scarce or conn is None or conn.closed:
             return None
@@ -107,15 +87,13 @@ class ReleaseWaits(Session):
         return conn
 
     def _heard(self, conn: _Connection, deadline: float) -> bool:
-        """:func:`_notified` on ``conn`` (LISTENing), this backend's waits at most one wake-up
-        per :data:`WAKE_UP_INTERVAL_SECONDS` apart."""
+        """:func:`_notified`, at most one wake-up per ``WAKE_UP_INTERVAL_SECONDS``."""
         woken = _notified(conn, deadline, self._woken + WAKE_UP_INTERVAL_SECONDS)
         if woken:
             self._woken = time.monotonic()
         return woken
 
     def _notified_on_claims_connection(self, conn: _Connection, deadline: float) -> bool:
-        """:meth:`_heard` on the claims' connection ``conn`` (LISTENing)."""
         try:
             return self._heard(conn, deadline)
         except psycopg.Error:
@@ -127,8 +105,7 @@ class ReleaseWaits(Session):
             return True
 
     def _stop_listening_on(self, conn: _Connection) -> None:
-        """UNLISTEN on the claims' connection, and drop what it heard meanwhile (nobody waits
-        for it now: a later wait would wake for a release long past)."""
+        """UNLISTEN on the claims' connection and drop what it heard (releases long past)."""
         if conn is not self._conn or conn.closed:
             return
         try:
@@ -140,10 +117,8 @@ class ReleaseWaits(Session):
 
 
 class _Listening:
-    """The :class:`~mahabharatha.backends.base.ReleaseWatch` of a server: entered, it starts
-    listening (a release from then on is heard), on the connection the claims use where it
-    can, else on the backend's listening connection; left, it stops listening (that
-    connection closed)."""
+    """The server's :class:`~mahabharatha.backends.base.ReleaseWatch`: listening on the claims'
+    connection where it can, else on the backend's listener, from entering to leaving."""
 
     def __init__(self, backend: ReleaseWaits, features: list[str]) -> None:
         self.backend = backend
@@ -168,9 +143,8 @@ class _Listening:
         if conn is not None and conn is self.backend._conn and not conn.closed:
             deadline = time.monotonic() + max(0.0, seconds)
             return self.backend._notified_on_claims_connection(conn, deadline)
-        # Race: the claims' connection was let go of or lost since (a refresh's rest in another
-        # thread, a server restart): its LISTEN went with it. The backend's listener takes over
-        # (its first call only starts listening and says "look again").
+        # Race: the claims' connection was let go of or lost since, and its LISTEN with it: the
+        # backend's listener takes over (its first call only starts listening: "look again").
         self.conn = None
         heard = self.backend.wait_for_any_release(self.features, seconds)
         # Behind a pooler (or on a crowded server) nothing is heard: that wait was a poll.
@@ -178,10 +152,8 @@ class _Listening:
 
 
 def _notified(conn: _Connection, deadline: float, not_before: float) -> bool:
-    """Did a wake-up come on ``conn`` (LISTENing) before ``deadline``? Wake-ups heard between
-    two waits come first (psycopg keeps them). A wake-up is a hint: it names nothing, and the
-    caller looks again either way. One heard before ``not_before`` (the last wake was too
-    recent) ends the wait only then: the wake-ups meanwhile are read and dropped."""
+    """Did a wake-up (a hint) come on ``conn`` before ``deadline``? One heard before
+    ``not_before`` ends the wait only then, the wake-ups meanwhile dropped."""
     for _note in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
         break
     else:

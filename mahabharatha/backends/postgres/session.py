@@ -25,45 +25,32 @@ from mahabharatha.backends.postgres.connection import (
     password_of,
     server_of,
 )
-from mahabharatha.constants import SCHEMA_ENV
+from mahabharatha.constants import (
+    MIN_CONNECT_TIMEOUT_SECONDS,
+    SCHEMA_ENV,
+    SERIALIZATION_FIRST_PAUSE_SECONDS,
+    SERIALIZATION_MAX_PAUSE_SECONDS,
+    SLOT_PAUSE_SECONDS,
+    SLOTS_FIRST_PAUSE_SECONDS,
+    SLOTS_LOOK_SECONDS,
+    SLOTS_MAX_PAUSE_SECONDS,
+)
 from mahabharatha.waiting import Deadline, backoff, jittered
 
-CLIENT_ENCODING: Final = "UTF8"
-"""Always the package's choice: on a ``SQL_ASCII`` database the database's own makes psycopg
-answer ``bytes`` for text."""
-MIN_CONNECT_TIMEOUT_SECONDS: Final = 2
-"""libpq (and psycopg) round connect_timeout below 2 s up to 2 s."""
+CLIENT_ENCODING: Final = "UTF8"  # a SQL_ASCII database's own would make text come as bytes
+# The lock tables' schema unless SCHEMA_ENV names another; every statement names it.
 DEFAULT_SCHEMA: Final = "mahabharatha"
-"""The schema of the lock tables unless ``MAHABHARATHA_LOCK_SCHEMA`` (or ``schema=``) names
-another: every statement names it, so no ``search_path`` decides where the tables are."""
-_NAMED_SCHEMA: Final = re.compile(
+_NAMED_SCHEMA: Final = re.compile(  # where a statement names the default schema
     r"(\bSCHEMA (?:IF NOT EXISTS )?)mahabharatha()\b|()\bmahabharatha(\.mahabharatha_)"
 )
-"""Where a statement names the default schema (never a value: those are parameters)."""
-SERIALIZATION_FIRST_PAUSE_SECONDS: Final = 0.01
-SERIALIZATION_MAX_PAUSE_SECONDS: Final = 0.2
-"""Between two runs of a statement the server rolled back as a serialization failure or a
-deadlock (SQLSTATE 40001, 40P01): from 10 ms, doubling, jittered, until ``--connect-timeout``."""
-SLOTS_FIRST_PAUSE_SECONDS: Final = 0.02
-SLOTS_MAX_PAUSE_SECONDS: Final = 0.5
-"""Between two connection attempts refused for want of a slot: from 20 ms, doubling, to 0.5 s
-(jittered: a crowd of holders starting at once does not knock in step)."""
-SLOT_PAUSE_SECONDS: Final = 0.5
-"""Between two rounds of connecting refused for want of a slot (each retries for
-``--connect-timeout``), jittered: refused workers do not come back at once (each refused
-connection costs the server a process)."""
-SLOTS_LOOK_SECONDS: Final = 0.5
-"""How often a claimer that keeps its connection asks whether the server's slots are nearly all
-taken (then every claim lets go of the connection once answered, for the backend's life)."""
+# A statement whose connection was lost is run again at most twice: a warm connection found
+# closed, then a fresh one whose answer a reset cut off.
 MAX_LOST_ANSWERS: Final = 2
-"""A statement whose connection was lost under it is run again at most twice: a warm connection
-found closed (an idle timeout, a restart), then a fresh one whose answer a reset cut off."""
 
 _T = TypeVar("_T")
 
 _Connection = Connection  # the name the tests patch statements on
-_BEGIN_PINNED: Final = f"{statements.BEGIN}; {statements.PIN_SETTINGS}"
-"""One round trip (the simple protocol: no parameters) that begins a pooled transaction."""
+_BEGIN_PINNED: Final = f"{statements.BEGIN}; {statements.PIN_SETTINGS}"  # one round trip
 
 
 class Session:
@@ -73,8 +60,7 @@ class Session:
         self._url = url
         self._server = server_of(url)
         self._password = password_of(url)
-        self.schema: str = schema
-        """The schema of the lock tables, named in every statement (never ``search_path``)."""
+        self.schema: str = schema  # named in every statement (never ``search_path``)
         self._in_schema: dict[str, str] = {}  # statement -> its text in another schema
         self.connect_timeout = connect_timeout
         self._conn: _Connection | None = None
@@ -83,17 +69,16 @@ class Session:
         self._slots_seen = -math.inf  # when that was seen (monotonic)
         self._slots_hidden = False  # the role may not look at the server's sessions
         self._crowded_once = False  # seen crowded after a claim: claims let go from then on
+        # Told (once per backend) that an operation waits for a free connection slot.
         self.on_slot_wait: Callable[[ServerFullError], None] | None = None
-        """Told (once per backend) that an operation waits for a free connection slot."""
         self._told_slot_wait = False
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
         # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
         self._kept_cursor: psycopg.RawCursor[Any] | None = None
         self._connecting = threading.Lock()  # one thread makes the shared connection
-        # Race: threads sharing this backend: a transaction of several statements (a release
-        # and its wake-up, a pinned operation) must not take in another thread's statement,
-        # nor a statement on the kept cursor replace the answer another has not read yet.
+        # Race: threads sharing this backend: no transaction of several statements takes in
+        # another thread's statement, no kept-cursor statement replaces an unread answer.
         self._one_operation = threading.RLock()
 
     def _connect_timeout_arg(self) -> int:
@@ -112,10 +97,8 @@ class Session:
             return self._conn
 
     def _connect(self, application_name: str = "mahabharatha") -> _Connection:
-        """A new autocommit connection, its statements bounded by ``--connect-timeout``, set
-        up by :meth:`_set_up_session` (durable commits, a primary's, text as ``str``). A server
-        whose connection slots are all taken (``max_connections``: many holders starting at
-        once, each connecting only briefly) is asked again, with jitter, until the timeout."""
+        """A new autocommit connection, bounded by ``--connect-timeout`` and set up; a server
+        with every slot taken is asked again, jittered, until the timeout."""
         deadline = Deadline(self.connect_timeout)
         pauses = backoff(SLOTS_FIRST_PAUSE_SECONDS, SLOTS_MAX_PAUSE_SECONDS, math.inf)
         while True:
@@ -142,8 +125,7 @@ class Session:
         return conn
 
     def _set_up_session(self, conn: _Connection) -> None:
-        """Pin what the server's, database's or role's settings may not decide for us, and
-        refuse a session that cannot keep a lock: one round trip per connection."""
+        """Pin what settings may not decide for us; refuse a session that cannot keep a lock."""
         values = {"pid": conn.info.backend_pid, "locks": f"{self.schema}.mahabharatha_locks"}
         found = conn.execute(
             statements.SESSION_SET_UP, values, prepare=False, binary=True
@@ -171,8 +153,7 @@ class Session:
             self._bring_up_to_date(conn)
 
     def _bring_up_to_date(self, conn: _Connection) -> None:
-        """The tables are of an older schema version: add what it lacks now, before any
-        statement needs it, or refuse naming ``lock init`` when this role may not."""
+        """Bring older tables up to date, or refuse naming ``lock init`` if this role may not."""
         try:
             self._create_schema_on(conn)
         except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as error:
@@ -183,11 +164,9 @@ class Session:
             ) from None
 
     def crowded(self, within: float) -> bool:
-        """Are the server's connection slots nearly all taken (:func:`_few_slots`)? Asked on
-        the connection kept (one round trip) when the last look is older than ``within``
-        seconds; never by connecting: with no connection, the last look's answer. Never behind
-        a pooler (whose own client slots cannot be seen), nor where the role may not look
-        (``pg_stat_get_activity`` revoked): not crowded, as before there was a look."""
+        """Are the server's slots nearly all taken? Asked on the kept connection when the last
+        look is older than ``within``; never by connecting, behind a pooler, or where the
+        role may not look (then the last answer)."""
         conn = self._conn
         if self._slots_hidden or conn is None or conn.closed or conn.pooled:
             return self._slots_scarce
@@ -210,11 +189,8 @@ class Session:
         return self._slots_scarce
 
     def _while_full(self, operation: Callable[[], _T], until: float | None) -> _T:
-        """``operation``, asked again while the server has no free connection slot, until
-        ``until`` (monotonic; ``None``: for ever): a claimer holding nothing waits for a slot
-        as for a feature, a holder's outcome waits while its lease lasts (the lock is its own
-        till then). More workers than slots all finish: a slot comes free when another lets
-        go of one. The first wait is logged and told (:attr:`on_slot_wait`), once."""
+        """``operation``, again while the server has no free slot, until ``until`` (monotonic;
+        ``None``: for ever); the first wait is logged and told once."""
         while True:
             try:
                 return operation()
@@ -229,16 +205,12 @@ class Session:
             _pause_for_a_slot()
 
     def _let_go_if_crowded(self) -> None:
-        """After a claim won: on a crowded server the claimer works holding no connection, so
-        the workers waiting for a slot get one (seen once, for the rest of its run)."""
+        """After a claim won on a server once seen crowded: hold no connection while working."""
         self._crowded_once = self._crowded_once or self.crowded(SLOTS_LOOK_SECONDS)
         if self._crowded_once:
             self.close()
 
     def close(self) -> None:
-        """Let go of this backend's server connections until its next call: a holder between
-        two refreshes (``lock run``, ``FeatureLock``) keeps none, so many holders fit in a
-        server's ``max_connections`` (a refresh every third of the lease connects again)."""
         with self._connecting:  # Race: a thread making the shared connection at this moment
             self._drop_connection()
         self._drop_listener()
@@ -275,14 +247,9 @@ class Session:
         retry: bool = True,
         pins_itself: bool = False,
     ) -> _T:
-        """Run ``operation`` on the warm connection. A connection lost under it (a server
-        restart, ``pg_terminate_backend``, ``idle_session_timeout``, a reset after the server
-        committed) is replaced and the operation run again, also when the connection was a
-        fresh one, up to ``MAX_LOST_ANSWERS`` times (``retry``: every statement here is safe to
-        repeat, by token or by attempt id). A connection that cannot be made is an error at
-        once (nothing was sent); a missing table is created (first use); anything else is a
-        :class:`BackendError`. Behind a pooler ``operation`` runs :meth:`_pinned` unless it
-        ``pins_itself``."""
+        """Run ``operation`` on the warm connection: a lost connection is replaced and the
+        operation run again (``retry``; safe by token or attempt id), a missing table created;
+        anything else is a :class:`BackendError`. Pooled: :meth:`_pinned` unless it pins itself."""
         lost = 0
         created = False
         rolled_back: _Pauses | None = None  # made at the first rollback: none on the hot path
@@ -297,9 +264,8 @@ class Session:
                         return self._pinned(conn, operation)
                     return operation(conn)
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
-                # Race: a concurrent transaction (or a session default of serializable that
-                # pinning missed) made the server roll the statement back: nothing was done
-                # and the connection is sound. Run it again on it, after a pause.
+                # Race: a concurrent transaction made the server roll the statement back: nothing
+                # was done and the connection is sound; run it again after a pause.
                 rolled_back = rolled_back or _Pauses(self.connect_timeout)
                 if not rolled_back.pause():
                     raise self._error(error) from None
@@ -308,9 +274,8 @@ class Session:
                     raise self._error(error) from None
                 created = True
                 if conn.pooled:
-                    # Race: a pooler may keep the failed transaction's server connection
-                    # assigned to this client a while (seen: a pool of one never freed for the
-                    # schema's own connection): let go of it first.
+                    # Race: a pooler may keep the failed transaction's server connection for this
+                    # client a while (a pool of one: for ever): let go of it first.
                     self._drop_connection()
                 try:
                     self._create_schema()
@@ -331,13 +296,9 @@ class Session:
 
     @staticmethod
     def _pinned(conn: _Connection, operation: Callable[[_Connection], _T]) -> _T:
-        """``operation`` in a transaction of its own that first pins what it relies on
-        (``PIN_SETTINGS``, sent with its ``BEGIN`` READ COMMITTED), then its COMMIT: behind a
-        transaction-mode pooler another client's ``SET`` may be on the server connection.
-        No pipeline: psycopg ends one with a Flush after its last Sync, and a Flush that
-        reaches PgBouncer after the COMMIT's answer freed the server connection takes it
-        again for this client, unanswered, until its next statement: the pool's other
-        clients wait for it (a pool of one, for ever)."""
+        """``operation`` in a transaction that first pins its settings (another client's ``SET``
+        may be on a pooled server connection). Race: no pipeline, whose trailing Flush would
+        take the server connection again after COMMIT and starve the pool's other clients."""
         try:
             conn.execute(_BEGIN_PINNED, prepare=False)
             answer = operation(conn)
@@ -350,23 +311,21 @@ class Session:
             raise
         return answer
 
-    def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _rows(
+        self, query: str, params: dict[str, Any], *, retry: bool = True
+    ) -> list[tuple[Any, ...]]:
         statement = self._sql(query)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
             return conn.execute(statement, params, binary=True).fetchall()
 
-        return self._run(run)
+        return self._run(run, retry=retry)
 
     def _hot(
         self, statement: str, values: Sequence[Any], sent: list[float] | None = None
     ) -> list[tuple[Any, ...]]:
-        """Run an acquire or a release of a held lock (``ACQUIRE_NUMBERED``,
-        ``RELEASE_HELD_NUMBERED``), the uncontended cycle's two statements: on one cursor kept
-        per connection (``conn.execute`` builds a cursor per call), prepared on first use
-        (psycopg would send it unprepared five times first), answered in binary (no float or
-        integer text to print on the server and parse here). Same retries as :meth:`_run`."""
-
+        """Run an uncontended cycle's statement (acquire, release) on the kept cursor, prepared
+        on first use, answered in binary; retried as :meth:`_run` does."""
         text = self._sql(statement)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
@@ -379,9 +338,8 @@ class Session:
     def _on_kept_cursor(
         self, conn: _Connection, statement: str | bytes, values: Sequence[Any], *, binary: bool
     ) -> list[tuple[Any, ...]]:
-        """Run a prepared ``$n`` statement on the cursor kept per connection and read its rows
-        (a cursor made per call builds its result loaders again). Called inside :meth:`_run`:
-        one thread at a time, from its statement to its read (``_one_operation``)."""
+        """Run a prepared ``$n`` statement on the cursor kept per connection, read its rows
+        (inside :meth:`_run`: one thread from statement to read)."""
         prepare = not conn.pooled  # Race: a pooler runs another client's same-named statement
         cursor = self._kept_cursor
         if cursor is None or cursor.connection is not conn:
@@ -413,15 +371,13 @@ class Session:
 
     def _create_schema(self, *, repair: bool = False) -> None:
         # Race: other threads' statements on the shared connection would run inside this
-        # transaction (psycopg nests a second creation as a savepoint): a thread told "held"
-        # whose row is never committed. The tables are made on a connection of their own.
+        # transaction (never committed): the tables are made on a connection of their own.
         with self._connect() as conn:
             self._create_schema_on(conn, repair=repair)
 
     def _create_schema_on(self, conn: _Connection, *, repair: bool = False) -> None:
-        """First use (or ``lock init``: ``repair``) makes what is missing. A token sequence
-        missing next to rows is never made again silently at 1 (a reset sequence handed a new
-        holder an old holder's token): only ``lock init`` does, above the rows' tokens."""
+        """Make what is missing; a lost token sequence only with ``repair`` (``lock init``),
+        above the rows' tokens: never silently at 1 (an old holder's token again)."""
         advisory, *ddl = (self._sql(statement) for statement in statements.SCHEMA_DDL)
         with conn.transaction():
             if conn.pooled:
@@ -435,9 +391,8 @@ class Session:
                     "table restored without it): run 'mahabharatha lock init' to make it again "
                     "above every token given out"
                 )
-            if conn.execute(statements.SCHEMA_MISSING, {"schema": self.schema}).fetchone() == (
-                True,
-            ):
+            missing = conn.execute(statements.SCHEMA_MISSING, {"schema": self.schema})
+            if missing.fetchone() == (True,):
                 conn.execute(self._sql(statements.CREATE_SCHEMA))
             for statement in ddl:
                 conn.execute(statement)
@@ -449,9 +404,8 @@ class Session:
             raise self._newer_schema(int(version))
 
     def _refuse_old_tables_elsewhere(self, conn: _Connection) -> None:
-        """Before the tables are made in our schema: none of this role's own made by an older
-        mahabharatha elsewhere (in its ``search_path``'s first schema), or holders on the old
-        tables and on the new would hold one feature at once."""
+        """Refuse while this role's older tables are elsewhere: holders on the old and the new
+        tables would hold one feature at once."""
         if conn.execute(self._sql(statements.TABLE_EXISTS)).fetchone() == (True,):
             return
         marked = {"schema": self.schema, "mark": statements.NAMED_BY_SCHEMA}
@@ -480,8 +434,7 @@ class Session:
 
 
 class _Pauses:
-    """Jittered, doubling pauses between runs of a statement the server rolled back, for
-    ``seconds`` at most: :meth:`pause` answers False once they are spent."""
+    """Pauses between runs of a statement rolled back, for ``seconds``; then False."""
 
     def __init__(self, seconds: float) -> None:
         self.deadline = Deadline(seconds)
@@ -497,22 +450,17 @@ class _Pauses:
 
 
 def _pause_for_a_slot() -> None:
-    """Between two rounds of connecting refused for want of a slot (:data:`SLOT_PAUSE_SECONDS`)."""
     time.sleep(jittered(SLOT_PAUSE_SECONDS))
 
 
 def _few_slots(usable: int) -> int:
-    """How few free connection slots make a server crowded: a tenth of them, at least one
-    (a worker that cannot connect finds none free)."""
+    """How few free slots make a server crowded: a tenth, at least one."""
     return max(1, usable // 10)
 
 
 def _out_of_slots(error: psycopg.OperationalError) -> bool:
-    """The server refused a connection because no slot is free for it: SQLSTATE 53300
-    (``too_many_connections``), whatever the limit (the server's, the role's or the database's
-    ``CONNECTION LIMIT``) and whatever the language of its message (``lc_messages``). The
-    English text counts only for a refusal that came without a SQLSTATE (libpq not found to
-    make its errors verbose: :func:`~mahabharatha.backends.postgres.connection._verbose_errors`)."""
+    """Refused for want of a free slot: SQLSTATE 53300, whatever the limit or the message's
+    language (the English text only for a refusal without a SQLSTATE)."""
     sqlstate = getattr(error, "sqlstate", None)
     if sqlstate is not None:
         return bool(sqlstate == SLOTS_TAKEN_SQLSTATE)

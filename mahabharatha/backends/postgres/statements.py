@@ -11,15 +11,11 @@ from psycopg import sql
 
 from mahabharatha.owner import ownership
 
-SCHEMA_VERSION: Final = 2
-"""The tables' layout; ``mahabharatha_schema`` records it (a newer one is refused, never
-rewritten)."""
-
+SCHEMA_VERSION: Final = 2  # the tables' layout (a newer one is refused, never rewritten)
+# The lock table's comment: tables without it elsewhere are an older mahabharatha's.
 NAMED_BY_SCHEMA: Final = "mahabharatha locks, named with their schema"
-"""The lock table's comment: tables without it elsewhere are an older mahabharatha's."""
+# Only when missing: even IF NOT EXISTS needs CREATE on the database, which the owner may lack.
 CREATE_SCHEMA: Final = "CREATE SCHEMA IF NOT EXISTS mahabharatha"
-"""Only when the schema is missing: even with ``IF NOT EXISTS`` the server asks for CREATE on
-the database, which the tables' owner may lack."""
 SCHEMA_MISSING: Final = "SELECT pg_catalog.to_regnamespace(%(schema)s) IS NULL"
 
 SCHEMA_DDL: Final = (
@@ -58,10 +54,9 @@ SCHEMA_DDL: Final = (
     f"COMMENT ON TABLE mahabharatha.mahabharatha_locks IS '{NAMED_BY_SCHEMA}'",
 )
 
+# Times as epoch seconds (``date_part``: a float8 at once, where ``extract`` makes a numeric).
 _EPOCHS: Final = """date_part('epoch', refreshed_at), date_part('epoch', expires_at),
     date_part('epoch', now())"""
-"""Times as epoch seconds: ``date_part`` answers a float8 directly (``extract`` computes a
-``numeric`` first), the same value."""
 
 _TAKE_SET: Final = """pid = %(pid)s, details = %(details)s, host = %(host)s, attempt = %(attempt)s,
     lease = make_interval(secs => %(lease)s), acquired_at = now(), refreshed_at = now(),
@@ -69,21 +64,17 @@ _TAKE_SET: Final = """pid = %(pid)s, details = %(details)s, host = %(host)s, att
     token = greatest(nextval('mahabharatha.mahabharatha_lock_token'), l.token + 1),
     prev_pid = l.pid, prev_details = l.details, prev_refreshed_at = l.refreshed_at,
     prev_expires_at = l.expires_at"""
-"""Taking a row: the new holder, a token drawn while the row is locked and never below the
-row's last one plus one (a sequence reset, or restored behind the table, would otherwise hand
-out a token a still-working old holder has: its ``verify`` passed), and the old holder kept for
-the audit trail (``replaced``)."""
+"""Taking a row: the new holder, the old one kept for the audit trail, and a token drawn while
+the row is locked, above the row's last (a reset sequence cannot hand out an old holder's)."""
 
 _TAKEABLE: Final = """(l.pid IS NULL OR l.expires_at < now() OR l.token = ANY(%(judged)s::bigint[])
     OR l.attempt = %(attempt)s)"""
-"""Free, expired by the server's clock, judged dead by the client (exactly that token), or our
-own attempt whose answer a lost connection swallowed."""
+"""Free, expired by the server's clock, judged dead (that token), or our own lost attempt."""
 
 
 def _rested(row: str) -> str:
-    """The row's rest after its last failed attempt (``--retry-delay``: ``rest`` seconds) is
-    over by the server's clock. The attempt's time is the one its record keeps (``at``: the
-    server's since ``FAIL`` writes it; an older client's own, which counts no later than now)."""
+    """The row's rest (``--retry-delay``) after its last failed attempt is over, by the
+    server's clock (an older client's ``at`` counts no later than now)."""
     return f"""({row}.last_failure IS NULL OR date_part('epoch', now()) >= %(rest)s
         + least(coalesce(({row}.last_failure::jsonb ->> 'at')::float8, 0),
             date_part('epoch', now())))"""
@@ -107,8 +98,13 @@ _WANTED: Final = """wanted AS (
     SELECT w.feature, w.ord
     FROM unnest(string_to_array(%(names)s, pg_catalog.chr(10))) WITH ORDINALITY AS w(feature, ord)
 )"""
-"""The names travel as one text joined by newlines (no valid feature name has one): far
-cheaper for psycopg to adapt than a list."""
+"""The names travel as one text joined by newlines: cheaper for psycopg than a list."""
+
+_TAKEN: Final = f"""taken AS (
+    UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
+    FROM pick WHERE l.namespace = pick.namespace AND l.feature = pick.feature
+    RETURNING {_RETURNING}
+)"""  # the row ``pick`` chose, taken
 
 CLAIM_CHECKED: Final = f"""
 WITH {_WANTED}, missing AS (
@@ -123,18 +119,11 @@ WITH {_WANTED}, missing AS (
     ORDER BY l.attempt IS NOT DISTINCT FROM %(attempt)s DESC, w.ord
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
-), taken AS (
-    UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
-    FROM pick WHERE l.namespace = pick.namespace AND l.feature = pick.feature
-    RETURNING {_RETURNING}
-)
+), {_TAKEN}
 SELECT (SELECT n FROM missing), taken.* FROM (VALUES (1)) AS one LEFT JOIN taken ON true"""
-"""The first takeable feature in the given order, in one statement. ``FOR UPDATE SKIP LOCKED``:
-a row another claimer is taking at this moment is passed over, not waited for; the row's
-conditions are checked again on its latest version once locked (a feature just marked done by
-its holder is never handed out). Rows must exist for that: when some are missing nothing is
-taken and the caller creates them (``ENSURE_ROWS``), once. Our own earlier attempt (an answer
-lost with its connection) comes first: a retry never takes a second feature."""
+"""The first takeable feature in the given order. Race: ``SKIP LOCKED`` passes over a row being
+taken, and the conditions are checked again on its latest version once locked. With rows
+missing nothing is taken (``ENSURE_ROWS`` first). Our own lost attempt comes first."""
 
 CLAIM_SORTED: Final = f"""
 WITH pick AS (
@@ -144,18 +133,12 @@ WITH pick AS (
     ORDER BY l.feature
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
-), taken AS (
-    UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
-    FROM pick WHERE l.namespace = pick.namespace AND l.feature = pick.feature
-    RETURNING {_RETURNING}
-)
+), {_TAKEN}
 SELECT 0, taken.* FROM (VALUES (1)) AS one LEFT JOIN taken ON true"""
-"""The hot path of a worker pool: names in sorted order (a bare ``claim``: every feature folder
-by name) whose rows this process has seen exist. The primary key's order is the names' (the
-column is ``COLLATE "C"``), so the scan walks the index and stops at the first takeable row."""
+"""A pool's hot path: sorted names whose rows were seen; the scan walks the primary key
+(``COLLATE "C"``) and stops at the first takeable row."""
 
-REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease", "rest")
-"""The parameters of a registered claim, in their ``$n`` order."""
+REGISTERED_PARAMS: Final = ("pid", "details", "host", "attempt", "lease", "rest")  # $n order
 
 
 def _numbered(text: str, names: Sequence[str]) -> str:
@@ -178,31 +161,20 @@ WHERE l.namespace = {{ns}} AND l.feature = (
 RETURNING {_RETURNING}""",
     REGISTERED_PARAMS,
 )
-"""The claim of a registered list: ``CLAIM_SORTED`` with the namespace and the names written
-into the statement (quoted by psycopg's ``sql.Literal``) and prepared on the connection, so the
-server parses and plans the names once per connection, not once per claim. Every value that
-changes between claims (holder, attempt, lease, rest) is a ``$n`` parameter no plan depends on,
-so the server keeps one generic plan. It runs on a ``RawCursor``: psycopg passes the text as it
-is (it caches its parse of a ``%(name)s`` query only up to 4 kB). Takeable is free or expired:
-no judged tokens (a ``--reclaim-dead`` claim sends its list) and no earlier attempt (a retry
-uses ``CLAIM_CHECKED``, which puts it first). An empty answer: nothing takeable among the rows
-that exist; the caller then asks ``CLAIM_CHECKED``, which also counts names without a row."""
+"""``CLAIM_SORTED`` with the namespace and names written in (``sql.Literal``) and prepared per
+connection: planned once; what changes per claim is a ``$n`` parameter. Takeable is free or
+expired only (``--reclaim-dead`` and retries use the others)."""
 
 ENSURE_ROWS: Final = """
 INSERT INTO mahabharatha.mahabharatha_locks (namespace, feature)
 SELECT %(ns)s, w.feature FROM unnest(string_to_array(%(names)s, pg_catalog.chr(10))) AS w(feature)
 ORDER BY w.feature
 ON CONFLICT DO NOTHING"""
-"""Rows with no holder for features never locked before (sorted: concurrent claimers insert in
-one order and cannot deadlock)."""
+"""Rows for features never locked before (sorted: concurrent claimers cannot deadlock)."""
 
 WAKE: Final = "SELECT pg_catalog.pg_notify(%(channel)s, '')"
-"""The wake-up sent after a release, a done, a failed attempt or a clean has committed, in a
-transaction of its own (:meth:`PostgresBackend._wake_waiters`; a release of a held lock sends
-both in one pipeline: :meth:`PostgresBackend._release_then_wake`): a notification that cannot be
-queued (the cluster's queue full: one listener in an open transaction anywhere holds its tail)
-never undoes or stops the release. No payload: any role that may connect to any database may
-LISTEN, and a name in it would tell every team's feature names."""
+"""The wake-up after a committed change, in a transaction of its own: one that cannot be queued
+never undoes the release. No payload: any role may LISTEN, and would learn feature names."""
 
 
 def listen(verb: str, channel: str) -> sql.Composed:
@@ -218,20 +190,13 @@ WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid
 RETURNING 1"""
 
 ACQUIRE_PARAMS: Final = ("ns", "feature", "pid", "details", "host", "attempt", "lease", "judged")
-"""The parameters of ``_ACQUIRE`` (and of a take's parameter dict), in their ``$n`` order."""
+# The hot path's two statements with ``$n`` parameters, for the kept ``RawCursor``.
 ACQUIRE_NUMBERED: Final = _numbered(_ACQUIRE, ACQUIRE_PARAMS)
 RELEASE_HELD_NUMBERED: Final = _numbered(_RELEASE_HELD, ("ns", "feature", "token"))
-"""The hot path's two statements with ``$n`` parameters, for a kept ``RawCursor``
-(``PostgresBackend._hot``): no per-call parse of ``%(name)s`` nor reordering of a dict."""
 
 _OWNER_COULD_BE: Final = ownership.could_own_sql("details")
-"""``ownership.could_own`` on the row's details, in the statement that removes the lock (judged
-and removed in one step), generated from the details' layout: details of our format that record
-a boot and a PID namespace must record ours (``place``: ``ownership.place_key``; NULL when ours
-is unknown, and then they never match) and, when they record a start time, the one the pid runs
-with now (``start``: ``ownership.start_key``; NULL when it is not running). Rows without such
-details keep the pid and host rule. ``tests/postgres/test_owner_rule_sql.py`` checks it
-against the Python rule on many details."""
+"""``ownership.could_own`` on the row's details, generated, so judged and removed in one step
+(``place``, ``start``: ``_owner_keys``); ``tests/postgres/test_owner_rule_sql.py`` pins it."""
 
 RELEASE_PID: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks SET {_LET_GO}
@@ -245,8 +210,7 @@ UPDATE mahabharatha.mahabharatha_locks SET refreshed_at = now(), expires_at = no
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
     AND expires_at >= now()
 RETURNING {_EPOCHS}"""
-"""Only an unexpired lock is renewed: once its lease has run out by the server's clock it is
-lost, even if nobody took it yet (the lost-lock rule)."""
+"""Only an unexpired lock is renewed: a lease run out is lost, taken or not."""
 
 DONE: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks
@@ -256,8 +220,8 @@ WHERE namespace = %(ns)s AND feature = %(feature)s AND (
     (pid = %(pid)s AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE})
     OR (pid IS NULL AND done_at IS NOT NULL AND attempt = %(attempt)s))
 RETURNING date_part('epoch', done_at)"""
-"""Mark done and release in one statement: both or neither. The row keeps the call's attempt
-id: a retry after a lost answer finds its own done mark (and answers it), never "not held"."""
+"""Mark done and release: both or neither. A retry after a lost answer finds its own mark by
+the attempt id, never "not held"."""
 
 _SELECT_ROWS: Final = f"""
 SELECT feature, pid, details, host, token, done_at IS NOT NULL, {_EPOCHS}
@@ -294,10 +258,8 @@ SET {_LET_GO}, failures = failures + 1,
 WHERE namespace = %(ns)s AND feature = %(feature)s AND pid = %(pid)s
     AND host IS NOT DISTINCT FROM %(host)s AND {_OWNER_COULD_BE}
 RETURNING failures"""
-"""Record a failed attempt and release in one statement: both or neither. A feature whose
-attempts reach the pool's limit is closed the way a done one is (``done_at``: every claim
-statement already skips it) and flagged ``failed``, which tells the two apart. The record's
-``at`` is the server's clock (the rest a claim judges, :func:`_rested`): hosts' clocks differ."""
+"""Record a failed attempt and release: both or neither. At the limit the feature is closed as
+a done one is, flagged ``failed``; ``at`` is the server's clock (hosts' clocks differ)."""
 
 FAILED_AND_RETRIED: Final = """
 SELECT feature, failed FROM mahabharatha.mahabharatha_locks
@@ -323,8 +285,7 @@ SEQUENCE_ABOVE_ROWS: Final = """
 SELECT setval('mahabharatha.mahabharatha_lock_token', greatest(
     (SELECT max(token) FROM mahabharatha.mahabharatha_locks),
     (SELECT last_value FROM mahabharatha.mahabharatha_lock_token)))"""
-"""``lock init`` puts a sequence made again (dropped, or a table restored without it) above every
-token the rows hold."""
+"""``lock init`` puts a sequence made again above every token the rows hold."""
 
 SLOTS: Final = """
 WITH sessions AS (
@@ -344,14 +305,8 @@ WITH sessions AS (
     FROM pg_database AS d WHERE d.datname = current_database() AND d.datconnlimit >= 0
 )
 SELECT usable, taken FROM limits ORDER BY usable - taken, usable LIMIT 1"""
-"""The tightest of the limits on this role's connections, as (slots, taken): the server's
-slots an ordinary role may use, the login role's ``CONNECTION LIMIT`` (``session_user``: a
-``SET ROLE`` does not move the count) and the database's, each with
-the client sessions that count against it. Another role's session shows a ``NULL``
-``backend_type`` to a role that may not see it, and is counted when it has a user and a
-database (the server's own processes lack one or both); a parallel or replication worker is
-counted too, the error on the side of "taken". The function under ``pg_stat_activity``, without
-the view's joins."""
+"""The tightest limit on this role's connections as (slots, taken): the server's, the login
+role's and the database's, against the client sessions that count (unseen ones as taken)."""
 
 SESSION_SET_UP: Final = """
 SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only'),
@@ -365,30 +320,17 @@ SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_r
         WHERE attrelid = pg_catalog.to_regclass(%(locks)s) AND attname = 'last_failure'
             AND NOT attisdropped)
 FROM (SELECT pg_catalog.pg_backend_pid() = %(pid)s AS direct) AS d"""
-"""Run once per connection; every function named with its schema. A session of our own
-(``direct``) is pinned for its life: ``synchronous_commit`` ``on`` (durable locks and tokens),
-read committed (no serialization failures in a claim storm), ``search_path`` only the
-system's. A standby, or a read-only session (``default_transaction_read_only``), is refused: it
-would answer ``verify`` and ``check`` from a copy that may be behind the primary. The last
-column: the lock table exists in an older layout (no ``last_failure``): brought up to date now.
-
-``direct``: the server process answering is the one the connection's start named (its
-``BackendKeyData``). A pooler (PgBouncer) names a process of its own: then the session is not
-ours (a transaction-mode pooler runs each transaction on any server connection, where another
-client's ``SET`` stays), so nothing is set here: every transaction pins its own
-(``PIN_SETTINGS``), and no named prepared statement is used (another client's would run)."""
+"""Once per connection: a standby's or read-only session is refused; a session of our own
+(``direct``: no pooler in between) is pinned for its life (durable commits, read committed,
+the system's ``search_path``); the last column: older tables to bring up to date."""
 
 BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
-"""An explicit transaction, ended by its own COMMIT before what follows in a pipeline."""
 
 PIN_SETTINGS: Final = """
 SELECT pg_catalog.set_config('synchronous_commit', 'on', true),
     pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)"""
-"""Behind a pooler, first in every transaction (``BEGIN ISOLATION LEVEL READ COMMITTED``, sent
-in the same pipeline): what another client of the pool may have ``SET`` on the server
-connection cannot reach the statement that follows (durability at its commit, names parsed
-after it). Times and bytes are read in binary, so ``extra_float_digits``, ``DateStyle``,
-``TimeZone``, ``IntervalStyle`` and ``bytea_output`` decide nothing."""
+"""Behind a pooler, first in every transaction: another client's ``SET`` on the server
+connection cannot reach what follows (times and bytes are read in binary)."""
 
 OLD_TABLES: Final = """
 SELECT n.nspname FROM pg_catalog.pg_class c
@@ -397,6 +339,5 @@ WHERE c.relname = 'mahabharatha_locks' AND c.relkind IN ('r', 'p')
     AND n.nspname <> %(schema)s AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
     AND pg_catalog.obj_description(c.oid, 'pg_class') IS DISTINCT FROM %(mark)s
 ORDER BY 1"""
-"""Lock tables this role owns in other schemas: an older mahabharatha made them in the first
-schema of its ``search_path``. Another role's tables are never ours (a role with CREATE on the
-database could make a schema named like ours, with tables to shadow them)."""
+"""Lock tables an older mahabharatha made for this role in other schemas (never another
+role's: they could shadow ours)."""
