@@ -8,14 +8,17 @@ skipped ``postgres`` test is a failure instead, so CI can never pass without hav
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import tempfile
 from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
 from mahabharatha.owner import proof
-from tests.support import load, postgres
+from tests.support import load, postgres, runs_the_session
 
 pytest_plugins = (
     "tests.support.tally",  # a collected test that reports no outcome fails the run
@@ -34,6 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for signum in (signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM):
         if signal.getsignal(signum) == signal.SIG_IGN:
             signal.signal(signum, signal.SIG_DFL)
+    _start_machine_load(config)
 
 
 @pytest.fixture(autouse=True)
@@ -45,15 +49,23 @@ def _no_proof_outlives_its_test() -> Iterator[None]:
     proof.let_go_of_all()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _machine_load(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+_LOAD: pytest.StashKey[contextlib.ExitStack] = pytest.StashKey()
+
+
+def _start_machine_load(config: pytest.Config) -> None:
     """With ``MAHABHARATHA_LOAD=1``, three busy loops and a disk writer run beside the whole
-    session (``tests/support/load.py``): a guarantee must hold on a busy machine too."""
-    if not load.wanted():
-        yield
+    run (``tests/support/load.py``), once however many xdist workers it has: a guarantee must
+    hold on a busy machine too."""
+    if not load.wanted() or not runs_the_session(config):
         return
-    with load.machine_load(tmp_path_factory.mktemp("load")):
-        yield
+    stack = config.stash[_LOAD] = contextlib.ExitStack()
+    scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="mahabharatha-load-"))
+    stack.enter_context(load.machine_load(Path(scratch)))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _LOAD in config.stash:
+        config.stash[_LOAD].close()
 
 
 def _required() -> bool:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import runs_the_session
+
 GIT_TIMEOUT_SECONDS = 30.0
 """A git status bounded so that a hung git (a locked index on a network disk) never hangs CI."""
 
@@ -65,4 +67,6 @@ class CleanCheckout:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not runs_the_session(config):  # a worker would see its neighbours' files mid-test
+        return
     config.pluginmanager.register(CleanCheckout(config.rootpath), "mahabharatha-clean-checkout")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support import runs_the_session
+
 _FINISHED_RUNS: frozenset[int] = frozenset({pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED})
 """Only a run that went through all its tests is checked: an interrupted, crashed or empty one
 legitimately leaves tests without an outcome."""
@@ -29,6 +31,12 @@ class OutcomeTally:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = [item.nodeid for item in session.items]  # after any deselection
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: object, ids: list[str]) -> None:
+        """Under pytest-xdist the reporting process collects nothing: every worker collects
+        the same ids, and those are the run's."""
+        self.collected = list(ids)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or (report.when == "setup" and not report.passed):
@@ -57,4 +65,5 @@ def _ran_to_the_end(session: pytest.Session, exitstatus: int) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(OutcomeTally(), "mahabharatha-outcome-tally")
+    if runs_the_session(config):  # a worker sees only its share of the outcomes
+        config.pluginmanager.register(OutcomeTally(), "mahabharatha-outcome-tally")

@@ -106,3 +106,13 @@ def test_a_run_stopped_early_is_not_checked(tmp_path: Path) -> None:
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout
     assert "stopping after 1 failures" in done.stdout
     assert _missing(done.stdout) == [], done.stdout
+
+
+def test_a_test_without_an_outcome_fails_a_run_in_xdist_workers(tmp_path: Path) -> None:
+    """The suite runs in pytest-xdist workers (README): the tally counts there too. Fails
+    without the guard's xdist hook: the reporting process collects nothing itself, so it found
+    nothing missing and the run passed."""
+    (tmp_path / "conftest.py").write_text(SWALLOWS_ONE)
+    done = _run_inner(tmp_path, "-n", "2", "-k", "passes or swallowed")
+    assert _missing(done.stdout) == ["test_outcomes.py::test_swallowed"], done.stdout
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout
