@@ -1,4 +1,4 @@
-"""A review of the registered claim (``_CLAIM_REGISTERED``): three defects it had, each proven
+"""The registered claim (``_CLAIM_REGISTERED``) at its edges: three defects it had, each proven
 here by a test that failed on the code as merged (c89040d, 11c9cdc) and passes with the fix.
 
 - Threads sharing one backend shared one ``RawCursor``: a claim's answer could be read by

@@ -1,5 +1,5 @@
-"""Issue 9, the holder's side: forks, thread limits, the audit log, nan and inf, interrupted
-acquires, a caller that already holds the lock, and a lock lost under a running heartbeat.
+"""A ``FeatureLock`` holder's edge cases: forks, thread limits, the audit log, nan and inf,
+interrupted acquires, a caller that already holds the lock, and a lock lost under a running heartbeat.
 
 Each test says in its docstring how it failed on the code before the fix.
 """
@@ -225,7 +225,7 @@ def test_an_interrupted_acquire_either_returns_its_lock_or_leaves_none(gsd: Path
     """Fails before the fix: a KeyboardInterrupt landing after the publish left this process's
     lock on disk without acquire returning it (94 of 200 in the issue; 22 to 32 of 200 here)."""
     code = (
-        "from tests.unit.test_holder_hardening import _interrupted_acquires as run; "
+        "from tests.unit.test_feature_lock_holder import _interrupted_acquires as run; "
         f"run({str(gsd)!r}, {INTERRUPTED_TRIALS}, 9)"
     )
     done = subprocess.run(

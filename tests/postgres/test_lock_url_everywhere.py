@@ -1,4 +1,4 @@
-"""Every entry point, one backend (issue 17 item 4): with ``MAHABHARATHA_LOCK_URL`` set, the CLI,
+"""Every entry point, one backend: with ``MAHABHARATHA_LOCK_URL`` set, the CLI,
 the ``locks`` functions, ``FeatureLock`` and the legacy functions all keep their locks on that
 server; ``FeatureLock`` and the ``locks`` functions also take the URL directly."""
 

@@ -1,4 +1,4 @@
-"""Issue 9, ``lock run`` and friends: the lost-lock rule, ``kill -INT`` to a foreground
+"""``lock run`` as a holder: the lost-lock rule, ``kill -INT`` to a foreground
 ``lock run``, nan and inf options, "already held by you", and a heartbeat that cannot start.
 
 Real processes throughout, synchronised on their output lines (never on sleeps). Each test says
