@@ -1,5 +1,6 @@
 """A ``FeatureLock`` holder's edge cases: forks, thread limits, the audit log, nan and inf,
-interrupted acquires, a caller that already holds the lock, and a lock lost under a running heartbeat.
+interrupted acquires, a caller that already holds the lock, and a lock lost under a running
+heartbeat.
 
 Each test says in its docstring how it failed on the code before the fix.
 """
