@@ -5,8 +5,9 @@ no named prepared statement there."""
 
 from __future__ import annotations
 
+import datetime
 import os
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -119,22 +120,29 @@ SHARED_WORKERS = 8
 SHARED_FEATURES = 160
 
 
-def _free_rows(pg_server: PgServer, namespace: str) -> int:
-    """Rows of ``namespace`` neither held nor done, now (free: a claim should take them)."""
+def _server_now(pg_server: PgServer) -> datetime.datetime:
+    return cast(datetime.datetime, admin_execute(pg_server, "SELECT clock_timestamp()")[0][0])
+
+
+def _claimed_after(pg_server: PgServer, namespace: str, moment: datetime.datetime) -> int:
+    """Rows of ``namespace`` whose claim began after ``moment`` (``acquired_at`` is its
+    transaction's start). Race: a claim in flight when a worker heard "nothing left" had locked
+    its row before, so it began before; a row left free and unlocked is claimed after."""
     rows = admin_execute(
         pg_server,
-        "SELECT count(*) FROM mahabharatha_locks"
-        " WHERE namespace = %s AND done_at IS NULL AND pid IS NULL",
+        "SELECT count(*) FROM mahabharatha.mahabharatha_locks"
+        " WHERE namespace = %s AND acquired_at > %s",
         namespace,
+        moment,
     )
     return int(str(rows[0][0]))
 
 
 def _claim_all_in_one_namespace(
     url: str, pg_server: PgServer, namespace: str, reclaim_dead: bool
-) -> tuple[list[str], int]:
-    """Claim and mark done until the claim answers nothing; report the features won and how
-    many rows were still free at the moment the claim said nothing was left."""
+) -> tuple[list[str], datetime.datetime]:
+    """Claim and mark done until the claim answers nothing; report the features won and the
+    server's time just after the claim said nothing was left."""
     names = [f"g{number:03d}" for number in range(SHARED_FEATURES)]
     backend: Any = PostgresBackend(url, namespace=namespace, gsd_dir="/nonexistent")
     got: list[str] = []
@@ -144,7 +152,7 @@ def _claim_all_in_one_namespace(
         ) is not None:
             got.append(won.held.feature)
             backend.done(won.held.feature, os.getpid())
-        return got, _free_rows(pg_server, namespace)
+        return got, _server_now(pg_server)
     finally:
         backend.close()
 
@@ -157,18 +165,21 @@ def test_workers_of_one_namespace_never_claim_a_feature_twice(
     barrier) over 160 features, on the sorted claim statement a pooled connection uses.
     Every feature is claimed exactly once (fails without the row lock of the claim, ``FOR
     UPDATE``: two workers take one feature), and no worker is told "nothing left" while a
-    free row remains (fails without ``SKIP LOCKED``: a claimer that waited for a row another
-    was taking finds it taken, takes nothing, and its worker ends early). ``reclaim-dead``:
+    free row remains: no claim begins after a worker heard it (a worker ended early would leave
+    rows that later claims take; without ``SKIP LOCKED`` PostgreSQL re-checks the waited-for
+    row and takes the next, so that mutant is equivalent: tools/mutants.toml). Counting free
+    rows instead failed under load: a claim that had locked its row but not yet committed
+    showed that row free. ``reclaim-dead``:
     the same race on direct connections, whose ``--reclaim-dead`` claims use that statement."""
     url = pooler if route == "pooler" else pg_server.url()
     start = CTX.Barrier(SHARED_WORKERS)
 
-    def at_once(_index: int) -> tuple[list[str], int]:
+    def at_once(_index: int) -> tuple[list[str], datetime.datetime]:
         start.wait(SYNC_TIMEOUT)
         return _claim_all_in_one_namespace(url, pg_server, namespace, route == "reclaim-dead")
 
     results = run_team(SHARED_WORKERS, at_once)
     claimed = sorted(feature for got, _ in results for feature in got)
     assert claimed == [f"g{number:03d}" for number in range(SHARED_FEATURES)], "claimed twice"
-    left_free = [free for _, free in results]
+    left_free = [_claimed_after(pg_server, namespace, ended) for _, ended in results]
     assert left_free == [0] * SHARED_WORKERS, "a worker was told nothing was left too early"
