@@ -305,7 +305,7 @@ class _CommandStep:
     ) -> WorkResult:
         """CMD ended but its work outside its group holds the lock until it ends: the result
         is recorded all the same and the worker goes on (or stops, when told to)."""
-        result = lock.finish_leaving_work(left.status, self.attempts, left.still_running)
+        result = lock.finish_leaving_work(left.status, left.still_running)
         if told is not None:
             raise StopWork(result, killed_by(told))
         return result

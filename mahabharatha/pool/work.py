@@ -117,7 +117,7 @@ class PoolLock(FeatureLock):
         super().abandon()
 
     def finish_leaving_work(
-        self, exit_code: int, limit: int, still_running: Callable[[], bool] | None = None
+        self, exit_code: int, still_running: Callable[[], bool] | None = None
     ) -> WorkResult:
         """End a hold :meth:`abandon` left to running work: exit code 0 marks the feature done
         (the lock stays until that work ends); another records nothing until ``still_running``
