@@ -158,53 +158,44 @@ def host_name() -> str:
 
 def proc_stat(pid: int) -> ProcStat | None:
     """State, process group and start time of ``pid``; ``None`` when there is no such process."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        raw = os.read(fd, MAX_STAT_BYTES)
-    except OSError:
-        return None  # Race: the process was reaped between open and read
-    finally:
-        os.close(fd)
-    stat = _parse_stat(raw)
+    stat = _read_stat(f"/proc/{pid}/stat")
     offset = boottime_offset_ticks()
     if stat is None or not offset:
         return stat
     return stat._replace(start=stat.start - offset)  # as the initial time namespace sees it
 
 
-def _parse_stat(raw: bytes) -> ProcStat | None:
+def _read_stat(path: str) -> ProcStat | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, MAX_STAT_BYTES)
+    except OSError:
+        return None  # Race: the process (or thread) was reaped between open and read
+    finally:
+        os.close(fd)
     # The command name (field 2) may hold spaces and parentheses: split after the last ")".
-    _, _, rest = raw.rpartition(b")")
-    fields = rest.split()
+    fields = raw.rpartition(b")")[2].split()
     try:
         return ProcStat(fields[0].decode("ascii"), int(fields[2]), int(fields[19]), int(fields[3]))
     except (IndexError, ValueError, UnicodeDecodeError):
         return None
 
 
-def has_live_thread(pid: int) -> bool:
-    """True when a thread of ``pid`` runs (a leader after ``pthread_exit`` shows as a zombie)."""
+def is_alive(stat: ProcStat | None, pid: int) -> bool:
+    """A process is alive while any of its threads runs (a leader after ``pthread_exit`` shows
+    as a zombie: a zombie leader with live threads is alive)."""
+    if stat is None or stat.state not in ("Z", "X"):
+        return stat is not None
     try:
         tasks = [tid for tid in os.listdir(f"/proc/{pid}/task") if tid.isdigit()]
     except OSError:
         return False
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as source:
-                task = _parse_stat(source.read(MAX_STAT_BYTES))
-        except OSError:
-            continue  # Race: the thread ended since the listing
-        if task is not None and task.state not in ("Z", "X"):
-            return True
-    return False
-
-
-def is_alive(stat: ProcStat | None, pid: int) -> bool:
-    """A process is alive while any of its threads runs (a zombie leader with live threads is)."""
-    return stat is not None and (stat.state not in ("Z", "X") or has_live_thread(pid))
+    # Race: a thread that ended since the listing reads as None.
+    threads = (_read_stat(f"/proc/{pid}/task/{tid}/stat") for tid in tasks)
+    return any(task is not None and task.state not in ("Z", "X") for task in threads)
 
 
 def group_has_live_member(pgid: int, leader_start: int | None, since: int | None = None) -> bool:
