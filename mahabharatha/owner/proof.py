@@ -1,16 +1,10 @@
 """Proof of life: a fact the kernel keeps about whether a lock's holder (or its work) runs.
 
-A holder holds a shared open-file-description lock (``F_OFD_SETLK``, ``F_RDLCK``) on bytes of
-its user's proof file in the feature folder (``.proof-<uid>``, mode 0600: anyone who may open
-it could keep dead owners "alive") from before its ``.lock`` is published until it lets go.
-Every process that inherits the descriptor holds it too, and the kernel drops it with the last
-one: "is the holder alive?" becomes "does anyone hold the lock's proof?". Each lock uses the
-bytes ``4 * slot`` + ``LIFE_BYTE`` (every holder and its work), ``PENDING_BYTE`` (from before a
-publish is tried: Race: a judge looking at ``LIFE`` just before the winner takes it; seen
-alone, the judge looks again briefly, then says alive) and ``WORK_BYTE`` (``lock run``'s
-command only) of a random slot. A judge looks with ``F_OFD_GETLK``, which takes nothing; one
-that cannot look answers ``UNKNOWN``, never "free". Without OFD locks no proof is taken and the
-pid rules apply. The long form: ``design/lockfile-hardening.md`` section 13.
+A holder holds a shared OFD lock on bytes of its user's private proof file (``.proof-<uid>``,
+0600) in the feature folder from before its ``.lock`` is published until it lets go; every
+process that inherits the descriptor holds it too. "Is the holder alive?" becomes "does anyone
+hold the lock's proof?", asked with ``F_OFD_GETLK`` (which takes nothing); a judge that cannot
+look answers ``UNKNOWN``, never "free". The long form: ``design/lockfile-hardening.md`` 13.
 """
 
 from __future__ import annotations
@@ -29,10 +23,13 @@ from mahabharatha.constants import PENDING_WAIT_SECONDS
 from mahabharatha.owner import ownership
 from mahabharatha.reads import close_quietly
 
-LIFE_BYTE: Final = 0
+# A lock's bytes are SLOT_BYTES * its (random) slot plus these.
+LIFE_BYTE: Final = 0  # every holder and its work
+# Held from before a publish is tried. Race: a judge looking at LIFE just before the winner
+# takes it; seen alone, the judge looks again briefly, then says alive.
 PENDING_BYTE: Final = 1
-WORK_BYTE: Final = 2
-SLOT_BYTES: Final = 4  # a lock's LIFE, PENDING and WORK are SLOT_BYTES * slot plus 0, 1, 2
+WORK_BYTE: Final = 2  # lock run's command only
+SLOT_BYTES: Final = 4
 
 _OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", None)
 _OFD_SETLK: Final = getattr(fcntl, "F_OFD_SETLK", None)
