@@ -118,9 +118,10 @@ class _Child:
     """The running command, signalled through a pidfd where there is one; with ``own_group``
     it leads a process group of its own, and signals go to that whole group."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], own_group: bool = False) -> None:
-        self.popen = popen
-        self.own_group = own_group
+    def __init__(
+        self, popen: subprocess.Popen[bytes], own_group: bool, work: WorkProof | None
+    ) -> None:
+        self.popen, self.own_group, self.work = popen, own_group, work
         self.start = ownership.start_time(popen.pid) if own_group else None
         self._pidfd: int | None = None
         with suppress(AttributeError, OSError):  # no pidfd (old kernel, not Linux): by pid
@@ -174,6 +175,40 @@ class _Child:
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
+
+    def left_running(self) -> bool:
+        """After CMD was reaped: does work it left hold its proof, or live in its group?"""
+        work = self.work
+        # Race: work that dropped the proof but stays in CMD's group (closed descriptors):
+        # a free proof alone would let a second holder in beside it.
+        return (work is not None and work.running()) or self.group_lives()
+
+    def outlast(self, relay: _SignalRelay) -> bool:
+        """Wait (a grace, then SIGKILL to CMD's group) until nothing holds the work's proof
+        and the group is empty; True when something still runs after that."""
+        if not self.left_running():
+            return False
+        grace = waiting.Deadline(work_grace_seconds())
+        # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
+        while self.left_running() and not grace.passed():
+            if relay.signalled_within(WORK_POLL_SECONDS) is not None:
+                break
+        if not self.left_running():
+            return False
+        self.kill_group()
+        killed = waiting.Deadline(WORK_KILL_WAIT_SECONDS)
+        while self.left_running() and not killed.passed():
+            relay.signalled_within(WORK_POLL_SECONDS)
+        return self.left_running()
+
+    def still_running(self) -> bool:
+        """:meth:`left_running` for :class:`WorkLeftError`; the proof's watch closes at no."""
+        if self.left_running():
+            return True
+        if self.work is not None:
+            self.work.close()
+            self.work = None
+        return False
 
 
 class _SignalRelay:
@@ -274,14 +309,12 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
                 return
             relay.deliver(info.si_signo, from_kernel=info.si_code == SI_KERNEL)
 
+    reader = threading.Thread(target=read, name="lock-run-signals", daemon=True)
     with signals.masked(signal.SIG_BLOCK, signals.FORWARDED) as previous:
-        reader = threading.Thread(target=read, name="lock-run-signals", daemon=True)
         try:
             reader.start()
         except RuntimeError:  # "can't start new thread": on without senders (nor the block)
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-            yield
-            return
         try:
             yield
         finally:
@@ -289,7 +322,7 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
             if reader.ident is not None:
                 # Wakes the reader (a signal for its thread alone); it sees ``stopping``, ends.
                 signal.pthread_kill(reader.ident, signal.SIGHUP)
-            reader.join()
+                reader.join()
 
 
 class _LossWatch:
@@ -388,46 +421,6 @@ def work_grace_seconds() -> float:
     return seconds if math.isfinite(seconds) and seconds >= 0 else WORK_GRACE_SECONDS
 
 
-class _Leftovers:
-    """What CMD left running once it ended: work holding its proof, or members of its group."""
-
-    def __init__(self, work: WorkProof | None, child: _Child) -> None:
-        self.work, self.child = work, child
-
-    def running(self) -> bool:
-        work, child = self.work, self.child
-        # Race: work that dropped the proof but stays in CMD's group (closed descriptors):
-        # a free proof alone would let a second holder in beside it.
-        return (work is not None and work.running()) or child.group_lives()
-
-    def outlast(self, relay: _SignalRelay) -> bool:
-        """Wait (a grace, then SIGKILL to CMD's group) until nothing holds the work's proof
-        and the group is empty; True when something still runs after that."""
-        if not self.running():
-            return False
-        grace = waiting.Deadline(work_grace_seconds())
-        # A signal (Ctrl-C, kill) during the grace cuts it short: the user wants out now.
-        while self.running() and not grace.passed():
-            if relay.signalled_within(WORK_POLL_SECONDS) is not None:
-                break
-        if not self.running():
-            return False
-        self.child.kill_group()
-        killed = waiting.Deadline(WORK_KILL_WAIT_SECONDS)
-        while self.running() and not killed.passed():
-            relay.signalled_within(WORK_POLL_SECONDS)
-        return self.running()
-
-    def still_running(self) -> bool:
-        """:meth:`running` for :class:`WorkLeftError`; the proof's watch closes once it is no."""
-        if self.running():
-            return True
-        if self.work is not None:
-            self.work.close()
-            self.work = None
-        return False
-
-
 class Run:
     """``lock run`` in two steps, so that its caller can act between them: ``with Run(lock,
     ...) as run: run.acquire(); code = run.command(command)``. Entering takes the forwarded
@@ -510,7 +503,8 @@ class Run:
             # The block lifted while CMD starts (a child inherits the mask): the handler takes over.
             unmasked = signals.masked(signal.SIG_UNBLOCK, signals.FORWARDED)
             with unmasked if _READ_SENDERS else nullcontext():
-                child = _Child(*spawn.start_command(lock, command, (stdout, stderr), work, env))
+                popen, own_group = spawn.start_command(lock, command, (stdout, stderr), work, env)
+                child = _Child(popen, own_group, work)
                 relay.started(child)
             watch.started(child)
             try:
@@ -519,13 +513,12 @@ class Run:
                 watch.ended()
                 child.close()
             relay.releasing()  # from here a signal cuts the wait for CMD's leftovers short
-            left = _Leftovers(work, child)
-            if left.outlast(relay):
+            if child.outlast(relay):
                 # Race: work that left CMD's group still runs: a release would let a second
                 # holder in beside it. Its proof keeps the lock held until it ends.
                 lock.abandon()
                 work = None  # its watch goes with the error: asked until the work ends
-                raise WorkLeftError(lock.feature, shell_status(returncode), left.still_running)
+                raise WorkLeftError(lock.feature, shell_status(returncode), child.still_running)
         finally:
             if work is not None:
                 work.close()
