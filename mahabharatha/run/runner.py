@@ -183,7 +183,7 @@ class _Child:
         # a free proof alone would let a second holder in beside it.
         return (work is not None and work.running()) or self.group_lives()
 
-    def outlast(self, relay: _SignalRelay) -> bool:
+    def outlast(self, relay: _Relay) -> bool:
         """Wait (a grace, then SIGKILL to CMD's group) until nothing holds the work's proof
         and the group is empty; True when something still runs after that."""
         if not self.left_running():
@@ -211,10 +211,11 @@ class _Child:
         return False
 
 
-class _SignalRelay:
-    """Decides what a signal does in each phase (see the module docstring)."""
+class _Relay:
+    """What a signal does to CMD in each phase (see the module docstring), and what a lost lock
+    does: that rule runs in a thread of its own (the grace holds up no one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: OnLost, notify: Callable[[LockLostError], None] | None) -> None:
         self.phase = _Phase.PREPARING
         self.child: _Child | None = None
         self.pending: int | None = None
@@ -222,6 +223,10 @@ class _SignalRelay:
         self.woken = threading.Event()  # set with ``pending``: ends a wait at once
         # Reentrant: the Python handler may run in the main thread while it holds this lock.
         self._mutex = threading.RLock()
+        self.policy, self.notify = policy, notify or (lambda _error: None)
+        self._lost: LockLostError | None = None
+        self._ended = threading.Event()
+        self._acting: threading.Thread | None = None
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
         """The Python handler: it does not know who sent the signal."""
@@ -270,6 +275,50 @@ class _SignalRelay:
             if self.pending is not None:
                 self.received = self.pending
                 child.send(self.pending)  # it did not exist when the signal came: send it now
+            if self._lost is not None:
+                self._act_on(child, self._lost)
+
+    def lost(self, error: LockLostError) -> None:
+        """``FeatureLock.on_lost``: runs in the heartbeat thread."""
+        with self._mutex:
+            # Race: lost before CMD started: ``started`` acts on it instead.
+            self._lost, child = error, self.child
+            if child is not None:
+                self._act_on(child, error)
+
+    def _act_on(self, child: _Child, error: LockLostError) -> None:
+        acting = threading.Thread(
+            target=self._act, args=(child, error), name="lock-run-lost", daemon=True
+        )
+        try:
+            signals.start_without_signals(acting)
+        except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
+            self.notify(error)
+            if self.policy is OnLost.TERMINATE:
+                child.send(signal.SIGTERM)
+            return
+        self._acting = acting
+
+    def _act(self, child: _Child, error: LockLostError) -> None:
+        self.notify(error)
+        if self.policy is OnLost.WARN:
+            return
+        child.send(signal.SIGTERM)
+        grace = LOST_KILL_GRACE_SECONDS
+        if error.stop_by is not None:  # a cut-off holder's CMD is gone before its lease ends
+            grace = max(0.0, min(grace, error.stop_by - monotonic()))
+        if not self._ended.wait(grace):
+            child.send(signal.SIGKILL)
+
+    def ended(self) -> None:
+        """CMD has exited (and been reaped): stop waiting out a lost lock's grace."""
+        self._ended.set()
+        with self._mutex:
+            # Race: a loss found after CMD ended must not signal it (its pidfd is closed next).
+            self.child = None
+            acting = self._acting
+        if acting is not None:
+            acting.join()
 
 
 def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> bool:
@@ -288,7 +337,7 @@ def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> 
 
 
 @contextmanager
-def _senders_known(relay: _SignalRelay) -> Iterator[None]:
+def _senders_known(relay: _Relay) -> Iterator[None]:
     """Block the forwarded signals here (and in threads started from now on) and hand them,
     read with ``sigwaitinfo`` in a thread, to ``relay`` with their senders. Only with stdin a
     terminal: elsewhere CMD leads its own group, every signal is forwarded whoever sent it, and
@@ -323,67 +372,6 @@ def _senders_known(relay: _SignalRelay) -> Iterator[None]:
                 # Wakes the reader (a signal for its thread alone); it sees ``stopping``, ends.
                 signal.pthread_kill(reader.ident, signal.SIGHUP)
                 reader.join()
-
-
-class _LossWatch:
-    """Applies the lost-lock rule to CMD, in a thread of its own (the grace holds up no one)."""
-
-    def __init__(self, policy: OnLost, notify: Callable[[LockLostError], None] | None) -> None:
-        self.policy = policy
-        self.notify = notify or (lambda _error: None)
-        self._mutex = threading.Lock()
-        self._child: _Child | None = None
-        self._lost: LockLostError | None = None
-        self._ended = threading.Event()
-        self._acting: threading.Thread | None = None
-
-    def lost(self, error: LockLostError) -> None:
-        """``FeatureLock.on_lost``: runs in the heartbeat thread."""
-        with self._mutex:
-            # Race: lost before CMD started: ``started`` acts on it instead.
-            self._lost, child = error, self._child
-            if child is not None:
-                self._act_on(child, error)
-
-    def started(self, child: _Child) -> None:
-        with self._mutex:
-            self._child, error = child, self._lost
-            if error is not None:
-                self._act_on(child, error)
-
-    def _act_on(self, child: _Child, error: LockLostError) -> None:
-        acting = threading.Thread(
-            target=self._act, args=(child, error), name="lock-run-lost", daemon=True
-        )
-        try:
-            signals.start_without_signals(acting)
-        except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
-            self.notify(error)
-            if self.policy is OnLost.TERMINATE:
-                child.send(signal.SIGTERM)
-            return
-        self._acting = acting
-
-    def _act(self, child: _Child, error: LockLostError) -> None:
-        self.notify(error)
-        if self.policy is OnLost.WARN:
-            return
-        child.send(signal.SIGTERM)
-        grace = LOST_KILL_GRACE_SECONDS
-        if error.stop_by is not None:  # a cut-off holder's CMD is gone before its lease ends
-            grace = max(0.0, min(grace, error.stop_by - monotonic()))
-        if not self._ended.wait(grace):
-            child.send(signal.SIGKILL)
-
-    def ended(self) -> None:
-        """CMD has exited (and been reaped): stop waiting out the grace."""
-        self._ended.set()
-        with self._mutex:
-            # Race: a loss found after CMD ended must not signal it (its pidfd is closed next).
-            self._child = None
-            acting = self._acting
-        if acting is not None:
-            acting.join()
 
 
 def _our_work() -> list[int]:
@@ -436,8 +424,7 @@ class Run:
         on_release_wait: Callable[[float], None] | None = None,
     ) -> None:
         self.lock = lock
-        self._relay = _SignalRelay()
-        self._watch = _LossWatch(on_lost, notify_lost)
+        self._relay = _Relay(on_lost, notify_lost)
         self._on_release_wait = on_release_wait
         self._held = False  # acquired, and not yet given to a release
         self._block: AbstractContextManager[None] | None = None
@@ -472,10 +459,10 @@ class Run:
             if on_wait is not None:
                 on_wait(info, left)
 
-        def lost(error: LockLostError) -> None:  # the caller's own callback, then the watch
+        def lost(error: LockLostError) -> None:  # the caller's own callback, then the relay
             if on_lost is not None:
                 on_lost(error)
-            self._watch.lost(error)
+            self._relay.lost(error)
 
         self.lock.acquire(on_wait=check_then_report, on_lost=lost)
         self._held = True
@@ -492,7 +479,7 @@ class Run:
         code as a shell reports it."""
         if not self._held:
             raise RuntimeError("Run.command needs the lock: call Run.acquire first")
-        lock, relay, watch = self.lock, self._relay, self._watch
+        lock, relay = self.lock, self._relay
         returncode: int | None = None
         work: WorkProof | None = None
         try:
@@ -506,11 +493,10 @@ class Run:
                 popen, own_group = spawn.start_command(lock, command, (stdout, stderr), work, env)
                 child = _Child(popen, own_group, work)
                 relay.started(child)
-            watch.started(child)
             try:
                 returncode = child.popen.wait()
             finally:
-                watch.ended()
+                relay.ended()
                 child.close()
             relay.releasing()  # from here a signal cuts the wait for CMD's leftovers short
             if child.outlast(relay):
