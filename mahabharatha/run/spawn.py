@@ -67,13 +67,10 @@ def _spawned_words(
     env: Mapping[str, str] | None,
     handshake: Callable[[], None] | None = None,
 ) -> tuple[list[str], Callable[[], None] | None]:
-    """The words to start and the ``preexec_fn`` that give CMD the parent-death signal (and
-    run ``handshake`` in the child before its ``exec``).
-
-    Without a handshake, ``setpriv --pdeathsig`` sets the signal instead, so Python can
-    ``vfork`` (a ``preexec_fn`` forces a full fork); a command that cannot start is then told
-    here, as ``Popen`` would. Race: ``lock run`` killed before ``setpriv``'s ``prctl`` leaves
-    CMD running, and its proof of life keeps the lock held until it ends (design section 12)."""
+    """The words and ``preexec_fn`` giving CMD the parent-death signal (and running ``handshake``
+    before its ``exec``). Without a handshake ``setpriv --pdeathsig`` sets it, so Python may
+    ``vfork``; a command that cannot start is then told here, as ``Popen`` would. Race: ``lock
+    run`` killed before ``setpriv``'s ``prctl`` leaves CMD running; its proof keeps the lock."""
     wrapper = None if handshake is not None or _prctl() is None else _setpriv_with_pdeathsig()
     if wrapper is None:
         return list(command), _parent_death_hook(handshake)
@@ -104,11 +101,9 @@ def _setpriv_with_pdeathsig() -> str | None:
 
 
 def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
-    """Raise what ``Popen`` raises for a command that cannot be started: ``FileNotFoundError``
-    (no such command on ``PATH``), ``PermissionError`` (a folder, or no execute permission)."""
+    """Raise ``Popen``'s ``FileNotFoundError`` or ``PermissionError`` for ``program``."""
     if os.sep in program:
-        _check_startable(program, program)
-        return
+        return _check_startable(program, program)
     search = (env if env is not None else os.environ).get("PATH", os.defpath)
     try:
         # A pool starts one program for every feature: PATH is searched once, the place rechecked.
@@ -142,10 +137,9 @@ def _found_on_path(program: str, search: str) -> str | None:
 
 
 def _child_env(
-    token: int | None, work: WorkProof | None, extra: Mapping[str, str] | None = None
+    token: int | None, work: WorkProof | None, extra: Mapping[str, str] | None
 ) -> dict[str, str] | None:
-    """CMD's environment: ours, plus ``extra``, plus the token and the proof's descriptor when
-    there are any (None: inherit ours)."""
+    """Ours, plus ``extra``, the token and the proof's descriptor (None: nothing to add)."""
     added: dict[str, str] = dict(extra or {})
     if token is not None:
         added[TOKEN_ENV] = str(token)
