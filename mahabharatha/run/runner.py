@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from time import monotonic
 from types import FrameType
 from typing import IO, Any, Final, Self
@@ -86,22 +86,17 @@ class ReleaseInterrupted(Exception):
 
 class WorkLeftError(LockError):
     """CMD has ended but work it started outside its group holds its proof: the lock stays held
-    until that ends. ``status``: CMD's exit code as ``lock run`` reports it."""
+    until that ends. ``status``: CMD's exit code as ``lock run`` reports it; ``still_running()``:
+    does that work still run (its proof held, or CMD's group not empty)?"""
 
     def __init__(
-        self, feature: str, status: int, still_running: Callable[[], bool] | None = None
+        self, feature: str, status: int, still_running: Callable[[], bool] = lambda: True
     ) -> None:
         super().__init__(
             f"the command's work left its process group and still runs; lock {feature!r} "
             "stays held (its owner judged alive) until that work ends"
         )
-        self.feature = feature
-        self.status = status
-        self._still_running = still_running
-
-    def still_running(self) -> bool:
-        """Does that work still run (its proof held, or CMD's group not empty)?"""
-        return self._still_running is None or self._still_running()
+        self.feature, self.status, self.still_running = feature, status, still_running
 
 
 class _Phase(enum.Enum):
@@ -427,28 +422,19 @@ class Run:
         self._relay = _Relay(on_lost, notify_lost)
         self._on_release_wait = on_release_wait
         self._held = False  # acquired, and not yet given to a release
-        self._block: AbstractContextManager[None] | None = None
+        self._signals = ExitStack()
 
     def __enter__(self) -> Self:
-        block = self._signals_then_release()
-        block.__enter__()
-        self._block = block
+        with ExitStack() as entering:  # a failed enter gives back what it took
+            entering.enter_context(signals.Handling(signals.FORWARDED, self._relay))
+            entering.enter_context(_senders_known(self._relay))
+            self._signals = entering.pop_all()
         return self
 
-    def __exit__(self, *exc: Any) -> bool | None:
-        block, self._block = self._block, None
-        if block is None:
-            raise RuntimeError("Run left without being entered")
-        return block.__exit__(*exc)
-
-    @contextmanager
-    def _signals_then_release(self) -> Iterator[None]:
-        with signals.Handling(signals.FORWARDED, self._relay), _senders_known(self._relay):
-            try:
-                yield
-            finally:
-                if self._held:  # an error between acquire and command: never leave it held
-                    self._release(None)
+    def __exit__(self, *exc: object) -> None:
+        with self._signals:
+            if self._held:  # an error between acquire and command: never leave it held
+                self._release(None)
 
     def acquire(self) -> None:
         """Take the lock (:class:`Interrupted` when a signal ends the wait)."""
