@@ -193,9 +193,7 @@ class _GroupHandshake:
         if (prctl := _prctl()) is not None:  # /proc/PID/task/TID/comm tells it from lasting ones
             prctl(PR_SET_NAME, b"lock-run-group", 0, 0, 0)
         pid_read, _, _, go_write = self._pipes
-        said = b""
-        while len(said) < 4 and (more := os.read(pid_read, 4 - len(said))):
-            said += more
+        said = os.read(pid_read, 4)  # one write of 4 bytes: a pipe gives it whole (PIPE_BUF)
         if len(said) < 4:
             return  # the child never got there (its start failed): nothing waits
         pid = int.from_bytes(said, "little")
