@@ -192,8 +192,6 @@ class WorkProof:
 
     def running(self) -> bool:
         """Does any process still hold the work's ``WORK`` byte (the command's copy)?"""
-        if not supported():
-            return False
         try:
             return _someone_holds(self._watch, _byte(self.slot, WORK_BYTE))
         except OSError as error:
