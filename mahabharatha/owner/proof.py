@@ -21,7 +21,7 @@ from typing import Final, Protocol
 
 from mahabharatha.constants import PENDING_WAIT_SECONDS
 from mahabharatha.owner import ownership
-from mahabharatha.reads import close_quietly
+from mahabharatha.reads import NOFOLLOW_READ, close_quietly
 
 # A lock's bytes are SLOT_BYTES * its (random) slot plus these.
 LIFE_BYTE: Final = 0  # every holder and its work
@@ -40,9 +40,7 @@ _UNSUPPORTED_ERRNOS: Final = frozenset(
 )
 PROOF_PREFIX: Final = ".proof-"  # and the uid: users never hold one another's proofs
 _PRIVATE: Final = 0o600
-# No link followed, no FIFO waited on, no terminal taken: whatever may be found at the name.
-_LOOK_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-_OWN_FLAGS: Final = _LOOK_FLAGS | os.O_CREAT
+_OWN_FLAGS: Final = NOFOLLOW_READ | os.O_CREAT  # no link followed, no FIFO waited on
 
 
 class Life(enum.Enum):
@@ -108,7 +106,7 @@ def life_of(folder_fd: int, slot: int, tag: int | None, uid: int) -> Life:
     if tag is None:
         return _life_on(folder_fd, slot)
     try:
-        fd = os.open(proof_name(uid), _LOOK_FLAGS, dir_fd=folder_fd)
+        fd = os.open(proof_name(uid), NOFOLLOW_READ, dir_fd=folder_fd)
     except OSError:
         return Life.UNKNOWN  # EACCES: only its user may look; ENOENT, ELOOP: not the file
     try:
@@ -272,7 +270,7 @@ def open_proof(folder_fd: int) -> tuple[int, tuple[int, int]]:
     uid = os.geteuid()  # the owner of what we make; asked each time: a process may setuid
     name = proof_name(uid)
     try:  # made once: every later open writes no metadata (no O_CREAT)
-        fd = os.open(name, _LOOK_FLAGS, dir_fd=folder_fd)
+        fd = os.open(name, NOFOLLOW_READ, dir_fd=folder_fd)
     except FileNotFoundError:
         fd = os.open(name, _OWN_FLAGS, _PRIVATE, dir_fd=folder_fd)
     try:
