@@ -1,6 +1,6 @@
 """Starting ``lock run``'s command: its words (through ``setpriv`` where that asks for the
 parent-death signal), its environment (the token, the proof's descriptor), its process group,
-and that group recorded with the lock before CMD can run anything (:class:`_GroupHandshake`)."""
+and that group recorded with the lock before CMD can run anything (:func:`_group_handshake`)."""
 
 from __future__ import annotations
 
@@ -151,48 +151,19 @@ def _child_env(
 RecordGroup = Callable[[int, int | None], None]  # FeatureLock.record_work_group
 
 
-class _GroupHandshake:
-    """CMD's group recorded with the lock before anything of CMD runs.
+def _group_handshake(record: RecordGroup) -> tuple[Callable[[], None], Callable[[], None]] | None:
+    """CMD's group recorded with the lock before anything of CMD runs: the child's half (a
+    ``preexec_fn``) and the close for after ``Popen``; ``None`` without a thread for ours.
 
     The child, between ``setpgid`` and ``exec``, writes its pid to one pipe and blocks reading
     another; a thread of ours records the group, then lets it go on. A ``lock run`` killed
     before that takes the blocked child along. A busy guard holds CMD back at most the
     record's bounded wait; then the heartbeat records the group."""
+    (pid_read, pid_write), (go_read, go_write) = os.pipe(), os.pipe()
 
-    def __init__(self, record: RecordGroup) -> None:
-        self._pipes = (*os.pipe(), *os.pipe())  # the pid's (read, write), then the go's
-        self._thread = threading.Thread(target=self._record, args=(record,), daemon=True)
-
-    @classmethod
-    def begun(cls, record: RecordGroup) -> _GroupHandshake | None:
-        """A handshake whose thread waits for the child; ``None`` without a thread for it."""
-        handshake = cls(record)
-        try:
-            signals.start_without_signals(handshake._thread)
-        except RuntimeError:  # "can't start new thread": the group is recorded late
-            handshake.close()
-            return None
-        return handshake
-
-    def in_child(self) -> Callable[[], None]:
-        """The child's half, resolved here in the parent (fork safety: system calls only)."""
-        pid_read, pid_write, go_read, go_write = self._pipes
-        close, write, read, getpid, kill = os.close, os.write, os.read, os.getpid, os.kill
-
-        def wait_until_recorded() -> None:
-            # Race: our copy of the writing end would hide lock run's death from the read.
-            close(go_write)
-            close(pid_read)
-            write(pid_write, getpid().to_bytes(4, "little"))
-            if not read(go_read, 1):  # lock run died before recording: CMD must never run
-                kill(getpid(), signal.SIGKILL)
-
-        return wait_until_recorded
-
-    def _record(self, record: RecordGroup) -> None:
+    def record_then_go() -> None:
         if (prctl := _prctl()) is not None:  # /proc/PID/task/TID/comm tells it from lasting ones
             prctl(PR_SET_NAME, b"lock-run-group", 0, 0, 0)
-        pid_read, _, _, go_write = self._pipes
         said = os.read(pid_read, 4)  # one write of 4 bytes: a pipe gives it whole (PIPE_BUF)
         if len(said) < 4:
             return  # the child never got there (its start failed): nothing waits
@@ -203,14 +174,31 @@ class _GroupHandshake:
             with suppress(OSError):  # EPIPE: the child was killed meanwhile
                 os.write(go_write, b"go")
 
-    def close(self) -> None:
-        """After ``Popen`` returned or raised: end the thread, close the pipes."""
-        pid_read, pid_write, go_read, go_write = self._pipes
-        os.close(pid_write)
-        if self._thread.ident is not None:  # started
-            self._thread.join()
+    thread = threading.Thread(target=record_then_go, daemon=True)
+    # The child's half, resolved here in the parent (fork safety: system calls only).
+    close, write, read, getpid, kill = os.close, os.write, os.read, os.getpid, os.kill
+
+    def wait_until_recorded() -> None:
+        # Race: our copy of the writing end would hide lock run's death from the read.
+        close(go_write)
+        close(pid_read)
+        write(pid_write, getpid().to_bytes(4, "little"))
+        if not read(go_read, 1):  # lock run died before recording: CMD must never run
+            kill(getpid(), signal.SIGKILL)
+
+    def end() -> None:  # after Popen returned or raised: end the thread, close the pipes
+        close(pid_write)
+        if thread.ident is not None:  # started
+            thread.join()
         for fd in (pid_read, go_read, go_write):
-            os.close(fd)
+            close(fd)
+
+    try:
+        signals.start_without_signals(thread)
+    except RuntimeError:  # "can't start new thread": the group is recorded late
+        end()
+        return None
+    return wait_until_recorded, end
 
 
 def start_command(
@@ -227,7 +215,7 @@ def start_command(
     # Where CMD's group goes: nowhere for a backend that records none (no handshake then).
     record = lock.record_work_group if isinstance(lock.backend, LocalFolder) else None
     own_group = not _in_terminal_job()
-    handshake = _GroupHandshake.begun(record) if own_group and record is not None else None
+    handshake = _group_handshake(record) if own_group and record is not None else None
     if not own_group and (prctl := _prctl()) is not None:
         prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # CMD shares our group: its orphans are ours
     if not own_group and record is not None and os.getpgrp() != os.getpid():
@@ -236,9 +224,7 @@ def start_command(
         record(os.getpgrp(), ownership.start_time(os.getpgrp(), leading=True))
     passed = () if work is None or work.fd is None else (work.fd,)
     try:
-        words, hook = _spawned_words(
-            command, env, None if handshake is None else handshake.in_child()
-        )
+        words, hook = _spawned_words(command, env, None if handshake is None else handshake[0])
         # CMD leads a group of its own (signals reach all of it), except as a terminal's
         # foreground job; its proof of life goes with it and its children (pass_fds).
         child = subprocess.Popen(
@@ -257,7 +243,7 @@ def start_command(
         raise CommandNotExecutableError(error.errno, why) from error
     finally:
         if handshake is not None:
-            handshake.close()
+            handshake[1]()
     if own_group and record is not None and handshake is None:
         record(child.pid, ownership.start_time(child.pid))  # no thread for the handshake: late
     if work is not None:
