@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import os
 import stat
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path, PosixPath
 from typing import Any, Final
 
@@ -88,13 +88,6 @@ def feature_from_state_files() -> str | None:
 def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
     """The feature being worked on: the first valid name of ``MAHABHARATHA_FEATURE``, the
     ``.current-feature`` marker, the newest state file; a source that cannot be read is skipped."""
-    sources: tuple[Callable[[], str | None], ...] = (
-        feature_from_env,
-        lambda: feature_from_marker(gsd_dir),
-        feature_from_state_files,
-    )
-    for source in sources:
-        name = source()
-        if name and is_valid_feature_name(name):
-            return name
-    return None
+    sources = (feature_from_env, partial(feature_from_marker, gsd_dir), feature_from_state_files)
+    names = (source() for source in sources)  # asked in turn: a later one only when needed
+    return next((name for name in names if name and is_valid_feature_name(name)), None)
