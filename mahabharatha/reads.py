@@ -1,8 +1,5 @@
-"""Bounded reads: how any small file we judge (a lock, a marker) is read.
-
-One no-follow, non-blocking open (a link, FIFO or device at the path can neither fool nor hang
-us) and at most :data:`MAX_READ_BYTES` + 1 bytes read through that very descriptor.
-"""
+"""Bounded reads of any small file we judge (a lock, a marker): one no-follow, non-blocking open
+(a link, FIFO or device can neither fool nor hang us), then ``MAX_READ_BYTES`` + 1 bytes at most."""
 
 from __future__ import annotations
 
