@@ -1,9 +1,6 @@
-"""The folder backend (the default): each feature's lock is ``<gsd>/specs/<feature>/.lock``.
-
-Every lock operation goes through the protocol of :mod:`mahabharatha.backends.files.lockfile`;
-this module adds the owner's pid and details, ``--reclaim-dead``, the audit trail, listings,
-clean-up, done markers and failed attempts. No fencing tokens; the lease is a fixed 2 hours.
-"""
+"""The folder backend (the default): each feature's lock is ``<gsd>/specs/<feature>/.lock``,
+changed only through :mod:`~mahabharatha.backends.files.lockfile`'s protocol; here: owners,
+``--reclaim-dead``, the audit trail, listings, clean-up, done markers and failed attempts."""
 
 from __future__ import annotations
 
@@ -49,6 +46,7 @@ from mahabharatha.backends.files.folder import (
 from mahabharatha.backends.files.lockfile import ReleaseOutcome, age_only
 from mahabharatha.backends.files.release_watch import ReleaseWatch
 from mahabharatha.backends.files.snapshot import (
+    _SYMLINK_ERRNOS,
     LOCK_FILE_NAME,
     MISSING,
     EntryKind,
@@ -56,8 +54,8 @@ from mahabharatha.backends.files.snapshot import (
     LockSnapshot,
     format_record,
     judge_lock,
+    raise_named,
     read_lock,
-    with_name,
 )
 from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
 from mahabharatha.constants import (
@@ -81,6 +79,8 @@ KEPT_ATTEMPTS: Final = 5  # the latest attempts kept (the count goes on)
 MAX_REASON_CHARS: Final = 200  # an exit code or one line of a message, never a whole log
 MAX_ATTEMPTS_BYTES: Final = 3072  # oldest attempts dropped first: within bounded reads' 4 KiB
 LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
+# None there, a link (O_NOFOLLOW) or a FIFO without a writer (O_NONBLOCK): no record of ours.
+_NO_RECORD_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENXIO, *_SYMLINK_ERRNOS})
 
 
 # --------------------------------------------------------------------------- facts about locks
@@ -148,7 +148,6 @@ def describe_snapshot(
 
 
 def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
-    """Our acquisition of ``mine``, whose record we wrote as ``pid:timestamp``."""
     return Held(feature, pid, timestamp, timestamp + STALE_AFTER_SECONDS, None, mine)
 
 
@@ -200,17 +199,14 @@ def _audit(
     with suppress(OSError):
         fd = os.open(Path(gsd_dir) / AUDIT_LOG_NAME, flags, 0o644)
         try:
-            if _is_own_log(os.fstat(fd)):
+            # A log of its own: no FIFO or device, no hard link to a file elsewhere
+            # (``ln outside.txt <gsd>/lock-audit.jsonl`` would make us append to outside.txt).
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
                 # O_APPEND: concurrent writers' lines never interleave (one small write each).
                 os.write(fd, line)
         finally:
             os.close(fd)
-
-
-def _is_own_log(info: os.stat_result) -> bool:
-    """A log file of its own: not a FIFO or a device, and not a hard link to a file elsewhere
-    (``ln outside.txt <gsd>/lock-audit.jsonl`` would make us append to ``outside.txt``)."""
-    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
 
 
 # --------------------------------------------------------------------------- reclaim rules
@@ -262,12 +258,19 @@ def _surely_absent(gsd_dir: str | os.PathLike[str], feature: str, name: str) -> 
     return False
 
 
-def _marker_present(dfd: int) -> bool:
-    """Is there a done marker (a regular file, not followed if a link) in the folder?"""
+def _marker_present(dfd: int, odd: Path | None = None) -> bool:
+    """Is there a done marker (a regular file, not followed if a link) in the folder? ``odd``:
+    its path, where anything else there (neither done nor free) is an error."""
     try:
         info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return False
+    if odd is not None and not stat.S_ISREG(info.st_mode):
+        raise UnsafeLockPathError(
+            errno.EEXIST,
+            f"{odd}: something other than a done marker (a regular file) is in the way",
+            str(odd),
+        )
     return stat.S_ISREG(info.st_mode)
 
 
@@ -320,9 +323,9 @@ def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> N
     except BaseException as error:
         with suppress(OSError):
             os.unlink(temp, dir_fd=dfd)
-        if not isinstance(error, OSError) or with_name(error, temp) is error:
-            raise
-        raise with_name(error, temp) from error  # a write, fchmod or close of the temp
+        if isinstance(error, OSError):
+            raise_named(error, temp)  # a write, fchmod or close of the temp
+        raise
 
 
 def _in_the_way(error: OSError, name: str) -> OSError:
@@ -338,31 +341,24 @@ def _in_the_way(error: OSError, name: str) -> OSError:
 def _read_attempts(dfd: int) -> Attempts | None:
     """The folder's attempts record; ``None`` when there is none or it is not ours (a link,
     not a regular file, too big, not our JSON): the next ``fail`` replaces it."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    import json  # only a pool with failures reads one: not every cold start
+
     try:
-        fd = os.open(ATTEMPTS_RECORD_NAME, flags, dir_fd=dfd)
-    except (FileNotFoundError, OSError) as error:
-        if isinstance(error, FileNotFoundError) or error.errno in (errno.ELOOP, errno.ENXIO):
+        fd = os.open(ATTEMPTS_RECORD_NAME, reads.NOFOLLOW_READ, dir_fd=dfd)
+    except OSError as error:
+        if error.errno in _NO_RECORD_ERRNOS:
             return None
-        raise with_name(error, ATTEMPTS_RECORD_NAME) from error
+        raise_named(error, ATTEMPTS_RECORD_NAME)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
-        data = reads.read_bounded(fd, info.st_size)
-    finally:
-        os.close(fd)
-    return _parse_attempts(data)
-
-
-def _parse_attempts(data: bytes) -> Attempts | None:
-    import json  # only a pool with failures reads one: not every cold start
-
-    try:
-        found = json.loads(data)
+        found = json.loads(reads.read_bounded(fd, info.st_size))
         count, limit, history = int(found["count"]), int(found["limit"]), found["attempts"]
     except (ValueError, KeyError, TypeError):
         return None
+    finally:
+        os.close(fd)
     if count < 1 or limit < 1 or not isinstance(history, list):
         return None
     return Attempts(count, limit, tuple(h for h in history if isinstance(h, dict)))
@@ -559,10 +555,12 @@ class FileBackend(LockBackend):
         return infos
 
     def _unlocked_info(self, feature: str) -> LockInfo:
-        self._refuse_odd_marker(feature)
+        marker = feature_dir_path(self.gsd_dir, feature) / COMPLETED_MARKER_NAME
+        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
+            done = dfd is not None and _marker_present(dfd, marker)
         record = self.attempts(feature)
         failed = record is not None and record.failed
-        state = State.DONE if self.is_done(feature) else State.FAILED if failed else State.FREE
+        state = State.DONE if done else State.FAILED if failed else State.FREE
         return _with_attempts(
             LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN), record
         )
@@ -571,38 +569,20 @@ class FileBackend(LockBackend):
         skipped = _Problems(self.gsd_dir, problems)
         locked = {info.feature: info for info in self.status(problems=skipped.found)}
         unseen = set(self.feature_names()) - set(locked) - {p.feature for p in skipped.found}
-        infos = [self._locked_with_attempts(info, skipped) for info in locked.values()]
-        for name in unseen:
+        infos = []
+        for name in sorted([*locked, *unseen]):
+            info = locked.get(name)
             try:
-                infos.append(self._unlocked_info(name))
+                if info is None:
+                    info = self._unlocked_info(name)
+                else:
+                    info = _with_attempts(info, self.attempts(name))
             except OSError as error:
                 skipped.add(name, error)
+            if info is not None:
+                infos.append(info)
         skipped.settle()
-        return sorted(infos, key=lambda info: info.feature)
-
-    def _refuse_odd_marker(self, feature: str) -> None:
-        """A done marker that is not a regular file is neither done nor free: a problem."""
-        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
-            if dfd is None:
-                return
-            try:
-                info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                return
-        if not stat.S_ISREG(info.st_mode):
-            path = str(feature_dir_path(self.gsd_dir, feature) / COMPLETED_MARKER_NAME)
-            raise UnsafeLockPathError(
-                errno.EEXIST,
-                f"{path}: something other than a done marker (a regular file) is in the way",
-                path,
-            )
-
-    def _locked_with_attempts(self, info: LockInfo, skipped: _Problems) -> LockInfo:
-        try:
-            return _with_attempts(info, self.attempts(info.feature))
-        except OSError as error:
-            skipped.add(info.feature, error)
-            return info
+        return infos
 
     def release_watch(self, features: Iterable[str]) -> ReleaseWatch:
         return ReleaseWatch(self.gsd_dir, features)
@@ -717,26 +697,27 @@ class FileBackend(LockBackend):
         def cleanable(entry: LockSnapshot) -> bool:
             return rule(entry, judge_lock(entry, now))
 
-        judges_owners = rule is not age_only
-        snapshot = read_lock(dfd, life=judges_owners)
+        life = rule is not age_only
+        snapshot = read_lock(dfd, life=life)
         state = judge_lock(snapshot, now)
-        if cleanable(snapshot):
-            removed = not dry_run and _remove_judged(dfd, snapshot, cleanable, judges_owners)
+        if rule(snapshot, state):
+            removed = not dry_run and lockfile.remove_judged(dfd, snapshot, cleanable, life=life)
             lock_path = str(folder / LOCK_FILE_NAME)
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
                 _audit(self.gsd_dir, "clean", feature, snapshot, _reclaim_reason(state))
-        temps = lockfile.orphan_temps(dfd, now)
-        for name in temps:
-            removed = False
-            if not dry_run:
-                try:
-                    removed = lockfile.remove_orphan_temp(dfd, name)
-                except OSError as error:
-                    path = str(folder / name)
-                    skipped.add(feature, type(error)(error.errno, error.strerror, path))
-                    continue
-            found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
+        for name in lockfile.orphan_temps(dfd, now):
+            path, removed = str(folder / name), False
+            try:
+                if not dry_run:
+                    os.unlink(name, dir_fd=dfd)
+                    removed = True
+            except FileNotFoundError:
+                pass  # Race: its writer linked or renamed it, or another clean removed it
+            except OSError as error:
+                skipped.add(feature, type(error)(error.errno, error.strerror, path))
+                continue
+            found.append(CleanedEntry(feature, path, "temp", "orphan", removed))
 
 
 # --------------------------------------------------------------------------- kernel leases
@@ -789,11 +770,3 @@ def _with_attempts(info: LockInfo, record: Attempts | None) -> LockInfo:
     if record is None:
         return info
     return info.with_attempts(record.tries, record.last_reason)
-
-
-def _remove_judged(
-    dfd: int, snapshot: LockSnapshot, still: lockfile.Reclaimable, life: bool
-) -> bool:
-    if snapshot.kind is EntryKind.DIRECTORY:
-        return lockfile.remove_judged_dir(dfd, snapshot)
-    return lockfile.remove_judged(dfd, snapshot, still, life=life)

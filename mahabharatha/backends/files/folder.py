@@ -21,8 +21,8 @@ from mahabharatha.backends.files.snapshot import (
     LOCK_FILE_NAME,
     MISSING,
     LockSnapshot,
+    raise_named,
     read_lock,
-    with_name,
 )
 from mahabharatha.constants import GUARD_WAIT_SECONDS
 from mahabharatha.names import feature_names_in
@@ -190,7 +190,7 @@ def _try_guard(dfd: int) -> bool:
     except BlockingIOError:
         return False
     except OSError as error:  # the guard of .lock could not be taken (ENOLCK, ...)
-        raise with_name(error, LOCK_FILE_NAME) from error
+        raise_named(error, LOCK_FILE_NAME)
     return True
 
 
@@ -241,7 +241,7 @@ class _GuardWaiter:
             return None
         if self.error is not None:
             close_quietly(self.fd)
-            raise with_name(self.error, LOCK_FILE_NAME) from self.error
+            raise_named(self.error, LOCK_FILE_NAME)
         return self.fd
 
 
@@ -250,7 +250,7 @@ def _wait_for_guard(dfd: int, deadline: float) -> int | None:
     try:
         fd = os.open(".", _DIR_FLAGS, dir_fd=dfd)  # a description of its own: a lock of its own
     except OSError as error:
-        raise with_name(error, LOCK_FILE_NAME) from error
+        raise_named(error, LOCK_FILE_NAME)
     waiter = _GuardWaiter(fd)
     try:
         threading.Thread(target=waiter.run, name="mahabharatha-guard", daemon=True).start()

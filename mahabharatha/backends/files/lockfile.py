@@ -38,8 +38,8 @@ from mahabharatha.backends.files.snapshot import (
     busy_error,
     format_record,
     judge_lock,
+    raise_named,
     read_lock,
-    with_name,
 )
 from mahabharatha.constants import GUARD_WAIT_SECONDS, TEMP_ORPHAN_SECONDS
 from mahabharatha.names import MAX_PID
@@ -118,14 +118,11 @@ def release_mine(dfd: int, mine: LockSnapshot) -> bool:
 def remove_judged(
     dfd: int, judged: LockSnapshot, still: Reclaimable, *, life: bool = False
 ) -> bool:
-    """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable."""
+    """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable (a
+    directory: and empty)."""
     with Guard(dfd, wait=True):
-        return remove_if_unchanged(dfd, judged, still, life=life)
-
-
-def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
-    """Take the guard and remove a directory at ``.lock`` if still exactly ``judged`` and empty."""
-    with Guard(dfd, wait=True):
+        if judged.kind is not EntryKind.DIRECTORY:
+            return remove_if_unchanged(dfd, judged, still, life=life)
         # Race: replaced since it was judged (a file published after a rmdir elsewhere).
         if not read_lock(dfd).same_entry(judged):
             return False
@@ -136,20 +133,7 @@ def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
         return True
 
 
-def remove_orphan_temp(dfd: int, name: str) -> bool:
-    """Remove the temp file ``name`` (from :func:`orphan_temps`); False if gone already."""
-    try:
-        os.unlink(name, dir_fd=dfd)
-    except FileNotFoundError:
-        return False  # Race: its writer linked or renamed it, or another clean removed it
-    return True
-
-
 # --------------------------------------------------------------------------- publishing
-
-
-def _temp_name() -> str:
-    return f".lock.{os.getpid()}.{os.urandom(8).hex()}.tmp"
 
 
 def is_temp_name(name: str) -> bool:
@@ -183,16 +167,13 @@ def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result
         if info.st_mode & LOCK_MODE != LOCK_MODE:
             os.fchmod(fd, LOCK_MODE)
     except OSError as error:
-        named = with_name(error, LOCK_FILE_NAME)  # the lock being written, not yet linked
-        if named is error:
-            raise
-        raise named from error
+        raise_named(error, LOCK_FILE_NAME)  # the lock being written, not yet linked
     return info
 
 
 def _write_named_temp(dfd: int, record: bytes, owner: bytes | None) -> tuple[str, os.stat_result]:
     """Write ``record`` into a new private temp file. Leaves nothing behind on error."""
-    name = _temp_name()
+    name = f"{LOCK_FILE_NAME}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, LOCK_MODE, dir_fd=dfd)
     try:
@@ -202,9 +183,9 @@ def _write_named_temp(dfd: int, record: bytes, owner: bytes | None) -> tuple[str
             os.close(fd)  # a close error (deferred write error) fails the temp too
     except BaseException as error:
         _unlink_quietly(dfd, name)
-        if not isinstance(error, OSError) or with_name(error, LOCK_FILE_NAME) is error:
-            raise
-        raise with_name(error, LOCK_FILE_NAME) from error  # the close of the lock being written
+        if isinstance(error, OSError):
+            raise_named(error, LOCK_FILE_NAME)  # the close of the lock being written
+        raise
     return name, info
 
 
@@ -229,18 +210,17 @@ class TmpfileSwitch:
 TMPFILE: Final = TmpfileSwitch()
 
 
-class _NoTmpfileError(Exception):
-    """This file system cannot make unnamed files."""
-
-
-def _publish_unnamed(dfd: int, record: bytes, owner: bytes | None) -> LockSnapshot | None:
+def _publish_unnamed(
+    dfd: int, record: bytes, owner: bytes | None, now: float
+) -> LockSnapshot | None:
     """Publish through a file with no name: a crash at any step leaves nothing behind."""
     try:
         fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, LOCK_MODE, dir_fd=dfd)
     except OSError as error:
         if error.errno not in _NO_TMPFILE_ERRNOS:
             raise
-        raise _NoTmpfileError from error
+        TMPFILE.usable = False  # for good: this file system makes no unnamed files
+        return _publish_named(dfd, record, owner, now)
     try:
         info = _write_record(fd, record, owner)
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
@@ -290,10 +270,7 @@ def _publish_named(dfd: int, record: bytes, owner: bytes | None, now: float) -> 
 def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> LockSnapshot | None:
     """Make ``.lock`` appear, whole, with ``record`` and ``owner``; ``None``: a lock exists."""
     if TMPFILE.usable:
-        try:
-            return _publish_unnamed(dfd, record, owner)
-        except _NoTmpfileError:
-            TMPFILE.usable = False
+        return _publish_unnamed(dfd, record, owner, now)
     return _publish_named(dfd, record, owner, now)
 
 
