@@ -1,13 +1,7 @@
 """Is a lock's owner alive, gone, or the caller itself? :func:`judge`, the one owner
-judgement for every backend and the CLI's messages, from one lock's :class:`OwnerFacts`.
-
-The caller first (its pid and its proof of life, or details showing our boot, namespace and
-the pid's start time). Then the kernel's proof of life where the lock has one (alive while
-anyone holds it; the owner's exact process or group also count); without one, the pid, its
-group and its session, on the boot and PID namespace the details name (elsewhere: unknown, age
-decides). A proof not looked at, or of another folder, is never called gone. The long form:
-``design/lockfile-hardening.md``, "One judgement".
-"""
+judgement for every backend and the CLI, from one lock's :class:`OwnerFacts`: the caller, then
+the kernel's proof of life, then the pid, its group and its session; a proof not looked at, or
+of another folder, is never gone (``design/lockfile-hardening.md``, "One judgement")."""
 
 from __future__ import annotations
 
@@ -236,30 +230,12 @@ def _by_pid(
     return _said(own, Rule.PID)
 
 
-def owner_liveness(
-    pid: int | None,
-    timestamp: float | None,
-    details: OwnerDetails | None = None,
-    life: Life | None = None,
-) -> Owner:
-    """:func:`judge`'s owner word for one lock (the :data:`Liveness` of ``inspect``)."""
-    owner = judge(OwnerFacts(pid, timestamp, details, life)).owner
-    return owner if pid is None else _as_shown(owner, pid, details)
-
-
-def _as_shown(owner: Owner, pid: int, details: OwnerDetails | None) -> Owner:
-    """The word ``status`` shows: a live holder that is stopped (or its command's group) is
-    ``stopped`` (alive all the same)."""
-    if owner in _LIVE_WORDS and ownership.holder_stopped(pid, details):
-        return Owner.STOPPED
-    return owner
-
-
 _LIVE_WORDS: Final = frozenset({Owner.RUNNING, Owner.WORK_RUNNING})
 
 
 def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
-    """:func:`judge`'s owner word for many locks, asking the process table once per pid."""
+    """:func:`judge`'s owner word for many locks, asking the process table once per pid; a
+    live holder that is stopped (or its command's group) shows ``stopped`` (alive all the same)."""
     seen: dict[int, ProcessFacts] = {}
 
     def facts(pid: int) -> ProcessFacts:
@@ -278,6 +254,18 @@ def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
         # judge() of a lock with no caller to ask, entered past its input record: status
         # judges thousands of locks (the unit table checks both give one answer).
         owner = _liveness(pid, timestamp, details, life, lambda: facts(pid)).owner
-        return _as_shown(owner, pid, details)
+        if owner in _LIVE_WORDS and ownership.holder_stopped(pid, details):
+            return Owner.STOPPED
+        return owner
 
     return liveness
+
+
+def owner_liveness(
+    pid: int | None,
+    timestamp: float | None,
+    details: OwnerDetails | None = None,
+    life: Life | None = None,
+) -> Owner:
+    """:func:`per_pid`'s owner word for one lock (the :data:`Liveness` of ``inspect``)."""
+    return per_pid()(pid, timestamp, details, life)

@@ -133,13 +133,12 @@ FolderError = Callable[[str, OSError], None]  # told of a folder a scan could no
 def scan_locks(
     gsd_dir: str | os.PathLike[str],
     *,
-    read: bool = True,
     on_error: FolderError | None = None,
     life: bool = False,
 ) -> Iterator[tuple[str, LockSnapshot]]:
-    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock
-    (``read=False``: ``MISSING``). Symlinked folders are skipped; one that cannot be looked
-    into raises, or is told to ``on_error`` and skipped."""
+    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
+    Symlinked folders are skipped; one that cannot be looked into raises, or is told to
+    ``on_error`` and skipped."""
     specs_path = os.path.join(os.fspath(gsd_dir), "specs")
     try:
         specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -147,9 +146,6 @@ def scan_locks(
         return
     try:
         for name in feature_names_in(specs):
-            if not read:
-                yield name, MISSING
-                continue
             try:
                 snapshot = _look_in(specs, name, specs_path, life)
             except OSError as error:
