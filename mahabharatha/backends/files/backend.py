@@ -282,7 +282,7 @@ def _mark_done_holding(dfd: int, feature: str, pid: int) -> tuple[str, LockSnaps
         # marker is written only while the caller really holds it.
         mine = _own_lock(dfd, feature, pid, now, "marked done")
         stamp = _iso_time(now)
-        _publish_marker(dfd, stamp + "\n")
+        lockfile.publish_file(dfd, COMPLETED_MARKER_NAME, stamp + "\n")
     return stamp, mine
 
 
@@ -301,38 +301,6 @@ def _own_lock(dfd: int, feature: str, pid: int, now: float, what: str) -> LockSn
 def _iso_time(epoch: float) -> str:
     # time.strftime, not datetime: the CLI's cold start pays for every module it imports.
     return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(int(epoch)))
-
-
-def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> None:
-    """Write ``text`` to a private temp in the folder, then rename it to ``name``: a reader
-    sees no file or a whole one, and nothing is written through a symlink (``O_EXCL |
-    O_NOFOLLOW`` relative to the folder's descriptor; ``rename`` replaces a link)."""
-    temp = f"{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(temp, flags, lockfile.LOCK_MODE, dir_fd=dfd)
-    try:
-        try:
-            lockfile.write_all(fd, text.encode())
-            os.fchmod(fd, lockfile.LOCK_MODE)  # readable by every worker, whatever the umask
-        finally:
-            os.close(fd)
-        try:
-            os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError as error:
-            raise _in_the_way(error, name) from error
-    except BaseException as error:
-        with suppress(OSError):
-            os.unlink(temp, dir_fd=dfd)
-        if isinstance(error, OSError):
-            raise_named(error, temp)  # a write, fchmod or close of the temp
-        raise
-
-
-def _in_the_way(error: OSError, name: str) -> OSError:
-    """A rename refused by something in the way names ``name``, never our private temp."""
-    if error.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-        return type(error)(error.errno, f"{error.strerror}: something else is in the way", name)
-    return error
 
 
 # --------------------------------------------------------------------------- failed attempts
@@ -599,7 +567,7 @@ class FileBackend(LockBackend):
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             if dfd is None:
                 return False
-            _publish_marker(dfd, stamp + "\n")
+            lockfile.publish_file(dfd, COMPLETED_MARKER_NAME, stamp + "\n")
         return True
 
     def done(self, feature: str, pid: int) -> str:
@@ -653,7 +621,7 @@ class FileBackend(LockBackend):
                 record = _next_attempts(_read_attempts(dfd), pid, reason, limit, now)
                 # Race: record first, release second (as ``done``): a claimer winning the lock
                 # after our release sees this attempt (a feature at its limit is not handed out).
-                _publish_marker(dfd, _attempts_text(record), ATTEMPTS_RECORD_NAME)
+                lockfile.publish_file(dfd, ATTEMPTS_RECORD_NAME, _attempts_text(record))
             lockfile.release_mine(dfd, mine)
         return record
 

@@ -59,6 +59,8 @@ _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
 _OWN_FDS: Final = (
     "/proc/thread-self/fd" if os.path.isdir("/proc/thread-self/fd") else "/proc/self/fd"
 )
+# A rename onto a folder, a non-empty folder or through a file: something is in the way.
+_IN_THE_WAY_ERRNOS: Final = frozenset({errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR})
 # Kernels or file systems without O_TMPFILE answer with one of these.
 _NO_TMPFILE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
@@ -156,9 +158,11 @@ def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> Lock
     )
 
 
-def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result:
-    """Write the record and its owner details; the file's facts. Race: readable by all,
-    whatever the umask (another user would reclaim a lock it cannot read)."""
+def _write_record(
+    fd: int, record: bytes, owner: bytes | None, shown: str = LOCK_FILE_NAME
+) -> os.stat_result:
+    """Write the record and its owner details; the file's facts; errors name ``shown``. Race:
+    readable by all, whatever the umask (another user would reclaim a lock it cannot read)."""
     try:
         write_all(fd, record)
         # Race: a reader must never see the record without its details: set them before link.
@@ -167,26 +171,45 @@ def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result
         if info.st_mode & LOCK_MODE != LOCK_MODE:
             os.fchmod(fd, LOCK_MODE)
     except OSError as error:
-        raise_named(error, LOCK_FILE_NAME)  # the lock being written, not yet linked
+        raise_named(error, shown)  # the lock being written, not yet linked (or the temp)
     return info
 
 
-def _write_named_temp(dfd: int, record: bytes, owner: bytes | None) -> tuple[str, os.stat_result]:
-    """Write ``record`` into a new private temp file. Leaves nothing behind on error."""
-    name = f"{LOCK_FILE_NAME}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+def _write_named_temp(
+    dfd: int, record: bytes, owner: bytes | None, name: str = LOCK_FILE_NAME
+) -> tuple[str, os.stat_result]:
+    """Write ``record`` into a new private temp for ``name``, leaving nothing behind on error
+    (which names the lock being written, or another file's temp)."""
+    temp = f"{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+    shown = LOCK_FILE_NAME if name == LOCK_FILE_NAME else temp
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(name, flags, LOCK_MODE, dir_fd=dfd)
+    fd = os.open(temp, flags, LOCK_MODE, dir_fd=dfd)
     try:
         try:
-            info = _write_record(fd, record, owner)
+            info = _write_record(fd, record, owner, shown)
         finally:
             os.close(fd)  # a close error (deferred write error) fails the temp too
     except BaseException as error:
-        _unlink_quietly(dfd, name)
+        _unlink_quietly(dfd, temp)
         if isinstance(error, OSError):
-            raise_named(error, LOCK_FILE_NAME)  # the close of the lock being written
+            raise_named(error, shown)  # the close of the file being written
         raise
-    return name, info
+    return temp, info
+
+
+def publish_file(dfd: int, name: str, text: str) -> None:
+    """Make the folder's file ``name`` hold ``text`` at once (a done marker, the attempts): a
+    reader sees no file or a whole one, and nothing is written through a symlink (``rename``
+    replaces a link). Something in the way is named, never our private temp."""
+    temp, _ = _write_named_temp(dfd, text.encode(), None, name)
+    try:
+        os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException as error:
+        _unlink_quietly(dfd, temp)
+        if isinstance(error, OSError) and error.errno in _IN_THE_WAY_ERRNOS:
+            strerror = f"{error.strerror}: something else is in the way"
+            raise type(error)(error.errno, strerror, name) from error
+        raise
 
 
 def _unlink_quietly(dfd: int, name: str) -> None:
