@@ -8,7 +8,7 @@ import errno
 import math
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextlib import suppress
 from functools import cache
 from pathlib import Path
@@ -71,7 +71,6 @@ from mahabharatha.constants import (
 from mahabharatha.names import feature_folders
 from mahabharatha.owner import ownership, proof
 from mahabharatha.states import State
-from mahabharatha.states import State as LockState
 
 # A feature's failed attempts (one JSON object), replaced whole by rename on every lock fail.
 ATTEMPTS_RECORD_NAME: Final = ".attempts"
@@ -85,10 +84,8 @@ _NO_RECORD_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENXIO, *_SYMLINK_ERRNO
 
 # --------------------------------------------------------------------------- facts about locks
 
-_STATE_OF: Final = {state: State(state.value) for state in LockState}  # status asks per lock
 # Members bound once: on Python 3.11 each ``Enum.X`` look-up is a descriptor call.
-_ACTIVE: Final = LockState.ACTIVE
-_SHOWN_ACTIVE: Final = State.ACTIVE
+_ACTIVE: Final = State.ACTIVE
 _UNKNOWN: Final = Owner.UNKNOWN
 
 
@@ -124,27 +121,22 @@ def _listed_info(
 def describe_snapshot(
     feature: str,
     snapshot: LockSnapshot,
-    state: LockState,
+    state: State,
     now: float,
     liveness: Liveness | None = owner_liveness,
 ) -> LockInfo:
     """A lock as :class:`LockInfo` says it (``liveness`` None: owner ``unknown``, unasked)."""
     record = snapshot.record_at(now)
     if record is None:
-        missing = snapshot.kind is EntryKind.MISSING
-        age = None if missing else max(0.0, now - snapshot.mtime)
-        return _listed_info(feature, _STATE_OF[state], None, None, age, None, _UNKNOWN)
+        age = None if snapshot.kind is EntryKind.MISSING else max(0.0, now - snapshot.mtime)
+        return _listed_info(feature, state, None, None, age, None, _UNKNOWN)
     pid, timestamp = record
     held_for = now - timestamp
-    if state is _ACTIVE:  # most listed locks: no look-up (an Enum's hash is Python code)
-        expires: float | None = max(0.0, STALE_AFTER_SECONDS - held_for)
-        shown = _SHOWN_ACTIVE
-    else:
-        expires, shown = None, _STATE_OF[state]
+    expires = max(0.0, STALE_AFTER_SECONDS - held_for) if state is _ACTIVE else None
     owner = (
         liveness(pid, timestamp, snapshot.owner_details, snapshot.life) if liveness else _UNKNOWN
     )
-    return _listed_info(feature, shown, pid, timestamp, max(0.0, held_for), expires, owner)
+    return _listed_info(feature, state, pid, timestamp, max(0.0, held_for), expires, owner)
 
 
 def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
@@ -212,12 +204,12 @@ def _audit(
 # --------------------------------------------------------------------------- reclaim rules
 
 
-def _dead_owner_rule(snapshot: LockSnapshot, state: LockState) -> bool:
+def _dead_owner_rule(snapshot: LockSnapshot, state: State) -> bool:
     """``--reclaim-dead``: also reclaim an active lock whose owner is provably gone here."""
     if age_only(snapshot, state):
         return True
     record = snapshot.record
-    if state is not LockState.ACTIVE or record is None:
+    if state is not State.ACTIVE or record is None:
         return False
     facts = OwnerFacts(*record, snapshot.owner_details, snapshot.life)
     return judge(facts).verdict is Verdict.GONE
@@ -230,8 +222,8 @@ def _proof_says_caller(holder: LockInfo, requester: Requester, proof_ours: bool)
     return judge(facts, (requester.pid,), alive=False).verdict is Verdict.CALLER
 
 
-def _reclaim_reason(state: LockState | None) -> str:
-    if state is LockState.ACTIVE:
+def _reclaim_reason(state: State | None) -> str:
+    if state is State.ACTIVE:
         return "owner-dead"
     return state.value if state else "unknown"
 
@@ -292,7 +284,7 @@ def _own_lock(dfd: int, feature: str, pid: int, now: float, what: str) -> LockSn
     mine = read_lock(dfd)
     if not lockfile.owned_by(mine, pid, now):
         state = judge_lock(mine, now)
-        if mine.record_at(now) is None or state is LockState.FREE:
+        if mine.record_at(now) is None or state is State.FREE:
             raise NotHeldError(feature, pid, what)
         raise NotOwnerError(describe_snapshot(feature, mine, state, now))
     return mine
@@ -422,7 +414,7 @@ class FileBackend(LockBackend):
         replaced = None
         if outcome.replaced is not None:
             reason = _reclaim_reason(outcome.replaced_state)
-            state = outcome.replaced_state or LockState.CORRUPT
+            state = outcome.replaced_state or State.CORRUPT
             replaced = describe_snapshot(feature, outcome.replaced, state, now, None)
             _audit(self.gsd_dir, "reclaim", feature, outcome.replaced, reason, requester.pid)
         held = _held(feature, requester.pid, now, outcome.mine)
@@ -453,17 +445,31 @@ class FileBackend(LockBackend):
         return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        if wait is None:
-            return self._release_held_once(held)
-        return _through_leases(lambda: self._release_held_once(held), wait)
-
-    def _release_held_once(self, held: Held) -> bool:
-        with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            if dfd is None:
-                return False
-            released = lockfile.release_mine(dfd, held.handle)
-            proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
-            return released
+        deadline: float | None = None
+        bound = 0.0
+        pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS, math.inf)
+        while True:
+            try:
+                with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
+                    if dfd is None:
+                        return False
+                    released = lockfile.release_mine(dfd, held.handle)
+                    proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
+                    return released
+            except LockBusyError as busy:
+                if wait is None:
+                    raise
+                # Race: another process took a lease on our lock file (Samba, a backup tool);
+                # the kernel breaks it after lease-break-time, so the release waits for that.
+                now = monotonic()
+                if deadline is None:
+                    bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
+                    deadline = now + bound
+                    if wait.announce is not None:
+                        wait.announce(bound)
+                if now >= deadline:
+                    raise _left_under_lease(busy, bound) from None
+                wait.pause(min(next(pauses), deadline - now))
 
     def work_proof(self, held: Held) -> proof.WorkProof | None:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
@@ -699,29 +705,6 @@ def lease_break_seconds() -> float:
             return max(0.0, float(int(setting.read(32))))
     except (OSError, ValueError):
         return DEFAULT_LEASE_BREAK_SECONDS
-
-
-def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
-    """``release()``, tried again (pausing as ``wait`` says) until the kernel breaks a lease
-    that refuses the lock file's read (bounded)."""
-    deadline: float | None = None
-    bound = 0.0
-    pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS, math.inf)
-    while True:
-        try:
-            return release()
-        except LockBusyError as busy:
-            # Race: another process took a lease on our lock file (Samba, a backup tool); the
-            # kernel breaks it after lease-break-time, so the release waits for that.
-            now = monotonic()
-            if deadline is None:
-                bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
-                deadline = now + bound
-                if wait.announce is not None:
-                    wait.announce(bound)
-            if now >= deadline:
-                raise _left_under_lease(busy, bound) from None
-        wait.pause(min(next(pauses), deadline - now))
 
 
 def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
