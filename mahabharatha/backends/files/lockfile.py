@@ -347,42 +347,32 @@ def replace_if_unchanged(
 def orphan_temps(dfd: int, now: float) -> list[str]:
     """Temp files in the folder whose writer died, or that are too old to be in use."""
     with os.scandir(dfd) as entries:
-        names = [entry.name for entry in entries if _TEMP_RE.fullmatch(entry.name)]
-    return [name for name in names if _temp_is_orphan(dfd, name, now)]
+        temps = [(entry.name, m) for entry in entries if (m := _TEMP_RE.fullmatch(entry.name))]
+    return [name for name, match in temps if _temp_is_orphan(dfd, name, int(match[1]), now)]
 
 
-def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
-    """A regular file (anything else so named is someone else's) whose writer is gone or that
-    is too old."""
+def _temp_is_orphan(dfd: int, name: str, pid: int, now: float) -> bool:
+    """A regular file (anything else so named is someone else's) whose writer ``pid`` is gone
+    or that is too old."""
     try:
         info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return False
     if not stat.S_ISREG(info.st_mode):
         return False
-    if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS:
-        return True
-    match = _TEMP_RE.fullmatch(name)
-    if match is None:
-        return False
-    pid = int(match[1])
-    if not 1 <= pid <= MAX_PID:
-        return True  # no process can have this pid, so no writer is behind this name
+    if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS or not 1 <= pid <= MAX_PID:
+        return True  # too old to be in use, or no process can have this pid
     import psutil  # only on this rare path: keeps the CLI's cold start short
 
     return not psutil.pid_exists(pid)
 
 
-def sweep_orphan_temps(dfd: int, now: float) -> list[str]:
-    """Remove orphan temp files, their names; never an OS error (left debris goes next time).
-    A live writer's temp removed is harmless: its link or rename fails and it retries."""
-    try:
-        removed = orphan_temps(dfd, now)
-    except OSError:
-        return []
-    for name in removed:
-        _unlink_quietly(dfd, name)
-    return removed
+def sweep_orphan_temps(dfd: int, now: float) -> None:
+    """Remove orphan temp files; never an OS error (left debris goes next time). A live
+    writer's temp removed is harmless: its link or rename fails and it retries."""
+    with suppress(OSError):
+        for name in orphan_temps(dfd, now):
+            _unlink_quietly(dfd, name)
 
 
 # --------------------------------------------------------------------------- acquire and release

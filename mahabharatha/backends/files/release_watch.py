@@ -34,19 +34,6 @@ _EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie,
 _READ_BYTES: Final = 64 * 1024
 
 
-def _libc_inotify() -> ctypes.CDLL | None:
-    """libc's inotify functions, or None where there are none (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.inotify_init1.argtypes = [ctypes.c_int]
-        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
 class ReleaseWatch:
     """The folder's :class:`~mahabharatha.backends.base.ReleaseWatch`. Race: a release between
     the claim and the wait is queued on the inotify descriptor and ends the wait at once."""
@@ -71,8 +58,13 @@ class ReleaseWatch:
             self._fd = None
 
     def _open(self) -> int | None:
-        libc = _libc_inotify()
-        if libc is None:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:  # libc's inotify functions
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.inotify_init1.argtypes = [ctypes.c_int]
+            libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        except (OSError, AttributeError):
             return None
         fd = int(libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))
         if fd < 0:  # EMFILE: the user's inotify instances are used up: poll instead
