@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from time import monotonic, sleep
 from typing import Final, Self
 
-from mahabharatha.backends.files.folder import folder_path
+from mahabharatha.backends.files.folder import _NO_FOLDER_ERRNOS, folder_path
 from mahabharatha.backends.files.snapshot import LOCK_FILE_NAME
 from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 
@@ -29,7 +29,7 @@ IN_ONLYDIR: Final = 0x01000000  # <sys/inotify.h>: refuse anything but a folder
 IN_DONT_FOLLOW: Final = 0x02000000  # <sys/inotify.h>: never follow a symlink
 WATCHED_EVENTS: Final = IN_DELETE | IN_MOVED_FROM
 # A folder not there yet, not a real folder or unreadable is not watched (the claim still looks).
-SKIPPED_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP})
+SKIPPED_FOLDER_ERRNOS: Final = _NO_FOLDER_ERRNOS | {errno.EACCES}
 _EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then name
 _READ_BYTES: Final = 64 * 1024
 

@@ -40,6 +40,7 @@ _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 _BUSY_ERRNOS: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
 # The only lasting reasons a regular file cannot be read by us: it is unreadable (reclaimable).
 _DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
+_UNREAD_ERRNOS: Final = _DENIED_ERRNOS | _BUSY_ERRNOS  # a file judged without its bytes
 
 
 # --------------------------------------------------------------------------- records
@@ -183,20 +184,16 @@ def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot | None:
     if stat.S_ISLNK(info.st_mode):
         try:
             target = os.readlink(LOCK_FILE_NAME, dir_fd=dfd)
-        except (FileNotFoundError, OSError) as error:
+        except OSError as error:
             if error.errno not in (errno.ENOENT, errno.EINVAL):
                 raise
             return None  # Race: the link was removed, or replaced by something else
         raw = target.encode("utf-8", "surrogateescape")
         return LockSnapshot(EntryKind.SYMLINK, _identity(info), raw, info.st_mtime)
-    if stat.S_ISREG(info.st_mode):
-        return _unopened_file(info, why)
-    return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
-
-
-def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None:
-    """A regular file whose open failed with ``why``: unreadable only for a lasting reason."""
-    if why in _DENIED_ERRNOS or why in _BUSY_ERRNOS:  # unreadable for good, or busy for now
+    if not stat.S_ISREG(info.st_mode):
+        return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
+    # A regular file whose open failed with ``why``: unreadable only for a lasting reason.
+    if why in _UNREAD_ERRNOS:
         return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
     if why in _SYMLINK_ERRNOS or why == errno.ENXIO:
         return None  # Race: the link or socket we failed to open was replaced by a file
@@ -278,7 +275,7 @@ def _read_lock_once(dfd: int, details: bool = True) -> LockSnapshot | None:
         try:
             content = read_bounded(fd, info.st_size)
         except OSError as error:
-            if error.errno not in _DENIED_ERRNOS and error.errno not in _BUSY_ERRNOS:
+            if error.errno not in _UNREAD_ERRNOS:
                 raise  # out of memory, an I/O error: an error, never a judgement of the lock
             return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
         # The details of the very inode read, one more system call (ownership).
