@@ -432,16 +432,13 @@ class FileBackend(LockBackend):
         now = clock.now()
         record = format_record(held.pid, now)
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            fresh = (
-                None
-                if dfd is None
-                else lockfile.replace_if_unchanged(dfd, held.handle, record, owner)
-            )
-            if fresh is None and dfd is not None:
+            if dfd is None:
+                raise LockLostError(held.feature)
+            fresh = lockfile.replace_if_unchanged(dfd, held.handle, record, owner)
+            if fresh is None:
                 # Not ours any more: our proof must not keep theirs alive.
                 proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
-        if fresh is None:
-            raise LockLostError(held.feature)
+                raise LockLostError(held.feature)
         return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
