@@ -109,18 +109,6 @@ def _owner(facts: ProcessFacts, timestamp: float | None, details: OwnerDetails) 
     return Owner.RUNNING
 
 
-def proof_decides(details: OwnerDetails | None, life: Life | None) -> bool:
-    """Does the kernel's proof of life judge this owner: claimed by the details, written on
-    this very boot, and looked at?"""
-    return (
-        details is not None
-        and details.proof
-        and life in (Life.HELD, Life.FREE)
-        and details.boot is not None
-        and details.boot == ownership.this_boot()
-    )
-
-
 def judge(
     facts: OwnerFacts,
     callers: Collection[int] = (),
@@ -162,12 +150,15 @@ def _liveness(
     pid_facts: FactsOf,
 ) -> Judgement:
     """The proof of life where the lock has one, else the pid, group and session rules."""
-    if details is not None and details.proof and life is Life.OTHER_FOLDER:
-        # A folder copied and swapped in (or restored) holds nobody's proof: the owner's
-        # work may run on in the old one, so nothing here may call it dead.
-        return _said(Owner.UNKNOWN, Rule.OTHER_FOLDER)
-    if details is not None and life is not None and proof_decides(details, life):
-        return _by_proof(pid, timestamp, details, life, pid_facts)
+    if details is not None and details.proof:
+        if life is Life.OTHER_FOLDER:
+            # A folder copied and swapped in (or restored) holds nobody's proof: the owner's
+            # work may run on in the old one, so nothing here may call it dead.
+            return _said(Owner.UNKNOWN, Rule.OTHER_FOLDER)
+        # The kernel's proof of life judges when it was looked at and written on this boot.
+        looked_at = life is Life.HELD or life is Life.FREE
+        if looked_at and details.boot is not None and details.boot == ownership.this_boot():
+            return _by_proof(pid, timestamp, details, life, pid_facts)
     said = _by_pid(pid, timestamp, details, pid_facts)
     if details is not None and details.proof and said.verdict is Verdict.GONE:
         # A proof we could not look at (asked without it, another kernel): never called dead.
@@ -176,9 +167,9 @@ def _liveness(
 
 
 def _by_proof(
-    pid: int, timestamp: float | None, details: OwnerDetails, life: Life, pid_facts: FactsOf
+    pid: int, timestamp: float | None, details: OwnerDetails, life: Life | None, pid_facts: FactsOf
 ) -> Judgement:
-    """Alive while anyone holds the proof."""
+    """Alive while anyone holds the proof (``life``: held or free)."""
     pid_judgeable = ownership.judgeable(details)  # our PID namespace: the pid means ours
     if life is Life.HELD:
         if not pid_judgeable:
