@@ -215,13 +215,6 @@ def _dead_owner_rule(snapshot: LockSnapshot, state: State) -> bool:
     return judge(facts).verdict is Verdict.GONE
 
 
-def _proof_says_caller(holder: LockInfo, requester: Requester, proof_ours: bool) -> bool:
-    """Is the lock that stopped ``requester`` its own by this process's proof of life (the
-    lock layer judges details: it knows every pid that counts as the caller)?"""
-    facts = OwnerFacts(holder.pid, proof_ours=proof_ours)
-    return judge(facts, (requester.pid,), alive=False).verdict is Verdict.CALLER
-
-
 def _reclaim_reason(state: State | None) -> str:
     if state is State.ACTIVE:
         return "owner-dead"
@@ -404,11 +397,12 @@ class FileBackend(LockBackend):
             mine_already = outcome.mine is None and proof.holds(dfd)
         if outcome.mine is None:
             holder = describe_snapshot(feature, outcome.holder, outcome.state, now, None)
+            # Ours by this process's proof of life? (The lock layer judges the details: it
+            # knows every pid that counts as the caller.)
+            facts = OwnerFacts(holder.pid, proof_ours=mine_already)
+            caller = judge(facts, (requester.pid,), alive=False).verdict is Verdict.CALLER
             return AcquireResult(
-                None,
-                holder,
-                holder_details=outcome.holder.owner_details,
-                holder_is_caller=_proof_says_caller(holder, requester, mine_already),
+                None, holder, holder_details=outcome.holder.owner_details, holder_is_caller=caller
             )
         reason = None
         replaced = None
