@@ -126,7 +126,7 @@ class Attempts(NamedTuple):
 
 class FeatureProblem(NamedTuple):
     """A feature that ``status``, ``clean`` or ``claim`` had to skip; ``path``: what ``error``
-    was about. (Named tuples, not dataclasses: cheaper to define at every CLI start.)"""
+    was about."""
 
     feature: str
     path: str

@@ -1,13 +1,7 @@
 """Is a lock's owner alive, gone, or the caller itself? :func:`judge`, the one owner
-judgement for every backend and the CLI's messages, from one lock's :class:`OwnerFacts`.
-
-The caller first (its pid and its proof of life, or details showing our boot, namespace and
-the pid's start time). Then the kernel's proof of life where the lock has one (alive while
-anyone holds it; the owner's exact process or group also count); without one, the pid, its
-group and its session, on the boot and PID namespace the details name (elsewhere: unknown, age
-decides). A proof not looked at, or of another folder, is never called gone. The long form:
-``design/lockfile-hardening.md``, "One judgement".
-"""
+judgement for every backend and the CLI, from one lock's :class:`OwnerFacts`: the caller, then
+the kernel's proof of life, then the pid, its group and its session; a proof not looked at, or
+of another folder, is never gone (``design/lockfile-hardening.md``, "One judgement")."""
 
 from __future__ import annotations
 
@@ -115,18 +109,6 @@ def _owner(facts: ProcessFacts, timestamp: float | None, details: OwnerDetails) 
     return Owner.RUNNING
 
 
-def proof_decides(details: OwnerDetails | None, life: Life | None) -> bool:
-    """Does the kernel's proof of life judge this owner: claimed by the details, written on
-    this very boot, and looked at?"""
-    return (
-        details is not None
-        and details.proof
-        and life in (Life.HELD, Life.FREE)
-        and details.boot is not None
-        and details.boot == ownership.this_boot()
-    )
-
-
 def judge(
     facts: OwnerFacts,
     callers: Collection[int] = (),
@@ -168,12 +150,15 @@ def _liveness(
     pid_facts: FactsOf,
 ) -> Judgement:
     """The proof of life where the lock has one, else the pid, group and session rules."""
-    if details is not None and details.proof and life is Life.OTHER_FOLDER:
-        # A folder copied and swapped in (or restored) holds nobody's proof: the owner's
-        # work may run on in the old one, so nothing here may call it dead.
-        return _said(Owner.UNKNOWN, Rule.OTHER_FOLDER)
-    if details is not None and life is not None and proof_decides(details, life):
-        return _by_proof(pid, timestamp, details, life, pid_facts)
+    if details is not None and details.proof:
+        if life is Life.OTHER_FOLDER:
+            # A folder copied and swapped in (or restored) holds nobody's proof: the owner's
+            # work may run on in the old one, so nothing here may call it dead.
+            return _said(Owner.UNKNOWN, Rule.OTHER_FOLDER)
+        # The kernel's proof of life judges when it was looked at and written on this boot.
+        looked_at = life is Life.HELD or life is Life.FREE
+        if looked_at and details.boot is not None and details.boot == ownership.this_boot():
+            return _by_proof(pid, timestamp, details, life, pid_facts)
     said = _by_pid(pid, timestamp, details, pid_facts)
     if details is not None and details.proof and said.verdict is Verdict.GONE:
         # A proof we could not look at (asked without it, another kernel): never called dead.
@@ -182,9 +167,9 @@ def _liveness(
 
 
 def _by_proof(
-    pid: int, timestamp: float | None, details: OwnerDetails, life: Life, pid_facts: FactsOf
+    pid: int, timestamp: float | None, details: OwnerDetails, life: Life | None, pid_facts: FactsOf
 ) -> Judgement:
-    """Alive while anyone holds the proof."""
+    """Alive while anyone holds the proof (``life``: held or free)."""
     pid_judgeable = ownership.judgeable(details)  # our PID namespace: the pid means ours
     if life is Life.HELD:
         if not pid_judgeable:
@@ -236,30 +221,12 @@ def _by_pid(
     return _said(own, Rule.PID)
 
 
-def owner_liveness(
-    pid: int | None,
-    timestamp: float | None,
-    details: OwnerDetails | None = None,
-    life: Life | None = None,
-) -> Owner:
-    """:func:`judge`'s owner word for one lock (the :data:`Liveness` of ``inspect``)."""
-    owner = judge(OwnerFacts(pid, timestamp, details, life)).owner
-    return owner if pid is None else _as_shown(owner, pid, details)
-
-
-def _as_shown(owner: Owner, pid: int, details: OwnerDetails | None) -> Owner:
-    """The word ``status`` shows: a live holder that is stopped (or its command's group) is
-    ``stopped`` (alive all the same)."""
-    if owner in _LIVE_WORDS and ownership.holder_stopped(pid, details):
-        return Owner.STOPPED
-    return owner
-
-
 _LIVE_WORDS: Final = frozenset({Owner.RUNNING, Owner.WORK_RUNNING})
 
 
 def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
-    """:func:`judge`'s owner word for many locks, asking the process table once per pid."""
+    """:func:`judge`'s owner word for many locks, asking the process table once per pid; a
+    live holder that is stopped (or its command's group) shows ``stopped`` (alive all the same)."""
     seen: dict[int, ProcessFacts] = {}
 
     def facts(pid: int) -> ProcessFacts:
@@ -278,6 +245,18 @@ def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
         # judge() of a lock with no caller to ask, entered past its input record: status
         # judges thousands of locks (the unit table checks both give one answer).
         owner = _liveness(pid, timestamp, details, life, lambda: facts(pid)).owner
-        return _as_shown(owner, pid, details)
+        if owner in _LIVE_WORDS and ownership.holder_stopped(pid, details):
+            return Owner.STOPPED
+        return owner
 
     return liveness
+
+
+def owner_liveness(
+    pid: int | None,
+    timestamp: float | None,
+    details: OwnerDetails | None = None,
+    life: Life | None = None,
+) -> Owner:
+    """:func:`per_pid`'s owner word for one lock (the :data:`Liveness` of ``inspect``)."""
+    return per_pid()(pid, timestamp, details, life)

@@ -1,9 +1,6 @@
-"""The folder backend (the default): each feature's lock is ``<gsd>/specs/<feature>/.lock``.
-
-Every lock operation goes through the protocol of :mod:`mahabharatha.backends.files.lockfile`;
-this module adds the owner's pid and details, ``--reclaim-dead``, the audit trail, listings,
-clean-up, done markers and failed attempts. No fencing tokens; the lease is a fixed 2 hours.
-"""
+"""The folder backend (the default): each feature's lock is ``<gsd>/specs/<feature>/.lock``,
+changed only through :mod:`~mahabharatha.backends.files.lockfile`'s protocol; here: owners,
+``--reclaim-dead``, the audit trail, listings, clean-up, done markers and failed attempts."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import errno
 import math
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextlib import suppress
 from functools import cache
 from pathlib import Path
@@ -49,6 +46,7 @@ from mahabharatha.backends.files.folder import (
 from mahabharatha.backends.files.lockfile import ReleaseOutcome, age_only
 from mahabharatha.backends.files.release_watch import ReleaseWatch
 from mahabharatha.backends.files.snapshot import (
+    _SYMLINK_ERRNOS,
     LOCK_FILE_NAME,
     MISSING,
     EntryKind,
@@ -56,8 +54,8 @@ from mahabharatha.backends.files.snapshot import (
     LockSnapshot,
     format_record,
     judge_lock,
+    raise_named,
     read_lock,
-    with_name,
 )
 from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
 from mahabharatha.constants import (
@@ -73,7 +71,6 @@ from mahabharatha.constants import (
 from mahabharatha.names import feature_folders
 from mahabharatha.owner import ownership, proof
 from mahabharatha.states import State
-from mahabharatha.states import State as LockState
 
 # A feature's failed attempts (one JSON object), replaced whole by rename on every lock fail.
 ATTEMPTS_RECORD_NAME: Final = ".attempts"
@@ -81,14 +78,14 @@ KEPT_ATTEMPTS: Final = 5  # the latest attempts kept (the count goes on)
 MAX_REASON_CHARS: Final = 200  # an exit code or one line of a message, never a whole log
 MAX_ATTEMPTS_BYTES: Final = 3072  # oldest attempts dropped first: within bounded reads' 4 KiB
 LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
+# None there, a link (O_NOFOLLOW) or a FIFO without a writer (O_NONBLOCK): no record of ours.
+_NO_RECORD_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENXIO, *_SYMLINK_ERRNOS})
 
 
 # --------------------------------------------------------------------------- facts about locks
 
-_STATE_OF: Final = {state: State(state.value) for state in LockState}  # status asks per lock
 # Members bound once: on Python 3.11 each ``Enum.X`` look-up is a descriptor call.
-_ACTIVE: Final = LockState.ACTIVE
-_SHOWN_ACTIVE: Final = State.ACTIVE
+_ACTIVE: Final = State.ACTIVE
 _UNKNOWN: Final = Owner.UNKNOWN
 
 
@@ -124,31 +121,25 @@ def _listed_info(
 def describe_snapshot(
     feature: str,
     snapshot: LockSnapshot,
-    state: LockState,
+    state: State,
     now: float,
     liveness: Liveness | None = owner_liveness,
 ) -> LockInfo:
     """A lock as :class:`LockInfo` says it (``liveness`` None: owner ``unknown``, unasked)."""
     record = snapshot.record_at(now)
     if record is None:
-        missing = snapshot.kind is EntryKind.MISSING
-        age = None if missing else max(0.0, now - snapshot.mtime)
-        return _listed_info(feature, _STATE_OF[state], None, None, age, None, _UNKNOWN)
+        age = None if snapshot.kind is EntryKind.MISSING else max(0.0, now - snapshot.mtime)
+        return _listed_info(feature, state, None, None, age, None, _UNKNOWN)
     pid, timestamp = record
     held_for = now - timestamp
-    if state is _ACTIVE:  # most listed locks: no look-up (an Enum's hash is Python code)
-        expires: float | None = max(0.0, STALE_AFTER_SECONDS - held_for)
-        shown = _SHOWN_ACTIVE
-    else:
-        expires, shown = None, _STATE_OF[state]
+    expires = max(0.0, STALE_AFTER_SECONDS - held_for) if state is _ACTIVE else None
     owner = (
         liveness(pid, timestamp, snapshot.owner_details, snapshot.life) if liveness else _UNKNOWN
     )
-    return _listed_info(feature, shown, pid, timestamp, max(0.0, held_for), expires, owner)
+    return _listed_info(feature, state, pid, timestamp, max(0.0, held_for), expires, owner)
 
 
 def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
-    """Our acquisition of ``mine``, whose record we wrote as ``pid:timestamp``."""
     return Held(feature, pid, timestamp, timestamp + STALE_AFTER_SECONDS, None, mine)
 
 
@@ -200,42 +191,32 @@ def _audit(
     with suppress(OSError):
         fd = os.open(Path(gsd_dir) / AUDIT_LOG_NAME, flags, 0o644)
         try:
-            if _is_own_log(os.fstat(fd)):
+            # A log of its own: no FIFO or device, no hard link to a file elsewhere
+            # (``ln outside.txt <gsd>/lock-audit.jsonl`` would make us append to outside.txt).
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
                 # O_APPEND: concurrent writers' lines never interleave (one small write each).
                 os.write(fd, line)
         finally:
             os.close(fd)
 
 
-def _is_own_log(info: os.stat_result) -> bool:
-    """A log file of its own: not a FIFO or a device, and not a hard link to a file elsewhere
-    (``ln outside.txt <gsd>/lock-audit.jsonl`` would make us append to ``outside.txt``)."""
-    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
-
-
 # --------------------------------------------------------------------------- reclaim rules
 
 
-def _dead_owner_rule(snapshot: LockSnapshot, state: LockState) -> bool:
+def _dead_owner_rule(snapshot: LockSnapshot, state: State) -> bool:
     """``--reclaim-dead``: also reclaim an active lock whose owner is provably gone here."""
     if age_only(snapshot, state):
         return True
     record = snapshot.record
-    if state is not LockState.ACTIVE or record is None:
+    if state is not State.ACTIVE or record is None:
         return False
     facts = OwnerFacts(*record, snapshot.owner_details, snapshot.life)
     return judge(facts).verdict is Verdict.GONE
 
 
-def _proof_says_caller(holder: LockInfo, requester: Requester, proof_ours: bool) -> bool:
-    """Is the lock that stopped ``requester`` its own by this process's proof of life (the
-    lock layer judges details: it knows every pid that counts as the caller)?"""
-    facts = OwnerFacts(holder.pid, proof_ours=proof_ours)
-    return judge(facts, (requester.pid,), alive=False).verdict is Verdict.CALLER
-
-
-def _reclaim_reason(state: LockState | None) -> str:
-    if state is LockState.ACTIVE:
+def _reclaim_reason(state: State | None) -> str:
+    if state is State.ACTIVE:
         return "owner-dead"
     return state.value if state else "unknown"
 
@@ -262,12 +243,19 @@ def _surely_absent(gsd_dir: str | os.PathLike[str], feature: str, name: str) -> 
     return False
 
 
-def _marker_present(dfd: int) -> bool:
-    """Is there a done marker (a regular file, not followed if a link) in the folder?"""
+def _marker_present(dfd: int, odd: Path | None = None) -> bool:
+    """Is there a done marker (a regular file, not followed if a link) in the folder? ``odd``:
+    its path, where anything else there (neither done nor free) is an error."""
     try:
         info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return False
+    if odd is not None and not stat.S_ISREG(info.st_mode):
+        raise UnsafeLockPathError(
+            errno.EEXIST,
+            f"{odd}: something other than a done marker (a regular file) is in the way",
+            str(odd),
+        )
     return stat.S_ISREG(info.st_mode)
 
 
@@ -279,7 +267,7 @@ def _mark_done_holding(dfd: int, feature: str, pid: int) -> tuple[str, LockSnaps
         # marker is written only while the caller really holds it.
         mine = _own_lock(dfd, feature, pid, now, "marked done")
         stamp = _iso_time(now)
-        _publish_marker(dfd, stamp + "\n")
+        lockfile.publish_file(dfd, COMPLETED_MARKER_NAME, stamp + "\n")
     return stamp, mine
 
 
@@ -289,7 +277,7 @@ def _own_lock(dfd: int, feature: str, pid: int, now: float, what: str) -> LockSn
     mine = read_lock(dfd)
     if not lockfile.owned_by(mine, pid, now):
         state = judge_lock(mine, now)
-        if mine.record_at(now) is None or state is LockState.FREE:
+        if mine.record_at(now) is None or state is State.FREE:
             raise NotHeldError(feature, pid, what)
         raise NotOwnerError(describe_snapshot(feature, mine, state, now))
     return mine
@@ -300,69 +288,30 @@ def _iso_time(epoch: float) -> str:
     return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(int(epoch)))
 
 
-def _publish_marker(dfd: int, text: str, name: str = COMPLETED_MARKER_NAME) -> None:
-    """Write ``text`` to a private temp in the folder, then rename it to ``name``: a reader
-    sees no file or a whole one, and nothing is written through a symlink (``O_EXCL |
-    O_NOFOLLOW`` relative to the folder's descriptor; ``rename`` replaces a link)."""
-    temp = f"{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(temp, flags, lockfile.LOCK_MODE, dir_fd=dfd)
-    try:
-        try:
-            lockfile.write_all(fd, text.encode())
-            os.fchmod(fd, lockfile.LOCK_MODE)  # readable by every worker, whatever the umask
-        finally:
-            os.close(fd)
-        try:
-            os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError as error:
-            raise _in_the_way(error, name) from error
-    except BaseException as error:
-        with suppress(OSError):
-            os.unlink(temp, dir_fd=dfd)
-        if not isinstance(error, OSError) or with_name(error, temp) is error:
-            raise
-        raise with_name(error, temp) from error  # a write, fchmod or close of the temp
-
-
-def _in_the_way(error: OSError, name: str) -> OSError:
-    """A rename refused by something in the way names ``name``, never our private temp."""
-    if error.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-        return type(error)(error.errno, f"{error.strerror}: something else is in the way", name)
-    return error
-
-
 # --------------------------------------------------------------------------- failed attempts
 
 
 def _read_attempts(dfd: int) -> Attempts | None:
     """The folder's attempts record; ``None`` when there is none or it is not ours (a link,
     not a regular file, too big, not our JSON): the next ``fail`` replaces it."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    import json  # only a pool with failures reads one: not every cold start
+
     try:
-        fd = os.open(ATTEMPTS_RECORD_NAME, flags, dir_fd=dfd)
-    except (FileNotFoundError, OSError) as error:
-        if isinstance(error, FileNotFoundError) or error.errno in (errno.ELOOP, errno.ENXIO):
+        fd = os.open(ATTEMPTS_RECORD_NAME, reads.NOFOLLOW_READ, dir_fd=dfd)
+    except OSError as error:
+        if error.errno in _NO_RECORD_ERRNOS:
             return None
-        raise with_name(error, ATTEMPTS_RECORD_NAME) from error
+        raise_named(error, ATTEMPTS_RECORD_NAME)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
-        data = reads.read_bounded(fd, info.st_size)
-    finally:
-        os.close(fd)
-    return _parse_attempts(data)
-
-
-def _parse_attempts(data: bytes) -> Attempts | None:
-    import json  # only a pool with failures reads one: not every cold start
-
-    try:
-        found = json.loads(data)
+        found = json.loads(reads.read_bounded(fd, info.st_size))
         count, limit, history = int(found["count"]), int(found["limit"]), found["attempts"]
     except (ValueError, KeyError, TypeError):
         return None
+    finally:
+        os.close(fd)
     if count < 1 or limit < 1 or not isinstance(history, list):
         return None
     return Attempts(count, limit, tuple(h for h in history if isinstance(h, dict)))
@@ -448,17 +397,18 @@ class FileBackend(LockBackend):
             mine_already = outcome.mine is None and proof.holds(dfd)
         if outcome.mine is None:
             holder = describe_snapshot(feature, outcome.holder, outcome.state, now, None)
+            # Ours by this process's proof of life? (The lock layer judges the details: it
+            # knows every pid that counts as the caller.)
+            facts = OwnerFacts(holder.pid, proof_ours=mine_already)
+            caller = judge(facts, (requester.pid,), alive=False).verdict is Verdict.CALLER
             return AcquireResult(
-                None,
-                holder,
-                holder_details=outcome.holder.owner_details,
-                holder_is_caller=_proof_says_caller(holder, requester, mine_already),
+                None, holder, holder_details=outcome.holder.owner_details, holder_is_caller=caller
             )
         reason = None
         replaced = None
         if outcome.replaced is not None:
             reason = _reclaim_reason(outcome.replaced_state)
-            state = outcome.replaced_state or LockState.CORRUPT
+            state = outcome.replaced_state or State.CORRUPT
             replaced = describe_snapshot(feature, outcome.replaced, state, now, None)
             _audit(self.gsd_dir, "reclaim", feature, outcome.replaced, reason, requester.pid)
         held = _held(feature, requester.pid, now, outcome.mine)
@@ -476,30 +426,41 @@ class FileBackend(LockBackend):
         now = clock.now()
         record = format_record(held.pid, now)
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            fresh = (
-                None
-                if dfd is None
-                else lockfile.replace_if_unchanged(dfd, held.handle, record, owner)
-            )
-            if fresh is None and dfd is not None:
+            if dfd is None:
+                raise LockLostError(held.feature)
+            fresh = lockfile.replace_if_unchanged(dfd, held.handle, record, owner)
+            if fresh is None:
                 # Not ours any more: our proof must not keep theirs alive.
                 proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
-        if fresh is None:
-            raise LockLostError(held.feature)
+                raise LockLostError(held.feature)
         return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        if wait is None:
-            return self._release_held_once(held)
-        return _through_leases(lambda: self._release_held_once(held), wait)
-
-    def _release_held_once(self, held: Held) -> bool:
-        with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            if dfd is None:
-                return False
-            released = lockfile.release_mine(dfd, held.handle)
-            proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
-            return released
+        deadline: float | None = None
+        bound = 0.0
+        pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS, math.inf)
+        while True:
+            try:
+                with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
+                    if dfd is None:
+                        return False
+                    released = lockfile.release_mine(dfd, held.handle)
+                    proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
+                    return released
+            except LockBusyError as busy:
+                if wait is None:
+                    raise
+                # Race: another process took a lease on our lock file (Samba, a backup tool);
+                # the kernel breaks it after lease-break-time, so the release waits for that.
+                now = monotonic()
+                if deadline is None:
+                    bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
+                    deadline = now + bound
+                    if wait.announce is not None:
+                        wait.announce(bound)
+                if now >= deadline:
+                    raise _left_under_lease(busy, bound) from None
+                wait.pause(min(next(pauses), deadline - now))
 
     def work_proof(self, held: Held) -> proof.WorkProof | None:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
@@ -559,10 +520,12 @@ class FileBackend(LockBackend):
         return infos
 
     def _unlocked_info(self, feature: str) -> LockInfo:
-        self._refuse_odd_marker(feature)
+        marker = feature_dir_path(self.gsd_dir, feature) / COMPLETED_MARKER_NAME
+        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
+            done = dfd is not None and _marker_present(dfd, marker)
         record = self.attempts(feature)
         failed = record is not None and record.failed
-        state = State.DONE if self.is_done(feature) else State.FAILED if failed else State.FREE
+        state = State.DONE if done else State.FAILED if failed else State.FREE
         return _with_attempts(
             LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN), record
         )
@@ -571,38 +534,20 @@ class FileBackend(LockBackend):
         skipped = _Problems(self.gsd_dir, problems)
         locked = {info.feature: info for info in self.status(problems=skipped.found)}
         unseen = set(self.feature_names()) - set(locked) - {p.feature for p in skipped.found}
-        infos = [self._locked_with_attempts(info, skipped) for info in locked.values()]
-        for name in unseen:
+        infos = []
+        for name in sorted([*locked, *unseen]):
+            info = locked.get(name)
             try:
-                infos.append(self._unlocked_info(name))
+                if info is None:
+                    info = self._unlocked_info(name)
+                else:
+                    info = _with_attempts(info, self.attempts(name))
             except OSError as error:
                 skipped.add(name, error)
+            if info is not None:
+                infos.append(info)
         skipped.settle()
-        return sorted(infos, key=lambda info: info.feature)
-
-    def _refuse_odd_marker(self, feature: str) -> None:
-        """A done marker that is not a regular file is neither done nor free: a problem."""
-        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
-            if dfd is None:
-                return
-            try:
-                info = os.stat(COMPLETED_MARKER_NAME, dir_fd=dfd, follow_symlinks=False)
-            except FileNotFoundError:
-                return
-        if not stat.S_ISREG(info.st_mode):
-            path = str(feature_dir_path(self.gsd_dir, feature) / COMPLETED_MARKER_NAME)
-            raise UnsafeLockPathError(
-                errno.EEXIST,
-                f"{path}: something other than a done marker (a regular file) is in the way",
-                path,
-            )
-
-    def _locked_with_attempts(self, info: LockInfo, skipped: _Problems) -> LockInfo:
-        try:
-            return _with_attempts(info, self.attempts(info.feature))
-        except OSError as error:
-            skipped.add(info.feature, error)
-            return info
+        return infos
 
     def release_watch(self, features: Iterable[str]) -> ReleaseWatch:
         return ReleaseWatch(self.gsd_dir, features)
@@ -619,7 +564,7 @@ class FileBackend(LockBackend):
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             if dfd is None:
                 return False
-            _publish_marker(dfd, stamp + "\n")
+            lockfile.publish_file(dfd, COMPLETED_MARKER_NAME, stamp + "\n")
         return True
 
     def done(self, feature: str, pid: int) -> str:
@@ -673,7 +618,7 @@ class FileBackend(LockBackend):
                 record = _next_attempts(_read_attempts(dfd), pid, reason, limit, now)
                 # Race: record first, release second (as ``done``): a claimer winning the lock
                 # after our release sees this attempt (a feature at its limit is not handed out).
-                _publish_marker(dfd, _attempts_text(record), ATTEMPTS_RECORD_NAME)
+                lockfile.publish_file(dfd, ATTEMPTS_RECORD_NAME, _attempts_text(record))
             lockfile.release_mine(dfd, mine)
         return record
 
@@ -717,26 +662,27 @@ class FileBackend(LockBackend):
         def cleanable(entry: LockSnapshot) -> bool:
             return rule(entry, judge_lock(entry, now))
 
-        judges_owners = rule is not age_only
-        snapshot = read_lock(dfd, life=judges_owners)
+        life = rule is not age_only
+        snapshot = read_lock(dfd, life=life)
         state = judge_lock(snapshot, now)
-        if cleanable(snapshot):
-            removed = not dry_run and _remove_judged(dfd, snapshot, cleanable, judges_owners)
+        if rule(snapshot, state):
+            removed = not dry_run and lockfile.remove_judged(dfd, snapshot, cleanable, life=life)
             lock_path = str(folder / LOCK_FILE_NAME)
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
                 _audit(self.gsd_dir, "clean", feature, snapshot, _reclaim_reason(state))
-        temps = lockfile.orphan_temps(dfd, now)
-        for name in temps:
-            removed = False
-            if not dry_run:
-                try:
-                    removed = lockfile.remove_orphan_temp(dfd, name)
-                except OSError as error:
-                    path = str(folder / name)
-                    skipped.add(feature, type(error)(error.errno, error.strerror, path))
-                    continue
-            found.append(CleanedEntry(feature, str(folder / name), "temp", "orphan", removed))
+        for name in lockfile.orphan_temps(dfd, now):
+            path, removed = str(folder / name), False
+            try:
+                if not dry_run:
+                    os.unlink(name, dir_fd=dfd)
+                    removed = True
+            except FileNotFoundError:
+                pass  # Race: its writer linked or renamed it, or another clean removed it
+            except OSError as error:
+                skipped.add(feature, type(error)(error.errno, error.strerror, path))
+                continue
+            found.append(CleanedEntry(feature, path, "temp", "orphan", removed))
 
 
 # --------------------------------------------------------------------------- kernel leases
@@ -750,29 +696,6 @@ def lease_break_seconds() -> float:
             return max(0.0, float(int(setting.read(32))))
     except (OSError, ValueError):
         return DEFAULT_LEASE_BREAK_SECONDS
-
-
-def _through_leases(release: Callable[[], bool], wait: ReleaseWait) -> bool:
-    """``release()``, tried again (pausing as ``wait`` says) until the kernel breaks a lease
-    that refuses the lock file's read (bounded)."""
-    deadline: float | None = None
-    bound = 0.0
-    pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS, math.inf)
-    while True:
-        try:
-            return release()
-        except LockBusyError as busy:
-            # Race: another process took a lease on our lock file (Samba, a backup tool); the
-            # kernel breaks it after lease-break-time, so the release waits for that.
-            now = monotonic()
-            if deadline is None:
-                bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
-                deadline = now + bound
-                if wait.announce is not None:
-                    wait.announce(bound)
-            if now >= deadline:
-                raise _left_under_lease(busy, bound) from None
-        wait.pause(min(next(pauses), deadline - now))
 
 
 def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
@@ -789,11 +712,3 @@ def _with_attempts(info: LockInfo, record: Attempts | None) -> LockInfo:
     if record is None:
         return info
     return info.with_attempts(record.tries, record.last_reason)
-
-
-def _remove_judged(
-    dfd: int, snapshot: LockSnapshot, still: lockfile.Reclaimable, life: bool
-) -> bool:
-    if snapshot.kind is EntryKind.DIRECTORY:
-        return lockfile.remove_judged_dir(dfd, snapshot)
-    return lockfile.remove_judged(dfd, snapshot, still, life=life)

@@ -21,8 +21,8 @@ from mahabharatha.backends.files.snapshot import (
     LOCK_FILE_NAME,
     MISSING,
     LockSnapshot,
+    raise_named,
     read_lock,
-    with_name,
 )
 from mahabharatha.constants import GUARD_WAIT_SECONDS
 from mahabharatha.names import feature_names_in
@@ -133,13 +133,12 @@ FolderError = Callable[[str, OSError], None]  # told of a folder a scan could no
 def scan_locks(
     gsd_dir: str | os.PathLike[str],
     *,
-    read: bool = True,
     on_error: FolderError | None = None,
     life: bool = False,
 ) -> Iterator[tuple[str, LockSnapshot]]:
-    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock
-    (``read=False``: ``MISSING``). Symlinked folders are skipped; one that cannot be looked
-    into raises, or is told to ``on_error`` and skipped."""
+    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
+    Symlinked folders are skipped; one that cannot be looked into raises, or is told to
+    ``on_error`` and skipped."""
     specs_path = os.path.join(os.fspath(gsd_dir), "specs")
     try:
         specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -147,9 +146,6 @@ def scan_locks(
         return
     try:
         for name in feature_names_in(specs):
-            if not read:
-                yield name, MISSING
-                continue
             try:
                 snapshot = _look_in(specs, name, specs_path, life)
             except OSError as error:
@@ -190,7 +186,7 @@ def _try_guard(dfd: int) -> bool:
     except BlockingIOError:
         return False
     except OSError as error:  # the guard of .lock could not be taken (ENOLCK, ...)
-        raise with_name(error, LOCK_FILE_NAME) from error
+        raise_named(error, LOCK_FILE_NAME)
     return True
 
 
@@ -241,7 +237,7 @@ class _GuardWaiter:
             return None
         if self.error is not None:
             close_quietly(self.fd)
-            raise with_name(self.error, LOCK_FILE_NAME) from self.error
+            raise_named(self.error, LOCK_FILE_NAME)
         return self.fd
 
 
@@ -250,7 +246,7 @@ def _wait_for_guard(dfd: int, deadline: float) -> int | None:
     try:
         fd = os.open(".", _DIR_FLAGS, dir_fd=dfd)  # a description of its own: a lock of its own
     except OSError as error:
-        raise with_name(error, LOCK_FILE_NAME) from error
+        raise_named(error, LOCK_FILE_NAME)
     waiter = _GuardWaiter(fd)
     try:
         threading.Thread(target=waiter.run, name="mahabharatha-guard", daemon=True).start()

@@ -38,8 +38,8 @@ from mahabharatha.backends.files.snapshot import (
     busy_error,
     format_record,
     judge_lock,
+    raise_named,
     read_lock,
-    with_name,
 )
 from mahabharatha.constants import GUARD_WAIT_SECONDS, TEMP_ORPHAN_SECONDS
 from mahabharatha.names import MAX_PID
@@ -59,6 +59,8 @@ _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
 _OWN_FDS: Final = (
     "/proc/thread-self/fd" if os.path.isdir("/proc/thread-self/fd") else "/proc/self/fd"
 )
+# A rename onto a folder, a non-empty folder or through a file: something is in the way.
+_IN_THE_WAY_ERRNOS: Final = frozenset({errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR})
 # Kernels or file systems without O_TMPFILE answer with one of these.
 _NO_TMPFILE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
@@ -118,14 +120,11 @@ def release_mine(dfd: int, mine: LockSnapshot) -> bool:
 def remove_judged(
     dfd: int, judged: LockSnapshot, still: Reclaimable, *, life: bool = False
 ) -> bool:
-    """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable."""
+    """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable (a
+    directory: and empty)."""
     with Guard(dfd, wait=True):
-        return remove_if_unchanged(dfd, judged, still, life=life)
-
-
-def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
-    """Take the guard and remove a directory at ``.lock`` if still exactly ``judged`` and empty."""
-    with Guard(dfd, wait=True):
+        if judged.kind is not EntryKind.DIRECTORY:
+            return remove_if_unchanged(dfd, judged, still, life=life)
         # Race: replaced since it was judged (a file published after a rmdir elsewhere).
         if not read_lock(dfd).same_entry(judged):
             return False
@@ -136,20 +135,7 @@ def remove_judged_dir(dfd: int, judged: LockSnapshot) -> bool:
         return True
 
 
-def remove_orphan_temp(dfd: int, name: str) -> bool:
-    """Remove the temp file ``name`` (from :func:`orphan_temps`); False if gone already."""
-    try:
-        os.unlink(name, dir_fd=dfd)
-    except FileNotFoundError:
-        return False  # Race: its writer linked or renamed it, or another clean removed it
-    return True
-
-
 # --------------------------------------------------------------------------- publishing
-
-
-def _temp_name() -> str:
-    return f".lock.{os.getpid()}.{os.urandom(8).hex()}.tmp"
 
 
 def is_temp_name(name: str) -> bool:
@@ -172,9 +158,11 @@ def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> Lock
     )
 
 
-def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result:
-    """Write the record and its owner details; the file's facts. Race: readable by all,
-    whatever the umask (another user would reclaim a lock it cannot read)."""
+def _write_record(
+    fd: int, record: bytes, owner: bytes | None, shown: str = LOCK_FILE_NAME
+) -> os.stat_result:
+    """Write the record and its owner details; the file's facts; errors name ``shown``. Race:
+    readable by all, whatever the umask (another user would reclaim a lock it cannot read)."""
     try:
         write_all(fd, record)
         # Race: a reader must never see the record without its details: set them before link.
@@ -183,29 +171,45 @@ def _write_record(fd: int, record: bytes, owner: bytes | None) -> os.stat_result
         if info.st_mode & LOCK_MODE != LOCK_MODE:
             os.fchmod(fd, LOCK_MODE)
     except OSError as error:
-        named = with_name(error, LOCK_FILE_NAME)  # the lock being written, not yet linked
-        if named is error:
-            raise
-        raise named from error
+        raise_named(error, shown)  # the lock being written, not yet linked (or the temp)
     return info
 
 
-def _write_named_temp(dfd: int, record: bytes, owner: bytes | None) -> tuple[str, os.stat_result]:
-    """Write ``record`` into a new private temp file. Leaves nothing behind on error."""
-    name = _temp_name()
+def _write_named_temp(
+    dfd: int, record: bytes, owner: bytes | None, name: str = LOCK_FILE_NAME
+) -> tuple[str, os.stat_result]:
+    """Write ``record`` into a new private temp for ``name``, leaving nothing behind on error
+    (which names the lock being written, or another file's temp)."""
+    temp = f"{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+    shown = LOCK_FILE_NAME if name == LOCK_FILE_NAME else temp
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(name, flags, LOCK_MODE, dir_fd=dfd)
+    fd = os.open(temp, flags, LOCK_MODE, dir_fd=dfd)
     try:
         try:
-            info = _write_record(fd, record, owner)
+            info = _write_record(fd, record, owner, shown)
         finally:
             os.close(fd)  # a close error (deferred write error) fails the temp too
     except BaseException as error:
-        _unlink_quietly(dfd, name)
-        if not isinstance(error, OSError) or with_name(error, LOCK_FILE_NAME) is error:
-            raise
-        raise with_name(error, LOCK_FILE_NAME) from error  # the close of the lock being written
-    return name, info
+        _unlink_quietly(dfd, temp)
+        if isinstance(error, OSError):
+            raise_named(error, shown)  # the close of the file being written
+        raise
+    return temp, info
+
+
+def publish_file(dfd: int, name: str, text: str) -> None:
+    """Make the folder's file ``name`` hold ``text`` at once (a done marker, the attempts): a
+    reader sees no file or a whole one, and nothing is written through a symlink (``rename``
+    replaces a link). Something in the way is named, never our private temp."""
+    temp, _ = _write_named_temp(dfd, text.encode(), None, name)
+    try:
+        os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException as error:
+        _unlink_quietly(dfd, temp)
+        if isinstance(error, OSError) and error.errno in _IN_THE_WAY_ERRNOS:
+            strerror = f"{error.strerror}: something else is in the way"
+            raise type(error)(error.errno, strerror, name) from error
+        raise
 
 
 def _unlink_quietly(dfd: int, name: str) -> None:
@@ -229,18 +233,17 @@ class TmpfileSwitch:
 TMPFILE: Final = TmpfileSwitch()
 
 
-class _NoTmpfileError(Exception):
-    """This file system cannot make unnamed files."""
-
-
-def _publish_unnamed(dfd: int, record: bytes, owner: bytes | None) -> LockSnapshot | None:
+def _publish_unnamed(
+    dfd: int, record: bytes, owner: bytes | None, now: float
+) -> LockSnapshot | None:
     """Publish through a file with no name: a crash at any step leaves nothing behind."""
     try:
         fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, LOCK_MODE, dir_fd=dfd)
     except OSError as error:
         if error.errno not in _NO_TMPFILE_ERRNOS:
             raise
-        raise _NoTmpfileError from error
+        TMPFILE.usable = False  # for good: this file system makes no unnamed files
+        return _publish_named(dfd, record, owner, now)
     try:
         info = _write_record(fd, record, owner)
         # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
@@ -290,10 +293,7 @@ def _publish_named(dfd: int, record: bytes, owner: bytes | None, now: float) -> 
 def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> LockSnapshot | None:
     """Make ``.lock`` appear, whole, with ``record`` and ``owner``; ``None``: a lock exists."""
     if TMPFILE.usable:
-        try:
-            return _publish_unnamed(dfd, record, owner)
-        except _NoTmpfileError:
-            TMPFILE.usable = False
+        return _publish_unnamed(dfd, record, owner, now)
     return _publish_named(dfd, record, owner, now)
 
 
@@ -347,42 +347,32 @@ def replace_if_unchanged(
 def orphan_temps(dfd: int, now: float) -> list[str]:
     """Temp files in the folder whose writer died, or that are too old to be in use."""
     with os.scandir(dfd) as entries:
-        names = [entry.name for entry in entries if _TEMP_RE.fullmatch(entry.name)]
-    return [name for name in names if _temp_is_orphan(dfd, name, now)]
+        temps = [(entry.name, m) for entry in entries if (m := _TEMP_RE.fullmatch(entry.name))]
+    return [name for name, match in temps if _temp_is_orphan(dfd, name, int(match[1]), now)]
 
 
-def _temp_is_orphan(dfd: int, name: str, now: float) -> bool:
-    """A regular file (anything else so named is someone else's) whose writer is gone or that
-    is too old."""
+def _temp_is_orphan(dfd: int, name: str, pid: int, now: float) -> bool:
+    """A regular file (anything else so named is someone else's) whose writer ``pid`` is gone
+    or that is too old."""
     try:
         info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
         return False
     if not stat.S_ISREG(info.st_mode):
         return False
-    if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS:
-        return True
-    match = _TEMP_RE.fullmatch(name)
-    if match is None:
-        return False
-    pid = int(match[1])
-    if not 1 <= pid <= MAX_PID:
-        return True  # no process can have this pid, so no writer is behind this name
+    if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS or not 1 <= pid <= MAX_PID:
+        return True  # too old to be in use, or no process can have this pid
     import psutil  # only on this rare path: keeps the CLI's cold start short
 
     return not psutil.pid_exists(pid)
 
 
-def sweep_orphan_temps(dfd: int, now: float) -> list[str]:
-    """Remove orphan temp files, their names; never an OS error (left debris goes next time).
-    A live writer's temp removed is harmless: its link or rename fails and it retries."""
-    try:
-        removed = orphan_temps(dfd, now)
-    except OSError:
-        return []
-    for name in removed:
-        _unlink_quietly(dfd, name)
-    return removed
+def sweep_orphan_temps(dfd: int, now: float) -> None:
+    """Remove orphan temp files; never an OS error (left debris goes next time). A live
+    writer's temp removed is harmless: its link or rename fails and it retries."""
+    with suppress(OSError):
+        for name in orphan_temps(dfd, now):
+            _unlink_quietly(dfd, name)
 
 
 # --------------------------------------------------------------------------- acquire and release

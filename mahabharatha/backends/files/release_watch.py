@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from time import monotonic, sleep
 from typing import Final, Self
 
-from mahabharatha.backends.files.folder import folder_path
+from mahabharatha.backends.files.folder import _NO_FOLDER_ERRNOS, folder_path
 from mahabharatha.backends.files.snapshot import LOCK_FILE_NAME
 from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 
@@ -29,22 +29,9 @@ IN_ONLYDIR: Final = 0x01000000  # <sys/inotify.h>: refuse anything but a folder
 IN_DONT_FOLLOW: Final = 0x02000000  # <sys/inotify.h>: never follow a symlink
 WATCHED_EVENTS: Final = IN_DELETE | IN_MOVED_FROM
 # A folder not there yet, not a real folder or unreadable is not watched (the claim still looks).
-SKIPPED_FOLDER_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP})
+SKIPPED_FOLDER_ERRNOS: Final = _NO_FOLDER_ERRNOS | {errno.EACCES}
 _EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then name
 _READ_BYTES: Final = 64 * 1024
-
-
-def _libc_inotify() -> ctypes.CDLL | None:
-    """libc's inotify functions, or None where there are none (not Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.inotify_init1.argtypes = [ctypes.c_int]
-        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-    except (OSError, AttributeError):
-        return None
-    return libc
 
 
 class ReleaseWatch:
@@ -71,8 +58,13 @@ class ReleaseWatch:
             self._fd = None
 
     def _open(self) -> int | None:
-        libc = _libc_inotify()
-        if libc is None:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:  # libc's inotify functions
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.inotify_init1.argtypes = [ctypes.c_int]
+            libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        except (OSError, AttributeError):
             return None
         fd = int(libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))
         if fd < 0:  # EMFILE: the user's inotify instances are used up: poll instead

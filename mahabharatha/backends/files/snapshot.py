@@ -10,8 +10,9 @@ import math
 import os
 import re
 import stat
+from dataclasses import dataclass, field
 from time import monotonic
-from typing import Final
+from typing import Final, NoReturn
 
 from mahabharatha.backends.base import LockError
 from mahabharatha.constants import (
@@ -39,6 +40,7 @@ _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 _BUSY_ERRNOS: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
 # The only lasting reasons a regular file cannot be read by us: it is unreadable (reclaimable).
 _DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
+_UNREAD_ERRNOS: Final = _DENIED_ERRNOS | _BUSY_ERRNOS  # a file judged without its bytes
 
 
 # --------------------------------------------------------------------------- records
@@ -111,60 +113,24 @@ class _Unparsed(enum.Enum):
 _UNPARSED: Final = _Unparsed.UNPARSED  # a snapshot's record before anyone asked for it
 
 
+@dataclass(slots=True, unsafe_hash=True)
 class LockSnapshot:
-    """What one read of ``.lock`` saw; snapshots of one unchanged entry compare equal.
-    Read-only by convention (slots: one is made on every read)."""
+    """What one read of ``.lock`` saw; snapshots of one unchanged entry compare equal (kind,
+    identity, bytes, mtime, read error). Read-only by convention (slots: one per read)."""
 
-    __slots__ = (
-        "_record",
-        "content",
-        "identity",
-        "kind",
-        "life",
-        "mtime",
-        "owner",
-        "read_errno",
-        "uid",
+    kind: EntryKind
+    identity: tuple[int, int] | None  # (st_dev, st_ino): with kind and content, the entry
+    content: bytes | None  # None: not readable (or not a file); a symlink: its target
+    mtime: float = 0.0
+    read_errno: int | None = None  # why a regular file's bytes could not be read
+    # The owner details published with the record; not its identity.
+    owner: bytes | None = field(default=None, compare=False)
+    uid: int = field(default=-1, compare=False, repr=False)  # whose proof file the proof is in
+    # The proof of life, when asked and claimed.
+    life: proof.Life | None = field(default=None, init=False, compare=False, repr=False)
+    _record: tuple[int, float] | _Unparsed | None = field(
+        default=_UNPARSED, init=False, compare=False, repr=False
     )
-
-    def __init__(
-        self,
-        kind: EntryKind,
-        identity: tuple[int, int] | None,
-        content: bytes | None,
-        mtime: float = 0.0,
-        read_errno: int | None = None,
-        owner: bytes | None = None,
-        uid: int = -1,
-    ) -> None:
-        self.kind = kind
-        self.identity = identity  # (st_dev, st_ino): with kind and content, the entry
-        self.content = content  # None: not readable (or not a file); a symlink: its target
-        self.mtime = mtime
-        self.read_errno = read_errno  # why a regular file's bytes could not be read
-        self.owner = owner  # the owner details published with the record; not its identity
-        self.uid = uid  # the file's owner: whose proof file the proof is in
-        self.life: proof.Life | None = None  # the proof of life, when asked and claimed
-        self._record: tuple[int, float] | _Unparsed | None = _UNPARSED
-
-    def _key(self) -> tuple[object, ...]:
-        return (self.kind, self.identity, self.content, self.mtime, self.read_errno)
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        assert isinstance(other, LockSnapshot)
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{name}={getattr(self, name)!r}"
-            for name in ("kind", "identity", "content", "mtime", "read_errno", "owner")
-        )
-        return f"LockSnapshot({fields})"
 
     @property
     def owner_details(self) -> ownership.OwnerDetails | None:
@@ -218,20 +184,16 @@ def _snapshot_without_opening(dfd: int, why: int | None) -> LockSnapshot | None:
     if stat.S_ISLNK(info.st_mode):
         try:
             target = os.readlink(LOCK_FILE_NAME, dir_fd=dfd)
-        except (FileNotFoundError, OSError) as error:
+        except OSError as error:
             if error.errno not in (errno.ENOENT, errno.EINVAL):
                 raise
             return None  # Race: the link was removed, or replaced by something else
         raw = target.encode("utf-8", "surrogateescape")
         return LockSnapshot(EntryKind.SYMLINK, _identity(info), raw, info.st_mtime)
-    if stat.S_ISREG(info.st_mode):
-        return _unopened_file(info, why)
-    return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
-
-
-def _unopened_file(info: os.stat_result, why: int | None) -> LockSnapshot | None:
-    """A regular file whose open failed with ``why``: unreadable only for a lasting reason."""
-    if why in _DENIED_ERRNOS or why in _BUSY_ERRNOS:  # unreadable for good, or busy for now
+    if not stat.S_ISREG(info.st_mode):
+        return LockSnapshot(EntryKind.SPECIAL, _identity(info), None, info.st_mtime)
+    # A regular file whose open failed with ``why``: unreadable only for a lasting reason.
+    if why in _UNREAD_ERRNOS:
         return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, why)
     if why in _SYMLINK_ERRNOS or why == errno.ENXIO:
         return None  # Race: the link or socket we failed to open was replaced by a file
@@ -313,7 +275,7 @@ def _read_lock_once(dfd: int, details: bool = True) -> LockSnapshot | None:
         try:
             content = read_bounded(fd, info.st_size)
         except OSError as error:
-            if error.errno not in _DENIED_ERRNOS and error.errno not in _BUSY_ERRNOS:
+            if error.errno not in _UNREAD_ERRNOS:
                 raise  # out of memory, an I/O error: an error, never a judgement of the lock
             return LockSnapshot(EntryKind.FILE, _identity(info), None, info.st_mtime, error.errno)
         # The details of the very inode read, one more system call (ownership).
@@ -321,10 +283,7 @@ def _read_lock_once(dfd: int, details: bool = True) -> LockSnapshot | None:
         identity = (info.st_dev, info.st_ino)
         return LockSnapshot(_FILE, identity, content, info.st_mtime, None, owner, info.st_uid)
     except OSError as error:
-        named = with_name(error, LOCK_FILE_NAME)  # fstat or read of the lock's descriptor
-        if named is error:
-            raise
-        raise named from error
+        raise_named(error, LOCK_FILE_NAME)  # fstat or read of the lock's descriptor
     finally:
         close_quietly(fd)
 
@@ -347,8 +306,8 @@ def judge_lock(snapshot: LockSnapshot, now: float) -> LockState:
     return _STALE if now - record[1] > STALE_AFTER_SECONDS else _ACTIVE
 
 
-def with_name(error: OSError, name: str) -> OSError:
-    """``error`` naming ``name`` if it named no file (a call on a descriptor names none)."""
+def raise_named(error: OSError, name: str) -> NoReturn:
+    """Raise ``error``, naming ``name`` if it named no file (a call on a descriptor names none)."""
     if error.filename is not None or error.errno is None:
-        return error
-    return type(error)(error.errno, error.strerror, name)
+        raise error
+    raise type(error)(error.errno, error.strerror, name) from error
