@@ -27,11 +27,12 @@ from mahabharatha.backends.base import (
 from mahabharatha.constants import CUT_OFF_NOTICE_SECONDS, GSD_DIR, HEARTBEAT_SECONDS
 from mahabharatha.functional import (
     WaitCallback,
+    _Acquiring,
+    _Ask,
     _backend,
     _owner_pid,
     _valid_seconds,
     _valid_timeout,
-    acquire,
 )
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.owner.proof import HandedProof, WorkProof
@@ -178,22 +179,7 @@ class FeatureLock:
             raise LockError(f"the claim of {self.feature!r} was used already")
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
-        self._adopt(
-            claimed
-            or acquire(
-                self.feature,
-                self.gsd_dir,
-                pid=self.pid,
-                timeout=self.timeout,
-                reclaim_dead=self.reclaim_dead,
-                on_wait=self.on_wait if on_wait is None else on_wait,
-                command=self.command,
-                caller_pids=self.caller_pids,
-                backend=self.backend,
-                lease=self.lease,
-            ),
-            on_lost,
-        )
+        self._adopt(claimed or self._acquiring(on_wait).run(), on_lost)
         if claimed is None:  # a claim keeps its connection for a grace: its first beat rests it
             self._rest_backend()
         try:
@@ -204,6 +190,20 @@ class FeatureLock:
             self._give_back()
             raise
         return self
+
+    def _acquiring(self, on_wait: WaitCallback | None) -> _Acquiring:
+        """This object's acquire (``on_wait``: in place of its own), for either driver."""
+        ask = _Ask(
+            self.backend,
+            self.feature,
+            self.pid,
+            self.timeout,
+            self.reclaim_dead,
+            self.lease,
+            self.command,
+            self.caller_pids,
+        )
+        return _Acquiring(ask, self.on_wait if on_wait is None else on_wait)
 
     def _adopt(self, held: Held, on_lost: Callable[[LockLostError], None] | None) -> None:
         """Make ``held`` this object's acquisition, in this process, ``on_lost`` its own."""
