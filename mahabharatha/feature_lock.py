@@ -121,7 +121,7 @@ class FeatureLock:
         self._claimed: Held | None = None
         self._ends_by_outcome = False
         self._forget_after_fork()
-        _LIVE_LOCKS.add(self)
+        _FORGET_AFTER_FORK.add(self)
 
     @property
     def token(self) -> int | None:
@@ -468,7 +468,7 @@ class Heartbeat:
         self._first = True  # the held lock's next step is its first (the connection's grace)
         self._due = 0.0
         self._closed = False
-        _LIVE_HEARTBEATS.add(self)
+        _FORGET_AFTER_FORK.add(self)
 
     def _forget_after_fork(self) -> None:
         """The state no process inherits (in a forked child the thread is the parent's)."""
@@ -549,18 +549,13 @@ class Heartbeat:
                 self._due = monotonic() + after
 
 
-_LIVE_LOCKS: Final[weakref.WeakSet[FeatureLock]] = weakref.WeakSet()
-"""Every FeatureLock alive in this process, for the fork hook below (weak: no leak)."""
-
-_LIVE_HEARTBEATS: Final[weakref.WeakSet[Heartbeat]] = weakref.WeakSet()
-"""Every :class:`Heartbeat` alive in this process, for the same hook."""
+_FORGET_AFTER_FORK: Final[weakref.WeakSet[FeatureLock | Heartbeat]] = weakref.WeakSet()
+"""Every FeatureLock and Heartbeat alive in this process, for the fork hook (weak: no leak)."""
 
 
 def _forget_locks_after_fork() -> None:
-    for lock in list(_LIVE_LOCKS):
-        lock._forget_after_fork()
-    for beats in list(_LIVE_HEARTBEATS):
-        beats._forget_after_fork()
+    for each in list(_FORGET_AFTER_FORK):
+        each._forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_forget_locks_after_fork)

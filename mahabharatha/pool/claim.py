@@ -392,10 +392,4 @@ class _Pool:
 
 def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
     """A claim round that took nothing: what each feature was."""
-    return ClaimOutcome(
-        None,
-        tuple(seen["busy"]),
-        tuple(seen["done"]),
-        tuple(seen["failed"]),
-        tuple(seen["mine"]),
-    )
+    return ClaimOutcome(None, *(tuple(seen[kind]) for kind in ("busy", "done", "failed", "mine")))
