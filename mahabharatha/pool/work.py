@@ -35,7 +35,6 @@ from mahabharatha.functional import (
     _valid_seconds,
     _valid_timeout,
 )
-from mahabharatha.owner import ownership
 from mahabharatha.pool.claim import _claim_waiting, _ClaimOptions, _Pool
 from mahabharatha.states import WorkEnd, WorkOutcome
 
@@ -228,11 +227,11 @@ def run_pool(
     wait = _valid_timeout(wait, "wait")
     owner = os.getpid()
     found: list[FeatureProblem] = [] if problems is None else problems
-    pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
-    pool.retry_delay = _valid_seconds("retry_delay", retry_delay) or 0.0
-    pool.on_waiting = on_waiting
     lease = _valid_seconds("lease", store.run_lease)
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
+    pool = _Pool(store, candidates, owner, command, found, options)
+    pool.retry_delay = _valid_seconds("retry_delay", retry_delay) or 0.0
+    pool.on_waiting = on_waiting
     results: list[WorkResult] = []
 
     def record(result: WorkResult) -> None:
@@ -244,7 +243,7 @@ def run_pool(
     leaving: list[PoolLock] = []  # held for work a failed command left running
     try:
         while True:
-            outcome = _claim_waiting(pool, options, wait)
+            outcome = _claim_waiting(pool, wait)
             if outcome.held is None and outcome.nothing_left and leaving:
                 # Race: only features whose failed command left work are ours still; the
                 # other workers wait for them (their owner, us, lives): wait for that work
