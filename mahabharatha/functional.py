@@ -53,7 +53,9 @@ def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
 
 
 def _owner_pid(pid: int | None) -> int:
-    return os.getpid() if pid is None else _valid_pid(pid)
+    if pid is not None and not 1 <= pid <= MAX_PID:
+        raise ValueError(f"Invalid pid: {pid} (must be 1 to {MAX_PID})")
+    return os.getpid() if pid is None else pid
 
 
 # --------------------------------------------------------------------------- looking
@@ -308,12 +310,6 @@ def _valid_seconds(name: str, value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise ValueError(f"Invalid {name}: {value!r} (must be a finite number of seconds)")
     return value
-
-
-def _valid_pid(pid: int) -> int:
-    if not 1 <= pid <= MAX_PID:
-        raise ValueError(f"Invalid pid: {pid} (must be 1 to {MAX_PID})")
-    return pid
 
 
 def _valid_attempts(attempts: int) -> None:
