@@ -133,13 +133,16 @@ async def _settled(future: asyncio.Future[Any]) -> bool:
 
 
 class _Forwarded(Generic[_T]):
-    """An attribute of an ``AsyncFeatureLock``: the same of the ``FeatureLock`` state it drives."""
+    """An attribute of an ``AsyncFeatureLock``, read from the ``FeatureLock`` state it drives."""
+
+    def __init__(self, read: Callable[[FeatureLock], _T]) -> None:
+        self.read = read
 
     def __set_name__(self, _owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, lock: AsyncFeatureLock | None, _owner: type | None = None) -> _T:
-        return cast(_T, self) if lock is None else cast(_T, getattr(lock._state, self.name))
+        return cast(_T, self) if lock is None else self.read(lock._state)
 
     def __set__(self, _lock: AsyncFeatureLock, _value: object) -> None:
         raise AttributeError(f"property {self.name!r} of 'AsyncFeatureLock' object has no setter")
@@ -195,19 +198,19 @@ class AsyncFeatureLock:
 
     # ------------------------------------------------------------------ what FeatureLock says
 
-    feature = _Forwarded[str]()
-    gsd_dir = _Forwarded[str | os.PathLike[str]]()
-    backend = _Forwarded[LockBackend]()
-    pid = _Forwarded[int]()
-    timeout = _Forwarded[float | None]()
-    heartbeat = _Forwarded[float | None]()
-    lease = _Forwarded[float | None]()
-    lost = _Forwarded[LockLostError | None]()
-    heartbeat_error = _Forwarded[OSError | None]()
+    feature = _Forwarded[str](lambda state: state.feature)
+    gsd_dir = _Forwarded[str | os.PathLike[str]](lambda state: state.gsd_dir)
+    backend = _Forwarded[LockBackend](lambda state: state.backend)
+    pid = _Forwarded[int](lambda state: state.pid)
+    timeout = _Forwarded[float | None](lambda state: state.timeout)
+    heartbeat = _Forwarded[float | None](lambda state: state.heartbeat)
+    lease = _Forwarded[float | None](lambda state: state.lease)
+    lost = _Forwarded[LockLostError | None](lambda state: state.lost)
+    heartbeat_error = _Forwarded[OSError | None](lambda state: state.heartbeat_error)
     # As ``FeatureLock``'s: ours and not yet stale; its end (epoch seconds); its fencing token.
-    held = _Forwarded[bool]()
-    expires_at = _Forwarded[float | None]()
-    token = _Forwarded[int | None]()
+    held = _Forwarded[bool](lambda state: state.held)
+    expires_at = _Forwarded[float | None](lambda state: state.expires_at)
+    token = _Forwarded[int | None](lambda state: state.token)
 
     def work_proof(self) -> WorkProof | None:
         """As :meth:`FeatureLock.work_proof`: a proof of life to pass to a child."""
