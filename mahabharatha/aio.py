@@ -1,10 +1,6 @@
-"""``AsyncFeatureLock``: ``FeatureLock`` held from an event loop (``async with``).
-
-Only the scheduling is this module's: waits are awaits (files try on the loop, PostgreSQL in a
-worker thread woken by NOTIFY), the heartbeat is a task of the loop, and a cancelled task waits
-for its backend call, gives back what it took, then lets ``CancelledError`` go on. The lock,
-its refresh, its lost-lock rule and its release are ``FeatureLock``'s. Long form:
-``design/async.md``.
+"""``AsyncFeatureLock``: ``FeatureLock`` held from an event loop (``async with``). Only the
+scheduling is this module's (waits are awaits, the heartbeat is a task, a cancelled task gives
+back what it took); the lock and its rules are ``FeatureLock``'s. Long form: ``design/async.md``.
 """
 
 from __future__ import annotations

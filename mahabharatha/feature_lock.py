@@ -67,6 +67,7 @@ class FeatureLock:
     """
 
     _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
+    _ends_by_outcome = False  # a pool's hold outlives ``release`` until ``PoolLock.finish``
 
     def __init__(
         self,
@@ -116,10 +117,7 @@ class FeatureLock:
         # ``None``: an event loop's task, which also rests the backend its locks share.
         self._beats: Heartbeat | None = Heartbeat(feature)
         self._own_beats = True
-        # A pool's hold: ``acquire`` adopts this claim, and the hold outlives ``release`` (the
-        # block's end) until ``PoolLock.finish`` marks and releases it in one step.
-        self._claimed: Held | None = None
-        self._ends_by_outcome = False
+        self._claimed: Held | None = None  # a pool's claim, adopted by ``acquire``
         self._forget_after_fork()
         _FORGET_AFTER_FORK.add(self)
 

@@ -79,6 +79,7 @@ class PoolLock(FeatureLock):
     ``release`` and the block's end (``run_locked`` for ``lock work``), which stop the heartbeat."""
 
     _connection_grace = POOL_CONNECTION_GRACE_SECONDS  # a quick command's end reuses it
+    _ends_by_outcome = True  # :meth:`finish` marks and releases it in one step
 
     def __init__(
         self,
@@ -101,7 +102,7 @@ class PoolLock(FeatureLock):
             command=command,
             lease=lease,
         )
-        self._claimed, self._ends_by_outcome = held, True  # adopted; ended by :meth:`finish`
+        self._claimed = held
         self._left: Held | None = None  # abandoned to work that still holds its proof
         # A failed command's leftover work: asked until it ends (then the attempt is recorded).
         self.left_running: Callable[[], bool] | None = None
