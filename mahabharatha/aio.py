@@ -23,6 +23,7 @@ from mahabharatha.backends.base import (
     Held,
     LockBackend,
     LockError,
+    LockInfo,
     LockLostError,
     lacks,
 )
@@ -308,11 +309,14 @@ class AsyncFeatureLock:
                 # before the try, is set by it and the wait ends at once.
                 if seen is not None:
                     seen.clear()
-                step = acquiring.after(await self._call(acquiring.try_once))
-                if not isinstance(step, float):
-                    return await self._call(partial(acquiring.end, step))
+                outcome = await self._call(acquiring.try_once)
+                if outcome.held is not None:
+                    return outcome.held
+                pause = acquiring.after(outcome)
+                if isinstance(pause, LockInfo):
+                    raise await self._call(partial(acquiring.judged_error, pause))
                 if seen is None:
-                    await asyncio.sleep(step)
+                    await asyncio.sleep(pause)
                 else:
                     await listener.wait(seen, acquiring.slice())
         finally:

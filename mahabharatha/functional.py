@@ -223,13 +223,20 @@ class _Acquiring:
         self.delays = waiting.backoff()
 
     def run(self) -> Held:
-        while isinstance(step := self.after(self.try_once()), float):
+        while True:
+            outcome = self.try_once()
+            if outcome.held is not None:
+                # Race: a signal handler runs at a call; one between the try and this return
+                # would leave the lock held unknown to the caller: there is none.
+                return outcome.held
+            pause = self.after(outcome)
+            if isinstance(pause, LockInfo):
+                raise self.judged_error(pause)
             store = self.ask.store
             if lacks(store, HearsReleases) or not isinstance(store, HearsReleases):
-                sleep(step)
+                sleep(pause)
             else:
                 store.wait_for_release(self.ask.feature, self.slice())
-        return self.end(step)
 
     def try_once(self) -> AcquireResult:
         """One try whose lock, if it took one, is either returned or removed again, even when
@@ -252,12 +259,10 @@ class _Acquiring:
             raise
         return outcome
 
-    def after(self, outcome: AcquireResult) -> Held | LockInfo | float:
-        """What a try leads to: its lock, the holder a wait ran out on, or the seconds to pause
-        (the wait said: logged once, ``on_wait`` each time). :class:`AlreadyHeldError` when the
-        holder is the caller: waiting would wait for ourselves."""
-        if outcome.held is not None:
-            return outcome.held
+    def after(self, outcome: AcquireResult) -> LockInfo | float:
+        """What a try that did not win leads to: the holder a wait ran out on, or the seconds to
+        pause (the wait said: logged once, ``on_wait`` each time). :class:`AlreadyHeldError`
+        when the holder is the caller: waiting would wait for ourselves."""
         holder = outcome.holder
         assert holder is not None  # a try that did not win names who stopped it
         if outcome.verdict is Verdict.CALLER or _held_by(
@@ -278,18 +283,16 @@ class _Acquiring:
         """The longest wait for a release heard: a stale or dead lock wakes no one."""
         return WAKE_UP_SLICE_SECONDS if self.left is None else min(WAKE_UP_SLICE_SECONDS, self.left)
 
-    def end(self, step: Held | LockInfo) -> Held:
-        """The lock taken, else the error of the holder the wait ran out on, judged as status
-        does (the polls skip that)."""
-        if isinstance(step, Held):
-            return step
+    def judged_error(self, holder: LockInfo) -> LockHeldError:
+        """The error of a wait that ran out on ``holder``, judged as status does (the polls
+        skip that)."""
         try:
-            now = self.ask.store.inspect(step.feature)
+            now = self.ask.store.inspect(holder.feature)
         except OSError:
-            now = step
+            now = holder
         # Race: the holder changed since the try that stopped us: report the one that did.
-        same = now.pid == step.pid and now.timestamp == step.timestamp
-        raise self.busy(now if same else step)
+        same = now.pid == holder.pid and now.timestamp == holder.timestamp
+        return self.busy(now if same else holder)
 
     def busy(self, holder: LockInfo) -> LockHeldError:
         return (LockTimeoutError if self.ask.timeout else LockHeldError)(holder)
