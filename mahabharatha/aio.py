@@ -1,10 +1,6 @@
-"""``AsyncFeatureLock``: ``FeatureLock`` held from an event loop (``async with``).
-
-Only the scheduling is this module's: waits are awaits (files try on the loop, PostgreSQL in a
-worker thread woken by NOTIFY), the heartbeat is a task of the loop, and a cancelled task waits
-for its backend call, gives back what it took, then lets ``CancelledError`` go on. The lock,
-its refresh, its lost-lock rule and its release are ``FeatureLock``'s. Long form:
-``design/async.md``.
+"""``AsyncFeatureLock``: ``FeatureLock`` held from an event loop (``async with``). Only the
+scheduling is this module's (waits are awaits, the heartbeat is a task, a cancelled task gives
+back what it took); the lock and its rules are ``FeatureLock``'s. Long form: ``design/async.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypeVar, cast
 
-from mahabharatha import functional, waiting
+from mahabharatha import functional
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -27,16 +23,13 @@ from mahabharatha.backends.base import (
     Held,
     LockBackend,
     LockError,
-    LockHeldError,
     LockInfo,
     LockLostError,
-    LockTimeoutError,
     lacks,
 )
-from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS, WAKE_UP_SLICE_SECONDS
+from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS
 from mahabharatha.feature_lock import FeatureLock
 from mahabharatha.functional import WaitCallback
-from mahabharatha.owner import ownership
 from mahabharatha.owner.proof import WorkProof
 
 __all__ = ["AsyncFeatureLock"]
@@ -271,12 +264,10 @@ class AsyncFeatureLock:
         state = self._state
         if state._mine is not None or self._gate is not None:
             raise LockError(f"this AsyncFeatureLock already holds {self.feature!r}")
-        deadline = waiting.Deadline(state.timeout)
-        gate = await self._turn(deadline)
+        acquiring = state._acquiring(on_wait)
+        gate = await self._turn(acquiring)
         try:
-            held = await self._wait_for_lock(
-                state.on_wait if on_wait is None else on_wait, deadline
-            )
+            held = await self._wait_for_lock(acquiring)
         except BaseException:
             gate.leave()
             raise
@@ -292,50 +283,45 @@ class AsyncFeatureLock:
             )
         return self
 
-    async def _turn(self, deadline: waiting.Deadline) -> _Gate:
+    async def _turn(self, acquiring: functional._Acquiring) -> _Gate:
         """This task's turn among the loop's tasks asking for the feature for the same owner;
         the errors of a busy lock when the wait for it runs out."""
         gate = _gate_of(self.backend, self.feature, self.pid)
         # Not reentrant: waiting for our own turn would wait for ever.
         ours = gate.owner is not None and gate.owner is asyncio.current_task()
-        if ours or not await gate.enter(deadline.left()):
+        if ours or not await gate.enter(acquiring.deadline.left()):
             holder = await self._call(partial(self.backend.inspect, self.feature))
-            busy = LockTimeoutError if self.timeout else LockHeldError
-            raise (AlreadyHeldError if ours else busy)(holder)
+            raise AlreadyHeldError(holder) if ours else acquiring.busy(holder)
         return gate
 
-    async def _wait_for_lock(
-        self, on_wait: WaitCallback | None, deadline: waiting.Deadline
-    ) -> Held:
-        """``locks.acquire``'s loop, each pause an await: try, judge who stopped us, wait."""
-        state = self._state
-        store = state.backend
-        details = ownership.details_of(state.pid, state.command)
-        wait = functional._Waiting(deadline, {state.pid, *state.caller_pids}, on_wait)
-        listener = None
+    async def _wait_for_lock(self, acquiring: functional._Acquiring) -> Held:
+        """The acquire's loop, each try a backend call, each pause an await: for a release
+        heard on PostgreSQL (NOTIFY on the loop's listening connection), else the backoff's
+        sleep (files: a try costs microseconds)."""
+        store, feature = self.backend, self.feature
+        listener: Any = None
         if not lacks(store, HearsReleases) and isinstance(store, HearsReleases):
             listener = store.async_release_listener()
-        released = _Wake(listener, self.feature)
-        asked = (store, self.feature, state.pid, state.reclaim_dead, details, state.lease)
+        seen: asyncio.Event | None = None if listener is None else listener.watch(feature)
         try:
             while True:
                 # Race: a release between this try and the wait below: the event, cleared
                 # before the try, is set by it and the wait ends at once.
-                released.clear()
-                outcome = await self._call(partial(functional._try_uninterrupted, *asked))
+                if seen is not None:
+                    seen.clear()
+                outcome = await self._call(acquiring.try_once)
                 if outcome.held is not None:
                     return outcome.held
-                holder, left = wait.stopped_by(outcome)
-                if left is not None and left <= 0:
-                    raise await self._busy_error(holder)
-                await released.wait(wait.pause(holder, left), left)
+                pause = acquiring.after(outcome)
+                if isinstance(pause, LockInfo):
+                    raise await self._call(partial(acquiring.judged_error, pause))
+                if seen is None:
+                    await asyncio.sleep(pause)
+                else:
+                    await listener.wait(seen, acquiring.slice())
         finally:
-            released.close()
-
-    async def _busy_error(self, holder: LockInfo) -> LockHeldError:
-        """The error of a wait that ran out (or a single try), its holder judged once."""
-        judged = await self._call(partial(functional._judged, self.backend, holder))
-        return (LockTimeoutError if self.timeout else LockHeldError)(judged)
+            if seen is not None:
+                listener.unwatch(feature, seen)
 
     # ------------------------------------------------------------------ holding
 
@@ -400,29 +386,3 @@ class AsyncFeatureLock:
         tb: TracebackType | None,
     ) -> None:
         await self.release()
-
-
-class _Wake:
-    """What a waiter waits on between tries: a release heard on PostgreSQL (NOTIFY on the
-    loop's listening connection), else the backoff's sleep (files: a try costs microseconds)."""
-
-    def __init__(self, listener: Any, feature: str) -> None:
-        self.listener = listener
-        self.feature = feature
-        self.seen: asyncio.Event | None = None if listener is None else listener.watch(feature)
-
-    def clear(self) -> None:
-        if self.seen is not None:
-            self.seen.clear()
-
-    async def wait(self, delay: float, left: float | None) -> None:
-        if self.seen is None:
-            await asyncio.sleep(delay)
-            return
-        slice_ = WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
-        await self.listener.wait(self.seen, slice_)
-
-    def close(self) -> None:
-        if self.seen is not None:
-            self.listener.unwatch(self.feature, self.seen)
-            self.seen = None

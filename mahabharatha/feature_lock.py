@@ -27,11 +27,12 @@ from mahabharatha.backends.base import (
 from mahabharatha.constants import CUT_OFF_NOTICE_SECONDS, GSD_DIR, HEARTBEAT_SECONDS
 from mahabharatha.functional import (
     WaitCallback,
+    _Acquiring,
+    _Ask,
     _backend,
     _owner_pid,
     _valid_seconds,
     _valid_timeout,
-    acquire,
 )
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.owner.proof import HandedProof, WorkProof
@@ -66,6 +67,7 @@ class FeatureLock:
     """
 
     _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
+    _ends_by_outcome = False  # a pool's hold outlives ``release`` until ``PoolLock.finish``
 
     def __init__(
         self,
@@ -115,12 +117,9 @@ class FeatureLock:
         # ``None``: an event loop's task, which also rests the backend its locks share.
         self._beats: Heartbeat | None = Heartbeat(feature)
         self._own_beats = True
-        # A pool's hold: ``acquire`` adopts this claim, and the hold outlives ``release`` (the
-        # block's end) until ``PoolLock.finish`` marks and releases it in one step.
-        self._claimed: Held | None = None
-        self._ends_by_outcome = False
+        self._claimed: Held | None = None  # a pool's claim, adopted by ``acquire``
         self._forget_after_fork()
-        _LIVE_LOCKS.add(self)
+        _FORGET_AFTER_FORK.add(self)
 
     @property
     def token(self) -> int | None:
@@ -178,22 +177,7 @@ class FeatureLock:
             raise LockError(f"the claim of {self.feature!r} was used already")
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
-        self._adopt(
-            claimed
-            or acquire(
-                self.feature,
-                self.gsd_dir,
-                pid=self.pid,
-                timeout=self.timeout,
-                reclaim_dead=self.reclaim_dead,
-                on_wait=self.on_wait if on_wait is None else on_wait,
-                command=self.command,
-                caller_pids=self.caller_pids,
-                backend=self.backend,
-                lease=self.lease,
-            ),
-            on_lost,
-        )
+        self._adopt(claimed or self._acquiring(on_wait).run(), on_lost)
         if claimed is None:  # a claim keeps its connection for a grace: its first beat rests it
             self._rest_backend()
         try:
@@ -204,6 +188,20 @@ class FeatureLock:
             self._give_back()
             raise
         return self
+
+    def _acquiring(self, on_wait: WaitCallback | None) -> _Acquiring:
+        """This object's acquire (``on_wait``: in place of its own), for either driver."""
+        ask = _Ask(
+            self.backend,
+            self.feature,
+            self.pid,
+            self.timeout,
+            self.reclaim_dead,
+            self.lease,
+            self.command,
+            self.caller_pids,
+        )
+        return _Acquiring(ask, self.on_wait if on_wait is None else on_wait)
 
     def _adopt(self, held: Held, on_lost: Callable[[LockLostError], None] | None) -> None:
         """Make ``held`` this object's acquisition, in this process, ``on_lost`` its own."""
@@ -468,7 +466,7 @@ class Heartbeat:
         self._first = True  # the held lock's next step is its first (the connection's grace)
         self._due = 0.0
         self._closed = False
-        _LIVE_HEARTBEATS.add(self)
+        _FORGET_AFTER_FORK.add(self)
 
     def _forget_after_fork(self) -> None:
         """The state no process inherits (in a forked child the thread is the parent's)."""
@@ -549,18 +547,13 @@ class Heartbeat:
                 self._due = monotonic() + after
 
 
-_LIVE_LOCKS: Final[weakref.WeakSet[FeatureLock]] = weakref.WeakSet()
-"""Every FeatureLock alive in this process, for the fork hook below (weak: no leak)."""
-
-_LIVE_HEARTBEATS: Final[weakref.WeakSet[Heartbeat]] = weakref.WeakSet()
-"""Every :class:`Heartbeat` alive in this process, for the same hook."""
+_FORGET_AFTER_FORK: Final[weakref.WeakSet[FeatureLock | Heartbeat]] = weakref.WeakSet()
+"""Every FeatureLock and Heartbeat alive in this process, for the fork hook (weak: no leak)."""
 
 
 def _forget_locks_after_fork() -> None:
-    for lock in list(_LIVE_LOCKS):
-        lock._forget_after_fork()
-    for beats in list(_LIVE_HEARTBEATS):
-        beats._forget_after_fork()
+    for each in list(_FORGET_AFTER_FORK):
+        each._forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_forget_locks_after_fork)

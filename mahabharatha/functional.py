@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from time import monotonic, sleep
+from typing import NamedTuple
 
 from mahabharatha import logs, signals, waiting
 from mahabharatha.backends import lock_url, open_backend, shared_backend
@@ -52,7 +53,9 @@ def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
 
 
 def _owner_pid(pid: int | None) -> int:
-    return os.getpid() if pid is None else _valid_pid(pid)
+    if pid is not None and not 1 <= pid <= MAX_PID:
+        raise ValueError(f"Invalid pid: {pid} (must be 1 to {MAX_PID})")
+    return os.getpid() if pid is None else pid
 
 
 # --------------------------------------------------------------------------- looking
@@ -161,46 +164,8 @@ def _held_by(
     return judge(facts, callers, alive=False).verdict is Verdict.CALLER
 
 
-def _try_uninterrupted(
-    backend: LockBackend,
-    feature: str,
-    pid: int,
-    reclaim_dead: bool,
-    details: bytes | None = None,
-    lease: float | None = None,
-) -> AcquireResult:
-    """One try whose lock, if it took one, is either returned or removed again, even when a
-    signal handler raises: it never stays held unknown to the caller."""
-    outcome: AcquireResult | None = None
-    try:
-        with signals.Deferred():
-            # Race: Ctrl-C right after link() published our lock: deferred to the end of this
-            # block, by when ``outcome`` knows the exact lock to take back.
-            sent = monotonic()  # the lease on the server runs from no earlier than this
-            outcome = _try_once(backend, feature, pid, reclaim_dead, details, lease)
-            if outcome.held is not None and outcome.held.sent is None:  # else the backend's
-                outcome = outcome._replace(held=outcome.held._replace(sent=sent))
-    except BaseException:
-        if outcome is not None and outcome.held is not None:
-            with signals.Deferred():  # a second Ctrl-C must not cut the take-back short
-                backend.release_held(outcome.held)
-        raise
-    return outcome
-
-
 WaitCallback = Callable[[LockInfo, float | None], None]
 """Called while waiting with the holder's info and the seconds left (``None``: no limit)."""
-
-
-def _judged(backend: LockBackend, stopped_by: LockInfo) -> LockInfo:
-    """The holder that stopped a wait, its owner judged as status does (the polls skip that)."""
-    try:
-        now = backend.inspect(stopped_by.feature)
-    except OSError:
-        return stopped_by
-    # Race: the holder changed since the try that stopped us: report the one that did.
-    same = now.pid == stopped_by.pid and now.timestamp == stopped_by.timestamp
-    return now if same else stopped_by
 
 
 def acquire(
@@ -229,57 +194,108 @@ def acquire(
     timeout = _valid_timeout(timeout)
     owner = _owner_pid(pid)
     store = _backend(backend, gsd_dir)
-    details = ownership.details_of(owner, command)
-    wait = _Waiting(waiting.Deadline(timeout), {owner, *caller_pids}, on_wait)
-    while True:
-        outcome = _try_uninterrupted(store, feature, owner, reclaim_dead, details, lease)
-        if outcome.held is not None:
-            return outcome.held
-        holder, left = wait.stopped_by(outcome)
-        if left is not None and left <= 0:
-            raise (LockTimeoutError if timeout else LockHeldError)(_judged(store, holder))
-        _pause(store, feature, wait.pause(holder, left), left)
+    asked = _Ask(store, feature, owner, timeout, reclaim_dead, lease, command, caller_pids)
+    return _Acquiring(asked, on_wait).run()
 
 
-class _Waiting:
-    """One acquire's wait (``acquire``, ``AsyncFeatureLock``): deadline, backoff, a lost try."""
+class _Ask(NamedTuple):
+    store: LockBackend
+    feature: str
+    owner: int
+    timeout: float | None
+    reclaim_dead: bool
+    lease: float | None
+    command: Sequence[str] | None
+    caller_pids: Iterable[int]
 
-    def __init__(
-        self, deadline: waiting.Deadline, callers: set[int], on_wait: WaitCallback | None
-    ) -> None:
-        self.deadline, self.callers, self.on_wait, self.said = deadline, callers, on_wait, False
+
+class _Acquiring:
+    """One acquire's loop, written once for ``acquire`` and ``AsyncFeatureLock``: try, judge
+    who stopped us, pause. :meth:`run` pauses by sleeping; the async driver runs each try in
+    a thread (or on the loop) and awaits each pause."""
+
+    def __init__(self, ask: _Ask, on_wait: WaitCallback | None) -> None:
+        self.ask, self.on_wait, self.said = ask, on_wait, False
+        self.details = ownership.details_of(ask.owner, ask.command)
+        self.callers = {ask.owner, *ask.caller_pids}
+        self.deadline = waiting.Deadline(ask.timeout)
+        self.left = ask.timeout
         self.delays = waiting.backoff()
 
-    def stopped_by(self, outcome: AcquireResult) -> tuple[LockInfo, float | None]:
-        """The holder that stopped a try and the seconds left (0 or less: the wait is over);
-        :class:`AlreadyHeldError` when it is the caller: waiting would wait for ourselves."""
+    def run(self) -> Held:
+        while True:
+            outcome = self.try_once()
+            if outcome.held is not None:
+                # Race: a signal handler runs at a call; one between the try and this return
+                # would leave the lock held unknown to the caller: there is none.
+                return outcome.held
+            pause = self.after(outcome)
+            if isinstance(pause, LockInfo):
+                raise self.judged_error(pause)
+            store = self.ask.store
+            if lacks(store, HearsReleases) or not isinstance(store, HearsReleases):
+                sleep(pause)
+            else:
+                store.wait_for_release(self.ask.feature, self.slice())
+
+    def try_once(self) -> AcquireResult:
+        """One try whose lock, if it took one, is either returned or removed again, even when
+        a signal handler raises: it never stays held unknown to the caller."""
+        ask, outcome = self.ask, None
+        try:
+            with signals.Deferred():
+                # Race: Ctrl-C right after link() published our lock: deferred to the end of
+                # this block, by when ``outcome`` knows the exact lock to take back.
+                sent = monotonic()  # the lease on the server runs from no earlier than this
+                outcome = _try_once(
+                    ask.store, ask.feature, ask.owner, ask.reclaim_dead, self.details, ask.lease
+                )
+                if outcome.held is not None and outcome.held.sent is None:  # else the backend's
+                    outcome = outcome._replace(held=outcome.held._replace(sent=sent))
+        except BaseException:
+            if outcome is not None and outcome.held is not None:
+                with signals.Deferred():  # a second Ctrl-C must not cut the take-back short
+                    ask.store.release_held(outcome.held)
+            raise
+        return outcome
+
+    def after(self, outcome: AcquireResult) -> LockInfo | float:
+        """What a try that did not win leads to: the holder a wait ran out on, or the seconds to
+        pause (the wait said: logged once, ``on_wait`` each time). :class:`AlreadyHeldError`
+        when the holder is the caller: waiting would wait for ourselves."""
         holder = outcome.holder
         assert holder is not None  # a try that did not win names who stopped it
         if outcome.verdict is Verdict.CALLER or _held_by(
             holder, outcome.holder_details, self.callers
         ):
             raise AlreadyHeldError(holder)
-        return holder, self.deadline.left()
-
-    def pause(self, holder: LockInfo, left: float | None) -> float:
-        """Say that we wait (logged once, ``on_wait`` each time); the next pause."""
+        self.left = self.deadline.left()
+        if self.left is not None and self.left <= 0:
+            return holder
         if not self.said:
             self.said = True
             logs.say(logs.INFO, "waiting: %s", describe_holder(holder))
         if self.on_wait is not None:
-            self.on_wait(holder, left)
+            self.on_wait(holder, self.left)
         return self.deadline.cap(next(self.delays))
 
+    def slice(self) -> float:
+        """The longest wait for a release heard: a stale or dead lock wakes no one."""
+        return WAKE_UP_SLICE_SECONDS if self.left is None else min(WAKE_UP_SLICE_SECONDS, self.left)
 
-def _pause(backend: LockBackend, feature: str, delay: float, left: float | None) -> None:
-    """Between two tries: sleep ``delay``, or wait for a release where the backend hears them
-    (at most a slice, or what is left of the wait)."""
-    if lacks(backend, HearsReleases) or not isinstance(backend, HearsReleases):
-        sleep(delay)
-        return
-    backend.wait_for_release(
-        feature, WAKE_UP_SLICE_SECONDS if left is None else min(WAKE_UP_SLICE_SECONDS, left)
-    )
+    def judged_error(self, holder: LockInfo) -> LockHeldError:
+        """The error of a wait that ran out on ``holder``, judged as status does (the polls
+        skip that)."""
+        try:
+            now = self.ask.store.inspect(holder.feature)
+        except OSError:
+            now = holder
+        # Race: the holder changed since the try that stopped us: report the one that did.
+        same = now.pid == holder.pid and now.timestamp == holder.timestamp
+        return self.busy(now if same else holder)
+
+    def busy(self, holder: LockInfo) -> LockHeldError:
+        return (LockTimeoutError if self.ask.timeout else LockHeldError)(holder)
 
 
 def _valid_timeout(timeout: float | None, name: str = "timeout") -> float | None:
@@ -297,12 +313,6 @@ def _valid_seconds(name: str, value: float | None) -> float | None:
     if value is not None and not math.isfinite(value):
         raise ValueError(f"Invalid {name}: {value!r} (must be a finite number of seconds)")
     return value
-
-
-def _valid_pid(pid: int) -> int:
-    if not 1 <= pid <= MAX_PID:
-        raise ValueError(f"Invalid pid: {pid} (must be 1 to {MAX_PID})")
-    return pid
 
 
 def _valid_attempts(attempts: int) -> None:

@@ -143,19 +143,18 @@ def claim_next(
         _valid_attempts(attempts)
     wait = _valid_timeout(wait, "wait")
     found: list[FeatureProblem] = [] if problems is None else problems
-    pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
     options = _ClaimOptions(reclaim_dead, include_done, attempts, lease)
-    outcome = _claim_waiting(pool, options, wait)
+    outcome = _claim_waiting(_Pool(store, candidates, owner, command, found, options), wait)
     if problems is None and found and outcome.held is None:
         raise found[0].error
     return outcome
 
 
-def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> ClaimOutcome:
+def _claim_waiting(pool: _Pool, wait: float | None) -> ClaimOutcome:
     """Claim; while only features held by others are left, wait for a release (``wait``
     seconds; ``None``: for ever) and claim again. The watch exists only while waiting."""
     deadline = pool.deadline = waiting.Deadline(wait)
-    outcome = pool.claim(options)
+    outcome = pool.claim()
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
     pool.tell_waiting(outcome.busy)
@@ -167,7 +166,7 @@ def _claim_waiting(pool: _Pool, options: _ClaimOptions, wait: float | None) -> C
         while True:
             # Race: a release between the claim above and the watch's start was not seen by
             # either: this claim, made with the watch in place, sees it.
-            outcome = pool.claim(options)
+            outcome = pool.claim()
             if outcome.held is not None or outcome.nothing_left:
                 return outcome
             if deadline.passed():
@@ -190,14 +189,14 @@ class _Pool:
         store: LockBackend,
         candidates: list[str],
         owner: int,
-        details: bytes | None,
+        command: Sequence[str] | None,
         problems: list[FeatureProblem],
+        options: _ClaimOptions,
     ) -> None:
-        self.store = store
-        self.candidates = candidates
-        self.owner = owner
-        self.details = details
+        self.store, self.candidates, self.owner = store, candidates, owner
+        self.details = ownership.details_of(owner, command)
         self.problems = problems
+        self.reclaim_dead, self.include_done, self.attempts, self.lease = options
         self.local = _local_markers(store)
         self.one_step: ClaimsInOneStep | None = None
         if not lacks(store, ClaimsInOneStep) and isinstance(store, ClaimsInOneStep):
@@ -250,17 +249,17 @@ class _Pool:
                 ends = max(ends, min(float(at), now) + self.retry_delay)
         return now < ends
 
-    def claim(self, options: _ClaimOptions) -> ClaimOutcome:
+    def claim(self) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
         if self.one_step is not None:
-            return self._claim_in_one_step(self.one_step, options)
+            return self._claim_in_one_step(self.one_step)
         seen: dict[str, list[str]] = {"done": [], "failed": [], "busy": [], "mine": []}
         start = self.open_from
         for index in range(start, len(self.candidates)):
             feature = self.candidates[index]
             verdict = self.finished.get(feature)
             if verdict is None:
-                tried = self._tried(feature, options)
+                tried = self._tried(feature)
                 if isinstance(tried, Held):
                     return ClaimOutcome(tried)
                 if tried in ("done", "failed"):
@@ -275,43 +274,43 @@ class _Pool:
             seen[verdict][:0] = [f for f in passed if self.finished[f] == verdict]
         return _outcome_of(seen)
 
-    def _tried(self, feature: str, options: _ClaimOptions) -> Held | str | None:
+    def _tried(self, feature: str) -> Held | str | None:
         """:meth:`_claim_one`, with an OS error kept in ``problems`` (``None``: not tried)."""
         try:
-            return self._claim_one(feature, options)
+            return self._claim_one(feature)
         except OSError as error:
             where = str(error.filename or self.store.where())
             self.problems.append(FeatureProblem(feature, where, error))
             return None
 
-    def _finished(self, feature: str, options: _ClaimOptions) -> str | None:
+    def _finished(self, feature: str) -> str | None:
         """``done`` or ``failed`` when the feature is finished, ``busy`` while it rests after
         a failed attempt, else None."""
-        if not options.include_done and self.store.is_done(feature):
+        if not self.include_done and self.store.is_done(feature):
             return "done"
         record = self.store.attempts(feature)
         if record is None:
             return None
-        limit = record.limit if options.attempts is None else options.attempts
+        limit = record.limit if self.attempts is None else self.attempts
         if record.tries >= limit:
             return "failed"
         return "busy" if self._resting(feature, record) else None
 
-    def _claim_one(self, feature: str, options: _ClaimOptions) -> Held | str:
+    def _claim_one(self, feature: str) -> Held | str:
         """Take ``feature`` unless it is finished: the acquisition, or why not (``done``,
         ``failed``, ``busy``, ``mine``: held by the claimer itself)."""
-        finished = self._finished(feature, options)
+        finished = self._finished(feature)
         if finished is not None:
             return finished  # cheap: most finished features are skipped without their lock
         outcome = _try_once(
-            self.store, feature, self.owner, options.reclaim_dead, self.details, options.lease
+            self.store, feature, self.owner, self.reclaim_dead, self.details, self.lease
         )
         if outcome.held is None:
             return "mine" if self._holds(outcome) else "busy"
         # Race: a worker marked the feature done (or recorded its last failed attempt) and
         # released it between our first look and our acquire. Both publish before they
         # release, so now that we hold the lock the mark is certainly visible: give it back.
-        finished = self._finished(feature, options)
+        finished = self._finished(feature)
         if finished is None:
             return outcome.held
         self.store.release_held(outcome.held)
@@ -323,12 +322,12 @@ class _Pool:
             return True
         return _held_by(outcome.holder, outcome.holder_details, {self.owner})
 
-    def _claim_in_one_step(self, store: ClaimsInOneStep, options: _ClaimOptions) -> ClaimOutcome:
+    def _claim_in_one_step(self, store: ClaimsInOneStep) -> ClaimOutcome:
         """A backend that claims in one statement (PostgreSQL), offered the features not done
         or failed in their local folder (looked at once per pool: the list offered stays the
         same, the server keeps a prepared claim per list)."""
         if self.offered is None:
-            here = ((f, self._finished_here(f, options)) for f in self.candidates)
+            here = ((f, self._finished_here(f)) for f in self.candidates)
             self.here = {f: finished for f, finished in here if finished is not None}
             self.offered = [f for f in self.candidates if f not in self.here]
         offered = self.offered
@@ -336,16 +335,16 @@ class _Pool:
             won = store.try_claim(
                 offered,
                 Requester(self.owner, self.details),
-                reclaim_dead=options.reclaim_dead,
-                lease=options.lease,
-                include_done=options.include_done,
+                reclaim_dead=self.reclaim_dead,
+                lease=self.lease,
+                include_done=self.include_done,
                 retry_delay=self.retry_delay,  # the statement skips resting rows, by its clock
                 slot_wait=self.deadline.left(),  # a claimer holding nothing waits for a slot
             )
             if won is None or won.held is None:
                 break
             _said(won)
-            if self._finished_here(won.held.feature, options) is None:
+            if self._finished_here(won.held.feature) is None:
                 return ClaimOutcome(won.held)
             # Race: its folder got a marker after the pool looked (another checkout's done):
             # done all the same; give the lock back and leave it out from now on.
@@ -371,7 +370,7 @@ class _Pool:
         # try may also take one released meanwhile.
         for feature in busy:
             mine = feature in held and self._may_be_mine(held[feature])
-            verdict = self._tried(feature, options) if mine else None
+            verdict = self._tried(feature) if mine else None
             if isinstance(verdict, Held):
                 return ClaimOutcome(verdict)
             seen[verdict or "busy"].append(feature)
@@ -380,22 +379,16 @@ class _Pool:
     def _may_be_mine(self, holder: LockInfo) -> bool:
         return holder.pid == self.owner and holder.host in (None, ownership.host_name())
 
-    def _finished_here(self, feature: str, options: _ClaimOptions) -> str | None:
+    def _finished_here(self, feature: str) -> str | None:
         """``done`` or ``failed`` when the feature's local folder says so, else None."""
         if self.local is None:
             return None
         found = _finished_in(
-            self.local, feature, include_done=options.include_done, attempts=options.attempts
+            self.local, feature, include_done=self.include_done, attempts=self.attempts
         )
         return None if found is None else str(found[0])
 
 
 def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
     """A claim round that took nothing: what each feature was."""
-    return ClaimOutcome(
-        None,
-        tuple(seen["busy"]),
-        tuple(seen["done"]),
-        tuple(seen["failed"]),
-        tuple(seen["mine"]),
-    )
+    return ClaimOutcome(None, *(tuple(seen[kind]) for kind in ("busy", "done", "failed", "mine")))

@@ -1,10 +1,6 @@
-"""``lock work --jobs N``: N workers of one pool, forked from this process after its imports and
-before any backend, lock or thread exists (they share the imports and nothing else). Each leads
-a session of its own, off the terminal; this process forwards INT, TERM and HUP to every worker
-once; each runs the loop as a lone ``lock work`` and answers one JSON report on a pipe of its
-own, read as it comes. :func:`merge_reports` makes the pool's report. Long form:
-``design/lockfile-hardening.md`` (``lock work -j N``).
-"""
+"""``lock work --jobs N``: N forked workers of one pool, each a lone ``lock work`` answering one
+JSON report on a pipe, this process forwarding INT, TERM and HUP to them; :func:`merge_reports`
+makes the pool's report. Long form: ``design/lockfile-hardening.md`` (``lock work -j N``)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,6 @@ from mahabharatha.functional import (
     _valid_seconds,
     _valid_timeout,
 )
-from mahabharatha.owner import ownership
 from mahabharatha.pool.claim import _claim_waiting, _ClaimOptions, _Pool
 from mahabharatha.states import WorkEnd, WorkOutcome
 
@@ -80,6 +79,7 @@ class PoolLock(FeatureLock):
     ``release`` and the block's end (``run_locked`` for ``lock work``), which stop the heartbeat."""
 
     _connection_grace = POOL_CONNECTION_GRACE_SECONDS  # a quick command's end reuses it
+    _ends_by_outcome = True  # :meth:`finish` marks and releases it in one step
 
     def __init__(
         self,
@@ -102,7 +102,7 @@ class PoolLock(FeatureLock):
             command=command,
             lease=lease,
         )
-        self._claimed, self._ends_by_outcome = held, True  # adopted; ended by :meth:`finish`
+        self._claimed = held
         self._left: Held | None = None  # abandoned to work that still holds its proof
         # A failed command's leftover work: asked until it ends (then the attempt is recorded).
         self.left_running: Callable[[], bool] | None = None
@@ -228,11 +228,11 @@ def run_pool(
     wait = _valid_timeout(wait, "wait")
     owner = os.getpid()
     found: list[FeatureProblem] = [] if problems is None else problems
-    pool = _Pool(store, candidates, owner, ownership.details_of(owner, command), found)
-    pool.retry_delay = _valid_seconds("retry_delay", retry_delay) or 0.0
-    pool.on_waiting = on_waiting
     lease = _valid_seconds("lease", store.run_lease)
     options = _ClaimOptions(reclaim_dead, False, attempts, lease)
+    pool = _Pool(store, candidates, owner, command, found, options)
+    pool.retry_delay = _valid_seconds("retry_delay", retry_delay) or 0.0
+    pool.on_waiting = on_waiting
     results: list[WorkResult] = []
 
     def record(result: WorkResult) -> None:
@@ -244,7 +244,7 @@ def run_pool(
     leaving: list[PoolLock] = []  # held for work a failed command left running
     try:
         while True:
-            outcome = _claim_waiting(pool, options, wait)
+            outcome = _claim_waiting(pool, wait)
             if outcome.held is None and outcome.nothing_left and leaving:
                 # Race: only features whose failed command left work are ours still; the
                 # other workers wait for them (their owner, us, lives): wait for that work

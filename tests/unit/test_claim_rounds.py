@@ -13,14 +13,14 @@ from mahabharatha import clock
 from mahabharatha.backends.base import Requester, ServerFullError
 from mahabharatha.backends.files.backend import FileBackend
 from mahabharatha.constants import COMPLETED_MARKER_NAME
-from mahabharatha.owner import ownership
 from mahabharatha.pool import claim
 from tests.cli._support import write_lock
 
 
 def _pool(gsd: Path, names: list[str]) -> claim._Pool:
     me = os.getpid()
-    return claim._Pool(FileBackend(gsd), names, me, ownership.details_of(me), [])
+    options = claim._ClaimOptions(False, False, None, None)
+    return claim._Pool(FileBackend(gsd), names, me, None, [], options)
 
 
 def test_a_round_that_takes_nothing_names_every_feature_in_order(tmp_path: Path) -> None:
@@ -32,14 +32,13 @@ def test_a_round_that_takes_nothing_names_every_feature_in_order(tmp_path: Path)
         (gsd / "specs" / name / COMPLETED_MARKER_NAME).write_text("2026-11-26T00:00:00Z\n")
     write_lock(gsd, "b", pid=1, timestamp=clock.now())  # held by a live process (init)
     pool = _pool(gsd, names)
-    options = claim._ClaimOptions(False, False, None, None)
-    first = pool.claim(options)
+    first = pool.claim()
     assert (first.held, first.busy, first.done) == (None, ("b",), ("a", "c", "d"))
     assert pool.open_from == 1  # "a" is behind every later round
-    second = pool.claim(options)
+    second = pool.claim()
     assert (second.held, second.busy, second.done) == (None, ("b",), ("a", "c", "d"))
     (gsd / "specs" / "b" / ".lock").unlink()
-    third = pool.claim(options)
+    third = pool.claim()
     assert third.held is not None and third.held.feature == "b"
 
 
