@@ -66,9 +66,6 @@ MAX_CLAIM_ROUNDS: Final = 4  # a claim finds rows missing at most once per new f
 MAX_REGISTERED_LISTS: Final = 8  # lists a connection keeps a prepared claim for (a pool: one)
 
 
-# --------------------------------------------------------------------------- the backend
-
-
 @dataclass(frozen=True)
 class _Row:
     feature: str
@@ -144,10 +141,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     ) -> PostgresBackend:
         """The backend for ``url``; the namespace given, else from the environment, else the
         repository's ``origin`` remote (else ValueError)."""
-        chosen = namespace or os.environ.get(NAMESPACE_ENV) or None
-        if chosen is None:
-            chosen = derive_namespace(gsd_dir)
-        if chosen is None:
+        chosen = namespace or os.environ.get(NAMESPACE_ENV) or derive_namespace(gsd_dir)
+        if not chosen:
             raise ValueError(
                 "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
                 "none could be derived: the --gsd-dir folder is in no git repository with an "
@@ -164,20 +159,14 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             on_slot_wait=on_slot_wait,
         )
 
-    # ------------------------------------------------------------------ people
-
     def where(self) -> str:
         return str(self._server)
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self.where()!r}, namespace={self.namespace!r})"
 
-    # ------------------------------------------------------------------ the namespace's values
-
     def _params(self, **values: Any) -> dict[str, Any]:
         return {"ns": self.namespace, **values}
-
-    # ------------------------------------------------------------------ schema
 
     def init(self) -> int:
         """Create the tables, or the lost token sequence (above every token); the schema
@@ -396,21 +385,13 @@ class PostgresBackend(ReleaseWaits, LockBackend):
 
     def _rows_ensured(self, params: dict[str, Any]) -> None:
         statement = self._sql(statements.ENSURE_ROWS)
-
-        def run(conn: _Connection) -> None:
-            conn.execute(statement, params)
-
-        self._run(run)
+        self._run(lambda conn: conn.execute(statement, params))
 
     def _judged_dead(self, features: Sequence[str]) -> list[int]:
         """Tokens of the held locks among ``features`` whose owner is provably gone here."""
-        rows = [
-            _Row(*row)
-            for row in self._rows(statements.SELECT_WANTED, self._params(features=list(features)))
-        ]
         return [
             row.token
-            for row in rows
+            for row in self._select(statements.SELECT_WANTED, features=list(features))
             if row.token is not None and self._info(row).verdict is Verdict.GONE
         ]
 
@@ -432,7 +413,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             timestamp=refreshed + shift,
             expires_at=expires + shift,
             token=int(token),
-            handle=_Handle(params["lease"], params["attempt"]),
             sent=sent,
         )
         replaced = None
@@ -443,8 +423,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             if replaced.owner != Owner.UNKNOWN.value and state == "active":
                 reason = f"owner {replaced.owner}"
         return AcquireResult(held, replaced=replaced, reason=reason if replaced else None)
-
-    # ------------------------------------------------------------------ holding
 
     def refresh(self, held: Held) -> Held:
         params = self._params(feature=held.feature, token=held.token)
@@ -467,16 +445,12 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         """Release and wake the waiters in one round trip (``wait``: nothing refuses a release)."""
         text = self._sql(statements.RELEASE_HELD_NUMBERED)
         values = (self.namespace, held.feature, held.token)
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return self._release_then_wake(conn, text, values)
-
-        released = bool(self._run(run, pins_itself=True))
+        released = bool(self._run(partial(self._release_then_wake, text, values), pins_itself=True))
         self._leases.pop((held.feature, held.pid), None)
         return released
 
     def _release_then_wake(
-        self, conn: _Connection, text: str, values: Sequence[Any]
+        self, text: str, values: Sequence[Any], conn: _Connection
     ) -> list[tuple[Any, ...]]:
         """The release and then the wake-up, each its own transaction, in one pipeline: a
         refused wake-up (a full queue) fails after the release's COMMIT, which stands. Behind
@@ -517,11 +491,12 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def verify(self, feature: str, token: int) -> bool:
         return bool(self._rows(statements.VERIFY, self._params(feature=feature, token=token))[0][0])
 
-    # ------------------------------------------------------------------ looking
+    def _select(self, query: str, **values: Any) -> list[_Row]:
+        return [_Row(*found) for found in self._rows(query, self._params(**values))]
 
     def _row(self, feature: str) -> _Row | None:
-        found = self._rows(statements.SELECT_ONE, self._params(feature=feature))
-        return _Row(*found[0]) if found else None
+        found = self._select(statements.SELECT_ONE, feature=feature)
+        return found[0] if found else None
 
     def _info(self, row: _Row, *, state: str | None = None) -> LockInfo:
         if row.pid is None:
@@ -558,16 +533,14 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return info if info.state != "done" else _unlocked(feature, "free")
 
     def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
-        return [
-            self._info(_Row(*row)) for row in self._rows(statements.SELECT_HELD, self._params())
-        ]
+        return [self._info(row) for row in self._select(statements.SELECT_HELD)]
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         names = self.feature_names()
         local = set(names)
         infos = {
             row.feature: self._info(row)
-            for row in (_Row(*found) for found in self._rows(statements.SELECT_ALL, self._params()))
+            for row in self._select(statements.SELECT_ALL)
             if row.pid is not None or row.done or row.feature in local  # not a bare old row
         }
         for name in names:
@@ -583,8 +556,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def feature_names(self) -> list[str]:
         return feature_folders(self.gsd_dir)
 
-    # ------------------------------------------------------------------ maintenance
-
     def clean(
         self,
         *,
@@ -593,7 +564,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         problems: list[FeatureProblem] | None = None,
         features: Iterable[str] | None = None,
     ) -> list[CleanedEntry]:
-        rows = [_Row(*row) for row in self._rows(statements.SELECT_HELD, self._params())]
+        rows = self._select(statements.SELECT_HELD)
         if features is not None:
             wanted = set(features)
             rows = [row for row in rows if row.feature in wanted]
@@ -680,8 +651,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def reopen(self, feature: str) -> bool:
         return bool(self._rows(statements.REOPEN, self._params(feature=feature)))
 
-    # ------------------------------------------------------------------ failed attempts
-
     def _all_attempts(self) -> dict[str, Attempts]:
         found = {}
         for feature, failures, failed, last in self._rows(statements.ATTEMPTS, self._params()):
@@ -732,8 +701,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             name for name, failed in rows if not failed
         }
 
-    # ------------------------------------------------------------------ waiting
-
     def async_release_listener(self) -> Any:
         from mahabharatha.backends.postgres.aio import listener_for
 
@@ -770,11 +737,3 @@ def _owner_keys(pid: int) -> dict[str, bytes | None]:
 
 def _unlocked(feature: str, state: str) -> LockInfo:
     return LockInfo(feature, State(state), None, None, None, None, Owner.UNKNOWN)
-
-
-@dataclass(frozen=True)
-class _Handle:
-    """What a PostgreSQL acquisition keeps besides its token."""
-
-    lease: float
-    attempt: bytes

@@ -75,9 +75,7 @@ class ReleaseWaits(Session):
         """LISTEN on the claims' connection (a waiting worker needs no second one); None behind
         a pooler, on a crowded server (both poll) or with no connection kept."""
         conn = self._conn
-        if self._behind_pooler or self._slots_scarce or conn is None or conn.closed:
-            return None
-        if conn.pooled:
+        if self._behind_pooler or self._slots_scarce or conn is None or conn.closed or conn.pooled:
             return None
         try:
             conn.execute(statements.listen(verb="LISTEN", channel=self.channel))

@@ -8,7 +8,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from typing import Any, Final, TypeVar
 
@@ -99,8 +99,9 @@ class Session:
     def _connect(self, application_name: str = "mahabharatha") -> _Connection:
         """A new autocommit connection, bounded by ``--connect-timeout`` and set up; a server
         with every slot taken is asked again, jittered, until the timeout."""
-        deadline = Deadline(self.connect_timeout)
-        pauses = backoff(SLOTS_FIRST_PAUSE_SECONDS, SLOTS_MAX_PAUSE_SECONDS, math.inf)
+        pauses = _pauses(
+            Deadline(self.connect_timeout), SLOTS_FIRST_PAUSE_SECONDS, SLOTS_MAX_PAUSE_SECONDS
+        )
         while True:
             try:
                 conn = _Connection.connect(
@@ -112,15 +113,13 @@ class Session:
                 )
                 break
             except psycopg.OperationalError as error:
-                if not _out_of_slots(error) or deadline.passed():
+                if not _out_of_slots(error) or not next(pauses, False):
                     raise
-                time.sleep(deadline.cap(next(pauses)))
         conn.deadline = self.connect_timeout
         try:
             self._set_up_session(conn)
         except BaseException:
-            with suppress(psycopg.Error, OSError):
-                conn.close()
+            _close(conn)
             raise
         return conn
 
@@ -216,9 +215,7 @@ class Session:
         self._drop_listener()
 
     def _drop_connection(self) -> None:
-        if self._conn is not None:
-            with suppress(psycopg.Error, OSError):
-                self._conn.close()
+        _close(self._conn)
         self._conn = None
 
     def _error(self, error: BaseException) -> BackendError:
@@ -252,7 +249,7 @@ class Session:
         anything else is a :class:`BackendError`. Pooled: :meth:`_pinned` unless it pins itself."""
         lost = 0
         created = False
-        rolled_back: _Pauses | None = None  # made at the first rollback: none on the hot path
+        rolled_back: Iterator[bool] | None = None  # made at the first rollback: not on the hot path
         while True:
             try:
                 conn = self._connection()
@@ -266,8 +263,12 @@ class Session:
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
                 # Race: a concurrent transaction made the server roll the statement back: nothing
                 # was done and the connection is sound; run it again after a pause.
-                rolled_back = rolled_back or _Pauses(self.connect_timeout)
-                if not rolled_back.pause():
+                rolled_back = rolled_back or _pauses(
+                    Deadline(self.connect_timeout),
+                    SERIALIZATION_FIRST_PAUSE_SECONDS,
+                    SERIALIZATION_MAX_PAUSE_SECONDS,
+                )
+                if not next(rolled_back, False):
                     raise self._error(error) from None
             except pg_errors.UndefinedTable as error:
                 if created:
@@ -427,26 +428,23 @@ class Session:
         return True
 
     def _drop_listener(self) -> None:
-        if self._listener is not None:
-            with suppress(psycopg.Error, OSError):
-                self._listener.close()
+        _close(self._listener)
         self._listener = None
 
 
-class _Pauses:
-    """Pauses between runs of a statement rolled back, for ``seconds``; then False."""
+def _pauses(deadline: Deadline, first: float, most: float) -> Iterator[bool]:
+    """Each ``next`` pauses (backing off, ending at ``deadline``) and is True; then ends."""
+    for pause in backoff(first, most, math.inf):
+        if deadline.passed():
+            return
+        time.sleep(deadline.cap(pause))
+        yield True
 
-    def __init__(self, seconds: float) -> None:
-        self.deadline = Deadline(seconds)
-        self.pauses = backoff(
-            SERIALIZATION_FIRST_PAUSE_SECONDS, SERIALIZATION_MAX_PAUSE_SECONDS, math.inf
-        )
 
-    def pause(self) -> bool:
-        if self.deadline.passed():
-            return False
-        time.sleep(self.deadline.cap(next(self.pauses)))
-        return True
+def _close(conn: _Connection | None) -> None:
+    if conn is not None:
+        with suppress(psycopg.Error, OSError):
+            conn.close()
 
 
 def _pause_for_a_slot() -> None:
