@@ -326,17 +326,15 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return names
 
     def _remember_rows(self, names: str, features: Sequence[str]) -> None:
+        """Rows of ``names`` exist; claimed by ``ORDER BY feature`` if ``COLLATE "C"`` orders
+        them as given (sorted, in UTF-8 or ASCII), else in their given order."""
         if names not in self._ensured:
-            pairs = itertools.pairwise(features)
-            ascending = all(before < after for before, after in pairs)
-            self._ensured[names] = ascending and self._server_orders_like_python(features)
-
-    def _server_orders_like_python(self, features: Sequence[str]) -> bool:
-        """Does ``COLLATE "C"`` order ``features`` as Python does? In UTF-8, or for ASCII names;
-        otherwise a sorted list is claimed in its given order, not by ``ORDER BY feature``."""
-        conn = self._conn
-        encoding = None if conn is None else conn.info.parameter_status("server_encoding")
-        return encoding == "UTF8" or all(name.isascii() for name in features)
+            conn = self._conn
+            encoding = None if conn is None else conn.info.parameter_status("server_encoding")
+            ascending = all(before < after for before, after in itertools.pairwise(features))
+            self._ensured[names] = ascending and (
+                encoding == "UTF8" or all(name.isascii() for name in features)
+            )
 
     # A claim that sends its list is never prepared (a generic plan cannot see the list); a
     # registered list is written into its statement, which is prepared (design/postgres.md).
@@ -499,11 +497,15 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return found[0] if found else None
 
     def _info(self, row: _Row, *, state: str | None = None) -> LockInfo:
+        """The row as a lock, its owner judged once, the lock's time on this host's clock."""
+        from mahabharatha.backends.liveness import OwnerFacts, judge
+
         if row.pid is None:
             return _unlocked(row.feature, state or ("done" if row.done else "free"))
         assert row.refreshed is not None and row.expires is not None
-        active = row.expires >= row.now
-        state = state or ("active" if active else "stale")
+        state = state or ("active" if row.expires >= row.now else "stale")
+        here = row.refreshed + _clock_shift(row.now)
+        owner = judge(OwnerFacts(row.pid, here, ownership.decode(row.details))).owner
         return LockInfo(
             feature=row.feature,
             state=State(state),
@@ -511,19 +513,10 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             timestamp=row.refreshed,
             age_seconds=max(0.0, row.now - row.refreshed),
             expires_in_seconds=max(0.0, row.expires - row.now) if state == "active" else None,
-            owner=self._judge(row),
+            owner=owner,
             host=row.host,
             token=row.token,
         )
-
-    def _judge(self, row: _Row) -> Owner:
-        """The one owner judgement, the lock's time moved onto this host's clock."""
-        from mahabharatha.backends.liveness import OwnerFacts, judge
-
-        if row.pid is None or row.refreshed is None:
-            return Owner.UNKNOWN
-        details = ownership.decode(row.details)
-        return judge(OwnerFacts(row.pid, row.refreshed + _clock_shift(row.now), details)).owner
 
     def inspect(self, feature: str) -> LockInfo:
         row = self._row(feature)
@@ -697,9 +690,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
         """As the protocol says, in one look (a failed row is closed: ``done_at`` set)."""
         rows = self._rows(statements.FAILED_AND_RETRIED, self._params(features=list(features)))
-        return {name for name, failed in rows if failed}, {
-            name for name, failed in rows if not failed
-        }
+        failed = {name for name, closed in rows if closed}
+        return failed, {name for name, _ in rows} - failed
 
     def async_release_listener(self) -> Any:
         from mahabharatha.backends.postgres.aio import listener_for

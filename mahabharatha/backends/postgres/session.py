@@ -81,8 +81,14 @@ class Session:
         # another thread's statement, no kept-cursor statement replaces an unread answer.
         self._one_operation = threading.RLock()
 
-    def _connect_timeout_arg(self) -> int:
-        return max(MIN_CONNECT_TIMEOUT_SECONDS, math.ceil(self.connect_timeout))
+    def _connect_args(self, application_name: str) -> dict[str, Any]:
+        """What every connection of this backend is made with (libpq's timeout: whole seconds)."""
+        return {
+            "autocommit": True,
+            "connect_timeout": max(MIN_CONNECT_TIMEOUT_SECONDS, math.ceil(self.connect_timeout)),
+            "application_name": application_name,
+            "client_encoding": CLIENT_ENCODING,
+        }
 
     def _connection(self) -> _Connection:
         conn = self._conn
@@ -104,13 +110,7 @@ class Session:
         )
         while True:
             try:
-                conn = _Connection.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=self._connect_timeout_arg(),
-                    application_name=application_name,
-                    client_encoding=CLIENT_ENCODING,
-                )
+                conn = _Connection.connect(self._url, **self._connect_args(application_name))
                 break
             except psycopg.OperationalError as error:
                 if not _out_of_slots(error) or not next(pauses, False):
@@ -184,7 +184,7 @@ class Session:
         assert found is not None
         usable, taken = found
         self._slots_seen = time.monotonic()
-        self._slots_scarce = usable - taken <= _few_slots(usable)
+        self._slots_scarce = usable - taken <= max(1, usable // 10)  # a tenth free, at least one
         return self._slots_scarce
 
     def _while_full(self, operation: Callable[[], _T], until: float | None) -> _T:
@@ -316,11 +316,9 @@ class Session:
         self, query: str, params: dict[str, Any], *, retry: bool = True
     ) -> list[tuple[Any, ...]]:
         statement = self._sql(query)
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(statement, params, binary=True).fetchall()
-
-        return self._run(run, retry=retry)
+        return self._run(
+            lambda conn: conn.execute(statement, params, binary=True).fetchall(), retry=retry
+        )
 
     def _hot(
         self, statement: str, values: Sequence[Any], sent: list[float] | None = None
@@ -360,8 +358,6 @@ class Session:
             found = _NAMED_SCHEMA.sub(self._schema_named, statement)
             self._in_schema[statement] = found
         return found
-
-    # ------------------------------------------------------------------ schema
 
     def _newer_schema(self, version: int) -> BackendError:
         return BackendError(
@@ -449,11 +445,6 @@ def _close(conn: _Connection | None) -> None:
 
 def _pause_for_a_slot() -> None:
     time.sleep(jittered(SLOT_PAUSE_SECONDS))
-
-
-def _few_slots(usable: int) -> int:
-    """How few free slots make a server crowded: a tenth, at least one."""
-    return max(1, usable // 10)
 
 
 def _out_of_slots(error: psycopg.OperationalError) -> bool:
