@@ -12,8 +12,8 @@ from contextlib import suppress
 from typing import Any, Final
 
 import psycopg
-from psycopg import sql
 
+from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.release_watch import ReleaseWaits
 from mahabharatha.constants import WAKE_UP_INTERVAL_SECONDS
 
@@ -112,7 +112,7 @@ class AsyncReleaseListener:
                     self._behind_pooler = True
                     await conn.close()
                     return None
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(backend.channel)))
+                await conn.execute(statements.listen(verb="LISTEN", channel=backend.channel))
             except BaseException:
                 await conn.close()
                 raise

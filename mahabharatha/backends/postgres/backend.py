@@ -220,10 +220,10 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
                 return self._won(taken[0], requester, params, reason="expired", sent=sent[-1])
-            holder = self._row(feature)
-            if holder is not None and holder.pid is not None:
+            holder = self._holder(feature)
+            if holder is not None:
                 break  # Race: otherwise it was released between the two statements: try again
-        if holder is None or holder.pid is None:
+        if holder is None:
             return AcquireResult(None, holder=self.inspect(feature))
         info = self._info(holder)
         if reclaim_dead and info.verdict is Verdict.GONE:
@@ -232,8 +232,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             if taken:
                 reason = f"owner {info.owner}"
                 return self._won(taken[0], requester, params, reason=reason, sent=sent[-1])
-            again = self._row(feature)
-            if again is not None and again.pid is not None:
+            again = self._holder(feature)
+            if again is not None:
                 holder, info = again, self._info(again)
         return AcquireResult(None, holder=info, holder_details=ownership.decode(holder.details))
 
@@ -357,7 +357,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             if registered and not retry and not conn.pooled:  # a registered claim is prepared
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
                 values = [params[name] for name in statements.REGISTERED_PARAMS]
-                found = self._on_kept_cursor(conn, statement, values, binary=True)
+                found = self._on_kept_cursor(conn, statement, values)
                 return 0, (found[0] if found else None)
             chosen = self._sql(first if not retry else statements.CLAIM_CHECKED)
             row = conn.execute(chosen, params, prepare=False, binary=True)
@@ -475,14 +475,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return released.fetchall()
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
-        params = self._params(
-            feature=feature, pid=pid, host=self._host, force=force, **_owner_keys(pid)
-        )
-        if self._rows(statements.RELEASE_PID, params):
+        if self._rows(statements.RELEASE_PID, self._owner_params(feature, pid, force=force)):
             self._wake_waiters()
             return True
-        holder = self._row(feature)
-        if holder is None or holder.pid is None:
+        holder = self._holder(feature)
+        if holder is None:
             return False
         raise NotOwnerError(self._info(holder))
 
@@ -492,9 +489,10 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def _select(self, query: str, **values: Any) -> list[_Row]:
         return [_Row(*found) for found in self._rows(query, self._params(**values))]
 
-    def _row(self, feature: str) -> _Row | None:
+    def _holder(self, feature: str) -> _Row | None:
+        """The row of ``feature`` while someone holds it."""
         found = self._select(statements.SELECT_ONE, feature=feature)
-        return found[0] if found else None
+        return found[0] if found and found[0].pid is not None else None
 
     def _info(self, row: _Row, *, state: str | None = None) -> LockInfo:
         """The row as a lock, its owner judged once, the lock's time on this host's clock."""
@@ -519,11 +517,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         )
 
     def inspect(self, feature: str) -> LockInfo:
-        row = self._row(feature)
-        if row is None:
-            return _unlocked(feature, "free")
-        info = self._info(row)
-        return info if info.state != "done" else _unlocked(feature, "free")
+        holder = self._holder(feature)  # a done or free row reads as free
+        return _unlocked(feature, "free") if holder is None else self._info(holder)
 
     def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         return [self._info(row) for row in self._select(statements.SELECT_HELD)]
@@ -605,27 +600,29 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         # would find it done by "someone else"; the unanswered id finds its own mark.
         lost_key = (feature, pid, threading.get_ident())
         attempt = self._unanswered_done.setdefault(lost_key, secrets.token_bytes(16))
-        params = self._params(
-            feature=feature,
-            pid=pid,
-            host=self._host,
-            attempt=attempt,  # a retry after a lost answer finds its own mark
-            **_owner_keys(pid),
-        )
-        found = self._rows(statements.DONE, params)
+        found = self._rows(statements.DONE, self._owner_params(feature, pid, attempt=attempt))
         self._unanswered_done.pop(lost_key, None)  # answered: the next done is new
-        self._leases.pop((feature, pid), None)
-        if not found:
-            raise self._not_held(feature, pid, "marked done")
-        self._wake_waiters()
+        self._let_go(feature, pid, found, "marked done")
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][0]))
 
-    def _not_held(self, feature: str, pid: int, what: str) -> NotOwnerError | NotHeldError:
-        """Why ``pid``'s ``done`` or ``fail`` wrote nothing: another holds it, or nobody."""
-        holder = self._row(feature)
-        if holder is not None and holder.pid is not None:
-            return NotOwnerError(self._info(holder))
-        return NotHeldError(feature, pid, what)
+    def _owner_params(self, feature: str, pid: int, **values: Any) -> dict[str, Any]:
+        """The parameters of a statement ``pid`` on this host may run as the holder (the
+        ``_OWNER_COULD_BE`` keys ``place``, ``start`` among them)."""
+        place, start = ownership.place_key(), ownership.start_key(pid)
+        owner = {"pid": pid, "host": self._host, "place": place, "start": start}
+        return self._params(feature=feature, **owner, **values)
+
+    def _let_go(self, feature: str, pid: int, found: list[Any], what: str) -> None:
+        """After ``pid``'s done or fail: the lease forgotten, waiters woken; if it wrote nothing
+        (``found`` empty), why: another holds it, or nobody."""
+        self._leases.pop((feature, pid), None)
+        if found:
+            self._wake_waiters()
+            return
+        holder = self._holder(feature)
+        if holder is None:
+            raise NotHeldError(feature, pid, what)
+        raise NotOwnerError(self._info(holder))
 
     def _wake_waiters(self) -> None:
         """Wake this schema's waiters after a committed change; best effort (one not sent costs
@@ -670,22 +667,13 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             "pid": pid,
             "reason": reason[:MAX_REASON_CHARS],
         }
-        params = self._params(
-            feature=feature,
-            pid=pid,
-            host=self._host,
-            entry=json.dumps(entry, sort_keys=True),
-            limit=limit,
-            **_owner_keys(pid),
+        params = self._owner_params(
+            feature, pid, entry=json.dumps(entry, sort_keys=True), limit=limit
         )
         # Not retried: run again after a lost answer, it would say "not held".
         found = self._rows(statements.FAIL, params, retry=False)
-        self._leases.pop((feature, pid), None)
-        if not found:
-            raise self._not_held(feature, pid, "recorded as failed")
-        self._wake_waiters()
-        tries = int(found[0][0])
-        return Attempts(tries, limit, (entry,))
+        self._let_go(feature, pid, found, "recorded as failed")
+        return Attempts(int(found[0][0]), limit, (entry,))
 
     def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
         """As the protocol says, in one look (a failed row is closed: ``done_at`` set)."""
@@ -720,11 +708,6 @@ def _acquire_values(params: dict[str, Any]) -> list[Any]:
     values = [params[name] for name in statements.ACQUIRE_PARAMS]
     values[-1] = values[-1] or None  # "judged", the last of statements.ACQUIRE_PARAMS
     return values
-
-
-def _owner_keys(pid: int) -> dict[str, bytes | None]:
-    """The parameters of ``_OWNER_COULD_BE`` for an owner named by ``pid`` on this host."""
-    return {"place": ownership.place_key(), "start": ownership.start_key(pid)}
 
 
 def _unlocked(feature: str, state: str) -> LockInfo:

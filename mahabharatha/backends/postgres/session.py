@@ -148,12 +148,9 @@ class Session:
                 "(default_transaction_read_only is on for this server, database or role), "
                 "which cannot keep locks: point the lock URL at the primary, or turn it off"
             )
-        if old_layout:
-            self._bring_up_to_date(conn)
-
-    def _bring_up_to_date(self, conn: _Connection) -> None:
-        """Bring older tables up to date, or refuse naming ``lock init`` if this role may not."""
-        try:
+        if not old_layout:
+            return
+        try:  # older tables brought up to date, or ``lock init`` named if this role may not
             self._create_schema_on(conn)
         except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as error:
             raise BackendError(
@@ -321,29 +318,28 @@ class Session:
         )
 
     def _hot(
-        self, statement: str, values: Sequence[Any], sent: list[float] | None = None
+        self, statement: str, values: Sequence[Any], sent: list[float]
     ) -> list[tuple[Any, ...]]:
-        """Run an uncontended cycle's statement (acquire, release) on the kept cursor, prepared
-        on first use, answered in binary; retried as :meth:`_run` does."""
+        """Run an uncontended cycle's statement (acquire) on the kept cursor, prepared on first
+        use, answered in binary; retried as :meth:`_run` does."""
         text = self._sql(statement)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            if sent is not None:
-                sent.append(time.monotonic())  # connected: a lease it sets runs from no earlier
-            return self._on_kept_cursor(conn, text, values, binary=True)
+            sent.append(time.monotonic())  # connected: a lease it sets runs from no earlier
+            return self._on_kept_cursor(conn, text, values)
 
         return self._run(run)
 
     def _on_kept_cursor(
-        self, conn: _Connection, statement: str | bytes, values: Sequence[Any], *, binary: bool
+        self, conn: _Connection, statement: str | bytes, values: Sequence[Any]
     ) -> list[tuple[Any, ...]]:
-        """Run a prepared ``$n`` statement on the cursor kept per connection, read its rows
-        (inside :meth:`_run`: one thread from statement to read)."""
+        """Run a prepared ``$n`` statement on the cursor kept per connection, read its rows in
+        binary (inside :meth:`_run`: one thread from statement to read)."""
         prepare = not conn.pooled  # Race: a pooler runs another client's same-named statement
         cursor = self._kept_cursor
         if cursor is None or cursor.connection is not conn:
             cursor = self._kept_cursor = psycopg.RawCursor(conn)
-        return cursor.execute(statement, values, prepare=prepare, binary=binary).fetchall()
+        return cursor.execute(statement, values, prepare=prepare, binary=True).fetchall()
 
     def _schema_named(self, found: re.Match[str]) -> str:
         before, after = found[1] or found[3] or "", found[2] or found[4] or ""
