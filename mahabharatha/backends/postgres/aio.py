@@ -42,7 +42,7 @@ class AsyncReleaseListener:
 
     def __init__(self, backend: ReleaseWaits) -> None:
         self.backend = backend
-        self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._watchers: set[asyncio.Event] = set()  # one channel: any release wakes them all
         self._reader: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()  # Race: waiters woken by a dead listener each made one
         self._behind_pooler = False
@@ -50,16 +50,13 @@ class AsyncReleaseListener:
         self._wake_later: asyncio.TimerHandle | None = None  # a wake-up kept for its time
 
     def watch(self, feature: str) -> asyncio.Event:
-        """An event set by every release of ``feature`` from now on (once listening)."""
+        """An event set by every release from now on (once listening): of ``feature`` too."""
         seen = asyncio.Event()
-        self._watchers.setdefault(feature, set()).add(seen)
+        self._watchers.add(seen)
         return seen
 
     def unwatch(self, feature: str, seen: asyncio.Event) -> None:
-        watchers = self._watchers.get(feature, set())
-        watchers.discard(seen)
-        if not watchers:
-            self._watchers.pop(feature, None)
+        self._watchers.discard(seen)
         if not self._watchers and self._reader is not None:
             self._reader.cancel()  # its ``finally`` closes the connection
             self._reader = None
@@ -150,6 +147,5 @@ class AsyncReleaseListener:
         self._set_every_event()
 
     def _set_every_event(self) -> None:
-        for watchers in list(self._watchers.values()):
-            for seen in watchers:
-                seen.set()
+        for seen in self._watchers:
+            seen.set()  # schedules the waiter: never changes the set meanwhile

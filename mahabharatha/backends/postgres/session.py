@@ -41,7 +41,8 @@ CLIENT_ENCODING: Final = "UTF8"  # a SQL_ASCII database's own would make text co
 # The lock tables' schema unless SCHEMA_ENV names another; every statement names it.
 DEFAULT_SCHEMA: Final = "mahabharatha"
 _NAMED_SCHEMA: Final = re.compile(  # where a statement names the default schema
-    r"(\bSCHEMA (?:IF NOT EXISTS )?)mahabharatha()\b|()\bmahabharatha(\.mahabharatha_)"
+    r"(?<=\bSCHEMA )mahabharatha\b|(?<=\bSCHEMA IF NOT EXISTS )mahabharatha\b"
+    r"|\bmahabharatha(?=\.mahabharatha_)"
 )
 # A statement whose connection was lost is run again at most twice: a warm connection found
 # closed, then a fresh one whose answer a reset cut off.
@@ -341,17 +342,13 @@ class Session:
             cursor = self._kept_cursor = psycopg.RawCursor(conn)
         return cursor.execute(statement, values, prepare=prepare, binary=True).fetchall()
 
-    def _schema_named(self, found: re.Match[str]) -> str:
-        before, after = found[1] or found[3] or "", found[2] or found[4] or ""
-        return f"{before}{self.schema}{after}"
-
     def _sql(self, statement: str) -> str:
         """``statement`` naming this backend's schema (the statements name ``mahabharatha``)."""
         if self.schema == DEFAULT_SCHEMA:
             return statement
         found = self._in_schema.get(statement)
         if found is None:
-            found = _NAMED_SCHEMA.sub(self._schema_named, statement)
+            found = _NAMED_SCHEMA.sub(self.schema, statement)  # a schema name has no backslash
             self._in_schema[statement] = found
         return found
 
@@ -377,7 +374,10 @@ class Session:
                 conn.execute(statements.PIN_SETTINGS, prepare=False)
             conn.execute(advisory)  # Race: two first uses creating the tables at once
             self._refuse_old_tables_elsewhere(conn)
-            if not repair and self._sequence_lost(conn):
+            lost = (statements.SEQUENCE_MISSING, statements.TABLE_EXISTS, statements.ROWS_EXIST)
+            if not repair and all(
+                conn.execute(self._sql(query)).fetchone() == (True,) for query in lost
+            ):
                 raise BackendError(
                     f"lock server {self._server} (PostgreSQL): the token sequence "
                     "mahabharatha_lock_token is missing next to existing locks (dropped, or the "
@@ -411,13 +411,6 @@ class Session:
                 f"or move them (ALTER TABLE/SEQUENCE ... SET SCHEMA {self.schema}) and run "
                 "'mahabharatha lock init'"
             )
-
-    def _sequence_lost(self, conn: _Connection) -> bool:
-        for query in (statements.SEQUENCE_MISSING, statements.TABLE_EXISTS, statements.ROWS_EXIST):
-            found = conn.execute(self._sql(query)).fetchone()
-            if not (found and found[0]):
-                return False
-        return True
 
     def _drop_listener(self) -> None:
         _close(self._listener)
