@@ -219,7 +219,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         for _ in range(MAX_CLAIM_ROUNDS):
             taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
-                return self._won(taken[0], requester, params, reason="expired", sent=sent[-1])
+                return self._won(taken[0], requester.pid, reason="expired", sent=sent[-1])
             holder = self._holder(feature)
             if holder is not None:
                 break  # Race: otherwise it was released between the two statements: try again
@@ -231,7 +231,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
                 reason = f"owner {info.owner}"
-                return self._won(taken[0], requester, params, reason=reason, sent=sent[-1])
+                return self._won(taken[0], requester.pid, reason=reason, sent=sent[-1])
             again = self._holder(feature)
             if again is not None:
                 holder, info = again, self._info(again)
@@ -301,7 +301,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             if taken is not None:
                 self._remember_rows(names, features)
                 reason = "owner judged gone" if params["judged"] else "expired"
-                return self._won(taken, requester, params, reason=reason, sent=sent[-1])
+                return self._won(taken, requester.pid, reason=reason, sent=sent[-1])
             if not missing:
                 if self._ensured.get(names):  # a lean claim, which cannot see missing rows
                     # Race: rows deleted since seen (a reset): the checked claim counts them;
@@ -393,26 +393,13 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             if row.token is not None and self._info(row).verdict is Verdict.GONE
         ]
 
-    def _won(
-        self,
-        row: Sequence[Any],
-        requester: Requester,
-        params: dict[str, Any],
-        *,
-        reason: str,
-        sent: float | None = None,
-    ) -> AcquireResult:
+    def _won(self, row: Sequence[Any], pid: int, *, reason: str, sent: float) -> AcquireResult:
+        """The lock ``row`` says ``pid`` took (``sent``: when the statement went out), and the
+        lock it replaced, if any."""
         feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
         shift = _clock_shift(now)
-        self._leases[(feature, requester.pid)] = time.monotonic() + (expires - now)
-        held = Held(
-            feature=feature,
-            pid=requester.pid,
-            timestamp=refreshed + shift,
-            expires_at=expires + shift,
-            token=int(token),
-            sent=sent,
-        )
+        self._leases[(feature, pid)] = time.monotonic() + (expires - now)
+        held = Held(feature, pid, refreshed + shift, expires + shift, int(token), sent=sent)
         replaced = None
         if prev_pid is not None and prev_ts is not None:
             state = "stale" if prev_exp is not None and prev_exp < now else "active"
