@@ -119,10 +119,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
-        # (feature, pid, thread) -> the attempt id of a done whose answer never came (:meth:`done`)
-        self._unanswered_done: dict[tuple[str, int, int], bytes] = {}
-        # (pid, thread) -> the attempt id of a claim whose answer never came (:meth:`try_claim`)
-        self._unanswered_claims: dict[tuple[int, int], bytes] = {}
+        # (feature or None for a claim, pid, thread) -> the attempt id of a done or claim whose
+        # answer never came (:meth:`done`, :meth:`try_claim`)
+        self._unanswered: dict[tuple[str | None, int, int], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
         # (feature, pid) -> when the lease of a lock this backend took ends (monotonic): its
         # done or failed attempt waits for a free connection slot until then (:meth:`_while_full`)
@@ -275,14 +274,14 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         # Race: a claim committed, its answer lost on a full server: asked again, a new attempt
         # id would pass over the feature the worker itself holds; the unanswered id takes it up.
         # Race: threads sharing a backend: one's lost attempt must not take up another's feature.
-        lost_key = (requester.pid, threading.get_ident())
-        attempt = self._unanswered_claims.setdefault(lost_key, params["attempt"])
+        lost_key = (None, requester.pid, threading.get_ident())
+        attempt = self._unanswered.setdefault(lost_key, params["attempt"])
         lost_before = attempt is not params["attempt"]
         params.update(names=names, include_done=include_done, attempt=attempt)
         if reclaim_dead:
             params["judged"] = self._judged_dead(features)
         answer = self._claim_rounds(params, features, requester, checked=lost_before)
-        self._unanswered_claims.pop(lost_key, None)  # answered: the next claim is new
+        self._unanswered.pop(lost_key, None)  # answered: the next claim is new
         return answer
 
     def _claim_rounds(
@@ -586,9 +585,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         # Race: a done committed, its answer lost on a full server: asked again, a new attempt id
         # would find it done by "someone else"; the unanswered id finds its own mark.
         lost_key = (feature, pid, threading.get_ident())
-        attempt = self._unanswered_done.setdefault(lost_key, secrets.token_bytes(16))
+        attempt = self._unanswered.setdefault(lost_key, secrets.token_bytes(16))
         found = self._rows(statements.DONE, self._owner_params(feature, pid, attempt=attempt))
-        self._unanswered_done.pop(lost_key, None)  # answered: the next done is new
+        self._unanswered.pop(lost_key, None)  # answered: the next done is new
         self._let_go(feature, pid, found, "marked done")
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][0]))
 
