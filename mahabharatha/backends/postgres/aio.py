@@ -12,10 +12,9 @@ from contextlib import suppress
 from typing import Any, Final
 
 import psycopg
-from psycopg import sql
 
+from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.release_watch import ReleaseWaits
-from mahabharatha.backends.postgres.session import CLIENT_ENCODING
 from mahabharatha.constants import WAKE_UP_INTERVAL_SECONDS
 
 LISTENER_NAME: Final = "mahabharatha-wait-async"  # its application_name
@@ -43,7 +42,7 @@ class AsyncReleaseListener:
 
     def __init__(self, backend: ReleaseWaits) -> None:
         self.backend = backend
-        self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._watchers: set[asyncio.Event] = set()  # one channel: any release wakes them all
         self._reader: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()  # Race: waiters woken by a dead listener each made one
         self._behind_pooler = False
@@ -51,16 +50,13 @@ class AsyncReleaseListener:
         self._wake_later: asyncio.TimerHandle | None = None  # a wake-up kept for its time
 
     def watch(self, feature: str) -> asyncio.Event:
-        """An event set by every release of ``feature`` from now on (once listening)."""
+        """An event set by every release from now on (once listening): of ``feature`` too."""
         seen = asyncio.Event()
-        self._watchers.setdefault(feature, set()).add(seen)
+        self._watchers.add(seen)
         return seen
 
     def unwatch(self, feature: str, seen: asyncio.Event) -> None:
-        watchers = self._watchers.get(feature, set())
-        watchers.discard(seen)
-        if not watchers:
-            self._watchers.pop(feature, None)
+        self._watchers.discard(seen)
         if not self._watchers and self._reader is not None:
             self._reader.cancel()  # its ``finally`` closes the connection
             self._reader = None
@@ -74,9 +70,9 @@ class AsyncReleaseListener:
             return False
         if not self._listening():
             async with self._starting:
-                if not self._listening():
-                    return await self._start(timeout)
-            return True  # another waiter started it meanwhile: look again, then wait
+                if not self._listening():  # else another waiter started it: look again
+                    await self._start(timeout)
+            return True
         try:
             async with asyncio.timeout(timeout):
                 await seen.wait()
@@ -87,29 +83,23 @@ class AsyncReleaseListener:
     def _listening(self) -> bool:
         return self._reader is not None and not self._reader.done()
 
-    async def _start(self, timeout: float) -> bool:
+    async def _start(self, timeout: float) -> None:
         try:
             conn = await self._connect()
         except (psycopg.Error, OSError, TimeoutError):
             # Race: no listener, so a release now is not heard: look again, no sooner than a
             # wait would have (no busy loop while connecting keeps failing, e.g. no slots).
             await asyncio.sleep(timeout)
-            return True
-        if conn is None:
-            return True
-        self._reader = asyncio.get_running_loop().create_task(self._read(conn))
-        return True
+            return
+        if conn is not None:
+            self._reader = asyncio.get_running_loop().create_task(self._read(conn))
 
     async def _connect(self) -> psycopg.AsyncConnection[Any] | None:
         """A listening connection, or None behind a pooler (then waiters poll)."""
         backend = self.backend
         async with asyncio.timeout(backend.connect_timeout):
             conn = await psycopg.AsyncConnection.connect(
-                backend._url,
-                autocommit=True,
-                connect_timeout=backend._connect_timeout_arg(),
-                application_name=LISTENER_NAME,
-                client_encoding=CLIENT_ENCODING,
+                backend._url, **backend._connect_args(LISTENER_NAME)
             )
             try:
                 found = await (
@@ -119,7 +109,7 @@ class AsyncReleaseListener:
                     self._behind_pooler = True
                     await conn.close()
                     return None
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(backend.channel)))
+                await conn.execute(statements.listen(verb="LISTEN", channel=backend.channel))
             except BaseException:
                 await conn.close()
                 raise
@@ -134,9 +124,7 @@ class AsyncReleaseListener:
         except (psycopg.Error, OSError):
             # Race: the listener died (idle_session_timeout, a terminated backend); a release
             # sent meanwhile was never heard: wake every waiter to look again.
-            for watchers in list(self._watchers.values()):
-                for seen in watchers:
-                    seen.set()
+            self._set_every_event()
         finally:
             if self._wake_later is not None:
                 self._wake_later.cancel()
@@ -156,6 +144,8 @@ class AsyncReleaseListener:
     def _wake_all(self) -> None:
         self._wake_later = None
         self._woken = time.monotonic()
-        for watchers in list(self._watchers.values()):
-            for seen in watchers:
-                seen.set()
+        self._set_every_event()
+
+    def _set_every_event(self) -> None:
+        for seen in self._watchers:
+            seen.set()  # schedules the waiter: never changes the set meanwhile

@@ -66,9 +66,6 @@ MAX_CLAIM_ROUNDS: Final = 4  # a claim finds rows missing at most once per new f
 MAX_REGISTERED_LISTS: Final = 8  # lists a connection keeps a prepared claim for (a pool: one)
 
 
-# --------------------------------------------------------------------------- the backend
-
-
 @dataclass(frozen=True)
 class _Row:
     feature: str
@@ -122,10 +119,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
-        # (feature, pid, thread) -> the attempt id of a done whose answer never came (:meth:`done`)
-        self._unanswered_done: dict[tuple[str, int, int], bytes] = {}
-        # (pid, thread) -> the attempt id of a claim whose answer never came (:meth:`try_claim`)
-        self._unanswered_claims: dict[tuple[int, int], bytes] = {}
+        # (feature or None for a claim, pid, thread) -> the attempt id of a done or claim whose
+        # answer never came (:meth:`done`, :meth:`try_claim`)
+        self._unanswered: dict[tuple[str | None, int, int], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
         # (feature, pid) -> when the lease of a lock this backend took ends (monotonic): its
         # done or failed attempt waits for a free connection slot until then (:meth:`_while_full`)
@@ -144,10 +140,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     ) -> PostgresBackend:
         """The backend for ``url``; the namespace given, else from the environment, else the
         repository's ``origin`` remote (else ValueError)."""
-        chosen = namespace or os.environ.get(NAMESPACE_ENV) or None
-        if chosen is None:
-            chosen = derive_namespace(gsd_dir)
-        if chosen is None:
+        chosen = namespace or os.environ.get(NAMESPACE_ENV) or derive_namespace(gsd_dir)
+        if not chosen:
             raise ValueError(
                 "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
                 "none could be derived: the --gsd-dir folder is in no git repository with an "
@@ -164,20 +158,14 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             on_slot_wait=on_slot_wait,
         )
 
-    # ------------------------------------------------------------------ people
-
     def where(self) -> str:
         return str(self._server)
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self.where()!r}, namespace={self.namespace!r})"
 
-    # ------------------------------------------------------------------ the namespace's values
-
     def _params(self, **values: Any) -> dict[str, Any]:
         return {"ns": self.namespace, **values}
-
-    # ------------------------------------------------------------------ schema
 
     def init(self) -> int:
         """Create the tables, or the lost token sequence (above every token); the schema
@@ -230,11 +218,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         for _ in range(MAX_CLAIM_ROUNDS):
             taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
-                return self._won(taken[0], requester, params, reason="expired", sent=sent[-1])
-            holder = self._row(feature)
-            if holder is not None and holder.pid is not None:
+                return self._won(taken[0], requester.pid, reason="expired", sent=sent[-1])
+            holder = self._holder(feature)
+            if holder is not None:
                 break  # Race: otherwise it was released between the two statements: try again
-        if holder is None or holder.pid is None:
+        if holder is None:
             return AcquireResult(None, holder=self.inspect(feature))
         info = self._info(holder)
         if reclaim_dead and info.verdict is Verdict.GONE:
@@ -242,9 +230,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
             if taken:
                 reason = f"owner {info.owner}"
-                return self._won(taken[0], requester, params, reason=reason, sent=sent[-1])
-            again = self._row(feature)
-            if again is not None and again.pid is not None:
+                return self._won(taken[0], requester.pid, reason=reason, sent=sent[-1])
+            again = self._holder(feature)
+            if again is not None:
                 holder, info = again, self._info(again)
         return AcquireResult(None, holder=info, holder_details=ownership.decode(holder.details))
 
@@ -286,14 +274,14 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         # Race: a claim committed, its answer lost on a full server: asked again, a new attempt
         # id would pass over the feature the worker itself holds; the unanswered id takes it up.
         # Race: threads sharing a backend: one's lost attempt must not take up another's feature.
-        lost_key = (requester.pid, threading.get_ident())
-        attempt = self._unanswered_claims.setdefault(lost_key, params["attempt"])
+        lost_key = (None, requester.pid, threading.get_ident())
+        attempt = self._unanswered.setdefault(lost_key, params["attempt"])
         lost_before = attempt is not params["attempt"]
         params.update(names=names, include_done=include_done, attempt=attempt)
         if reclaim_dead:
             params["judged"] = self._judged_dead(features)
         answer = self._claim_rounds(params, features, requester, checked=lost_before)
-        self._unanswered_claims.pop(lost_key, None)  # answered: the next claim is new
+        self._unanswered.pop(lost_key, None)  # answered: the next claim is new
         return answer
 
     def _claim_rounds(
@@ -312,7 +300,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             if taken is not None:
                 self._remember_rows(names, features)
                 reason = "owner judged gone" if params["judged"] else "expired"
-                return self._won(taken, requester, params, reason=reason, sent=sent[-1])
+                return self._won(taken, requester.pid, reason=reason, sent=sent[-1])
             if not missing:
                 if self._ensured.get(names):  # a lean claim, which cannot see missing rows
                     # Race: rows deleted since seen (a reset): the checked claim counts them;
@@ -337,17 +325,15 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return names
 
     def _remember_rows(self, names: str, features: Sequence[str]) -> None:
+        """Rows of ``names`` exist; claimed by ``ORDER BY feature`` if ``COLLATE "C"`` orders
+        them as given (sorted, in UTF-8 or ASCII), else in their given order."""
         if names not in self._ensured:
-            pairs = itertools.pairwise(features)
-            ascending = all(before < after for before, after in pairs)
-            self._ensured[names] = ascending and self._server_orders_like_python(features)
-
-    def _server_orders_like_python(self, features: Sequence[str]) -> bool:
-        """Does ``COLLATE "C"`` order ``features`` as Python does? In UTF-8, or for ASCII names;
-        otherwise a sorted list is claimed in its given order, not by ``ORDER BY feature``."""
-        conn = self._conn
-        encoding = None if conn is None else conn.info.parameter_status("server_encoding")
-        return encoding == "UTF8" or all(name.isascii() for name in features)
+            conn = self._conn
+            encoding = None if conn is None else conn.info.parameter_status("server_encoding")
+            ascending = all(before < after for before, after in itertools.pairwise(features))
+            self._ensured[names] = ascending and (
+                encoding == "UTF8" or all(name.isascii() for name in features)
+            )
 
     # A claim that sends its list is never prepared (a generic plan cannot see the list); a
     # registered list is written into its statement, which is prepared (design/postgres.md).
@@ -370,7 +356,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             if registered and not retry and not conn.pooled:  # a registered claim is prepared
                 statement = self._registered_claim(conn, params["names"], params["include_done"])
                 values = [params[name] for name in statements.REGISTERED_PARAMS]
-                found = self._on_kept_cursor(conn, statement, values, binary=True)
+                found = self._on_kept_cursor(conn, statement, values)
                 return 0, (found[0] if found else None)
             chosen = self._sql(first if not retry else statements.CLAIM_CHECKED)
             row = conn.execute(chosen, params, prepare=False, binary=True)
@@ -396,45 +382,23 @@ class PostgresBackend(ReleaseWaits, LockBackend):
 
     def _rows_ensured(self, params: dict[str, Any]) -> None:
         statement = self._sql(statements.ENSURE_ROWS)
-
-        def run(conn: _Connection) -> None:
-            conn.execute(statement, params)
-
-        self._run(run)
+        self._run(lambda conn: conn.execute(statement, params))
 
     def _judged_dead(self, features: Sequence[str]) -> list[int]:
         """Tokens of the held locks among ``features`` whose owner is provably gone here."""
-        rows = [
-            _Row(*row)
-            for row in self._rows(statements.SELECT_WANTED, self._params(features=list(features)))
-        ]
         return [
             row.token
-            for row in rows
+            for row in self._select(statements.SELECT_WANTED, features=list(features))
             if row.token is not None and self._info(row).verdict is Verdict.GONE
         ]
 
-    def _won(
-        self,
-        row: Sequence[Any],
-        requester: Requester,
-        params: dict[str, Any],
-        *,
-        reason: str,
-        sent: float | None = None,
-    ) -> AcquireResult:
+    def _won(self, row: Sequence[Any], pid: int, *, reason: str, sent: float) -> AcquireResult:
+        """The lock ``row`` says ``pid`` took (``sent``: when the statement went out), and the
+        lock it replaced, if any."""
         feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
         shift = _clock_shift(now)
-        self._leases[(feature, requester.pid)] = time.monotonic() + (expires - now)
-        held = Held(
-            feature=feature,
-            pid=requester.pid,
-            timestamp=refreshed + shift,
-            expires_at=expires + shift,
-            token=int(token),
-            handle=_Handle(params["lease"], params["attempt"]),
-            sent=sent,
-        )
+        self._leases[(feature, pid)] = time.monotonic() + (expires - now)
+        held = Held(feature, pid, refreshed + shift, expires + shift, int(token), sent=sent)
         replaced = None
         if prev_pid is not None and prev_ts is not None:
             state = "stale" if prev_exp is not None and prev_exp < now else "active"
@@ -443,8 +407,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             if replaced.owner != Owner.UNKNOWN.value and state == "active":
                 reason = f"owner {replaced.owner}"
         return AcquireResult(held, replaced=replaced, reason=reason if replaced else None)
-
-    # ------------------------------------------------------------------ holding
 
     def refresh(self, held: Held) -> Held:
         params = self._params(feature=held.feature, token=held.token)
@@ -467,16 +429,12 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         """Release and wake the waiters in one round trip (``wait``: nothing refuses a release)."""
         text = self._sql(statements.RELEASE_HELD_NUMBERED)
         values = (self.namespace, held.feature, held.token)
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return self._release_then_wake(conn, text, values)
-
-        released = bool(self._run(run, pins_itself=True))
+        released = bool(self._run(partial(self._release_then_wake, text, values), pins_itself=True))
         self._leases.pop((held.feature, held.pid), None)
         return released
 
     def _release_then_wake(
-        self, conn: _Connection, text: str, values: Sequence[Any]
+        self, text: str, values: Sequence[Any], conn: _Connection
     ) -> list[tuple[Any, ...]]:
         """The release and then the wake-up, each its own transaction, in one pipeline: a
         refused wake-up (a full queue) fails after the release's COMMIT, which stands. Behind
@@ -503,32 +461,35 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return released.fetchall()
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
-        params = self._params(
-            feature=feature, pid=pid, host=self._host, force=force, **_owner_keys(pid)
-        )
-        if self._rows(statements.RELEASE_PID, params):
+        if self._rows(statements.RELEASE_PID, self._owner_params(feature, pid, force=force)):
             self._wake_waiters()
             return True
-        holder = self._row(feature)
-        if holder is None or holder.pid is None:
+        holder = self._holder(feature)
+        if holder is None:
             return False
         raise NotOwnerError(self._info(holder))
 
     def verify(self, feature: str, token: int) -> bool:
         return bool(self._rows(statements.VERIFY, self._params(feature=feature, token=token))[0][0])
 
-    # ------------------------------------------------------------------ looking
+    def _select(self, query: str, **values: Any) -> list[_Row]:
+        return [_Row(*found) for found in self._rows(query, self._params(**values))]
 
-    def _row(self, feature: str) -> _Row | None:
-        found = self._rows(statements.SELECT_ONE, self._params(feature=feature))
-        return _Row(*found[0]) if found else None
+    def _holder(self, feature: str) -> _Row | None:
+        """The row of ``feature`` while someone holds it."""
+        found = self._select(statements.SELECT_ONE, feature=feature)
+        return found[0] if found and found[0].pid is not None else None
 
     def _info(self, row: _Row, *, state: str | None = None) -> LockInfo:
+        """The row as a lock, its owner judged once, the lock's time on this host's clock."""
+        from mahabharatha.backends.liveness import OwnerFacts, judge
+
         if row.pid is None:
             return _unlocked(row.feature, state or ("done" if row.done else "free"))
         assert row.refreshed is not None and row.expires is not None
-        active = row.expires >= row.now
-        state = state or ("active" if active else "stale")
+        state = state or ("active" if row.expires >= row.now else "stale")
+        here = row.refreshed + _clock_shift(row.now)
+        owner = judge(OwnerFacts(row.pid, here, ownership.decode(row.details))).owner
         return LockInfo(
             feature=row.feature,
             state=State(state),
@@ -536,38 +497,24 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             timestamp=row.refreshed,
             age_seconds=max(0.0, row.now - row.refreshed),
             expires_in_seconds=max(0.0, row.expires - row.now) if state == "active" else None,
-            owner=self._judge(row),
+            owner=owner,
             host=row.host,
             token=row.token,
         )
 
-    def _judge(self, row: _Row) -> Owner:
-        """The one owner judgement, the lock's time moved onto this host's clock."""
-        from mahabharatha.backends.liveness import OwnerFacts, judge
-
-        if row.pid is None or row.refreshed is None:
-            return Owner.UNKNOWN
-        details = ownership.decode(row.details)
-        return judge(OwnerFacts(row.pid, row.refreshed + _clock_shift(row.now), details)).owner
-
     def inspect(self, feature: str) -> LockInfo:
-        row = self._row(feature)
-        if row is None:
-            return _unlocked(feature, "free")
-        info = self._info(row)
-        return info if info.state != "done" else _unlocked(feature, "free")
+        holder = self._holder(feature)  # a done or free row reads as free
+        return _unlocked(feature, "free") if holder is None else self._info(holder)
 
     def status(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
-        return [
-            self._info(_Row(*row)) for row in self._rows(statements.SELECT_HELD, self._params())
-        ]
+        return [self._info(row) for row in self._select(statements.SELECT_HELD)]
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         names = self.feature_names()
         local = set(names)
         infos = {
             row.feature: self._info(row)
-            for row in (_Row(*found) for found in self._rows(statements.SELECT_ALL, self._params()))
+            for row in self._select(statements.SELECT_ALL)
             if row.pid is not None or row.done or row.feature in local  # not a bare old row
         }
         for name in names:
@@ -583,8 +530,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def feature_names(self) -> list[str]:
         return feature_folders(self.gsd_dir)
 
-    # ------------------------------------------------------------------ maintenance
-
     def clean(
         self,
         *,
@@ -593,7 +538,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         problems: list[FeatureProblem] | None = None,
         features: Iterable[str] | None = None,
     ) -> list[CleanedEntry]:
-        rows = [_Row(*row) for row in self._rows(statements.SELECT_HELD, self._params())]
+        rows = self._select(statements.SELECT_HELD)
         if features is not None:
             wanted = set(features)
             rows = [row for row in rows if row.feature in wanted]
@@ -640,28 +585,30 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         # Race: a done committed, its answer lost on a full server: asked again, a new attempt id
         # would find it done by "someone else"; the unanswered id finds its own mark.
         lost_key = (feature, pid, threading.get_ident())
-        attempt = self._unanswered_done.setdefault(lost_key, secrets.token_bytes(16))
-        params = self._params(
-            feature=feature,
-            pid=pid,
-            host=self._host,
-            attempt=attempt,  # a retry after a lost answer finds its own mark
-            **_owner_keys(pid),
-        )
-        found = self._rows(statements.DONE, params)
-        self._unanswered_done.pop(lost_key, None)  # answered: the next done is new
-        self._leases.pop((feature, pid), None)
-        if not found:
-            raise self._not_held(feature, pid, "marked done")
-        self._wake_waiters()
+        attempt = self._unanswered.setdefault(lost_key, secrets.token_bytes(16))
+        found = self._rows(statements.DONE, self._owner_params(feature, pid, attempt=attempt))
+        self._unanswered.pop(lost_key, None)  # answered: the next done is new
+        self._let_go(feature, pid, found, "marked done")
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][0]))
 
-    def _not_held(self, feature: str, pid: int, what: str) -> NotOwnerError | NotHeldError:
-        """Why ``pid``'s ``done`` or ``fail`` wrote nothing: another holds it, or nobody."""
-        holder = self._row(feature)
-        if holder is not None and holder.pid is not None:
-            return NotOwnerError(self._info(holder))
-        return NotHeldError(feature, pid, what)
+    def _owner_params(self, feature: str, pid: int, **values: Any) -> dict[str, Any]:
+        """The parameters of a statement ``pid`` on this host may run as the holder (the
+        ``_OWNER_COULD_BE`` keys ``place``, ``start`` among them)."""
+        place, start = ownership.place_key(), ownership.start_key(pid)
+        owner = {"pid": pid, "host": self._host, "place": place, "start": start}
+        return self._params(feature=feature, **owner, **values)
+
+    def _let_go(self, feature: str, pid: int, found: list[Any], what: str) -> None:
+        """After ``pid``'s done or fail: the lease forgotten, waiters woken; if it wrote nothing
+        (``found`` empty), why: another holds it, or nobody."""
+        self._leases.pop((feature, pid), None)
+        if found:
+            self._wake_waiters()
+            return
+        holder = self._holder(feature)
+        if holder is None:
+            raise NotHeldError(feature, pid, what)
+        raise NotOwnerError(self._info(holder))
 
     def _wake_waiters(self) -> None:
         """Wake this schema's waiters after a committed change; best effort (one not sent costs
@@ -679,8 +626,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
 
     def reopen(self, feature: str) -> bool:
         return bool(self._rows(statements.REOPEN, self._params(feature=feature)))
-
-    # ------------------------------------------------------------------ failed attempts
 
     def _all_attempts(self) -> dict[str, Attempts]:
         found = {}
@@ -708,31 +653,19 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             "pid": pid,
             "reason": reason[:MAX_REASON_CHARS],
         }
-        params = self._params(
-            feature=feature,
-            pid=pid,
-            host=self._host,
-            entry=json.dumps(entry, sort_keys=True),
-            limit=limit,
-            **_owner_keys(pid),
+        params = self._owner_params(
+            feature, pid, entry=json.dumps(entry, sort_keys=True), limit=limit
         )
         # Not retried: run again after a lost answer, it would say "not held".
         found = self._rows(statements.FAIL, params, retry=False)
-        self._leases.pop((feature, pid), None)
-        if not found:
-            raise self._not_held(feature, pid, "recorded as failed")
-        self._wake_waiters()
-        tries = int(found[0][0])
-        return Attempts(tries, limit, (entry,))
+        self._let_go(feature, pid, found, "recorded as failed")
+        return Attempts(int(found[0][0]), limit, (entry,))
 
     def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
         """As the protocol says, in one look (a failed row is closed: ``done_at`` set)."""
         rows = self._rows(statements.FAILED_AND_RETRIED, self._params(features=list(features)))
-        return {name for name, failed in rows if failed}, {
-            name for name, failed in rows if not failed
-        }
-
-    # ------------------------------------------------------------------ waiting
+        failed = {name for name, closed in rows if closed}
+        return failed, {name for name, _ in rows} - failed
 
     def async_release_listener(self) -> Any:
         from mahabharatha.backends.postgres.aio import listener_for
@@ -763,18 +696,5 @@ def _acquire_values(params: dict[str, Any]) -> list[Any]:
     return values
 
 
-def _owner_keys(pid: int) -> dict[str, bytes | None]:
-    """The parameters of ``_OWNER_COULD_BE`` for an owner named by ``pid`` on this host."""
-    return {"place": ownership.place_key(), "start": ownership.start_key(pid)}
-
-
 def _unlocked(feature: str, state: str) -> LockInfo:
     return LockInfo(feature, State(state), None, None, None, None, Owner.UNKNOWN)
-
-
-@dataclass(frozen=True)
-class _Handle:
-    """What a PostgreSQL acquisition keeps besides its token."""
-
-    lease: float
-    attempt: bytes

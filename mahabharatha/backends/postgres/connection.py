@@ -8,7 +8,6 @@ import ctypes
 import os
 import re
 import sys
-from collections.abc import Generator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Final
@@ -16,7 +15,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.waiting import Ready, Wait
+from psycopg.waiting import Wait
 
 from mahabharatha.constants import CONNECT_TIMEOUT_SECONDS
 
@@ -40,34 +39,30 @@ class Connection(psycopg.Connection[Any]):
 
     @classmethod
     def _connect_gen(cls, conninfo: str = "") -> Any:
-        """psycopg's own, but a refusal carries the server's ``sqlstate`` (the message is in
-        the server's language)."""
-        pgconn = yield from _connect_telling_sqlstate(conninfo)
+        """``psycopg.generators.connect``, with libpq's verbose errors: a refusal carries the
+        server's ``sqlstate`` (its message is in the server's language; libpq keeps no
+        SQLSTATE of a failed connection, only its text)."""
+        pgconn: Any = pq.PGconn.connect_start(conninfo.encode())
+        libpq = _loaded_libpq()
+        if libpq is not None:
+            libpq.PQsetErrorVerbosity(ctypes.c_void_p(pgconn.pgconn_ptr), PQERRORS_VERBOSE)
+        while True:
+            if pgconn.status == pq.ConnStatus.BAD:
+                raise _refusal(pgconn, "connection is bad")
+            status = pgconn.connect_poll()
+            if status == pq.PollingStatus.OK:
+                break
+            if status == pq.PollingStatus.READING or status == pq.PollingStatus.WRITING:
+                wait = Wait.R if status == pq.PollingStatus.READING else Wait.W
+                while not (yield pgconn.socket, wait):
+                    pass
+            elif status == pq.PollingStatus.FAILED:
+                raise _refusal(pgconn, "connection failed")
+            else:
+                pgconn.finish()
+                raise psycopg.InternalError(f"unexpected poll status: {status}")
+        pgconn.nonblocking = 1
         return cls(pgconn)
-
-
-def _connect_telling_sqlstate(conninfo: str) -> Generator[tuple[int, Wait], Ready, Any]:
-    """Connect as ``psycopg.generators.connect`` does, with libpq's verbose errors (libpq keeps
-    no SQLSTATE of a failed connection, only its text)."""
-    pgconn = pq.PGconn.connect_start(conninfo.encode())
-    _verbose_errors(pgconn)
-    while True:
-        if pgconn.status == pq.ConnStatus.BAD:
-            raise _refusal(pgconn, "connection is bad")
-        status = pgconn.connect_poll()
-        if status == pq.PollingStatus.OK:
-            break
-        if status == pq.PollingStatus.READING or status == pq.PollingStatus.WRITING:
-            wait = Wait.R if status == pq.PollingStatus.READING else Wait.W
-            while not (yield pgconn.socket, wait):
-                pass
-        elif status == pq.PollingStatus.FAILED:
-            raise _refusal(pgconn, "connection failed")
-        else:
-            pgconn.finish()
-            raise psycopg.InternalError(f"unexpected poll status: {status}")
-    pgconn.nonblocking = 1
-    return pgconn
 
 
 def _refusal(pgconn: Any, what: str) -> psycopg.OperationalError:
@@ -79,13 +74,6 @@ def _refusal(pgconn: Any, what: str) -> psycopg.OperationalError:
     error = psycopg.OperationalError(f"{what}: {text}")
     error.sqlstate = found.group(2) if found else None
     return error
-
-
-def _verbose_errors(pgconn: Any) -> None:
-    """``PQsetErrorVerbosity(VERBOSE)`` through the libpq psycopg loaded, if it can be found."""
-    libpq = _loaded_libpq()
-    if libpq is not None:
-        libpq.PQsetErrorVerbosity(ctypes.c_void_p(pgconn.pgconn_ptr), PQERRORS_VERBOSE)
 
 
 @cache
@@ -128,7 +116,12 @@ _QUOTED: Final = re.compile(r'".*"', re.S)
 def server_of(url: str) -> Server:
     """host, port and database of ``url`` as libpq would use them, for messages; a URL libpq
     cannot parse, or would misread, is refused without quoting it."""
-    refuse_unencoded_userinfo(url)
+    userinfo = url.partition("://")[2].partition("?")[0].rpartition("@")[0]
+    if _MUST_BE_ENCODED.search(userinfo):
+        raise ValueError(
+            "not a valid PostgreSQL URL: its user name or password holds a character that must "
+            "be percent-encoded there (@ as %40, / as %2F, % as %25, a space as %20, [ as %5B)"
+        )
     try:
         given = conninfo_to_dict(url)
     except psycopg.Error as error:
@@ -140,18 +133,6 @@ def server_of(url: str) -> Server:
     user = str(given.get("user") or env.get("PGUSER") or login_name())
     database = str(given.get("dbname") or env.get("PGDATABASE") or user)
     return Server(host, port, database)
-
-
-def refuse_unencoded_userinfo(url: str) -> None:
-    """ValueError (never quoting the URL) for a userinfo character that must be encoded."""
-    rest = url.partition("://")[2]
-    before_query = rest.partition("?")[0]
-    userinfo = before_query.rpartition("@")[0]
-    if _MUST_BE_ENCODED.search(userinfo):
-        raise ValueError(
-            "not a valid PostgreSQL URL: its user name or password holds a character that must "
-            "be percent-encoded there (@ as %40, / as %2F, % as %25, a space as %20, [ as %5B)"
-        )
 
 
 def login_name() -> str:

@@ -34,15 +34,14 @@ class ReleaseWaits(Session):
 
     def release_watch(self, features: Iterable[str]) -> _Listening:
         """LISTEN while a pool waits; no listening connection kept once it ends."""
-        return _Listening(self, list(features))
+        return _Listening(self)
 
     def wait_for_release(self, feature: str, timeout: float) -> bool:
         """True too on the first call (it only starts listening) and after ``timeout`` when the
         listener failed (a later call listens anew); bounded by ``--connect-timeout`` too."""
-        return self.wait_for_any_release((feature,), timeout)
+        return self._wait_on_listener(timeout)
 
-    def wait_for_any_release(self, features: Iterable[str], timeout: float) -> bool:
-        """:meth:`wait_for_release` for any of ``features``."""
+    def _wait_on_listener(self, timeout: float) -> bool:  # any release: one channel for all
         deadline = time.monotonic() + max(0.0, timeout)
         if self._slots_scarce:
             # A crowded server: a second connection to listen on would take a slot a worker
@@ -75,9 +74,7 @@ class ReleaseWaits(Session):
         """LISTEN on the claims' connection (a waiting worker needs no second one); None behind
         a pooler, on a crowded server (both poll) or with no connection kept."""
         conn = self._conn
-        if self._behind_pooler or self._slots_scarce or conn is None or conn.closed:
-            return None
-        if conn.pooled:
+        if self._behind_pooler or self._slots_scarce or conn is None or conn.closed or conn.pooled:
             return None
         try:
             conn.execute(statements.listen(verb="LISTEN", channel=self.channel))
@@ -120,15 +117,14 @@ class _Listening:
     """The server's :class:`~mahabharatha.backends.base.ReleaseWatch`: listening on the claims'
     connection where it can, else on the backend's listener, from entering to leaving."""
 
-    def __init__(self, backend: ReleaseWaits, features: list[str]) -> None:
+    def __init__(self, backend: ReleaseWaits) -> None:
         self.backend = backend
-        self.features = features
         self.conn: _Connection | None = None  # the claims' connection, LISTENing
 
     def __enter__(self) -> _Listening:
         self.conn = self.backend._listen_on_claims_connection()
         if self.conn is None:
-            self.backend.wait_for_any_release(self.features, 0.0)  # starts listening
+            self.backend._wait_on_listener(0.0)  # starts listening
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -146,7 +142,7 @@ class _Listening:
         # Race: the claims' connection was let go of or lost since, and its LISTEN with it: the
         # backend's listener takes over (its first call only starts listening: "look again").
         self.conn = None
-        heard = self.backend.wait_for_any_release(self.features, seconds)
+        heard = self.backend._wait_on_listener(seconds)
         # Behind a pooler (or on a crowded server) nothing is heard: that wait was a poll.
         return heard or self.backend._behind_pooler or self.backend._slots_scarce
 

@@ -8,7 +8,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from typing import Any, Final, TypeVar
 
@@ -41,7 +41,8 @@ CLIENT_ENCODING: Final = "UTF8"  # a SQL_ASCII database's own would make text co
 # The lock tables' schema unless SCHEMA_ENV names another; every statement names it.
 DEFAULT_SCHEMA: Final = "mahabharatha"
 _NAMED_SCHEMA: Final = re.compile(  # where a statement names the default schema
-    r"(\bSCHEMA (?:IF NOT EXISTS )?)mahabharatha()\b|()\bmahabharatha(\.mahabharatha_)"
+    r"(?<=\bSCHEMA )mahabharatha\b|(?<=\bSCHEMA IF NOT EXISTS )mahabharatha\b"
+    r"|\bmahabharatha(?=\.mahabharatha_)"
 )
 # A statement whose connection was lost is run again at most twice: a warm connection found
 # closed, then a fresh one whose answer a reset cut off.
@@ -81,8 +82,14 @@ class Session:
         # another thread's statement, no kept-cursor statement replaces an unread answer.
         self._one_operation = threading.RLock()
 
-    def _connect_timeout_arg(self) -> int:
-        return max(MIN_CONNECT_TIMEOUT_SECONDS, math.ceil(self.connect_timeout))
+    def _connect_args(self, application_name: str) -> dict[str, Any]:
+        """What every connection of this backend is made with (libpq's timeout: whole seconds)."""
+        return {
+            "autocommit": True,
+            "connect_timeout": max(MIN_CONNECT_TIMEOUT_SECONDS, math.ceil(self.connect_timeout)),
+            "application_name": application_name,
+            "client_encoding": CLIENT_ENCODING,
+        }
 
     def _connection(self) -> _Connection:
         conn = self._conn
@@ -99,28 +106,21 @@ class Session:
     def _connect(self, application_name: str = "mahabharatha") -> _Connection:
         """A new autocommit connection, bounded by ``--connect-timeout`` and set up; a server
         with every slot taken is asked again, jittered, until the timeout."""
-        deadline = Deadline(self.connect_timeout)
-        pauses = backoff(SLOTS_FIRST_PAUSE_SECONDS, SLOTS_MAX_PAUSE_SECONDS, math.inf)
+        pauses = _pauses(
+            Deadline(self.connect_timeout), SLOTS_FIRST_PAUSE_SECONDS, SLOTS_MAX_PAUSE_SECONDS
+        )
         while True:
             try:
-                conn = _Connection.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=self._connect_timeout_arg(),
-                    application_name=application_name,
-                    client_encoding=CLIENT_ENCODING,
-                )
+                conn = _Connection.connect(self._url, **self._connect_args(application_name))
                 break
             except psycopg.OperationalError as error:
-                if not _out_of_slots(error) or deadline.passed():
+                if not _out_of_slots(error) or not next(pauses, False):
                     raise
-                time.sleep(deadline.cap(next(pauses)))
         conn.deadline = self.connect_timeout
         try:
             self._set_up_session(conn)
         except BaseException:
-            with suppress(psycopg.Error, OSError):
-                conn.close()
+            _close(conn)
             raise
         return conn
 
@@ -149,12 +149,9 @@ class Session:
                 "(default_transaction_read_only is on for this server, database or role), "
                 "which cannot keep locks: point the lock URL at the primary, or turn it off"
             )
-        if old_layout:
-            self._bring_up_to_date(conn)
-
-    def _bring_up_to_date(self, conn: _Connection) -> None:
-        """Bring older tables up to date, or refuse naming ``lock init`` if this role may not."""
-        try:
+        if not old_layout:
+            return
+        try:  # older tables brought up to date, or ``lock init`` named if this role may not
             self._create_schema_on(conn)
         except (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction) as error:
             raise BackendError(
@@ -185,7 +182,7 @@ class Session:
         assert found is not None
         usable, taken = found
         self._slots_seen = time.monotonic()
-        self._slots_scarce = usable - taken <= _few_slots(usable)
+        self._slots_scarce = usable - taken <= max(1, usable // 10)  # a tenth free, at least one
         return self._slots_scarce
 
     def _while_full(self, operation: Callable[[], _T], until: float | None) -> _T:
@@ -216,9 +213,7 @@ class Session:
         self._drop_listener()
 
     def _drop_connection(self) -> None:
-        if self._conn is not None:
-            with suppress(psycopg.Error, OSError):
-                self._conn.close()
+        _close(self._conn)
         self._conn = None
 
     def _error(self, error: BaseException) -> BackendError:
@@ -252,7 +247,7 @@ class Session:
         anything else is a :class:`BackendError`. Pooled: :meth:`_pinned` unless it pins itself."""
         lost = 0
         created = False
-        rolled_back: _Pauses | None = None  # made at the first rollback: none on the hot path
+        rolled_back: Iterator[bool] | None = None  # made at the first rollback: not on the hot path
         while True:
             try:
                 conn = self._connection()
@@ -266,8 +261,12 @@ class Session:
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected) as error:
                 # Race: a concurrent transaction made the server roll the statement back: nothing
                 # was done and the connection is sound; run it again after a pause.
-                rolled_back = rolled_back or _Pauses(self.connect_timeout)
-                if not rolled_back.pause():
+                rolled_back = rolled_back or _pauses(
+                    Deadline(self.connect_timeout),
+                    SERIALIZATION_FIRST_PAUSE_SECONDS,
+                    SERIALIZATION_MAX_PAUSE_SECONDS,
+                )
+                if not next(rolled_back, False):
                     raise self._error(error) from None
             except pg_errors.UndefinedTable as error:
                 if created:
@@ -315,40 +314,33 @@ class Session:
         self, query: str, params: dict[str, Any], *, retry: bool = True
     ) -> list[tuple[Any, ...]]:
         statement = self._sql(query)
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            return conn.execute(statement, params, binary=True).fetchall()
-
-        return self._run(run, retry=retry)
+        return self._run(
+            lambda conn: conn.execute(statement, params, binary=True).fetchall(), retry=retry
+        )
 
     def _hot(
-        self, statement: str, values: Sequence[Any], sent: list[float] | None = None
+        self, statement: str, values: Sequence[Any], sent: list[float]
     ) -> list[tuple[Any, ...]]:
-        """Run an uncontended cycle's statement (acquire, release) on the kept cursor, prepared
-        on first use, answered in binary; retried as :meth:`_run` does."""
+        """Run an uncontended cycle's statement (acquire) on the kept cursor, prepared on first
+        use, answered in binary; retried as :meth:`_run` does."""
         text = self._sql(statement)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            if sent is not None:
-                sent.append(time.monotonic())  # connected: a lease it sets runs from no earlier
-            return self._on_kept_cursor(conn, text, values, binary=True)
+            sent.append(time.monotonic())  # connected: a lease it sets runs from no earlier
+            return self._on_kept_cursor(conn, text, values)
 
         return self._run(run)
 
     def _on_kept_cursor(
-        self, conn: _Connection, statement: str | bytes, values: Sequence[Any], *, binary: bool
+        self, conn: _Connection, statement: str | bytes, values: Sequence[Any]
     ) -> list[tuple[Any, ...]]:
-        """Run a prepared ``$n`` statement on the cursor kept per connection, read its rows
-        (inside :meth:`_run`: one thread from statement to read)."""
+        """Run a prepared ``$n`` statement on the cursor kept per connection, read its rows in
+        binary (inside :meth:`_run`: one thread from statement to read)."""
         prepare = not conn.pooled  # Race: a pooler runs another client's same-named statement
         cursor = self._kept_cursor
         if cursor is None or cursor.connection is not conn:
             cursor = self._kept_cursor = psycopg.RawCursor(conn)
-        return cursor.execute(statement, values, prepare=prepare, binary=binary).fetchall()
-
-    def _schema_named(self, found: re.Match[str]) -> str:
-        before, after = found[1] or found[3] or "", found[2] or found[4] or ""
-        return f"{before}{self.schema}{after}"
+        return cursor.execute(statement, values, prepare=prepare, binary=True).fetchall()
 
     def _sql(self, statement: str) -> str:
         """``statement`` naming this backend's schema (the statements name ``mahabharatha``)."""
@@ -356,11 +348,9 @@ class Session:
             return statement
         found = self._in_schema.get(statement)
         if found is None:
-            found = _NAMED_SCHEMA.sub(self._schema_named, statement)
+            found = _NAMED_SCHEMA.sub(self.schema, statement)  # a schema name has no backslash
             self._in_schema[statement] = found
         return found
-
-    # ------------------------------------------------------------------ schema
 
     def _newer_schema(self, version: int) -> BackendError:
         return BackendError(
@@ -384,7 +374,10 @@ class Session:
                 conn.execute(statements.PIN_SETTINGS, prepare=False)
             conn.execute(advisory)  # Race: two first uses creating the tables at once
             self._refuse_old_tables_elsewhere(conn)
-            if not repair and self._sequence_lost(conn):
+            lost = (statements.SEQUENCE_MISSING, statements.TABLE_EXISTS, statements.ROWS_EXIST)
+            if not repair and all(
+                conn.execute(self._sql(query)).fetchone() == (True,) for query in lost
+            ):
                 raise BackendError(
                     f"lock server {self._server} (PostgreSQL): the token sequence "
                     "mahabharatha_lock_token is missing next to existing locks (dropped, or the "
@@ -419,43 +412,28 @@ class Session:
                 "'mahabharatha lock init'"
             )
 
-    def _sequence_lost(self, conn: _Connection) -> bool:
-        for query in (statements.SEQUENCE_MISSING, statements.TABLE_EXISTS, statements.ROWS_EXIST):
-            found = conn.execute(self._sql(query)).fetchone()
-            if not (found and found[0]):
-                return False
-        return True
-
     def _drop_listener(self) -> None:
-        if self._listener is not None:
-            with suppress(psycopg.Error, OSError):
-                self._listener.close()
+        _close(self._listener)
         self._listener = None
 
 
-class _Pauses:
-    """Pauses between runs of a statement rolled back, for ``seconds``; then False."""
+def _pauses(deadline: Deadline, first: float, most: float) -> Iterator[bool]:
+    """Each ``next`` pauses (backing off, ending at ``deadline``) and is True; then ends."""
+    for pause in backoff(first, most, math.inf):
+        if deadline.passed():
+            return
+        time.sleep(deadline.cap(pause))
+        yield True
 
-    def __init__(self, seconds: float) -> None:
-        self.deadline = Deadline(seconds)
-        self.pauses = backoff(
-            SERIALIZATION_FIRST_PAUSE_SECONDS, SERIALIZATION_MAX_PAUSE_SECONDS, math.inf
-        )
 
-    def pause(self) -> bool:
-        if self.deadline.passed():
-            return False
-        time.sleep(self.deadline.cap(next(self.pauses)))
-        return True
+def _close(conn: _Connection | None) -> None:
+    if conn is not None:
+        with suppress(psycopg.Error, OSError):
+            conn.close()
 
 
 def _pause_for_a_slot() -> None:
     time.sleep(jittered(SLOT_PAUSE_SECONDS))
-
-
-def _few_slots(usable: int) -> int:
-    """How few free slots make a server crowded: a tenth, at least one."""
-    return max(1, usable // 10)
 
 
 def _out_of_slots(error: psycopg.OperationalError) -> bool:

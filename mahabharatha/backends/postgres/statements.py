@@ -196,7 +196,7 @@ RELEASE_HELD_NUMBERED: Final = _numbered(_RELEASE_HELD, ("ns", "feature", "token
 
 _OWNER_COULD_BE: Final = ownership.could_own_sql("details")
 """``ownership.could_own`` on the row's details, generated, so judged and removed in one step
-(``place``, ``start``: ``_owner_keys``); ``tests/postgres/test_owner_rule_sql.py`` pins it."""
+(``place``, ``start``: ``_owner_params``); ``tests/postgres/test_owner_rule_sql.py`` pins it."""
 
 RELEASE_PID: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks SET {_LET_GO}
