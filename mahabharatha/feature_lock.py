@@ -28,7 +28,7 @@ from mahabharatha.constants import CUT_OFF_NOTICE_SECONDS, GSD_DIR, HEARTBEAT_SE
 from mahabharatha.functional import (
     WaitCallback,
     _Acquiring,
-    _Ask,
+    _asked,
     _backend,
     _owner_pid,
     _valid_seconds,
@@ -177,31 +177,37 @@ class FeatureLock:
             raise LockError(f"the claim of {self.feature!r} was used already")
         if self._mine is not None:
             raise LockError(f"this FeatureLock already holds {self.feature!r}")
-        self._adopt(claimed or self._acquiring(on_wait).run(), on_lost)
-        if claimed is None:  # a claim keeps its connection for a grace: its first beat rests it
-            self._rest_backend()
+        held = claimed or self._acquiring(on_wait).run()
         try:
+            self._adopt(held, on_lost)
+            if claimed is None:  # a claim keeps its connection for a grace: its first beat rests it
+                self._rest_backend()
             self._start_heartbeat()
         except BaseException:
-            # Race: interrupted (or out of threads) with the lock taken: never leave it behind.
-            self._stop_heartbeat()
-            self._give_back()
+            # Race: interrupted (a signal handler runs at each call here) or out of threads
+            # with the lock taken, adopted or not yet: never leave it behind.
+            with signals.Deferred():  # a second Ctrl-C must not cut the take-back short
+                self._stop_heartbeat()
+                if self._mine is None:
+                    self.backend.release_held(held)
+                self._give_back()
             raise
         return self
 
     def _acquiring(self, on_wait: WaitCallback | None) -> _Acquiring:
         """This object's acquire (``on_wait``: in place of its own), for either driver."""
-        ask = _Ask(
-            self.backend,
+        asked = _asked(
             self.feature,
+            self.gsd_dir,
             self.pid,
             self.timeout,
             self.reclaim_dead,
             self.lease,
             self.command,
             self.caller_pids,
+            self.backend,
         )
-        return _Acquiring(ask, self.on_wait if on_wait is None else on_wait)
+        return _Acquiring(asked, self.on_wait if on_wait is None else on_wait)
 
     def _adopt(self, held: Held, on_lost: Callable[[LockLostError], None] | None) -> None:
         """Make ``held`` this object's acquisition, in this process, ``on_lost`` its own."""

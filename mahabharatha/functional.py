@@ -190,12 +190,30 @@ def acquire(
     once when ``pid`` or one of ``caller_pids`` holds it, ``ValueError`` for a bad name, pid or
     timeout (``-1`` is not "for ever"), ``OSError`` for trouble on disk. An acquire
     interrupted by a signal never leaves its lock."""
+    asked = _asked(
+        feature, gsd_dir, pid, timeout, reclaim_dead, lease, command, caller_pids, backend
+    )
+    return _Acquiring(asked, on_wait).run()
+
+
+def _asked(
+    feature: str,
+    gsd_dir: GsdDir,
+    pid: int | None,
+    timeout: float | None,
+    reclaim_dead: bool,
+    lease: float | None,
+    command: Sequence[str] | None,
+    caller_pids: Iterable[int],
+    backend: LockBackend | str | None,
+) -> _Ask:
+    """An acquire's arguments, checked at each acquire (a ``FeatureLock``'s may have changed
+    since it was made): ``ValueError`` for a bad name, pid or timeout."""
     _validate_feature_name(feature)
     timeout = _valid_timeout(timeout)
     owner = _owner_pid(pid)
     store = _backend(backend, gsd_dir)
-    asked = _Ask(store, feature, owner, timeout, reclaim_dead, lease, command, caller_pids)
-    return _Acquiring(asked, on_wait).run()
+    return _Ask(store, feature, owner, timeout, reclaim_dead, lease, command, caller_pids)
 
 
 class _Ask(NamedTuple):
