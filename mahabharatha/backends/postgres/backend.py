@@ -328,11 +328,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         """Rows of ``names`` exist; claimed by ``ORDER BY feature`` if ``COLLATE "C"`` orders
         them as given (sorted, in UTF-8 or ASCII), else in their given order."""
         if names not in self._ensured:
-            conn = self._conn
-            encoding = None if conn is None else conn.info.parameter_status("server_encoding")
             ascending = all(before < after for before, after in itertools.pairwise(features))
+            conn = self._conn  # asked only when its answer matters (a sorted list)
             self._ensured[names] = ascending and (
-                encoding == "UTF8" or all(name.isascii() for name in features)
+                all(name.isascii() for name in features)
+                or (conn is not None and conn.info.parameter_status("server_encoding") == "UTF8")
             )
 
     # A claim that sends its list is never prepared (a generic plan cannot see the list); a
