@@ -51,7 +51,6 @@ class JsonUsageGroup(TyperGroup):
 
 
 def _json_usage_error(args: Sequence[str], error: ClickException) -> None:
-    """With ``--json`` asked for, report ``error`` as the one document and exit with its code."""
     if asks_for_json(args):
         emit_usage_error(error.format_message(), error.exit_code)
 
@@ -115,8 +114,6 @@ class PlainUsageCommand(TyperCommand):
 
 
 def _plain_usage_everywhere(root: typer.Typer) -> None:
-    """Every command of every group writes its usage line the plain way, unless it chose a
-    class of its own."""
     for group in root.registered_groups:
         if group.typer_instance is None:
             continue
@@ -151,11 +148,8 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
 
 
 def _command_name(command: typer.models.CommandInfo) -> str:
-    """The name typer gives a registered command (its own rule when none is given)."""
-    if command.name:
-        return command.name
     assert command.callback is not None
-    return get_command_name(command.callback.__name__)
+    return command.name or get_command_name(command.callback.__name__)
 
 
 def main() -> None:

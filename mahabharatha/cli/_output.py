@@ -55,10 +55,8 @@ from mahabharatha.run import runner
 
 
 class Place(NamedTuple):
-    """Where a command's locks live: ``--backend`` (or ``MAHABHARATHA_LOCK_URL``; none: the
-    folder of ``--gsd-dir``), ``--namespace`` (or ``MAHABHARATHA_LOCK_NAMESPACE``) and
-    ``--connect-timeout``. The environment is read by the call, never by typer, so a URL's
-    password never shows in ``--help``."""
+    """``--backend``, ``--namespace`` (or their environment variables, read by the call, never
+    by typer, so a URL's password never shows in ``--help``) and ``--connect-timeout``."""
 
     url: str | None = None
     namespace: str | None = None
@@ -74,7 +72,6 @@ PASSWORD_ON_ARGV: Final = (
 
 @functools.cache  # once per process
 def _say_password_on_argv() -> None:
-    """On stderr: a ``--backend`` URL holds a password (``ps`` shows it)."""
     typer.echo(PASSWORD_ON_ARGV, err=True)
 
 
@@ -166,7 +163,6 @@ _OPENED: Final[list[LockBackend]] = []  # the running command's backends
 
 
 def close_opened() -> None:
-    """Close the backends the command opened (:func:`respond` does it for every command)."""
     while _OPENED:
         _OPENED.pop().close()
 
@@ -280,9 +276,7 @@ def backend_to_claim_from(shared: Shared, features: list[str] | None, **server: 
 
 
 class Shared(NamedTuple):
-    """The options every lock command takes, read once per call: ``--gsd-dir``, ``--json`` and
-    a :class:`Place`. A command declares ``shared: Shared`` and :func:`with_shared_options`
-    puts the five options in its place."""
+    """The options every lock command takes, gathered by :func:`with_shared_options`."""
 
     gsd_dir: str
     as_json: bool
@@ -290,7 +284,6 @@ class Shared(NamedTuple):
     namespace_given: str | None  # as given (lock init: the tables serve every namespace)
 
     def backend(self) -> LockBackend:
-        """The backend of this call's locks (closed when the command ends)."""
         return backend_for(self.gsd_dir, self.place)
 
 
@@ -305,10 +298,9 @@ _SHARED_OPTIONS: Final = (
 
 
 class _WithSharedOptions:
-    """``@with_shared_options``: ``command`` as typer sees it, its ``shared`` parameter replaced,
-    at the same place, by the five options of :data:`_SHARED_OPTIONS`; a call gathers them into
-    one :class:`Shared`. The signature is written when first asked for (a call builds only the
-    command it names)."""
+    """``@with_shared_options``: typer sees the options of :data:`_SHARED_OPTIONS` where the
+    command has ``shared``; a call gathers them into one :class:`Shared`. The signature is
+    written when first asked for (a call builds only the command it names)."""
 
     def __init__(self, command: Callable[..., None]) -> None:
         self._command = command
@@ -507,7 +499,10 @@ def emit(result: Result, as_json: bool) -> NoReturn:
 
 
 def _answer_lost(result: Result, error: OSError) -> NoReturn:
-    _silence_stdout()
+    with suppress(OSError, ValueError):  # stdout to /dev/null: no 'Exception ignored' at exit
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
     taken_back = ""
     if result.give_back is not None:
         try:
@@ -520,14 +515,6 @@ def _answer_lost(result: Result, error: OSError) -> NoReturn:
             f"mahabharatha: could not write the answer ({sentence(error)}){taken_back}", err=True
         )
     raise typer.Exit(EXIT_OS_ERROR)
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null: no 'Exception ignored' trace at exit."""
-    with suppress(OSError, ValueError):
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
 
 
 def _write(result: Result, as_json: bool) -> None:
@@ -598,16 +585,12 @@ def given_gsd_dir_exists() -> None:
         raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names an existing gsd folder{create})")
 
 
-class _Verbosity:
-    """What reaches stderr besides errors (``-q``/``-v`` of the root command)."""
-
-    quiet = False
+_QUIET: Final = [False]  # the root's -q: no note, only errors
 
 
 def set_verbosity(quiet: bool, verbose: int) -> None:
-    """The root's ``-q`` (no :func:`note`, only errors) and ``-v``/``-vv`` (the
-    ``mahabharatha`` logger's info/debug messages on stderr too)."""
-    _Verbosity.quiet = quiet
+    """The root's ``-q`` and ``-v``/``-vv`` (the library's info/debug messages on stderr)."""
+    _QUIET[0] = quiet
     if verbose and not quiet:
         import logging  # only -v pays for it: kept out of every other call's cold start
 
@@ -622,27 +605,21 @@ def set_verbosity(quiet: bool, verbose: int) -> None:
 
 def note(text: str) -> None:
     """A line for the person on stderr that is not an error (``-q`` silences it)."""
-    if not _Verbosity.quiet:
+    if not _QUIET[0]:
         typer.echo(f"mahabharatha: {text}", err=True)
 
 
 def respond(
-    as_json: bool,
-    document: dict[str, Any],
-    action: Callable[[], Result],
-    advice: Advice = None,
+    as_json: bool, document: dict[str, Any], action: Callable[[], Result], advice: Advice = None
 ) -> NoReturn:
-    """Run ``action`` and print its result; an expected failure becomes one sentence and a code.
-
-    ``advice`` (what to do about a held lock, a function of the error) ends the sentence of a
-    ``LockHeldError``. A ``--gsd-dir`` given but missing is bad input first.
-    """
+    """Print :func:`answer` and exit with its code."""
     emit(answer(document, action, advice), as_json)
 
 
 def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advice = None) -> Result:
-    """:func:`respond`'s answer, not printed (``lock work --jobs``: a worker's, sent to the
-    command that merges them)."""
+    """Run ``action``; an expected failure becomes one sentence and a code (``document``: the
+    JSON then). ``advice`` ends a held lock's sentence. A ``--gsd-dir`` given but missing is bad
+    input first."""
     try:
         with signals.Handling(ENDING_SIGNALS, _terminate, signals.is_default):
             given_gsd_dir_exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 from typing import Annotated, Any, Final
@@ -193,7 +194,6 @@ def case_warnings(gsd_dir: str, feature: str) -> list[str]:
 
 
 def _case_twins(gsd_dir: str, feature: str) -> list[str]:
-    """Feature folders whose name equals ``feature`` but for case."""
     wanted = feature.casefold()
     return feature_folders(gsd_dir, lambda name: name != feature and name.casefold() == wanted)
 
@@ -244,15 +244,12 @@ class _WaitTakesOptionalSeconds(TyperCommand):
     options take a value or none, never maybe one)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        words = list(args)
-        for index, word in enumerate(words):
-            if word == "--":
-                break
-            following = words[index + 1] if index + 1 < len(words) else None
-            if word == "--wait" and (following is None or not _is_seconds(following)):
-                words.insert(index + 1, repr(WAIT_FOREVER))
-                break
-        return list(super().parse_args(ctx, words))
+        own = list(itertools.takewhile(lambda word: word != "--", args))
+        if "--wait" in own:
+            at = own.index("--wait") + 1
+            if at == len(own) or not _is_seconds(own[at]):
+                args = [*args[:at], repr(WAIT_FOREVER), *args[at:]]
+        return list(super().parse_args(ctx, list(args)))
 
 
 @app.command(cls=_WaitTakesOptionalSeconds)
@@ -427,7 +424,7 @@ def status(
 
 
 def _last_logs(gsd_dir: str, infos: list[LockInfo]) -> dict[str, str]:
-    """The features whose attempts wrote a log (``lock work --log-dir``): its last file."""
+    """Each feature's last log of ``lock work --log-dir`` (features with none left out)."""
     from mahabharatha.cli._work_output import last_log  # only status --all reads them
 
     found = {info.feature: last_log(gsd_dir, info.feature) for info in infos}
@@ -760,7 +757,6 @@ def _held_fields(store: LockBackend, held: Held | locks.FeatureLock) -> dict[str
 
 
 def _note_holder(holder: locks.FeatureLock, document: dict[str, Any]) -> None:
-    """``lock run`` holds its lock: note the host and token for the JSON."""
     document.update(acquired=True, **_held_fields(holder.backend, holder))
 
 
