@@ -50,8 +50,8 @@ from mahabharatha.cli._output import (
     with_shared_options,
 )
 from mahabharatha.cli._render import (
-    GoneHolderNotice,
     WaitingLine,
+    gone_holder_notice,
     is_reclaimable,
     status_table,
     summary,
@@ -711,7 +711,7 @@ def _on_wait(
     """At each look of a wait: the waiting line, and once a word when the holder is gone."""
     if reclaim_dead:
         return line.callback
-    return GoneHolderNotice(lambda feature: locks.inspect(feature, backend=store), line.callback)
+    return gone_holder_notice(lambda name: locks.inspect(name, backend=store), line.callback)
 
 
 def _run_advice(busy: LockHeldError) -> str:
