@@ -53,16 +53,6 @@ from mahabharatha.locks import (
 from mahabharatha.names import is_valid_feature_name
 from mahabharatha.run import runner
 
-
-class Place(NamedTuple):
-    """``--backend``, ``--namespace`` (or their environment variables, read by the call, never
-    by typer, so a URL's password never shows in ``--help``) and ``--connect-timeout``."""
-
-    url: str | None = None
-    namespace: str | None = None
-    connect_timeout: float = CONNECT_TIMEOUT_SECONDS
-
-
 PASSWORD_ON_ARGV: Final = (
     "mahabharatha: the password in --backend is visible to other users of this machine "
     "(ps shows a command's arguments while it runs); give it through PGPASSWORD, ~/.pgpass "
@@ -73,18 +63,6 @@ PASSWORD_ON_ARGV: Final = (
 @functools.cache  # once per process
 def _say_password_on_argv() -> None:
     typer.echo(PASSWORD_ON_ARGV, err=True)
-
-
-def backend_for(gsd_dir: str, place: Place, **server: Any) -> LockBackend:
-    """The one place a command gets its backend (closed when the command ends; ``server``:
-    more of the server's options, ``on_slot_wait``); a missing driver or namespace is bad input."""
-    options = {"namespace": place.namespace, "connect_timeout": place.connect_timeout}
-    try:
-        backend = open_backend(place.url, gsd_dir, **options, **server)
-    except RuntimeError as missing:  # PostgreSQL support not installed
-        raise ValueError(str(missing)) from None
-    _OPENED.append(backend)
-    return backend
 
 
 def finite_seconds(value: float | None) -> float | None:
@@ -263,7 +241,7 @@ def _require_gsd_dir(gsd_dir: str) -> None:
 
 def require_folder_of_files(shared: Shared) -> None:
     """On the folder backend, listing the features needs the gsd folder (a server does not)."""
-    if shared.place.url is None:
+    if shared.url is None:
         _require_gsd_dir(shared.gsd_dir)
 
 
@@ -272,19 +250,31 @@ def backend_to_claim_from(shared: Shared, features: list[str] | None, **server: 
     folder a candidate) the gsd folder must be there, whatever the backend."""
     if not features:
         _require_gsd_dir(shared.gsd_dir)
-    return backend_for(shared.gsd_dir, shared.place, **server)
+    return shared.backend(**server)
 
 
 class Shared(NamedTuple):
-    """The options every lock command takes, gathered by :func:`with_shared_options`."""
+    """The options every lock command takes, gathered by :func:`with_shared_options`. ``url``
+    and ``namespace`` fall back on their environment variables, read by the call, never by
+    typer, so a URL's password never shows in ``--help``."""
 
     gsd_dir: str
     as_json: bool
-    place: Place
+    url: str | None  # none: the folder of --gsd-dir
+    namespace: str | None
+    connect_timeout: float
     namespace_given: str | None  # as given (lock init: the tables serve every namespace)
 
-    def backend(self) -> LockBackend:
-        return backend_for(self.gsd_dir, self.place)
+    def backend(self, **server: Any) -> LockBackend:
+        """The one place a command gets its backend (closed when the command ends; ``server``:
+        more of the server's options); a missing driver or namespace is bad input."""
+        options = {"namespace": self.namespace, "connect_timeout": self.connect_timeout}
+        try:
+            backend = open_backend(self.url, self.gsd_dir, **options, **server)
+        except RuntimeError as missing:  # PostgreSQL support not installed
+            raise ValueError(str(missing)) from None
+        _OPENED.append(backend)
+        return backend
 
 
 _SHARED_PARAMETER: Final = "shared"
@@ -334,8 +324,8 @@ class _WithSharedOptions:
             _say_password_on_argv()
         chosen = url or os.environ.get(LOCK_URL_ENV) or None
         named = namespace or os.environ.get(NAMESPACE_ENV) or None
-        place = Place(chosen, named, connect_timeout)  # the one Place of this call
-        self._command(**given, shared=Shared(gsd_dir, as_json, place, namespace))
+        shared = Shared(gsd_dir, as_json, chosen, named, connect_timeout, namespace)
+        self._command(**given, shared=shared)
 
 
 with_shared_options: Final = _WithSharedOptions

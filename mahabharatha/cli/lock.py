@@ -31,7 +31,6 @@ from mahabharatha.cli._output import (
     Result,
     Shared,
     WaitOption,
-    backend_for,
     backend_to_claim_from,
     complete_feature,
     default_owner,
@@ -768,8 +767,8 @@ def init(shared: Shared) -> None:
     document: dict[str, Any] = {"backend": "file", "schema_version": None}
 
     def action() -> Result:
-        tables = shared.place._replace(namespace=shared.namespace_given or "-")  # every namespace
-        store = backend_for(shared.gsd_dir, tables)
+        # The tables serve every namespace.
+        store = shared._replace(namespace=shared.namespace_given or "-").backend()
         if not isinstance(store, LockServer):
             return Result(EXIT_OK, document, "the folder backend needs no set-up")
         version = store.init()

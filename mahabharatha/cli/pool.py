@@ -199,7 +199,7 @@ def work(
         if once:
             raise ValueError("--once takes one feature: it cannot be shared by --jobs workers")
         # Each worker connects on its own; code is imported once for the team, before the fork.
-        load_backend_code(shared.place.url)
+        load_backend_code(shared.url)
         logs.logger()
         gc.freeze()  # start-up's objects: no worker's collection copies their pages
         ends = team.run_team(jobs, lambda: _worker_answer(answer(document, team_worker)))
