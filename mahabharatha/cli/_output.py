@@ -21,7 +21,7 @@ from typing import Annotated, Any, Final, NamedTuple, NoReturn
 
 import typer
 
-from mahabharatha import signals
+from mahabharatha import names, signals
 from mahabharatha.backends import open_backend, url_holds_password
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
@@ -50,7 +50,6 @@ from mahabharatha.locks import (
     NotHeldError,
     owner_is_gone,
 )
-from mahabharatha.names import is_valid_feature_name
 from mahabharatha.run import runner
 
 PASSWORD_ON_ARGV: Final = (
@@ -192,25 +191,17 @@ NonblockOption = Annotated[
 
 
 def feature_folders(gsd_dir: str, wanted: Callable[[str], bool]) -> list[str]:
-    """The folders under ``<gsd_dir>/specs`` whose name is ``wanted``, by name (none when
-    there is no specs folder yet, or it cannot be read)."""
+    """The feature folders whose name is ``wanted``, by name (none when the specs folder
+    cannot be read: only a hint hangs on them)."""
     try:
-        with os.scandir(os.path.join(gsd_dir, "specs")) as entries:
-            return sorted(
-                entry.name
-                for entry in entries
-                if wanted(entry.name) and entry.is_dir(follow_symlinks=False)
-            )
+        return [name for name in names.feature_folders(gsd_dir) if wanted(name)]
     except OSError:
         return []
 
 
 def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
     """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
-    return feature_folders(
-        ctx.params.get("gsd_dir") or GSD_DIR,
-        lambda name: name.startswith(incomplete) and is_valid_feature_name(name),
-    )
+    return feature_folders(ctx.params.get("gsd_dir") or GSD_DIR, lambda n: n.startswith(incomplete))
 
 
 FeatureArg = Annotated[
