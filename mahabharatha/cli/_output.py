@@ -223,27 +223,6 @@ AttemptsOption = Annotated[
 ]
 
 
-def _require_gsd_dir(gsd_dir: str) -> None:
-    """A missing gsd folder is bad input (a typo in --gsd-dir must not read as "no locks")."""
-    if not os.path.isdir(gsd_dir):
-        what = "not a folder" if os.path.lexists(gsd_dir) else "no such folder"
-        raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {GSD_DIR})")
-
-
-def require_folder_of_files(shared: Shared) -> None:
-    """On the folder backend, listing the features needs the gsd folder (a server does not)."""
-    if shared.url is None:
-        _require_gsd_dir(shared.gsd_dir)
-
-
-def backend_to_claim_from(shared: Shared, features: list[str] | None, **server: Any) -> LockBackend:
-    """``claim`` and ``work``: where features are claimed; with none named (every feature
-    folder a candidate) the gsd folder must be there, whatever the backend."""
-    if not features:
-        _require_gsd_dir(shared.gsd_dir)
-    return shared.backend(**server)
-
-
 class Shared(NamedTuple):
     """The options every lock command takes, gathered by :func:`with_shared_options`. ``url``
     and ``namespace`` fall back on their environment variables, read by the call, never by
@@ -256,9 +235,14 @@ class Shared(NamedTuple):
     connect_timeout: float
     namespace_given: str | None  # as given (lock init: the tables serve every namespace)
 
-    def backend(self, **server: Any) -> LockBackend:
+    def backend(self, *, needs_folder: bool = False, **server: Any) -> LockBackend:
         """The one place a command gets its backend (closed when the command ends; ``server``:
-        more of the server's options); a missing driver or namespace is bad input."""
+        more of the server's options); a missing driver or namespace is bad input, and so is a
+        missing gsd folder when ``needs_folder`` (a typo must not read as "no locks")."""
+        if needs_folder and not os.path.isdir(self.gsd_dir):
+            what = "not a folder" if os.path.lexists(self.gsd_dir) else "no such folder"
+            hint = f"--gsd-dir names the gsd folder; default {GSD_DIR}"
+            raise ValueError(f"{what}: {self.gsd_dir} ({hint})")
         options = {"namespace": self.namespace, "connect_timeout": self.connect_timeout}
         try:
             backend = open_backend(self.url, self.gsd_dir, **options, **server)

@@ -31,7 +31,6 @@ from mahabharatha.cli._output import (
     Result,
     Shared,
     WaitOption,
-    backend_to_claim_from,
     complete_feature,
     default_owner,
     exit_code_for,
@@ -41,7 +40,6 @@ from mahabharatha.cli._output import (
     note,
     problem_fields,
     problem_warnings,
-    require_folder_of_files,
     respond,
     sentence,
     wait_seconds,
@@ -298,7 +296,7 @@ def claim(
 
     def action() -> Result:
         problems: list[FeatureProblem] = []
-        store = backend_to_claim_from(shared, features)
+        store = shared.backend(needs_folder=not features)  # none named: the folders are the list
         warned = [w for name in features or () for w in case_warnings(shared.gsd_dir, name)]
         outcome = locks.claim_next(
             features,
@@ -399,9 +397,9 @@ def status(
         watch_status(shared, until_done)
 
     def action() -> Result:
-        require_folder_of_files(shared)
         problems: list[FeatureProblem] = []
-        every = locks.survey(backend=shared.backend(), problems=problems)
+        store = shared.backend(needs_folder=shared.url is None)  # a server lists its own
+        every = locks.survey(backend=store, problems=problems)
         infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
         listed = [lock_entry(i) for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
@@ -443,9 +441,8 @@ def clean(
     document: dict[str, Any] = {"dry_run": dry_run, "entries": [], "reclaimable": []}
 
     def action() -> Result:
-        require_folder_of_files(shared)
         problems: list[FeatureProblem] = []
-        store = shared.backend()
+        store = shared.backend(needs_folder=shared.url is None)
         entries = locks.clean(
             backend=store, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
         )

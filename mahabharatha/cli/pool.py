@@ -31,7 +31,6 @@ from mahabharatha.cli._output import (
     Result,
     Shared,
     answer,
-    backend_to_claim_from,
     complete_feature,
     default_owner,
     exit_code_for,
@@ -214,7 +213,7 @@ def work(
             signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
 
     def one_worker() -> Result:
-        store = backend_to_claim_from(shared, features, on_slot_wait=_say_server_full)
+        store = shared.backend(needs_folder=not features, on_slot_wait=_say_server_full)
         problems: list[FeatureProblem] = []
         output = functools.partial(
             command_output,

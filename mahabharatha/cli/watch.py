@@ -19,7 +19,6 @@ from mahabharatha.cli._output import (
     close_opened,
     emit,
     exit_code_for,
-    require_folder_of_files,
     sentence,
 )
 from mahabharatha.cli._render import summary_counts, watch_table
@@ -50,8 +49,7 @@ def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130) or,
     with ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
     try:
-        require_folder_of_files(shared)
-        store = shared.backend()
+        store = shared.backend(needs_folder=shared.url is None)
         if shared.as_json or not sys.stdout.isatty():
             code = _watch_lines(store, until_done)
         else:
