@@ -17,7 +17,7 @@ from typer.main import get_command_name
 from mahabharatha.cli import feature, lock
 from mahabharatha.cli import pool as _pool  # noqa: F401  (registers lock fail, lock work)
 from mahabharatha.cli._click import ClickException, Context
-from mahabharatha.cli._output import asks_for_json, emit_usage_error, set_verbosity
+from mahabharatha.cli._output import Result, asks_for_json, emit, set_verbosity
 
 # Where the root context keeps the command line: a usage error found deeper asks it for --json.
 ARGV_KEY = "mahabharatha.argv"
@@ -52,7 +52,8 @@ class JsonUsageGroup(TyperGroup):
 
 def _json_usage_error(args: Sequence[str], error: ClickException) -> None:
     if asks_for_json(args):
-        emit_usage_error(error.format_message(), error.exit_code)
+        said = " ".join(error.format_message().split())  # one line, whatever click wrapped
+        emit(Result(error.exit_code, {"error": said}, message=said), as_json=True)
 
 
 app = typer.Typer(

@@ -512,13 +512,6 @@ def asks_for_json(args: Sequence[str]) -> bool:
     return "--json" in itertools.takewhile(lambda arg: arg != "--", args)
 
 
-def emit_usage_error(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    """A usage error under ``--json``: the one document (``{"error": ...}``) on stdout, the
-    sentence on stderr, and the usage error's code (2)."""
-    sentence_said = " ".join(message.split())  # one line, whatever click wrapped
-    emit(Result(code, {"error": sentence_said}, message=sentence_said), as_json=True)
-
-
 CreateOption = Annotated[
     bool,
     typer.Option(
