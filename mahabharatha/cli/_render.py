@@ -109,8 +109,7 @@ def _table(infos: list[LockInfo], overflow: Any, names_wrap: bool = False, **sty
     return table
 
 
-WATCH_TABLE_LINES: Final = 2
-"""A watch table's own lines: its header and the rule under it."""
+WATCH_TABLE_LINES: Final = 2  # a watch table's own lines: its header and the rule under it
 
 
 def _watch_rank(info: LockInfo) -> int:
