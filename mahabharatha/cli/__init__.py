@@ -17,7 +17,7 @@ from typer.main import get_command_name
 from mahabharatha.cli import feature, lock
 from mahabharatha.cli import pool as _pool  # noqa: F401  (registers lock fail, lock work)
 from mahabharatha.cli._click import ClickException, Context
-from mahabharatha.cli._output import asks_for_json, emit_usage_error, set_verbosity
+from mahabharatha.cli._output import Result, asks_for_json, emit, set_verbosity
 
 # Where the root context keeps the command line: a usage error found deeper asks it for --json.
 ARGV_KEY = "mahabharatha.argv"
@@ -51,9 +51,9 @@ class JsonUsageGroup(TyperGroup):
 
 
 def _json_usage_error(args: Sequence[str], error: ClickException) -> None:
-    """With ``--json`` asked for, report ``error`` as the one document and exit with its code."""
     if asks_for_json(args):
-        emit_usage_error(error.format_message(), error.exit_code)
+        said = " ".join(error.format_message().split())  # one line, whatever click wrapped
+        emit(Result(error.exit_code, {"error": said}, message=said), as_json=True)
 
 
 app = typer.Typer(
@@ -115,8 +115,6 @@ class PlainUsageCommand(TyperCommand):
 
 
 def _plain_usage_everywhere(root: typer.Typer) -> None:
-    """Every command of every group writes its usage line the plain way, unless it chose a
-    class of its own."""
     for group in root.registered_groups:
         if group.typer_instance is None:
             continue
@@ -151,11 +149,8 @@ def app_for(argv: Sequence[str]) -> typer.Typer:
 
 
 def _command_name(command: typer.models.CommandInfo) -> str:
-    """The name typer gives a registered command (its own rule when none is given)."""
-    if command.name:
-        return command.name
     assert command.callback is not None
-    return get_command_name(command.callback.__name__)
+    return command.name or get_command_name(command.callback.__name__)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Final, NamedTuple, NoReturn
 
 import typer
 
-from mahabharatha import signals
+from mahabharatha import names, signals
 from mahabharatha.backends import open_backend, url_holds_password
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
@@ -50,20 +50,7 @@ from mahabharatha.locks import (
     NotHeldError,
     owner_is_gone,
 )
-from mahabharatha.names import is_valid_feature_name
 from mahabharatha.run import runner
-
-
-class Place(NamedTuple):
-    """Where a command's locks live: ``--backend`` (or ``MAHABHARATHA_LOCK_URL``; none: the
-    folder of ``--gsd-dir``), ``--namespace`` (or ``MAHABHARATHA_LOCK_NAMESPACE``) and
-    ``--connect-timeout``. The environment is read by the call, never by typer, so a URL's
-    password never shows in ``--help``."""
-
-    url: str | None = None
-    namespace: str | None = None
-    connect_timeout: float = CONNECT_TIMEOUT_SECONDS
-
 
 PASSWORD_ON_ARGV: Final = (
     "mahabharatha: the password in --backend is visible to other users of this machine "
@@ -74,20 +61,7 @@ PASSWORD_ON_ARGV: Final = (
 
 @functools.cache  # once per process
 def _say_password_on_argv() -> None:
-    """On stderr: a ``--backend`` URL holds a password (``ps`` shows it)."""
     typer.echo(PASSWORD_ON_ARGV, err=True)
-
-
-def backend_for(gsd_dir: str, place: Place, **server: Any) -> LockBackend:
-    """The one place a command gets its backend (closed when the command ends; ``server``:
-    more of the server's options, ``on_slot_wait``); a missing driver or namespace is bad input."""
-    options = {"namespace": place.namespace, "connect_timeout": place.connect_timeout}
-    try:
-        backend = open_backend(place.url, gsd_dir, **options, **server)
-    except RuntimeError as missing:  # PostgreSQL support not installed
-        raise ValueError(str(missing)) from None
-    _OPENED.append(backend)
-    return backend
 
 
 def finite_seconds(value: float | None) -> float | None:
@@ -166,7 +140,6 @@ _OPENED: Final[list[LockBackend]] = []  # the running command's backends
 
 
 def close_opened() -> None:
-    """Close the backends the command opened (:func:`respond` does it for every command)."""
     while _OPENED:
         _OPENED.pop().close()
 
@@ -218,25 +191,17 @@ NonblockOption = Annotated[
 
 
 def feature_folders(gsd_dir: str, wanted: Callable[[str], bool]) -> list[str]:
-    """The folders under ``<gsd_dir>/specs`` whose name is ``wanted``, by name (none when
-    there is no specs folder yet, or it cannot be read)."""
+    """The feature folders whose name is ``wanted``, by name (none when the specs folder
+    cannot be read: only a hint hangs on them)."""
     try:
-        with os.scandir(os.path.join(gsd_dir, "specs")) as entries:
-            return sorted(
-                entry.name
-                for entry in entries
-                if wanted(entry.name) and entry.is_dir(follow_symlinks=False)
-            )
+        return [name for name in names.feature_folders(gsd_dir) if wanted(name)]
     except OSError:
         return []
 
 
 def complete_feature(ctx: typer.Context, incomplete: str) -> list[str]:
     """Shell completion: the feature folders under ``<gsd-dir>/specs`` starting so."""
-    return feature_folders(
-        ctx.params.get("gsd_dir") or GSD_DIR,
-        lambda name: name.startswith(incomplete) and is_valid_feature_name(name),
-    )
+    return feature_folders(ctx.params.get("gsd_dir") or GSD_DIR, lambda n: n.startswith(incomplete))
 
 
 FeatureArg = Annotated[
@@ -258,40 +223,33 @@ AttemptsOption = Annotated[
 ]
 
 
-def _require_gsd_dir(gsd_dir: str) -> None:
-    """A missing gsd folder is bad input (a typo in --gsd-dir must not read as "no locks")."""
-    if not os.path.isdir(gsd_dir):
-        what = "not a folder" if os.path.lexists(gsd_dir) else "no such folder"
-        raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names the gsd folder; default {GSD_DIR})")
-
-
-def require_folder_of_files(shared: Shared) -> None:
-    """On the folder backend, listing the features needs the gsd folder (a server does not)."""
-    if shared.place.url is None:
-        _require_gsd_dir(shared.gsd_dir)
-
-
-def backend_to_claim_from(shared: Shared, features: list[str] | None, **server: Any) -> LockBackend:
-    """``claim`` and ``work``: where features are claimed; with none named (every feature
-    folder a candidate) the gsd folder must be there, whatever the backend."""
-    if not features:
-        _require_gsd_dir(shared.gsd_dir)
-    return backend_for(shared.gsd_dir, shared.place, **server)
-
-
 class Shared(NamedTuple):
-    """The options every lock command takes, read once per call: ``--gsd-dir``, ``--json`` and
-    a :class:`Place`. A command declares ``shared: Shared`` and :func:`with_shared_options`
-    puts the five options in its place."""
+    """The options every lock command takes, gathered by :func:`with_shared_options`. ``url``
+    and ``namespace`` fall back on their environment variables, read by the call, never by
+    typer, so a URL's password never shows in ``--help``."""
 
     gsd_dir: str
     as_json: bool
-    place: Place
+    url: str | None  # none: the folder of --gsd-dir
+    namespace: str | None
+    connect_timeout: float
     namespace_given: str | None  # as given (lock init: the tables serve every namespace)
 
-    def backend(self) -> LockBackend:
-        """The backend of this call's locks (closed when the command ends)."""
-        return backend_for(self.gsd_dir, self.place)
+    def backend(self, *, needs_folder: bool = False, **server: Any) -> LockBackend:
+        """The one place a command gets its backend (closed when the command ends; ``server``:
+        more of the server's options); a missing driver or namespace is bad input, and so is a
+        missing gsd folder when ``needs_folder`` (a typo must not read as "no locks")."""
+        if needs_folder and not os.path.isdir(self.gsd_dir):
+            what = "not a folder" if os.path.lexists(self.gsd_dir) else "no such folder"
+            hint = f"--gsd-dir names the gsd folder; default {GSD_DIR}"
+            raise ValueError(f"{what}: {self.gsd_dir} ({hint})")
+        options = {"namespace": self.namespace, "connect_timeout": self.connect_timeout}
+        try:
+            backend = open_backend(self.url, self.gsd_dir, **options, **server)
+        except RuntimeError as missing:  # PostgreSQL support not installed
+            raise ValueError(str(missing)) from None
+        _OPENED.append(backend)
+        return backend
 
 
 _SHARED_PARAMETER: Final = "shared"
@@ -305,10 +263,9 @@ _SHARED_OPTIONS: Final = (
 
 
 class _WithSharedOptions:
-    """``@with_shared_options``: ``command`` as typer sees it, its ``shared`` parameter replaced,
-    at the same place, by the five options of :data:`_SHARED_OPTIONS`; a call gathers them into
-    one :class:`Shared`. The signature is written when first asked for (a call builds only the
-    command it names)."""
+    """``@with_shared_options``: typer sees the options of :data:`_SHARED_OPTIONS` where the
+    command has ``shared``; a call gathers them into one :class:`Shared`. The signature is
+    written when first asked for (a call builds only the command it names)."""
 
     def __init__(self, command: Callable[..., None]) -> None:
         self._command = command
@@ -342,8 +299,8 @@ class _WithSharedOptions:
             _say_password_on_argv()
         chosen = url or os.environ.get(LOCK_URL_ENV) or None
         named = namespace or os.environ.get(NAMESPACE_ENV) or None
-        place = Place(chosen, named, connect_timeout)  # the one Place of this call
-        self._command(**given, shared=Shared(gsd_dir, as_json, place, namespace))
+        shared = Shared(gsd_dir, as_json, chosen, named, connect_timeout, namespace)
+        self._command(**given, shared=shared)
 
 
 with_shared_options: Final = _WithSharedOptions
@@ -507,7 +464,10 @@ def emit(result: Result, as_json: bool) -> NoReturn:
 
 
 def _answer_lost(result: Result, error: OSError) -> NoReturn:
-    _silence_stdout()
+    with suppress(OSError, ValueError):  # stdout to /dev/null: no 'Exception ignored' at exit
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
     taken_back = ""
     if result.give_back is not None:
         try:
@@ -520,14 +480,6 @@ def _answer_lost(result: Result, error: OSError) -> NoReturn:
             f"mahabharatha: could not write the answer ({sentence(error)}){taken_back}", err=True
         )
     raise typer.Exit(EXIT_OS_ERROR)
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null: no 'Exception ignored' trace at exit."""
-    with suppress(OSError, ValueError):
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
 
 
 def _write(result: Result, as_json: bool) -> None:
@@ -558,13 +510,6 @@ def asks_for_json(args: Sequence[str]) -> bool:
     """Is ``--json`` among a command line's own arguments (those before ``--``; what follows
     is ``lock run``'s command)?"""
     return "--json" in itertools.takewhile(lambda arg: arg != "--", args)
-
-
-def emit_usage_error(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    """A usage error under ``--json``: the one document (``{"error": ...}``) on stdout, the
-    sentence on stderr, and the usage error's code (2)."""
-    sentence_said = " ".join(message.split())  # one line, whatever click wrapped
-    emit(Result(code, {"error": sentence_said}, message=sentence_said), as_json=True)
 
 
 CreateOption = Annotated[
@@ -598,16 +543,12 @@ def given_gsd_dir_exists() -> None:
         raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names an existing gsd folder{create})")
 
 
-class _Verbosity:
-    """What reaches stderr besides errors (``-q``/``-v`` of the root command)."""
-
-    quiet = False
+_QUIET: Final = [False]  # the root's -q: no note, only errors
 
 
 def set_verbosity(quiet: bool, verbose: int) -> None:
-    """The root's ``-q`` (no :func:`note`, only errors) and ``-v``/``-vv`` (the
-    ``mahabharatha`` logger's info/debug messages on stderr too)."""
-    _Verbosity.quiet = quiet
+    """The root's ``-q`` and ``-v``/``-vv`` (the library's info/debug messages on stderr)."""
+    _QUIET[0] = quiet
     if verbose and not quiet:
         import logging  # only -v pays for it: kept out of every other call's cold start
 
@@ -622,27 +563,21 @@ def set_verbosity(quiet: bool, verbose: int) -> None:
 
 def note(text: str) -> None:
     """A line for the person on stderr that is not an error (``-q`` silences it)."""
-    if not _Verbosity.quiet:
+    if not _QUIET[0]:
         typer.echo(f"mahabharatha: {text}", err=True)
 
 
 def respond(
-    as_json: bool,
-    document: dict[str, Any],
-    action: Callable[[], Result],
-    advice: Advice = None,
+    as_json: bool, document: dict[str, Any], action: Callable[[], Result], advice: Advice = None
 ) -> NoReturn:
-    """Run ``action`` and print its result; an expected failure becomes one sentence and a code.
-
-    ``advice`` (what to do about a held lock, a function of the error) ends the sentence of a
-    ``LockHeldError``. A ``--gsd-dir`` given but missing is bad input first.
-    """
+    """Print :func:`answer` and exit with its code."""
     emit(answer(document, action, advice), as_json)
 
 
 def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advice = None) -> Result:
-    """:func:`respond`'s answer, not printed (``lock work --jobs``: a worker's, sent to the
-    command that merges them)."""
+    """Run ``action``; an expected failure becomes one sentence and a code (``document``: the
+    JSON then). ``advice`` ends a held lock's sentence. A ``--gsd-dir`` given but missing is bad
+    input first."""
     try:
         with signals.Handling(ENDING_SIGNALS, _terminate, signals.is_default):
             given_gsd_dir_exists()

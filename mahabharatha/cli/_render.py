@@ -78,7 +78,10 @@ def status_table(infos: list[LockInfo], footer: str | None = None) -> None:
     if not infos:
         print("no feature locks")
     elif sys.stdout.isatty():
-        _rich_table([_row(info) for info in infos])
+        from rich.console import Console  # imported here: only this command draws tables
+
+        # A pid, a state or a time cut short is a wrong answer: only names may wrap.
+        Console().print(_table(infos, "fold", names_wrap=True))
     else:
         _plain_table([_row(info) for info in infos])
     if any(is_reclaimable(info) for info in infos):
@@ -95,21 +98,18 @@ def _plain_table(rows: list[tuple[str, ...]]) -> None:
         )
 
 
-def _rich_table(rows: list[tuple[str, ...]]) -> None:
-    from rich.console import Console  # imported here: only this command draws tables
+def _table(infos: list[LockInfo], overflow: Any, names_wrap: bool = False, **style: Any) -> Any:
     from rich.table import Table
 
-    table = Table()
+    table = Table(**style)
     for name in COLUMNS:
-        # A pid, a state or a time cut short is a wrong answer: only names may wrap.
-        table.add_column(name, no_wrap=name != "feature", overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+        table.add_column(name, no_wrap=not (names_wrap and name == "feature"), overflow=overflow)
+    for info in infos:
+        table.add_row(*_row(info))
+    return table
 
 
-WATCH_TABLE_LINES: Final = 2
-"""A watch table's own lines: its header and the rule under it."""
+WATCH_TABLE_LINES: Final = 2  # a watch table's own lines: its header and the rule under it
 
 
 def _watch_rank(info: LockInfo) -> int:
@@ -124,7 +124,6 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
     """``status --watch``'s list in at most ``lines`` lines: held features first, one line
     each, then a line counting those left out; empty when none fits."""
     from rich import box
-    from rich.table import Table
     from rich.text import Text
 
     ordered = sorted(infos, key=lambda info: (_watch_rank(info), info.feature))
@@ -134,11 +133,7 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
     if len(ordered) > room:
         room -= 1  # the "more" line takes one
     shown, left_out = ordered[: max(0, room)], len(ordered) - max(0, room)
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for name in COLUMNS:
-        table.add_column(name, no_wrap=True, overflow="ellipsis")
-    for info in shown:
-        table.add_row(*_row(info))
+    table = _table(shown, "ellipsis", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     more = [Text(f"... and {left_out} more", no_wrap=True)] if left_out else []
     return [table, *more]
 
@@ -177,36 +172,32 @@ class WaitingLine:
             self._drawn_at = None
 
 
-class GoneHolderNotice:
-    """While a command waits: say once on stderr that the holder is gone and ``--reclaim-dead``
+def gone_holder_notice(
+    judge: Callable[[str], LockInfo], then: Callable[[LockInfo, float | None], None] | None
+) -> Callable[[LockInfo, float | None], None]:
+    """A wait's callback that says once on stderr that the holder is gone and ``--reclaim-dead``
     would take the lock. ``judge`` looks at a feature's lock with its owner judged; ``then``
-    is the callback this one wraps."""
+    is the callback it wraps."""
+    told, look_at = False, monotonic()
 
-    def __init__(
-        self,
-        judge: Callable[[str], LockInfo],
-        then: Callable[[LockInfo, float | None], None] | None = None,
-    ) -> None:
-        self._judge = judge
-        self._then = then
-        self._told = False
-        self._look_at = monotonic()
-
-    def __call__(self, info: LockInfo, left: float | None) -> None:
-        if self._then is not None:
-            self._then(info, left)
-        if self._told or monotonic() < self._look_at:
+    def notice(info: LockInfo, left: float | None) -> None:
+        nonlocal told, look_at
+        if then is not None:
+            then(info, left)
+        if told or monotonic() < look_at:
             return
-        self._look_at = monotonic() + JUDGE_EVERY_SECONDS
+        look_at = monotonic() + JUDGE_EVERY_SECONDS
         try:
-            judged = self._judge(info.feature)
+            judged = judge(info.feature)
         except OSError:  # a look that failed says nothing; the wait goes on and asks again
             return
         if is_reclaimable(judged):
-            self._told = True
+            told = True
             erase = "\r\x1b[K" if sys.stderr.isatty() else ""  # over the waiting line, if any
             sys.stderr.write(
                 f"{erase}mahabharatha: {describe_holder(judged)}; waiting for it all the same:"
                 " --reclaim-dead would take it now\n"
             )
             sys.stderr.flush()
+
+    return notice

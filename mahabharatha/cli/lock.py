@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 from typing import Annotated, Any, Final
@@ -30,8 +31,6 @@ from mahabharatha.cli._output import (
     Result,
     Shared,
     WaitOption,
-    backend_for,
-    backend_to_claim_from,
     complete_feature,
     default_owner,
     exit_code_for,
@@ -41,7 +40,6 @@ from mahabharatha.cli._output import (
     note,
     problem_fields,
     problem_warnings,
-    require_folder_of_files,
     respond,
     sentence,
     wait_seconds,
@@ -49,8 +47,8 @@ from mahabharatha.cli._output import (
     with_shared_options,
 )
 from mahabharatha.cli._render import (
-    GoneHolderNotice,
     WaitingLine,
+    gone_holder_notice,
     is_reclaimable,
     status_table,
     summary,
@@ -193,7 +191,6 @@ def case_warnings(gsd_dir: str, feature: str) -> list[str]:
 
 
 def _case_twins(gsd_dir: str, feature: str) -> list[str]:
-    """Feature folders whose name equals ``feature`` but for case."""
     wanted = feature.casefold()
     return feature_folders(gsd_dir, lambda name: name != feature and name.casefold() == wanted)
 
@@ -244,15 +241,12 @@ class _WaitTakesOptionalSeconds(TyperCommand):
     options take a value or none, never maybe one)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        words = list(args)
-        for index, word in enumerate(words):
-            if word == "--":
-                break
-            following = words[index + 1] if index + 1 < len(words) else None
-            if word == "--wait" and (following is None or not _is_seconds(following)):
-                words.insert(index + 1, repr(WAIT_FOREVER))
-                break
-        return list(super().parse_args(ctx, words))
+        own = list(itertools.takewhile(lambda word: word != "--", args))
+        if "--wait" in own:
+            at = own.index("--wait") + 1
+            if at == len(own) or not _is_seconds(own[at]):
+                args = [*args[:at], repr(WAIT_FOREVER), *args[at:]]
+        return list(super().parse_args(ctx, list(args)))
 
 
 @app.command(cls=_WaitTakesOptionalSeconds)
@@ -302,7 +296,7 @@ def claim(
 
     def action() -> Result:
         problems: list[FeatureProblem] = []
-        store = backend_to_claim_from(shared, features)
+        store = shared.backend(needs_folder=not features)  # none named: the folders are the list
         warned = [w for name in features or () for w in case_warnings(shared.gsd_dir, name)]
         outcome = locks.claim_next(
             features,
@@ -403,9 +397,9 @@ def status(
         watch_status(shared, until_done)
 
     def action() -> Result:
-        require_folder_of_files(shared)
         problems: list[FeatureProblem] = []
-        every = locks.survey(backend=shared.backend(), problems=problems)
+        store = shared.backend(needs_folder=shared.url is None)  # a server lists its own
+        every = locks.survey(backend=store, problems=problems)
         infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
         listed = [lock_entry(i) for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
@@ -427,7 +421,7 @@ def status(
 
 
 def _last_logs(gsd_dir: str, infos: list[LockInfo]) -> dict[str, str]:
-    """The features whose attempts wrote a log (``lock work --log-dir``): its last file."""
+    """Each feature's last log of ``lock work --log-dir`` (features with none left out)."""
     from mahabharatha.cli._work_output import last_log  # only status --all reads them
 
     found = {info.feature: last_log(gsd_dir, info.feature) for info in infos}
@@ -447,9 +441,8 @@ def clean(
     document: dict[str, Any] = {"dry_run": dry_run, "entries": [], "reclaimable": []}
 
     def action() -> Result:
-        require_folder_of_files(shared)
         problems: list[FeatureProblem] = []
-        store = shared.backend()
+        store = shared.backend(needs_folder=shared.url is None)
         entries = locks.clean(
             backend=store, dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems
         )
@@ -714,7 +707,7 @@ def _on_wait(
     """At each look of a wait: the waiting line, and once a word when the holder is gone."""
     if reclaim_dead:
         return line.callback
-    return GoneHolderNotice(lambda feature: locks.inspect(feature, backend=store), line.callback)
+    return gone_holder_notice(lambda name: locks.inspect(name, backend=store), line.callback)
 
 
 def _run_advice(busy: LockHeldError) -> str:
@@ -760,7 +753,6 @@ def _held_fields(store: LockBackend, held: Held | locks.FeatureLock) -> dict[str
 
 
 def _note_holder(holder: locks.FeatureLock, document: dict[str, Any]) -> None:
-    """``lock run`` holds its lock: note the host and token for the JSON."""
     document.update(acquired=True, **_held_fields(holder.backend, holder))
 
 
@@ -772,8 +764,8 @@ def init(shared: Shared) -> None:
     document: dict[str, Any] = {"backend": "file", "schema_version": None}
 
     def action() -> Result:
-        tables = shared.place._replace(namespace=shared.namespace_given or "-")  # every namespace
-        store = backend_for(shared.gsd_dir, tables)
+        # The tables serve every namespace.
+        store = shared._replace(namespace=shared.namespace_given or "-").backend()
         if not isinstance(store, LockServer):
             return Result(EXIT_OK, document, "the folder backend needs no set-up")
         version = store.init()

@@ -7,12 +7,15 @@ or a failed attempt, then the release).
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import signal
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import IO, Annotated, Any, Final, NamedTuple
+from typing import Annotated, Any, Final
 
 import typer
 from typer.core import TyperCommand
@@ -28,7 +31,6 @@ from mahabharatha.cli._output import (
     Result,
     Shared,
     answer,
-    backend_to_claim_from,
     complete_feature,
     default_owner,
     exit_code_for,
@@ -41,26 +43,14 @@ from mahabharatha.cli._output import (
 from mahabharatha.cli._work_output import CommandOutput, command_output
 from mahabharatha.cli.lock import _warn_release_wait, app
 from mahabharatha.constants import FEATURE_ENV_VAR, RETRY_DELAY_SECONDS
-from mahabharatha.exits import (
-    EXIT_BAD_INPUT,
-    EXIT_HELD,
-    EXIT_OK,
-    EXIT_TEMPFAIL,
-    killed_by,
-)
-from mahabharatha.locks import (
-    FeatureProblem,
-    LockInfo,
-    PoolLock,
-    StopWork,
-    WorkReport,
-    WorkResult,
-)
+from mahabharatha.exits import EXIT_BAD_INPUT, EXIT_HELD, EXIT_OK, EXIT_TEMPFAIL, killed_by
+from mahabharatha.locks import FeatureProblem, LockInfo, PoolLock, StopWork, WorkReport, WorkResult
 from mahabharatha.pool import team
 from mahabharatha.run import runner
 from mahabharatha.states import State, WorkEnd, WorkOutcome
 
 FEATURE_PLACEHOLDER: Final = "{}"  # the feature's name in lock work's command (as xargs -I)
+OutputFor = Callable[[str], AbstractContextManager[CommandOutput]]  # a feature's outputs
 
 
 @app.command()
@@ -208,7 +198,7 @@ def work(
         if once:
             raise ValueError("--once takes one feature: it cannot be shared by --jobs workers")
         # Each worker connects on its own; code is imported once for the team, before the fork.
-        load_backend_code(shared.place.url)
+        load_backend_code(shared.url)
         logs.logger()
         gc.freeze()  # start-up's objects: no worker's collection copies their pages
         ends = team.run_team(jobs, lambda: _worker_answer(answer(document, team_worker)))
@@ -223,12 +213,17 @@ def work(
             signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
 
     def one_worker() -> Result:
-        store = backend_to_claim_from(shared, features, on_slot_wait=_say_server_full)
+        store = shared.backend(needs_folder=not features, on_slot_wait=_say_server_full)
         problems: list[FeatureProblem] = []
-        output = _Output(tag, log_dir, shared.gsd_dir, sys.stderr if shared.as_json else None)
-        step = _CommandStep(command, attempts, output)
+        output = functools.partial(
+            command_output,
+            tag=tag,
+            log_dir=log_dir,
+            gsd_dir=shared.gsd_dir,
+            stdout=sys.stderr if shared.as_json else None,
+        )
         report = locks.run_pool(
-            step,
+            functools.partial(_run_step, command, attempts, output),
             features,
             shared.gsd_dir,
             attempts=attempts,
@@ -247,68 +242,48 @@ def work(
     respond(shared.as_json, document, action)
 
 
-class _Output(NamedTuple):
-    """Where CMD's output goes (:func:`command_output`'s options): ``--tag``, ``--log-dir``,
-    and its stdout untold (``None``: ours)."""
-
-    tag: bool
-    log_dir: Path | None
-    gsd_dir: str
-    stdout: IO[Any] | None
+def _run_step(command: list[str], attempts: int, output: OutputFor, lock: PoolLock) -> WorkResult:
+    """One feature of ``lock work``: CMD run as ``lock run`` does under the claimed lock."""
+    with output(lock.feature) as where:
+        result = _run_feature(command, attempts, lock, where)
+    return result._replace(log=where.log)
 
 
-class _CommandStep:
-    """One feature of ``lock work``: CMD run by ``run_locked`` under the claimed lock."""
-
-    def __init__(self, command: list[str], attempts: int, output: _Output) -> None:
-        self.command = command
-        self.attempts = attempts
-        self.output = output
-
-    def __call__(self, lock: PoolLock) -> WorkResult:
-        with command_output(lock.feature, **self.output._asdict()) as output:
-            result = self._run(lock, output)
-        return result._replace(log=output.log)
-
-    def _run(self, lock: PoolLock, output: CommandOutput) -> WorkResult:
-        feature = lock.feature
-        argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in self.command]
-        run = runner.Run(lock, on_release_wait=lambda bound: _warn_release_wait(feature, bound))
-        try:
-            with run:
-                run.acquire()
-                code = run.command(
-                    argv, output.stdout, env={FEATURE_ENV_VAR: feature}, stderr=output.stderr
-                )
-        except runner.WorkLeftError as left:
-            return self._left_running(lock, left, run.signalled)
-        except runner.CommandStartError as unstarted:
-            # Every feature would fail the same way: release it unmarked, stop this worker.
-            code = exit_code_for(unstarted, before_run=True)
-            result = lock.finish(None, unstarted.strerror, self.attempts)
-            raise StopWork(result, code) from None
-        except runner.Interrupted as stop:
-            raise StopWork(lock.finish(None, str(stop), self.attempts), stop.exit_code) from None
-        except BaseException:
-            lock.finish(None, None, self.attempts)  # whatever went wrong: never leave it held
-            raise
-        told = run.signalled
-        if lock.lost is None and told is not None:
-            # Race: CMD caught the signal and exited 1 (or 0): the worker was still told to
-            # stop, so the feature is released unmarked.
-            why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
-            raise StopWork(lock.finish(None, why, self.attempts), killed_by(told))
-        return lock.finish(code, None, self.attempts)
-
-    def _left_running(
-        self, lock: PoolLock, left: runner.WorkLeftError, told: int | None
-    ) -> WorkResult:
-        """CMD ended but its work outside its group holds the lock until it ends: the result
-        is recorded all the same and the worker goes on (or stops, when told to)."""
+def _run_feature(
+    command: list[str], attempts: int, lock: PoolLock, output: CommandOutput
+) -> WorkResult:
+    feature = lock.feature
+    argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in command]
+    run = runner.Run(lock, on_release_wait=lambda bound: _warn_release_wait(feature, bound))
+    try:
+        with run:
+            run.acquire()
+            code = run.command(
+                argv, output.stdout, env={FEATURE_ENV_VAR: feature}, stderr=output.stderr
+            )
+    except runner.WorkLeftError as left:
+        # CMD ended but its work outside its group holds the lock until it ends: the result
+        # is recorded all the same and the worker goes on (or stops, when told to).
         result = lock.finish_leaving_work(left.status, left.still_running)
-        if told is not None:
-            raise StopWork(result, killed_by(told))
+        if run.signalled is not None:
+            raise StopWork(result, killed_by(run.signalled)) from None
         return result
+    except runner.CommandStartError as unstarted:
+        # Every feature would fail the same way: release it unmarked, stop this worker.
+        code = exit_code_for(unstarted, before_run=True)
+        raise StopWork(lock.finish(None, unstarted.strerror, attempts), code) from None
+    except runner.Interrupted as stop:
+        raise StopWork(lock.finish(None, str(stop), attempts), stop.exit_code) from None
+    except BaseException:
+        lock.finish(None, None, attempts)  # whatever went wrong: never leave it held
+        raise
+    told = run.signalled
+    if lock.lost is None and told is not None:
+        # Race: CMD caught the signal and exited 1 (or 0): the worker was still told to
+        # stop, so the feature is released unmarked.
+        why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
+        raise StopWork(lock.finish(None, why, attempts), killed_by(told))
+    return lock.finish(code, None, attempts)
 
 
 def _say(result: WorkResult, limit: int) -> None:
@@ -383,30 +358,33 @@ def _team_result(ends: list[team.WorkerEnd], document: dict[str, Any]) -> Result
 def _work_result(
     report: WorkReport, document: dict[str, Any], once: bool, problems: list[FeatureProblem]
 ) -> Result:
+    """How the worker loop ended, as the exit code, the sentence and the document."""
+    said: str | None = None
+    if report.ended == WorkEnd.STOPPED:
+        code = EXIT_BAD_INPUT if report.exit_code is None else report.exit_code
+    elif report.ended == WorkEnd.ONCE:
+        last = report.results[-1].exit_code
+        code = EXIT_HELD if last is None else last
+    elif report.ended == WorkEnd.WAITED_OUT:
+        code = EXIT_TEMPFAIL
+        said = f"--wait ran out: {len(report.busy)} feature(s) still held by others"
+    elif once:
+        code, said = EXIT_HELD, "nothing left to take: every feature is done or failed"
+    elif report.failed:
+        code = EXIT_HELD
+        said = f"every feature is finished; {len(report.failed)} failed: " + ", ".join(
+            report.failed
+        )
+    else:
+        code = EXIT_OK
     found = {
         **document,
         "ended": report.ended,
         "results": [result.to_dict() for result in report.results],
         "failed": list(report.failed),
         "busy": list(report.busy),
+        "exit_code": code,
     }
-    warnings = problem_warnings(problems)
-    if report.ended == WorkEnd.STOPPED:
-        code = EXIT_BAD_INPUT if report.exit_code is None else report.exit_code
-        return Result(code, {**found, "exit_code": code}, warnings=warnings)
-    if report.ended == WorkEnd.ONCE:
-        last = report.results[-1].exit_code
-        code = EXIT_HELD if last is None else last
-        return Result(code, {**found, "exit_code": code}, warnings=warnings)
-    if report.ended == WorkEnd.WAITED_OUT:
-        said = f"--wait ran out: {len(report.busy)} feature(s) still held by others"
-        return Result(EXIT_TEMPFAIL, {**found, "exit_code": EXIT_TEMPFAIL}, message=said)
-    if once:
-        said = "nothing left to take: every feature is done or failed"
-        return Result(EXIT_HELD, {**found, "exit_code": EXIT_HELD}, message=said)
-    if report.failed:
-        said = f"every feature is finished; {len(report.failed)} failed: " + ", ".join(
-            report.failed
-        )
-        return Result(EXIT_HELD, {**found, "exit_code": EXIT_HELD}, message=said)
-    return Result(EXIT_OK, {**found, "exit_code": EXIT_OK}, warnings=warnings)
+    # Skipped folders are warned of unless a sentence says why the loop stopped.
+    warnings = [] if said else problem_warnings(problems)
+    return Result(code, found, message=said, warnings=warnings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from time import monotonic, sleep, time
 from typing import Final, NoReturn
 
@@ -18,7 +19,6 @@ from mahabharatha.cli._output import (
     close_opened,
     emit,
     exit_code_for,
-    require_folder_of_files,
     sentence,
 )
 from mahabharatha.cli._render import summary_counts, watch_table
@@ -29,28 +29,6 @@ from mahabharatha.locks import LockError, LockInfo
 BAR_WIDTH: Final = 40
 TOP_LINES: Final = 3  # the bar, the counts, the rate and estimate: always on top
 SPARE_LINES: Final = 1  # where the cursor rests: a view that filled it would scroll
-
-
-class _Progress:
-    """What the watch shows about the pool: counts, the rate of finishing, the time left."""
-
-    def __init__(self) -> None:
-        self.started = monotonic()
-        self.first_finished: int | None = None
-
-    def rate(self, counts: dict[str, int]) -> str:
-        """The rate of finishing since the watch began, and the time left at that rate."""
-        total = sum(counts.values())
-        finished = counts["done"] + counts["failed"]
-        if self.first_finished is None:
-            self.first_finished = finished
-        elapsed = monotonic() - self.started
-        rate = (finished - self.first_finished) / elapsed if elapsed > 0 else 0.0
-        left = total - finished
-        if not left:
-            return "nothing left to claim"
-        eta = f"about {format_duration(left / rate)} left" if rate > 0 else "no estimate yet"
-        return f"{rate * 60:.1f}/min, {eta}"
 
 
 COUNT_ORDER: Final = ("held", "failed", "reclaimable", "stale", "free")  # most telling first
@@ -71,8 +49,7 @@ def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130) or,
     with ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
     try:
-        require_folder_of_files(shared)
-        store = shared.backend()
+        store = shared.backend(needs_folder=shared.url is None)
         if shared.as_json or not sys.stdout.isatty():
             code = _watch_lines(store, until_done)
         else:
@@ -86,51 +63,71 @@ def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _survey(store: LockBackend) -> list[LockInfo]:
-    return locks.survey(backend=store, problems=[])  # a folder not read: left out, not raised
-
-
 def _what_changes(info: LockInfo) -> tuple[object, ...]:
     """What of a feature makes a new line off a terminal: its state and holder, its failed
     attempts; not its ages, which change every second while anything is held."""
     return (info.feature, info.state, info.pid, info.host, info.token, info.owner, info.attempts)
 
 
-def _watch_lines(store: LockBackend, until_done: bool) -> int:
-    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``.
-    A change is a count or a holder (:func:`_what_changes`), never an age ticking."""
-    last: object = None
+def _watch(store: LockBackend, until_done: bool, show: Callable[[list[LockInfo]], None]) -> int:
+    """Survey and ``show`` every second, until nothing is left to claim with ``until_done``."""
     while True:
-        infos = _survey(store)
+        infos = locks.survey(backend=store, problems=[])  # a folder not read: left out
+        show(infos)
         counts = summary_counts(infos)
-        now = [_what_changes(info) for info in infos]
-        if now != last:
-            features = [info.to_dict() for info in infos]
-            document = {"time": time(), "summary": counts, "features": features}
-            typer.echo(json.dumps(document, sort_keys=True))
-            sys.stdout.flush()
-            last = now
         if until_done and _nothing_left(counts):
             return EXIT_HELD if counts["failed"] else EXIT_OK
         sleep(WATCH_SECONDS)
 
 
+def _watch_lines(store: LockBackend, until_done: bool) -> int:
+    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``.
+    A change is a count or a holder (:func:`_what_changes`), never an age ticking."""
+    last: list[object] = [None]
+
+    def show(infos: list[LockInfo]) -> None:
+        now = [_what_changes(info) for info in infos]
+        if now != last[0]:
+            features = [info.to_dict() for info in infos]
+            document = {"time": time(), "summary": summary_counts(infos), "features": features}
+            typer.echo(json.dumps(document, sort_keys=True))
+            sys.stdout.flush()
+            last[0] = now
+
+    return _watch(store, until_done, show)
+
+
 def _watch_terminal(store: LockBackend, until_done: bool) -> int:
     """The live view, redrawn every second and fitted to the terminal: the bar, the counts and
-    the estimate on top, then the features, held ones first."""
+    the rate of finishing (since the watch began) with the time left on top, then the
+    features, held ones first."""
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
-    progress = _Progress()
+    started, first_finished = monotonic(), list[int]()
     console = Console()
 
     def line(text: str) -> Text:
         return Text(text, no_wrap=True, overflow="ellipsis")
 
-    def view(infos: list[LockInfo]) -> tuple[Group, dict[str, int]]:
+    def rate(counts: dict[str, int]) -> str:
+        total, finished = sum(counts.values()), counts["done"] + counts["failed"]
+        if not first_finished:
+            first_finished.append(finished)
+        elapsed = monotonic() - started
+        per_second = (finished - first_finished[0]) / elapsed if elapsed > 0 else 0.0
+        left = total - finished
+        if not left:
+            return "nothing left to claim"
+        eta = "no estimate yet"
+        if per_second > 0:
+            eta = f"about {format_duration(left / per_second)} left"
+        return f"{per_second * 60:.1f}/min, {eta}"
+
+    def view(infos: list[LockInfo]) -> Group:
         counts = summary_counts(infos)
         total = sum(counts.values())
         width, height = console.size
@@ -139,15 +136,8 @@ def _watch_terminal(store: LockBackend, until_done: bool) -> int:
         bar = ProgressBar(total=max(1, total), completed=counts["done"], width=bar_width)
         top = Table.grid()
         top.add_row(bar, line(done))
-        rows = max(0, height - TOP_LINES - SPARE_LINES)
-        listed = watch_table(infos, rows)
-        parts = [top, line(counts_line(counts)), line(progress.rate(counts)), *listed]
-        return Group(*parts), counts
+        listed = watch_table(infos, max(0, height - TOP_LINES - SPARE_LINES))
+        return Group(top, line(counts_line(counts)), line(rate(counts)), *listed)
 
-    shown, counts = view(_survey(store))
-    with Live(shown, console=console, auto_refresh=False, transient=False) as live:
-        while not (until_done and _nothing_left(counts)):
-            sleep(WATCH_SECONDS)
-            shown, counts = view(_survey(store))
-            live.update(shown, refresh=True)
-    return EXIT_HELD if counts["failed"] else EXIT_OK
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        return _watch(store, until_done, lambda infos: live.update(view(infos), refresh=True))

@@ -1,13 +1,7 @@
-"""The legacy face: the contract's feature-lock functions and feature detection.
-
-``acquire_feature_lock``, ``release_feature_lock`` and ``check_feature_lock`` keep the
-contract's signatures and answers (bools, ``None``, ``ValueError``) over the ``.lock`` protocol
-of :mod:`mahabharatha.backends.files.lockfile`, whose names are re-exported here for callers
-that know them by this module. It stays the contract's clock seam: a test that replaces
-``time`` (or ``now``) here replaces :mod:`mahabharatha.clock`'s too, which every layer reads.
-With ``MAHABHARATHA_LOCK_URL`` set they answer from that server, never from files (so no entry
-point uses files while another uses the server): same contract, an unreachable server is an
-``OSError`` as a disk error is, the lease is 2 hours as a file lock's.
+"""The legacy face: the contract's feature-lock functions (bools, ``None``, ``ValueError``)
+and feature detection, over the ``.lock`` protocol (its names re-exported here), or over the
+server ``MAHABHARATHA_LOCK_URL`` names when set (never files then). The contract's clock seam:
+replacing ``time`` (or ``now``) here replaces :mod:`mahabharatha.clock`'s, which every layer reads.
 """
 
 from __future__ import annotations
@@ -125,7 +119,6 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
 
 
 def _lock_server() -> str | None:
-    """The lock server ``MAHABHARATHA_LOCK_URL`` names (the legacy functions answer from it)."""
     return os.environ.get(LOCK_URL_ENV) or None
 
 
