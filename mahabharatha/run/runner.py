@@ -167,9 +167,10 @@ class _Child:
                 os.killpg(pgid, signal.SIGKILL)
 
     def close(self) -> None:
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+        # Race: a signal handler run between the two steps must never see a closed pidfd.
+        pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
 
     def left_running(self) -> bool:
         """After CMD was reaped: does work it left hold its proof, or live in its group?"""
@@ -270,29 +271,40 @@ class _Relay:
             if self.pending is not None:
                 self.received = self.pending
                 child.send(self.pending)  # it did not exist when the signal came: send it now
-            if self._lost is not None:
-                self._act_on(child, self._lost)
+            error = self._lost
+            if error is None or self._act_on(child, error):
+                return
+        self._act_without_thread(child, error)
 
     def lost(self, error: LockLostError) -> None:
         """``FeatureLock.on_lost``: runs in the heartbeat thread."""
         with self._mutex:
             # Race: lost before CMD started: ``started`` acts on it instead.
             self._lost, child = error, self.child
-            if child is not None:
-                self._act_on(child, error)
+            # Race: a loss found after CMD ended must not signal it (its pidfd is closed next).
+            if child is None or self._ended.is_set() or self._act_on(child, error):
+                return
+        self._act_without_thread(child, error)
 
-    def _act_on(self, child: _Child, error: LockLostError) -> None:
+    def _act_on(self, child: _Child, error: LockLostError) -> bool:
+        """Under the mutex: the lost-lock rule in a thread of its own; False if none starts."""
         acting = threading.Thread(
             target=self._act, args=(child, error), name="lock-run-lost", daemon=True
         )
         try:
             signals.start_without_signals(acting)
-        except RuntimeError:  # no thread to wait out the grace in: SIGTERM at least, now
-            self.notify(error)
+        except RuntimeError:
+            return False
+        self._acting = acting
+        return True
+
+    def _act_without_thread(self, child: _Child, error: LockLostError) -> None:
+        """No thread to wait out the grace in: SIGTERM at least, now. The callback runs outside
+        the mutex: a signal to forward never waits for it."""
+        self.notify(error)
+        with self._mutex:
             if self.policy is OnLost.TERMINATE:
                 child.send(signal.SIGTERM)
-            return
-        self._acting = acting
 
     def _act(self, child: _Child, error: LockLostError) -> None:
         self.notify(error)
@@ -305,15 +317,16 @@ class _Relay:
         if not self._ended.wait(grace):
             child.send(signal.SIGKILL)
 
-    def ended(self) -> None:
-        """CMD has exited (and been reaped): stop waiting out a lost lock's grace."""
+    def ended(self, child: _Child) -> None:
+        """CMD has exited (and been reaped): stop waiting out a lost lock's grace and close
+        its pidfd. Signals still reach the work it left in our group until :meth:`releasing`."""
         self._ended.set()
         with self._mutex:
-            # Race: a loss found after CMD ended must not signal it (its pidfd is closed next).
-            self.child = None
             acting = self._acting
         if acting is not None:
             acting.join()
+        with self._mutex:
+            child.close()  # Race: the signal reader sending through the pidfd as it closes
 
 
 def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> bool:
@@ -482,8 +495,7 @@ class Run:
             try:
                 returncode = child.popen.wait()
             finally:
-                relay.ended()
-                child.close()
+                relay.ended(child)
             relay.releasing()  # from here a signal cuts the wait for CMD's leftovers short
             if child.outlast(relay):
                 # Race: work that left CMD's group still runs: a release would let a second

@@ -7,12 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Final
 
 import pytest
 
-from mahabharatha import locks
+from mahabharatha import constants, locks
 from mahabharatha.commands._utils import check_feature_lock
 from mahabharatha.run import runner, spawn
 
@@ -82,6 +84,93 @@ def test_a_signal_while_the_command_starts_reaches_the_command(
     assert code == 128 + signal.SIGTERM
     assert check_feature_lock("feat", gsd) is None
     assert not lock_file(gsd).exists()
+
+
+LATE_KILL: Final = """\
+import signal, sys
+from mahabharatha import locks
+from mahabharatha.run import runner, spawn
+spawn._in_terminal_job = lambda: True  # CMD shares our group, as a terminal's job does
+releasing = runner._Relay.releasing
+
+def killed_first(relay):
+    if relay.phase is runner._Phase.RUNNING:  # CMD is reaped, the release not yet begun
+        signal.raise_signal(signal.SIGTERM)  # a kill -TERM to lock run lands here
+    releasing(relay)
+
+runner._Relay.releasing = killed_first
+holder = locks.FeatureLock("feat", sys.argv[1], timeout=0, heartbeat=None)
+print(runner.run_locked(holder, sys.argv[2:]), flush=True)
+"""
+"""``lock run`` as a terminal's job, signalled between CMD's end and the release."""
+
+LEAVES_WORK: Final = (
+    "import subprocess, sys\n"
+    "work = subprocess.Popen([sys.executable, '-c', *sys.argv[1:]], stdout=subprocess.PIPE)\n"
+    "work.stdout.readline()  # its handler is set: CMD ends, its work stays in the group\n"
+)
+
+TOLD_WORK: Final = (
+    "import os, pathlib, signal, sys\n"
+    "def told(*_):\n"
+    "    pathlib.Path(sys.argv[1]).write_text(signal.Signals(_[0]).name)\n"
+    "    os._exit(0)\n"
+    "signal.signal(signal.SIGTERM, told)\n"
+    "print('ready', flush=True)\n"
+    "while True:\n"
+    "    signal.pause()\n"
+)
+
+
+def test_a_signal_just_after_cmd_ends_reaches_the_work_it_left_in_our_group(
+    gsd: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fails before the fix: the relay forgot CMD once it was reaped, so a SIGTERM landing
+    before the release began went nowhere and the work CMD left in the job's group was
+    SIGKILLed after the grace. (A process of its own: CMD's orphans make it a subreaper.)"""
+    told = tmp_path / "told"
+    monkeypatch.setenv(constants.GRACE_ENV, "10")  # the work ends by the TERM, not the grace
+    command = [sys.executable, "-c", LEAVES_WORK, TOLD_WORK, str(told)]
+    run = subprocess.run(
+        [sys.executable, "-c", LATE_KILL, gsd, *command],
+        capture_output=True,
+        text=True,
+        timeout=25,
+    )
+    assert (run.returncode, run.stdout) == (0, "0\n"), run.stderr
+    assert told.exists(), "the work CMD left was never told of the SIGTERM"
+    assert told.read_text() == "SIGTERM"
+    assert not lock_file(gsd).exists()
+
+
+def test_a_lost_lock_told_without_a_thread_holds_up_no_signal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fails before the fix: with no thread to wait out a lost lock's grace in, the caller's
+    callback ran under the relay's mutex, and a signal to forward to CMD waited for it."""
+    sent: list[int] = []
+    forwarded = threading.Event()
+    child: Any = SimpleNamespace(popen=SimpleNamespace(pid=os.getpid()), send=sent.append)
+
+    def forward_a_signal() -> None:
+        relay.deliver(signal.SIGINT, from_kernel=False)
+        forwarded.set()
+
+    def notify(_error: locks.LockLostError) -> None:  # the signal comes while it runs
+        signaller.start()
+        in_time.append(forwarded.wait(10))
+
+    def no_thread(_thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    signaller, in_time = threading.Thread(target=forward_a_signal), list[bool]()
+    monkeypatch.setattr(runner.signals, "start_without_signals", no_thread)
+    relay = runner._Relay(runner.OnLost.TERMINATE, notify)
+    relay.started(child)
+    relay.lost(locks.LockLostError("feat"))
+    signaller.join()
+    assert in_time == [True], "the signal waited for the lost lock's callback"
+    assert sent == [signal.SIGINT, signal.SIGTERM]
 
 
 def test_a_missing_command_is_reported_and_the_lock_released(gsd: str) -> None:
