@@ -37,14 +37,9 @@ from mahabharatha.functional import (
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.owner.proof import HandedProof, WorkProof
 
+# A holder with a chosen lease (PostgreSQL) refreshes at least 3 times per lease: two
+# refreshes may fail (a server restart, a lost connection) before the lock is in danger.
 LEASE_REFRESHES: Final = 3
-"""A holder with a chosen lease (PostgreSQL) refreshes at least 3 times per lease: two
-refreshes may fail (a server restart, a lost connection) before the lock is in danger."""
-
-
-def cut_off_notice(lease: float) -> float:
-    """:data:`CUT_OFF_NOTICE_SECONDS` for a lease of ``lease`` seconds."""
-    return min(CUT_OFF_NOTICE_SECONDS, lease / 4)
 
 
 # --------------------------------------------------------------------------- holding
@@ -237,11 +232,12 @@ class FeatureLock:
             raise HeartbeatStartError(self.feature, str(error)) from error
 
     def _cut_off_loop(self) -> None:
-        """Declare the lock lost :func:`cut_off_notice` before its lease can end on the server,
-        unless a refresh got through meanwhile (it moves ``_deadline``). The heartbeat alone
-        cannot: a refresh on a frozen link blocks it for ``--connect-timeout`` at a time."""
+        """Declare the lock lost :data:`CUT_OFF_NOTICE_SECONDS` (at most a quarter of the lease)
+        before its lease can end on the server, unless a refresh got through meanwhile (it moves
+        ``_deadline``). The heartbeat alone cannot: a refresh on a frozen link blocks it for
+        ``--connect-timeout`` at a time."""
         assert self.lease is not None
-        notice = cut_off_notice(self.lease)
+        notice = min(CUT_OFF_NOTICE_SECONDS, self.lease / 4)
         while (left := self._deadline - notice - monotonic()) > 0:
             if self._stop.wait(left):
                 return  # released (or lost by the heartbeat's own finding)

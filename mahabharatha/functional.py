@@ -103,8 +103,7 @@ def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
     if finished is None:
         return info
     state, record = finished
-    shown = dataclasses.replace(info, state=state)
-    return shown if record is None else shown.with_attempts(record.tries, record.last_reason)
+    return dataclasses.replace(info, state=state).with_attempts(record)
 
 
 def _finished_in(

@@ -92,8 +92,11 @@ class LockInfo:
         """Would an acquire fail on it?"""
         return self.state in HELD_STATES
 
-    def with_attempts(self, count: int, reason: str | None) -> LockInfo:
-        return replace(self, attempts=count, reason=reason)
+    def with_attempts(self, record: Attempts | None) -> LockInfo:
+        """This info with ``record``'s failed attempts (itself when there are none)."""
+        if record is None:
+            return self
+        return replace(self, attempts=record.tries, reason=record.last_reason)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object; ``attempts`` and ``reason`` only for a feature with failed attempts."""

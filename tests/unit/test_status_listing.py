@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mahabharatha import locks
-from mahabharatha.backends.base import LockInfo, Owner
+from mahabharatha.backends.base import Attempts, LockInfo, Owner
 from mahabharatha.backends.files import backend as files
 from mahabharatha.backends.files.snapshot import DetailsReader
 from mahabharatha.commands import _utils
@@ -97,6 +97,16 @@ def test_a_listed_info_is_the_constructed_one(values: tuple[object, ...]) -> Non
     assert dataclasses.replace(listed, attempts=2) == dataclasses.replace(built, attempts=2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         listed.pid = 3  # type: ignore[misc]
+
+
+def test_an_info_takes_a_record_of_attempts_or_none() -> None:
+    """Fails before the merge: ``with_attempts`` took a count and a reason, and each caller
+    wrote the ``None`` check around it."""
+    info = LockInfo("f", State.FREE, None, None, None, None, Owner.UNKNOWN)
+    assert info.with_attempts(None) is info
+    record = Attempts(2, 3, ({"reason": "exit code 1"},))
+    shown = info.with_attempts(record)
+    assert (shown.attempts, shown.reason) == (2, "exit code 1")
 
 
 @pytest.mark.parametrize("none_last", [False, True], ids=["after-details", "after-none"])

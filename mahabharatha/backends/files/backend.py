@@ -526,9 +526,7 @@ class FileBackend(LockBackend):
         record = self.attempts(feature)
         failed = record is not None and record.failed
         state = State.DONE if done else State.FAILED if failed else State.FREE
-        return _with_attempts(
-            LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN), record
-        )
+        return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN).with_attempts(record)
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
         skipped = _Problems(self.gsd_dir, problems)
@@ -541,7 +539,7 @@ class FileBackend(LockBackend):
                 if info is None:
                     info = self._unlocked_info(name)
                 else:
-                    info = _with_attempts(info, self.attempts(name))
+                    info = info.with_attempts(self.attempts(name))
             except OSError as error:
                 skipped.add(name, error)
             if info is not None:
@@ -706,9 +704,3 @@ def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
         "the lock stays until it is stale, or until --reclaim-dead takes it",
         busy.filename,
     )
-
-
-def _with_attempts(info: LockInfo, record: Attempts | None) -> LockInfo:
-    if record is None:
-        return info
-    return info.with_attempts(record.tries, record.last_reason)

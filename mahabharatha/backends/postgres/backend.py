@@ -524,7 +524,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
                 info = infos[name]
                 if record.failed and info.state == "done":
                     info = _unlocked(name, "failed")
-                infos[name] = info.with_attempts(record.tries, record.last_reason)
+                infos[name] = info.with_attempts(record)
         return [infos[name] for name in sorted(infos)]
 
     def feature_names(self) -> list[str]:
