@@ -22,7 +22,7 @@ from typing import Annotated, Any, Final, NamedTuple, NoReturn
 import typer
 
 from mahabharatha import names, signals
-from mahabharatha.backends import open_backend, url_holds_password
+from mahabharatha.backends import lock_url, open_backend, url_holds_password
 from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
 from mahabharatha.cli._render import is_reclaimable
@@ -225,15 +225,14 @@ AttemptsOption = Annotated[
 
 class Shared(NamedTuple):
     """The options every lock command takes, gathered by :func:`with_shared_options`. ``url``
-    and ``namespace`` fall back on their environment variables, read by the call, never by
-    typer, so a URL's password never shows in ``--help``."""
+    falls back on its environment variable (``namespace`` too, in the backend), read by the
+    call, never by typer, so a URL's password never shows in ``--help``."""
 
     gsd_dir: str
     as_json: bool
     url: str | None  # none: the folder of --gsd-dir
-    namespace: str | None
+    namespace: str | None  # as given
     connect_timeout: float
-    namespace_given: str | None  # as given (lock init: the tables serve every namespace)
 
     def backend(self, *, needs_folder: bool = False, **server: Any) -> LockBackend:
         """The one place a command gets its backend (closed when the command ends; ``server``:
@@ -297,9 +296,7 @@ class _WithSharedOptions:
         )
         if url and url_holds_password(url):
             _say_password_on_argv()
-        chosen = url or os.environ.get(LOCK_URL_ENV) or None
-        named = namespace or os.environ.get(NAMESPACE_ENV) or None
-        shared = Shared(gsd_dir, as_json, chosen, named, connect_timeout, namespace)
+        shared = Shared(gsd_dir, as_json, url or lock_url(), namespace, connect_timeout)
         self._command(**given, shared=shared)
 
 

@@ -765,7 +765,7 @@ def init(shared: Shared) -> None:
 
     def action() -> Result:
         # The tables serve every namespace.
-        store = shared._replace(namespace=shared.namespace_given or "-").backend()
+        store = shared._replace(namespace=shared.namespace or "-").backend()
         if not isinstance(store, LockServer):
             return Result(EXIT_OK, document, "the folder backend needs no set-up")
         version = store.init()
