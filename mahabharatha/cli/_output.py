@@ -23,7 +23,7 @@ import typer
 
 from mahabharatha import names, signals
 from mahabharatha.backends import lock_url, open_backend, url_holds_password
-from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
+from mahabharatha.backends.base import LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
 from mahabharatha.cli._render import is_reclaimable
 from mahabharatha.constants import CONNECT_TIMEOUT_SECONDS, GSD_DIR, LOCK_URL_ENV, NAMESPACE_ENV
@@ -46,9 +46,7 @@ from mahabharatha.locks import (
     LockHeldError,
     LockInfo,
     LockLostError,
-    LockTimeoutError,
     NotHeldError,
-    owner_is_gone,
 )
 from mahabharatha.run import runner
 
@@ -403,22 +401,7 @@ def lock_entry(info: LockInfo) -> dict[str, Any]:
     return {**info.to_dict(), "reclaimable": is_reclaimable(info)}
 
 
-RECLAIM_DEAD_ADVICE: Final = "its owner is gone: --reclaim-dead takes the lock over"
-
-
-def what_to_do(busy: LockHeldError) -> str:
-    """What a person can do about a lock that stayed held: take it over when its owner is gone,
-    otherwise wait (never advised again once a wait has run out) or ask its owner."""
-    if owner_is_gone(busy.info):
-        return RECLAIM_DEAD_ADVICE
-    if busy.info.state not in HELD_STATES:
-        return "try again in a moment (nobody holds it; `lock check` says the same)"
-    if isinstance(busy, LockTimeoutError):
-        return "still held after the wait; ask its owner to release it, or try again later"
-    return "wait for it with --wait SECONDS, or ask its owner"
-
-
-Advice = Callable[[LockHeldError], str] | None  # ends a held lock's sentence
+Advice = Callable[[LockHeldError], str] | None  # ends a held lock's sentence (cli/lock.py's)
 
 
 def problem_fields(problem: FeatureProblem) -> dict[str, Any]:
