@@ -6,12 +6,11 @@ from __future__ import annotations
 import io
 import os
 import stat
-from functools import partial
 from pathlib import Path, PosixPath
 from typing import Any, Final
 
 from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STATE_DIR
-from mahabharatha.names import is_valid_feature_name
+from mahabharatha.names import is_valid_feature_name, shown_name
 from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
 
 CURRENT_FEATURE_FILE: Final = ".current-feature"
@@ -85,9 +84,27 @@ def feature_from_state_files() -> str | None:
     return newest[1] if newest else None
 
 
-def detect_feature(gsd_dir: str = GSD_DIR) -> str | None:
+def detect_feature(gsd_dir: str = GSD_DIR, *, skipped: list[str] | None = None) -> str | None:
     """The feature being worked on: the first valid name of ``MAHABHARATHA_FEATURE``, the
-    ``.current-feature`` marker, the newest state file; a source that cannot be read is skipped."""
-    sources = (feature_from_env, partial(feature_from_marker, gsd_dir), feature_from_state_files)
-    names = (source() for source in sources)  # asked in turn: a later one only when needed
-    return next((name for name in names if name and is_valid_feature_name(name)), None)
+    ``.current-feature`` marker, the newest state file; a source that cannot be read is skipped.
+    ``skipped`` learns why the variable or the marker was passed over (a later one only when
+    needed: a valid name ends the search)."""
+    notes: list[str] = [] if skipped is None else skipped
+    env = feature_from_env()
+    if env and _valid(env, f"${FEATURE_ENV_VAR}", notes):
+        return env
+    marker = Path(gsd_dir) / CURRENT_FEATURE_FILE
+    text = feature_from_marker(gsd_dir)
+    if text is None and os.path.lexists(marker):
+        limit = MAX_READ_BYTES
+        notes.append(f"skipped {marker}: not a readable text file of at most {limit} bytes")
+    if text and _valid(text, str(marker), notes):
+        return text
+    return feature_from_state_files()
+
+
+def _valid(name: str, where: str, notes: list[str]) -> bool:
+    if is_valid_feature_name(name):
+        return True
+    notes.append(f"skipped {where}: {shown_name(name)} is not a valid feature name")
+    return False

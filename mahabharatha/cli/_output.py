@@ -22,8 +22,8 @@ from typing import Annotated, Any, Final, NamedTuple, NoReturn
 import typer
 
 from mahabharatha import names, signals
-from mahabharatha.backends import open_backend, url_holds_password
-from mahabharatha.backends.base import HELD_STATES, LockBackend, UnsupportedError
+from mahabharatha.backends import lock_url, open_backend, url_holds_password
+from mahabharatha.backends.base import LockBackend, UnsupportedError
 from mahabharatha.cli._click import ParameterSource, get_current_context
 from mahabharatha.cli._render import is_reclaimable
 from mahabharatha.constants import CONNECT_TIMEOUT_SECONDS, GSD_DIR, LOCK_URL_ENV, NAMESPACE_ENV
@@ -46,9 +46,7 @@ from mahabharatha.locks import (
     LockHeldError,
     LockInfo,
     LockLostError,
-    LockTimeoutError,
     NotHeldError,
-    owner_is_gone,
 )
 from mahabharatha.run import runner
 
@@ -225,15 +223,14 @@ AttemptsOption = Annotated[
 
 class Shared(NamedTuple):
     """The options every lock command takes, gathered by :func:`with_shared_options`. ``url``
-    and ``namespace`` fall back on their environment variables, read by the call, never by
-    typer, so a URL's password never shows in ``--help``."""
+    falls back on its environment variable (``namespace`` too, in the backend), read by the
+    call, never by typer, so a URL's password never shows in ``--help``."""
 
     gsd_dir: str
     as_json: bool
     url: str | None  # none: the folder of --gsd-dir
-    namespace: str | None
+    namespace: str | None  # as given
     connect_timeout: float
-    namespace_given: str | None  # as given (lock init: the tables serve every namespace)
 
     def backend(self, *, needs_folder: bool = False, **server: Any) -> LockBackend:
         """The one place a command gets its backend (closed when the command ends; ``server``:
@@ -297,9 +294,7 @@ class _WithSharedOptions:
         )
         if url and url_holds_password(url):
             _say_password_on_argv()
-        chosen = url or os.environ.get(LOCK_URL_ENV) or None
-        named = namespace or os.environ.get(NAMESPACE_ENV) or None
-        shared = Shared(gsd_dir, as_json, chosen, named, connect_timeout, namespace)
+        shared = Shared(gsd_dir, as_json, url or lock_url(), namespace, connect_timeout)
         self._command(**given, shared=shared)
 
 
@@ -406,22 +401,7 @@ def lock_entry(info: LockInfo) -> dict[str, Any]:
     return {**info.to_dict(), "reclaimable": is_reclaimable(info)}
 
 
-RECLAIM_DEAD_ADVICE: Final = "its owner is gone: --reclaim-dead takes the lock over"
-
-
-def what_to_do(busy: LockHeldError) -> str:
-    """What a person can do about a lock that stayed held: take it over when its owner is gone,
-    otherwise wait (never advised again once a wait has run out) or ask its owner."""
-    if owner_is_gone(busy.info):
-        return RECLAIM_DEAD_ADVICE
-    if busy.info.state not in HELD_STATES:
-        return "try again in a moment (nobody holds it; `lock check` says the same)"
-    if isinstance(busy, LockTimeoutError):
-        return "still held after the wait; ask its owner to release it, or try again later"
-    return "wait for it with --wait SECONDS, or ask its owner"
-
-
-Advice = Callable[[LockHeldError], str] | None  # ends a held lock's sentence
+Advice = Callable[[LockHeldError], str] | None  # ends a held lock's sentence (cli/lock.py's)
 
 
 def problem_fields(problem: FeatureProblem) -> dict[str, Any]:

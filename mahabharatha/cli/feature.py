@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,15 +9,8 @@ import typer
 
 from mahabharatha.cli._output import JsonOption, Result, respond
 from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STATE_DIR
-from mahabharatha.detect import (
-    CURRENT_FEATURE_FILE,
-    detect_feature,
-    feature_from_env,
-    safe_read_text,
-)
+from mahabharatha.detect import CURRENT_FEATURE_FILE, detect_feature
 from mahabharatha.exits import EXIT_HELD, EXIT_OK
-from mahabharatha.names import is_valid_feature_name, shown_name
-from mahabharatha.reads import MAX_READ_BYTES
 
 app = typer.Typer(help="The feature being worked on.", no_args_is_help=True)
 
@@ -32,34 +24,6 @@ MarkerDirOption = Annotated[
 ]
 
 
-def _invalid_because(name: str) -> str | None:
-    if is_valid_feature_name(name):
-        return None
-    return f"{shown_name(name)} is not a valid feature name"
-
-
-def _skipped(gsd_dir: str) -> list[str]:
-    """Why detection passed over ``$MAHABHARATHA_FEATURE`` or ``<gsd-dir>/.current-feature``
-    (only sources it reached: a valid variable ends the search)."""
-    notes: list[str] = []
-    env = feature_from_env()
-    if env:
-        why = _invalid_because(env)
-        if why is None:
-            return notes
-        notes.append(f"skipped ${FEATURE_ENV_VAR}: {why}")
-    path = Path(gsd_dir) / CURRENT_FEATURE_FILE
-    if not os.path.lexists(path):
-        return notes
-    text = safe_read_text(path)
-    if text is None:
-        limit = MAX_READ_BYTES
-        notes.append(f"skipped {path}: not a readable text file of at most {limit} bytes")
-    elif text and (why := _invalid_because(text)) is not None:
-        notes.append(f"skipped {path}: {why}")
-    return notes
-
-
 @app.command()
 def detect(gsd_dir: MarkerDirOption = GSD_DIR, as_json: JsonOption = False) -> None:
     """Print the detected feature: $MAHABHARATHA_FEATURE, <gsd-dir>/.current-feature, or the
@@ -69,8 +33,8 @@ def detect(gsd_dir: MarkerDirOption = GSD_DIR, as_json: JsonOption = False) -> N
     """
 
     def action() -> Result:
-        found = detect_feature(gsd_dir)
-        skipped = _skipped(gsd_dir)
+        skipped: list[str] = []
+        found = detect_feature(gsd_dir, skipped=skipped)
         document: dict[str, Any] = {"feature": found, "skipped": skipped}
         if found is None:
             told = "; ".join(skipped)

@@ -13,6 +13,7 @@ from typer.core import TyperCommand
 
 from mahabharatha import locks
 from mahabharatha.backends.base import (
+    HELD_STATES,
     Held,
     LockBackend,
     LockServer,
@@ -21,7 +22,6 @@ from mahabharatha.backends.base import (
     format_duration,
 )
 from mahabharatha.cli._output import (
-    RECLAIM_DEAD_ADVICE,
     CreateOption,
     FeatureArg,
     LeaseOption,
@@ -43,7 +43,6 @@ from mahabharatha.cli._output import (
     respond,
     sentence,
     wait_seconds,
-    what_to_do,
     with_shared_options,
 )
 from mahabharatha.cli._render import (
@@ -140,6 +139,29 @@ def release(
         return Result(EXIT_OK, {**document, "released": removed}, text)
 
     respond(shared.as_json, document, action, advice=_release_advice)
+
+
+RECLAIM_DEAD_ADVICE: Final = "its owner is gone: --reclaim-dead takes the lock over"
+
+
+def what_to_do(busy: LockHeldError) -> str:
+    """What a person can do about a lock that stayed held: take it over when its owner is gone,
+    otherwise wait (never advised again once a wait has run out) or ask its owner."""
+    if locks.owner_is_gone(busy.info):
+        return RECLAIM_DEAD_ADVICE
+    if busy.info.state not in HELD_STATES:
+        return "try again in a moment (nobody holds it; `lock check` says the same)"
+    if isinstance(busy, locks.LockTimeoutError):
+        return "still held after the wait; ask its owner to release it, or try again later"
+    return "wait for it with --wait SECONDS, or ask its owner"
+
+
+def _run_advice(busy: LockHeldError) -> str:
+    if locks.owner_is_gone(busy.info):
+        return RECLAIM_DEAD_ADVICE
+    if isinstance(busy, locks.LockTimeoutError):
+        return "still held when --timeout ran out; ask its owner, or try again later"
+    return "--timeout SECONDS waits for it (none: waits for as long as it takes)"
 
 
 def _release_advice(busy: LockHeldError) -> str:
@@ -710,14 +732,6 @@ def _on_wait(
     return gone_holder_notice(lambda name: locks.inspect(name, backend=store), line.callback)
 
 
-def _run_advice(busy: LockHeldError) -> str:
-    if locks.owner_is_gone(busy.info):
-        return RECLAIM_DEAD_ADVICE
-    if isinstance(busy, locks.LockTimeoutError):
-        return "still held when --timeout ran out; ask its owner, or try again later"
-    return "--timeout SECONDS waits for it (none: waits for as long as it takes)"
-
-
 def _warn_lost(lost: LockLostError, on_lost: runner.OnLost) -> None:
     """Said on stderr the moment the heartbeat finds the lock lost, while CMD still runs."""
     then = "stopping CMD" if on_lost is runner.OnLost.TERMINATE else "CMD keeps running"
@@ -765,7 +779,7 @@ def init(shared: Shared) -> None:
 
     def action() -> Result:
         # The tables serve every namespace.
-        store = shared._replace(namespace=shared.namespace_given or "-").backend()
+        store = shared._replace(namespace=shared.namespace or "-").backend()
         if not isinstance(store, LockServer):
             return Result(EXIT_OK, document, "the folder backend needs no set-up")
         version = store.init()

@@ -14,7 +14,7 @@ import types
 from typing import Any, Final
 
 from mahabharatha import clock, detect
-from mahabharatha.backends import shared_backend
+from mahabharatha.backends import lock_url, shared_backend
 from mahabharatha.backends.base import NotOwnerError, Requester
 from mahabharatha.backends.files.folder import (
     Guard,
@@ -43,7 +43,7 @@ from mahabharatha.backends.files.snapshot import (
     read_lock,
 )
 from mahabharatha.clock import now
-from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, LOCK_URL_ENV, STALE_AFTER_SECONDS
+from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STALE_AFTER_SECONDS
 from mahabharatha.detect import CURRENT_FEATURE_FILE, detect_feature
 from mahabharatha.names import MAX_PID, is_valid_feature_name, shown_name, validate_feature_name
 from mahabharatha.owner import ownership, proof
@@ -118,15 +118,11 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
 # --------------------------------------------------------------------------- the legacy functions
 
 
-def _lock_server() -> str | None:
-    return os.environ.get(LOCK_URL_ENV) or None
-
-
 def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
     """Claim ``feature`` for this process. False when someone else holds it (or just won it;
     on a server, this process too: not reentrant)."""
     _validate_feature_name(feature)
-    if (server := _lock_server()) is not None:
+    if (server := lock_url()) is not None:
         me = os.getpid()
         requester = Requester(me, ownership.details_of(me))
         return shared_backend(server, gsd_dir).try_acquire(feature, requester).held is not None
@@ -148,7 +144,7 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
 def release_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> None:
     """Remove this process's lock on ``feature`` (and a corrupt one); leave anyone else's."""
     _validate_feature_name(feature)
-    if (server := _lock_server()) is not None:
+    if (server := lock_url()) is not None:
         with contextlib.suppress(NotOwnerError):  # another owner's lock is left as it is
             shared_backend(server, gsd_dir).release(feature, os.getpid())
         return
@@ -164,7 +160,7 @@ def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float 
     """``{"pid", "timestamp", "age_seconds"}`` of an active lock on ``feature``, else ``None``
     (on a server: the age by the server's clock, the timestamp on this host's)."""
     _validate_feature_name(feature)
-    if (server := _lock_server()) is not None:
+    if (server := lock_url()) is not None:
         info = shared_backend(server, gsd_dir).inspect(feature)
         if info.state is not LockState.ACTIVE or info.pid is None or info.age_seconds is None:
             return None

@@ -172,6 +172,22 @@ def test_detect_feature_handles_unicode_error(
     assert detect_feature() == "state-feat"
 
 
+def test_detect_feature_says_why_it_skipped_the_variable_and_the_marker(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mahabharatha.detect import detect_feature as detect
+
+    monkeypatch.setenv(ENV, "a/b")
+    set_current_feature(project, "file-feat")
+    fail_read_text(monkeypatch, ".current-feature", UNICODE_ERROR)
+    add_state_files(project, json_files("state-feat"))
+    skipped: list[str] = []
+    assert detect(".gsd", skipped=skipped) == "state-feat"
+    assert skipped[0] == f"skipped ${ENV}: 'a/b' is not a valid feature name"
+    assert skipped[1].startswith("skipped .gsd/.current-feature: not a readable text file")
+    assert len(skipped) == 2
+
+
 def make_symlink(path: Path) -> None:
     target = path.parent / "target"
     target.write_text("file-feat")
