@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from time import sleep
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, runtime_checkable
 
+from mahabharatha.constants import DEFAULT_ATTEMPTS as DEFAULT_ATTEMPTS  # its old home's name
 from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 from mahabharatha.states import State
 
@@ -101,10 +102,6 @@ class LockInfo:
         if not self.attempts:
             del fields["attempts"], fields["reason"]
         return fields
-
-
-# A feature whose attempts failed this often is ``failed``, no longer handed out (``--attempts``).
-DEFAULT_ATTEMPTS: Final = 3
 
 
 class Attempts(NamedTuple):

@@ -358,11 +358,6 @@ def let_go_of_all() -> None:
         close_quietly(fd)
 
 
-def holds(folder_fd: int) -> bool:
-    """Does this process hold a proof for the folder ``folder_fd``?"""
-    return kept_slot(folder_fd) is not None
-
-
 def kept_slot(folder_fd: int) -> int | None:
     """The slot of the lock whose proof this process holds in the folder ``folder_fd``."""
     if not _HELD:

@@ -394,7 +394,7 @@ class FileBackend(LockBackend):
                 )
                 if outcome.mine is not None:
                     pledge.keep()
-            mine_already = outcome.mine is None and proof.holds(dfd)
+            mine_already = outcome.mine is None and proof.kept_slot(dfd) is not None
         if outcome.mine is None:
             holder = describe_snapshot(feature, outcome.holder, outcome.state, now, None)
             # Ours by this process's proof of life? (The lock layer judges the details: it
