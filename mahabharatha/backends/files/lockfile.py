@@ -300,8 +300,8 @@ def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> 
 def publish_proven(
     dfd: int, record: bytes, now: float, owner: bytes | None, pledge: proof.Pledge | None
 ) -> LockSnapshot | None:
-    """:func:`publish` holding the pledge's proof of life from before the try; the details
-    claim it and the pledge is ``proven`` only when it could be taken."""
+    """:func:`publish` holding the pledge's proof of life from before the try, where it can be
+    taken: then the details claim it, and a won publish keeps it."""
     # Race: a judge looking at LIFE an instant before a winner takes it: PENDING comes first.
     if pledge is None or pledge.fd is None or not proof.hold_pending(pledge.fd, pledge.slot):
         return publish(dfd, record, now, owner)
@@ -317,7 +317,7 @@ def publish_proven(
         with suppress(OSError):  # lost: our slot's PENDING means nothing to anyone now
             proof.drop_pending(fd, slot)
         return None
-    pledge.proven = True
+    pledge.keep()
     if AFTER_LINK is not None:  # a test's pause in the PENDING window; None in real use
         AFTER_LINK()
     # A failure here leaves PENDING held, which judges also count as alive.
