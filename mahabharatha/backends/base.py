@@ -537,6 +537,3 @@ class LocalFolder(Protocol):
 
     def mark_done_here(self, feature: str, stamp: str) -> bool:
         """Publish another backend's done marker here; True if written."""
-
-
-STATES: Final[Sequence[str]] = tuple(State)  # every LockInfo state (``error`` is the CLI's)

@@ -173,10 +173,12 @@ class WorkProof:
             raise
 
     @classmethod
-    def made(cls, folder_fd: int, slot: int) -> WorkProof | None:
-        """A work proof, or ``None`` where the file system refuses such locks."""
+    def made(cls, folder_fd: int) -> WorkProof | None:
+        """A work proof of the lock whose proof we hold in ``folder_fd``; ``None``: we hold
+        none there, or the file system refuses such locks."""
+        slot = kept_slot(folder_fd)
         try:
-            return cls(folder_fd, slot)
+            return None if slot is None else cls(folder_fd, slot)
         except OSError as error:
             if error.errno in _UNSUPPORTED_ERRNOS:
                 return None

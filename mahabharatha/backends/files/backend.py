@@ -460,10 +460,7 @@ class FileBackend(LockBackend):
 
     def work_proof(self, held: Held) -> proof.WorkProof | None:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            slot = None if dfd is None else proof.kept_slot(dfd)
-            if dfd is None or slot is None:
-                return None
-            return proof.WorkProof.made(dfd, slot)
+            return None if dfd is None else proof.WorkProof.made(dfd)
 
     # ----------------------------------------------------------------- releasing
 
