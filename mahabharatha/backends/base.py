@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from time import sleep
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, runtime_checkable
 
+from mahabharatha.constants import DEFAULT_ATTEMPTS as DEFAULT_ATTEMPTS  # its old home's name
 from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
 from mahabharatha.states import State
 
@@ -106,10 +107,6 @@ class LockInfo:
         return fields
 
 
-# A feature whose attempts failed this often is ``failed``, no longer handed out (``--attempts``).
-DEFAULT_ATTEMPTS: Final = 3
-
-
 class Attempts(NamedTuple):
     """A feature's failed attempts (``lock fail``): how many, the recording pool's limit, and
     the latest few (``time``, ``host``, ``pid``, ``reason``), oldest first."""
@@ -200,16 +197,20 @@ def format_duration(seconds: float) -> str:
 class LockError(Exception):
     """Base of every error about locks; those of the system or the place are ``OSError`` too."""
 
+    made_with: tuple[Any, ...] = ()  # the arguments of an error that carries facts
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (a pool worker's error for its parent): made anew from its facts.
+        return (type(self), self.made_with or self.args, vars(self))
+
 
 class LockHeldError(LockError):
     """Someone else holds the feature; carries what is known about the holder."""
 
     def __init__(self, info: LockInfo) -> None:
         self.info = info
+        self.made_with = (info,)
         super().__init__(describe_holder(info))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.info,))
 
 
 class LockTimeoutError(LockHeldError, TimeoutError):
@@ -227,13 +228,11 @@ class NotHeldError(LockError):
         self.feature = feature
         self.pid = pid
         self.what = what
+        self.made_with = (feature, pid, what)
         super().__init__(
             f"feature {feature!r} is not locked by pid {pid}: nothing {what} "
             "(claim or acquire it first, or pass the holder's --pid)"
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature, self.pid, self.what))
 
 
 class AlreadyHeldError(LockHeldError):
@@ -255,10 +254,8 @@ class LockLostError(LockError):
         # When the lock's work must be gone (monotonic), before the server's lease runs out and
         # the lock is given away; None: it is gone already (the work gets its full grace).
         self.stop_by = stop_by
+        self.made_with = (feature, self.reason, stop_by)
         super().__init__(f"lost the lock on {feature!r}: {self.reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature, self.reason, self.stop_by))
 
 
 class HeartbeatStartError(LockError):
@@ -267,13 +264,11 @@ class HeartbeatStartError(LockError):
     def __init__(self, feature: str, cause: str) -> None:
         self.feature = feature
         self.cause = cause
+        self.made_with = (feature, cause)
         super().__init__(
             f"could not start the heartbeat that keeps the lock on {feature!r} fresh ({cause}); "
             "the lock was released"
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.feature, self.cause))
 
 
 class UnsafeLockPathError(OSError, LockError):
@@ -543,6 +538,3 @@ class LocalFolder(Protocol):
 
     def mark_done_here(self, feature: str, stamp: str) -> bool:
         """Publish another backend's done marker here; True if written."""
-
-
-STATES: Final[Sequence[str]] = tuple(State)  # every LockInfo state (``error`` is the CLI's)

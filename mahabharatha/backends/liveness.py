@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable, Collection
+from functools import cache
 from typing import Final, NamedTuple
 
 from mahabharatha.backends.base import VERDICT_OF, Owner, Verdict
@@ -227,12 +228,7 @@ _LIVE_WORDS: Final = frozenset({Owner.RUNNING, Owner.WORK_RUNNING})
 def per_pid(facts_of: FactsOfPid = process_facts) -> Liveness:
     """:func:`judge`'s owner word for many locks, asking the process table once per pid; a
     live holder that is stopped (or its command's group) shows ``stopped`` (alive all the same)."""
-    seen: dict[int, ProcessFacts] = {}
-
-    def facts(pid: int) -> ProcessFacts:
-        if pid not in seen:
-            seen[pid] = facts_of(pid)
-        return seen[pid]
+    facts = cache(facts_of)  # this listing's own: a pid's facts asked once
 
     def liveness(
         pid: int | None,

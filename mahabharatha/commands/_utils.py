@@ -131,12 +131,8 @@ def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:
         with opened as dfd:
             assert dfd is not None
             # A descriptor of the folder holds our proof of life while we hold the lock.
-            pledge = proof.Pledge(dfd, True, opened.folder)
-            with pledge as proven:
-                won = publish_or_reclaim(dfd, os.getpid(), time.time(), pledge=proven).acquired
-                if won:
-                    pledge.keep()
-            return won
+            with proof.Pledge(dfd, True, opened.folder) as pledge:
+                return publish_or_reclaim(dfd, os.getpid(), time.time(), pledge=pledge).acquired
     except FileExistsError:
         return False  # Race: another process created the name first.
 

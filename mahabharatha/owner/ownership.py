@@ -313,20 +313,17 @@ def command_name_only(raw: bytes | None) -> bytes | None:
     return _encode(details._replace(cmd=program))
 
 
-def proof_slot(raw: bytes | None) -> int | None:
-    """The proof-of-life slot ``raw`` claims (``None``: none), read without decoding."""
+def claimed_proof(raw: bytes | None) -> tuple[int, int | None] | None:
+    """The proof-of-life slot ``raw`` claims and its proof file's tag (``None``: not recorded),
+    read without decoding; ``None``: no proof claimed."""
     if raw is None or len(raw) < _TAIL_END or raw[0] not in _PROOF_VERSIONS:
         return None
-    if not raw[_FLAGS_AT] & PROOF_FLAG:
+    slot = _SLOT_LAYOUT.unpack_from(raw, _SLOT_AT)[0] if raw[_FLAGS_AT] & PROOF_FLAG else 0
+    if not slot:
         return None
-    return _SLOT_LAYOUT.unpack_from(raw, _SLOT_AT)[0] or None
-
-
-def proof_folder(raw: bytes | None) -> int | None:
-    """The tag of the proof file ``raw`` names (``None``: not recorded)."""
-    if raw is None or len(raw) < _FOLDER_END or raw[0] != DETAILS_VERSION:
-        return None
-    return FOLDER_FIELD.unpack_from(raw, _TAIL_END)[0] or None
+    tagged = len(raw) >= _FOLDER_END and raw[0] == DETAILS_VERSION
+    tag = FOLDER_FIELD.unpack_from(raw, _TAIL_END)[0] if tagged else 0
+    return slot, tag or None
 
 
 def folder_tag(dev: int, ino: int) -> int:

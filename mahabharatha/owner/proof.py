@@ -173,10 +173,12 @@ class WorkProof:
             raise
 
     @classmethod
-    def made(cls, folder_fd: int, slot: int) -> WorkProof | None:
-        """A work proof, or ``None`` where the file system refuses such locks."""
+    def made(cls, folder_fd: int) -> WorkProof | None:
+        """A work proof of the lock whose proof we hold in ``folder_fd``; ``None``: we hold
+        none there, or the file system refuses such locks."""
+        slot = kept_slot(folder_fd)
         try:
-            return cls(folder_fd, slot)
+            return None if slot is None else cls(folder_fd, slot)
         except OSError as error:
             if error.errno in _UNSUPPORTED_ERRNOS:
                 return None
@@ -295,28 +297,27 @@ def _identity(folder_fd: int) -> tuple[int, int] | None:
 
 
 class Pledge:
-    """``with Pledge(folder_fd, wanted) as pledge``: a proof to publish with (``None`` when not
-    ``wanted``); :meth:`keep` after a won publish keeps it, otherwise the block closes it."""
+    """``with Pledge(folder_fd, wanted) as pledge``: a proof to publish with (no descriptor
+    when not ``wanted``); a publish that won with it :meth:`keep`-s it, else the block closes it."""
 
-    __slots__ = ("fd", "identity", "path", "proven", "slot")
+    __slots__ = ("fd", "identity", "path", "slot")
 
     def __init__(self, folder_fd: int, wanted: bool, path: str | None = None) -> None:
         self.fd: int | None = None
         self.identity: tuple[int, int] | None = None
         self.path = path
         self.slot = (int.from_bytes(os.urandom(4), "little") or 1) if wanted else 0  # never 0
-        self.proven = False  # set by the publish once the proof is taken (not everywhere)
         if wanted and supported():  # no file made where no proof can be taken
             # Before the publish: a failure here leaves nothing behind.
             self.fd, self.identity = open_proof(folder_fd)
 
-    def __enter__(self) -> Pledge | None:
-        return self if self.fd is not None else None
+    def __enter__(self) -> Pledge:
+        return self
 
     def keep(self) -> None:
-        """Our lock is published: the proof (if one was taken) stays held until we let go,
-        replacing (and closing) any earlier one in that file."""
-        if self.fd is None or self.identity is None or not self.proven:
+        """Our lock is published claiming the proof: it stays held until we let go, replacing
+        (and closing) any earlier one in that file."""
+        if self.fd is None or self.identity is None:
             return
         with _HELD_MUTEX:
             earlier = _HELD.pop(self.identity, None)
@@ -356,11 +357,6 @@ def let_go_of_all() -> None:
         _PATHS.clear()
     for fd, _slot in held:
         close_quietly(fd)
-
-
-def holds(folder_fd: int) -> bool:
-    """Does this process hold a proof for the folder ``folder_fd``?"""
-    return kept_slot(folder_fd) is not None
 
 
 def kept_slot(folder_fd: int) -> int | None:

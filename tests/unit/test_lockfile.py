@@ -145,7 +145,7 @@ def test_a_publish_that_loses_the_link_race_leaves_the_winners_lock(
     assert lock_of(gsd).read_text() == theirs
     folder = os.open(Path(gsd) / "specs" / "feat", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        assert not proof.holds(folder)
+        assert proof.kept_slot(folder) is None
     finally:
         os.close(folder)
 

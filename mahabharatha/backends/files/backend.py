@@ -385,16 +385,12 @@ class FileBackend(LockBackend):
             assert dfd is not None
             # A lock taken for another pid (the CLI's caller) carries no proof: it would die
             # with us. Ours does: a descriptor of the folder holds it while we hold the lock.
-            pledge = proof.Pledge(
-                dfd, requester.pid == os.getpid(), folder_path(self.gsd_dir, feature)
-            )
-            with pledge as proven:
+            wanted = requester.pid == os.getpid()
+            with proof.Pledge(dfd, wanted, folder_path(self.gsd_dir, feature)) as pledge:
                 outcome = lockfile.publish_or_reclaim(
-                    dfd, requester.pid, now, rule, requester.details, proven, look_first=True
+                    dfd, requester.pid, now, rule, requester.details, pledge, look_first=True
                 )
-                if outcome.mine is not None:
-                    pledge.keep()
-            mine_already = outcome.mine is None and proof.holds(dfd)
+            mine_already = outcome.mine is None and proof.kept_slot(dfd) is not None
         if outcome.mine is None:
             holder = describe_snapshot(feature, outcome.holder, outcome.state, now, None)
             # Ours by this process's proof of life? (The lock layer judges the details: it
@@ -464,10 +460,7 @@ class FileBackend(LockBackend):
 
     def work_proof(self, held: Held) -> proof.WorkProof | None:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-            slot = None if dfd is None else proof.kept_slot(dfd)
-            if dfd is None or slot is None:
-                return None
-            return proof.WorkProof.made(dfd, slot)
+            return None if dfd is None else proof.WorkProof.made(dfd)
 
     # ----------------------------------------------------------------- releasing
 

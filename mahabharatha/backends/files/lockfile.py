@@ -300,8 +300,8 @@ def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> 
 def publish_proven(
     dfd: int, record: bytes, now: float, owner: bytes | None, pledge: proof.Pledge | None
 ) -> LockSnapshot | None:
-    """:func:`publish` holding the pledge's proof of life from before the try; the details
-    claim it and the pledge is ``proven`` only when it could be taken."""
+    """:func:`publish` holding the pledge's proof of life from before the try, where it can be
+    taken: then the details claim it, and a won publish keeps it."""
     # Race: a judge looking at LIFE an instant before a winner takes it: PENDING comes first.
     if pledge is None or pledge.fd is None or not proof.hold_pending(pledge.fd, pledge.slot):
         return publish(dfd, record, now, owner)
@@ -317,7 +317,7 @@ def publish_proven(
         with suppress(OSError):  # lost: our slot's PENDING means nothing to anyone now
             proof.drop_pending(fd, slot)
         return None
-    pledge.proven = True
+    pledge.keep()
     if AFTER_LINK is not None:  # a test's pause in the PENDING window; None in real use
         AFTER_LINK()
     # A failure here leaves PENDING held, which judges also count as alive.
@@ -408,14 +408,13 @@ class _JudgedLockChangedError(Exception):
 def _reclaim(
     dfd: int,
     judged: LockSnapshot,
-    record: bytes,
     still: Reclaimable,
-    owner: bytes | None,
     deadline: float,
     now: float,
-    pledge: proof.Pledge | None = None,
+    publish_ours: Callable[[], LockSnapshot | None],
 ) -> LockSnapshot | None:
-    """Replace the judged lock by ours: our snapshot, or ``None`` when we lost the race."""
+    """Replace the judged lock by ``publish_ours()``: our snapshot, or ``None`` when we lost
+    the race."""
     # Race: another process is removing this very lock right now: wait for it, then judge
     # again; only a guard kept past the deadline (a foreign flock) answers "held".
     with Guard(dfd, wait=False, until=deadline) as taken:
@@ -425,7 +424,7 @@ def _reclaim(
         if not remove_if_unchanged(dfd, judged, still, life=judged.life is not None):
             raise _JudgedLockChangedError
         # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
-        return publish_proven(dfd, record, now, owner, pledge)
+        return publish_ours()
 
 
 def publish_or_reclaim(
@@ -473,12 +472,10 @@ def publish_or_reclaim(
             won = _reclaim(
                 dfd,
                 holder,
-                record,
                 lambda entry: may_reclaim(entry, judge_lock(entry, now)),
-                owner,
                 deadline,
                 now,
-                pledge,
+                lambda: publish_proven(dfd, record, now, owner, pledge),
             )
         except _JudgedLockChangedError:
             continue  # Race: replaced since we read it; judge the new one.

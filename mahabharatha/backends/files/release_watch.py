@@ -13,12 +13,13 @@ import select
 import struct
 import sys
 from collections.abc import Iterable
-from time import monotonic, sleep
+from time import monotonic
 from typing import Final, Self
 
+from mahabharatha.backends.base import PollingWatch
 from mahabharatha.backends.files.folder import _NO_FOLDER_ERRNOS, folder_path
 from mahabharatha.backends.files.snapshot import LOCK_FILE_NAME
-from mahabharatha.constants import POLL_SECONDS, RECHECK_SECONDS
+from mahabharatha.constants import RECHECK_SECONDS
 
 IN_NONBLOCK: Final = os.O_NONBLOCK
 IN_CLOEXEC: Final = os.O_CLOEXEC
@@ -34,7 +35,7 @@ _EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie,
 _READ_BYTES: Final = 64 * 1024
 
 
-class ReleaseWatch:
+class ReleaseWatch(PollingWatch):
     """The folder's :class:`~mahabharatha.backends.base.ReleaseWatch`. Race: a release between
     the claim and the wait is queued on the inotify descriptor and ends the wait at once."""
 
@@ -80,11 +81,9 @@ class ReleaseWatch:
         return fd
 
     def wait(self, seconds: float) -> bool:
-        seconds = max(0.0, min(seconds, RECHECK_SECONDS))
         if self._fd is None:
-            sleep(min(seconds, POLL_SECONDS))
-            return True
-        deadline = monotonic() + seconds
+            return super().wait(seconds)
+        deadline = monotonic() + max(0.0, min(seconds, RECHECK_SECONDS))
         while (left := deadline - monotonic()) > 0:
             ready, _, _ = select.select([self._fd], [], [], left)
             if ready and self._released():

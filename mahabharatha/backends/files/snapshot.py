@@ -211,12 +211,11 @@ def read_lock(dfd: int, *, life: bool = False, details: bool = True) -> LockSnap
         while _is_busy(snapshot) and monotonic() < deadline:
             os.sched_yield()  # Race: a lease holder is giving its lease up; look again
             snapshot = _look(dfd, READ_ATTEMPTS, details)
-    slot = ownership.proof_slot(snapshot.owner) if life and snapshot.owner else None
-    if slot is not None:
+    claimed = ownership.claimed_proof(snapshot.owner) if life and snapshot.owner else None
+    if claimed is not None:
         # Race: the proof is looked at after the read, and it is this lock's own slot: a
         # proof of an earlier lock (kept by a forked child, escaped work) says nothing here.
-        tag = ownership.proof_folder(snapshot.owner)
-        snapshot.life = proof.life_of(dfd, slot, tag, snapshot.uid)
+        snapshot.life = proof.life_of(dfd, *claimed, snapshot.uid)
     return snapshot
 
 
