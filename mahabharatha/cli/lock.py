@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import sys
 from typing import Annotated, Any, Final
@@ -263,12 +262,14 @@ class _WaitTakesOptionalSeconds(TyperCommand):
     options take a value or none, never maybe one)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        own = list(itertools.takewhile(lambda word: word != "--", args))
-        if "--wait" in own:
-            at = own.index("--wait") + 1
-            if at == len(own) or not _is_seconds(own[at]):
-                args = [*args[:at], repr(WAIT_FOREVER), *args[at:]]
-        return list(super().parse_args(ctx, list(args)))
+        words = list(args)
+        for at, word in enumerate(words, start=1):
+            if word == "--":
+                break
+            if word == "--wait" and (at == len(words) or not _is_seconds(words[at])):
+                words.insert(at, repr(WAIT_FOREVER))  # the first bare one (--wait 0 --wait)
+                break
+        return list(super().parse_args(ctx, words))
 
 
 @app.command(cls=_WaitTakesOptionalSeconds)

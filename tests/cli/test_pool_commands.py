@@ -372,6 +372,8 @@ def test_status_watch_at_a_terminal_moves_its_bar_and_ctrl_c_leaves_it_clean(gsd
         (["--wait", "2.5", "alpha"], ["alpha"], 2.5),
         (["--wait=0", "alpha"], ["alpha"], 0.0),
         (["alpha"], ["alpha"], 0.0),
+        (["--wait", "0", "--wait"], None, None),  # the last one counts, bare too
+        (["--wait", "0", "--wait", "alpha"], ["alpha"], None),
     ],
 )
 def test_claim_wait_takes_optional_seconds(
