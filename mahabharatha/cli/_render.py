@@ -132,7 +132,8 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
         return []
     if len(ordered) > room:
         room -= 1  # the "more" line takes one
-    shown, left_out = ordered[: max(0, room)], len(ordered) - max(0, room)
+    shown = ordered[: max(0, room)]
+    left_out = len(ordered) - len(shown)
     table = _table(shown, "ellipsis", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     more = [Text(f"... and {left_out} more", no_wrap=True)] if left_out else []
     return [table, *more]

@@ -130,3 +130,20 @@ def test_off_a_terminal_a_line_comes_with_a_change_not_with_an_age(gsd: Path) ->
         watch.send_signal(signal.SIGINT)
         watch.wait(timeout=SYNC_TIMEOUT)
         watch.stdout.close()
+
+
+def test_a_watch_list_that_fits_the_screen_ends_without_a_more_line(gsd: Path) -> None:
+    """Failed before the fix: with fewer features than the screen has lines for, the list
+    ended in a line "... and -14 more"."""
+    import io
+
+    from rich.console import Console
+
+    from mahabharatha.cli._render import watch_table
+
+    for name in FEATURES[:4]:
+        (gsd / "specs" / name).mkdir(parents=True)
+    out = io.StringIO()
+    Console(file=out, width=COLUMNS).print(*watch_table(locks.survey(gsd), ROWS))
+    assert "more" not in out.getvalue()
+    assert all(name in out.getvalue() for name in FEATURES[:4])
