@@ -31,9 +31,11 @@ class Deadline:
         return self.at is not None and monotonic() >= self.at
 
     def cap(self, seconds: float) -> float:
-        """``seconds``, or what is left of the wait when that is less."""
+        """``seconds``, or what is left of the wait when that is less (never below 0)."""
         left = self.left()
-        return seconds if left is None else min(seconds, left)
+        # Race: the deadline passes between a caller's check and this read: a negative pause
+        # would make ``time.sleep`` raise ValueError.
+        return seconds if left is None else max(0.0, min(seconds, left))
 
 
 def jittered(most: float) -> float:

@@ -56,9 +56,11 @@ def test_an_async_wait_is_logged_once_as_a_sync_one_is(
 
 
 def test_a_deadline_caps_a_pause_and_none_never_passes() -> None:
+    """Failed before the fix: a passed deadline capped a pause below 0, and ``time.sleep`` of
+    that raised ValueError (a deadline passing between a check and the pause)."""
     assert waiting.Deadline(None).left() is None and not waiting.Deadline(None).passed()
     assert waiting.Deadline(None).cap(3.0) == 3.0
-    assert waiting.Deadline(0.0).passed() and waiting.Deadline(0.0).cap(3.0) <= 0.0
+    assert waiting.Deadline(0.0).passed() and waiting.Deadline(0.0).cap(3.0) == 0.0
     assert waiting.Deadline(-5.0).passed()  # a negative wait is no wait
 
 
