@@ -317,16 +317,18 @@ class Pledge:
     def keep(self) -> None:
         """Our lock is published claiming the proof: it stays held until we let go, replacing
         (and closing) any earlier one in that file."""
-        if self.fd is None or self.identity is None:
+        fd = self.fd
+        if fd is None or self.identity is None:
             return
         with _HELD_MUTEX:
-            earlier = _HELD.pop(self.identity, None)
-            _HELD[self.identity] = (self.fd, self.slot)
+            earlier = _HELD.get(self.identity)
+            # Race: an interrupt between these two stores would let ``__exit__`` close what
+            # ``_HELD`` keeps (a later let-go then closes a reused number): no call between.
+            _HELD[self.identity], self.fd = (fd, self.slot), None
             if self.path is not None:
                 _PATHS[self.path] = self.identity
-        if earlier is not None and earlier[0] != self.fd:
+        if earlier is not None and earlier[0] != fd:
             close_quietly(earlier[0])
-        self.fd = None
 
     def __exit__(self, *_exc: object) -> None:
         if self.fd is not None:

@@ -711,3 +711,42 @@ def test_valid_names_can_be_locked_checked_and_released(clock: Any, gsd: str, na
     assert info["pid"] == MY_PID
     release_feature_lock(name, gsd_dir=gsd)
     assert not lock_of(gsd, name).exists()
+
+
+def test_a_pledge_interrupted_while_kept_never_closes_the_proof_it_records_as_held(
+    tmp_path: Path,
+) -> None:
+    """Failed before the fix: an interrupt in ``Pledge.keep`` after the proof was recorded as
+    held but before the pledge forgot its descriptor let the block close that descriptor, so a
+    later let-go would close whatever file reused its number."""
+    import sys
+
+    keep = proof.Pledge.keep.__code__
+    lines = sorted({line for _, _, line in keep.co_lines() if line is not None})
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    interrupted = 0
+    try:
+        for at in lines:
+
+            def interrupt_at(frame: Any, event: str, _arg: Any, at: int = at) -> Any:
+                if frame.f_code is not keep:
+                    return None
+                if event == "line" and frame.f_lineno == at:
+                    raise KeyboardInterrupt
+                return interrupt_at
+
+            try:
+                with proof.Pledge(folder, True) as pledge:
+                    sys.settrace(interrupt_at)
+                    try:
+                        pledge.keep()
+                    finally:
+                        sys.settrace(None)
+            except KeyboardInterrupt:
+                interrupted += 1
+            for fd, _slot in proof._HELD.values():
+                os.fstat(fd)  # EBADF: the block closed a descriptor still recorded as held
+            proof.let_go_of_all()
+    finally:
+        os.close(folder)
+    assert interrupted >= 3, "the trace never reached keep's lines"
