@@ -165,8 +165,9 @@ class WorkProof:
         # A new open of the proof file: its own open file description (dup would share ours).
         self.slot = slot
         self.fd: int | None = _above_shell_numbers(open_proof(folder_fd)[0])
-        self._watch = open_proof(folder_fd)[0]
-        try:
+        self._watch = -1
+        try:  # EMFILE at the second open: the first is not left open
+            self._watch = open_proof(folder_fd)[0]
             _set(self.fd, fcntl.F_RDLCK, _byte(slot, LIFE_BYTE), 3)
         except OSError:
             self.close()

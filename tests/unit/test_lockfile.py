@@ -750,3 +750,27 @@ def test_a_pledge_interrupted_while_kept_never_closes_the_proof_it_records_as_he
     finally:
         os.close(folder)
     assert interrupted >= 3, "the trace never reached keep's lines"
+
+
+def test_a_work_proof_that_cannot_open_its_watch_leaves_no_descriptor_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failed before the fix: when the second open of the proof file failed (EMFILE), the
+    first descriptor stayed open."""
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    real, opened = proof.open_proof, []
+
+    def second_open_fails(folder_fd: int) -> tuple[int, tuple[int, int]]:
+        opened.append(folder_fd)
+        if len(opened) == 2:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(folder_fd)
+
+    monkeypatch.setattr(proof, "open_proof", second_open_fails)
+    before = sorted(os.listdir("/proc/self/fd"))
+    try:
+        with pytest.raises(OSError, match="Too many open files"):
+            proof.WorkProof(folder, 1)
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(folder)
