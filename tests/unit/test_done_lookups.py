@@ -67,6 +67,25 @@ def test_a_failed_record_is_read_when_there(gsd: Path) -> None:
     assert found.tries == 3
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"count": Infinity, "limit": 3, "attempts": []}',
+        b'{"count": 3, "limit": -Infinity, "attempts": []}',
+        b'{"count": NaN, "limit": 3, "attempts": []}',
+        b'{"count": 1e400, "limit": 3, "attempts": []}',
+    ],
+)
+def test_a_record_with_a_count_no_integer_holds_is_no_record(gsd: Path, text: bytes) -> None:
+    """Failed before the fix (Infinity): ``int()`` of it raised OverflowError, which no reader
+    expected, instead of the record being read as not ours (the next ``fail`` replaces it)."""
+    backend = FileBackend(gsd)
+    without = [(info.attempts, info.state) for info in backend.survey()]
+    (gsd / "specs" / "plain" / ATTEMPTS_RECORD_NAME).write_bytes(text)
+    assert backend.attempts("plain") is None
+    assert [(info.attempts, info.state) for info in backend.survey()] == without
+
+
 @not_root
 def test_a_folder_that_cannot_be_entered_is_still_an_error(gsd: Path) -> None:
     """``lstat`` fails with EACCES there, not ENOENT: the careful look raises, as before."""

@@ -308,7 +308,7 @@ def _read_attempts(dfd: int) -> Attempts | None:
             return None
         found = json.loads(reads.read_bounded(fd, info.st_size))
         count, limit, history = int(found["count"]), int(found["limit"]), found["attempts"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: int(Infinity)
         return None
     finally:
         os.close(fd)
