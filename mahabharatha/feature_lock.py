@@ -232,17 +232,27 @@ class FeatureLock:
             raise HeartbeatStartError(self.feature, str(error)) from error
 
     def _cut_off_loop(self) -> None:
-        """Declare the lock lost :data:`CUT_OFF_NOTICE_SECONDS` (at most a quarter of the lease)
-        before its lease can end on the server, unless a refresh got through meanwhile (it moves
-        ``_deadline``). The heartbeat alone cannot: a refresh on a frozen link blocks it for
-        ``--connect-timeout`` at a time."""
-        assert self.lease is not None
-        notice = min(CUT_OFF_NOTICE_SECONDS, self.lease / 4)
-        while (left := self._deadline - notice - monotonic()) > 0:
+        """The cut-off's thread: :meth:`_cut_off_in`'s judgement, made when it is due. The
+        heartbeat alone cannot: a refresh on a frozen link blocks it for ``--connect-timeout``
+        at a time."""
+        while (left := self._cut_off_in()) > 0:
             if self._stop.wait(left):
                 return  # released (or lost by the heartbeat's own finding)
+
+    def _cut_off_in(self) -> float:
+        """Seconds until the lock is given up: :data:`CUT_OFF_NOTICE_SECONDS` (at most a quarter
+        of the lease) before its lease can end on the server, unless a refresh got through
+        meanwhile (it moves ``_deadline``); at 0 the loss is declared. The one cut-off rule, of
+        the cut-off thread and of ``AsyncFeatureLock``'s task; no lease (files): never."""
+        if self.lease is None:
+            return math.inf
+        notice = min(CUT_OFF_NOTICE_SECONDS, self.lease / 4)
+        left = self._deadline - notice - monotonic()
+        if left > 0:
+            return left
         reason = f"no refresh got through, and its lease can run out in {notice:g} s"
         self._declare_lost(LockLostError(self.feature, reason, self._deadline - notice / 5))
+        return 0.0
 
     def _forget_if_forked(self) -> None:
         """In a child forked from the holder, this object's lock is the parent's: never touch it."""
