@@ -326,17 +326,40 @@ class AsyncFeatureLock:
     # ------------------------------------------------------------------ holding
 
     async def _beat(self) -> None:
-        """The heartbeat: ``FeatureLock``'s rule (``_beat_once``: refresh, retry sooner on an OS
-        error, lost when refused or past the lease), paced by ``asyncio.sleep``."""
-        interval = self.heartbeat
+        """The heartbeat: ``FeatureLock``'s rules, its step (``_beat_once``: refresh, retry
+        sooner on an OS error, lost when refused or past the lease) paced by ``asyncio.sleep``,
+        and its cut-off (``_cut_off_in``), which no pause and no refresh outlasts."""
+        state, interval = self._state, self.heartbeat
+        step: asyncio.Task[float | None] | None = None
         while interval:
-            await asyncio.sleep(interval)
-            interval = await self._call(self._state._beat_once)
+            await asyncio.sleep(min(interval, state._cut_off_in()))
+            step = asyncio.create_task(self._call(state._beat_once))
+            if await self._cut_off_first(step):
+                break  # lost: told at once, the refresh waited out after
+            interval = step.result()
             self._rest()
-        lost = self._state.lost
+        lost = state.lost
         tell = self.on_lost if self._lost_override is None else self._lost_override
         if lost is not None and tell is not None:
             tell(lost)
+        if step is not None:
+            await step  # a refresh cut off ends before the heartbeat does, as ``_call`` waits
+
+    async def _cut_off_first(self, step: asyncio.Task[Any]) -> bool:
+        """Wait for ``step`` until the lock's cut-off; True when the cut-off came first (the
+        loss declared; ``step`` runs on). Race: a refresh stuck on a frozen link (for
+        ``--connect-timeout``) kept the loss untold past the lease's end, while the holder
+        worked on beside the next one."""
+        try:
+            while not step.done():
+                if (left := self._state._cut_off_in()) <= 0:
+                    return True
+                await asyncio.wait({step}, timeout=left)
+        except asyncio.CancelledError:
+            step.cancel()  # it ends its refresh first (``_call``): never under the release
+            await _settled(step)
+            raise
+        return False
 
     async def refresh(self) -> None:
         """Renew our lock now; :class:`LockLostError` when it is no longer ours."""

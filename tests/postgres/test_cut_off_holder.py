@@ -5,10 +5,12 @@ answer, no reset: a proxy that swallows everything once the refresh is sent). It
 SIGTERM (one that finishes its step first) and appends a tick to an occupancy file every 10 ms.
 The test is the next holder: it takes the lock the moment the server lets it (the lease ran out
 by the server's clock) and appends ``NEXT``. No tick may follow: CMD must be gone before the
-lock can be given away, whatever the network does."""
+lock can be given away, whatever the network does. An ``AsyncFeatureLock`` on such a link is
+told of the loss before its lease ends too (its heartbeat is a task, not a thread)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from mahabharatha import locks
+from mahabharatha.aio import AsyncFeatureLock
 from mahabharatha.backends.base import Requester
 from mahabharatha.backends.postgres.backend import PostgresBackend
 from tests.support.postgres import FreezingProxy, PgServer, wait_until
@@ -27,6 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 8
 """``lock run --lease``: refreshed every 2.7 s; cut off 2 s before its end (a quarter)."""
 HANG_GUARD_SECONDS = 60.0
+ASYNC_LEASE_SECONDS = 3.0
+"""The async holder's lease: refreshed every second, cut off 0.75 s before its end."""
+FROZEN_REFRESH_SECONDS = 3.0
+"""``connect_timeout``: a refresh frozen at 1 s gives up past the lease's end (3 s)."""
 TICKING_CMD = 'trap "" TERM; while :; do echo tick >> occupancy; sleep 0.01; done'
 WORK_WITH_LEASE = (
     "import sys; from mahabharatha.backends.postgres.backend import PostgresBackend; "
@@ -124,3 +131,43 @@ def test_a_pool_claims_deadline_runs_from_when_its_claim_was_sent(
     finally:
         lock.finish(None, None, 1)
         store.close()
+
+
+def test_an_async_holder_whose_link_froze_is_told_before_its_lease_ends(
+    frozen_at_refresh: FreezingProxy, namespace: str, tmp_path: Path
+) -> None:
+    """``AsyncFeatureLock`` keeps ``FeatureLock``'s cut-off: with its first refresh frozen,
+    ``on_lost`` is called while the lease still runs, and ``held`` turns False because the
+    lock was declared lost (never by the lease running out unannounced). Failed before:
+    ``held`` turned False at the lease's end with ``lost`` unset, the loss told only once the
+    frozen refresh gave up (``connect_timeout`` later)."""
+    events: list[tuple[str, bool]] = []
+
+    async def main() -> None:
+        store = PostgresBackend(
+            frozen_at_refresh.url(), namespace=namespace, connect_timeout=FROZEN_REFRESH_SECONDS
+        )
+        lock = AsyncFeatureLock(
+            "f",
+            tmp_path,
+            backend=store,
+            timeout=0,
+            lease=ASYNC_LEASE_SECONDS,
+            on_lost=lambda _error: events.append(("told, lease running", lease_running())),
+        )
+
+        def lease_running() -> bool:
+            return lock.expires_at is not None and time.time() < lock.expires_at
+
+        try:
+            async with lock:
+                async with asyncio.timeout(HANG_GUARD_SECONDS):
+                    while lock.held:
+                        await asyncio.sleep(0.005)
+                events.append(("not held, lost", lock.lost is not None))
+        finally:
+            store.close()
+
+    asyncio.run(main())
+    assert frozen_at_refresh.frozen.is_set()
+    assert events == [("told, lease running", True), ("not held, lost", True)]
