@@ -527,7 +527,8 @@ _QUIET: Final = [False]  # the root's -q: no note, only errors
 
 
 def set_verbosity(quiet: bool, verbose: int) -> None:
-    """The root's ``-q`` and ``-v``/``-vv`` (the library's info/debug messages on stderr)."""
+    """The root's ``-q`` and ``-v``/``-vv`` (the library's info/debug messages on stderr), for
+    this call only: a program that calls the app again (``CliRunner``) gets one handler a call."""
     _QUIET[0] = quiet
     if verbose and not quiet:
         import logging  # only -v pays for it: kept out of every other call's cold start
@@ -537,8 +538,15 @@ def set_verbosity(quiet: bool, verbose: int) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("mahabharatha: %(message)s"))
         found = logs.logger()
+        level = found.level
         found.addHandler(handler)
         found.setLevel(logs.INFO if verbose == 1 else logs.DEBUG)
+
+        def undo() -> None:
+            found.removeHandler(handler)
+            found.setLevel(level)
+
+        get_current_context().call_on_close(undo)
 
 
 def note(text: str) -> None:

@@ -128,3 +128,29 @@ def test_quiet_says_only_errors(gsd: Path) -> None:
     quiet = _cli(gsd.parent, "-q", *args)
     assert quiet.returncode == 1
     assert quiet.stderr.splitlines() == ["mahabharatha: every feature is finished; 1 failed: alpha"]
+
+
+def test_verbose_in_process_twice_says_each_message_once(gsd: Path) -> None:
+    """A program that calls the app twice (typer's ``CliRunner``) with ``-v``: the second call
+    prints each library message once, and no logging traceback. Failed on 328df3d: every call
+    added a stderr handler and none removed it, so the first call's handler, writing to its
+    runner's closed stream, put a ``--- Logging error ---`` traceback on the second's stderr
+    (with one stream for both: the line twice)."""
+    from typer.testing import CliRunner
+
+    from mahabharatha.cli import app
+
+    args = ["-v", "lock", "acquire", FEATURE, "--pid", "1", "--gsd-dir", str(gsd)]
+    said = []
+    try:
+        for _ in range(2):
+            _stale_lock(gsd)
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 0, result.output
+            said.append(result.stderr)
+    finally:
+        logs.logger().handlers[:] = [logging.NullHandler()]  # no handler left for other tests
+        logs.logger().setLevel(logging.NOTSET)
+    reclaimed = "mahabharatha: reclaimed feature 'alpha' from pid 1 (stale)\n"
+    assert [text.count(reclaimed) for text in said] == [1, 1], said
+    assert "Logging error" not in said[1]
