@@ -431,6 +431,17 @@ def _terminate(signum: int, _frame: object) -> NoReturn:
     raise Terminated(signum)
 
 
+def ending_like_ctrl_c() -> signals.Handling:
+    """``with ending_like_ctrl_c():`` TERM and HUP (left at their default) raise
+    :class:`Terminated` in the block, so they end it as Ctrl-C does (:func:`stopped_code`)."""
+    return signals.Handling(ENDING_SIGNALS, _terminate, signals.is_default)
+
+
+def stopped_code(stop: KeyboardInterrupt) -> int:
+    """The exit code of a command stopped by Ctrl-C (130) or by TERM or HUP (128 + N)."""
+    return killed_by(stop.signum) if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+
+
 def emit(result: Result, as_json: bool) -> NoReturn:
     """Print ``result`` and exit with its code. An answer that cannot be written gives back a
     lock the command took, and exits 3: never a lock its caller was not told of."""
@@ -567,12 +578,11 @@ def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advic
     JSON then). ``advice`` ends a held lock's sentence. A ``--gsd-dir`` given but missing is bad
     input first."""
     try:
-        with signals.Handling(ENDING_SIGNALS, _terminate, signals.is_default):
+        with ending_like_ctrl_c():
             given_gsd_dir_exists()
             result = action()
     except KeyboardInterrupt as stop:  # Ctrl-C, TERM, HUP: still one document, one sentence
-        code = killed_by(stop.signum) if isinstance(stop, Terminated) else EXIT_INTERRUPTED
-        result = Result(code, document, message="interrupted")
+        result = Result(stopped_code(stop), document, message="interrupted")
     except (ValueError, LockError, OSError) as error:
         message = sentence(error)
         extra = {}

@@ -18,12 +18,14 @@ from mahabharatha.cli._output import (
     Shared,
     close_opened,
     emit,
+    ending_like_ctrl_c,
     exit_code_for,
     sentence,
+    stopped_code,
 )
 from mahabharatha.cli._render import summary_counts, watch_table
 from mahabharatha.constants import WATCH_SECONDS
-from mahabharatha.exits import EXIT_HELD, EXIT_INTERRUPTED, EXIT_OK
+from mahabharatha.exits import EXIT_HELD, EXIT_OK
 from mahabharatha.locks import LockError, LockInfo
 
 BAR_WIDTH: Final = 40
@@ -46,16 +48,18 @@ def _nothing_left(counts: dict[str, int]) -> bool:
 
 
 def watch_status(shared: Shared, until_done: bool) -> NoReturn:
-    """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130) or,
-    with ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
+    """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130),
+    TERM or HUP (128 + N; the live view's cursor shown again, as on Ctrl-C) or, with
+    ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
     try:
-        store = shared.backend(needs_folder=shared.url is None)
-        if shared.as_json or not sys.stdout.isatty():
-            code = _watch_lines(store, until_done)
-        else:
-            code = _watch_terminal(store, until_done)
-    except KeyboardInterrupt:
-        code = EXIT_INTERRUPTED
+        with ending_like_ctrl_c():
+            store = shared.backend(needs_folder=shared.url is None)
+            if shared.as_json or not sys.stdout.isatty():
+                code = _watch_lines(store, until_done)
+            else:
+                code = _watch_terminal(store, until_done)
+    except KeyboardInterrupt as stop:
+        code = stopped_code(stop)
     except (ValueError, LockError, OSError) as error:
         emit(Result(exit_code_for(error), {}, message=sentence(error)), shared.as_json)
     finally:

@@ -343,15 +343,7 @@ def test_status_watch_at_a_terminal_moves_its_bar_and_ctrl_c_leaves_it_clean(gsd
         os.write(master, b"\x03")  # Ctrl-C, through the terminal's line discipline
         _, status = os.waitpid(pid, 0)
         pid = 0
-        with_rest = bytearray(seen)
-        try:
-            while select.select([master], [], [], 0.5)[0]:
-                chunk = os.read(master, 65536)
-                if not chunk:
-                    break
-                with_rest += chunk
-        except OSError:
-            pass
+        with_rest = _with_rest(master, seen)
     finally:
         if pid:
             os.kill(pid, signal.SIGKILL)
@@ -361,6 +353,66 @@ def test_status_watch_at_a_terminal_moves_its_bar_and_ctrl_c_leaves_it_clean(gsd
     assert b"\x1b[?25l" in with_rest, "rich hid the cursor while drawing"
     assert with_rest.rfind(b"\x1b[?25h") > with_rest.rfind(b"\x1b[?25l"), "cursor shown again"
     assert b"Traceback" not in with_rest
+
+
+def _with_rest(master: int, seen: bytearray) -> bytearray:
+    """``seen`` and what the ended watch still wrote to its terminal."""
+    with_rest = bytearray(seen)
+    try:
+        while select.select([master], [], [], 0.5)[0]:
+            chunk = os.read(master, 65536)
+            if not chunk:
+                break
+            with_rest += chunk
+    except OSError:  # EIO: everything written was read
+        pass
+    return with_rest
+
+
+def test_status_watch_at_a_terminal_ends_on_sigterm_as_on_ctrl_c(gsd: Path) -> None:
+    """SIGTERM (``kill``, a service manager) ends the watch as Ctrl-C does: the cursor shown
+    again, no traceback, the shell's code for the signal (128 + 15). Failed on 328df3d: the
+    watch was killed by the signal (status -15) and the terminal's cursor stayed hidden."""
+    _features(gsd, "alpha")
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the watch, with the pty as its controlling terminal
+        os.environ["COLUMNS"] = "120"
+        os.execv(sys.executable, [*CLI, "lock", "status", "--watch", "--gsd-dir", str(gsd)])
+    seen = bytearray()
+    try:
+        _read_until(master, b"0/1 done", seen)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        with_rest = _with_rest(master, seen)
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(master)
+    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
+    assert with_rest.rfind(b"\x1b[?25h") > with_rest.rfind(b"\x1b[?25l"), "cursor shown again"
+    assert b"Traceback" not in with_rest
+
+
+def test_status_watch_off_a_terminal_ends_on_sigterm_with_143(gsd: Path) -> None:
+    """Off a terminal too, SIGTERM ends the watch with 128 + 15 and no traceback. Failed on
+    328df3d: killed by the signal (return code -15)."""
+    _features(gsd, "alpha")
+    argv = ["lock", "status", "--watch", "--json", "--gsd-dir", str(gsd)]
+    watch = subprocess.Popen([*CLI, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert watch.stdout is not None and watch.stderr is not None
+    try:
+        read_line(watch.stdout.fileno(), bytearray())  # the first document: it watches
+        watch.send_signal(signal.SIGTERM)
+        assert watch.wait(timeout=SYNC_TIMEOUT) == 128 + signal.SIGTERM
+        assert b"Traceback" not in watch.stderr.read()
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+        watch.stdout.close()
+        watch.stderr.close()
 
 
 @pytest.mark.parametrize(
