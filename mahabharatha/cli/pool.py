@@ -43,7 +43,14 @@ from mahabharatha.cli._output import (
 from mahabharatha.cli._work_output import CommandOutput, command_output
 from mahabharatha.cli.lock import _warn_release_wait, app
 from mahabharatha.constants import FEATURE_ENV_VAR, RETRY_DELAY_SECONDS
-from mahabharatha.exits import EXIT_BAD_INPUT, EXIT_HELD, EXIT_OK, EXIT_TEMPFAIL, killed_by
+from mahabharatha.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_HELD,
+    EXIT_LOST,
+    EXIT_OK,
+    EXIT_TEMPFAIL,
+    killed_by,
+)
 from mahabharatha.locks import FeatureProblem, LockInfo, PoolLock, StopWork, WorkReport, WorkResult
 from mahabharatha.pool import team
 from mahabharatha.run import runner
@@ -363,8 +370,10 @@ def _work_result(
     if report.ended == WorkEnd.STOPPED:
         code = EXIT_BAD_INPUT if report.exit_code is None else report.exit_code
     elif report.ended == WorkEnd.ONCE:
-        last = report.results[-1].exit_code
-        code = EXIT_HELD if last is None else last
+        last = report.results[-1]
+        code = EXIT_HELD if last.exit_code is None else last.exit_code
+        if last.outcome == WorkOutcome.LOST:
+            code = EXIT_LOST  # lock run's lost-lock rule
     elif report.ended == WorkEnd.WAITED_OUT:
         code = EXIT_TEMPFAIL
         said = f"--wait ran out: {len(report.busy)} feature(s) still held by others"

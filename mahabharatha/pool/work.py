@@ -17,6 +17,8 @@ from mahabharatha.backends.base import (
     LocalFolder,
     LockBackend,
     LockInfo,
+    NotHeldError,
+    NotOwnerError,
     UnsupportedError,
 )
 from mahabharatha.constants import (
@@ -163,9 +165,6 @@ class PoolLock(FeatureLock):
                 with suppress(OSError):  # lost already: taking back what is left is best effort
                     self.backend.release_held(mine)
             return WorkResult(feature, WorkOutcome.LOST, exit_code)
-        if exit_code == 0:
-            _mark_done(self.backend, feature, mine.pid)
-            return WorkResult(feature, WorkOutcome.DONE, 0)
         if exit_code is None:
             # A stop (a signal, CMD not started, an interrupted task): one try (a release
             # never waits for a slot); the lock would come free at its lease's end anyway.
@@ -173,10 +172,17 @@ class PoolLock(FeatureLock):
             return WorkResult(feature, WorkOutcome.RELEASED, None, 0, reason)
         why = reason or f"exit code {exit_code}"
         try:
+            if exit_code == 0:
+                _mark_done(self.backend, feature, mine.pid)
+                return WorkResult(feature, WorkOutcome.DONE, 0)
             record = self.backend.fail(feature, mine.pid, why, limit)
         except UnsupportedError:
             self.backend.release_held(mine)
             return WorkResult(feature, WorkOutcome.RELEASED, exit_code, 0, why)
+        except (NotHeldError, NotOwnerError):
+            # Race: taken away (a forced release, a reclaim) after the last heartbeat, so a
+            # quick work ended before the loss was seen: nothing was marked, it was lost.
+            return WorkResult(feature, WorkOutcome.LOST, exit_code)
         return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
 
 
