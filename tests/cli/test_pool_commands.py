@@ -265,9 +265,12 @@ WAITS_FOR_GO: Final = ("sh", "-c", "echo running; read -r _")
 its stdin (lock work's: the test's pipe) and exits 0."""
 
 
-def _work_losing_its_first_lock(gsd: Path, *words: str) -> tuple[int, dict[str, Any]]:
+def _work_losing_its_first_lock(
+    gsd: Path, *words: str, then: tuple[str, ...] = ()
+) -> tuple[int, dict[str, Any]]:
     """``lock work alpha WORDS -- CMD``: while its first CMD runs, the lock is taken away
-    (``lock release --force``), then CMD exits 0; every later CMD exits 0 at once."""
+    (``lock release --force``, then the command ``then``), then CMD exits 0; every later CMD
+    exits 0 at once."""
     _features(gsd, "alpha")
     argv = [*CLI, "lock", "work", "alpha", *words, "--json", "--gsd-dir", str(gsd), "--"]
     worker = subprocess.Popen(
@@ -287,6 +290,9 @@ def _work_losing_its_first_lock(gsd: Path, *words: str) -> tuple[int, dict[str, 
             timeout=SYNC_TIMEOUT,
         )
         assert forced.returncode == 0, forced.stderr
+        if then:
+            taken = subprocess.run([*CLI, *then], capture_output=True, timeout=SYNC_TIMEOUT)
+            assert taken.returncode == 0, taken.stderr
         worker.stdin.write(b"go\n" * 2)  # the first CMD, and the next one's if there is one
         worker.stdin.close()
         code = worker.wait(timeout=SYNC_TIMEOUT)
@@ -299,12 +305,18 @@ def _work_losing_its_first_lock(gsd: Path, *words: str) -> tuple[int, dict[str, 
         worker.stderr.close()
 
 
-def test_work_once_reports_a_lock_forced_away_while_a_short_cmd_ran(gsd: Path) -> None:
-    """CMD exit 0 after its lock was taken away, before any heartbeat could see it: the
-    outcome is "lost", nothing is marked done, exit 76 as lock run's lost-lock rule. Failed
-    on 328df3d: the done that found the lock gone raised, so the worker answered "not locked
-    by pid" (exit 1) with no result at all."""
-    code, document = _work_losing_its_first_lock(gsd, "--once")
+@pytest.mark.parametrize("taken_by_another", [False, True], ids=["free", "taken"])
+def test_work_once_reports_a_lock_forced_away_while_a_short_cmd_ran(
+    gsd: Path, taken_by_another: bool
+) -> None:
+    """CMD exit 0 after its lock was taken away (and maybe taken by another), before any
+    heartbeat could see it: the outcome is "lost", nothing is marked done, exit 76 as lock
+    run's lost-lock rule. Failed on 328df3d: the done that found the lock gone (or another's)
+    raised, so the worker answered "not locked by pid" (exit 1) with no result at all."""
+    another = ("lock", "acquire", "alpha", "--pid", "1", "--gsd-dir", str(gsd))
+    code, document = _work_losing_its_first_lock(
+        gsd, "--once", then=another if taken_by_another else ()
+    )
     assert [r["outcome"] for r in document["results"]] == ["lost"], document
     assert code == 76, document
     assert not (gsd / "specs" / "alpha" / ".completed").exists()
