@@ -7,6 +7,7 @@ GSD_DIR: Final = ".gsd"  # feature specs, their locks, the current-feature marke
 STATE_DIR: Final = ".mahabharatha/state"  # per-feature state; the newest names the feature
 AUDIT_LOG_NAME: Final = "lock-audit.jsonl"  # a JSON line per reclaim, forced release, clean
 COMPLETED_MARKER_NAME: Final = ".completed"  # a finished feature (ISO-8601): never claimed
+ATTEMPTS_RECORD_NAME: Final = ".attempts"  # a feature's failed attempts (JSON)
 # A feature whose attempts failed this often is ``failed``, no longer handed out (``--attempts``).
 DEFAULT_ATTEMPTS: Final = 3
 

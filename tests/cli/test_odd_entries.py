@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -31,6 +32,7 @@ from tests.faults._kills import run_child
 
 HUGE_PID_TEMP: Final = ".lock.2147483648.0.tmp"
 STALE: Final = 7200.0 + 600
+ORPHAN_AGE: Final = 600.0  # past TEMP_ORPHAN_SECONDS
 
 
 def _stale_lock(gsd: Path, feature: str) -> Path:
@@ -104,6 +106,55 @@ def test_a_directory_named_like_a_temp_does_not_stop_clean(gsd: Path) -> None:
     }
     assert (odd / "inside").read_text() == "someone's file", "not ours: left alone"
     assert invoke("lock", "clean", "--gsd-dir", gsd).exit_code == 0, "and again: still fine"
+
+
+def _plant_temp(folder: Path, name: str, age: float) -> Path:
+    temp = folder / name
+    temp.write_text("2026-11-27T00:00:00Z\n")
+    os.utime(temp, (time.time() - age, time.time() - age))
+    return temp
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["clean", "dry-run"])
+def test_clean_sweeps_aged_orphan_temps_of_the_done_marker_and_attempts_record(
+    gsd: Path, dry_run: bool
+) -> None:
+    """A crash between writing and renaming a done marker or an attempts record leaves its temp.
+    Fails before the fix: clean swept only ``.lock`` temps and listed none of these."""
+    folder = gsd / "specs" / "feat"
+    folder.mkdir(parents=True)
+    aged = [
+        _plant_temp(folder, f"{name}.4194000.00000000000000aa.tmp", ORPHAN_AGE)
+        for name in (".completed", ".attempts", ".lock")
+    ]
+    # Young: a writer in progress, whatever its pid (one in another PID namespace looks dead).
+    young = _plant_temp(folder, ".attempts.2147483648.00000000000000bb.tmp", 0.0)
+
+    result = invoke("lock", "clean", "--gsd-dir", gsd, "--json", *(["--dry-run"] * dry_run))
+
+    assert result.exit_code == 0, result.output
+    entries = one_document(result.stdout)["entries"]
+    assert sorted((e["path"], e["kind"], e["state"], e["removed"]) for e in entries) == sorted(
+        (str(temp), "temp", "orphan", not dry_run) for temp in aged
+    )
+    assert young.exists(), "a young temp is a writer's, in progress"
+    assert all(temp.exists() == dry_run for temp in aged)
+
+
+def test_a_done_marker_temp_replaced_after_its_judgement_is_not_removed(gsd: Path) -> None:
+    """Race: the orphan judged is gone and another file has its name by the removal: it stays."""
+    folder = gsd / "specs" / "feat"
+    folder.mkdir(parents=True)
+    temp = _plant_temp(folder, ".completed.4194000.00000000000000aa.tmp", ORPHAN_AGE)
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        [judged] = lockfile.orphan_temps(dfd, time.time(), files=True)
+        _plant_temp(folder, "other", ORPHAN_AGE).rename(temp)  # a new inode under its name
+
+        assert not lockfile.remove_orphan_temp(dfd, judged, time.time())
+    finally:
+        os.close(dfd)
+    assert temp.exists()
 
 
 # ------------------------------------------------------------------- a folder we may not read

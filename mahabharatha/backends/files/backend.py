@@ -58,6 +58,7 @@ from mahabharatha.backends.files.snapshot import (
     read_lock,
 )
 from mahabharatha.backends.liveness import Liveness, OwnerFacts, judge, owner_liveness, per_pid
+from mahabharatha.constants import ATTEMPTS_RECORD_NAME as ATTEMPTS_RECORD_NAME  # its old home
 from mahabharatha.constants import (
     AUDIT_LOG_NAME,
     COMPLETED_MARKER_NAME,
@@ -72,8 +73,6 @@ from mahabharatha.names import feature_folders
 from mahabharatha.owner import ownership, proof
 from mahabharatha.states import State
 
-# A feature's failed attempts (one JSON object), replaced whole by rename on every lock fail.
-ATTEMPTS_RECORD_NAME: Final = ".attempts"
 KEPT_ATTEMPTS: Final = 5  # the latest attempts kept (the count goes on)
 MAX_REASON_CHARS: Final = 200  # an exit code or one line of a message, never a whole log
 MAX_ATTEMPTS_BYTES: Final = 3072  # oldest attempts dropped first: within bounded reads' 4 KiB
@@ -662,14 +661,10 @@ class FileBackend(LockBackend):
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
                 _audit(self.gsd_dir, "clean", feature, snapshot, _reclaim_reason(state))
-        for name in lockfile.orphan_temps(dfd, now):
-            path, removed = str(folder / name), False
+        for temp in lockfile.orphan_temps(dfd, now, files=True):
+            path = str(folder / temp[0])
             try:
-                if not dry_run:
-                    os.unlink(name, dir_fd=dfd)
-                    removed = True
-            except FileNotFoundError:
-                pass  # Race: its writer linked or renamed it, or another clean removed it
+                removed = not dry_run and lockfile.remove_orphan_temp(dfd, temp, now)
             except OSError as error:
                 skipped.add(feature, type(error)(error.errno, error.strerror, path))
                 continue

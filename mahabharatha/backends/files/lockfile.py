@@ -41,7 +41,12 @@ from mahabharatha.backends.files.snapshot import (
     raise_named,
     read_lock,
 )
-from mahabharatha.constants import GUARD_WAIT_SECONDS, TEMP_ORPHAN_SECONDS
+from mahabharatha.constants import (
+    ATTEMPTS_RECORD_NAME,
+    COMPLETED_MARKER_NAME,
+    GUARD_WAIT_SECONDS,
+    TEMP_ORPHAN_SECONDS,
+)
 from mahabharatha.names import MAX_PID
 from mahabharatha.owner import ownership, proof
 from mahabharatha.reads import close_quietly
@@ -54,6 +59,12 @@ LOCK_MODE: Final = 0o644  # readable by all who share the folder: an unreadable 
 AFTER_LINK: Callable[[], None] | None = None
 
 _TEMP_RE: Final = re.compile(r"\.lock\.([0-9]+)\.[0-9a-f]+\.tmp", re.ASCII)
+# publish_file's temps: judged by age alone (their writer holds the guard), only by clean.
+_FILE_TEMP_RE: Final = re.compile(
+    rf"(?:{re.escape(COMPLETED_MARKER_NAME)}|{re.escape(ATTEMPTS_RECORD_NAME)})"
+    r"\.[0-9]+\.[0-9a-f]+\.tmp",
+    re.ASCII,
+)
 _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
 # Our descriptors by path (``/proc/self/fd`` is gone once the main thread has exited).
 _OWN_FDS: Final = (
@@ -344,34 +355,63 @@ def replace_if_unchanged(
         return _published(_place_temp(dfd, record, details, rename), record, details)
 
 
-def orphan_temps(dfd: int, now: float) -> list[str]:
-    """Temp files in the folder whose writer died, or that are too old to be in use."""
+OrphanTemp = tuple[str, tuple[int, int]]  # a temp's name, and the identity it was judged by
+
+
+def orphan_temps(dfd: int, now: float, *, files: bool = False) -> list[OrphanTemp]:
+    """Temp files in the folder whose writer died, or that are too old to be in use; ``files``:
+    also :func:`publish_file`'s temps that are too old (a crash between write and rename)."""
     with os.scandir(dfd) as entries:
-        temps = [(entry.name, m) for entry in entries if (m := _TEMP_RE.fullmatch(entry.name))]
-    return [name for name, match in temps if _temp_is_orphan(dfd, name, int(match[1]), now)]
+        names = [entry.name for entry in entries]
+    judged = [(name, _orphan_info(dfd, name, now, files)) for name in names]
+    return [(name, _identity(info)) for name, info in judged if info is not None]
 
 
-def _temp_is_orphan(dfd: int, name: str, pid: int, now: float) -> bool:
-    """A regular file (anything else so named is someone else's) whose writer ``pid`` is gone
-    or that is too old."""
+def _orphan_info(dfd: int, name: str, now: float, files: bool) -> os.stat_result | None:
+    """The facts of a regular file (anything else so named is someone else's) named as a temp,
+    if it is too old or, a ``.lock`` temp, its writer's pid is gone; else ``None``."""
+    match = _TEMP_RE.fullmatch(name)
+    if match is None and not (files and _FILE_TEMP_RE.fullmatch(name)):
+        return None
     try:
         info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
-        return False
+        return None
     if not stat.S_ISREG(info.st_mode):
-        return False
-    if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS or not 1 <= pid <= MAX_PID:
-        return True  # too old to be in use, or no process can have this pid
+        return None
+    if abs(now - info.st_mtime) > TEMP_ORPHAN_SECONDS:
+        return info  # too old to be in use
+    if match is None:
+        return None  # young: a writer in progress, whatever its pid (another PID namespace)
+    if not 1 <= int(match[1]) <= MAX_PID:
+        return info  # no process can have this pid
     import psutil  # only on this rare path: keeps the CLI's cold start short
 
-    return not psutil.pid_exists(pid)
+    return None if psutil.pid_exists(int(match[1])) else info
+
+
+def remove_orphan_temp(dfd: int, temp: OrphanTemp, now: float) -> bool:
+    """Remove the orphan ``temp`` if it is still the file judged and still an orphan, under the
+    guard (which every :func:`publish_file` writer holds); False if it is not."""
+    name, judged = temp
+    with Guard(dfd, wait=True):
+        # Race: its writer renamed it, another clean removed it, or another file took its name
+        # since the judgement: only the very file judged goes, judged again.
+        info = _orphan_info(dfd, name, now, files=True)
+        if info is None or _identity(info) != judged:
+            return False
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            return False  # Race: an unguarded writer of a .lock temp linked and removed it
+        return True
 
 
 def sweep_orphan_temps(dfd: int, now: float) -> None:
     """Remove orphan temp files; never an OS error (left debris goes next time). A live
     writer's temp removed is harmless: its link or rename fails and it retries."""
     with suppress(OSError):
-        for name in orphan_temps(dfd, now):
+        for name, _ in orphan_temps(dfd, now):
             _unlink_quietly(dfd, name)
 
 
