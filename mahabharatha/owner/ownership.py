@@ -1,16 +1,6 @@
-"""Who owns a lock: the owner details published beside the ``pid:timestamp`` record.
-
-The record's bytes are fixed, so the rest travels in one extended attribute,
-``user.mahabharatha.owner``, set on the file's descriptor before the file is linked (or renamed)
-to ``.lock``: a reader sees record and details together or not at all. Packed little-endian::
-
-    version (1 byte, 3) | boot (8 bytes) | ns (u32) | start (u64) | pgid (u32) | gstart (u64)
-    | flags (1 byte) | sid (u32) | slot (u32) | folder (u32) | host (UTF-8) [ | NUL | cmd ]
-
-Unknown numbers are 0; versions 1 and 2 (no tail, no ``folder``) are still read. Without the
-attribute a lock is valid and its owner unknown. Fields and the judgement:
-``design/lockfile-hardening.md`` sections 12-14.
-"""
+"""Who owns a lock: owner details packed in the extended attribute ``user.mahabharatha.owner``,
+set before the file is linked to ``.lock``, so a reader sees record and details together or not
+at all. Layout and judgement: ``design/lockfile-hardening.md`` sections 12-14."""
 
 from __future__ import annotations
 
@@ -90,8 +80,8 @@ _OWN_PID_NS: Final = (
 
 @cache
 def this_pid_namespace() -> int | None:
-    """Our PID namespace's inode, or ``None`` when ``/proc`` is not our namespace's (``unshare
-    --pid --fork`` without ``--mount-proc``): then nothing read there may judge our pids."""
+    """Our PID namespace's inode; ``None`` when ``/proc`` is another namespace's: nothing read
+    there may judge our pids."""
     try:
         if int(os.readlink("/proc/self")) != os.getpid() or boottime_offset_ticks() is None:
             return None  # the pids, or the start times, read here could not be compared
@@ -199,11 +189,9 @@ def is_alive(stat: ProcStat | None, pid: int) -> bool:
 
 
 def group_has_live_member(pgid: int, leader_start: int | None, since: int | None = None) -> bool:
-    """Is any process of the group ``pgid`` (whose leader started at ``leader_start``) alive?
-    Zombies do not count; a leader with another start time means the group ended (a group
-    number is not reused while any member lives). ``since``: count only members started at or
-    after it, never the caller (``lock run``'s command's work, not the older script that shares
-    a terminal job's group)."""
+    """Is a process of group ``pgid`` (leader started at ``leader_start``: else it ended) alive,
+    zombies aside? ``since``: only members started then or later, never the caller (the
+    command's work, not an older script sharing a terminal job's group)."""
     try:
         os.killpg(pgid, 0)
         others_only = False
@@ -226,8 +214,8 @@ _STOPPED_STATES: Final = frozenset({"T", "t"})  # stopped by a signal; stopped b
 
 
 def holder_stopped(pid: int, details: OwnerDetails | None) -> bool:
-    """Is the holder ``pid``, or the leader of ``lock run``'s command group, stopped (SIGSTOP,
-    Ctrl-Z)? Only on our boot and PID namespace, and only the process with the recorded start."""
+    """Is the holder ``pid`` (or its command group's leader), with its recorded start, stopped
+    (SIGSTOP, Ctrl-Z)? Only judged on our boot and PID namespace."""
     if details is None or not judgeable(details):
         return False
     looks = [(pid, details.start)]
@@ -241,8 +229,7 @@ def holder_stopped(pid: int, details: OwnerDetails | None) -> bool:
 
 
 def session_has_live_member(sid: int) -> bool:
-    """Is any process of the session ``sid`` alive (zombies do not count)? A failed look
-    answers alive."""
+    """Is a process of session ``sid`` alive (zombies aside; a failed look: alive)?"""
     try:
         return sid > 0 and any(s.session == sid and is_alive(s, pid) for pid, s in _processes())
     except OSError:
@@ -250,15 +237,13 @@ def session_has_live_member(sid: int) -> bool:
 
 
 def _processes() -> Iterator[tuple[int, ProcStat]]:
-    """Every process ``/proc`` lists, with its stat (``OSError``: the listing failed)."""
     for pid in [int(name) for name in os.listdir("/proc") if name.isdigit()]:
         if (stat := proc_stat(pid)) is not None:
             yield pid, stat
 
 
 def _scan_for_member(pgid: int, *, unseen_alive: bool, since: int | None) -> bool:
-    """Scan ``/proc`` for a live member of ``pgid``. ``unseen_alive``: ``killpg`` said members
-    exist, so seeing none means ``hidepid`` hides them: alive."""
+    """A live member of ``pgid`` in ``/proc``? ``unseen_alive``: none seen means hidden: alive."""
     seen = False
     try:
         for pid, stat in _processes():
@@ -304,8 +289,7 @@ def _own_details(pid: int, pgrp: int) -> bytes:
 
 
 def command_name_only(raw: bytes | None) -> bytes | None:
-    """``raw`` with its command cut to the program's name (no arguments in a store every role
-    may read); anything not our format as is."""
+    """``raw`` with its command cut to the program's name (no arguments where all may read)."""
     details = decode(raw)
     if details is None or details.cmd is None:
         return raw
@@ -314,8 +298,7 @@ def command_name_only(raw: bytes | None) -> bytes | None:
 
 
 def claimed_proof(raw: bytes | None) -> tuple[int, int | None] | None:
-    """The proof-of-life slot ``raw`` claims and its proof file's tag (``None``: not recorded),
-    read without decoding; ``None``: no proof claimed."""
+    """The proof slot ``raw`` claims and its proof file's tag, without decoding; ``None``: none."""
     if raw is None or len(raw) < _TAIL_END or raw[0] not in _PROOF_VERSIONS:
         return None
     slot = _SLOT_LAYOUT.unpack_from(raw, _SLOT_AT)[0] if raw[_FLAGS_AT] & PROOF_FLAG else 0
@@ -332,8 +315,7 @@ def folder_tag(dev: int, ino: int) -> int:
 
 
 def with_proof(raw: bytes | None, slot: int, folder: int = 0) -> bytes | None:
-    """``raw`` (current version) claiming the proof of ``slot`` in the file tagged ``folder``;
-    anything else as it is."""
+    """``raw`` (current version) claiming ``slot`` of the proof file tagged ``folder``."""
     if not raw or len(raw) < _FOLDER_END or raw[0] != DETAILS_VERSION:
         return raw
     flags = bytes([raw[_FLAGS_AT] | PROOF_FLAG])
@@ -358,7 +340,6 @@ def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
 
 
 def _ask_kernel(question: Callable[[int], int], pid: int) -> int | None:
-    """``getpgid``/``getsid`` of ``pid``; ``None`` when it is gone (or another namespace's)."""
     if this_pid_namespace() is None:
         return None  # the number would be judged against another namespace's /proc
     try:
@@ -455,10 +436,9 @@ def _start_of(pid: int) -> int | None:
 
 
 def could_own(details: OwnerDetails | None, pid: int) -> bool:
-    """May ``pid`` (in our PID namespace) be the owner these details record? No for another
-    (or unreadable) boot or namespace, or when ``pid`` now runs with another start time
-    (reused); yes otherwise (missing details leave the pid to decide). The caller rule of
-    ``backends/liveness.py: judge``; the database runs :func:`could_own_sql`."""
+    """May ``pid`` be the owner these details record? No for another boot or namespace or a
+    reused pid (another start time); missing details leave the pid to decide. The SQL copy:
+    :func:`could_own_sql`."""
     return could_be_owner(details, this_boot(), this_pid_namespace(), lambda: _start_of(pid))
 
 
@@ -468,9 +448,8 @@ def could_be_owner(
     ns: int | None,
     start_now: Callable[[], int | None],
 ) -> bool:
-    """:func:`could_own` for a judge on ``boot`` in the namespace ``ns`` (``None``: unknown),
-    where the pid runs now with the start time ``start_now()`` (asked only when needed;
-    ``None``: not running)."""
+    """:func:`could_own` judged on ``boot`` and namespace ``ns``, the pid's start time now being
+    ``start_now()`` (asked only when needed; ``None``: not running)."""
     if not _records_place(details):
         return True
     if not _same_place(details, boot, ns):
@@ -480,9 +459,8 @@ def could_be_owner(
 
 
 def could_own_sql(column: str) -> str:
-    """:func:`could_own` as SQL on the details in ``column`` (our own name, never input), with
-    ``%(place)s`` (:func:`place_key`) and ``%(start)s`` (:func:`start_key`); made from
-    ``_HEAD_FIELDS``, never written out by hand."""
+    """:func:`could_own` as SQL on ``column`` (our name, never input) with ``%(place)s`` and
+    ``%(start)s``; made from ``_HEAD_FIELDS``, never written by hand."""
     boot, ns, start = (_field_sql(column, name) for name in ("boot", "ns", "start"))
     version = f"get_byte({column}, 0)"
     old_versions = ", ".join(str(v) for v in DETAILS_VERSIONS if v not in _TEXT_AT)
@@ -503,7 +481,6 @@ def could_own_sql(column: str) -> str:
 
 
 def _span(first: str, last: str) -> tuple[int, int]:
-    """Where the head's fields ``first`` to ``last`` lie: their offset and their width."""
     names, codes = zip(*_HEAD_FIELDS, strict=True)
     at, end = names.index(first), names.index(last) + 1
     return struct.calcsize("<" + "".join(codes[:at])), struct.calcsize("<" + "".join(codes[at:end]))
@@ -515,8 +492,7 @@ def _field_sql(column: str, first: str, last: str | None = None) -> str:
 
 
 def _zeros(name: str) -> str:
-    """The field ``name`` unknown (zero bytes), as ``bytea`` without a backslash (which
-    ``standard_conforming_strings = off`` would misread)."""
+    """Field ``name`` as zero bytes in ``bytea``, no backslash (``standard_conforming_strings``)."""
     return f"decode('{'00' * _span(name, name)[1]}', 'hex')"
 
 

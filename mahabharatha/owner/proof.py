@@ -1,11 +1,6 @@
-"""Proof of life: a fact the kernel keeps about whether a lock's holder (or its work) runs.
-
-A holder holds a shared OFD lock on bytes of its user's private proof file (``.proof-<uid>``,
-0600) in the feature folder from before its ``.lock`` is published until it lets go; every
-process that inherits the descriptor holds it too. "Is the holder alive?" becomes "does anyone
-hold the lock's proof?", asked with ``F_OFD_GETLK`` (which takes nothing); a judge that cannot
-look answers ``UNKNOWN``, never "free". The long form: ``design/lockfile-hardening.md`` 13.
-"""
+"""Proof of life: a holder (and all that inherit its descriptor) holds an OFD lock on its bytes of
+the folder's private ``.proof-<uid>``; a judge asks ``F_OFD_GETLK`` whether anyone holds them
+(cannot look: ``UNKNOWN``, never "free"). Long form: ``design/lockfile-hardening.md`` 13."""
 
 from __future__ import annotations
 
@@ -98,9 +93,8 @@ def drop_pending(fd: int, slot: int) -> None:
 
 
 def life_of(folder_fd: int, slot: int, tag: int | None, uid: int) -> Life:
-    """Does anyone hold the proof of ``slot`` in ``uid``'s proof file tagged ``tag`` (``None``:
-    an older writer's, on the folder's own bytes) in ``folder_fd``? A file we cannot open is
-    ``UNKNOWN``; another file than recorded (a swapped folder) is ``OTHER_FOLDER``."""
+    """Does anyone hold ``slot`` of ``uid``'s proof file tagged ``tag`` (``None``: the folder's
+    own bytes, an older writer's)? Unopenable: ``UNKNOWN``; another file: ``OTHER_FOLDER``."""
     if not supported():
         return Life.UNKNOWN
     if tag is None:
@@ -119,8 +113,7 @@ def life_of(folder_fd: int, slot: int, tag: int | None, uid: int) -> Life:
 
 
 def _life_on(fd: int, slot: int) -> Life:
-    """The proof of ``slot`` on ``fd``'s file, held by another open file description; with
-    ``PENDING`` alone, look again for at most ``PENDING_WAIT_SECONDS``."""
+    """``slot``'s proof on ``fd``'s file; ``PENDING`` alone: look again for a short while."""
     deadline: float | None = None
     try:
         while True:
@@ -175,8 +168,7 @@ class WorkProof:
 
     @classmethod
     def made(cls, folder_fd: int) -> WorkProof | None:
-        """A work proof of the lock whose proof we hold in ``folder_fd``; ``None``: we hold
-        none there, or the file system refuses such locks."""
+        """A work proof of our lock in ``folder_fd``; ``None``: none held, or no OFD locks."""
         slot = kept_slot(folder_fd)
         try:
             return None if slot is None else cls(folder_fd, slot)
@@ -208,12 +200,8 @@ class WorkProof:
 
 
 class HandedProof:
-    """A work proof for ``multiprocessing`` workers started by ``spawn`` or ``forkserver``.
-
-    Pickled while a worker starts, it sends the proof's descriptor along (``DupFd``: the same
-    open file description); call it in the worker (e.g. as ``initializer``). Under ``fork``
-    nothing is sent; after the lock is let go, nothing is held.
-    """
+    """A work proof for ``spawn``/``forkserver`` workers: pickled, it sends the descriptor along
+    (``DupFd``); call it in the worker (``initializer``). Nothing is sent once the lock is gone."""
 
     __slots__ = ("_source", "fd")
 
@@ -235,13 +223,10 @@ class HandedProof:
 
 
 class _Detachable(Protocol):
-    """What ``multiprocessing.reduction.DupFd`` gives: the descriptor, once in the worker."""
-
     def detach(self) -> int: ...
 
 
 def _arrived(passed: _Detachable) -> HandedProof:
-    """In a worker being started: the handed descriptor, kept open for the worker's life."""
     return HandedProof(fd=passed.detach())
 
 
@@ -262,14 +247,12 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def proof_name(uid: int) -> str:
-    """The name of the user ``uid``'s proof file in a feature folder."""
     return f"{PROOF_PREFIX}{uid}"
 
 
 def open_proof(folder_fd: int) -> tuple[int, tuple[int, int]]:
-    """A new open file description of this user's proof file in ``folder_fd`` (made 0600 on
-    first use) and its identity. Raises ``PermissionError`` unless it is a regular file of this
-    user that nobody else may open."""
+    """A new open of this user's proof file (made 0600 on first use) and its identity;
+    ``PermissionError`` unless it is a regular file of this user's alone."""
     uid = os.geteuid()  # the owner of what we make; asked each time: a process may setuid
     name = proof_name(uid)
     try:  # made once: every later open writes no metadata (no O_CREAT)
@@ -289,7 +272,6 @@ def open_proof(folder_fd: int) -> tuple[int, tuple[int, int]]:
 
 
 def _identity(folder_fd: int) -> tuple[int, int] | None:
-    """The identity of this user's proof file in the folder ``folder_fd`` (``None``: none)."""
     try:
         info = os.stat(proof_name(os.geteuid()), dir_fd=folder_fd, follow_symlinks=False)
     except OSError:
@@ -316,8 +298,7 @@ class Pledge:
         return self
 
     def keep(self) -> None:
-        """Our lock is published claiming the proof: it stays held until we let go, replacing
-        (and closing) any earlier one in that file."""
+        """Our lock claims the proof: hold it until we let go (closing any earlier one there)."""
         fd = self.fd
         if fd is None or self.identity is None:
             return
