@@ -46,20 +46,9 @@ LEASE_REFRESHES: Final = 3
 
 
 class FeatureLock:
-    """Hold a feature lock for a block, keeping it fresh with a background heartbeat.
-
-    ``timeout``: seconds to wait for a busy lock (0 tries once, ``None`` waits for ever; a
-    negative, ``nan`` or infinite one is a ``ValueError``). ``heartbeat``: seconds between
-    refreshes (``None``: none). ``pid``: the owner recorded (default: this process).
-    ``reclaim_dead``: also take a lock whose owner is provably gone on this host.
-    ``on_wait(info, seconds_left)`` is called while waiting. ``url`` or ``backend``: the lock
-    server (default ``MAHABHARATHA_LOCK_URL``, else files). A forked child forgets the lock.
-
-    Attributes: lost: ``None`` while ours, the :class:`LockLostError` once the lock was taken
-    away or refreshes failed until it turned stale (``on_lost`` is then called from the
-    heartbeat thread; check it after the block). heartbeat_error: the last ``OSError`` of a
-    refresh that will be retried.
-    """
+    """Hold a feature lock for a block, kept fresh by a background heartbeat; ``lost`` is set
+    (and ``on_lost`` called) if it is taken away. Parameters and attributes:
+    ``design/reference.md`` (FeatureLock)."""
 
     _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
     _ends_by_outcome = False  # a pool's hold outlives ``release`` until ``PoolLock.finish``
@@ -123,8 +112,7 @@ class FeatureLock:
         return None if mine is None else mine.token
 
     def _forget_after_fork(self) -> None:
-        """The state no process inherits, made new (also in ``__init__``); in a forked child
-        the lock itself is the parent's (``_holder_process``)."""
+        """The state no process inherits, made new (also in ``__init__``)."""
         # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
         self._stop = threading.Event()  # ends the cut-off
@@ -135,16 +123,14 @@ class FeatureLock:
 
     @property
     def held(self) -> bool:
-        """True while our lock is on disk, as far as we know, and not yet stale (and we are the
-        process that took it, not a child forked from it)."""
+        """Is our lock there, as far as we know, and not stale (in the process that took it)?"""
         if self._holder_process != os.getpid() or self.lost is not None:
             return False  # a forked child's, or given up (the cut-off before the lease's end)
         return self.expires_at is not None and not self._expired()
 
     @property
     def expires_at(self) -> float | None:
-        """When our lock turns stale unless refreshed (epoch seconds; None: not held): past it
-        another process may rightly reclaim it."""
+        """When our lock turns stale unless refreshed (epoch seconds; None: not held)."""
         return None if self._mine is None else self._mine.expires_at
 
     def __repr__(self) -> str:
@@ -160,13 +146,9 @@ class FeatureLock:
         on_wait: WaitCallback | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
     ) -> Self:
-        """Take the lock (waiting as ``timeout`` says), start the heartbeat; return self.
-        ``on_wait`` and ``on_lost`` replace the object's own for this acquisition only.
-
-        Raises :class:`LockHeldError` (``LockTimeoutError`` after a wait), :class:`LockError`
-        when this object holds it already, ``UnsafeLockPathError`` (an ``OSError``) when
-        something stands where the feature folder or the lock should be, ``OSError`` for
-        other trouble on disk."""
+        """Take the lock (waiting as ``timeout`` says) and start the heartbeat; ``on_wait`` and
+        ``on_lost`` replace the object's own for this acquisition. Raises
+        :class:`LockHeldError` (``LockTimeoutError`` after a wait), :class:`LockError`, OSError."""
         claimed, self._claimed = self._claimed, None
         if self._ends_by_outcome and claimed is None:
             raise LockError(f"the claim of {self.feature!r} was used already")
@@ -190,7 +172,6 @@ class FeatureLock:
         return self
 
     def _acquiring(self, on_wait: WaitCallback | None) -> _Acquiring:
-        """This object's acquire (``on_wait``: in place of its own), for either driver."""
         asked = _asked(
             self.feature,
             self.gsd_dir,
@@ -205,15 +186,13 @@ class FeatureLock:
         return _Acquiring(asked, self.on_wait if on_wait is None else on_wait)
 
     def _adopt(self, held: Held, on_lost: Callable[[LockLostError], None] | None) -> None:
-        """Make ``held`` this object's acquisition, in this process, ``on_lost`` its own."""
         self._holder_process = os.getpid()
         self._lost_override = on_lost
         self.lost = None
         self._mine = self._with_deadline(held)
 
     def _start_heartbeat(self) -> None:
-        """Hand the hold to its heartbeat (:class:`HeartbeatStartError`: out of threads); a
-        lock with a lease on a server also gets the cut-off, a pool worker's too."""
+        """Hand the hold to its heartbeat, and a lock with a lease also to the cut-off."""
         if not self.heartbeat or self._beats is None:
             return
         self._stop.clear()
@@ -232,18 +211,16 @@ class FeatureLock:
             raise HeartbeatStartError(self.feature, str(error)) from error
 
     def _cut_off_loop(self) -> None:
-        """The cut-off's thread: :meth:`_cut_off_in`'s judgement, made when it is due. The
-        heartbeat alone cannot: a refresh on a frozen link blocks it for ``--connect-timeout``
-        at a time."""
+        """The cut-off's thread: :meth:`_cut_off_in`'s judgement, made when it is due (a refresh
+        on a frozen link blocks the heartbeat itself)."""
         while (left := self._cut_off_in()) > 0:
             if self._stop.wait(left):
                 return  # released (or lost by the heartbeat's own finding)
 
     def _cut_off_in(self) -> float:
-        """Seconds until the lock is given up: :data:`CUT_OFF_NOTICE_SECONDS` (at most a quarter
-        of the lease) before its lease can end on the server, unless a refresh got through
-        meanwhile (it moves ``_deadline``); at 0 the loss is declared. The one cut-off rule, of
-        the cut-off thread and of ``AsyncFeatureLock``'s task; no lease (files): never."""
+        """Seconds until the lock is given up, shortly before its lease can end unless a refresh
+        moved ``_deadline`` (at 0 the loss is declared): the one cut-off rule, of the cut-off
+        thread and of ``AsyncFeatureLock``'s task."""
         if self.lease is None:
             return math.inf
         notice = min(CUT_OFF_NOTICE_SECONDS, self.lease / 4)
@@ -255,7 +232,6 @@ class FeatureLock:
         return 0.0
 
     def _forget_if_forked(self) -> None:
-        """In a child forked from the holder, this object's lock is the parent's: never touch it."""
         if self._holder_process != os.getpid():
             self._mine = None
 
@@ -277,8 +253,7 @@ class FeatureLock:
             self._rest_backend()
 
     def _refreshed(self, mine: Held) -> Held:
-        """``mine`` refreshed; with a command's group still to record, recorded in the same
-        write (then no longer due)."""
+        """``mine`` refreshed, recording a command's group still due in the same write."""
         due, store = self._work_group_due, self.backend
         if due is None or not isinstance(store, LocalFolder):
             return store.refresh(mine)
@@ -287,15 +262,13 @@ class FeatureLock:
         return fresh if fresh is not mine else store.refresh(mine)
 
     def _rest_backend(self) -> None:
-        """Between refreshes a holder keeps no server connection (many holders, few slots);
-        an event loop's locks (no ``_beats``) are rested by the loop."""
+        """Keep no server connection between refreshes (many holders, few slots)."""
         if self.heartbeat and self._beats is not None:
             self.backend.close()
 
     def _beat_once(self, first: bool = False) -> float | None:
-        """One heartbeat (the rule of :class:`Heartbeat`'s thread and ``AsyncFeatureLock``'s
-        task): refresh; the seconds to the next, or ``None`` once lost (``on_lost`` told). A
-        claim's ``first`` step lets its connection go (the pool's grace)."""
+        """One heartbeat (of the thread or the asyncio task): the seconds to the next, ``None``
+        once lost. A claim's ``first`` step only lets its connection go (the pool's grace)."""
         assert self.heartbeat is not None
         if self.lost is not None:
             return None  # declared by the cut-off: given up
@@ -321,8 +294,7 @@ class FeatureLock:
         return self.heartbeat
 
     def _with_deadline(self, mine: Held) -> Held:
-        """Keep ``mine``'s expiry also on the monotonic clock, its lease counted from when the
-        statement that set it was sent (the server's cannot end sooner), else from now."""
+        """Keep ``mine``'s expiry on the monotonic clock too, from when its statement was sent."""
         if mine.sent is None:
             self._deadline = monotonic() + (mine.expires_at - clock.now())
         else:
@@ -330,10 +302,8 @@ class FeatureLock:
         return mine
 
     def _expired(self) -> bool:
-        """Past the lease by the wall clock (what other holders judge by on files) or by the
-        monotonic clock. Race: a wall-clock step back during a partition kept the wall-clock
-        rule alone satisfied while the server had already given the lock to another holder
-        (CMD ran on beside it for as long as the step)."""
+        """Past the lease by the wall clock or the monotonic one. Race: a wall-clock step back
+        during a partition hid an expiry while the server gave the lock to another holder."""
         expires = self.expires_at
         if expires is None:
             return False
@@ -351,10 +321,8 @@ class FeatureLock:
             tell(error)
 
     def release(self, wait: ReleaseWait | None = None) -> None:
-        """Stop the heartbeat and remove our lock if it is still exactly ours (nothing when
-        it is not held here). ``OSError`` when it cannot be removed just now: it stays ours,
-        and release can be retried. ``wait``: how to wait where the backend cannot release at
-        once (:class:`ReleaseWait`). A claimed hold (``PoolLock``) keeps it for its outcome."""
+        """Stop the heartbeat and remove our lock if it is still exactly ours; on ``OSError`` it
+        stays ours (retry). A claimed hold (``PoolLock``) keeps it for its outcome."""
         self._stop_heartbeat()
         if not self._ends_by_outcome:
             self._give_back(wait)
@@ -374,18 +342,16 @@ class FeatureLock:
             self._close_handed()
 
     def work_proof(self) -> WorkProof | None:
-        """A proof of life for work this holder starts: pass its ``fd`` to the child
-        (``pass_fds``), then ``close_ours()``; the owner stays alive while that work holds it.
-        ``None`` when the lock carries none (not held here, a server, no file system support)."""
+        """A proof of life for work this holder starts (pass its ``fd``, then ``close_ours()``);
+        ``None`` when the lock carries none."""
         mine, store = self._mine, self.backend
         if mine is None or self._holder_process != os.getpid():
             return None
         return store.work_proof(mine) if isinstance(store, LocalFolder) else None
 
     def record_work_group(self, pgid: int, leader_start: int | None) -> None:
-        """Record with the lock ``lock run``'s process group ``pgid`` (leader started at
-        ``leader_start``): its members count as the owner's work. A lock found lost is declared
-        so; a failed write is tried again by each heartbeat until one succeeds."""
+        """Record ``lock run``'s process group ``pgid`` with the lock: its members count as the
+        owner's work. A failed write is retried by each heartbeat."""
         with self._mutex:
             self._forget_if_forked()
             store = self.backend
@@ -410,36 +376,31 @@ class FeatureLock:
 
     @property
     def proof_fds(self) -> tuple[int, ...]:
-        """The descriptors that carry this lock's proof of life to a child:
-        ``subprocess.Popen(..., pass_fds=lock.proof_fds)``; the owner then stays alive while
-        the child runs. Empty when there is no proof here; valid until the lock is let go."""
+        """Descriptors carrying this lock's proof of life to a child (``pass_fds=``): the owner
+        stays alive while it runs. Empty when there is none; valid until the lock is let go."""
         handed = self._handed_proof()
         return () if handed is None or handed.fd is None else (handed.fd,)
 
     def proof_for_workers(self) -> HandedProof:
-        """This lock's proof of life for ``spawn``/``forkserver`` ``multiprocessing`` workers:
-        ``Pool(initializer=lock.proof_for_workers())`` (or call it in your own initializer).
-        Workers started inside the ``with`` block keep the owner alive while they work."""
+        """This lock's proof of life for ``spawn``/``forkserver`` workers:
+        ``Pool(initializer=lock.proof_for_workers())`` keeps the owner alive while they work."""
         return HandedProof(self._handed_proof())
 
     def _handed_proof(self) -> WorkProof | None:
-        """The one work proof this hold hands on: made at the first request, closed when the
-        lock is let go."""
+        """The one work proof this hold hands on, made at the first request."""
         with self._mutex:
             if self._handed is None or self._handed.fd is None:
                 self._handed = self.work_proof()
             return self._handed
 
     def _close_handed(self) -> None:
-        """Our copy of the handed proof goes; children and workers keep theirs (they held an
-        old lock's slot once it is let go, which vouches for no later lock)."""
+        """Our copy of the handed proof goes; children keep theirs (vouching for no later lock)."""
         handed, self._handed = self._handed, None
         if handed is not None:
             handed.close()
 
     def abandon(self) -> None:
-        """Stop the heartbeat and forget the lock without removing it: work that escaped us
-        still holds its proof of life, so the lock must stay held (it ages out after 2 h)."""
+        """Forget the lock without removing it: escaped work still holds its proof of life."""
         self._stop_heartbeat()
         with self._mutex:
             self._mine = None
@@ -468,9 +429,8 @@ class FeatureLock:
 
 
 class Heartbeat:
-    """The heartbeat thread: runs the due ``_beat_once`` of the one lock it holds at a time
-    (a ``FeatureLock``'s own, or a pool worker's for its whole run). A lock let go of is never
-    touched again."""
+    """The heartbeat thread: runs the due ``_beat_once`` of the one lock it holds at a time (a
+    ``FeatureLock``'s own, or a pool worker's); a lock let go of is never touched again."""
 
     def __init__(self, name: str = "pool") -> None:
         self._name = f"lock-heartbeat-{name}"
@@ -481,7 +441,6 @@ class Heartbeat:
         _FORGET_AFTER_FORK.add(self)
 
     def _forget_after_fork(self) -> None:
-        """The state no process inherits (in a forked child the thread is the parent's)."""
         # Race: fork while the thread held the condition or stepped a lock: the child's copy
         # would stay locked, or say for ever that a step runs (a release there waited on it).
         self._changed = threading.Condition()
@@ -490,8 +449,7 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def hold(self, lock: FeatureLock) -> None:
-        """Keep ``lock`` fresh from now on; :class:`HeartbeatStartError` when the thread cannot
-        start (out of threads)."""
+        """Keep ``lock`` fresh from now on (:class:`HeartbeatStartError`: out of threads)."""
         assert lock.heartbeat is not None
         with self._changed:
             self._held, self._first, self._closed = lock, True, False
@@ -501,8 +459,7 @@ class Heartbeat:
             self._start(lock)
 
     def let_go(self, lock: FeatureLock) -> None:
-        """Stop keeping ``lock`` fresh; returns once no step of it runs (at once when called
-        from that step: ``on_lost``, told by it, may release the lock)."""
+        """Stop keeping ``lock`` fresh; returns once no step of it runs (but from that step)."""
         with self._changed:
             if self._held is lock:
                 self._held = None
@@ -541,8 +498,7 @@ class Heartbeat:
                 self._step(lock)
 
     def _step(self, lock: FeatureLock) -> None:
-        """Run ``lock``'s due step outside the condition (a refresh may wait on the server),
-        marked busy so that :meth:`let_go` waits for it. Called holding the condition."""
+        """Run ``lock``'s due step outside the condition (held on entry), marked busy."""
         self._busy, first = lock, self._first
         self._changed.release()
         try:
@@ -559,8 +515,8 @@ class Heartbeat:
                 self._due = monotonic() + after
 
 
+# Every FeatureLock and Heartbeat alive in this process, for the fork hook (weak: no leak).
 _FORGET_AFTER_FORK: Final[weakref.WeakSet[FeatureLock | Heartbeat]] = weakref.WeakSet()
-"""Every FeatureLock and Heartbeat alive in this process, for the fork hook (weak: no leak)."""
 
 
 def _forget_locks_after_fork() -> None:
