@@ -45,8 +45,7 @@ GsdDir = str | os.PathLike[str]
 
 
 def _backend(backend: LockBackend | str | None, gsd_dir: GsdDir) -> LockBackend:
-    """The caller's backend, else its URL's (or ``MAHABHARATHA_LOCK_URL``'s: a server's is kept
-    for the process), else the folder backend of ``gsd_dir``."""
+    """The caller's backend, else its URL's or ``MAHABHARATHA_LOCK_URL``'s, else ``gsd_dir``'s."""
     if backend is not None and not isinstance(backend, str):
         return backend
     return shared_backend(backend or lock_url(), gsd_dir)
@@ -64,8 +63,8 @@ def _owner_pid(pid: int | None) -> int:
 def inspect(
     feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
 ) -> LockInfo:
-    """The lock on ``feature`` (state ``free``: none). ``UnsafeLockPathError`` when something
-    stands where the feature folder or the lock should be (acquire would fail there too)."""
+    """The lock on ``feature`` (state ``free``: none); ``UnsafeLockPathError``: something in the
+    way of its folder or lock."""
     _validate_feature_name(feature)
     return _backend(backend, gsd_dir).inspect(feature)
 
@@ -76,8 +75,8 @@ def status(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
-    """Every feature that has a lock entry, by name. A folder that cannot be looked into is
-    skipped and added to ``problems`` (without that list, its error is raised after the scan)."""
+    """Every feature that has a lock entry, by name; a folder that cannot be looked into is
+    added to ``problems`` (without it: its error is raised after the scan)."""
     return _backend(backend, gsd_dir).status(problems=problems)
 
 
@@ -87,8 +86,8 @@ def survey(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[LockInfo]:
-    """Every feature, by name: its lock as :func:`status` lists it, else ``done`` or ``free``
-    (on a server, ``done`` or ``failed`` as its local folder says, as :func:`claim` skips it)."""
+    """Every feature, by name: its lock as :func:`status` lists it, else ``done``, ``failed``
+    (a server's: as its local folder says) or ``free``."""
     store = _backend(backend, gsd_dir)
     infos = store.survey(problems=problems)
     local = _local_markers(store)
@@ -96,7 +95,6 @@ def survey(
 
 
 def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
-    """``info``, shown ``done`` or ``failed`` when it is free but so in its local folder."""
     if info.state is not State.FREE:
         return info
     finished = _finished_in(local, info.feature, include_done=False, attempts=None)
@@ -109,8 +107,7 @@ def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
 def _finished_in(
     local: LockBackend, feature: str, *, include_done: bool, attempts: int | None
 ) -> tuple[State, Attempts | None] | None:
-    """Is ``feature`` done or failed (``attempts``, or the recorded limit) in the local folders,
-    for claim and status alike? An unreadable folder says nothing."""
+    """Is ``feature`` done or failed (``attempts``, or the recorded limit) in the local folders?"""
     try:
         if not include_done and local.is_done(feature):
             return State.DONE, None
@@ -140,7 +137,7 @@ def _try_once(
 
 
 def _said(outcome: AcquireResult) -> AcquireResult:
-    """``outcome``, logged when it reclaimed another holder's lock to win (both backends)."""
+    """``outcome``, logged when it reclaimed another holder's lock to win."""
     if outcome.held is not None and outcome.replaced is not None:
         old = outcome.replaced
         logs.say(
@@ -180,15 +177,9 @@ def acquire(
     backend: LockBackend | str | None = None,
     lease: float | None = None,
 ) -> Held:
-    """Make ``pid`` (default: this process) the holder of ``feature``; return the acquisition.
-
-    ``timeout`` 0 tries once, ``None`` waits for ever, else seconds. ``lease``: seconds the
-    lock lasts unless refreshed (PostgreSQL; default 2 h; ``UnsupportedError`` on files).
-    ``command``: what the owner runs under the lock, kept in its owner details. Raises
-    :class:`LockHeldError` (``LockTimeoutError`` after a wait), :class:`AlreadyHeldError` at
-    once when ``pid`` or one of ``caller_pids`` holds it, ``ValueError`` for a bad name, pid or
-    timeout (``-1`` is not "for ever"), ``OSError`` for trouble on disk. An acquire
-    interrupted by a signal never leaves its lock."""
+    """Make ``pid`` (default: this process) the holder of ``feature``; never left held when
+    interrupted. ``timeout`` 0 tries once, ``None`` waits for ever. Arguments and errors:
+    ``design/reference.md`` (acquire)."""
     asked = _asked(
         feature, gsd_dir, pid, timeout, reclaim_dead, lease, command, caller_pids, backend
     )
@@ -206,8 +197,7 @@ def _asked(
     caller_pids: Iterable[int],
     backend: LockBackend | str | None,
 ) -> _Ask:
-    """An acquire's arguments, checked at each acquire (a ``FeatureLock``'s may have changed
-    since it was made): ``ValueError`` for a bad name, pid or timeout."""
+    """An acquire's arguments, checked at each acquire (a ``FeatureLock``'s may have changed)."""
     _validate_feature_name(feature)
     timeout = _valid_timeout(timeout)
     owner = _owner_pid(pid)
@@ -227,9 +217,8 @@ class _Ask(NamedTuple):
 
 
 class _Acquiring:
-    """One acquire's loop, written once for ``acquire`` and ``AsyncFeatureLock``: try, judge
-    who stopped us, pause. :meth:`run` pauses by sleeping; the async driver runs each try in
-    a thread (or on the loop) and awaits each pause."""
+    """One acquire's loop for ``acquire`` and ``AsyncFeatureLock``: try, judge who stopped us,
+    pause (:meth:`run` sleeps; the async driver awaits)."""
 
     def __init__(self, ask: _Ask, on_wait: WaitCallback | None) -> None:
         self.ask, self.on_wait, self.said = ask, on_wait, False
@@ -256,8 +245,7 @@ class _Acquiring:
                 store.wait_for_release(self.ask.feature, self.slice())
 
     def try_once(self) -> AcquireResult:
-        """One try whose lock, if it took one, is either returned or removed again, even when
-        a signal handler raises: it never stays held unknown to the caller."""
+        """One try whose lock is returned or, when a signal handler raises, removed again."""
         ask, outcome = self.ask, None
         try:
             with signals.Deferred():
@@ -277,9 +265,8 @@ class _Acquiring:
         return outcome
 
     def after(self, outcome: AcquireResult) -> LockInfo | float:
-        """What a try that did not win leads to: the holder a wait ran out on, or the seconds to
-        pause (the wait said: logged once, ``on_wait`` each time). :class:`AlreadyHeldError`
-        when the holder is the caller: waiting would wait for ourselves."""
+        """After a lost try: the holder a wait ran out on, or the seconds to pause (``on_wait``
+        told); :class:`AlreadyHeldError` when the holder is the caller."""
         holder = outcome.holder
         assert holder is not None  # a try that did not win names who stopped it
         if outcome.verdict is Verdict.CALLER or _held_by(
@@ -301,8 +288,7 @@ class _Acquiring:
         return WAKE_UP_SLICE_SECONDS if self.left is None else min(WAKE_UP_SLICE_SECONDS, self.left)
 
     def judged_error(self, holder: LockInfo) -> LockHeldError:
-        """The error of a wait that ran out on ``holder``, judged as status does (the polls
-        skip that)."""
+        """The error of a wait that ran out on ``holder``, judged as status does."""
         try:
             now = self.ask.store.inspect(holder.feature)
         except OSError:
@@ -325,8 +311,7 @@ def _valid_timeout(timeout: float | None, name: str = "timeout") -> float | None
 
 
 def _valid_seconds(name: str, value: float | None) -> float | None:
-    """A duration given by a caller: ``None`` or a finite number of seconds (``nan`` passes
-    every comparison, ``inf`` is what ``None`` says)."""
+    """``None`` or finite seconds (``nan`` passes every comparison, ``inf`` is ``None``'s)."""
     if value is not None and not math.isfinite(value):
         raise ValueError(f"Invalid {name}: {value!r} (must be a finite number of seconds)")
     return value
@@ -338,7 +323,7 @@ def _valid_attempts(attempts: int) -> None:
 
 
 def _local_markers(store: LockBackend) -> LockBackend | None:
-    """The local folders of a server backend (their markers count too); ``None`` on files."""
+    """A server backend's local folders (their markers count too); ``None`` on files."""
     if lacks(store, LockServer) or not isinstance(store, LockServer):
         return None
     return open_backend(None, store.gsd_dir)
@@ -362,10 +347,9 @@ def done(
     pid: int | None = None,
     backend: LockBackend | str | None = None,
 ) -> str:
-    """Mark ``feature`` done and release ``pid``'s lock on it, in that order; return the
-    marker's time (ISO-8601, UTC). On a server the local folder gets the marker too.
-    :class:`NotHeldError` (nothing written) when ``pid`` (default: this process) does not
-    hold the lock, :class:`NotOwnerError` when another owner does."""
+    """Mark ``feature`` done, then release ``pid``'s lock; the marker's time (ISO-8601, UTC).
+    :class:`NotHeldError` (nothing written) or :class:`NotOwnerError` when ``pid`` (default:
+    this process) does not hold it."""
     _validate_feature_name(feature)
     owner = _owner_pid(pid)
     return _mark_done(_backend(backend, gsd_dir), feature, owner)
@@ -389,10 +373,9 @@ def fail(
     attempts: int = DEFAULT_ATTEMPTS,
     backend: LockBackend | str | None = None,
 ) -> Attempts:
-    """Record a failed attempt of ``pid`` (default: this process) at ``feature`` (time, host,
-    ``reason``), then release its lock; return the feature's record. Once its attempts reach
-    ``attempts`` the feature is ``failed``: :func:`claim` skips it until :func:`reopen`.
-    Errors as :func:`done`'s, and :class:`UnsupportedError` where no attempts are kept."""
+    """Record ``pid``'s failed attempt at ``feature``, then release its lock; the record. At
+    ``attempts`` the feature is ``failed`` (claim skips it until :func:`reopen`). Errors as
+    :func:`done`'s, and :class:`UnsupportedError` where no attempts are kept."""
     _validate_feature_name(feature)
     _valid_attempts(attempts)
     owner = _owner_pid(pid)
@@ -410,8 +393,8 @@ def attempts_of(
 def reopen(
     feature: str, gsd_dir: GsdDir = GSD_DIR, *, backend: LockBackend | str | None = None
 ) -> bool:
-    """Clear ``feature``'s done mark, failed state and attempt count so that ``claim`` hands
-    it out again; True if there was any. A lock on the feature is left as it is."""
+    """Clear ``feature``'s done mark and attempts so that ``claim`` hands it out again (its lock
+    stays); True if there was any."""
     _validate_feature_name(feature)
     store = _backend(backend, gsd_dir)
     reopened = store.reopen(feature)
@@ -425,8 +408,8 @@ def reopen_finished(
     failed_only: bool = False,
     backend: LockBackend | str | None = None,
 ) -> list[str]:
-    """:func:`reopen` every feature that is failed (``failed_only``) or also done, or has
-    failed attempts; the features reopened, by name."""
+    """:func:`reopen` every failed feature (and, unless ``failed_only``, done or tried); their
+    names."""
     store = _backend(backend, gsd_dir)
     names = store.feature_names()
     if failed_only:
@@ -445,8 +428,8 @@ def release(
     force: bool = False,
     backend: LockBackend | str | None = None,
 ) -> bool:
-    """Remove ``pid``'s lock on ``feature``; True if a lock was removed. Another owner's lock
-    raises :class:`NotOwnerError` and stays, unless ``force``; a corrupt entry is cleaned up."""
+    """Remove ``pid``'s (or a corrupt) lock on ``feature``; True if one was removed. Another
+    owner's raises :class:`NotOwnerError` and stays, unless ``force``."""
     _validate_feature_name(feature)
     owner = _owner_pid(pid)
     return _backend(backend, gsd_dir).release(feature, owner, force=force)
@@ -464,9 +447,8 @@ def clean(
     problems: list[FeatureProblem] | None = None,
     backend: LockBackend | str | None = None,
 ) -> list[CleanedEntry]:
-    """Remove stale, corrupt and non-file lock entries and orphan temp files (each re-checked
-    before removal); leave live locks. ``features``: only these (default: all). A feature that
-    fails with an OS error is skipped into ``problems`` (without it: raised at the end)."""
+    """Remove stale, corrupt and non-file lock entries and orphan temps, each judged again;
+    ``features``: only these. An OS error goes to ``problems`` (without it: raised at the end)."""
     return _backend(backend, gsd_dir).clean(
         dry_run=dry_run, reclaim_dead=reclaim_dead, problems=problems, features=features
     )
