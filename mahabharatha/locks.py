@@ -1,11 +1,6 @@
-"""The public names of the lock layer: an owner pid, waiting, a heartbeat, ``claim`` and the
-worker loop over any backend (``backend=``: a backend or a server's URL; default the server
-``MAHABHARATHA_LOCK_URL`` names, else the folders of ``gsd_dir``). Errors derive from
-:class:`LockError`; OS trouble stays an :class:`OSError`.
-
-    with FeatureLock("auth-flow", timeout=30):
-        ...  # exclusive work; the lock is refreshed in the background
-"""
+"""The lock layer's public names over any backend (``backend=``: one, or a server's URL; default
+``MAHABHARATHA_LOCK_URL``'s, else ``gsd_dir``'s folders). Errors derive from :class:`LockError`;
+OS trouble stays an :class:`OSError`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Feature names: the one rule every entry point checks (one safe path component: it names the
-folder ``<gsd>/specs/<feature>`` and a database row alike), how a refused name is shown, the
-features of a gsd folder, and the largest pid any lock may record (:data:`MAX_PID`).
-"""
+"""Feature names: the one rule every entry point checks (one safe path component: a folder and
+a database row alike), how a refused name is shown, a gsd folder's features, :data:`MAX_PID`."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ def is_valid_feature_name(feature: str) -> bool:
 
 
 def feature_folders(gsd_dir: str | os.PathLike[str]) -> list[str]:
-    """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted; none
-    when there is no ``specs`` folder."""
+    """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted."""
     try:
         specs = os.open(os.path.join(os.fspath(gsd_dir), "specs"), os.O_RDONLY | os.O_DIRECTORY)
     except (FileNotFoundError, NotADirectoryError):
@@ -59,8 +56,7 @@ def feature_folders(gsd_dir: str | os.PathLike[str]) -> list[str]:
 
 
 def feature_names_in(specs: int) -> list[str]:
-    """The valid names of the real folders in the open folder ``specs``, sorted (a symlinked
-    feature folder is refused everywhere, so it is not listed)."""
+    """The valid names of the real (not symlinked) folders in the open folder ``specs``, sorted."""
     with os.scandir(specs) as entries:
         return sorted(
             entry.name

@@ -1,8 +1,5 @@
-"""Every signal rule: the signals a holder forwards, those an acquire holds back, handlers
-for a block (main thread only: elsewhere Python cannot set them) and masks. A signal someone set
-to be ignored (``nohup``: HUP; a script's background job: INT) stays ignored, for us and for a
-child, which inherits an ignored signal across ``exec`` (a handled one it would not).
-"""
+"""Every signal rule: the signals forwarded and held back, handlers for a block (main thread
+only) and masks. A signal set to be ignored (``nohup``) stays ignored, for us and for a child."""
 
 from __future__ import annotations
 
@@ -33,9 +30,8 @@ def is_default(current: object) -> bool:
 
 
 class Handling:
-    """``with Handling(signums, handler):`` ``handler`` for each of ``signums`` whose current
-    handler ``take`` accepts (by default: every one not ignored), the previous ones restored on
-    leaving. A class, not a ``@contextmanager``: lock acquire enters one per try."""
+    """``with Handling(signums, handler):`` ``handler`` for each of ``signums`` whose handler
+    ``take`` accepts (default: not ignored), restored on leaving (a class: cheap per try)."""
 
     __slots__ = ("_handler", "_signums", "_take", "saved")
 
@@ -62,9 +58,8 @@ class Handling:
 
 
 class Deferred(Handling):
-    """``with Deferred():`` holds back the Python handlers of :data:`DEFERRED` for the block,
-    then runs them with the signals that came: no ``KeyboardInterrupt`` lands between the
-    ``link()`` that publishes a lock and the return that hands it over (main thread only)."""
+    """``with Deferred():`` holds back the handlers of :data:`DEFERRED`, then runs them: no
+    ``KeyboardInterrupt`` lands between publishing a lock and handing it over."""
 
     __slots__ = ("caught",)
 
@@ -81,8 +76,7 @@ class Deferred(Handling):
 
 @contextmanager
 def masked(how: int, signums: Sequence[int]) -> Iterator[Iterable[int]]:
-    """This thread's mask changed by ``how`` (``SIG_BLOCK``, ``SIG_UNBLOCK``) for the block;
-    yields the mask before it, which is put back on leaving (pending signals arrive then)."""
+    """This thread's mask changed by ``how`` for the block; yields the mask before, put back."""
     previous = signal.pthread_sigmask(how, signums)
     try:
         yield previous
@@ -91,9 +85,8 @@ def masked(how: int, signums: Sequence[int]) -> Iterator[Iterable[int]]:
 
 
 def start_without_signals(thread: threading.Thread) -> None:
-    """Start ``thread`` with :data:`DEFERRED` blocked in it, so a signal interrupts the main
-    thread's wait and its handler runs at once. Race: a helper thread that took the signal
-    would only flag it, and the handler would run (forward it to CMD) once CMD had ended."""
+    """Start ``thread`` with :data:`DEFERRED` blocked in it. Race: a helper thread that took a
+    signal would only flag it, and the handler would run (forward it to CMD) once CMD ended."""
     if not hasattr(signal, "pthread_sigmask"):
         thread.start()
         return

@@ -48,8 +48,8 @@ def backoff(
     most: float = BACKOFF_MAX_SECONDS,
     patient_after: float = PATIENT_AFTER_SECONDS,
 ) -> Iterator[float]:
-    """Jittered pauses whose ceiling doubles from ``first`` up to ``most`` (then, after
-    ``patient_after`` seconds, up to ``PATIENT_MAX_SECONDS``)."""
+    """Jittered pauses whose ceiling doubles from ``first`` to ``most`` (after ``patient_after``
+    seconds: to ``PATIENT_MAX_SECONDS``)."""
     started = monotonic()
     ceiling = first
     while True:
