@@ -46,9 +46,9 @@ LEASE_REFRESHES: Final = 3
 
 
 class FeatureLock:
-    """Hold a feature lock for a block, kept fresh by a background heartbeat; ``lost`` is set
-    (and ``on_lost`` called) if it is taken away. Parameters and attributes:
-    ``design/reference.md`` (FeatureLock)."""
+    """Hold a feature lock for a block, kept fresh by a background heartbeat. lost: ``None``
+    while ours, the :class:`LockLostError` once taken away (``on_lost`` told). Parameters and
+    attributes: ``design/reference.md`` (FeatureLock)."""
 
     _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
     _ends_by_outcome = False  # a pool's hold outlives ``release`` until ``PoolLock.finish``
