@@ -1,8 +1,6 @@
 """The seam between the lock layer and where locks live: :class:`LockBackend`, its optional
-abilities, and what every layer shares: the facts about a lock (:class:`LockInfo`), the errors
-(one base, :class:`LockError`) and how a holder is described. A backend keeps at most one lock
-per feature; waiting, heartbeats and signals are the lock layer's (``design/backends.md``).
-"""
+abilities, and what every layer shares: :class:`LockInfo`, the errors (:class:`LockError`) and
+how a holder is described (``design/backends.md``)."""
 
 from __future__ import annotations
 
@@ -62,8 +60,7 @@ HELD_STATES: Final = frozenset({State.ACTIVE, State.WRITING, State.BUSY})
 
 @dataclass(frozen=True)
 class LockInfo:
-    """One feature lock as a person or a JSON reader sees it (a plain string given for
-    ``state`` or ``owner`` becomes its member)."""
+    """One feature lock as a person or a JSON reader sees it."""
 
     feature: str
     state: State
@@ -108,8 +105,7 @@ class LockInfo:
 
 
 class Attempts(NamedTuple):
-    """A feature's failed attempts (``lock fail``): how many, the recording pool's limit, and
-    the latest few (``time``, ``host``, ``pid``, ``reason``), oldest first."""
+    """A feature's failed attempts (``lock fail``): how many, the pool's limit, the latest few."""
 
     tries: int
     limit: int
@@ -125,8 +121,7 @@ class Attempts(NamedTuple):
 
 
 class FeatureProblem(NamedTuple):
-    """A feature that ``status``, ``clean`` or ``claim`` had to skip; ``path``: what ``error``
-    was about."""
+    """A feature that ``status``, ``clean`` or ``claim`` had to skip, and why."""
 
     feature: str
     path: str

@@ -1,7 +1,5 @@
-"""Is a lock's owner alive, gone, or the caller itself? :func:`judge`, the one owner
-judgement for every backend and the CLI, from one lock's :class:`OwnerFacts`: the caller, then
-the kernel's proof of life, then the pid, its group and its session; a proof not looked at, or
-of another folder, is never gone (``design/lockfile-hardening.md``, "One judgement")."""
+"""Is a lock's owner alive, gone, or the caller? :func:`judge`, the one owner judgement for every
+backend and the CLI: the caller, the proof of life, then the pid, its group and its session."""
 
 from __future__ import annotations
 

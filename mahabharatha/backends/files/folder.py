@@ -1,7 +1,5 @@
-"""The feature folder: its descriptor (opened without following a link), its guard (the
-``flock`` on the folder under which an existing ``.lock`` is changed) and the scan of every
-feature's lock. The protocol: :mod:`mahabharatha.backends.files.lockfile`.
-"""
+"""The feature folder: its no-follow descriptor, its guard (the ``flock`` under which an existing
+``.lock`` is changed) and the scan of every feature's lock."""
 
 from __future__ import annotations
 
@@ -57,10 +55,9 @@ def _refuse_folder(folder: str, error: OSError) -> UnsafeLockPathError:
 
 
 class OpenFeatureDir:
-    """``with OpenFeatureDir(gsd, feature, create=...) as dfd``: ``specs/<feature>`` opened
-    without following a link (``None``: no usable folder; ``create`` makes a missing one).
-    Race: every step works relative to it, so a folder swapped for a link redirects nothing.
-    OS errors of the block name their full path."""
+    """``with OpenFeatureDir(gsd, feature, create=...) as dfd``: ``specs/<feature>``, no link
+    followed (``None``: no usable folder); the block's OS errors name their full path. Race:
+    every step works relative to it, so a folder swapped for a link redirects nothing."""
 
     __slots__ = ("create", "dfd", "folder", "refuse")
 
@@ -136,9 +133,8 @@ def scan_locks(
     on_error: FolderError | None = None,
     life: bool = False,
 ) -> Iterator[tuple[str, LockSnapshot]]:
-    """Every real feature folder under ``<gsd>/specs`` (by name) with a look at its lock.
-    Symlinked folders are skipped; one that cannot be looked into raises, or is told to
-    ``on_error`` and skipped."""
+    """Every real (not symlinked) feature folder under ``<gsd>/specs`` with a look at its lock;
+    one that cannot be looked into raises, or is told to ``on_error``."""
     specs_path = os.path.join(os.fspath(gsd_dir), "specs")
     try:
         specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)

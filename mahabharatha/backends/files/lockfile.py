@@ -87,8 +87,7 @@ Reclaimable = Callable[[LockSnapshot], bool]  # the caller's judgement, again un
 def remove_if_unchanged(
     dfd: int, judged: LockSnapshot, still: Reclaimable, *, life: bool = False
 ) -> bool:
-    """Remove ``.lock`` if it is still ``judged`` and ``still`` removable (the caller holds the
-    guard); ``life``: the judgement needs the proof of life, looked at again."""
+    """Remove ``.lock`` if it is still ``judged`` and ``still`` removable (under the guard)."""
     # Race: the lock was replaced (or, being an old writer's, filled in) between the caller's
     # read and now: re-read and judge it again under the guard.
     current = read_lock(dfd, life=life)
@@ -100,9 +99,8 @@ def remove_if_unchanged(
 
 
 def _still_mine(dfd: int, mine: LockSnapshot) -> bool:
-    """Is ``.lock`` still the holder's own ``mine`` (the caller holds the guard)? When our own
-    inode cannot be read just now, its error is raised (a lease: :class:`LockBusyError`)
-    rather than the lock given up."""
+    """Is ``.lock`` still the holder's ``mine`` (under the guard)? Our own inode unreadable just
+    now raises its error (a lease: :class:`LockBusyError`) rather than give the lock up."""
     current = read_lock(dfd, details=False)  # same_entry compares no owner details
     if current.same_entry(mine):
         return True
@@ -131,8 +129,7 @@ def release_mine(dfd: int, mine: LockSnapshot) -> bool:
 def remove_judged(
     dfd: int, judged: LockSnapshot, still: Reclaimable, *, life: bool = False
 ) -> bool:
-    """Take the guard and remove ``.lock`` if it is still exactly ``judged`` and removable (a
-    directory: and empty)."""
+    """Under the guard, remove ``.lock`` if it is still ``judged`` and removable."""
     with Guard(dfd, wait=True):
         if judged.kind is not EntryKind.DIRECTORY:
             return remove_if_unchanged(dfd, judged, still, life=life)
@@ -163,7 +160,6 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> LockSnapshot:
-    """The snapshot a reader will see of the lock we just wrote (same inode, same bytes)."""
     return LockSnapshot(
         EntryKind.FILE, _identity(info), record, info.st_mtime, owner=owner, uid=info.st_uid
     )
@@ -172,8 +168,8 @@ def _published(info: os.stat_result, record: bytes, owner: bytes | None) -> Lock
 def _write_record(
     fd: int, record: bytes, owner: bytes | None, shown: str = LOCK_FILE_NAME
 ) -> os.stat_result:
-    """Write the record and its owner details; the file's facts; errors name ``shown``. Race:
-    readable by all, whatever the umask (another user would reclaim a lock it cannot read)."""
+    """Write the record and its owner details; the file's facts. Race: readable by all,
+    whatever the umask (another user would reclaim a lock it cannot read)."""
     try:
         write_all(fd, record)
         # Race: a reader must never see the record without its details: set them before link.
@@ -189,8 +185,7 @@ def _write_record(
 def _write_named_temp(
     dfd: int, record: bytes, owner: bytes | None, name: str = LOCK_FILE_NAME
 ) -> tuple[str, os.stat_result]:
-    """Write ``record`` into a new private temp for ``name``, leaving nothing behind on error
-    (which names the lock being written, or another file's temp)."""
+    """Write ``record`` into a new private temp for ``name``, leaving nothing behind on error."""
     temp = f"{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
     shown = LOCK_FILE_NAME if name == LOCK_FILE_NAME else temp
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -209,9 +204,8 @@ def _write_named_temp(
 
 
 def publish_file(dfd: int, name: str, text: str) -> None:
-    """Make the folder's file ``name`` hold ``text`` at once (a done marker, the attempts): a
-    reader sees no file or a whole one, and nothing is written through a symlink (``rename``
-    replaces a link). Something in the way is named, never our private temp."""
+    """Make the folder's file ``name`` (a done marker, the attempts) hold ``text`` at once, never
+    through a symlink; something in the way is named, never our private temp."""
     temp, _ = _write_named_temp(dfd, text.encode(), None, name)
     try:
         os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -224,7 +218,6 @@ def publish_file(dfd: int, name: str, text: str) -> None:
 
 
 def _unlink_quietly(dfd: int, name: str) -> None:
-    """Remove a temp name as clean-up; a failure is left to a later sweep."""
     try:  # noqa: SIM105  (suppress() costs a microsecond on every acquire)
         os.unlink(name, dir_fd=dfd)
     except OSError:
@@ -232,8 +225,7 @@ def _unlink_quietly(dfd: int, name: str) -> None:
 
 
 class TmpfileSwitch:
-    """Whether :func:`publish` makes an unnamed file (``O_TMPFILE`` + ``linkat``); False for
-    good once the file system refuses (tests set it to take the named-temp path)."""
+    """Does :func:`publish` make an unnamed file (``O_TMPFILE``)? False once refused (tests)."""
 
     __slots__ = ("usable",)
 
@@ -247,7 +239,6 @@ TMPFILE: Final = TmpfileSwitch()
 def _publish_unnamed(
     dfd: int, record: bytes, owner: bytes | None, now: float
 ) -> LockSnapshot | None:
-    """Publish through a file with no name: a crash at any step leaves nothing behind."""
     try:
         fd = os.open(".", _TMPFILE_FLAG | os.O_WRONLY | os.O_CLOEXEC, LOCK_MODE, dir_fd=dfd)
     except OSError as error:
@@ -311,8 +302,8 @@ def publish(dfd: int, record: bytes, now: float, owner: bytes | None = None) -> 
 def publish_proven(
     dfd: int, record: bytes, now: float, owner: bytes | None, pledge: proof.Pledge | None
 ) -> LockSnapshot | None:
-    """:func:`publish` holding the pledge's proof of life from before the try, where it can be
-    taken: then the details claim it, and a won publish keeps it."""
+    """:func:`publish` holding the pledge's proof of life from before the try (if it can be
+    taken): the details claim it, and a won publish keeps it."""
     # Race: a judge looking at LIFE an instant before a winner takes it: PENDING comes first.
     if pledge is None or pledge.fd is None or not proof.hold_pending(pledge.fd, pledge.slot):
         return publish(dfd, record, now, owner)
@@ -340,8 +331,7 @@ def publish_proven(
 def replace_if_unchanged(
     dfd: int, judged: LockSnapshot, record: bytes, owner: bytes | None = None
 ) -> LockSnapshot | None:
-    """Swap ``.lock`` for ``record`` at once if it is still the holder's ``judged``: the new
-    snapshot, or ``None``. ``owner``: new details (default: ``judged``'s carried on)."""
+    """Swap ``.lock`` for ``record`` if it is still the holder's ``judged``; ``None``: not."""
     with Guard(dfd, wait=True):
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
         if not _still_mine(dfd, judged):
@@ -419,8 +409,7 @@ def sweep_orphan_temps(dfd: int, now: float) -> None:
 
 
 class AcquireOutcome(NamedTuple):
-    """How an attempt ended: ``mine``, our new lock (``replaced``: what we reclaimed for it),
-    or ``holder``, who stopped us."""
+    """An attempt's end: ``mine`` (``replaced``: what we reclaimed for it), or ``holder``."""
 
     mine: LockSnapshot | None
     holder: LockSnapshot = MISSING
@@ -453,8 +442,7 @@ def _reclaim(
     now: float,
     publish_ours: Callable[[], LockSnapshot | None],
 ) -> LockSnapshot | None:
-    """Replace the judged lock by ``publish_ours()``: our snapshot, or ``None`` when we lost
-    the race."""
+    """Replace the judged lock by ``publish_ours()``; ``None``: we lost the race."""
     # Race: another process is removing this very lock right now: wait for it, then judge
     # again; only a guard kept past the deadline (a foreign flock) answers "held".
     with Guard(dfd, wait=False, until=deadline) as taken:
@@ -477,11 +465,9 @@ def publish_or_reclaim(
     *,
     look_first: bool = False,
 ) -> AcquireOutcome:
-    """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``.
-
-    ``owner``: the details to publish (default: ``pid``'s); ``pledge``: the proof of life taken
-    with the lock; ``look_first``: answer "held" from a read before publishing.
-    """
+    """One bounded attempt to make ``pid`` the holder of the lock in folder ``dfd``. ``owner``:
+    the details (default: ``pid``'s); ``pledge``: the proof of life taken with the lock;
+    ``look_first``: answer "held" from a read before publishing."""
     record = format_record(pid, now)
     if owner is None:
         owner = ownership.details_of(pid)
@@ -528,9 +514,8 @@ def publish_or_reclaim(
 def _held_now(
     dfd: int, now: float, may_reclaim: MayReclaim, judges_owners: bool
 ) -> AcquireOutcome | None:
-    """ "held" when the lock is held and may not be reclaimed, read without publishing (no
-    inode made in vain); ``None``: publish. Race: released just after this read: "held" was
-    true when read, as after a failed publish; the next try takes it."""
+    """ "held" from a read, making no inode in vain; ``None``: publish. Race: released just after
+    this read: "held" was true when read, as after a failed publish; the next try takes it."""
     holder = read_lock(dfd, life=judges_owners)
     if holder.kind is EntryKind.MISSING or holder.kind is EntryKind.DIRECTORY:
         return None  # free, or in the way: the publish below says which
@@ -570,8 +555,7 @@ def release_at(
 
 
 def owned_by(snapshot: LockSnapshot, pid: int, now: float) -> bool:
-    """Is ``snapshot`` a lock of ``pid``: its record names it and its owner details, if any,
-    could be ``pid``'s here (``ownership.could_own``, the judgement's release rule)?"""
+    """Does ``snapshot``'s record name ``pid``, with owner details that could be ``pid``'s?"""
     record = snapshot.record_at(now)
     if record is None or record[0] != pid:
         return False

@@ -1,8 +1,5 @@
-"""The folder backend's wait for a release: inotify tells of ``.lock`` unlinked (done, fail,
-release, reclaim, clean all unlink it); elsewhere a short sleep. A wake-up is a hint: the
-waiter claims again either way, at least every ``RECHECK_SECONDS`` (a lock turning stale or
-an owner dying sends no event).
-"""
+"""The folder backend's wait for a release: inotify tells of ``.lock`` unlinked, elsewhere a short
+sleep. A wake-up is a hint: the waiter claims again at least every ``RECHECK_SECONDS`` anyway."""
 
 from __future__ import annotations
 

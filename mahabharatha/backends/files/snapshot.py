@@ -1,6 +1,5 @@
-"""The read side of the ``.lock`` protocol (:mod:`~mahabharatha.backends.files.lockfile`): the
-record, the snapshot, the bounded no-follow read and the judgement (``now`` is the caller's).
-"""
+"""The read side of the ``.lock`` protocol: the record, the snapshot, the bounded no-follow read
+and the judgement (``now`` is the caller's)."""
 
 from __future__ import annotations
 
