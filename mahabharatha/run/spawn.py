@@ -41,9 +41,8 @@ PARENT_DEATH_SIGNAL: Final = signal.SIGKILL  # CMD shares the fate of a lock run
 
 
 def _parent_death_hook(then: Callable[[], None] | None = None) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that asks Linux to kill the child when ``lock run`` dies, then calls
-    ``then`` (the group handshake); ``then`` alone without ``prctl``. Fork safety: everything is
-    resolved in the parent; the child makes system calls only, touching no Python lock."""
+    """A ``preexec_fn`` asking Linux to kill the child when ``lock run`` dies, then calling
+    ``then``. Fork safety: all resolved in the parent; the child makes system calls only."""
     prctl = _prctl()
     if prctl is None:
         return then
@@ -67,10 +66,9 @@ def _spawned_words(
     env: Mapping[str, str] | None,
     handshake: Callable[[], None] | None = None,
 ) -> tuple[list[str], Callable[[], None] | None]:
-    """The words and ``preexec_fn`` giving CMD the parent-death signal (and running ``handshake``
-    before its ``exec``). Without a handshake ``setpriv --pdeathsig`` sets it, so Python may
-    ``vfork``; a command that cannot start is then told here, as ``Popen`` would. Race: ``lock
-    run`` killed before ``setpriv``'s ``prctl`` leaves CMD running; its proof keeps the lock."""
+    """The words and ``preexec_fn`` giving CMD the parent-death signal (without a handshake:
+    ``setpriv --pdeathsig``, so Python may ``vfork``). Race: ``lock run`` killed before
+    ``setpriv``'s ``prctl`` leaves CMD running; its proof keeps the lock."""
     wrapper = None if handshake is not None or _prctl() is None else _setpriv_with_pdeathsig()
     if wrapper is None:
         return list(command), _parent_death_hook(handshake)
@@ -152,13 +150,9 @@ RecordGroup = Callable[[int, int | None], None]  # FeatureLock.record_work_group
 
 
 def _group_handshake(record: RecordGroup) -> tuple[Callable[[], None], Callable[[], None]] | None:
-    """CMD's group recorded with the lock before anything of CMD runs: the child's half (a
-    ``preexec_fn``) and the close for after ``Popen``; ``None`` without a thread for ours.
-
-    The child, between ``setpgid`` and ``exec``, writes its pid to one pipe and blocks reading
-    another; a thread of ours records the group, then lets it go on. A ``lock run`` killed
-    before that takes the blocked child along. A busy guard holds CMD back at most the
-    record's bounded wait; then the heartbeat records the group."""
+    """CMD's group recorded with the lock before anything of CMD runs (the handshake of
+    ``design/lockfile-hardening.md``): the child's ``preexec_fn`` and the close for after
+    ``Popen``; ``None`` without a thread for ours."""
     (pid_read, pid_write), (go_read, go_write) = os.pipe(), os.pipe()
 
     def record_then_go() -> None:
@@ -208,9 +202,8 @@ def start_command(
     work: WorkProof | None,
     extra_env: Mapping[str, str] | None,
 ) -> tuple[subprocess.Popen[bytes], bool]:
-    """Start CMD under ``lock`` (``outputs``: its stdout and stderr, ``None``: ours), its group
-    recorded with the lock before it can run anything; CMD and whether it leads a group of
-    its own. Raises :class:`CommandStartError`'s kinds."""
+    """Start CMD under ``lock``, its group recorded before it runs anything; CMD and whether it
+    leads its own group. ``outputs``: its stdout and stderr (``None``: ours)."""
     env = _child_env(lock.token, work, extra_env)
     # Where CMD's group goes: nowhere for a backend that records none (no handshake then).
     record = lock.record_work_group if isinstance(lock.backend, LocalFolder) else None
@@ -266,10 +259,8 @@ def _prctl() -> Callable[..., int] | None:
 
 
 def _in_terminal_job() -> bool:
-    """Is ``lock run`` a job of its terminal (any of stdin, stdout, stderr is its controlling
-    terminal, foreground or ``&``)? CMD then shares its group. Race: CMD stopped for ever by
-    a background read: in a group of its own it is no job of the shell's, and ``fg`` and
-    Ctrl-C never reach it; in the job's group the shell treats both as one job."""
+    """Is ``lock run`` a job of its controlling terminal? CMD then shares its group. Race: CMD
+    stopped for ever by a background read in a group of its own, out of reach of ``fg``."""
     for stream in (sys.stdin, sys.stdout, sys.stderr):
         try:
             fd = stream.fileno() if stream is not None else -1

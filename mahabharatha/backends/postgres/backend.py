@@ -1,9 +1,5 @@
-"""Locks across hosts: a lease table in PostgreSQL (psycopg 3), behind :class:`LockBackend`.
-
-Imported only for a ``postgresql://`` URL. One row per (namespace, feature) is that feature's
-lock, done mark and token history (a released row stays, so tokens only grow). Every operation
-is one statement, every expiry judged by the server's clock. The long form: ``design/postgres.md``.
-"""
+"""Locks across hosts: a lease table in PostgreSQL, one row per (namespace, feature), one statement
+per operation, every expiry judged by the server's clock (``design/postgres.md``)."""
 
 from __future__ import annotations
 
@@ -340,9 +336,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def _claim_statement(
         self, params: dict[str, Any], features: Sequence[str], sent: list[float], checked: bool
     ) -> Callable[[_Connection], tuple[int, Sequence[Any] | None]]:
-        """The claim to run, answering (names without a row, the taken row or None): registered
-        for a sorted list with rows seen, else sending it (lean when sorted and seen), checked
-        on a retry or ``checked`` (a lost answer). ``sent`` gets the time of each send."""
+        """The claim to run: registered for a sorted list with rows seen, else sent (lean when
+        sorted and seen), checked on a retry or ``checked``; ``sent`` gets each send's time."""
         lean = self._ensured.get(params["names"], False)
         registered = lean and not params["judged"]
         first = statements.CLAIM_SORTED if lean else statements.CLAIM_CHECKED
@@ -436,9 +431,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def _release_then_wake(
         self, text: str, values: Sequence[Any], conn: _Connection
     ) -> list[tuple[Any, ...]]:
-        """The release and then the wake-up, each its own transaction, in one pipeline: a
-        refused wake-up (a full queue) fails after the release's COMMIT, which stands. Behind
-        a pooler: pinned, no pipeline, then the wake-up."""
+        """The release, then the wake-up, each its own transaction in one pipeline (a refused
+        wake-up fails after the release's COMMIT); behind a pooler: pinned, no pipeline."""
         released = psycopg.RawCursor(conn)
         if conn.pooled:
             # Race: a pooler runs another client's same-named prepared statement: unprepared

@@ -1,6 +1,5 @@
-"""Where a PostgreSQL lock server is (for messages: never the password, which URL checks keep
-out of every error), and :class:`Connection`, whose every wait for the server is bounded.
-"""
+"""Where a PostgreSQL lock server is (for messages: never the password), and
+:class:`Connection`, whose every wait for the server is bounded."""
 
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ class Connection(psycopg.Connection[Any]):
 
     @classmethod
     def _connect_gen(cls, conninfo: str = "") -> Any:
-        """``psycopg.generators.connect``, with libpq's verbose errors: a refusal carries the
-        server's ``sqlstate`` (its message is in the server's language; libpq keeps no
-        SQLSTATE of a failed connection, only its text)."""
+        """``psycopg.generators.connect`` with libpq's verbose errors: a refusal carries the
+        server's ``sqlstate`` (libpq keeps only the text of a failed connection)."""
         pgconn: Any = pq.PGconn.connect_start(conninfo.encode())
         libpq = _loaded_libpq()
         if libpq is not None:

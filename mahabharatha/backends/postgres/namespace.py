@@ -1,9 +1,6 @@
-"""The default lock namespace of a checkout: the repository its ``origin`` remote names, so
-two checkouts of one repository share locks and two repositories never do
-(``design/postgres.md``): a hosted remote is ``host/path`` (no scheme, user or port, no
-``.git``; paths lower-cased only on :data:`CASE_INSENSITIVE_HOSTS`), a local one the real path
-of its git folder, a relative path none.
-"""
+"""A checkout's default lock namespace: the repository its ``origin`` remote names, by identity
+(``host/path``, or a local git folder's real path), so two checkouts of one repository share
+locks and two repositories never do (``design/postgres.md``, Namespaces)."""
 
 from __future__ import annotations
 

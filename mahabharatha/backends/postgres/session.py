@@ -161,9 +161,8 @@ class Session:
             ) from None
 
     def crowded(self, within: float) -> bool:
-        """Are the server's slots nearly all taken? Asked on the kept connection when the last
-        look is older than ``within``; never by connecting, behind a pooler, or where the
-        role may not look (then the last answer)."""
+        """Are the server's slots nearly all taken? Asked on the kept connection at most every
+        ``within`` (never by connecting, nor behind a pooler)."""
         conn = self._conn
         if self._slots_hidden or conn is None or conn.closed or conn.pooled:
             return self._slots_scarce
@@ -242,9 +241,8 @@ class Session:
         retry: bool = True,
         pins_itself: bool = False,
     ) -> _T:
-        """Run ``operation`` on the warm connection: a lost connection is replaced and the
-        operation run again (``retry``; safe by token or attempt id), a missing table created;
-        anything else is a :class:`BackendError`. Pooled: :meth:`_pinned` unless it pins itself."""
+        """Run ``operation`` on the warm connection: a lost one replaced and (``retry``) the
+        operation run again, a missing table created; anything else a :class:`BackendError`."""
         lost = 0
         created = False
         rolled_back: Iterator[bool] | None = None  # made at the first rollback: not on the hot path
@@ -295,9 +293,9 @@ class Session:
 
     @staticmethod
     def _pinned(conn: _Connection, operation: Callable[[_Connection], _T]) -> _T:
-        """``operation`` in a transaction that first pins its settings (another client's ``SET``
-        may be on a pooled server connection). Race: no pipeline, whose trailing Flush would
-        take the server connection again after COMMIT and starve the pool's other clients."""
+        """``operation`` in a transaction that first pins its settings (a pooled connection may
+        carry another client's ``SET``). Race: no pipeline, whose trailing Flush would take the
+        server connection again after COMMIT and starve the pool's other clients."""
         try:
             conn.execute(_BEGIN_PINNED, prepare=False)
             answer = operation(conn)
