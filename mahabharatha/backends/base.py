@@ -279,8 +279,7 @@ class BackendError(OSError, LockError):
 
 
 class ServerFullError(BackendError):
-    """Every connection was refused for want of a free slot until ``--connect-timeout``: the
-    server is there, and busy (a pool's worker waits on for a slot)."""
+    """Every connection was refused for want of a free slot until ``--connect-timeout``."""
 
 
 # --------------------------------------------------------------------------- the seam
@@ -306,8 +305,8 @@ class Held(NamedTuple):
 
 
 class AcquireResult(NamedTuple):
-    """How one try ended: ``held`` when it won, else ``holder`` stopped it. ``replaced`` and
-    ``reason``: the lock it reclaimed to win, and why it could (the audit trail)."""
+    """How one try ended: ``held`` when it won, else ``holder`` stopped it; ``replaced`` and
+    ``reason``: the lock it reclaimed to win, and why (the audit trail)."""
 
     held: Held | None
     holder: LockInfo | None = None
@@ -384,8 +383,7 @@ class LockBackend(abc.ABC):
         reclaim_dead: bool = False,
         lease: float | None = None,
     ) -> AcquireResult:
-        """One attempt, reclaiming a stale or corrupt lock (``reclaim_dead``: or one whose owner
-        is provably gone). ``lease``: :class:`UnsupportedError` where it cannot be chosen."""
+        """One attempt, reclaiming a stale or corrupt lock (``reclaim_dead``: or a gone owner's)."""
 
     @abc.abstractmethod
     def refresh(self, held: Held) -> Held:
@@ -397,8 +395,7 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
-        """Remove ``pid``'s lock: False if none; :class:`NotOwnerError` for another's unless
-        ``force``."""
+        """Remove ``pid``'s lock (False: none); :class:`NotOwnerError` for another's, unforced."""
 
     @abc.abstractmethod
     def inspect(self, feature: str) -> LockInfo:
@@ -440,8 +437,7 @@ class LockBackend(abc.ABC):
 
     @abc.abstractmethod
     def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
-        """Record ``pid``'s failed attempt, then release its lock; the record after it (or
-        :class:`NotHeldError`). ``limit``: the pool's attempts."""
+        """Record ``pid``'s failed attempt, then release its lock; the record after it."""
 
     @abc.abstractmethod
     def attempts(self, feature: str) -> Attempts | None:
@@ -454,8 +450,8 @@ _LACKS: dict[tuple[type, type], bool] = {}
 
 
 def lacks(backend: object, ability: type) -> bool:
-    """``not isinstance(backend, ability)``, cached per class (a protocol's check is slow).
-    ``lacks(b, P) or not isinstance(b, P)`` also narrows ``b`` for the type checker."""
+    """``not isinstance(backend, ability)``, cached per class (a protocol's check is slow); write
+    ``lacks(b, P) or not isinstance(b, P)`` to narrow ``b`` for the type checker."""
     key = (type(backend), ability)
     known = _LACKS.get(key)
     if known is None:
@@ -496,8 +492,7 @@ class ClaimsInOneStep(Protocol):
         wait for room on the server (``None``: for ever)."""
 
     def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
-        """The features whose failed attempts reached their limit, and those of ``features``
-        free and open after a failed attempt (resting)."""
+        """The features failed for good, and those free and open after a failed attempt."""
 
 
 @runtime_checkable

@@ -143,8 +143,7 @@ def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
 
 
 class _Problems:
-    """Where a maintenance call puts the features it skipped: the caller's list, or its own,
-    whose first problem is raised once the rest is done."""
+    """The features a call skipped: the caller's list, or its own (the first raised at the end)."""
 
     def __init__(self, gsd_dir: str | os.PathLike[str], sink: list[FeatureProblem] | None) -> None:
         self.gsd_dir = gsd_dir
@@ -171,8 +170,7 @@ def _audit(
     reason: str,
     new_owner: int | None = None,
 ) -> None:
-    """Append one JSON line about the lock ``old`` that ``action`` removed; a lock operation
-    never fails because its log could not be written."""
+    """Append one JSON line about the lock ``old`` that ``action`` removed (never an error)."""
     entry = {
         "time": clock.now(),
         "feature": feature,
@@ -486,8 +484,7 @@ class FileBackend(LockBackend):
     # ----------------------------------------------------------------- looking
 
     def inspect(self, feature: str) -> LockInfo:
-        """``UnsafeLockPathError`` where acquire would fail too (a link, file or folder in the
-        way)."""
+        """``UnsafeLockPathError`` where acquire would fail too (something in the way)."""
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             snapshot = MISSING if dfd is None else read_lock(dfd, life=True)
         if snapshot.kind is EntryKind.DIRECTORY:

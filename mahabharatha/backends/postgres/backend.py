@@ -134,8 +134,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         schema: str | None = None,
         on_slot_wait: Callable[[ServerFullError], None] | None = None,
     ) -> PostgresBackend:
-        """The backend for ``url``; the namespace given, else from the environment, else the
-        repository's ``origin`` remote (else ValueError)."""
+        """The backend for ``url``; the namespace given, else the environment's, else origin's."""
         chosen = namespace or os.environ.get(NAMESPACE_ENV) or derive_namespace(gsd_dir)
         if not chosen:
             raise ValueError(
@@ -388,8 +387,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         ]
 
     def _won(self, row: Sequence[Any], pid: int, *, reason: str, sent: float) -> AcquireResult:
-        """The lock ``row`` says ``pid`` took (``sent``: when the statement went out), and the
-        lock it replaced, if any."""
+        """The lock ``row`` says ``pid`` took, and the lock it replaced, if any."""
         feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
         shift = _clock_shift(now)
         self._leases[(feature, pid)] = time.monotonic() + (expires - now)
@@ -586,8 +584,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(found[0][0]))
 
     def _owner_params(self, feature: str, pid: int, **values: Any) -> dict[str, Any]:
-        """The parameters of a statement ``pid`` on this host may run as the holder (the
-        ``_OWNER_COULD_BE`` keys ``place``, ``start`` among them)."""
+        """The parameters of a statement ``pid`` here may run as the holder."""
         place, start = ownership.place_key(), ownership.start_key(pid)
         owner = {"pid": pid, "host": self._host, "place": place, "start": start}
         return self._params(feature=feature, **owner, **values)
@@ -605,8 +602,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         raise NotOwnerError(self._info(holder))
 
     def _wake_waiters(self) -> None:
-        """Wake this schema's waiters after a committed change; best effort (one not sent costs
-        a waiter the rest of its slice)."""
+        """Wake this schema's waiters after a committed change (best effort: they poll anyway)."""
         conn = self._conn
         if conn is None or conn.closed:
             return

@@ -319,8 +319,7 @@ class Session:
     def _hot(
         self, statement: str, values: Sequence[Any], sent: list[float]
     ) -> list[tuple[Any, ...]]:
-        """Run an uncontended cycle's statement (acquire) on the kept cursor, prepared on first
-        use, answered in binary; retried as :meth:`_run` does."""
+        """A hot statement (acquire) on the kept cursor, prepared, in binary, as :meth:`_run`."""
         text = self._sql(statement)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:
@@ -395,8 +394,7 @@ class Session:
             raise self._newer_schema(int(version))
 
     def _refuse_old_tables_elsewhere(self, conn: _Connection) -> None:
-        """Refuse while this role's older tables are elsewhere: holders on the old and the new
-        tables would hold one feature at once."""
+        """Refuse while this role's older tables are elsewhere (two holders of one feature)."""
         if conn.execute(self._sql(statements.TABLE_EXISTS)).fetchone() == (True,):
             return
         marked = {"schema": self.schema, "mark": statements.NAMED_BY_SCHEMA}
