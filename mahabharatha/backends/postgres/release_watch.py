@@ -36,12 +36,9 @@ class ReleaseWaits(Session):
         """LISTEN while a pool waits; no listening connection kept once it ends."""
         return _Listening(self)
 
-    def wait_for_release(self, feature: str, timeout: float) -> bool:
-        """True too on the first call (it only starts listening) and after ``timeout`` when the
-        listener failed (a later call listens anew); bounded by ``--connect-timeout`` too."""
-        return self._wait_on_listener(timeout)
-
-    def _wait_on_listener(self, timeout: float) -> bool:  # any release: one channel for all
+    def wait_for_release(self, feature: str | None, timeout: float) -> bool:
+        """Any release (one channel for all); True too on the first call (it only starts
+        listening) and after ``timeout`` when the listener failed (a later call listens anew)."""
         deadline = time.monotonic() + max(0.0, timeout)
         if self._slots_scarce:
             # A crowded server: a second connection to listen on would take a slot a worker
@@ -124,7 +121,7 @@ class _Listening:
     def __enter__(self) -> _Listening:
         self.conn = self.backend._listen_on_claims_connection()
         if self.conn is None:
-            self.backend._wait_on_listener(0.0)  # starts listening
+            self.backend.wait_for_release(None, 0.0)  # starts listening
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -142,7 +139,7 @@ class _Listening:
         # Race: the claims' connection was let go of or lost since, and its LISTEN with it: the
         # backend's listener takes over (its first call only starts listening: "look again").
         self.conn = None
-        heard = self.backend._wait_on_listener(seconds)
+        heard = self.backend.wait_for_release(None, seconds)
         # Behind a pooler (or on a crowded server) nothing is heard: that wait was a poll.
         return heard or self.backend._behind_pooler or self.backend._slots_scarce
 
