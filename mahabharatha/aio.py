@@ -338,10 +338,7 @@ class AsyncFeatureLock:
                 break  # lost: told at once, the refresh waited out after
             interval = step.result()
             self._rest()
-        lost = state.lost
-        tell = self.on_lost if self._lost_override is None else self._lost_override
-        if lost is not None and tell is not None:
-            tell(lost)
+        self._tell_lost()
         if step is not None:
             await step  # a refresh cut off ends before the heartbeat does, as ``_call`` waits
 
@@ -360,6 +357,13 @@ class AsyncFeatureLock:
             await _settled(step)
             raise
         return False
+
+    def _tell_lost(self) -> None:
+        """Tell ``on_lost`` (this hold's, else the lock's) the loss, if any, on the loop."""
+        lost = self._state.lost
+        tell = self.on_lost if self._lost_override is None else self._lost_override
+        if lost is not None and tell is not None:
+            tell(lost)
 
     async def refresh(self) -> None:
         """Renew our lock now; :class:`LockLostError` when it is no longer ours."""
@@ -388,6 +392,7 @@ class AsyncFeatureLock:
         try:
             await self._stop_beat()
         finally:
+            told = self._state.lost  # by the heartbeat, which has ended
             try:
                 await self._call(self._state.release)
             finally:
@@ -398,6 +403,8 @@ class AsyncFeatureLock:
                     self._gate = None
                     gate.leave()
             self._rest()
+        if told is None:
+            self._tell_lost()  # found by the release: taken away after the last refresh
 
     async def __aenter__(self) -> Self:
         return await self.acquire()

@@ -322,7 +322,8 @@ class FeatureLock:
 
     def release(self, wait: ReleaseWait | None = None) -> None:
         """Stop the heartbeat and remove our lock if it is still exactly ours; on ``OSError`` it
-        stays ours (retry). A claimed hold (``PoolLock``) keeps it for its outcome."""
+        stays ours (retry); found gone, it is declared lost (``on_lost``), never raised. A
+        claimed hold (``PoolLock``) keeps it for its outcome."""
         self._stop_heartbeat()
         if not self._ends_by_outcome:
             self._give_back(wait)
@@ -336,10 +337,16 @@ class FeatureLock:
             lost = self.lost is not None
             # Lost already: taking back what may be left is best effort (the loss was told).
             # Else on an error the lock stays ours (``_mine`` kept): release can be retried.
+            found = True
             with suppress(OSError) if lost else nullcontext():
-                self.backend.release_held(mine, None if lost else wait)
+                found = self.backend.release_held(mine, None if lost else wait)
             self._mine = None
             self._close_handed()
+        if not found and self.lost is None:
+            # Race: taken away (a forced release, a reclaim) after the last refresh, so work
+            # that ended first would pass for done under the lock. Told outside the mutex.
+            reason = "it was removed or replaced before its release (no refresh had seen it go)"
+            self._declare_lost(LockLostError(self.feature, reason))
 
     def work_proof(self) -> WorkProof | None:
         """A proof of life for work this holder starts (pass its ``fd``, then ``close_ours()``);

@@ -526,6 +526,34 @@ def test_a_lost_lock_is_reported_on_the_loop_and_the_new_owners_lock_is_left(
         backend.close()
 
 
+def test_a_lock_taken_away_unseen_is_reported_lost_by_its_release(place: Place) -> None:
+    """Forced away before any refresh could see it (the next is 20 s off): the release finds
+    nothing of ours, so ``lost`` is set and ``on_lost`` told once, on the loop's thread.
+    Failed on c000d56: the release said nothing (``lost`` None, nobody told)."""
+
+    async def main() -> None:
+        backend = place.open()
+        told: list[tuple[locks.LockLostError, int]] = []
+        lock = AsyncFeatureLock(
+            FEATURE,
+            place.gsd,
+            backend=backend,
+            timeout=0,
+            heartbeat=20.0,
+            lease=None if place.url is None else 60.0,
+            on_lost=lambda error: told.append((error, threading.get_ident())),
+        )
+        try:
+            async with lock:
+                assert _take_over(place, FEATURE, os.getpid()) is not None
+        finally:
+            backend.close()
+        assert lock.lost is not None and "before its release" in lock.lost.reason
+        assert told == [(lock.lost, threading.get_ident())]
+
+    asyncio.run(main())
+
+
 # --------------------------------------------------------------------------- one backend
 
 

@@ -335,6 +335,54 @@ def test_a_forced_release_is_reported_as_lost_with_a_reason(gsd: Path) -> None:
     assert lock_of(gsd).read_text().startswith("1:"), "the new owner's lock was left alone"
 
 
+@pytest.mark.parametrize("taken", [False, True], ids=["forced", "taken"])
+def test_a_lock_taken_away_unseen_is_declared_lost_by_its_release(gsd: Path, taken: bool) -> None:
+    """Another process forces the lock away (and, ``taken``, pid 1 takes it) before any refresh
+    could see it: the release finds nothing of ours, so ``lost`` is set and ``on_lost`` told
+    once, from outside the lock's mutex (it may call the lock back: here a second release).
+    Failed on c000d56: the release said nothing, ``lost`` stayed None."""
+    told: list[locks.LockLostError] = []
+
+    def on_lost(error: locks.LockLostError) -> None:
+        told.append(error)
+        holder.release()  # under the mutex this would wait for itself for ever
+
+    holder = locks.FeatureLock(FEATURE, gsd, timeout=0, on_lost=on_lost)  # beats every 30 s
+    holder.acquire()
+    argv = [sys.executable, "-m", "mahabharatha", "lock", "release", FEATURE, "--force"]
+    forced = subprocess.run(
+        [*argv, "--gsd-dir", str(gsd)], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert forced.returncode == 0, forced.stderr
+    if taken:
+        locks.acquire(FEATURE, gsd, pid=1)
+    releasing = threading.Thread(target=holder.release, daemon=True)
+    releasing.start()
+    releasing.join(HANG_GUARD_SECONDS)
+    assert not releasing.is_alive(), "release() hung in its own on_lost"
+    assert holder.lost is not None and told == [holder.lost]
+    assert "before its release" in holder.lost.reason
+    holder.release()  # released already: nothing more to tell
+    assert told == [holder.lost]
+    assert lock_of(gsd).exists() == taken, "another owner's lock is left alone"
+
+
+def test_a_loss_found_by_the_heartbeat_is_not_told_again_by_the_release(gsd: Path) -> None:
+    """The heartbeat saw the loss (and told it); the release that follows tells nothing more."""
+    told: list[locks.LockLostError] = []
+    reported = threading.Event()
+
+    def on_lost(error: locks.LockLostError) -> None:
+        told.append(error)
+        reported.set()
+
+    with locks.FeatureLock(FEATURE, gsd, timeout=0, heartbeat=0.01, on_lost=on_lost) as holder:
+        locks.release(FEATURE, gsd, pid=os.getpid(), force=True)
+        assert reported.wait(HANG_GUARD_SECONDS)
+    assert told == [holder.lost]
+    assert "before its release" not in told[0].reason
+
+
 @pytest.mark.parametrize(
     ("name", "value"), [("feature", "../../escaped"), ("pid", 0), ("timeout", float("nan"))]
 )
