@@ -619,7 +619,7 @@ def run_command(
         except runner.WorkLeftError as left:  # the command ran; its escaped work keeps the lock
             kept = {**document, "exit_code": left.status, "work_left": True}
             if holder.lost is not None:
-                lost = _lost_result(holder.lost, on_lost, kept, left.status)
+                lost = _lost_result(holder.lost, on_lost, kept, left.status, told)
                 return lost._replace(message=f"{lost.message or holder.lost}; {left}")
             return Result(left.status, kept, message=str(left))
         except LockHeldError as busy:
@@ -638,8 +638,7 @@ def run_command(
             never = {**document, "error": "lost", "reason": lost.reason}
             return Result(exit_code_for(lost), never, message=f"{lost}; CMD was not started")
         if holder.lost is not None:
-            result = _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code)
-            return result._replace(message=None) if told else result  # said once is enough
+            return _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code, told)
         return Result(code, {**document, "exit_code": code})
 
     respond(shared.as_json, document, action)
@@ -749,13 +748,19 @@ def _warn_release_wait(feature: str, bound: float) -> None:
 
 
 def _lost_result(
-    lost: LockLostError, on_lost: runner.OnLost, document: dict[str, Any], code: int
+    lost: LockLostError,
+    on_lost: runner.OnLost,
+    document: dict[str, Any],
+    code: int,
+    told: list[LockLostError],
 ) -> Result:
-    """The lost-lock rule: exit 76 (or CMD's code with --on-lost warn), ``error: lost``."""
+    """The lost-lock rule: exit 76 (or CMD's code with --on-lost warn), ``error: lost``. The
+    loss is said once: ``told`` while CMD ran (stopped or kept), else now (CMD ended first)."""
     document = {**document, "error": "lost", "reason": lost.reason}
-    if on_lost is runner.OnLost.WARN:
-        return Result(code, document)
-    return Result(exit_code_for(lost), document, message=f"{lost}; CMD was stopped")
+    exit_code = code if on_lost is runner.OnLost.WARN else exit_code_for(lost)
+    # Race: taken away after the last refresh, found once CMD had ended: nothing stopped it.
+    said = None if told else f"{lost}; CMD had already ended (exit code {code})"
+    return Result(exit_code, document, message=said)
 
 
 # --------------------------------------------------------------------------- across hosts

@@ -130,6 +130,59 @@ def test_with_on_lost_warn_cmd_keeps_running_and_its_code_is_the_exit_code(
     assert read_record(lock_path(gsd))[0] == os.getpid(), "the new owner's lock stays"
 
 
+READY_THEN_EXIT_3_ON_STDIN: Final = (
+    "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\nsys.exit(3)\n"
+)
+"""A quick CMD: ``ready``, then it waits on its pipe for the test and exits 3 by itself."""
+
+
+def _lose_the_lock(gsd: Path, cwd: Path, how: str, run_pid: int) -> None:
+    """Take ``lock run``'s lock away from another process: ``lock release --force``, then
+    (``taken``) ``lock acquire`` by this test, or (``own``) a ``lock release --pid`` of it."""
+    if how == "own":
+        let_go = run_cli("lock", "release", FEATURE, "--gsd-dir", gsd, "--pid", run_pid, cwd=cwd)
+        assert let_go.returncode == 0, let_go.stderr
+    elif how == "taken":
+        take_the_lock_away(gsd, cwd)
+    else:
+        forced = run_cli("lock", "release", FEATURE, "--gsd-dir", gsd, "--force", cwd=cwd)
+        assert forced.returncode == 0, forced.stderr
+
+
+@pytest.mark.parametrize(
+    ("how", "on_lost"),
+    [("forced", "terminate"), ("taken", "terminate"), ("own", "terminate"), ("forced", "warn")],
+)
+def test_a_lock_taken_away_while_a_quick_cmd_ran_is_reported_lost(
+    tmp_path: Path, gsd: Path, spawn: Spawn, how: str, on_lost: str
+) -> None:
+    """CMD ends by itself before any refresh (every 60 s) could see its lock go: the release
+    finds it gone, so the lost-lock rule holds all the same: exit 76 (``warn``: CMD's code),
+    the loss said on stderr without claiming CMD was stopped, ``error: lost`` in --json.
+    Failed on c000d56: exit 3, no word on stderr, no error in the document (the release that
+    found nothing of ours said nothing)."""
+    run = spawn(
+        [*lock_run(gsd, "--json", "--on-lost", on_lost), PY, "-c", READY_THEN_EXIT_3_ON_STDIN],
+        stdin=subprocess.PIPE,
+    )
+    assert run.next_line("stderr") == "ready"  # with --json, CMD's stdout goes to stderr
+    _lose_the_lock(gsd, tmp_path, how, run.pid)
+    run.send("go on\n")  # CMD exits 3 by itself, before a refresh
+
+    assert run.wait() == (76 if on_lost == "terminate" else 3), run.stderr
+    document = one_document(run.stdout)
+    assert (document["error"], document["exit_code"]) == ("lost", 3), document
+    assert "before its release" in document["reason"], document
+    said = [line for line in run.stderr.splitlines() if "lost the lock" in line]
+    assert len(said) == 1, run.stderr
+    assert "had already ended" in said[0], said
+    assert "stopping CMD" not in run.stderr and "CMD was stopped" not in run.stderr
+    if how == "taken":
+        assert read_record(lock_path(gsd))[0] == os.getpid(), "the new owner's lock stays"
+    else:
+        assert not lock_path(gsd).exists()
+
+
 IGNORES_SIGTERM: Final = (
     "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "print('ready', flush=True)\ntime.sleep(60)\n"
