@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypedDict, Unpack
+from typing import NamedTuple, TypedDict, Unpack
 
 from mahabharatha import clock, logs, waiting
 from mahabharatha.backends.base import (
@@ -66,11 +66,9 @@ class NoneFreeError(LockError):
 
     def __init__(self, busy: Sequence[str]) -> None:
         self.busy = tuple(busy)
+        self.made_with = (self.busy,)
         shown = ", ".join(self.busy[:3]) + (", ..." if len(self.busy) > 3 else "")
         super().__init__(f"no feature came free: {len(self.busy)} held by others ({shown})")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.busy,))
 
 
 class _ClaimKeywords(TypedDict, total=False):

@@ -87,7 +87,8 @@ class ReleaseInterrupted(Exception):
 class WorkLeftError(LockError):
     """CMD has ended but work it started outside its group holds its proof: the lock stays held
     until that ends. ``status``: CMD's exit code as ``lock run`` reports it; ``still_running()``:
-    does that work still run (its proof held, or CMD's group not empty)?"""
+    does that work still run (its proof held, or CMD's group not empty)? A copy pickled to
+    another process cannot watch that work: it answers True (ask the lock's status)."""
 
     def __init__(
         self, feature: str, status: int, still_running: Callable[[], bool] = lambda: True
@@ -97,6 +98,12 @@ class WorkLeftError(LockError):
             "stays held (its owner judged alive) until that work ends"
         )
         self.feature, self.status, self.still_running = feature, status, still_running
+        self.made_with = (feature, status)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The watch on this process's descriptors cannot travel: the copy gets the default.
+        made, facts, state = super().__reduce__()
+        return made, facts, {k: v for k, v in state.items() if k != "still_running"}
 
 
 class _Phase(enum.Enum):

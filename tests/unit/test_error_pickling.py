@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import pickle
+import threading
 
 import pytest
 
@@ -24,6 +25,8 @@ from mahabharatha.backends.base import (
     UnsafeLockPathError,
     UnsupportedError,
 )
+from mahabharatha.pool.claim import NoneFreeError
+from mahabharatha.run.runner import WorkLeftError
 from mahabharatha.states import State
 
 INFO = LockInfo("feat", State.ACTIVE, 4242, 1.0e9, 3.0, 7197.0, Owner.RUNNING)
@@ -41,6 +44,7 @@ ERRORS = [
     UnsafeLockPathError(errno.ELOOP, "a symlink is in the way", "/x/.lock"),
     BackendError(errno.ECONNREFUSED, "cannot reach the server"),
     ServerFullError(errno.EAGAIN, "no free slot"),
+    NoneFreeError(["a", "b", "c", "d"]),
 ]
 
 
@@ -50,5 +54,15 @@ def test_a_lock_error_pickles_with_its_message_and_facts(error: LockError) -> No
     assert type(loaded) is type(error)
     assert str(loaded) == str(error)
     facts = ("info", "feature", "pid", "what", "reason", "stop_by", "cause", "errno", "filename")
-    for name in facts:
+    for name in (*facts, "busy"):
         assert getattr(loaded, name, None) == getattr(error, name, None), name
+
+
+def test_work_left_error_pickles_its_facts_and_answers_still_running_in_the_copy() -> None:
+    watch = threading.Event()  # stands for the proof's watch: it cannot cross a process
+    for error in (WorkLeftError("feat", 3), WorkLeftError("feat", 3, watch.is_set)):
+        loaded = pickle.loads(pickle.dumps(error))
+        assert type(loaded) is WorkLeftError
+        assert (str(loaded), loaded.feature, loaded.status) == (str(error), "feat", 3)
+        # Another process cannot see that work end: "still running", as the lock still reads.
+        assert loaded.still_running() is True
