@@ -134,8 +134,6 @@ def claim_next(
     features left are; a ``wait`` that runs out lists the busy ones."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
-    for feature in candidates:
-        _validate_feature_name(feature)
     owner = _owner_pid(pid)
     if attempts is not None:
         _valid_attempts(attempts)
@@ -191,6 +189,8 @@ class _Pool:
         problems: list[FeatureProblem],
         options: _ClaimOptions,
     ) -> None:
+        for feature in candidates:  # every claim checks the names before it tries one
+            _validate_feature_name(feature)
         self.store, self.candidates, self.owner = store, candidates, owner
         self.details = ownership.details_of(owner, command)
         self.problems = problems

@@ -108,3 +108,31 @@ def test_a_pool_lock_is_kept_past_its_block_until_finish_ends_it(tmp_path: Path)
     assert held and info.held
     assert [r.outcome for r in report.results] == [WorkOutcome.DONE]
     assert locks.is_done("a", gsd) and not locks.inspect("a", gsd).held
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+@pytest.mark.parametrize("bad", ["../../escaped", "..", "a/b", "x" * 256, "ok\n"])
+def test_a_pool_refuses_a_bad_name_as_claim_does_before_any_work(tmp_path: Path, bad: str) -> None:
+    """Fails before the fix: ``run_pool`` did not check its names, so it claimed ``good``
+    and ran the step, then took ``<gsd>/specs/../../escaped/.lock`` outside the gsd folder
+    (``..`` took ``<gsd>/.lock``; 256 bytes raised ``OSError``), before a ``ValueError``."""
+    gsd = tmp_path / "box" / ".gsd"
+    (gsd / "specs" / "good").mkdir(parents=True)
+    before = _tree(tmp_path)
+    with pytest.raises(ValueError) as claimed:
+        locks.claim_next(["good", bad], gsd)
+    ran: list[str] = []
+
+    def step(lock: locks.PoolLock) -> locks.WorkResult:
+        ran.append(lock.feature)
+        return lock.finish(None, None, 1)  # released unmarked: a clean tree again
+
+    with pytest.raises(ValueError) as pooled:
+        locks.run_pool(step, ["good", bad], gsd, heartbeat=None)
+    assert str(pooled.value) == str(claimed.value)
+    assert str(pooled.value).startswith("Invalid feature name")
+    assert _tree(tmp_path) == before  # nothing written, inside the gsd folder or outside
+    assert ran == []
