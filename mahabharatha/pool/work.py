@@ -121,36 +121,37 @@ class PoolLock(FeatureLock):
     def finish_leaving_work(
         self, exit_code: int, still_running: Callable[[], bool] | None = None
     ) -> WorkResult:
-        """End a hold :meth:`abandon` left to running work: exit code 0 marks the feature done
-        (the lock stays until that work ends); another records nothing until ``still_running``
-        says no (a failed attempt releases): then :meth:`finish_left_work` records it."""
+        """End a hold :meth:`abandon` left to running work: exit code 0 marks the feature done,
+        another records nothing yet. The lock, its proof and ``still_running`` (the watch on
+        that work) are kept until it says no: then :meth:`finish_left_work` lets them go."""
         self._stop_heartbeat()
         with self._mutex:
             left, self._left = self._left, None
-        feature = self.feature
+        feature, store = self.feature, self.backend
         if left is None or self.lost is not None:
-            return WorkResult(feature, WorkOutcome.LOST, exit_code)
-        if exit_code != 0:
-            if still_running is not None:
-                with self._mutex:
-                    self._left, self.left_running = left, still_running
-                self._left_code = exit_code
-            return WorkResult(
-                feature, WorkOutcome.LEFT, exit_code, 0, f"exit code {exit_code}; {WORK_LEFT}"
-            )
-        store = self.backend
-        if isinstance(store, LocalFolder):
+            result = WorkResult(feature, WorkOutcome.LOST, exit_code)
+        elif exit_code != 0:
+            reason = f"exit code {exit_code}; {WORK_LEFT}"
+            result = WorkResult(feature, WorkOutcome.LEFT, exit_code, 0, reason)
+        elif isinstance(store, LocalFolder):
             store.mark_done_holding(left)
-            return WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
-        # No proof of life here: the release cannot let a holder in beside the left work.
-        _mark_done(store, feature, left.pid)
-        return WorkResult(feature, WorkOutcome.DONE, 0)
+            result = WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
+        else:
+            # No proof of life here: the release cannot let a holder in beside the left work.
+            _mark_done(store, feature, left.pid)
+            return WorkResult(feature, WorkOutcome.DONE, 0)
+        if left is not None and still_running is not None:
+            with self._mutex:
+                self._left, self.left_running = left, still_running
+            self._left_code = exit_code
+        return result
 
     def finish_left_work(self, limit: int) -> WorkResult:
-        """The work a failed command left has ended: record its failed attempt and release."""
+        """The work a command left has ended: record a failed one's attempt and release (a
+        done one's marker is written: it is only released; a lost one, taken back if left)."""
         with self._mutex:
             self._mine, self._left, self.left_running = self._left, None, None
-        return self.finish(self._left_code, None, limit)
+        return self.finish(self._left_code or None, None, limit)
 
     def finish(self, exit_code: int | None, reason: str | None, limit: int) -> WorkResult:
         """End the hold: exit code 0 marks the feature done, another records a failed attempt
@@ -248,8 +249,13 @@ def run_pool(
 
     beats = Heartbeat()  # one thread for the worker's whole run, not one per feature
     leaving: list[PoolLock] = []  # held for work a failed command left running
+    kept: list[PoolLock] = []  # held for work a done (or lost) one left: never waited for
     try:
         while True:
+            for each in _left_work_ended(kept, 0.0):  # its lock and proof go once it ends
+                kept.remove(each)
+                with suppress(OSError):  # a done feature's lock left behind only ages out
+                    each.finish_left_work(attempts)
             outcome = _claim_waiting(pool, wait)
             if outcome.held is None and outcome.nothing_left and leaving:
                 # Race: only features whose failed command left work are ours still; the
@@ -284,7 +290,7 @@ def run_pool(
                 pool.rest(result.feature)
             record(result)
             if lock.left_running is not None:
-                leaving.append(lock)
+                (leaving if result.outcome == WorkOutcome.LEFT else kept).append(lock)
             if once:
                 return WorkReport(WorkEnd.ONCE, tuple(results))
     finally:

@@ -607,6 +607,8 @@ class FileBackend(LockBackend):
                 # after our release sees this attempt (a feature at its limit is not handed out).
                 lockfile.publish_file(dfd, ATTEMPTS_RECORD_NAME, _attempts_text(record))
             lockfile.release_mine(dfd, mine)
+            if pid == os.getpid():  # as ``done``: the released lock's proof goes with it
+                proof.forget(dfd, folder_path(self.gsd_dir, feature))
         return record
 
     # ----------------------------------------------------------------- cleaning

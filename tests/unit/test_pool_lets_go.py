@@ -1,0 +1,115 @@
+"""A pool worker lets go of each hold's proof of life exactly once, whatever the outcome: a
+failed attempt, and a hold left to work its command started outside its group (kept, proof
+and all, while that work runs; let go once it has ended). A worker runs for many features: a
+descriptor kept per feature ends in "too many open files"."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import suppress
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from mahabharatha import constants, locks
+from mahabharatha.owner import ownership, proof
+from mahabharatha.run import runner
+from mahabharatha.states import WorkOutcome
+from tests.cli._support import wait_for
+from tests.support.marks import needs_fifo, needs_proc
+
+FEATURES: Final = ("f0", "f1", "f2")
+
+needs_proofs = pytest.mark.skipif(not proof.supported(), reason="no OFD locks here")
+
+
+def _proofs_open(root: Path) -> list[str]:
+    """The proof files under ``root`` this process has a descriptor of."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        with suppress(OSError):  # the listing's own descriptor is gone by now
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith(str(root)) and proof.PROOF_PREFIX in target:
+                found.append(target)
+    return found
+
+
+def _gsd(tmp_path: Path) -> Path:
+    gsd = tmp_path / ".gsd"
+    for feature in FEATURES:
+        (gsd / "specs" / feature).mkdir(parents=True)
+    return gsd
+
+
+def _proof_kept(gsd: Path, feature: str) -> bool:
+    """Does this process still hold the proof of its lock on ``feature``?"""
+    folder = os.open(gsd / "specs" / feature, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return proof.kept_slot(folder) is not None
+    finally:
+        os.close(folder)
+
+
+@needs_proc
+@needs_proofs
+def test_a_failed_attempt_lets_go_of_its_proof(tmp_path: Path) -> None:
+    """Fails before the fix: the file backend's ``fail`` released the lock and kept its
+    proof's descriptor open (``done`` let it go): one descriptor per failed feature."""
+    gsd = _gsd(tmp_path)
+
+    def step(lock: locks.PoolLock) -> locks.WorkResult:
+        with lock:
+            pass
+        return lock.finish(1, "it failed", 1)
+
+    report = locks.run_pool(step, None, gsd, attempts=1, heartbeat=None)
+    assert [r.outcome for r in report.results] == [WorkOutcome.FAILED] * len(FEATURES)
+    assert _proofs_open(tmp_path) == []
+
+
+@needs_proc
+@needs_fifo
+@needs_proofs
+@pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
+@pytest.mark.parametrize("code", [0, 1], ids=["done", "failed"])
+def test_a_hold_left_to_work_keeps_its_proof_until_that_work_ends_then_lets_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """``lock work``'s step (``_run_feature``): CMD leaves work in a session of its own. While
+    that work runs, its lock keeps this worker's proof (its owner's evidence of life); once it
+    has ended, the worker lets go of the proof and of the watch on that work. Fails before the
+    fix (done): both descriptors stayed open, two per feature, as long as the worker ran."""
+    monkeypatch.setenv(constants.GRACE_ENV, "0")  # the work left the group: no grace ends it
+    monkeypatch.setattr(runner, "WORK_KILL_WAIT_SECONDS", 0.0)
+    gsd = _gsd(tmp_path)
+    fifo = tmp_path / "work.fifo"
+    os.mkfifo(fifo)
+
+    def step(lock: locks.PoolLock) -> locks.WorkResult:
+        pid_file = tmp_path / f"{lock.feature}.pid"
+        leave = (
+            f"setsid sh -c 'echo $$ > {pid_file}; read x < {fifo}' & "
+            f"while [ ! -s {pid_file} ]; do :; done; exit {code}"
+        )
+        with pytest.raises(runner.WorkLeftError) as left, runner.Run(lock) as run:
+            run.acquire()
+            run.command(["sh", "-c", leave])
+        result = lock.finish_leaving_work(left.value.status, left.value.still_running)
+        assert _proof_kept(gsd, lock.feature)  # never let go while that work runs
+        os.close(os.open(fifo, os.O_WRONLY))  # the work reads end of input and ends
+        work = int(pid_file.read_text())
+        wait_for(lambda: not ownership.is_alive(ownership.proc_stat(work), work), what="work")
+        return result
+
+    report = locks.run_pool(step, None, gsd, attempts=1, wait=5.0, heartbeat=None)
+    outcomes = {(r.feature, r.outcome) for r in report.results}
+    if code == 0:
+        assert outcomes == {(f, WorkOutcome.DONE) for f in FEATURES}
+    else:
+        assert outcomes == {
+            (f, o) for f in FEATURES for o in (WorkOutcome.LEFT, WorkOutcome.FAILED)
+        }
+    assert _proofs_open(tmp_path) == []
+    assert not list(gsd.glob("specs/*/.lock"))  # every lock let go once its work ended
