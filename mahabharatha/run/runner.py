@@ -223,7 +223,11 @@ class _Relay:
         self.child: _Child | None = None
         self.pending: int | None = None
         self.received: int | None = None  # the first signal that came once CMD was started
-        self.woken = threading.Event()  # set with ``pending``: ends a wait at once
+        # Freed with ``pending``: ends a wait at once. A bare lock: the handler runs in the main
+        # thread wherever it stopped, and one that took ``Event``'s inner lock while the main
+        # thread held it (inside ``Event.wait``) hung ``lock run`` for ever.
+        self.woken = threading.Lock()
+        self.woken.acquire()
         # Reentrant: the Python handler may run in the main thread while it holds this lock.
         self._mutex = threading.RLock()
         self.policy, self.notify = policy, notify or (lambda _error: None)
@@ -247,7 +251,8 @@ class _Relay:
             else:
                 # Race: a signal before the child exists; acted on at the next safe point.
                 self.pending = signum
-                self.woken.set()
+                with suppress(RuntimeError):  # freed already by an earlier signal
+                    self.woken.release()
 
     def raise_if_pending(self) -> None:
         self._take_own()
@@ -264,11 +269,12 @@ class _Relay:
         """The command is over: from now on a signal (a new one) ends the release's wait."""
         with self._mutex:
             self.phase, self.pending = _Phase.RELEASING, None
-            self.woken.clear()
+            self.woken.acquire(blocking=False)
 
     def signalled_within(self, seconds: float) -> int | None:
         """Wait up to ``seconds`` for a signal; the one that came, if any."""
-        self.woken.wait(max(0.0, seconds))
+        if self.pending is None:
+            self.woken.acquire(timeout=max(0.0, seconds))
         self._take_own()
         return self.pending
 

@@ -262,3 +262,49 @@ def test_a_command_found_once_and_gone_since_is_told_as_gone(tmp_path: Path) -> 
     moved.chmod(0o755)
     words, _ = spawn._spawned_words(["cmd"], env)  # the folder in first/ is passed over
     assert words[-1] == "cmd"
+
+
+SIGNAL_AT_EVERY_LINE: Final = """
+import signal, sys
+from mahabharatha import signals
+from mahabharatha.run import runner
+
+def wait_signalled_at(at):
+    # lock run's handler in place, a signal raised at line event ``at`` of a release's wait
+    # (the handler runs right there); the number of line events the wait ran
+    relay = runner._Relay(runner.OnLost.TERMINATE, None)
+    relay.releasing()
+    seen = 0
+    def tracer(frame, event, arg):
+        nonlocal seen
+        if event == "line":
+            if seen == at:
+                signal.raise_signal(signal.SIGTERM)
+            seen += 1
+        return tracer
+    with signals.Handling(signals.FORWARDED, relay):
+        sys.settrace(tracer)
+        try:
+            got = relay.signalled_within(0.01)
+        finally:
+            sys.settrace(None)
+    assert at is None or got == signal.SIGTERM, (at, got)
+    return seen
+
+for at in range(wait_signalled_at(None)):
+    wait_signalled_at(at)
+"""
+
+
+def test_a_signal_at_any_line_of_the_release_wait_ends_it() -> None:
+    """The handler runs in the main thread wherever it stopped. Fails before the fix (hangs:
+    killed by the guard): the wait was an ``Event``, and a signal landing while the main
+    thread held its inner lock (inside ``Event.wait``) made the handler's ``set`` wait for
+    that lock for ever: ``lock run`` never ended (seen once in CI, SIGTERM during a lease)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SIGNAL_AT_EVERY_LINE], capture_output=True, timeout=20
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a signal handled inside the wait hung it")
+    assert done.returncode == 0, done.stderr.decode()
