@@ -160,6 +160,7 @@ class PoolLock(FeatureLock):
         with self._mutex:
             self._forget_if_forked()
             mine, self._mine = self._mine, None
+            self._close_handed()  # our copy: the children it was handed to keep theirs
         feature = self.feature
         if mine is None or self.lost is not None:
             if mine is not None:

@@ -54,18 +54,20 @@ def _proof_kept(gsd: Path, feature: str) -> bool:
 
 @needs_proc
 @needs_proofs
-def test_a_failed_attempt_lets_go_of_its_proof(tmp_path: Path) -> None:
-    """Fails before the fix: the file backend's ``fail`` released the lock and kept its
-    proof's descriptor open (``done`` let it go): one descriptor per failed feature."""
+@pytest.mark.parametrize("code", [0, 1, None], ids=["done", "failed", "released"])
+def test_each_outcome_lets_go_of_the_holds_proofs(tmp_path: Path, code: int | None) -> None:
+    """The lock's proof and the one handed to its work (``proof_fds``) go with the hold.
+    Fails before the fix: ``PoolLock.finish`` never closed the handed proof (two descriptors
+    per hold), and the file backend's ``fail`` kept the lock's own (``done`` let it go)."""
     gsd = _gsd(tmp_path)
 
     def step(lock: locks.PoolLock) -> locks.WorkResult:
         with lock:
-            pass
-        return lock.finish(1, "it failed", 1)
+            assert lock.proof_fds  # as a step that starts work with ``pass_fds`` asks
+        return lock.finish(code, "it failed", 1)
 
-    report = locks.run_pool(step, None, gsd, attempts=1, heartbeat=None)
-    assert [r.outcome for r in report.results] == [WorkOutcome.FAILED] * len(FEATURES)
+    report = locks.run_pool(step, None, gsd, attempts=1, heartbeat=None, once=True)
+    assert len(report.results) == 1
     assert _proofs_open(tmp_path) == []
 
 
