@@ -21,6 +21,7 @@ from tests.cli._support import wait_for
 from tests.support.marks import needs_fifo, needs_proc
 
 FEATURES: Final = ("f0", "f1", "f2")
+OUTCOMES: Final = ["done", "failed", "lost"]
 
 needs_proofs = pytest.mark.skipif(not proof.supported(), reason="no OFD locks here")
 
@@ -75,14 +76,15 @@ def test_each_outcome_lets_go_of_the_holds_proofs(tmp_path: Path, code: int | No
 @needs_fifo
 @needs_proofs
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid")
-@pytest.mark.parametrize("code", [0, 1], ids=["done", "failed"])
+@pytest.mark.parametrize(("code", "lost"), [(0, False), (1, False), (0, True)], ids=OUTCOMES)
 def test_a_hold_left_to_work_keeps_its_proof_until_that_work_ends_then_lets_go(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, lost: bool
 ) -> None:
     """``lock work``'s step (``_run_feature``): CMD leaves work in a session of its own. While
     that work runs, its lock keeps this worker's proof (its owner's evidence of life); once it
     has ended, the worker lets go of the proof and of the watch on that work. Fails before the
-    fix (done): both descriptors stayed open, two per feature, as long as the worker ran."""
+    fix (done, lost): both descriptors stayed open, two per feature, as long as the worker
+    ran; (failed) the lock's own, which ``fail`` kept."""
     monkeypatch.setenv(constants.GRACE_ENV, "0")  # the work left the group: no grace ends it
     monkeypatch.setattr(runner, "WORK_KILL_WAIT_SECONDS", 0.0)
     gsd = _gsd(tmp_path)
@@ -98,6 +100,8 @@ def test_a_hold_left_to_work_keeps_its_proof_until_that_work_ends_then_lets_go(
         with pytest.raises(runner.WorkLeftError) as left, runner.Run(lock) as run:
             run.acquire()
             run.command(["sh", "-c", leave])
+        if lost:  # as the heartbeat declares a lock found replaced
+            lock._declare_lost(locks.LockLostError(lock.feature))
         result = lock.finish_leaving_work(left.value.status, left.value.still_running)
         assert _proof_kept(gsd, lock.feature)  # never let go while that work runs
         os.close(os.open(fifo, os.O_WRONLY))  # the work reads end of input and ends
@@ -107,7 +111,9 @@ def test_a_hold_left_to_work_keeps_its_proof_until_that_work_ends_then_lets_go(
 
     report = locks.run_pool(step, None, gsd, attempts=1, wait=5.0, heartbeat=None)
     outcomes = {(r.feature, r.outcome) for r in report.results}
-    if code == 0:
+    if lost:
+        assert outcomes == {(f, WorkOutcome.LOST) for f in FEATURES}
+    elif code == 0:
         assert outcomes == {(f, WorkOutcome.DONE) for f in FEATURES}
     else:
         assert outcomes == {
