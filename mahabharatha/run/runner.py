@@ -223,9 +223,8 @@ class _Relay:
         self.child: _Child | None = None
         self.pending: int | None = None
         self.received: int | None = None  # the first signal that came once CMD was started
-        # Freed with ``pending``: ends a wait at once. A bare lock: the handler runs in the main
-        # thread wherever it stopped, and one that took ``Event``'s inner lock while the main
-        # thread held it (inside ``Event.wait``) hung ``lock run`` for ever.
+        # Freed with ``pending``: ends a wait at once. Race: not an Event, whose ``set`` in the
+        # handler, run while the main thread held its inner lock (in ``wait``), hung for ever.
         self.woken = threading.Lock()
         self.woken.acquire()
         # Reentrant: the Python handler may run in the main thread while it holds this lock.
