@@ -163,10 +163,7 @@ class PoolLock(FeatureLock):
             self._close_handed()  # our copy: the children it was handed to keep theirs
         feature = self.feature
         if mine is None or self.lost is not None:
-            if mine is not None:
-                with suppress(OSError):  # lost already: taking back what is left is best effort
-                    self.backend.release_held(mine)
-            return WorkResult(feature, WorkOutcome.LOST, exit_code)
+            return self._lost(mine, exit_code)
         if exit_code is None:
             # A stop (a signal, CMD not started, an interrupted task): one try (a release
             # never waits for a slot); the lock would come free at its lease's end anyway.
@@ -184,8 +181,15 @@ class PoolLock(FeatureLock):
         except (NotHeldError, NotOwnerError):
             # Race: taken away (a forced release, a reclaim) after the last heartbeat, so a
             # quick work ended before the loss was seen: nothing was marked, it was lost.
-            return WorkResult(feature, WorkOutcome.LOST, exit_code)
+            return self._lost(mine, exit_code)
         return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
+
+    def _lost(self, mine: Held | None, exit_code: int | None) -> WorkResult:
+        """Outcome lost; what is left of ``mine`` (its proof, a lock still exactly ours) goes."""
+        if mine is not None:
+            with suppress(OSError):  # lost already: taking back what is left is best effort
+                self.backend.release_held(mine)
+        return WorkResult(self.feature, WorkOutcome.LOST, exit_code)
 
 
 WORK_LEFT: Final = (

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from contextlib import suppress
 from pathlib import Path
 from typing import Final
@@ -69,6 +71,28 @@ def test_each_outcome_lets_go_of_the_holds_proofs(tmp_path: Path, code: int | No
 
     report = locks.run_pool(step, None, gsd, attempts=1, heartbeat=None, once=True)
     assert len(report.results) == 1
+    assert _proofs_open(tmp_path) == []
+
+
+@needs_proc
+@needs_proofs
+@pytest.mark.parametrize("code", [0, 1], ids=["done", "failed"])
+def test_a_hold_forced_away_before_its_outcome_lets_go_of_its_proofs(
+    tmp_path: Path, code: int
+) -> None:
+    """Another process forces the lock away while the step runs (no heartbeat saw it): the
+    outcome is lost, and the hold's proof still goes. Fails before the fix: the done or fail
+    that found the lock gone raised before it let go of the proof (one descriptor a hold)."""
+    gsd = _gsd(tmp_path)
+    force = [sys.executable, "-m", "mahabharatha", "lock", "release", "--force"]
+
+    def step(lock: locks.PoolLock) -> locks.WorkResult:
+        with lock:
+            subprocess.run([*force, lock.feature, "--gsd-dir", str(gsd)], check=True)
+        return lock.finish(code, "it failed", 1)
+
+    report = locks.run_pool(step, None, gsd, attempts=1, heartbeat=None, once=True)
+    assert [r.outcome for r in report.results] == [WorkOutcome.LOST]
     assert _proofs_open(tmp_path) == []
 
 
