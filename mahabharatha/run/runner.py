@@ -267,6 +267,8 @@ class _Relay:
     def releasing(self) -> None:
         """The command is over: from now on a signal (a new one) ends the release's wait."""
         with self._mutex:
+            if self.phase is _Phase.RELEASING:
+                return  # Race: a signal since CMD's end (its leftovers' grace) still counts
             self.phase, self.pending = _Phase.RELEASING, None
             self.woken.acquire(blocking=False)
 

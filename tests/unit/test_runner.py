@@ -308,3 +308,15 @@ def test_a_signal_at_any_line_of_the_release_wait_ends_it() -> None:
     except subprocess.TimeoutExpired:
         pytest.fail("a signal handled inside the wait hung it")
     assert done.returncode == 0, done.stderr.decode()
+
+
+def test_a_signal_between_the_commands_end_and_its_release_still_ends_the_release_wait() -> None:
+    """``Run.command`` says "releasing" when CMD ends, and the release says it again: a signal
+    between the two (during the grace for CMD's leftovers) must still cut a later wait for a
+    kernel lease short. Fails before the fix: the second call cleared it (a wait of the whole
+    lease-break time, or for ever under a lease that is renewed)."""
+    relay = runner._Relay(runner.OnLost.TERMINATE, None)
+    relay.releasing()
+    relay.deliver(signal.SIGTERM, from_kernel=None)
+    relay.releasing()
+    assert relay.signalled_within(0) == signal.SIGTERM
