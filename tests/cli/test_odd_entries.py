@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -26,8 +27,9 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.backend import FileBackend
 from mahabharatha.commands import _utils
-from tests.cli._support import invoke, lock_path, one_document, write_lock
+from tests.cli._support import SYNC_TIMEOUT, invoke, lock_path, one_document, write_lock
 from tests.faults._kills import run_child
 
 HUGE_PID_TEMP: Final = ".lock.2147483648.0.tmp"
@@ -155,6 +157,54 @@ def test_a_done_marker_temp_replaced_after_its_judgement_is_not_removed(gsd: Pat
     finally:
         os.close(dfd)
     assert temp.exists()
+
+
+def _write_local_marker_paused(gsd: Path, written: Any, go: Any, told: Any) -> None:
+    """A fork's child: ``mark_done_here`` (a server's local copy of the done marker, the last
+    step of ``lock done``/``lock work`` on PostgreSQL), held between its temp's write and its
+    rename (a writer descheduled there) until ``go``; ``told`` gets what it raised, if anything."""
+    real = os.rename
+
+    def paused(src: Any, dst: Any, **where: Any) -> None:
+        if str(src).startswith(".completed."):
+            written.set()
+            go.wait(SYNC_TIMEOUT)
+        real(src, dst, **where)
+
+    os.rename = paused  # this child only
+    try:
+        FileBackend(gsd).mark_done_here("feat", "2026-11-27T00:00:00Z")
+        told.put(None)
+    except OSError as error:
+        told.put(repr(error))
+
+
+def test_clean_never_removes_the_temp_of_a_local_done_marker_still_being_written(
+    gsd: Path,
+) -> None:
+    """Race: ``mark_done_here`` wrote its temp without the folder's guard, so a writer
+    descheduled past ``TEMP_ORPHAN_SECONDS`` between write and rename lost its temp to ``lock
+    clean`` (judged by age alone, "their writer holds the guard"): the rename failed and the
+    local ``.completed`` copy was never written (the error is suppressed by ``_mark_done``).
+    Fails on c000d56: the marker is missing."""
+    folder = gsd / "specs" / "feat"
+    folder.mkdir(parents=True)
+    context = multiprocessing.get_context("fork")
+    written, go, told = context.Event(), context.Event(), context.SimpleQueue()
+    writer = context.Process(target=_write_local_marker_paused, args=(gsd, written, go, told))
+    writer.start()
+    try:
+        assert written.wait(SYNC_TIMEOUT), "the writer wrote its temp"
+        [temp] = folder.glob(".completed.*.tmp")
+        old = time.time() - ORPHAN_AGE  # the writer descheduled that long: the temp looks old
+        os.utime(temp, (old, old))
+        problems: list[locks.FeatureProblem] = []
+        locks.clean(gsd, problems=problems)
+    finally:
+        go.set()
+        writer.join(SYNC_TIMEOUT)
+    assert told.get() is None, "the local marker's rename found its temp gone"
+    assert (folder / ".completed").read_text() == "2026-11-27T00:00:00Z\n"
 
 
 # ------------------------------------------------------------------- a folder we may not read

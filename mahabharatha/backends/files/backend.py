@@ -551,7 +551,10 @@ class FileBackend(LockBackend):
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             if dfd is None:
                 return False
-            lockfile.publish_file(dfd, COMPLETED_MARKER_NAME, stamp + "\n")
+            # Race: clean sweeps a marker's temp by age alone, under the guard: a writer
+            # descheduled between write and rename without it lost its temp, and the marker.
+            with Guard(dfd, wait=True):
+                lockfile.publish_file(dfd, COMPLETED_MARKER_NAME, stamp + "\n")
         return True
 
     def done(self, feature: str, pid: int) -> str:
