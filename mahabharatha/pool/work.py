@@ -128,18 +128,23 @@ class PoolLock(FeatureLock):
         with self._mutex:
             left, self._left = self._left, None
         feature, store = self.feature, self.backend
-        if left is None or self.lost is not None:
+        try:
+            if left is None or self.lost is not None:
+                result = WorkResult(feature, WorkOutcome.LOST, exit_code)
+            elif exit_code != 0:
+                reason = f"exit code {exit_code}; {WORK_LEFT}"
+                result = WorkResult(feature, WorkOutcome.LEFT, exit_code, 0, reason)
+            elif isinstance(store, LocalFolder):
+                store.mark_done_holding(left)
+                result = WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
+            else:
+                # No proof of life here: the release cannot let a holder in beside the left work.
+                _mark_done(store, feature, left.pid)
+                return WorkResult(feature, WorkOutcome.DONE, 0)
+        except (NotHeldError, NotOwnerError):
+            # Race: taken away after the last heartbeat, as in :meth:`finish`: nothing marked
+            # (what is left of it goes once the work ends).
             result = WorkResult(feature, WorkOutcome.LOST, exit_code)
-        elif exit_code != 0:
-            reason = f"exit code {exit_code}; {WORK_LEFT}"
-            result = WorkResult(feature, WorkOutcome.LEFT, exit_code, 0, reason)
-        elif isinstance(store, LocalFolder):
-            store.mark_done_holding(left)
-            result = WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
-        else:
-            # No proof of life here: the release cannot let a holder in beside the left work.
-            _mark_done(store, feature, left.pid)
-            return WorkResult(feature, WorkOutcome.DONE, 0)
         if left is not None and still_running is not None:
             with self._mutex:
                 self._left, self.left_running = left, still_running

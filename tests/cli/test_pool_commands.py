@@ -266,7 +266,7 @@ its stdin (lock work's: the test's pipe) and exits 0."""
 
 
 def _work_losing_its_first_lock(
-    gsd: Path, *words: str, then: tuple[str, ...] = ()
+    gsd: Path, *words: str, then: tuple[str, ...] = (), cmd: tuple[str, ...] = WAITS_FOR_GO
 ) -> tuple[int, dict[str, Any]]:
     """``lock work alpha WORDS -- CMD``: while its first CMD runs, the lock is taken away
     (``lock release --force``, then the command ``then``), then CMD exits 0; every later CMD
@@ -274,7 +274,7 @@ def _work_losing_its_first_lock(
     _features(gsd, "alpha")
     argv = [*CLI, "lock", "work", "alpha", *words, "--json", "--gsd-dir", str(gsd), "--"]
     worker = subprocess.Popen(
-        [*argv, *WAITS_FOR_GO],
+        [*argv, *cmd],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -318,6 +318,33 @@ def test_work_once_reports_a_lock_forced_away_while_a_short_cmd_ran(
         gsd, "--once", then=another if taken_by_another else ()
     )
     assert [r["outcome"] for r in document["results"]] == ["lost"], document
+    assert code == 76, document
+    assert not (gsd / "specs" / "alpha" / ".completed").exists()
+
+
+LEAVES_WORK_THEN_EXITS_0: Final = (
+    'echo running; read -r _; setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $! > "$0"; exit 0'
+)
+"""A CMD (``sh -c``) like :data:`WAITS_FOR_GO` that leaves work outside its group holding the
+lock's proof of life (its pid written to ``$0``) and exits 0."""
+
+
+def test_work_once_reports_a_lock_forced_away_while_a_cmd_that_left_work_ran(
+    gsd: Path, tmp_path: Path
+) -> None:
+    """As the short CMD's loss, when CMD left work running: the done that found the lock gone
+    makes the outcome "lost", exit 76. Fails on c000d56: ``finish_leaving_work`` let the
+    done's ``NotHeldError`` out, so the worker answered "not locked by pid" (exit 1) with no
+    result at all, as the short CMD's loss did before d98ed4b."""
+    escaped = tmp_path / "escaped.pid"
+    try:
+        code, document = _work_losing_its_first_lock(
+            gsd, "--once", cmd=("sh", "-c", LEAVES_WORK_THEN_EXITS_0, str(escaped))
+        )
+    finally:
+        if escaped.exists():
+            os.kill(int(escaped.read_text()), signal.SIGKILL)
+    assert [r["outcome"] for r in document.get("results", [])] == ["lost"], document
     assert code == 76, document
     assert not (gsd / "specs" / "alpha" / ".completed").exists()
 
