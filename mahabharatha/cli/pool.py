@@ -303,7 +303,8 @@ def _say(result: WorkResult, limit: int) -> None:
     elif result.outcome == WorkOutcome.LEFT:
         said = f"not marked: {result.reason}"
     elif result.outcome == WorkOutcome.LOST:
-        said = f"lost its lock while CMD ran (exit code {result.exit_code}): not marked"
+        why = "" if result.reason is None else f" ({result.reason})"
+        said = f"lost its lock while CMD ran{why} (exit code {result.exit_code}): not marked"
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
     note(f"{result.feature}: {said}")
@@ -373,7 +374,8 @@ def _work_result(
         last = report.results[-1]
         code = EXIT_HELD if last.exit_code is None else last.exit_code
         if last.outcome == WorkOutcome.LOST:
-            code = EXIT_LOST  # lock run's lost-lock rule
+            code = EXIT_LOST  # lock run's lost-lock rule, and its document's fields
+            document = {**document, "error": "lost", "reason": last.reason}
     elif report.ended == WorkEnd.WAITED_OUT:
         code = EXIT_TEMPFAIL
         said = f"--wait ran out: {len(report.busy)} feature(s) still held by others"

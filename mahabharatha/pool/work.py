@@ -130,7 +130,7 @@ class PoolLock(FeatureLock):
         feature, store = self.feature, self.backend
         try:
             if left is None or self.lost is not None:
-                result = WorkResult(feature, WorkOutcome.LOST, exit_code)
+                result = self._lost_result(exit_code, self.lost)
             elif exit_code != 0:
                 reason = f"exit code {exit_code}; {WORK_LEFT}"
                 result = WorkResult(feature, WorkOutcome.LEFT, exit_code, 0, reason)
@@ -141,10 +141,10 @@ class PoolLock(FeatureLock):
                 # No proof of life here: the release cannot let a holder in beside the left work.
                 _mark_done(store, feature, left.pid)
                 return WorkResult(feature, WorkOutcome.DONE, 0)
-        except (NotHeldError, NotOwnerError):
+        except (NotHeldError, NotOwnerError) as gone:
             # Race: taken away after the last heartbeat, as in :meth:`finish`: nothing marked
             # (what is left of it goes once the work ends).
-            result = WorkResult(feature, WorkOutcome.LOST, exit_code)
+            result = self._lost_result(exit_code, gone)
         if left is not None and still_running is not None:
             with self._mutex:
                 self._left, self.left_running = left, still_running
@@ -168,7 +168,7 @@ class PoolLock(FeatureLock):
             self._close_handed()  # our copy: the children it was handed to keep theirs
         feature = self.feature
         if mine is None or self.lost is not None:
-            return self._lost(mine, exit_code)
+            return self._lost(mine, exit_code, self.lost)
         if exit_code is None:
             # A stop (a signal, CMD not started, an interrupted task): one try (a release
             # never waits for a slot); the lock would come free at its lease's end anyway.
@@ -183,18 +183,23 @@ class PoolLock(FeatureLock):
         except UnsupportedError:
             self.backend.release_held(mine)
             return WorkResult(feature, WorkOutcome.RELEASED, exit_code, 0, why)
-        except (NotHeldError, NotOwnerError):
+        except (NotHeldError, NotOwnerError) as gone:
             # Race: taken away (a forced release, a reclaim) after the last heartbeat, so a
             # quick work ended before the loss was seen: nothing was marked, it was lost.
-            return self._lost(mine, exit_code)
+            return self._lost(mine, exit_code, gone)
         return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
 
-    def _lost(self, mine: Held | None, exit_code: int | None) -> WorkResult:
+    def _lost(self, mine: Held | None, exit_code: int | None, why: Exception | None) -> WorkResult:
         """Outcome lost; what is left of ``mine`` (its proof, a lock still exactly ours) goes."""
         if mine is not None:
             with suppress(OSError):  # lost already: taking back what is left is best effort
                 self.backend.release_held(mine)
-        return WorkResult(self.feature, WorkOutcome.LOST, exit_code)
+        return self._lost_result(exit_code, why)
+
+    def _lost_result(self, exit_code: int | None, why: Exception | None) -> WorkResult:
+        """Outcome lost, with the loss's sentence (what took it, when it is known) as reason."""
+        reason = None if why is None else str(why)
+        return WorkResult(self.feature, WorkOutcome.LOST, exit_code, 0, reason)
 
 
 WORK_LEFT: Final = (

@@ -320,6 +320,10 @@ def test_work_once_reports_a_lock_forced_away_while_a_short_cmd_ran(
     assert [r["outcome"] for r in document["results"]] == ["lost"], document
     assert code == 76, document
     assert not (gsd / "specs" / "alpha" / ".completed").exists()
+    # As lock run's document: the loss said, with what the done or fail found.
+    assert document["error"] == "lost", document
+    assert "pid 1" in document["reason"] if taken_by_another else document["reason"], document
+    assert document["results"][0]["reason"] == document["reason"]
 
 
 LEAVES_WORK_THEN_EXITS_0: Final = (
