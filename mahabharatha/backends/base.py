@@ -60,7 +60,8 @@ HELD_STATES: Final = frozenset({State.ACTIVE, State.WRITING, State.BUSY})
 
 @dataclass(frozen=True)
 class LockInfo:
-    """One feature lock as a person or a JSON reader sees it."""
+    """One feature lock as a person or a JSON reader sees it (a plain string given for
+    ``state`` or ``owner`` becomes its member)."""
 
     feature: str
     state: State

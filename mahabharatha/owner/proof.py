@@ -201,7 +201,8 @@ class WorkProof:
 
 class HandedProof:
     """A work proof for ``spawn``/``forkserver`` workers: pickled, it sends the descriptor along
-    (``DupFd``); call it in the worker (``initializer``). Nothing is sent once the lock is gone."""
+    (``DupFd``); call it in the worker (``initializer``). Nothing is sent under ``fork``, nor
+    once the lock is gone."""
 
     __slots__ = ("_source", "fd")
 
