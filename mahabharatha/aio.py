@@ -192,6 +192,7 @@ class AsyncFeatureLock:
         self._beating: asyncio.Task[None] | None = None
         self._gate: _Gate | None = None  # our turn among this loop's tasks, while we hold
         self._lost_override: Callable[[LockLostError], None] | None = None  # this hold's
+        self._told: LockLostError | None = None  # the loss ``on_lost`` was told of
 
     # ------------------------------------------------------------------ what FeatureLock says
 
@@ -359,10 +360,13 @@ class AsyncFeatureLock:
         return False
 
     def _tell_lost(self) -> None:
-        """Tell ``on_lost`` (this hold's, else the lock's) the loss, if any, on the loop."""
+        """Tell ``on_lost`` (this hold's, else the lock's) the loss, if any, once, on the loop."""
         lost = self._state.lost
+        if lost is None or lost is self._told:
+            return
+        self._told = lost
         tell = self.on_lost if self._lost_override is None else self._lost_override
-        if lost is not None and tell is not None:
+        if tell is not None:
             tell(lost)
 
     async def refresh(self) -> None:
@@ -392,7 +396,6 @@ class AsyncFeatureLock:
         try:
             await self._stop_beat()
         finally:
-            told = self._state.lost  # by the heartbeat, which has ended
             try:
                 await self._call(self._state.release)
             finally:
@@ -403,8 +406,9 @@ class AsyncFeatureLock:
                     self._gate = None
                     gate.leave()
             self._rest()
-        if told is None:
-            self._tell_lost()  # found by the release: taken away after the last refresh
+        # Race: found by the release (taken away after the last refresh), or by a refresh the
+        # release cut the heartbeat off in (cancelled before it could tell): told here, once.
+        self._tell_lost()
 
     async def __aenter__(self) -> Self:
         return await self.acquire()

@@ -630,3 +630,59 @@ def test_the_waiting_tasks_of_a_loop_share_one_listening_connection_closed_after
 
     with held_elsewhere(place) as let_go:
         asyncio.run(main(let_go))
+
+
+class _RefreshInAThread:
+    """A backend whose calls are made in a worker thread and whose refresh pauses until the
+    test lets it go: the release can cut the heartbeat off while its refresh runs."""
+
+    kind = "remote"
+
+    def __init__(self, real: LockBackend) -> None:
+        self.real = real
+        self.local_calls = False  # its calls are made in a thread
+        self.entered = threading.Event()
+        self.go_on = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def refresh(self, held: Held) -> Held:
+        self.entered.set()
+        assert self.go_on.wait(HANG_GUARD_SECONDS)
+        return self.real.refresh(held)
+
+
+def test_a_loss_found_by_a_refresh_the_release_cut_off_is_told(place: Place) -> None:
+    """The lock is forced away while a refresh runs in its thread; the release cancels the
+    heartbeat, which waits that refresh out: the refresh finds the loss (``lost`` set), and
+    the heartbeat, cancelled, never tells it. The release must: ``on_lost`` once, on the loop.
+    Failed on 28320c8: ``lost`` set, ``on_lost`` never called (the release took a loss merely
+    declared for one told)."""
+
+    async def main() -> None:
+        slow = _RefreshInAThread(place.open())
+        told: list[tuple[locks.LockLostError, int]] = []
+        lock = AsyncFeatureLock(
+            FEATURE,
+            place.gsd,
+            backend=cast(LockBackend, slow),
+            timeout=0,
+            heartbeat=0.01,
+            on_lost=lambda error: told.append((error, threading.get_ident())),
+        )
+        try:
+            await lock.acquire()
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, slow.entered.wait, HANG_GUARD_SECONDS)
+            assert _take_over(place, FEATURE, os.getpid()) is not None
+            # Let the refresh go on only once the release has cancelled the heartbeat.
+            loop.call_soon(slow.go_on.set)
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
+                await lock.release()
+        finally:
+            slow.real.close()
+        assert lock.lost is not None
+        assert told == [(lock.lost, threading.get_ident())]
+
+    asyncio.run(main())
