@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from time import monotonic
@@ -201,7 +202,8 @@ class _Child:
         self.kill_group()
         killed = waiting.Deadline(WORK_KILL_WAIT_SECONDS)
         while self.left_running() and not killed.passed():
-            relay.signalled_within(WORK_POLL_SECONDS)
+            # Not the relay's wait: a signal of the grace stays pending there (a spin).
+            time.sleep(WORK_POLL_SECONDS)
         return self.left_running()
 
     def still_running(self) -> bool:

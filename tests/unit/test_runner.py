@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Final
@@ -320,3 +321,25 @@ def test_a_signal_between_the_commands_end_and_its_release_still_ends_the_releas
     relay.deliver(signal.SIGTERM, from_kernel=None)
     relay.releasing()
     assert relay.signalled_within(0) == signal.SIGTERM
+
+
+def test_the_wait_after_killing_cmds_group_pauses_even_once_a_signal_came(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal during the leftovers' grace stays pending (the release's wait needs it): the
+    wait for the killed group must still pause between looks. Fails before the fix: it asked
+    the relay, which answered at once, and spun (thousands of looks in its 0.2 s here)."""
+    monkeypatch.setattr(runner, "work_grace_seconds", lambda: 0.0)
+    monkeypatch.setattr(runner, "WORK_KILL_WAIT_SECONDS", 0.2)
+    looks = [0]
+
+    def left_running() -> bool:
+        looks[0] += 1
+        return True
+
+    relay = runner._Relay(runner.OnLost.TERMINATE, None)
+    relay.releasing()
+    relay.deliver(signal.SIGTERM, from_kernel=None)
+    child = types.SimpleNamespace(left_running=left_running, kill_group=lambda: None)
+    assert runner._Child.outlast(child, relay)  # type: ignore[arg-type]
+    assert looks[0] < 100, f"{looks[0]} looks: a spin"
