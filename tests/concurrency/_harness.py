@@ -31,9 +31,11 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import pytest
+
+from mahabharatha.backends.files.folder import GuardBusyError
 
 CTX: Final = multiprocessing.get_context("fork")
 """Fork: children share the parent's imports and need nothing pickled."""
@@ -72,6 +74,11 @@ MODULES: Final = {"new": "mahabharatha.commands._utils", "old": "tests.support.o
 
 stress: Final = pytest.mark.stress
 
+GUARD_TRIES: Final = 20
+"""Refusals in a row after which a guarded step is called starved (10 s: a guard never let go)."""
+
+T = TypeVar("T")
+
 
 class HarnessError(RuntimeError):
     """The test machinery failed (a child raised, a barrier broke): not a verdict on the lock."""
@@ -81,6 +88,19 @@ def require(condition: bool, message: str) -> None:
     """A sanity check of the test itself (it exercised what it claims to): HarnessError if not."""
     if not condition:
         raise HarnessError(message)
+
+
+def tried_again(step: Callable[[], T], refused: Any) -> T:
+    """``step()``, called again while it raises ``GuardBusyError``: the contract's "try again"
+    when the folder guard's holder did not run for ``GUARD_WAIT_SECONDS``, which a parallel run
+    gives now and then. Each refusal is counted in ``refused`` (a shared ``Value``); the
+    ``GUARD_TRIES``-th in a row is raised (the guard is never let go)."""
+    for _ in range(GUARD_TRIES - 1):
+        try:
+            return step()
+        except GuardBusyError:
+            refused.value += 1
+    return step()
 
 
 def trials(default: int = DEFAULT_TRIALS) -> int:
