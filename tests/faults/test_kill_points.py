@@ -11,7 +11,7 @@ owner's own lock once stale or with ``reclaim_dead``) and leaves no temp file, a
 API, and of ``lock run`` processes, complete the count.
 
 ``MAHABHARATHA_STRESS`` sets the total number of kills this file makes: the random test, which
-runs last, tops the count up to it. Unset: every step once in each phase (about 460 kills), 200
+runs last, tops the count up to it. Unset: every step once in each phase (about 460 kills), 80
 random kills and 5 of ``lock run``, a few seconds. ``MAHABHARATHA_STRESS=1000``: at least 1000.
 The terminal summary prints the count and the number of invariant violations.
 """
@@ -59,8 +59,8 @@ FEATURE: Final = "feat"
 MAX_STEPS: Final = 400
 """No operation here makes this many system calls: reaching it means the child never died."""
 
-DEFAULT_RANDOM_KILLS: Final = 200
-"""Random-time kills when MAHABHARATHA_STRESS is unset (1-2 s on an idle machine)."""
+DEFAULT_RANDOM_KILLS: Final = 80
+"""Random-time kills when MAHABHARATHA_STRESS is unset (about a second on an idle machine)."""
 
 LOCK_RUN_KILLS: Final = 5
 """Kills of real ``lock run`` processes (each costs an interpreter start)."""
