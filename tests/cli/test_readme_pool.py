@@ -1,6 +1,6 @@
 """The README's shell worker loop, taken from README.md and run as written by real bash workers.
 
-Four workers share ten features; a build step records every run. The loop must end, build
+Four workers share eight features; a build step records every run. The loop must end, build
 every feature exactly once and leave no lock; a build that always fails is tried exactly
 ``--attempts`` times (``lock fail``) and is left failed. In the second test one
 worker's shell is killed with SIGKILL in the middle of a build: the others wait for it
@@ -38,8 +38,8 @@ from tests.support.marks import needs_fifo, posix_signals
 
 README: Final = Path(__file__).resolve().parents[2] / "README.md"
 WORKERS: Final = 4
-FEATURES: Final = [f"feat-{i:02d}" for i in range(1, 11)]
-"""Two or three features for each worker: enough for every worker to claim after another's
+FEATURES: Final = [f"feat-{i:02d}" for i in range(1, 9)]
+"""Two features for each worker: enough for every worker to claim after another's
 done or fail (a feature built twice, or a loop that never ends, shows at any size)."""
 VICTIM: Final = FEATURES[0]  # claim goes by name: the first claim of the pool takes it
 POOL_TIMEOUT: Final = 60.0
