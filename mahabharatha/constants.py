@@ -8,6 +8,7 @@ STATE_DIR: Final = ".mahabharatha/state"  # per-feature state; the newest names 
 AUDIT_LOG_NAME: Final = "lock-audit.jsonl"  # a JSON line per reclaim, forced release, clean
 COMPLETED_MARKER_NAME: Final = ".completed"  # a finished feature (ISO-8601): never claimed
 ATTEMPTS_RECORD_NAME: Final = ".attempts"  # a feature's failed attempts (JSON)
+LAST_LOG_NAME: Final = ".last-log"  # the path of its last log (lock work --log-dir)
 # A feature whose attempts failed this often is ``failed``, no longer handed out (``--attempts``).
 DEFAULT_ATTEMPTS: Final = 3
 

@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from time import gmtime, strftime, time
-from typing import IO, Any, Final, NamedTuple
+from typing import IO, Any, NamedTuple
 
-from mahabharatha.constants import PUMP_JOIN_SECONDS
-
-LAST_LOG_NAME: Final = ".last-log"
+from mahabharatha.constants import LAST_LOG_NAME, PUMP_JOIN_SECONDS
 
 
 class CommandOutput(NamedTuple):

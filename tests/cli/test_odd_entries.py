@@ -143,6 +143,30 @@ def test_clean_sweeps_aged_orphan_temps_of_the_done_marker_and_attempts_record(
     assert all(temp.exists() == dry_run for temp in aged)
 
 
+def test_clean_sweeps_the_last_log_temp_of_a_dead_writer_and_keeps_a_live_ones(
+    gsd: Path,
+) -> None:
+    """``lock work --log-dir`` names a feature's last log through ``.last-log.<pid>.tmp``: a
+    worker killed between its write and its rename leaves it. Judged as a lock temp is (its
+    writer's pid gone, or too old); a young temp of a live pid is a writer's in progress.
+    Fails before the fix: clean listed none, so "after one clean only live locks are left"
+    did not hold."""
+    folder = gsd / "specs" / "feat"
+    folder.mkdir(parents=True)
+    dead = _plant_temp(folder, ".last-log.4194000.tmp", 0.0)  # above pid_max: nobody's
+    aged = _plant_temp(folder, f".last-log.{os.getppid()}.tmp", ORPHAN_AGE)
+    live = _plant_temp(folder, f".last-log.{os.getpid()}.tmp", 0.0)
+
+    result = invoke("lock", "clean", "--gsd-dir", gsd, "--json")
+
+    assert result.exit_code == 0, result.output
+    entries = one_document(result.stdout)["entries"]
+    assert sorted((e["path"], e["kind"], e["state"], e["removed"]) for e in entries) == sorted(
+        (str(temp), "temp", "orphan", True) for temp in (dead, aged)
+    )
+    assert live.exists(), "a young temp of a live writer is in progress"
+
+
 def test_a_done_marker_temp_replaced_after_its_judgement_is_not_removed(gsd: Path) -> None:
     """Race: the orphan judged is gone and another file has its name by the removal: it stays."""
     folder = gsd / "specs" / "feat"

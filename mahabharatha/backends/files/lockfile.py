@@ -45,6 +45,7 @@ from mahabharatha.constants import (
     ATTEMPTS_RECORD_NAME,
     COMPLETED_MARKER_NAME,
     GUARD_WAIT_SECONDS,
+    LAST_LOG_NAME,
     TEMP_ORPHAN_SECONDS,
 )
 from mahabharatha.names import MAX_PID
@@ -65,6 +66,8 @@ _FILE_TEMP_RE: Final = re.compile(
     r"\.[0-9]+\.[0-9a-f]+\.tmp",
     re.ASCII,
 )
+# lock work's temp naming a feature's last log: judged as a lock temp (pid, age), only by clean.
+_LOG_TEMP_RE: Final = re.compile(rf"{re.escape(LAST_LOG_NAME)}\.([0-9]+)\.tmp", re.ASCII)
 _TMPFILE_FLAG: Final = getattr(os, "O_TMPFILE", 0)
 # Our descriptors by path (``/proc/self/fd`` is gone once the main thread has exited).
 _OWN_FDS: Final = (
@@ -359,8 +362,8 @@ def orphan_temps(dfd: int, now: float, *, files: bool = False) -> list[OrphanTem
 
 def _orphan_info(dfd: int, name: str, now: float, files: bool) -> os.stat_result | None:
     """The facts of a regular file (anything else so named is someone else's) named as a temp,
-    if it is too old or, a ``.lock`` temp, its writer's pid is gone; else ``None``."""
-    match = _TEMP_RE.fullmatch(name)
+    if it is too old or, a temp named by its writer's pid, that pid is gone; else ``None``."""
+    match = _TEMP_RE.fullmatch(name) or (_LOG_TEMP_RE.fullmatch(name) if files else None)
     if match is None and not (files and _FILE_TEMP_RE.fullmatch(name)):
         return None
     try:
