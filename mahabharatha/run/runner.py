@@ -1,13 +1,6 @@
-"""Hold a feature lock while a command (CMD) runs: ``mahabharatha lock run``.
-
-SIGINT, SIGTERM and SIGHUP are handled from before the lock is taken: a signal ends the wait,
-releases a lock whose CMD has not started, is sent to CMD once it exists and forwarded while it
-runs (then SIGCONT), except one the kernel sent to our whole group (a Ctrl-C: CMD got it). CMD
-runs in a process group of its own (unless ``lock run`` is a terminal's job), recorded with the
-lock, and inherits a proof of life; the lock is released once nothing holds that proof and the
-group is empty (a grace, then SIGKILL), else left held (:class:`WorkLeftError`). The long form:
-``design/lockfile-hardening.md`` section 6.
-"""
+"""Hold a feature lock while a command (CMD) runs: ``mahabharatha lock run``; signals are relayed
+to CMD's group from before the lock is taken. The long form, each signal's fate at every moment:
+``design/lockfile-hardening.md`` section 6."""
 
 from __future__ import annotations
 
@@ -86,10 +79,8 @@ class ReleaseInterrupted(Exception):
 
 
 class WorkLeftError(LockError):
-    """CMD has ended but work it started outside its group holds its proof: the lock stays held
-    until that ends. ``status``: CMD's exit code as ``lock run`` reports it; ``still_running()``:
-    does that work still run (its proof held, or CMD's group not empty)? A copy pickled to
-    another process cannot watch that work: it answers True (ask the lock's status)."""
+    """CMD has ended but work it started outside its group holds its proof: the lock stays held.
+    ``status``: CMD's code; ``still_running()``: True while that work runs (always, unpickled)."""
 
     def __init__(
         self, feature: str, status: int, still_running: Callable[[], bool] = lambda: True
@@ -118,8 +109,7 @@ _NEEDS_NO_CONT: Final = frozenset({signal.SIGKILL, signal.SIGCONT, signal.SIGSTO
 
 
 class _Child:
-    """The running command, signalled through a pidfd where there is one; with ``own_group``
-    it leads a process group of its own, and signals go to that whole group."""
+    """The running command, signalled through a pidfd; with ``own_group``, its whole group."""
 
     def __init__(
         self, popen: subprocess.Popen[bytes], own_group: bool, work: WorkProof | None
@@ -217,8 +207,8 @@ class _Child:
 
 
 class _Relay:
-    """What a signal does to CMD in each phase (see the module docstring), and what a lost lock
-    does: that rule runs in a thread of its own (the grace holds up no one)."""
+    """What a signal does to CMD in each phase, and what a lost lock does (in a thread of its
+    own: the grace holds up no one)."""
 
     def __init__(self, policy: OnLost, notify: Callable[[LockLostError], None] | None) -> None:
         self.phase = _Phase.PREPARING
@@ -362,10 +352,8 @@ def _child_got_it_too(signum: int, from_kernel: bool | None, child_pid: int) -> 
 
 @contextmanager
 def _senders_known(relay: _Relay) -> Iterator[None]:
-    """Block the forwarded signals here (and in threads started from now on) and hand them,
-    read with ``sigwaitinfo`` in a thread, to ``relay`` with their senders. Only with stdin a
-    terminal: elsewhere CMD leads its own group, every signal is forwarded whoever sent it, and
-    the Python handler does that without a thread."""
+    """With stdin a terminal, hand the forwarded signals to ``relay`` with their senders, read
+    by a thread with ``sigwaitinfo`` (elsewhere CMD leads its group: every one is forwarded)."""
     try:
         terminal = sys.stdin is not None and os.isatty(sys.stdin.fileno())
     except (OSError, ValueError):  # closed, or not a real file
@@ -434,10 +422,8 @@ def work_grace_seconds() -> float:
 
 
 class Run:
-    """``lock run`` in two steps, so that its caller can act between them: ``with Run(lock,
-    ...) as run: run.acquire(); code = run.command(command)``. Entering takes the forwarded
-    signals, leaving gives them back; once :meth:`acquire` has returned the lock is released
-    whatever happens. :func:`run_locked` documents the arguments and what each step raises."""
+    """``lock run`` in two steps: ``with Run(lock, ...) as run: run.acquire(); run.command(cmd)``;
+    the signals are ours inside, and once acquired the lock is released whatever happens."""
 
     def __init__(
         self,
@@ -561,16 +547,7 @@ def run_locked(
     stderr: IO[Any] | None = None,
 ) -> int:
     """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
-
-    ``env``: added to the command's environment; ``stdout``/``stderr``: its output (``None``:
-    ours); ``waiting`` (a terminal's waiting line) is entered around the wait only;
-    ``on_acquired`` is called before the command starts. A lock lost while it runs calls
-    ``notify_lost`` at once and ``on_lost`` says what happens to the command (``lock.lost``
-    says why, afterwards); a kernel lease holding up the release calls ``on_release_wait``
-    with the seconds it waits at most. Raises ``LockHeldError`` (busy), :class:`Interrupted`
-    (a signal before the command), :class:`CommandStartError`'s kinds (lock released),
-    :class:`ReleaseInterrupted`, an ``OSError`` (a lease outlasted that wait), ``LockLostError``
-    (lost before the command could start) and :class:`WorkLeftError` (the lock is left held).
+    Each argument and what it raises: ``design/lockfile-hardening.md`` section 6, "run_locked".
     """
     with Run(
         lock, on_lost=on_lost, notify_lost=notify_lost, on_release_wait=on_release_wait
