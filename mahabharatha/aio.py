@@ -1,7 +1,5 @@
-"""``AsyncFeatureLock``: ``FeatureLock`` held from an event loop (``async with``). Only the
-scheduling is this module's (waits are awaits, the heartbeat is a task, a cancelled task gives
-back what it took); the lock and its rules are ``FeatureLock``'s. Long form: ``design/async.md``.
-"""
+"""``AsyncFeatureLock``: ``FeatureLock`` held from an event loop (``async with``); only the
+scheduling is this module's (awaits, a heartbeat task, cancellation). Long form: design/async.md."""
 
 from __future__ import annotations
 
@@ -146,13 +144,9 @@ class _Forwarded(Generic[_T]):
 
 
 class AsyncFeatureLock:
-    """Hold a feature lock for a block of an asyncio program, refreshed by a task of the loop.
-
-    :class:`~mahabharatha.locks.FeatureLock`'s arguments, attributes (``lost``,
-    ``heartbeat_error``, ...) and errors, meaning the same; ``on_wait`` and ``on_lost`` are
-    called on the loop. Waiting lets the loop's other tasks run; a task cancelled while it
-    waits, or inside the block, leaves no lock behind. Not reentrant.
-    """
+    """Hold a feature lock for a block of an asyncio program, refreshed by a task of the loop:
+    :class:`~mahabharatha.locks.FeatureLock`'s arguments, attributes and errors, its callbacks
+    called on the loop; a cancelled task leaves no lock behind. Not reentrant."""
 
     def __init__(
         self,
@@ -246,8 +240,8 @@ class AsyncFeatureLock:
             future.exception()  # read: a failed give-back leaves a lock that ages out (lease)
 
     def _rest(self) -> None:
-        """Let the backend's connection go between calls (``close``), as a ``FeatureLock``
-        with a heartbeat does, when no call of it is in flight."""
+        """Let the backend's connection go (as ``FeatureLock`` does) when no call is in flight."""
+
         if self.heartbeat and self._calls.idle():
             self.backend.close()
 
@@ -327,9 +321,8 @@ class AsyncFeatureLock:
     # ------------------------------------------------------------------ holding
 
     async def _beat(self) -> None:
-        """The heartbeat: ``FeatureLock``'s rules, its step (``_beat_once``: refresh, retry
-        sooner on an OS error, lost when refused or past the lease) paced by ``asyncio.sleep``,
-        and its cut-off (``_cut_off_in``), which no pause and no refresh outlasts."""
+        """``FeatureLock``'s heartbeat step (``_beat_once``) paced by ``asyncio.sleep``, and
+        its cut-off (``_cut_off_in``), which no pause and no refresh outlasts."""
         state, interval = self._state, self.heartbeat
         step: asyncio.Task[float | None] | None = None
         while interval:
