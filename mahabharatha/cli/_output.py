@@ -1,9 +1,5 @@
-"""What every command shares: its options, how a result is printed, which exit code it gets.
-
-A command returns a :class:`Result` (or raises); :func:`run` prints it, as one JSON document on
-stdout with ``--json`` or as text for a person, and exits through ``typer.Exit`` with the code
-from :func:`exit_code_for`, the one place errors become exit codes.
-"""
+"""What every command shares: its options, how a :class:`Result` is printed (one JSON document
+with ``--json``, else text), and its exit code (:func:`exit_code_for`, the one mapping)."""
 
 from __future__ import annotations
 
@@ -361,11 +357,9 @@ class Result(NamedTuple):
 
 
 def exit_code_for(error: BaseException, *, before_run: bool = False) -> int:
-    """The exit code of a failure: the only mapping from errors to codes.
+    """The exit code of a failure: the only mapping from errors to codes. ``before_run``: ``lock
+    run`` failed before its command started (busy: 75; else what a shell would say)."""
 
-    ``before_run``: ``lock run`` failed before its command started; a busy lock is then "try
-    again later" (75), an interrupt or a command that cannot start is what a shell would say.
-    """
     if before_run:
         if isinstance(error, runner.Interrupted):
             return killed_by(error.signum)

@@ -1,9 +1,5 @@
-"""``mahabharatha lock fail`` and ``lock work``: a worker pool's commands.
-
-``lock work`` is the worker loop in one process: it claims as ``lock claim`` does, runs each
-feature's command as ``lock run`` does, and ends each hold in one step of the backend's (done,
-or a failed attempt, then the release).
-"""
+"""``mahabharatha lock fail`` and ``lock work``: a worker pool's commands. ``lock work`` claims as
+``lock claim`` does, runs each feature's command as ``lock run`` does, then marks or fails it."""
 
 from __future__ import annotations
 
