@@ -45,9 +45,8 @@ from mahabharatha.states import State
 
 
 class ClaimOutcome(NamedTuple):
-    """How a claim ended: ``held`` when it took a feature; otherwise what the others are:
-    ``busy`` (held by others at the last look: one may come back), ``done``, ``failed`` (their
-    attempts reached the limit), ``mine`` (held by the claimer itself)."""
+    """How a claim ended: ``held`` when it took a feature; else what the others are: ``busy``
+    (held by others: one may come back), ``done``, ``failed``, ``mine`` (the claimer's own)."""
 
     held: Held | None
     busy: tuple[str, ...] = ()
@@ -90,16 +89,9 @@ def claim(
     wait: float | None = 0.0,
     **options: Unpack[_ClaimKeywords],
 ) -> str | None:
-    """Acquire the first free feature of ``features`` (default: every feature folder, by name).
-
-    Each try is a full acquire: two workers never get the same feature. Skipped: a feature
-    marked done (unless ``include_done``) or whose failed attempts reached ``attempts``
-    (``None``: the limit recorded with them), both checked again once the lock is held; one
-    whose try fails with an OS error goes to ``problems`` (without it, the first is raised
-    when nothing was claimed). ``wait``: 0 tries once (``None``: nothing free); seconds, or
-    ``None`` for ever, wait for releases while others hold features: then ``None`` means
-    nothing is left, and :class:`NoneFreeError` that the wait ran out.
-    """
+    """Acquire the first free feature of ``features`` (default: every feature folder) that is
+    not done or failed, each try a full acquire; ``None``: nothing left, :class:`NoneFreeError`:
+    ``wait`` ran out while others held features. In full: ``design/contract.md``, ``claim``."""
     outcome = claim_next(features, gsd_dir, wait=wait, **options)
     if outcome.held is None and outcome.busy and wait != 0:
         raise NoneFreeError(outcome.busy)
@@ -163,9 +155,7 @@ def _claim_waiting(pool: _Pool, wait: float | None) -> ClaimOutcome:
             # Race: a release between the claim above and the watch's start was not seen by
             # either: this claim, made with the watch in place, sees it.
             outcome = pool.claim()
-            if outcome.held is not None or outcome.nothing_left:
-                return outcome
-            if deadline.passed():
+            if outcome.held is not None or outcome.nothing_left or deadline.passed():
                 return outcome
             watch.wait(deadline.cap(RECHECK_SECONDS))
 

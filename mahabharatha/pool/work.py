@@ -44,11 +44,9 @@ from mahabharatha.states import WorkEnd, WorkOutcome
 
 
 class WorkResult(NamedTuple):
-    """What a worker did with one feature it claimed. ``outcome``: ``done``, ``failed`` (an
-    attempt recorded; ``attempts`` counts them), ``released`` (given back unmarked: work
-    interrupted, or no attempts kept), ``lost`` (taken away while the work ran: nothing
-    marked), ``left`` (CMD failed and work it started still holds the lock until it ends).
-    ``reason`` also says when a ``done`` feature's work still runs, holding its lock."""
+    """What a worker did with one feature it claimed: ``done``, ``failed`` (``attempts`` counts
+    them), ``released`` (unmarked), ``lost`` (taken away while the work ran: nothing marked) or
+    ``left`` (CMD failed, and work it started holds the lock until it ends)."""
 
     feature: str
     outcome: WorkOutcome
@@ -75,10 +73,8 @@ class WorkReport(NamedTuple):
 
 
 class PoolLock(FeatureLock):
-    """A :class:`FeatureLock` built from the pool's claim: ``acquire`` adopts it, and
-    :meth:`finish` ends the hold as the work's outcome says (done, a failed attempt, a plain
-    release), the mark and the release one step of the backend's. Until then the lock outlives
-    ``release`` and the block's end (``run_locked`` for ``lock work``), which stop the heartbeat."""
+    """A :class:`FeatureLock` built from the pool's claim: ``acquire`` adopts it, :meth:`finish`
+    marks and releases it in one step; until then ``release`` only stops the heartbeat."""
 
     _connection_grace = POOL_CONNECTION_GRACE_SECONDS  # a quick command's end reuses it
     _ends_by_outcome = True  # :meth:`finish` marks and releases it in one step
@@ -239,11 +235,9 @@ def run_pool(
     retry_delay: float = RETRY_DELAY_SECONDS,
     on_waiting: Callable[[LockInfo], None] | None = None,
 ) -> WorkReport:
-    """The worker loop under :func:`work` and ``lock work``: claim (owner this process), run
-    ``step`` with the lock held, again; while others hold what is left, wait for a release
-    (``wait`` seconds each time; ``None``: for ever), telling ``on_waiting`` once what for.
-    Ends when nothing is left, the wait ran out, after one feature (``once``), or on
-    :class:`StopWork`. A failed feature rests ``retry_delay`` seconds (counted as held)."""
+    """The worker loop under :func:`work` and ``lock work``: claim, run ``step`` with the lock
+    held, again, waiting for a release (``wait`` seconds each time) while others hold what is
+    left; ends when nothing is left, the wait ran out, after ``once``, or on :class:`StopWork`."""
     store = _backend(backend, gsd_dir)
     candidates = list(features) if features else store.feature_names()
     _valid_attempts(attempts)
@@ -337,11 +331,9 @@ def work(
     on_result: Callable[[WorkResult], None] | None = None,
     retry_delay: float = RETRY_DELAY_SECONDS,
 ) -> WorkReport:
-    """Work through a pool of features in this process: claim one, call ``task(feature)``
-    holding its lock, mark it done when it returns, or record a failed attempt when it raises
-    an ``Exception`` (the reason) or returns ``False``; then the next, waiting as
-    :func:`run_pool` does. A feature failed ``attempts`` times is skipped until
-    :func:`reopen`. A ``BaseException`` releases the feature unmarked and propagates."""
+    """The worker loop over a callable: ``task(feature)`` holding its lock; a return marks it
+    done, an ``Exception`` or ``False`` records a failed attempt, a ``BaseException`` releases
+    it unmarked and propagates. In full: ``design/contract.md``, ``work``."""
 
     def step(lock: PoolLock) -> WorkResult:
         code, reason = 1, None
