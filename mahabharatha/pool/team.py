@@ -36,12 +36,9 @@ class _Worker(NamedTuple):
 
 
 def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
-    """Run ``job`` in ``jobs`` forked workers at once; return how each ended, in start order.
-
-    ``job`` returns a JSON-able answer (an exception escaping it ends its worker with status
-    70, a ``KeyboardInterrupt`` with 128+n). Call it before any thread, lock or connection
-    exists: a fork copies one thread, and workers share no lock or server descriptor. A fork
-    that fails after the first leaves a smaller team."""
+    """Run ``job`` (a JSON-able answer; raising: status 70, or 128+n) in ``jobs`` forked workers;
+    how each ended, in start order. Call it before any thread, lock or connection exists: a fork
+    copies one thread, and workers share no lock or server descriptor."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     if threading.active_count() > 1:
@@ -105,10 +102,9 @@ def _be_worker(
         # Race: a signal forwarded while the workers were forked is delivered as this one
         # unblocks it, before its job answers anything: it ends as that signal ends a process.
         status = 128 + getattr(stop, "signum", signal.SIGINT)
-    except BaseException:  # whatever it was: a forked worker must never run on as the parent
-        status = WORKER_FAILED
-    finally:
+    finally:  # whatever was raised: a forked worker must never run on as the parent
         os._exit(status)
+
 
 
 def _leave_the_terminal() -> None:
