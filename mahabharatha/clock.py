@@ -1,8 +1,5 @@
-"""The clock of every lock decision: :func:`now`, read once per operation and passed down.
-
-``commands/_utils.py`` re-exports it as the contract's clock seam and writes a test's replacement
-of ``_utils.time`` or ``_utils.now`` through to here, so every layer keeps one clock.
-"""
+"""The clock of every lock decision: :func:`now`, read once per operation and passed down;
+``commands/_utils.py`` writes a test's ``_utils.time`` or ``_utils.now`` through to here."""
 
 from __future__ import annotations
 

@@ -86,9 +86,8 @@ def feature_from_state_files() -> str | None:
 
 def detect_feature(gsd_dir: str = GSD_DIR, *, skipped: list[str] | None = None) -> str | None:
     """The feature being worked on: the first valid name of ``MAHABHARATHA_FEATURE``, the
-    ``.current-feature`` marker, the newest state file; a source that cannot be read is skipped.
-    ``skipped`` learns why the variable or the marker was passed over (a later one only when
-    needed: a valid name ends the search)."""
+    ``.current-feature`` marker, the newest state file; ``skipped`` learns why the variable or
+    the marker was passed over (a source that cannot be read is skipped)."""
     notes: list[str] = [] if skipped is None else skipped
     env = feature_from_env()
     if env and _valid(env, f"${FEATURE_ENV_VAR}", notes):
@@ -96,8 +95,10 @@ def detect_feature(gsd_dir: str = GSD_DIR, *, skipped: list[str] | None = None) 
     marker = Path(gsd_dir) / CURRENT_FEATURE_FILE
     text = feature_from_marker(gsd_dir)
     if text is None and os.path.lexists(marker):
-        limit = MAX_READ_BYTES
-        notes.append(f"skipped {marker}: not a readable text file of at most {limit} bytes")
+        notes.append(
+            f"skipped {marker}: not a readable text file of at most {MAX_READ_BYTES} bytes"
+        )
+
     if text and _valid(text, str(marker), notes):
         return text
     return feature_from_state_files()

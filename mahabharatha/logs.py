@@ -1,9 +1,5 @@
-"""The library's one voice: the ``mahabharatha`` logger, with a ``NullHandler``.
-
-It says: a wait for a held lock (INFO, once per wait), a reclaim (INFO), a lost lock (WARNING),
-a wait for a server connection slot (WARNING, once per run); expected outcomes are answers, never
-logged. ``logging`` is imported on the first message: most CLI calls say nothing.
-"""
+"""The library's one voice: the ``mahabharatha`` logger, with a ``NullHandler``, ``logging``
+imported on the first message. What it says: ``design/contract.md`` ("Messages")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The legacy face: the contract's feature-lock functions (bools, ``None``, ``ValueError``)
-and feature detection, over the ``.lock`` protocol (its names re-exported here), or over the
-server ``MAHABHARATHA_LOCK_URL`` names when set (never files then). The contract's clock seam:
-replacing ``time`` (or ``now``) here replaces :mod:`mahabharatha.clock`'s, which every layer reads.
-"""
+"""The legacy face: the contract's lock functions and feature detection, over the ``.lock``
+protocol, or over the server ``MAHABHARATHA_LOCK_URL`` names. The contract's clock seam:
+replacing ``time`` (or ``now``) here replaces :mod:`mahabharatha.clock`'s, which every layer reads."""
 
 from __future__ import annotations
 

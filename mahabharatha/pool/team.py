@@ -106,7 +106,6 @@ def _be_worker(
         os._exit(status)
 
 
-
 def _leave_the_terminal() -> None:
     """A session of our own (the terminal's signals reach only the parent), stdin /dev/null in
     place of a terminal. Race: a worker in a background group of the terminal's session was
