@@ -1,8 +1,5 @@
-"""The ``mahabharatha`` command line: one Typer app, one file per command group.
-
-Commands parse their arguments, call :mod:`mahabharatha.locks`, and hand the result to
-:mod:`mahabharatha.cli._output`, which prints it and picks the exit code.
-"""
+"""The ``mahabharatha`` command line: one Typer app, one file per command group; commands call
+:mod:`mahabharatha.locks` and hand the result to :mod:`mahabharatha.cli._output` to print."""
 
 import copy
 import gc

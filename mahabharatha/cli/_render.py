@@ -132,7 +132,8 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
         return []
     if len(ordered) > room:
         room -= 1  # the "more" line takes one
-    shown = ordered[: max(0, room)]
+    shown = ordered[:room]
+
     left_out = len(ordered) - len(shown)
     table = _table(shown, "ellipsis", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     more = [Text(f"... and {left_out} more", no_wrap=True)] if left_out else []
@@ -140,10 +141,9 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
 
 
 class WaitingLine:
-    """While a command waits at a terminal: one line on stderr saying who holds the lock and
-    how long is left, redrawn at most once a second. ``with WaitingLine() as line:`` and pass
-    ``line.callback`` (None off a terminal) as ``on_wait``; leaving erases the line, so no
-    answer is glued onto it."""
+    """While a command waits at a terminal: one line on stderr saying who holds the lock and how
+    long is left, at most once a second. ``with WaitingLine() as line:``, pass ``line.callback``
+    (None off a terminal) as ``on_wait``; leaving erases the line (no answer glued onto it)."""
 
     def __init__(self) -> None:
         self.callback: Callable[[LockInfo, float | None], None] | None = (
@@ -169,8 +169,7 @@ class WaitingLine:
         if self._shown:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
-            self._shown = False
-            self._drawn_at = None
+            self._shown, self._drawn_at = False, None
 
 
 def gone_holder_notice(

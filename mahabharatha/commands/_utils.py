@@ -1,6 +1,6 @@
 """The legacy face: the contract's lock functions and feature detection, over the ``.lock``
-protocol, or over the server ``MAHABHARATHA_LOCK_URL`` names. The contract's clock seam:
-replacing ``time`` (or ``now``) here replaces :mod:`mahabharatha.clock`'s, which every layer reads."""
+protocol, or the server ``MAHABHARATHA_LOCK_URL`` names. The contract's clock seam: replacing
+``time`` (or ``now``) here replaces :mod:`mahabharatha.clock`'s, which every layer reads."""
 
 from __future__ import annotations
 
