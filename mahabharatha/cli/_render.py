@@ -60,7 +60,6 @@ COLUMNS: Final = ("feature", "state", "pid", "owner", "age", "time left")
 
 def _row(info: LockInfo) -> tuple[str, ...]:
     pid = "-" if info.pid is None else str(info.pid)
-    # The state, with the failed attempts and the last reason where there are any.
     tried = f" ({info.attempts} failed: {info.reason})" if info.attempts else ""
     return (
         info.feature,

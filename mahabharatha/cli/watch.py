@@ -102,9 +102,8 @@ def _watch_lines(store: LockBackend, until_done: bool) -> int:
 
 
 def _watch_terminal(store: LockBackend, until_done: bool) -> int:
-    """The live view, redrawn every second and fitted to the terminal: the bar, the counts and
-    the rate of finishing (since the watch began) with the time left on top, then the
-    features, held ones first."""
+    """The live view, redrawn every second to fit the terminal: the bar, the counts, the rate
+    and time left on top, then the features, held ones first."""
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress_bar import ProgressBar

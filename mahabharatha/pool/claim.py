@@ -272,8 +272,8 @@ class _Pool:
             return None
 
     def _finished(self, feature: str) -> str | None:
-        """``done`` or ``failed`` when the feature is finished, ``busy`` while it rests after
-        a failed attempt, else None."""
+        """``done``, ``failed``, ``busy`` (resting after a failed attempt), else None."""
+
         if not self.include_done and self.store.is_done(feature):
             return "done"
         record = self.store.attempts(feature)
