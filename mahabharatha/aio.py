@@ -241,7 +241,6 @@ class AsyncFeatureLock:
 
     def _rest(self) -> None:
         """Let the backend's connection go (as ``FeatureLock`` does) when no call is in flight."""
-
         if self.heartbeat and self._calls.idle():
             self.backend.close()
 

@@ -98,7 +98,6 @@ def detect_feature(gsd_dir: str = GSD_DIR, *, skipped: list[str] | None = None) 
         notes.append(
             f"skipped {marker}: not a readable text file of at most {MAX_READ_BYTES} bytes"
         )
-
     if text and _valid(text, str(marker), notes):
         return text
     return feature_from_state_files()

@@ -132,7 +132,6 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
     if len(ordered) > room:
         room -= 1  # the "more" line takes one
     shown = ordered[:room]
-
     left_out = len(ordered) - len(shown)
     table = _table(shown, "ellipsis", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     more = [Text(f"... and {left_out} more", no_wrap=True)] if left_out else []

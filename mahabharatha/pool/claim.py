@@ -273,7 +273,6 @@ class _Pool:
 
     def _finished(self, feature: str) -> str | None:
         """``done``, ``failed``, ``busy`` (resting after a failed attempt), else None."""
-
         if not self.include_done and self.store.is_done(feature):
             return "done"
         record = self.store.attempts(feature)
