@@ -95,9 +95,8 @@ def detect_feature(gsd_dir: str = GSD_DIR, *, skipped: list[str] | None = None) 
     marker = Path(gsd_dir) / CURRENT_FEATURE_FILE
     text = feature_from_marker(gsd_dir)
     if text is None and os.path.lexists(marker):
-        notes.append(
-            f"skipped {marker}: not a readable text file of at most {MAX_READ_BYTES} bytes"
-        )
+        limit = MAX_READ_BYTES
+        notes.append(f"skipped {marker}: not a readable text file of at most {limit} bytes")
     if text and _valid(text, str(marker), notes):
         return text
     return feature_from_state_files()
