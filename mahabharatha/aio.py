@@ -99,11 +99,10 @@ class _Gate:
         self.turn.release()
 
 
-_Gates = dict[tuple[Any, ...], _Gate]
+_Gates = dict[tuple[Any, ...], _Gate]  # a loop's gates by (backend place, feature, owner pid)
 _GATES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gates]] = (
     weakref.WeakKeyDictionary()
 )
-"""Each running loop's gates, by (backend place, feature, owner pid)."""
 _GATES_GUARD: Final = threading.Lock()  # Race: loops in two threads adding their first gates
 
 

@@ -53,8 +53,7 @@ class WorkResult(NamedTuple):
     exit_code: int | None
     attempts: int = 0
     reason: str | None = None
-    log: str | None = None
-    """The file the attempt's output went to (``lock work --log-dir``)."""
+    log: str | None = None  # the file the attempt's output went to (lock work --log-dir)
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()
@@ -68,8 +67,7 @@ class WorkReport(NamedTuple):
     results: tuple[WorkResult, ...]
     failed: tuple[str, ...] = ()
     busy: tuple[str, ...] = ()
-    exit_code: int | None = None
-    """``stopped``: the exit code the step asked for (a signal's)."""
+    exit_code: int | None = None  # ``stopped``: the exit code the step asked for (a signal's)
 
 
 class PoolLock(FeatureLock):
@@ -210,12 +208,10 @@ class StopWork(Exception):
 
     def __init__(self, result: WorkResult, exit_code: int) -> None:
         super().__init__(result.feature)
-        self.result = result
-        self.exit_code = exit_code
+        self.result, self.exit_code = result, exit_code
 
 
-WorkStep = Callable[[PoolLock], WorkResult]
-"""One feature's work, given the claimed lock (held when it is entered): its result."""
+WorkStep = Callable[[PoolLock], WorkResult]  # one feature's work on its claimed lock: its result
 
 
 def run_pool(
