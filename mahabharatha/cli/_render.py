@@ -45,8 +45,7 @@ def summary_counts(infos: list[LockInfo]) -> dict[str, int]:
 
 
 def summary(infos: list[LockInfo]) -> str:
-    """One line counting every feature folder: done, held, free, failed, stale (and any
-    other kind there is)."""
+    """One line counting every feature folder: done, held, free, failed, stale, and any other."""
     counts = summary_counts(infos)
     always = ("done", "held", "free", "failed", "stale")
     parts = [f"{counts.pop(kind, 0)} {kind}" for kind in always]

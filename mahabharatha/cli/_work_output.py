@@ -35,8 +35,7 @@ def command_output(
     gsd_dir: str | os.PathLike[str],
     stdout: IO[Any] | None,
 ) -> Iterator[CommandOutput]:
-    """The outputs of one attempt at ``feature``; ``stdout``: where its stdout goes untold
-    (``None``: ours)."""
+    """The outputs of one attempt at ``feature``; ``stdout``: its stdout untold (None: ours)."""
     with ExitStack() as stack:
         log: str | None = None
         out_to: IO[Any] | None = stdout

@@ -103,8 +103,7 @@ def claim_held(
     gsd_dir: GsdDir = GSD_DIR,
     **options: Unpack[_ClaimKeywords],
 ) -> Held | None:
-    """:func:`claim` (one try), answering the acquisition (its feature, and its token where
-    the backend gives tokens)."""
+    """One try of :func:`claim`, answering the acquisition (its feature, and its token)."""
     return claim_next(features, gsd_dir, **options).held
 
 

@@ -86,8 +86,7 @@ def _fork_worker(
 def _be_worker(
     job: Callable[[], dict[str, Any]], mask: Iterable[int], write_fd: int, foreign: Sequence[int]
 ) -> NoReturn:
-    """The forked worker: never returns (``os._exit``: the parent's exit handlers and buffered
-    output are the parent's own)."""
+    """The forked worker; never returns (``os._exit``: the parent's exit handlers stay its own)."""
     status = WORKER_FAILED
     try:
         for fd in foreign:  # the other workers' answers are not ours to hold open
@@ -170,8 +169,7 @@ def _reaped(pid: int) -> int:
 
 
 def report_from_document(document: dict[str, Any]) -> WorkReport | None:
-    """The report a worker's ``lock work --json`` document carries (``None``: no report, an
-    error answered instead)."""
+    """The report a worker's ``lock work --json`` document carries (``None``: an error instead)."""
     if document.get("ended") is None:
         return None
     results = tuple(

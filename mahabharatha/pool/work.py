@@ -203,8 +203,7 @@ WORK_LEFT: Final = (
 
 
 class StopWork(Exception):
-    """Raised by a step whose work was interrupted (a signal): the loop ends with ``result``,
-    and the worker exits ``exit_code``."""
+    """A signal interrupted a step's work: the loop ends with ``result``, exit ``exit_code``."""
 
     def __init__(self, result: WorkResult, exit_code: int) -> None:
         super().__init__(result.feature)

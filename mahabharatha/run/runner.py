@@ -476,8 +476,7 @@ class Run:
         env: Mapping[str, str] | None = None,
         stderr: IO[Any] | None = None,
     ) -> int:
-        """Run ``command`` under the lock taken by :meth:`acquire`, then release it; its exit
-        code as a shell reports it."""
+        """Run ``command`` under the acquired lock, then release it; its shell exit code."""
         if not self._held:
             raise RuntimeError("Run.command needs the lock: call Run.acquire first")
         lock, relay = self.lock, self._relay
