@@ -659,11 +659,8 @@ def done(feature: FeatureArg, shared: Shared, pid: PidOption = None) -> None:
 
     def action() -> Result:
         stamp = locks.done(feature, backend=shared.backend(), pid=owner)
-        return Result(
-            EXIT_OK,
-            {**document, "done": True, "completed_at": stamp},
-            f"{feature} is done (released)",
-        )
+        found = {**document, "done": True, "completed_at": stamp}
+        return Result(EXIT_OK, found, f"{feature} is done (released)")
 
     respond(shared.as_json, document, action)
 

@@ -379,9 +379,8 @@ def _work_result(
         code, said = EXIT_HELD, "nothing left to take: every feature is done or failed"
     elif report.failed:
         code = EXIT_HELD
-        said = f"every feature is finished; {len(report.failed)} failed: " + ", ".join(
-            report.failed
-        )
+        names = ", ".join(report.failed)
+        said = f"every feature is finished; {len(report.failed)} failed: {names}"
     else:
         code = EXIT_OK
     found = {
