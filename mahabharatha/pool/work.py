@@ -40,8 +40,6 @@ from mahabharatha.functional import (
 from mahabharatha.pool.claim import _claim_waiting, _ClaimOptions, _Pool
 from mahabharatha.states import WorkEnd, WorkOutcome
 
-# --------------------------------------------------------------------------- the worker loop
-
 
 class WorkResult(NamedTuple):
     """What a worker did with one feature it claimed: ``done``, ``failed`` (``attempts`` counts
