@@ -102,13 +102,20 @@ def _remember(gsd_dir: str | os.PathLike[str], feature: str, log: str) -> None:
     if not marker.parent.is_dir():
         return  # a server's feature with no folder here: nothing to name it in
     temp = marker.with_name(f"{LAST_LOG_NAME}.{os.getpid()}.tmp")
-    with suppress(FileNotFoundError):
-        temp.unlink()  # an earlier attempt of this pid that died between the two steps
-    # O_EXCL | O_NOFOLLOW: never write through a link someone put at the temporary name.
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with open(fd, "w") as written:
-        written.write(log + "\n")
-    os.replace(temp, marker)
+    for last in (False, False, True):
+        with suppress(FileNotFoundError):
+            temp.unlink()  # an earlier attempt of this pid that died between the two steps
+        # O_EXCL | O_NOFOLLOW: never write through a link someone put at the temporary name.
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with open(fd, "w") as written:
+            written.write(log + "\n")
+        try:
+            os.replace(temp, marker)
+            return
+        except FileNotFoundError:
+            # Race: lock clean swept the temp (its pid looked dead, or it looked old): again.
+            if last:
+                raise
 
 
 def last_log(gsd_dir: str | os.PathLike[str], feature: str) -> str | None:

@@ -4,9 +4,13 @@ keeps one file per feature attempt, named in the JSON and in ``status --all``.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+import pytest
+
+from mahabharatha.cli._work_output import _remember, last_log
 from tests.cli._support import run_cli
 
 FEATURES: Final = ("f01", "f02", "f03", "f04")
@@ -61,3 +65,28 @@ def test_log_dir_keeps_one_file_per_attempt_named_in_the_json_and_status(tmp_pat
     assert {entry["feature"]: entry["log"] for entry in entries} == last
     table = run_cli("lock", "status", "--all", cwd=pool).stdout
     assert all(f"last log of {name}: {path}" in table for name, path in last.items()), table
+
+
+def test_a_last_log_temp_swept_before_its_rename_is_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Race: ``lock clean`` sweeps ``.last-log.<pid>.tmp`` by its pid or its age, without the
+    writer holding anything (a pid of another PID namespace, a writer stopped for 60 s): the
+    rename then finds no temp. The log is named all the same. Failed on 2e566e5:
+    FileNotFoundError, and ``lock work`` stopped with exit 3 and its claimed lock unfinished."""
+    folder = tmp_path / "specs" / "feat"
+    folder.mkdir(parents=True)
+    rename = os.replace
+    swept: list[str] = []
+
+    def swept_once(source: Any, target: Any) -> None:
+        if not swept and ".last-log." in str(source):
+            swept.append(str(source))
+            os.unlink(source)  # what clean's removal does between the write and the rename
+        rename(source, target)
+
+    monkeypatch.setattr(os, "replace", swept_once)
+    _remember(tmp_path, "feat", "/logs/feat.1.log")
+    assert swept, "the sweep was not run"
+    assert last_log(tmp_path, "feat") == "/logs/feat.1.log"
+    assert sorted(path.name for path in folder.iterdir()) == [".last-log"]
