@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -247,7 +247,12 @@ def work(
 
 def _run_step(command: list[str], attempts: int, output: OutputFor, lock: PoolLock) -> WorkResult:
     """One feature of ``lock work``: CMD run as ``lock run`` does under the claimed lock."""
-    with output(lock.feature) as where:
+    with ExitStack() as stack:
+        try:
+            where = stack.enter_context(output(lock.feature))
+        except BaseException:
+            lock.finish(None, None, attempts)  # no log to write to: never leave it held
+            raise
         result = _run_feature(command, attempts, lock, where)
     return result._replace(log=where.log)
 

@@ -156,7 +156,8 @@ class PoolLock(FeatureLock):
         self._stop_heartbeat()
         with self._mutex:
             self._forget_if_forked()
-            mine, self._mine = self._mine, None
+            # A claim its step never adopted (it failed before ``acquire``) is ended too.
+            mine, self._mine, self._claimed = self._mine or self._claimed, None, None
             self._close_handed()  # our copy: the children it was handed to keep theirs
         feature = self.feature
         if mine is None or self.lost is not None:

@@ -90,3 +90,16 @@ def test_a_last_log_temp_swept_before_its_rename_is_written_again(
     assert swept, "the sweep was not run"
     assert last_log(tmp_path, "feat") == "/logs/feat.1.log"
     assert sorted(path.name for path in folder.iterdir()) == [".last-log"]
+
+
+def test_a_log_dir_that_cannot_be_made_leaves_no_lock_behind(tmp_path: Path) -> None:
+    """``--log-dir`` under a file: the worker stops with one sentence, and the feature it had
+    claimed is released, not left to the exited worker. Failed on 2e566e5: exit 3 with its
+    ``.lock`` left (a dead pid's, for two hours: the next ``lock work`` waited for it)."""
+    pool = _pool(tmp_path)
+    (pool / "a-file").write_text("not a folder\n")
+    done = run_cli("lock", "work", "--log-dir", "a-file/logs", "--", "true", cwd=pool)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines() == ["mahabharatha: Not a directory: a-file/logs"]
+    left = [name for name in FEATURES if (pool / ".gsd" / "specs" / name / ".lock").exists()]
+    assert left == [], "a claimed feature left locked"
