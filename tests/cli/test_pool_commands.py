@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -427,29 +428,41 @@ def _read_until(fd: int, wanted: bytes, seen: bytearray) -> None:
         seen += chunk
 
 
-def test_status_watch_at_a_terminal_moves_its_bar_and_ctrl_c_leaves_it_clean(gsd: Path) -> None:
-    """In a pseudo-terminal: the view shows 0/2, then 1/2 done once a feature finishes; Ctrl-C
-    ends it with exit 130 and the cursor shown again (rich hides it while drawing)."""
-    _features(gsd, "alpha", "bravo")
+def _watch_at_a_terminal(
+    gsd: Path, drive: Callable[[int, int, bytearray], None]
+) -> tuple[int, bytearray]:
+    """``lock status --watch`` in a pseudo-terminal, ``drive(pid, master, seen)`` until it ends:
+    its wait status, and all it wrote."""
     pid, master = pty.fork()
     if pid == 0:  # the child: the watch, with the pty as its controlling terminal
         os.environ["COLUMNS"] = "120"
         os.execv(sys.executable, [*CLI, "lock", "status", "--watch", "--gsd-dir", str(gsd)])
     seen = bytearray()
     try:
-        _read_until(master, b"0/2 done", seen)
-        locks.acquire("alpha", gsd)
-        locks.done("alpha", gsd)
-        _read_until(master, b"1/2 done", seen)
-        os.write(master, b"\x03")  # Ctrl-C, through the terminal's line discipline
+        drive(pid, master, seen)
         _, status = os.waitpid(pid, 0)
         pid = 0
-        with_rest = _with_rest(master, seen)
+        return status, _with_rest(master, seen)
     finally:
         if pid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         os.close(master)
+
+
+def test_status_watch_at_a_terminal_moves_its_bar_and_ctrl_c_leaves_it_clean(gsd: Path) -> None:
+    """In a pseudo-terminal: the view shows 0/2, then 1/2 done once a feature finishes; Ctrl-C
+    ends it with exit 130 and the cursor shown again (rich hides it while drawing)."""
+    _features(gsd, "alpha", "bravo")
+
+    def finish_one_then_ctrl_c(_pid: int, master: int, seen: bytearray) -> None:
+        _read_until(master, b"0/2 done", seen)
+        locks.acquire("alpha", gsd)
+        locks.done("alpha", gsd)
+        _read_until(master, b"1/2 done", seen)
+        os.write(master, b"\x03")  # Ctrl-C, through the terminal's line discipline
+
+    status, with_rest = _watch_at_a_terminal(gsd, finish_one_then_ctrl_c)
     assert os.waitstatus_to_exitcode(status) == 130
     assert b"\x1b[?25l" in with_rest, "rich hid the cursor while drawing"
     assert with_rest.rfind(b"\x1b[?25h") > with_rest.rfind(b"\x1b[?25l"), "cursor shown again"
@@ -475,22 +488,12 @@ def test_status_watch_at_a_terminal_ends_on_sigterm_as_on_ctrl_c(gsd: Path) -> N
     again, no traceback, the shell's code for the signal (128 + 15). Failed on 328df3d: the
     watch was killed by the signal (status -15) and the terminal's cursor stayed hidden."""
     _features(gsd, "alpha")
-    pid, master = pty.fork()
-    if pid == 0:  # the child: the watch, with the pty as its controlling terminal
-        os.environ["COLUMNS"] = "120"
-        os.execv(sys.executable, [*CLI, "lock", "status", "--watch", "--gsd-dir", str(gsd)])
-    seen = bytearray()
-    try:
+
+    def terminate_once_shown(pid: int, master: int, seen: bytearray) -> None:
         _read_until(master, b"0/1 done", seen)
         os.kill(pid, signal.SIGTERM)
-        _, status = os.waitpid(pid, 0)
-        pid = 0
-        with_rest = _with_rest(master, seen)
-    finally:
-        if pid:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        os.close(master)
+
+    status, with_rest = _watch_at_a_terminal(gsd, terminate_once_shown)
     assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
     assert with_rest.rfind(b"\x1b[?25h") > with_rest.rfind(b"\x1b[?25l"), "cursor shown again"
     assert b"Traceback" not in with_rest
