@@ -311,25 +311,29 @@ def test_a_task_cancelled_while_it_waits_leaves_no_lock_and_no_turn(place: Place
     assert state_of(place) is State.FREE
 
 
-class _TryInAThread:
-    """A backend whose tries are network calls (so made in a worker thread) and pause until
-    the test lets them go: the task can be cancelled while its try runs."""
+class _PausedInAThread:
+    """A backend whose calls are network calls (so made in a worker thread); its ``paused``
+    call waits until the test lets it go: the task, or a release, cuts in while it runs."""
 
     kind = "remote"
 
-    def __init__(self, real: LockBackend) -> None:
-        self.real = real
+    def __init__(self, real: LockBackend, paused: str) -> None:
+        self.real, self.paused = real, paused
         self.local_calls = False  # its calls are made in a thread
         self.entered = threading.Event()
         self.go_on = threading.Event()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
+        found = getattr(self.real, name)
+        if name != self.paused:
+            return found
 
-    def try_acquire(self, feature: str, requester: Requester, **options: Any) -> Any:
-        self.entered.set()
-        assert self.go_on.wait(HANG_GUARD_SECONDS)
-        return self.real.try_acquire(feature, requester, **options)
+        def held_up(*args: Any, **options: Any) -> Any:
+            self.entered.set()
+            assert self.go_on.wait(HANG_GUARD_SECONDS)
+            return found(*args, **options)
+
+        return held_up
 
 
 def test_a_task_cancelled_while_its_try_runs_in_a_thread_gives_back_what_it_took(
@@ -340,7 +344,7 @@ def test_a_task_cancelled_while_its_try_runs_in_a_thread_gives_back_what_it_took
     Fails when the thread's outcome is dropped (tried: the lock stayed held by us)."""
 
     async def main() -> None:
-        slow = _TryInAThread(place.open())
+        slow = _PausedInAThread(place.open(), "try_acquire")
         try:
             lock = AsyncFeatureLock(
                 FEATURE, place.gsd, backend=cast(LockBackend, slow), heartbeat=None
@@ -632,27 +636,6 @@ def test_the_waiting_tasks_of_a_loop_share_one_listening_connection_closed_after
         asyncio.run(main(let_go))
 
 
-class _RefreshInAThread:
-    """A backend whose calls are made in a worker thread and whose refresh pauses until the
-    test lets it go: the release can cut the heartbeat off while its refresh runs."""
-
-    kind = "remote"
-
-    def __init__(self, real: LockBackend) -> None:
-        self.real = real
-        self.local_calls = False  # its calls are made in a thread
-        self.entered = threading.Event()
-        self.go_on = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-    def refresh(self, held: Held) -> Held:
-        self.entered.set()
-        assert self.go_on.wait(HANG_GUARD_SECONDS)
-        return self.real.refresh(held)
-
-
 def test_a_loss_found_by_a_refresh_the_release_cut_off_is_told(place: Place) -> None:
     """The lock is forced away while a refresh runs in its thread; the release cancels the
     heartbeat, which waits that refresh out: the refresh finds the loss (``lost`` set), and
@@ -661,7 +644,7 @@ def test_a_loss_found_by_a_refresh_the_release_cut_off_is_told(place: Place) -> 
     declared for one told)."""
 
     async def main() -> None:
-        slow = _RefreshInAThread(place.open())
+        slow = _PausedInAThread(place.open(), "refresh")
         told: list[tuple[locks.LockLostError, int]] = []
         lock = AsyncFeatureLock(
             FEATURE,
