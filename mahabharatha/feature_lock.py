@@ -52,6 +52,7 @@ class FeatureLock:
 
     _connection_grace: float | None = None  # the claim's connection kept this long (the pool)
     _ends_by_outcome = False  # a pool's hold outlives ``release`` until ``PoolLock.finish``
+    _release_wait: ReleaseWait | None = None  # a pool hold's wait for its outcome's release
 
     def __init__(
         self,
@@ -325,7 +326,9 @@ class FeatureLock:
         stays ours (retry); found gone, it is declared lost (``on_lost``), never raised. A
         claimed hold (``PoolLock``) keeps it for its outcome."""
         self._stop_heartbeat()
-        if not self._ends_by_outcome:
+        if self._ends_by_outcome:
+            self._release_wait = wait  # the outcome's mark and release wait as this one would
+        else:
             self._give_back(wait)
 
     def _give_back(self, wait: ReleaseWait | None = None) -> None:

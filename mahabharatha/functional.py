@@ -29,6 +29,7 @@ from mahabharatha.backends.base import (
     LockInfo,
     LockServer,
     LockTimeoutError,
+    ReleaseWait,
     Requester,
     Verdict,
     describe_holder,
@@ -355,8 +356,10 @@ def done(
     return _mark_done(_backend(backend, gsd_dir), feature, owner)
 
 
-def _mark_done(store: LockBackend, feature: str, owner: int) -> str:
-    stamp = store.done(feature, owner)
+def _mark_done(
+    store: LockBackend, feature: str, owner: int, wait: ReleaseWait | None = None
+) -> str:
+    stamp = store.done(feature, owner, wait)
     local = _local_markers(store)
     if isinstance(local, LocalFolder):
         with suppress(OSError):  # done on the server is what counts; the folder is a copy

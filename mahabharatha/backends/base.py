@@ -429,15 +429,18 @@ class LockBackend(abc.ABC):
     def is_done(self, feature: str) -> bool: ...
 
     @abc.abstractmethod
-    def done(self, feature: str, pid: int) -> str:
-        """Mark done, then release ``pid``'s lock; the time written (or :class:`NotHeldError`)."""
+    def done(self, feature: str, pid: int, wait: ReleaseWait | None = None) -> str:
+        """Mark done, then release ``pid``'s lock; the time written (or :class:`NotHeldError`).
+        ``wait``: as :meth:`release_held`'s."""
 
     @abc.abstractmethod
     def reopen(self, feature: str) -> bool:
         """Remove the done mark and the failed attempts; True if there was any."""
 
     @abc.abstractmethod
-    def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
+    def fail(
+        self, feature: str, pid: int, reason: str, limit: int, wait: ReleaseWait | None = None
+    ) -> Attempts:
         """Record ``pid``'s failed attempt, then release its lock; the record after it."""
 
     @abc.abstractmethod
@@ -524,7 +527,7 @@ class LocalFolder(Protocol):
     def record_work_group(self, held: Held, pgid: int, leader_start: int | None) -> Held:
         """Record ``held``'s command's group: a judge counts its members as the owner's work."""
 
-    def mark_done_holding(self, held: Held) -> str:
+    def mark_done_holding(self, held: Held, wait: ReleaseWait | None = None) -> str:
         """Mark done and keep the lock (work the command left still holds it)."""
 
     def mark_done_here(self, feature: str, stamp: str) -> bool:

@@ -127,11 +127,11 @@ class PoolLock(FeatureLock):
                 reason = f"exit code {exit_code}; {WORK_LEFT}"
                 result = WorkResult(feature, WorkOutcome.LEFT, exit_code, 0, reason)
             elif isinstance(store, LocalFolder):
-                store.mark_done_holding(left)
+                store.mark_done_holding(left, self._release_wait)
                 result = WorkResult(feature, WorkOutcome.DONE, 0, 0, WORK_LEFT)
             else:
                 # No proof of life here: the release cannot let a holder in beside the left work.
-                _mark_done(store, feature, left.pid)
+                _mark_done(store, feature, left.pid, self._release_wait)
                 return WorkResult(feature, WorkOutcome.DONE, 0)
         except (NotHeldError, NotOwnerError) as gone:
             # Race: taken away after the last heartbeat, as in :meth:`finish`: nothing marked
@@ -170,9 +170,9 @@ class PoolLock(FeatureLock):
         why = reason or f"exit code {exit_code}"
         try:
             if exit_code == 0:
-                _mark_done(self.backend, feature, mine.pid)
+                _mark_done(self.backend, feature, mine.pid, self._release_wait)
                 return WorkResult(feature, WorkOutcome.DONE, 0)
-            record = self.backend.fail(feature, mine.pid, why, limit)
+            record = self.backend.fail(feature, mine.pid, why, limit, self._release_wait)
         except UnsupportedError:
             self.backend.release_held(mine)
             return WorkResult(feature, WorkOutcome.RELEASED, exit_code, 0, why)

@@ -14,6 +14,7 @@ Children synchronise through their output lines and stdin, never by sleeping, an
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -204,29 +205,32 @@ def test_a_lease_that_outlasts_the_bound_leaves_the_lock_with_one_sentence(
 
 
 @needs_leases
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="review: lock work's done reads a leased lock as not its own (outcome lost, lock left)",
-)
-def test_lock_work_marks_done_once_a_lease_on_its_lock_is_given_up(gsd: Path, spawn: Any) -> None:
-    """``lock work`` holds its lock "exactly as ``lock run`` does": its done meets a lease on
-    the lock file as ``lock run``'s release does (waits, says so), then marks the feature done
-    and releases. On 2e566e5 the done read the leased lock as not its own: exit 76 at once,
-    "lost its lock while CMD ran (... not locked by pid P ...)", nothing marked, and the lock of
-    the exited worker left behind."""
+@pytest.mark.parametrize(("code", "marker"), [(0, ".completed"), (1, ".attempts")])
+def test_lock_work_ends_a_feature_once_a_lease_on_its_lock_is_given_up(
+    gsd: Path, spawn: Any, code: int, marker: str
+) -> None:
+    """``lock work`` holds its lock "exactly as ``lock run`` does": its done (or failed attempt)
+    meets a lease on the lock file as ``lock run``'s release does (waits, says so), then marks
+    the feature and releases. Before the fix the done read the leased lock as not its own:
+    exit 76 at once, "lost its lock while CMD ran (... not locked by pid P ...)", nothing
+    marked, and the lock of the exited worker left behind."""
+    hold_then_end = f"{HOLD_CMD}; sys.exit({code})"
     worker = spawn(
-        cli_argv(*("lock", "work", FEATURE, "--once", "--gsd-dir", gsd, "--", PY, "-c", HOLD_CMD)),
+        cli_argv(
+            *("lock", "work", FEATURE, "--once", "--gsd-dir", gsd, "--", PY, "-c", hold_then_end)
+        ),
         stdin=subprocess.PIPE,
     )
-    assert worker.next_line("stderr") == "ready"
+    assert worker.next_line() == "ready"
     leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
     assert leaser.next_line() == "leased"
-    worker.send("x")  # the command ends; the done meets the lease
+    worker.send("x")  # the command ends; the done or the failed attempt meets the lease
     said = worker.next_line("stderr")
     leaser.send("x")
     assert leaser.next_line() == "unleased"
     assert "kernel lease" in said, said
-    assert worker.wait(timeout=SYNC_TIMEOUT) == 0, worker.stderr
-    assert (lock_path(gsd).parent / ".completed").is_file()
+    assert worker.wait(timeout=SYNC_TIMEOUT) == code, worker.stderr
+    assert (lock_path(gsd).parent / marker).is_file()
     assert not lock_path(gsd).exists()
+    if code:
+        assert json.loads((lock_path(gsd).parent / marker).read_text())["count"] == 1, "once"

@@ -10,6 +10,7 @@ last allowed attempt has just failed, and it is built once more.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,10 @@ from typing import Any
 import pytest
 
 from mahabharatha import locks
+from mahabharatha.backends.base import ReleaseWait
 from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.backend import FileBackend
+from mahabharatha.backends.files.snapshot import LockBusyError
 
 FEATURE = "feat"
 
@@ -39,3 +43,26 @@ def test_a_claim_right_after_the_release_sees_the_failed_attempt(
     monkeypatch.setattr(lockfile, "release_mine", release_then_claim)
     locks.fail(FEATURE, gsd, reason="broken", attempts=1)
     assert claimed == [None], "a feature at its attempts limit was handed out again"
+
+
+def test_a_release_refused_by_a_kernel_lease_is_tried_again_without_a_second_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release after the record meets another's lease (its read refused): the wait tries
+    the release again, never the record. Fails with the whole of ``fail`` retried: count 2."""
+    gsd = tmp_path / "gsd"
+    (gsd / "specs" / FEATURE).mkdir(parents=True)
+    locks.acquire(FEATURE, gsd)
+    release, refused = lockfile.release_mine, [errno.EWOULDBLOCK]
+
+    def refused_once(dfd: int, mine: Any) -> bool:
+        if refused:
+            raise LockBusyError(refused.pop(), "leased")
+        return release(dfd, mine)
+
+    monkeypatch.setattr(lockfile, "release_mine", refused_once)
+    told: list[float] = []
+    wait = ReleaseWait(told.append, lambda seconds: None)
+    record = FileBackend(gsd).fail(FEATURE, os.getpid(), "broken", 3, wait)
+    assert (record.tries, len(told), refused) == (1, 1, [])
+    assert not (gsd / "specs" / FEATURE / ".lock").exists()

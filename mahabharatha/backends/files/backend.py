@@ -8,12 +8,12 @@ import errno
 import math
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from time import gmtime, monotonic, strftime
-from typing import Final
+from typing import Final, TypeVar
 
 from mahabharatha import clock, reads, waiting
 from mahabharatha.backends.base import (
@@ -52,6 +52,8 @@ from mahabharatha.backends.files.snapshot import (
     EntryKind,
     LockBusyError,
     LockSnapshot,
+    _is_busy,
+    busy_error,
     format_record,
     judge_lock,
     raise_named,
@@ -77,6 +79,7 @@ KEPT_ATTEMPTS: Final = 5  # the latest attempts kept (the count goes on)
 MAX_REASON_CHARS: Final = 200  # an exit code or one line of a message, never a whole log
 MAX_ATTEMPTS_BYTES: Final = 3072  # oldest attempts dropped first: within bounded reads' 4 KiB
 LEASE_BREAK_SETTING: Final = "/proc/sys/fs/lease-break-time"
+_T = TypeVar("_T")
 # None there, a link (O_NOFOLLOW) or a FIFO without a writer (O_NONBLOCK): no record of ours.
 _NO_RECORD_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENXIO, *_SYMLINK_ERRNOS})
 
@@ -268,10 +271,26 @@ def _mark_done_holding(dfd: int, feature: str, pid: int) -> tuple[str, LockSnaps
     return stamp, mine
 
 
+def _record_failure(
+    dfd: int, feature: str, pid: int, reason: str, limit: int
+) -> tuple[Attempts, LockSnapshot]:
+    """Record ``pid``'s failed attempt while it holds the lock: the record and the lock."""
+    now = clock.now()
+    with Guard(dfd, wait=True):
+        # Race: under the guard no reclaim, clean or release can remove the lock, so the
+        # attempt is recorded only while the caller really holds it.
+        mine = _own_lock(dfd, feature, pid, now, "recorded as failed")
+        record = _next_attempts(_read_attempts(dfd), pid, reason, limit, now)
+        lockfile.publish_file(dfd, ATTEMPTS_RECORD_NAME, _attempts_text(record))
+    return record, mine
+
+
 def _own_lock(dfd: int, feature: str, pid: int, now: float, what: str) -> LockSnapshot:
     """The lock ``pid`` holds; :class:`NotHeldError` / :class:`NotOwnerError` (nothing
     ``what``) when it does not. Another PID namespace's holder of the same pid is not it."""
     mine = read_lock(dfd)
+    if _is_busy(mine):
+        raise busy_error(mine)  # Race: another's kernel lease hides whose it is: wait, never judge
     if not lockfile.owned_by(mine, pid, now):
         state = judge_lock(mine, now)
         if mine.record_at(now) is None or state is State.FREE:
@@ -429,31 +448,15 @@ class FileBackend(LockBackend):
         return _held(held.feature, held.pid, now, fresh)
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        deadline: float | None = None
-        bound = 0.0
-        pauses = waiting.backoff(RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS, math.inf)
-        while True:
-            try:
-                with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
-                    if dfd is None:
-                        return False
-                    released = lockfile.release_mine(dfd, held.handle)
-                    proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
-                    return released
-            except LockBusyError as busy:
-                if wait is None:
-                    raise
-                # Race: another process took a lease on our lock file (Samba, a backup tool);
-                # the kernel breaks it after lease-break-time, so the release waits for that.
-                now = monotonic()
-                if deadline is None:
-                    bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
-                    deadline = now + bound
-                    if wait.announce is not None:
-                        wait.announce(bound)
-                if now >= deadline:
-                    raise _left_under_lease(busy, bound) from None
-                wait.pause(min(next(pauses), deadline - now))
+        return _PastLeases(wait)(partial(self._release_held, held))
+
+    def _release_held(self, held: Held) -> bool:
+        with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
+            if dfd is None:
+                return False
+            released = lockfile.release_mine(dfd, held.handle)
+            proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
+            return released
 
     def work_proof(self, held: Held) -> proof.WorkProof | None:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
@@ -557,23 +560,24 @@ class FileBackend(LockBackend):
                 lockfile.publish_file(dfd, COMPLETED_MARKER_NAME, stamp + "\n")
         return True
 
-    def done(self, feature: str, pid: int) -> str:
+    def done(self, feature: str, pid: int, wait: ReleaseWait | None = None) -> str:
+        past = _PastLeases(wait)
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 raise NotHeldError(feature, pid)
             # Race: marker first, release second. A claimer that wins the lock after our
             # release is sure to see the marker, so a finished feature is never built again.
-            stamp, mine = _mark_done_holding(dfd, feature, pid)
-            lockfile.release_mine(dfd, mine)
+            stamp, mine = past(partial(_mark_done_holding, dfd, feature, pid))
+            past(partial(lockfile.release_mine, dfd, mine))
             if pid == os.getpid():
                 proof.forget(dfd, folder_path(self.gsd_dir, feature))
         return stamp
 
-    def mark_done_holding(self, held: Held) -> str:
+    def mark_done_holding(self, held: Held, wait: ReleaseWait | None = None) -> str:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 raise NotHeldError(held.feature, held.pid)
-            return _mark_done_holding(dfd, held.feature, held.pid)[0]
+            return _PastLeases(wait)(partial(_mark_done_holding, dfd, held.feature, held.pid))[0]
 
     def reopen(self, feature: str) -> bool:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
@@ -596,20 +600,17 @@ class FileBackend(LockBackend):
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             return None if dfd is None else _read_attempts(dfd)
 
-    def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
+    def fail(
+        self, feature: str, pid: int, reason: str, limit: int, wait: ReleaseWait | None = None
+    ) -> Attempts:
+        past = _PastLeases(wait)
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
                 raise NotHeldError(feature, pid, "recorded as failed")
-            now = clock.now()
-            with Guard(dfd, wait=True):
-                # Race: under the guard no reclaim, clean or release can remove the lock, so
-                # the attempt is recorded only while the caller really holds it.
-                mine = _own_lock(dfd, feature, pid, now, "recorded as failed")
-                record = _next_attempts(_read_attempts(dfd), pid, reason, limit, now)
-                # Race: record first, release second (as ``done``): a claimer winning the lock
-                # after our release sees this attempt (a feature at its limit is not handed out).
-                lockfile.publish_file(dfd, ATTEMPTS_RECORD_NAME, _attempts_text(record))
-            lockfile.release_mine(dfd, mine)
+            record, mine = past(partial(_record_failure, dfd, feature, pid, reason, limit))
+            # Race: record first, release second (as ``done``): a claimer winning the lock
+            # after our release sees this attempt (a feature at its limit is not handed out).
+            past(partial(lockfile.release_mine, dfd, mine))
             if pid == os.getpid():  # as ``done``: the released lock's proof goes with it
                 proof.forget(dfd, folder_path(self.gsd_dir, feature))
         return record
@@ -684,6 +685,35 @@ def lease_break_seconds() -> float:
             return max(0.0, float(int(setting.read(32))))
     except (OSError, ValueError):
         return DEFAULT_LEASE_BREAK_SECONDS
+
+
+class _PastLeases:
+    """Runs each step, again while another process's kernel lease refuses the lock's read
+    (Samba, a backup tool): the kernel breaks it after lease-break-time, which ``wait`` (none:
+    raise at once) waits for, once for all the steps."""
+
+    def __init__(self, wait: ReleaseWait | None) -> None:
+        self.wait, self.deadline, self.bound = wait, 0.0, 0.0
+        self.pauses: Iterator[float] | None = None  # made at the first refusal: none, mostly
+
+    def __call__(self, step: Callable[[], _T]) -> _T:
+        while True:
+            try:
+                return step()
+            except LockBusyError as busy:
+                wait, now = self.wait, monotonic()
+                if wait is None:
+                    raise
+                if self.pauses is None:
+                    self.bound = lease_break_seconds() + LEASE_BREAK_MARGIN_SECONDS
+                    self.deadline = now + self.bound
+                    first, most = RELEASE_RETRY_FIRST_SECONDS, RELEASE_RETRY_MAX_SECONDS
+                    self.pauses = waiting.backoff(first, most, math.inf)
+                    if wait.announce is not None:
+                        wait.announce(self.bound)
+                if now >= self.deadline:
+                    raise _left_under_lease(busy, self.bound) from None
+                wait.pause(min(next(self.pauses), self.deadline - now))
 
 
 def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:

@@ -565,8 +565,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def is_done(self, feature: str) -> bool:
         return bool(self._rows(statements.IS_DONE, self._params(feature=feature))[0][0])
 
-    def done(self, feature: str, pid: int) -> str:
-        """Waits for a connection slot while the lease of a lock this backend took lasts."""
+    def done(self, feature: str, pid: int, wait: ReleaseWait | None = None) -> str:
+        """Waits for a connection slot while the lease of a lock this backend took lasts
+        (``wait``: nothing refuses a done)."""
         return self._while_full(partial(self._done, feature, pid), self._lease_end(feature, pid))
 
     def _lease_end(self, feature: str, pid: int) -> float:
@@ -630,7 +631,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def attempts(self, feature: str) -> Attempts | None:
         return self._all_attempts().get(feature)
 
-    def fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
+    def fail(
+        self, feature: str, pid: int, reason: str, limit: int, wait: ReleaseWait | None = None
+    ) -> Attempts:
         """Waits for a slot as :meth:`done` does."""
         failing = partial(self._fail, feature, pid, reason, limit)
         return self._while_full(failing, self._lease_end(feature, pid))
