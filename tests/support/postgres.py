@@ -276,6 +276,8 @@ def _template(bindir: Path, user: str | None) -> Path:
             server.start()
             server.create_roles()
             server.stop()  # a clean shutdown: its copies start without recovery
+            if (server.data / "postmaster.pid").exists():  # a copy of a live cluster is no template
+                raise RuntimeError(f"the template cluster in {server.data} did not stop")
         except BaseException:
             server.stop("immediate")
             server.cleanup()
