@@ -20,25 +20,32 @@ from __future__ import annotations
 
 import fcntl
 import os
+from functools import partial
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from time import monotonic
+from types import SimpleNamespace
 from typing import Final
 
 import pytest
 
 from mahabharatha.backends.files.folder import Guard, GuardBusyError
 from mahabharatha.backends.files.snapshot import read_lock
-from tests.concurrency._harness import CTX, SYNC_TIMEOUT, TEST_TIMEOUT, trials
+from tests.concurrency._harness import (
+    CTX,
+    GUARD_TRIES,
+    SYNC_TIMEOUT,
+    TEST_TIMEOUT,
+    trials,
+    tried_again,
+)
 from tests.support import load
 
 CONTENDERS: Final = 8
 STEPS: Final = trials(1500)
 """Guarded steps per contender (``MAHABHARATHA_STRESS`` sets it)."""
 OCCUPIED: Final = "occupied"
-TRIES: Final = 20
-"""Refusals in a row after which a step is called starved (10 s: a guard never let go)."""
 WAITER_PATIENCE: Final = 10.0
 """How long the waiter waits for the held guard: a spinner ends then, a sleeper is seen sooner."""
 
@@ -59,20 +66,16 @@ def _guarded_steps(
     folder: str, steps: int, start: Barrier, out: Queue[tuple[int, int, int]]
 ) -> None:
     """Take the guard ``steps`` times, each tried again when refused; report (refusals, steps
-    starved: refused ``TRIES`` times in a row, overlaps)."""
+    starved: refused ``GUARD_TRIES`` times in a row, overlaps)."""
     dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    refused = starved = overlaps = 0
+    refused, starved, overlaps = SimpleNamespace(value=0), 0, 0
     start.wait(SYNC_TIMEOUT)
     for _ in range(steps):
-        for _try in range(TRIES):
-            try:
-                overlaps += not _guarded_step(dfd)
-                break
-            except GuardBusyError:  # "try again": the holder did not run for 0.5 s
-                refused += 1
-        else:
+        try:
+            overlaps += not tried_again(partial(_guarded_step, dfd), refused)
+        except GuardBusyError:  # refused GUARD_TRIES times in a row: never let go
             starved += 1
-    out.put((refused, starved, overlaps))
+    out.put((refused.value, starved, overlaps))
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
@@ -95,7 +98,7 @@ def test_a_guarded_step_waits_for_the_guard_while_both_cores_are_busy(tmp_path: 
     refused, starved, overlaps = (sum(column) for column in zip(*reports, strict=True))
     assert overlaps == 0, "two holders of the guard at once"
     assert starved == 0, (
-        f"{starved} guarded steps refused {TRIES} times in a row ({refused} in all)"
+        f"{starved} guarded steps refused {GUARD_TRIES} times in a row ({refused} in all)"
     )
 
 
