@@ -234,3 +234,27 @@ def test_lock_work_ends_a_feature_once_a_lease_on_its_lock_is_given_up(
     assert not lock_path(gsd).exists()
     if code:
         assert json.loads((lock_path(gsd).parent / marker).read_text())["count"] == 1, "once"
+
+
+@needs_leases
+def test_a_signal_ends_lock_works_wait_for_a_lease_as_any_stop_does(gsd: Path, spawn: Any) -> None:
+    """A SIGTERM while ``lock work``'s done waits for a lease ends the worker at once, as a stop
+    between features does: exit 143, "interrupted", no traceback, the (unreadable) lock left."""
+    worker = spawn(
+        cli_argv(*("lock", "work", FEATURE, "--once", "--gsd-dir", gsd, "--", PY, "-c", HOLD_CMD)),
+        stdin=subprocess.PIPE,
+    )
+    assert worker.next_line() == "ready"
+    leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
+    assert leaser.next_line() == "leased"
+    worker.send("x")
+    assert "kernel lease" in worker.next_line("stderr")
+    os.kill(worker.pid, signal.SIGTERM)
+    code = worker.wait(timeout=SYNC_TIMEOUT)
+    leaser.send("x")
+    assert leaser.next_line() == "unleased"
+    assert code == 128 + signal.SIGTERM, worker.stderr
+    assert "Traceback" not in worker.stderr
+    assert worker.stderr.strip().splitlines()[-1] == "mahabharatha: interrupted", worker.stderr
+    assert read_record(lock_path(gsd))[0] == worker.pid, "left behind, never half-removed"
+    assert leaser.wait() == 0
