@@ -57,14 +57,6 @@ def safe_read_text(path: Path) -> str | None:
         return None
 
 
-def feature_from_env() -> str | None:
-    return os.environ.get(FEATURE_ENV_VAR, "").strip() or None
-
-
-def feature_from_marker(gsd_dir: str = GSD_DIR) -> str | None:
-    return safe_read_text(Path(gsd_dir) / CURRENT_FEATURE_FILE)
-
-
 def feature_from_state_files() -> str | None:
     """Stem of the newest ``*.json`` state file with a valid name; files may vanish meanwhile."""
     newest: tuple[float, str] | None = None
@@ -89,11 +81,11 @@ def detect_feature(gsd_dir: str = GSD_DIR, *, skipped: list[str] | None = None) 
     ``.current-feature`` marker, the newest state file; ``skipped`` learns why the variable or
     the marker was passed over (a source that cannot be read is skipped)."""
     notes: list[str] = [] if skipped is None else skipped
-    env = feature_from_env()
+    env = os.environ.get(FEATURE_ENV_VAR, "").strip()
     if env and _valid(env, f"${FEATURE_ENV_VAR}", notes):
         return env
     marker = Path(gsd_dir) / CURRENT_FEATURE_FILE
-    text = feature_from_marker(gsd_dir)
+    text = safe_read_text(marker)
     if text is None and os.path.lexists(marker):
         limit = MAX_READ_BYTES
         notes.append(f"skipped {marker}: not a readable text file of at most {limit} bytes")

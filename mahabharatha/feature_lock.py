@@ -28,7 +28,6 @@ from mahabharatha.constants import CUT_OFF_NOTICE_SECONDS, GSD_DIR, HEARTBEAT_SE
 from mahabharatha.functional import (
     WaitCallback,
     _Acquiring,
-    _asked,
     _backend,
     _owner_pid,
     _valid_seconds,
@@ -173,7 +172,7 @@ class FeatureLock:
         return self
 
     def _acquiring(self, on_wait: WaitCallback | None) -> _Acquiring:
-        asked = _asked(
+        return _Acquiring(
             self.feature,
             self.gsd_dir,
             self.pid,
@@ -183,8 +182,8 @@ class FeatureLock:
             self.command,
             self.caller_pids,
             self.backend,
+            self.on_wait if on_wait is None else on_wait,
         )
-        return _Acquiring(asked, self.on_wait if on_wait is None else on_wait)
 
     def _adopt(self, held: Held, on_lost: Callable[[LockLostError], None] | None) -> None:
         self._holder_process = os.getpid()

@@ -10,7 +10,6 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from time import monotonic, sleep
-from typing import NamedTuple
 
 from mahabharatha import logs, signals, waiting
 from mahabharatha.backends import lock_url, open_backend, shared_backend
@@ -181,52 +180,38 @@ def acquire(
     """Make ``pid`` (default: this process) the holder of ``feature``; never left held when
     interrupted. ``timeout`` 0 tries once, ``None`` waits for ever. Arguments and errors:
     ``design/reference.md`` (acquire)."""
-    asked = _asked(
-        feature, gsd_dir, pid, timeout, reclaim_dead, lease, command, caller_pids, backend
-    )
-    return _Acquiring(asked, on_wait).run()
-
-
-def _asked(
-    feature: str,
-    gsd_dir: GsdDir,
-    pid: int | None,
-    timeout: float | None,
-    reclaim_dead: bool,
-    lease: float | None,
-    command: Sequence[str] | None,
-    caller_pids: Iterable[int],
-    backend: LockBackend | str | None,
-) -> _Ask:
-    """An acquire's arguments, checked at each acquire (a ``FeatureLock``'s may have changed)."""
-    _validate_feature_name(feature)
-    timeout = _valid_timeout(timeout)
-    owner = _owner_pid(pid)
-    store = _backend(backend, gsd_dir)
-    return _Ask(store, feature, owner, timeout, reclaim_dead, lease, command, caller_pids)
-
-
-class _Ask(NamedTuple):
-    store: LockBackend
-    feature: str
-    owner: int
-    timeout: float | None
-    reclaim_dead: bool
-    lease: float | None
-    command: Sequence[str] | None
-    caller_pids: Iterable[int]
+    return _Acquiring(
+        feature, gsd_dir, pid, timeout, reclaim_dead, lease, command, caller_pids, backend, on_wait
+    ).run()
 
 
 class _Acquiring:
     """One acquire's loop for ``acquire`` and ``AsyncFeatureLock``: try, judge who stopped us,
-    pause (:meth:`run` sleeps; the async driver awaits)."""
+    pause (:meth:`run` sleeps; the async driver awaits). Its arguments are checked at each
+    acquire (a ``FeatureLock``'s may have changed)."""
 
-    def __init__(self, ask: _Ask, on_wait: WaitCallback | None) -> None:
-        self.ask, self.on_wait, self.said = ask, on_wait, False
-        self.details = ownership.details_of(ask.owner, ask.command)
-        self.callers = {ask.owner, *ask.caller_pids}
-        self.deadline = waiting.Deadline(ask.timeout)
-        self.left = ask.timeout
+    def __init__(
+        self,
+        feature: str,
+        gsd_dir: GsdDir,
+        pid: int | None,
+        timeout: float | None,
+        reclaim_dead: bool,
+        lease: float | None,
+        command: Sequence[str] | None,
+        caller_pids: Iterable[int],
+        backend: LockBackend | str | None,
+        on_wait: WaitCallback | None,
+    ) -> None:
+        _validate_feature_name(feature)
+        self.timeout = self.left = _valid_timeout(timeout)
+        self.owner = _owner_pid(pid)
+        self.store = _backend(backend, gsd_dir)
+        self.feature, self.reclaim_dead, self.lease = feature, reclaim_dead, lease
+        self.on_wait, self.said = on_wait, False
+        self.details = ownership.details_of(self.owner, command)
+        self.callers = {self.owner, *caller_pids}
+        self.deadline = waiting.Deadline(self.timeout)
         self.delays = waiting.backoff()
 
     def run(self) -> Held:
@@ -239,29 +224,34 @@ class _Acquiring:
             pause = self.after(outcome)
             if isinstance(pause, LockInfo):
                 raise self.judged_error(pause)
-            store = self.ask.store
+            store = self.store
             if lacks(store, HearsReleases) or not isinstance(store, HearsReleases):
                 sleep(pause)
             else:
-                store.wait_for_release(self.ask.feature, self.slice())
+                store.wait_for_release(self.feature, self.slice())
 
     def try_once(self) -> AcquireResult:
         """One try whose lock is returned or, when a signal handler raises, removed again."""
-        ask, outcome = self.ask, None
+        outcome = None
         try:
             with signals.Deferred():
                 # Race: Ctrl-C right after link() published our lock: deferred to the end of
                 # this block, by when ``outcome`` knows the exact lock to take back.
                 sent = monotonic()  # the lease on the server runs from no earlier than this
                 outcome = _try_once(
-                    ask.store, ask.feature, ask.owner, ask.reclaim_dead, self.details, ask.lease
+                    self.store,
+                    self.feature,
+                    self.owner,
+                    self.reclaim_dead,
+                    self.details,
+                    self.lease,
                 )
                 if outcome.held is not None and outcome.held.sent is None:  # else the backend's
                     outcome = outcome._replace(held=outcome.held._replace(sent=sent))
         except BaseException:
             if outcome is not None and outcome.held is not None:
                 with signals.Deferred():  # a second Ctrl-C must not cut the take-back short
-                    ask.store.release_held(outcome.held)
+                    self.store.release_held(outcome.held)
             raise
         return outcome
 
@@ -291,7 +281,7 @@ class _Acquiring:
     def judged_error(self, holder: LockInfo) -> LockHeldError:
         """The error of a wait that ran out on ``holder``, judged as status does."""
         try:
-            now = self.ask.store.inspect(holder.feature)
+            now = self.store.inspect(holder.feature)
         except OSError:
             now = holder
         # Race: the holder changed since the try that stopped us: report the one that did.
@@ -299,7 +289,7 @@ class _Acquiring:
         return self.busy(now if same else holder)
 
     def busy(self, holder: LockInfo) -> LockHeldError:
-        return (LockTimeoutError if self.ask.timeout else LockHeldError)(holder)
+        return (LockTimeoutError if self.timeout else LockHeldError)(holder)
 
 
 def _valid_timeout(timeout: float | None, name: str = "timeout") -> float | None:

@@ -41,19 +41,14 @@ from mahabharatha.backends.files.snapshot import (
     read_lock,
 )
 from mahabharatha.clock import now
-from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STALE_AFTER_SECONDS
-from mahabharatha.detect import CURRENT_FEATURE_FILE, detect_feature
-from mahabharatha.names import MAX_PID, is_valid_feature_name, shown_name, validate_feature_name
+from mahabharatha.constants import GSD_DIR, STALE_AFTER_SECONDS
+from mahabharatha.detect import detect_feature
+from mahabharatha.names import validate_feature_name
 from mahabharatha.owner import ownership, proof
-from mahabharatha.reads import MAX_READ_BYTES
 from mahabharatha.states import State as LockState
 
 __all__ = [
-    "CURRENT_FEATURE_FILE",
-    "FEATURE_ENV_VAR",
     "LOCK_FILE_NAME",
-    "MAX_PID",
-    "MAX_READ_BYTES",
     "STALE_AFTER_SECONDS",
     "AcquireOutcome",
     "EntryKind",
@@ -69,7 +64,6 @@ __all__ = [
     "feature_dir_path",
     "format_record",
     "is_temp_name",
-    "is_valid_feature_name",
     "judge_lock",
     "now",
     "publish_or_reclaim",
@@ -78,15 +72,9 @@ __all__ = [
     "release_feature_lock",
 ]
 
-# The names the contract's tests and older callers know (the modules above have their homes).
+# The contract's names (the modules above have their homes).
 _validate_feature_name = validate_feature_name
-_shown_name = shown_name
 _safe_read_text = detect.safe_read_text
-_read_small_regular_file = detect.read_small_regular_file
-_CheckedFile = detect.CheckedFile
-_feature_from_env = detect.feature_from_env
-_feature_from_marker = detect.feature_from_marker
-_feature_from_state_files = detect.feature_from_state_files
 
 
 # --------------------------------------------------------------------------- the clock seam
