@@ -106,12 +106,6 @@ _GATES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gates]] = (
 _GATES_GUARD: Final = threading.Lock()  # Race: loops in two threads adding their first gates
 
 
-def _gate_of(store: LockBackend, feature: str, pid: int) -> _Gate:
-    place = (store.kind, store.where(), store.namespace, feature, pid)
-    with _GATES_GUARD:
-        return _GATES.setdefault(asyncio.get_running_loop(), {}).setdefault(place, _Gate())
-
-
 async def _settled(future: asyncio.Future[Any]) -> bool:
     """Wait until ``future`` is done, also when this task is cancelled meanwhile; True when it
     was (the caller then raises ``CancelledError`` once it has put things right)."""
@@ -127,16 +121,14 @@ async def _settled(future: asyncio.Future[Any]) -> bool:
 
 
 class _Forwarded(Generic[_T]):
-    """An attribute of an ``AsyncFeatureLock``, read from the ``FeatureLock`` state it drives."""
-
-    def __init__(self, read: Callable[[FeatureLock], _T]) -> None:
-        self.read = read
+    """An attribute of an ``AsyncFeatureLock``: the same-named one of the ``FeatureLock`` state
+    it drives, read only."""
 
     def __set_name__(self, _owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, lock: AsyncFeatureLock | None, _owner: type | None = None) -> _T:
-        return cast(_T, self) if lock is None else self.read(lock._state)
+        return cast(_T, self if lock is None else getattr(lock._state, self.name))
 
     def __set__(self, _lock: AsyncFeatureLock, _value: object) -> None:
         raise AttributeError(f"property {self.name!r} of 'AsyncFeatureLock' object has no setter")
@@ -189,19 +181,19 @@ class AsyncFeatureLock:
 
     # ------------------------------------------------------------------ what FeatureLock says
 
-    feature = _Forwarded[str](lambda state: state.feature)
-    gsd_dir = _Forwarded[str | os.PathLike[str]](lambda state: state.gsd_dir)
-    backend = _Forwarded[LockBackend](lambda state: state.backend)
-    pid = _Forwarded[int](lambda state: state.pid)
-    timeout = _Forwarded[float | None](lambda state: state.timeout)
-    heartbeat = _Forwarded[float | None](lambda state: state.heartbeat)
-    lease = _Forwarded[float | None](lambda state: state.lease)
-    lost = _Forwarded[LockLostError | None](lambda state: state.lost)
-    heartbeat_error = _Forwarded[OSError | None](lambda state: state.heartbeat_error)
+    feature = _Forwarded[str]()
+    gsd_dir = _Forwarded[str | os.PathLike[str]]()
+    backend = _Forwarded[LockBackend]()
+    pid = _Forwarded[int]()
+    timeout = _Forwarded[float | None]()
+    heartbeat = _Forwarded[float | None]()
+    lease = _Forwarded[float | None]()
+    lost = _Forwarded[LockLostError | None]()
+    heartbeat_error = _Forwarded[OSError | None]()
     # As ``FeatureLock``'s: ours and not yet stale; its end (epoch seconds); its fencing token.
-    held = _Forwarded[bool](lambda state: state.held)
-    expires_at = _Forwarded[float | None](lambda state: state.expires_at)
-    token = _Forwarded[int | None](lambda state: state.token)
+    held = _Forwarded[bool]()
+    expires_at = _Forwarded[float | None]()
+    token = _Forwarded[int | None]()
 
     def work_proof(self) -> WorkProof | None:
         """As :meth:`FeatureLock.work_proof`: a proof of life to pass to a child."""
@@ -279,7 +271,11 @@ class AsyncFeatureLock:
     async def _turn(self, acquiring: functional._Acquiring) -> _Gate:
         """This task's turn among the loop's tasks asking for the feature for the same owner;
         the errors of a busy lock when the wait for it runs out."""
-        gate = _gate_of(self.backend, self.feature, self.pid)
+        store = self.backend
+        place = (store.kind, store.where(), store.namespace, self.feature, self.pid)
+        with _GATES_GUARD:
+            gates = _GATES.setdefault(asyncio.get_running_loop(), {})
+            gate = gates.setdefault(place, _Gate())
         # Not reentrant: waiting for our own turn would wait for ever.
         ours = gate.owner is not None and gate.owner is asyncio.current_task()
         if ours or not await gate.enter(acquiring.deadline.left()):

@@ -464,8 +464,15 @@ class Heartbeat:
             self._held, self._first, self._closed = lock, True, False
             self._due = monotonic() + min(lock._connection_grace or math.inf, lock.heartbeat)
             self._changed.notify()
-        if self._thread is None or not self._thread.is_alive():
-            self._start(lock)
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        try:
+            signals.start_without_signals(self._thread)
+        except RuntimeError as error:  # "can't start new thread": a process or memory limit
+            self._thread = None
+            self.let_go(lock)
+            raise HeartbeatStartError(lock.feature, str(error)) from error
 
     def let_go(self, lock: FeatureLock) -> None:
         """Stop keeping ``lock`` fresh; returns once no step of it runs (but from that step)."""
@@ -484,15 +491,6 @@ class Heartbeat:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self._thread = None
-
-    def _start(self, lock: FeatureLock) -> None:
-        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-        try:
-            signals.start_without_signals(self._thread)
-        except RuntimeError as error:  # "can't start new thread": a process or memory limit
-            self._thread = None
-            self.let_go(lock)
-            raise HeartbeatStartError(lock.feature, str(error)) from error
 
     def _loop(self) -> None:
         with self._changed:
