@@ -128,8 +128,8 @@ def _try_once(
     feature: str,
     pid: int,
     reclaim_dead: bool,
-    details: bytes | None = None,
-    lease: float | None = None,
+    details: bytes | None,
+    lease: float | None,
 ) -> AcquireResult:
     chosen = {} if lease is None else {"lease": lease}  # a backend without leases sees none
     requester = Requester(pid, details)
