@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import types
-from typing import Any, Final
+from typing import Any
 
 from mahabharatha import clock, detect
 from mahabharatha.backends import lock_url, shared_backend
@@ -79,14 +79,12 @@ _safe_read_text = detect.safe_read_text
 
 # --------------------------------------------------------------------------- the clock seam
 
-_CLOCK_NAMES: Final = frozenset({"time", "now"})  # replaced here: replaced in mahabharatha.clock
-
 
 class _ClockSeam(types.ModuleType):
     """This module's type: setting ``time`` or ``now`` on it sets them on the clock too."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _CLOCK_NAMES:
+        if name in ("time", "now"):  # replaced here: replaced in mahabharatha.clock
             setattr(clock, name, value)
         super().__setattr__(name, value)
 
