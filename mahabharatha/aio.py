@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from functools import partial
 from types import TracebackType
-from typing import Any, Final, Generic, Self, TypeVar, cast
+from typing import Any, Final, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
 from mahabharatha import functional
 from mahabharatha.backends.base import (
@@ -25,7 +25,7 @@ from mahabharatha.backends.base import (
     LockLostError,
     lacks,
 )
-from mahabharatha.constants import GSD_DIR, HEARTBEAT_SECONDS
+from mahabharatha.constants import GSD_DIR
 from mahabharatha.feature_lock import FeatureLock
 from mahabharatha.functional import WaitCallback
 from mahabharatha.owner.proof import WorkProof
@@ -134,6 +134,21 @@ class _Forwarded(Generic[_T]):
         raise AttributeError(f"property {self.name!r} of 'AsyncFeatureLock' object has no setter")
 
 
+class _Options(TypedDict, total=False):
+    """``FeatureLock``'s keyword arguments but ``on_lost`` (told on the loop, never in a thread)."""
+
+    pid: int | None
+    timeout: float | None
+    reclaim_dead: bool
+    heartbeat: float | None
+    on_wait: WaitCallback | None
+    command: Sequence[str] | None
+    caller_pids: Iterable[int]
+    backend: LockBackend | str | None
+    lease: float | None
+    url: str | None
+
+
 class AsyncFeatureLock:
     """Hold a feature lock for a block of an asyncio program, refreshed by a task of the loop:
     :class:`~mahabharatha.locks.FeatureLock`'s arguments, attributes and errors, its callbacks
@@ -144,32 +159,10 @@ class AsyncFeatureLock:
         feature: str,
         gsd_dir: str | os.PathLike[str] = GSD_DIR,
         *,
-        pid: int | None = None,
-        timeout: float | None = None,
-        reclaim_dead: bool = False,
-        heartbeat: float | None = HEARTBEAT_SECONDS,
-        on_wait: WaitCallback | None = None,
-        command: Sequence[str] | None = None,
         on_lost: Callable[[LockLostError], None] | None = None,
-        caller_pids: Iterable[int] = (),
-        backend: LockBackend | str | None = None,
-        lease: float | None = None,
-        url: str | None = None,
+        **options: Unpack[_Options],
     ) -> None:
-        self._state = FeatureLock(
-            feature,
-            gsd_dir,
-            pid=pid,
-            timeout=timeout,
-            reclaim_dead=reclaim_dead,
-            heartbeat=heartbeat,
-            on_wait=on_wait,
-            command=command,
-            caller_pids=caller_pids,
-            backend=backend,
-            lease=lease,
-            url=url,
-        )
+        self._state = FeatureLock(feature, gsd_dir, **options)
         self._state._beats = None  # this loop's task beats; the loop rests the backend
         self.on_lost = on_lost
         self._on_loop = self._state.backend.local_calls
