@@ -43,10 +43,10 @@ class _Calls:
         self.count = 0
         self.guard = threading.Lock()  # loops of several threads may share one backend
 
-    def start(self, loop: asyncio.AbstractEventLoop, call: Callable[[], _T]) -> asyncio.Future[_T]:
+    def start(self, call: Callable[[], _T]) -> asyncio.Future[_T]:
         with self.guard:
             self.count += 1
-        future = loop.run_in_executor(None, call)
+        future = asyncio.get_running_loop().run_in_executor(None, call)
         future.add_done_callback(self._ended)  # counted until the thread ends, cancelled or not
         return future
 
@@ -203,7 +203,7 @@ class AsyncFeatureLock:
         raises ``CancelledError``: what the call did (a refresh, a release) is done first."""
         if self._on_loop:
             return call()
-        future = self._calls.start(asyncio.get_running_loop(), call)
+        future = self._calls.start(call)
         if await _settled(future):
             if not future.cancelled() and future.exception() is None:
                 await self._give_back(future.result())
@@ -216,9 +216,7 @@ class AsyncFeatureLock:
         nobody would know of it."""
         if not isinstance(outcome, AcquireResult) or outcome.held is None:
             return
-        future = self._calls.start(
-            asyncio.get_running_loop(), partial(self.backend.release_held, outcome.held)
-        )
+        future = self._calls.start(partial(self.backend.release_held, outcome.held))
         await _settled(future)
         if not future.cancelled():
             future.exception()  # read: a failed give-back leaves a lock that ages out (lease)
