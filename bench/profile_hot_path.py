@@ -162,7 +162,7 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         release_calls(os.open(folder, DIR_FLAGS))
 
     from mahabharatha import names
-    from mahabharatha.commands import _utils
+    from mahabharatha.backends.files.lockfile import publish_or_reclaim, release_at
 
     def lean() -> None:
         """Ours from the same primitives (``try_acquire``, ``release_at``), minus the pathlib
@@ -170,13 +170,13 @@ def syscall_sections(work: Path, cycles: int, rounds: int) -> str:
         names.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
-            _utils.publish_or_reclaim(dfd, os.getpid(), time.time())
+            publish_or_reclaim(dfd, os.getpid(), time.time())
         finally:
             os.close(dfd)
         names.validate_feature_name(FEATURE)
         dfd = os.open(os.path.join(gsd, "specs", FEATURE), DIR_FLAGS)
         try:
-            _utils.release_at(dfd, os.getpid(), time.time())
+            release_at(dfd, os.getpid(), time.time())
         finally:
             os.close(dfd)
 
@@ -279,32 +279,39 @@ def python_pieces(gsd: str, dfd: int, record: bytes, cycles: int, rounds: int) -
     """The Python-only steps of one legacy cycle, each timed alone (no system call inside,
     except where named)."""
     from mahabharatha import names
-    from mahabharatha.commands import _utils
+    from mahabharatha.backends.files.folder import Guard, OpenFeatureDir, feature_dir_path
+    from mahabharatha.backends.files.lockfile import AcquireOutcome
+    from mahabharatha.backends.files.snapshot import (
+        EntryKind,
+        LockSnapshot,
+        format_record,
+        judge_lock,
+    )
 
-    snapshot = _utils.LockSnapshot(_utils.EntryKind.FILE, (1, 2), record, 1.0)
+    snapshot = LockSnapshot(EntryKind.FILE, (1, 2), record, 1.0)
     now = time.time()
 
     def open_feature_dir_nop() -> None:
-        with _utils.OpenFeatureDir(gsd, FEATURE, create=False):
+        with OpenFeatureDir(gsd, FEATURE, create=False):
             pass
 
     def guard_pair() -> None:
-        with _utils.Guard(dfd, wait=True):
+        with Guard(dfd, wait=True):
             pass
 
     pieces = _interleaved(
         {
-            "feature_dir_path (pathlib, 2 joins)": lambda: _utils.feature_dir_path(gsd, FEATURE),
+            "feature_dir_path (pathlib, 2 joins)": lambda: feature_dir_path(gsd, FEATURE),
             "os.path.join equivalent": lambda: os.path.join(gsd, "specs", FEATURE),
             "OpenFeatureDir enter+exit (incl. open+close)": open_feature_dir_nop,
             "Guard enter+exit (incl. flock EX+UN)": guard_pair,
             "validate_feature_name": lambda: names.validate_feature_name(FEATURE),
-            "format_record": lambda: _utils.format_record(os.getpid(), now),
-            "LockSnapshot(...) (slotted class)": lambda: _utils.LockSnapshot(
-                _utils.EntryKind.FILE, (1, 2), record, 1.0
+            "format_record": lambda: format_record(os.getpid(), now),
+            "LockSnapshot(...) (slotted class)": lambda: LockSnapshot(
+                EntryKind.FILE, (1, 2), record, 1.0
             ),
-            "AcquireOutcome(mine)": lambda: _utils.AcquireOutcome(snapshot),
-            "judge_lock (decode + regex + float)": lambda: _utils.judge_lock(snapshot, now),
+            "AcquireOutcome(mine)": lambda: AcquireOutcome(snapshot),
+            "judge_lock (decode + regex + float)": lambda: judge_lock(snapshot, now),
             "snapshot.record_at(now)": lambda: snapshot.record_at(now),
         },
         cycles * 3,

@@ -14,61 +14,28 @@ from typing import Any
 from mahabharatha import clock, detect
 from mahabharatha.backends import lock_url, shared_backend
 from mahabharatha.backends.base import NotOwnerError, Requester
-from mahabharatha.backends.files.folder import (
-    Guard,
-    GuardBusyError,
-    OpenFeatureDir,
-    feature_dir_path,
-    folder_path,
-    named_error,
-)
-from mahabharatha.backends.files.lockfile import (
-    AcquireOutcome,
-    age_only,
-    is_temp_name,
-    publish_or_reclaim,
-    release_at,
-)
+from mahabharatha.backends.files.folder import OpenFeatureDir, folder_path, named_error
+from mahabharatha.backends.files.lockfile import publish_or_reclaim, release_at
 from mahabharatha.backends.files.snapshot import (
-    LOCK_FILE_NAME,
     MISSING,
-    EntryKind,
-    LockSnapshot,
     busy_error,
-    format_record,
     judge_lock,
     parse_record,
     read_lock,
 )
 from mahabharatha.clock import now
-from mahabharatha.constants import GSD_DIR, STALE_AFTER_SECONDS
+from mahabharatha.constants import GSD_DIR
 from mahabharatha.detect import detect_feature
 from mahabharatha.names import validate_feature_name
 from mahabharatha.owner import ownership, proof
-from mahabharatha.states import State as LockState
+from mahabharatha.states import State
 
+# The contract's public names, and the clock its tests replace (``now``, as ``time``).
 __all__ = [
-    "LOCK_FILE_NAME",
-    "STALE_AFTER_SECONDS",
-    "AcquireOutcome",
-    "EntryKind",
-    "Guard",
-    "GuardBusyError",
-    "LockSnapshot",
-    "LockState",
-    "OpenFeatureDir",
     "acquire_feature_lock",
-    "age_only",
     "check_feature_lock",
     "detect_feature",
-    "feature_dir_path",
-    "format_record",
-    "is_temp_name",
-    "judge_lock",
     "now",
-    "publish_or_reclaim",
-    "read_lock",
-    "release_at",
     "release_feature_lock",
 ]
 
@@ -142,7 +109,7 @@ def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float 
     _validate_feature_name(feature)
     if (server := lock_url()) is not None:
         info = shared_backend(server, gsd_dir).inspect(feature)
-        if info.state is not LockState.ACTIVE or info.pid is None or info.age_seconds is None:
+        if info.state is not State.ACTIVE or info.pid is None or info.age_seconds is None:
             return None
         age = max(0.0, info.age_seconds)
         return {"pid": info.pid, "timestamp": time.time() - age, "age_seconds": age}
@@ -154,10 +121,10 @@ def check_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> dict[str, float 
     now = time.time()
     state = judge_lock(snapshot, now)
     record = snapshot.record_at(now)
-    if state is LockState.BUSY:
+    if state is State.BUSY:
         # Not free, and whose it is cannot be told: an error, never None (which says "free").
         raise named_error(busy_error(snapshot), folder_path(gsd_dir, feature))
-    if state is not LockState.ACTIVE or record is None:
+    if state is not State.ACTIVE or record is None:
         return None
     pid, timestamp = record
     return {"pid": pid, "timestamp": timestamp, "age_seconds": max(0.0, now - timestamp)}

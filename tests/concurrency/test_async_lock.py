@@ -28,6 +28,7 @@ from mahabharatha import locks
 from mahabharatha.backends.base import Held, LockBackend, Requester
 from mahabharatha.backends.files.backend import FileBackend
 from mahabharatha.commands import _utils
+from mahabharatha.constants import STALE_AFTER_SECONDS
 from mahabharatha.locks import AsyncFeatureLock
 from mahabharatha.states import State
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
@@ -415,7 +416,7 @@ def fast_clock(place: Place, monkeypatch: pytest.MonkeyPatch) -> float:
         return started + (time.time() - started) * CLOCK_SPEED
 
     monkeypatch.setattr(_utils, "time", SimpleNamespace(time=fast))
-    return _utils.STALE_AFTER_SECONDS
+    return STALE_AFTER_SECONDS
 
 
 def test_the_heartbeat_keeps_locks_past_their_lease_without_a_thread_per_lock(

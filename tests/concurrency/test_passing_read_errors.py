@@ -22,6 +22,7 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.backends.files import snapshot
+from mahabharatha.backends.files.snapshot import format_record
 from mahabharatha.commands import _utils
 from mahabharatha.constants import READ_WAIT_SECONDS
 from tests.cli._support import invoke, one_document
@@ -68,7 +69,7 @@ def test_a_live_lock_under_a_kernel_lease_is_held_not_reclaimed(
     with team(tmp_path) as crew:
         planted, leased, done = CTX.Event(), CTX.Event(), CTX.Event()
         holder = crew.spawn(_lease_holder, lock, planted, leased, done)
-        record = _utils.format_record(holder, _utils.now())
+        record = format_record(holder, _utils.now())
         lock.write_bytes(record)
         before = os.lstat(lock)
         planted.set()

@@ -24,6 +24,7 @@ from unittest import mock
 
 from mahabharatha import locks
 from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.snapshot import format_record
 from mahabharatha.commands import _utils
 
 STALE_AFTER_SECONDS: Final = 7200.0
@@ -90,11 +91,11 @@ def plant(gsd: Path, feature: str, content: bytes, *, age: float = 0.0) -> Entry
 
 
 def stale_record(pid: int = 4242) -> bytes:
-    return _utils.format_record(pid, _utils.now() - STALE_AFTER_SECONDS - 600)
+    return format_record(pid, _utils.now() - STALE_AFTER_SECONDS - 600)
 
 
 def live_record(pid: int) -> bytes:
-    return _utils.format_record(pid, _utils.now())
+    return format_record(pid, _utils.now())
 
 
 @contextmanager

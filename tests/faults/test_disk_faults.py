@@ -31,6 +31,9 @@ import psutil  # noqa: F401  (loaded before a child drops to a uid that cannot r
 import pytest
 
 from mahabharatha import locks
+from mahabharatha.backends.files.folder import GuardBusyError
+from mahabharatha.backends.files.lockfile import is_temp_name
+from mahabharatha.backends.files.snapshot import format_record
 from mahabharatha.commands import _utils
 from mahabharatha.constants import TEMP_ORPHAN_SECONDS
 from tests.cli._support import invoke
@@ -110,7 +113,7 @@ def _plant_stale(gsd: Path) -> Entry:
 
 
 def _plant_live(gsd: Path) -> Entry:
-    return plant(gsd, FEATURE, _utils.format_record(4242, _utils.now()))
+    return plant(gsd, FEATURE, format_record(4242, _utils.now()))
 
 
 def _not_acquired(gsd: Path, ctx: Entry, result: object) -> None:
@@ -263,7 +266,7 @@ def _steps(op: Op) -> list[Call]:
 
 
 def _is_temp(call: Call) -> bool:
-    return bool(call.args) and _utils.is_temp_name(str(call.args[0]))
+    return bool(call.args) and is_temp_name(str(call.args[0]))
 
 
 def _cases() -> Iterator[Any]:
@@ -504,7 +507,7 @@ def test_permission_denied_for_real_is_a_clear_error_and_leaves_every_lock_as_it
 ) -> None:
     gsd = shared_dir / "gsd"
     stale = plant(gsd, "stale", stale_record())
-    owned = plant(gsd, "owned", _utils.format_record(4242, _utils.now()))
+    owned = plant(gsd, "owned", format_record(4242, _utils.now()))
     secret = plant(gsd, "secret", stale_record())
     os.chmod(lock_of(gsd, "secret"), 0o600)  # root's, unreadable for uid 65534
     (gsd / "specs" / "empty").mkdir()
@@ -587,7 +590,7 @@ def test_a_holder_release_refused_by_a_busy_guard_can_be_tried_again(tmp_path: P
     other = os.open(gsd / "specs" / FEATURE, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(other, fcntl.LOCK_EX)  # a foreign process holding the folder's flock
-        with pytest.raises(_utils.GuardBusyError):
+        with pytest.raises(GuardBusyError):
             held.release()
     finally:
         os.close(other)  # the foreign holder lets go

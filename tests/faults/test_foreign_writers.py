@@ -32,6 +32,7 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.commands import _utils
+from mahabharatha.constants import STALE_AFTER_SECONDS
 from tests.cli._support import Child, wait_for
 from tests.faults._kills import clock_ahead, entry_at, lock_of, plant, record_pid, stale_record
 from tests.support import old_design
@@ -167,7 +168,7 @@ def test_a_shell_writers_lock_is_respected_as_active_and_reclaimed_once_stale(
     assert (info.state, info.owner) == ("active", "unknown")
     with pytest.raises(locks.LockHeldError):
         locks.acquire(FEATURE, gsd, reclaim_dead=True)
-    with clock_ahead(_utils.STALE_AFTER_SECONDS + 1):
+    with clock_ahead(STALE_AFTER_SECONDS + 1):
         assert locks.inspect(FEATURE, gsd).state == "stale"
         locks.acquire(FEATURE, gsd)
     assert record_pid(entry_at(lock).content) == os.getpid()

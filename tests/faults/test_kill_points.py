@@ -37,6 +37,7 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.backends.files import lockfile, snapshot
+from mahabharatha.backends.files.snapshot import LOCK_FILE_NAME
 from mahabharatha.commands import _utils
 from mahabharatha.owner import ownership, proof
 from tests.faults._kills import (
@@ -268,7 +269,7 @@ def _create_then_write(
     """The old publish (``O_CREAT | O_EXCL``, then write): the lock has a name while empty."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
-        fd = os.open(_utils.LOCK_FILE_NAME, flags, 0o644, dir_fd=dfd)
+        fd = os.open(LOCK_FILE_NAME, flags, 0o644, dir_fd=dfd)
     except FileExistsError:
         return None
     try:

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mahabharatha import locks
+from mahabharatha.backends.files.snapshot import format_record
 from mahabharatha.commands import _utils
 from tests.faults._kills import entry_at
 
@@ -148,7 +149,7 @@ class LockMachine(RuleBasedStateMachine):
         """The model after ``pid`` won: a record of this instant (its inode read from disk)."""
         lock = self.on_disk()
         assert lock is not None, "acquire said yes but there is no lock"
-        assert lock.content == _utils.format_record(pid, self.now), lock
+        assert lock.content == format_record(pid, self.now), lock
         self.lock = lock
 
     def may_take(self) -> bool:
@@ -234,7 +235,7 @@ class LockMachine(RuleBasedStateMachine):
             return
         holder.refresh()
         lock = self.on_disk()
-        assert lock is not None and lock.content == _utils.format_record(owner, self.now)
+        assert lock is not None and lock.content == format_record(owner, self.now)
         self.lock = lock
         self.holders[owner] = (holder, lock)
 

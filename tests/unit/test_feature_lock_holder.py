@@ -24,6 +24,7 @@ import pytest
 from mahabharatha import locks
 from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
+from mahabharatha.constants import STALE_AFTER_SECONDS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -306,7 +307,7 @@ def test_refreshes_failing_until_the_lease_ends_count_as_a_lost_lock(
         def disk_full(*_args: object) -> None:
             raise OSError(28, "No space left on device")
 
-        later = time.time() + _utils.STALE_AFTER_SECONDS + 60
+        later = time.time() + STALE_AFTER_SECONDS + 60
         monkeypatch.setattr(lockfile, "replace_if_unchanged", disk_full)
         monkeypatch.setattr(_utils, "now", lambda: later)  # the lease has passed
         assert told.wait(HANG_GUARD_SECONDS), "the loss was never reported"

@@ -19,6 +19,7 @@ from mahabharatha import locks
 from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
 from mahabharatha.commands._utils import acquire_feature_lock
+from mahabharatha.constants import STALE_AFTER_SECONDS
 from mahabharatha.owner import proof
 from tests.support.marks import needs_root
 
@@ -126,8 +127,8 @@ def test_a_holder_that_stops_refreshing_is_no_longer_held_once_stale(
     monkeypatch.setattr(_utils, "time", clock)
     holder = locks.FeatureLock("feat", gsd, timeout=0, heartbeat=None).acquire()
     assert holder.held
-    assert holder.expires_at == 1_800_000_000.0 + _utils.STALE_AFTER_SECONDS
-    clock.time.return_value += _utils.STALE_AFTER_SECONDS
+    assert holder.expires_at == 1_800_000_000.0 + STALE_AFTER_SECONDS
+    clock.time.return_value += STALE_AFTER_SECONDS
     assert holder.held  # exactly at the limit: still active
     clock.time.return_value += 0.5
     assert not holder.held

@@ -17,6 +17,7 @@ import pytest
 from mahabharatha import locks
 from mahabharatha.backends.base import LockInfo, Owner, State
 from mahabharatha.backends.files import lockfile
+from mahabharatha.backends.files.folder import Guard, OpenFeatureDir
 from mahabharatha.cli._output import exit_code_for
 from mahabharatha.commands import _utils
 from mahabharatha.run import runner
@@ -104,16 +105,16 @@ def test_the_guard_and_the_folder_descriptor_do_their_work_only_inside_with(gsd:
     the folder in the constructor, so an object made without ``with`` leaked both."""
     os.makedirs(os.path.join(gsd, "specs", "feat"))
     fds_before = len(os.listdir("/proc/self/fd"))
-    unused = _utils.OpenFeatureDir(gsd, "feat", create=False)
+    unused = OpenFeatureDir(gsd, "feat", create=False)
     assert len(os.listdir("/proc/self/fd")) == fds_before  # nothing opened yet
     with unused as dfd:
         assert dfd is not None
         other = os.open(os.path.join(gsd, "specs", "feat"), os.O_RDONLY | os.O_DIRECTORY)
         try:
-            _utils.Guard(dfd, wait=False)  # made, never entered: must hold nothing
-            assert _utils.Guard(other, wait=False).__enter__() is True  # so another takes it
+            Guard(dfd, wait=False)  # made, never entered: must hold nothing
+            assert Guard(other, wait=False).__enter__() is True  # so another takes it
             fcntl.flock(other, fcntl.LOCK_UN)
-            with _utils.Guard(dfd, wait=False) as taken:
+            with Guard(dfd, wait=False) as taken:
                 assert taken
                 assert not fcntl_try(other)  # held now, inside the block
         finally:

@@ -17,6 +17,7 @@ import pytest
 from mahabharatha import locks
 from mahabharatha.backends.files import lockfile
 from mahabharatha.commands import _utils
+from mahabharatha.constants import STALE_AFTER_SECONDS
 from mahabharatha.owner import ownership
 from tests.support.marks import needs_proc
 from tests.support.owner_details import attach, attached, details_for
@@ -183,7 +184,7 @@ def test_a_lock_without_details_is_valid_and_only_age_frees_it(gsd: Path, gone: 
     assert locks.inspect(FEATURE, gsd).owner == "unknown"
     with pytest.raises(locks.LockHeldError):
         locks.acquire(FEATURE, gsd, reclaim_dead=True)
-    write_record(gsd, gone, time.time() - _utils.STALE_AFTER_SECONDS - 1)
+    write_record(gsd, gone, time.time() - STALE_AFTER_SECONDS - 1)
     assert _utils.acquire_feature_lock(FEATURE, str(gsd))
 
 

@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 
 from mahabharatha.backends.files import folder, lockfile
+from mahabharatha.backends.files.lockfile import age_only
+from mahabharatha.backends.files.snapshot import LockSnapshot, judge_lock, read_lock
 from mahabharatha.commands import _utils
+from mahabharatha.states import State
 from tests.support.folders import FEATURE, lock_of, one_feature_gsd
 from tests.support.marks import needs_symlinks
 
@@ -27,16 +30,16 @@ def test_a_reclaim_never_removes_an_old_writers_fresh_empty_lock_in_the_judged_i
     os.utime(lock, (time.time() - 10,) * 2)  # an old writer died before writing, 10 s ago
     with folder.OpenFeatureDir(gsd, FEATURE, create=False) as dfd:
         assert dfd is not None
-        judged = _utils.read_lock(dfd)
-        assert _utils.judge_lock(judged, time.time()) is _utils.LockState.CORRUPT
+        judged = read_lock(dfd)
+        assert judge_lock(judged, time.time()) is State.CORRUPT
         # Meanwhile a new old-style writer starts in that very inode (or one reused at once):
         # an empty file, just created. Same inode, same (empty) bytes: only its age differs.
         os.utime(lock, None)
         now = time.time()
-        assert _utils.judge_lock(_utils.read_lock(dfd), now) is _utils.LockState.WRITING
+        assert judge_lock(read_lock(dfd), now) is State.WRITING
 
-        def reclaimable(entry: _utils.LockSnapshot) -> bool:
-            return _utils.age_only(entry, _utils.judge_lock(entry, now))
+        def reclaimable(entry: LockSnapshot) -> bool:
+            return age_only(entry, judge_lock(entry, now))
 
         with folder.Guard(dfd, wait=True):
             assert not lockfile.remove_if_unchanged(dfd, judged, reclaimable)
@@ -48,7 +51,7 @@ def test_a_reclaim_rejudges_under_the_guard_even_when_the_entry_looks_the_same(g
     lock.write_bytes(b"garbage")
     with folder.OpenFeatureDir(gsd, FEATURE, create=False) as dfd:
         assert dfd is not None
-        judged = _utils.read_lock(dfd)
+        judged = read_lock(dfd)
         with folder.Guard(dfd, wait=True):
             assert not lockfile.remove_if_unchanged(dfd, judged, lambda _entry: False)
             assert lock.exists()
