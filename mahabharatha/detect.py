@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+from contextlib import suppress
 from pathlib import Path, PosixPath
 from typing import Any, Final
 
@@ -59,21 +60,16 @@ def safe_read_text(path: Path) -> str | None:
 
 def feature_from_state_files() -> str | None:
     """Stem of the newest ``*.json`` state file with a valid name; files may vanish meanwhile."""
-    newest: tuple[float, str] | None = None
+    found: list[tuple[float, str]] = []
     try:
         candidates = list(Path(STATE_DIR).glob("*.json"))
     except OSError:
         return None
     for candidate in candidates:
-        if not is_valid_feature_name(candidate.stem):
-            continue
-        try:
-            mtime = candidate.stat().st_mtime
-        except OSError:  # removed between the listing and the stat: skip it
-            continue
-        if newest is None or mtime > newest[0]:
-            newest = (mtime, candidate.stem)
-    return newest[1] if newest else None
+        if is_valid_feature_name(candidate.stem):
+            with suppress(OSError):  # removed between the listing and the stat: skip it
+                found.append((candidate.stat().st_mtime, candidate.stem))
+    return max(found)[1] if found else None
 
 
 def detect_feature(gsd_dir: str = GSD_DIR, *, skipped: list[str] | None = None) -> str | None:
