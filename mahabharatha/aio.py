@@ -13,7 +13,6 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
-from mahabharatha import functional
 from mahabharatha.backends.base import (
     AcquireResult,
     AlreadyHeldError,
@@ -27,7 +26,7 @@ from mahabharatha.backends.base import (
 )
 from mahabharatha.constants import GSD_DIR
 from mahabharatha.feature_lock import FeatureLock
-from mahabharatha.functional import WaitCallback
+from mahabharatha.functional import WaitCallback, _Acquiring
 from mahabharatha.owner.proof import WorkProof
 
 __all__ = ["AsyncFeatureLock"]
@@ -259,7 +258,7 @@ class AsyncFeatureLock:
             )
         return self
 
-    async def _turn(self, acquiring: functional._Acquiring) -> _Gate:
+    async def _turn(self, acquiring: _Acquiring) -> _Gate:
         """This task's turn among the loop's tasks asking for the feature for the same owner;
         the errors of a busy lock when the wait for it runs out."""
         store = self.backend
@@ -274,7 +273,7 @@ class AsyncFeatureLock:
             raise AlreadyHeldError(holder) if ours else acquiring.busy(holder)
         return gate
 
-    async def _wait_for_lock(self, acquiring: functional._Acquiring) -> Held:
+    async def _wait_for_lock(self, acquiring: _Acquiring) -> Held:
         """The acquire's loop, each try a backend call, each pause an await: for a release
         heard on PostgreSQL (NOTIFY on the loop's listening connection), else the backoff's
         sleep (files: a try costs microseconds)."""
