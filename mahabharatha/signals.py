@@ -87,8 +87,5 @@ def masked(how: int, signums: Sequence[int]) -> Iterator[Iterable[int]]:
 def start_without_signals(thread: threading.Thread) -> None:
     """Start ``thread`` with :data:`DEFERRED` blocked in it. Race: a helper thread that took a
     signal would only flag it, and the handler would run (forward it to CMD) once CMD ended."""
-    if not hasattr(signal, "pthread_sigmask"):
-        thread.start()
-        return
     with masked(signal.SIG_BLOCK, DEFERRED):
         thread.start()
