@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from functools import partial
+from operator import attrgetter
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypedDict, TypeVar, Unpack, cast
 
@@ -124,10 +125,10 @@ class _Forwarded(Generic[_T]):
     it drives, read only."""
 
     def __set_name__(self, _owner: type, name: str) -> None:
-        self.name = name
+        self.name, self.read = name, attrgetter(name)
 
     def __get__(self, lock: AsyncFeatureLock | None, _owner: type | None = None) -> _T:
-        return cast(_T, self if lock is None else getattr(lock._state, self.name))
+        return cast(_T, self if lock is None else self.read(lock._state))
 
     def __set__(self, _lock: AsyncFeatureLock, _value: object) -> None:
         raise AttributeError(f"property {self.name!r} of 'AsyncFeatureLock' object has no setter")
