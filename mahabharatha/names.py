@@ -46,17 +46,14 @@ def is_valid_feature_name(feature: str) -> bool:
 def feature_folders(gsd_dir: str | os.PathLike[str]) -> list[str]:
     """Names of the real (not symlinked) feature folders under ``<gsd>/specs``, sorted."""
     try:
-        specs = os.open(os.path.join(os.fspath(gsd_dir), "specs"), os.O_RDONLY | os.O_DIRECTORY)
+        return feature_names_in(os.path.join(os.fspath(gsd_dir), "specs"))
     except (FileNotFoundError, NotADirectoryError):
         return []
-    try:
-        return feature_names_in(specs)
-    finally:
-        os.close(specs)
 
 
-def feature_names_in(specs: int) -> list[str]:
-    """The valid names of the real (not symlinked) folders in the open folder ``specs``, sorted."""
+def feature_names_in(specs: int | str) -> list[str]:
+    """The valid names of the real (not symlinked) folders in ``specs`` (an open folder or its
+    path), sorted."""
     with os.scandir(specs) as entries:
         return sorted(
             entry.name
