@@ -36,6 +36,10 @@ from mahabharatha.functional import (
 from mahabharatha.names import validate_feature_name as _validate_feature_name
 from mahabharatha.owner.proof import HandedProof, WorkProof
 
+# A holder with a chosen lease refreshes 3 times a lease: 2 may fail (a server restart, a lost
+# link) before the lock is in danger.
+LEASE_REFRESHES: Final = 3
+
 # --------------------------------------------------------------------------- holding
 
 
@@ -79,9 +83,8 @@ class FeatureLock:
             raise ValueError(f"Invalid lease: {lease!r} (must be a positive number of seconds)")
         # Files: none (fixed at 2 h); a server: the lease of a holder that refreshes.
         self.lease = self.backend.run_lease if lease is None else lease
-        # Refresh 3 times a lease: 2 may fail (a server restart, a lost link) in safety.
         if self.lease is not None and self.heartbeat:
-            self.heartbeat = min(self.heartbeat, self.lease / 3)
+            self.heartbeat = min(self.heartbeat, self.lease / LEASE_REFRESHES)
         self.on_wait = on_wait
         self.command = command  # kept in the lock's owner details (``lock run``)
         self.on_lost = on_lost
