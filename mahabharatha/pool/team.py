@@ -44,14 +44,24 @@ def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
     if threading.active_count() > 1:
         raise RuntimeError("a team of workers is forked before any thread starts")
     workers: list[_Worker] = []
-    forwarding = _Forwarding(workers)
+    ended: set[int] = set()  # workers whose pipe ended: they exited (reaped later)
+
+    def forward(signum: int, _frame: object) -> None:
+        """While the team works, each :data:`signals.FORWARDED` signal goes to every live worker."""
+        for worker in workers:
+            # Race: a worker that ended is not reaped yet (a zombie keeps its pid), and it is
+            # marked ended before it is reaped: a signal never reaches a recycled pid.
+            if worker.pid not in ended:
+                with suppress(ProcessLookupError):
+                    os.kill(worker.pid, signum)
+
     with ExitStack() as forwarded:
         # Race: a signal between two forks would reach only the workers forked so far: held
         # back until every worker is started, then forwarded (an ignored one stays ignored).
         with signals.masked(signal.SIG_BLOCK, signals.FORWARDED) as unblocked:
             _fork_workers(jobs, job, unblocked, workers)
-            forwarded.enter_context(signals.Handling(signals.FORWARDED, forwarding))
-        answers = _read_answers(workers, forwarding)
+            forwarded.enter_context(signals.Handling(signals.FORWARDED, forward))
+        answers = _read_answers(workers, ended)
     return [WorkerEnd(w.pid, answers.get(w.pid), _reaped(w.pid)) for w in workers]
 
 
@@ -94,8 +104,8 @@ def _be_worker(
         _leave_the_terminal()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         answer = json.dumps(job()).encode()
-        with suppress(OSError):  # the parent is gone: nobody to tell
-            _write_all(write_fd, answer)
+        with suppress(OSError), open(write_fd, "wb") as pipe:  # OSError: the parent is gone
+            pipe.write(answer)
         status = 0
     except KeyboardInterrupt as stop:
         # Race: a signal forwarded while the workers were forked is delivered as this one
@@ -116,29 +126,7 @@ def _leave_the_terminal() -> None:
     os.setsid()
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-class _Forwarding:
-    """While the team works, each :data:`signals.FORWARDED` signal goes on to every live worker."""
-
-    def __init__(self, workers: list[_Worker]) -> None:
-        self.workers = workers
-        self.ended: set[int] = set()
-
-    def __call__(self, signum: int, _frame: object) -> None:
-        for worker in self.workers:
-            # Race: a worker that ended is not reaped yet (a zombie keeps its pid), and it is
-            # marked ended before it is reaped: a signal never reaches a recycled pid.
-            if worker.pid not in self.ended:
-                with suppress(ProcessLookupError):
-                    os.kill(worker.pid, signum)
-
-
-def _read_answers(workers: list[_Worker], forwarding: _Forwarding) -> dict[int, dict[str, Any]]:
+def _read_answers(workers: list[_Worker], ended: set[int]) -> dict[int, dict[str, Any]]:
     """Every worker's answer, read as it comes; a worker's pipe ends (EOF) when it exits."""
     chunks: dict[int, list[bytes]] = {w.pid: [] for w in workers}
     with selectors.DefaultSelector() as selector:
@@ -152,7 +140,7 @@ def _read_answers(workers: list[_Worker], forwarding: _Forwarding) -> dict[int, 
                     continue
                 selector.unregister(key.fd)
                 os.close(key.fd)
-                forwarding.ended.add(key.data)
+                ended.add(key.data)
     answers: dict[int, dict[str, Any]] = {}
     for pid, parts in chunks.items():
         with suppress(ValueError):  # died mid-answer: as if it never answered
@@ -185,7 +173,7 @@ def report_from_document(document: dict[str, Any]) -> WorkReport | None:
     )
 
 
-ENDED_FIRST: Final = (WorkEnd.STOPPED, WorkEnd.FINISHED, WorkEnd.WAITED_OUT)
+ENDED_FIRST: Final = (WorkEnd.STOPPED, WorkEnd.FINISHED, WorkEnd.WAITED_OUT, WorkEnd.ONCE)
 """Which worker's ending the pool's report takes. Race: a teammate's wait can run out on a
 feature a worker then finishes: finished is the later fact (only ``reopen`` undoes it)."""
 
@@ -195,7 +183,7 @@ def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
     (:data:`ENDED_FIRST`), and the busy features when that ending is a wait that ran out."""
     if not reports:
         raise ValueError("no report to merge")
-    ended = min(reports, key=lambda report: _rank(report.ended))
+    ended = min(reports, key=lambda report: ENDED_FIRST.index(report.ended))
     results = tuple(result for report in reports for result in report.results)
     return WorkReport(
         ended.ended,
@@ -206,10 +194,6 @@ def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
         ),
         ended.exit_code,
     )
-
-
-def _rank(ended: WorkEnd) -> int:
-    return ENDED_FIRST.index(ended) if ended in ENDED_FIRST else len(ENDED_FIRST)
 
 
 def _union(lists: Iterable[Sequence[str]]) -> tuple[str, ...]:
