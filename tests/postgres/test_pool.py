@@ -158,13 +158,13 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
 
     store: Any = open_backend(os.environ["MAHABHARATHA_LOCK_URL"], ".gsd", namespace=on_server)
     waiting = threading.Event()
-    original = store._notified_on_claims_connection
+    original = store._heard  # the wait on the claims' connection (and on a listener)
 
     def noted(conn: Any, deadline: float) -> bool:
         waiting.set()
         return bool(original(conn, deadline))
 
-    store._notified_on_claims_connection = noted
+    store._heard = noted
     answer: list[str | None] = []
     claimer = threading.Thread(
         target=lambda: answer.append(locks.claim(["alpha"], backend=store, wait=SYNC_TIMEOUT)),

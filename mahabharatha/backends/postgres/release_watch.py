@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, TypeGuard
 
 import psycopg
 
@@ -67,19 +67,6 @@ class ReleaseWaits(Session):
             time.sleep(max(0.0, deadline - time.monotonic()))
             return True
 
-    def _listen_on_claims_connection(self) -> _Connection | None:
-        """LISTEN on the claims' connection (a waiting worker needs no second one); None behind
-        a pooler, on a crowded server (both poll) or with no connection kept."""
-        conn = self._conn
-        if self._behind_pooler or self._slots_scarce or conn is None or conn.closed or conn.pooled:
-            return None
-        try:
-            conn.execute(statements.listen(verb="LISTEN", channel=self.channel))
-        except psycopg.Error:
-            self._drop_connection()  # its state is unknown; the next claim connects again
-            return None
-        return conn
-
     def _heard(self, conn: _Connection, deadline: float) -> bool:
         """:func:`_notified`, at most one wake-up per ``WAKE_UP_INTERVAL_SECONDS``."""
         woken = _notified(conn, deadline, self._woken + WAKE_UP_INTERVAL_SECONDS)
@@ -87,61 +74,67 @@ class ReleaseWaits(Session):
             self._woken = time.monotonic()
         return woken
 
-    def _notified_on_claims_connection(self, conn: _Connection, deadline: float) -> bool:
-        try:
-            return self._heard(conn, deadline)
-        except psycopg.Error:
-            # Race: the connection died (or froze) between two tries; a release sent meanwhile
-            # was never heard. Look again, no sooner than a wait would have.
-            if conn is self._conn:
-                self._drop_connection()
-            time.sleep(max(0.0, deadline - time.monotonic()))
-            return True
-
-    def _stop_listening_on(self, conn: _Connection) -> None:
-        """UNLISTEN on the claims' connection and drop what it heard (releases long past)."""
-        if conn is not self._conn or conn.closed:
-            return
-        try:
-            conn.execute(statements.listen(verb="UNLISTEN", channel=self.channel))
-            for _ in conn.notifies(timeout=0):
-                pass
-        except psycopg.Error:
-            self._drop_connection()  # its state is unknown; the next claim connects again
-
 
 class _Listening:
     """The server's :class:`~mahabharatha.backends.base.ReleaseWatch`: listening on the claims'
-    connection where it can, else on the backend's listener, from entering to leaving."""
+    connection (a waiting worker needs no second one) where it can, else on the backend's
+    listener, from entering to leaving."""
 
     def __init__(self, backend: ReleaseWaits) -> None:
         self.backend = backend
         self.conn: _Connection | None = None  # the claims' connection, LISTENing
 
     def __enter__(self) -> _Listening:
-        self.conn = self.backend._listen_on_claims_connection()
+        backend, conn = self.backend, self.backend._conn
+        # Not behind a pooler, on a crowded server (both poll) nor with no connection kept (a
+        # closed one fails its LISTEN).
+        if not (backend._behind_pooler or backend._slots_scarce or conn is None or conn.pooled):
+            self.conn = conn if self._on_claims_connection(conn, "LISTEN") else None
         if self.conn is None:
-            self.backend.wait_for_release(None, 0.0)  # starts listening
+            backend.wait_for_release(None, 0.0)  # starts listening
         return self
 
     def __exit__(self, *_exc: object) -> None:
         conn, self.conn = self.conn, None
-        if conn is not None:
-            self.backend._stop_listening_on(conn)
+        if self._still_claims(conn):
+            self._on_claims_connection(conn, "UNLISTEN")
         self.backend._drop_listener()  # a worker that took a feature keeps no second one
+
+    def _on_claims_connection(self, conn: _Connection, verb: str) -> bool:
+        """LISTEN, or UNLISTEN and drop what was heard (releases long past); False: failed."""
+        try:
+            conn.execute(statements.listen(verb=verb, channel=self.backend.channel))
+            if verb == "UNLISTEN":
+                for _ in conn.notifies(timeout=0):
+                    pass
+        except psycopg.Error:
+            self.backend._drop_connection()  # its state is unknown; the next claim connects again
+            return False
+        return True
+
+    def _still_claims(self, conn: _Connection | None) -> TypeGuard[_Connection]:
+        return conn is not None and conn is self.backend._conn and not conn.closed
 
     def wait(self, seconds: float) -> bool:
         seconds = max(0.0, min(seconds, RECHECK_SECONDS))  # the protocol's bound: look again
-        conn = self.conn
-        if conn is not None and conn is self.backend._conn and not conn.closed:
-            deadline = time.monotonic() + max(0.0, seconds)
-            return self.backend._notified_on_claims_connection(conn, deadline)
+        conn, backend = self.conn, self.backend
+        if self._still_claims(conn):
+            deadline = time.monotonic() + seconds
+            try:
+                return backend._heard(conn, deadline)
+            except psycopg.Error:
+                # Race: the connection died (or froze) between two tries; a release sent
+                # meanwhile was never heard. Look again, no sooner than a wait would have.
+                if conn is backend._conn:
+                    backend._drop_connection()
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return True
         # Race: the claims' connection was let go of or lost since, and its LISTEN with it: the
         # backend's listener takes over (its first call only starts listening: "look again").
         self.conn = None
-        heard = self.backend.wait_for_release(None, seconds)
+        heard = backend.wait_for_release(None, seconds)
         # Behind a pooler (or on a crowded server) nothing is heard: that wait was a poll.
-        return heard or self.backend._behind_pooler or self.backend._slots_scarce
+        return heard or backend._behind_pooler or backend._slots_scarce
 
 
 def _notified(conn: _Connection, deadline: float, not_before: float) -> bool:
