@@ -7,7 +7,6 @@ import ctypes
 import os
 import re
 import sys
-from dataclasses import dataclass
 from functools import cache
 from typing import Any, Final
 
@@ -94,26 +93,14 @@ def _loaded_libpq() -> ctypes.CDLL | None:
     return None
 
 
-@dataclass(frozen=True)
-class Server:
-    """Where the server is, for messages: never the password."""
-
-    host: str
-    port: str
-    database: str
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}/{self.database}"
-
-
 # What a URL's userinfo may not hold unencoded: libpq would print part of the password.
 _MUST_BE_ENCODED: Final = re.compile(r"[@/?#\[\] ]|%(?![0-9A-Fa-f]{2})")
 _QUOTED: Final = re.compile(r'".*"', re.S)
 
 
-def server_of(url: str) -> Server:
-    """host, port and database of ``url`` as libpq would use them, for messages; a URL libpq
-    cannot parse, or would misread, is refused without quoting it."""
+def server_of(url: str) -> str:
+    """``host:port/database`` of ``url`` as libpq would use them, for messages (never the
+    password); a URL libpq cannot parse, or would misread, is refused without quoting it."""
     userinfo = url.partition("://")[2].partition("?")[0].rpartition("@")[0]
     if _MUST_BE_ENCODED.search(userinfo):
         raise ValueError(
@@ -130,7 +117,7 @@ def server_of(url: str) -> Server:
     port = str(given.get("port") or env.get("PGPORT") or "5432")
     user = str(given.get("user") or env.get("PGUSER") or login_name())
     database = str(given.get("dbname") or env.get("PGDATABASE") or user)
-    return Server(host, port, database)
+    return f"{host}:{port}/{database}"
 
 
 def login_name() -> str:
