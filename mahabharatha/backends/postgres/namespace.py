@@ -38,15 +38,11 @@ def normalise_remote(url: str) -> str | None:
 
 def _hosted(host: str, path: str) -> str | None:
     host = host.lower()
-    segments = [segment for segment in path.split("/") if segment]
-    if segments and segments[-1].endswith(_GIT_SUFFIX):
-        segments[-1] = segments[-1].removesuffix(_GIT_SUFFIX)
-    name = "/".join(segment for segment in segments if segment)
+    name = "/".join(segment for segment in path.split("/") if segment)
+    name = name.removesuffix(_GIT_SUFFIX).rstrip("/")  # "org/.git" names "org"
     if host in CASE_INSENSITIVE_HOSTS:
         name = name.lower()
-    if not host or not name:
-        return None
-    return f"{host}/{name}"
+    return f"{host}/{name}" if host and name else None
 
 
 def _local_identity(path: str) -> str | None:
@@ -63,11 +59,8 @@ def _local_identity(path: str) -> str | None:
 
 def _is_git_folder(folder: str) -> bool:
     """A repository's own folder: ``HEAD``, ``objects`` and ``refs`` in it."""
-    return (
-        os.path.isfile(os.path.join(folder, "HEAD"))
-        and os.path.isdir(os.path.join(folder, "objects"))
-        and os.path.isdir(os.path.join(folder, "refs"))
-    )
+    inside = ("HEAD", os.path.isfile), ("objects", os.path.isdir), ("refs", os.path.isdir)
+    return all(is_kind(os.path.join(folder, name)) for name, is_kind in inside)
 
 
 def derive_namespace(where: str | os.PathLike[str] | None = None) -> str | None:
