@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
+from functools import cache
 from typing import Any, Final, TypeVar
 
 import psycopg
@@ -62,7 +63,6 @@ class Session:
         self._server = server_of(url)
         self._password = password_of(url)
         self.schema: str = schema  # named in every statement (never ``search_path``)
-        self._in_schema: dict[str, str] = {}  # statement -> its text in another schema
         self.connect_timeout = connect_timeout
         self._conn: _Connection | None = None
         self._listener: _Connection | None = None
@@ -341,13 +341,7 @@ class Session:
 
     def _sql(self, statement: str) -> str:
         """``statement`` naming this backend's schema (the statements name ``mahabharatha``)."""
-        if self.schema == DEFAULT_SCHEMA:
-            return statement
-        found = self._in_schema.get(statement)
-        if found is None:
-            found = _NAMED_SCHEMA.sub(self.schema, statement)  # a schema name has no backslash
-            self._in_schema[statement] = found
-        return found
+        return statement if self.schema == DEFAULT_SCHEMA else _in_schema(statement, self.schema)
 
     def _newer_schema(self, version: int) -> BackendError:
         return BackendError(
@@ -370,10 +364,21 @@ class Session:
             if conn.pooled:
                 conn.execute(statements.PIN_SETTINGS, prepare=False)
             conn.execute(advisory)  # Race: two first uses creating the tables at once
-            self._refuse_old_tables_elsewhere(conn)
-            lost = (statements.SEQUENCE_MISSING, statements.TABLE_EXISTS, statements.ROWS_EXIST)
-            if not repair and all(
-                conn.execute(self._sql(query)).fetchone() == (True,) for query in lost
+            exists = conn.execute(self._sql(statements.TABLE_EXISTS)).fetchone() == (True,)
+            marked = {"schema": self.schema, "mark": statements.NAMED_BY_SCHEMA}
+            # Refused while this role's older tables are elsewhere (two holders of one feature).
+            if not exists and (old := conn.execute(statements.OLD_TABLES, marked).fetchone()):
+                raise BackendError(
+                    f"lock server {self._server} (PostgreSQL): this role's lock tables of an "
+                    f"older mahabharatha are in schema {old[0]}: set {SCHEMA_ENV}={old[0]} to "
+                    "keep them there, or move them (ALTER TABLE/SEQUENCE ... SET SCHEMA "
+                    f"{self.schema}) and run 'mahabharatha lock init'"
+                )
+            lost = (statements.SEQUENCE_MISSING, statements.ROWS_EXIST)
+            if (
+                not repair
+                and exists
+                and all(conn.execute(self._sql(query)).fetchone() == (True,) for query in lost)
             ):
                 raise BackendError(
                     f"lock server {self._server} (PostgreSQL): the token sequence "
@@ -393,24 +398,14 @@ class Session:
         if version is not None and version > statements.SCHEMA_VERSION:
             raise self._newer_schema(int(version))
 
-    def _refuse_old_tables_elsewhere(self, conn: _Connection) -> None:
-        """Refuse while this role's older tables are elsewhere (two holders of one feature)."""
-        if conn.execute(self._sql(statements.TABLE_EXISTS)).fetchone() == (True,):
-            return
-        marked = {"schema": self.schema, "mark": statements.NAMED_BY_SCHEMA}
-        found = conn.execute(statements.OLD_TABLES, marked).fetchall()
-        if found:
-            old = found[0][0]
-            raise BackendError(
-                f"lock server {self._server} (PostgreSQL): this role's lock tables of an older "
-                f"mahabharatha are in schema {old}: set {SCHEMA_ENV}={old} to keep them there, "
-                f"or move them (ALTER TABLE/SEQUENCE ... SET SCHEMA {self.schema}) and run "
-                "'mahabharatha lock init'"
-            )
-
     def _drop_listener(self) -> None:
         _close(self._listener)
         self._listener = None
+
+
+@cache
+def _in_schema(statement: str, schema: str) -> str:
+    return _NAMED_SCHEMA.sub(schema, statement)  # a schema name has no backslash
 
 
 def _pauses(deadline: Deadline, first: float, most: float) -> Iterator[bool]:
