@@ -84,36 +84,29 @@ class AsyncReleaseListener:
         return self._reader is not None and not self._reader.done()
 
     async def _start(self, timeout: float) -> None:
+        """A listening connection of our own, read by a task; behind a pooler: waiters poll."""
+        backend = self.backend
         try:
-            conn = await self._connect()
+            async with asyncio.timeout(backend.connect_timeout):
+                conn = await psycopg.AsyncConnection.connect(
+                    backend._url, **backend._connect_args(LISTENER_NAME)
+                )
+                try:
+                    direct = await conn.execute(_DIRECT, {"pid": conn.info.backend_pid})
+                    if await direct.fetchone() != (True,):
+                        self._behind_pooler = True
+                        await conn.close()
+                        return
+                    await conn.execute(statements.listen(verb="LISTEN", channel=backend.channel))
+                except BaseException:
+                    await conn.close()
+                    raise
         except (psycopg.Error, OSError, TimeoutError):
             # Race: no listener, so a release now is not heard: look again, no sooner than a
             # wait would have (no busy loop while connecting keeps failing, e.g. no slots).
             await asyncio.sleep(timeout)
             return
-        if conn is not None:
-            self._reader = asyncio.get_running_loop().create_task(self._read(conn))
-
-    async def _connect(self) -> psycopg.AsyncConnection[Any] | None:
-        """A listening connection, or None behind a pooler (then waiters poll)."""
-        backend = self.backend
-        async with asyncio.timeout(backend.connect_timeout):
-            conn = await psycopg.AsyncConnection.connect(
-                backend._url, **backend._connect_args(LISTENER_NAME)
-            )
-            try:
-                found = await (
-                    await conn.execute(_DIRECT, {"pid": conn.info.backend_pid})
-                ).fetchone()
-                if found is None or not found[0]:
-                    self._behind_pooler = True
-                    await conn.close()
-                    return None
-                await conn.execute(statements.listen(verb="LISTEN", channel=backend.channel))
-            except BaseException:
-                await conn.close()
-                raise
-        return conn
+        self._reader = asyncio.get_running_loop().create_task(self._read(conn))
 
     async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Wake every waiter at each wake-up (throttled), until cancelled or the connection
