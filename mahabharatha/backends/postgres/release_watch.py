@@ -68,11 +68,20 @@ class ReleaseWaits(Session):
             return True
 
     def _heard(self, conn: _Connection, deadline: float) -> bool:
-        """:func:`_notified`, at most one wake-up per ``WAKE_UP_INTERVAL_SECONDS``."""
-        woken = _notified(conn, deadline, self._woken + WAKE_UP_INTERVAL_SECONDS)
-        if woken:
-            self._woken = time.monotonic()
-        return woken
+        """Did a wake-up (a hint) come on ``conn`` before ``deadline``? At most one wait ends
+        per ``WAKE_UP_INTERVAL_SECONDS``: one heard sooner ends it only then."""
+        for _note in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        else:
+            return False
+        # Race: a flood of wake-ups (anyone who may connect can NOTIFY the channel): each one read,
+        # so none piles up, and none looked at before the interval is over.
+        until = min(deadline, self._woken + WAKE_UP_INTERVAL_SECONDS)
+        while (left := until - time.monotonic()) > 0:
+            for _note in conn.notifies(timeout=left):
+                pass
+        self._woken = time.monotonic()
+        return True
 
 
 class _Listening:
@@ -135,19 +144,3 @@ class _Listening:
         heard = backend.wait_for_release(None, seconds)
         # Behind a pooler (or on a crowded server) nothing is heard: that wait was a poll.
         return heard or backend._behind_pooler or backend._slots_scarce
-
-
-def _notified(conn: _Connection, deadline: float, not_before: float) -> bool:
-    """Did a wake-up (a hint) come on ``conn`` before ``deadline``? One heard before
-    ``not_before`` ends the wait only then, the wake-ups meanwhile dropped."""
-    for _note in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
-        break
-    else:
-        return False
-    # Race: a flood of wake-ups (anyone who may connect can NOTIFY the channel): each one read,
-    # so none piles up, and none looked at before ``not_before``.
-    until = min(deadline, not_before)
-    while (left := until - time.monotonic()) > 0:
-        for _note in conn.notifies(timeout=left):
-            pass
-    return True
