@@ -112,12 +112,11 @@ def _check_can_start(program: str, env: Mapping[str, str] | None) -> None:
 
 
 def _check_startable(path: str | None, program: str) -> None:
-    found = None
-    with suppress(OSError):
-        found = None if path is None else os.stat(path)
-    if path is None or found is None:
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-    if stat.S_ISDIR(found.st_mode) or not os.access(path, os.X_OK):
+    try:
+        mode = os.stat(path or "").st_mode  # "" (no path): not found
+    except OSError:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program) from None
+    if stat.S_ISDIR(mode) or not os.access(path or "", os.X_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
 
 
