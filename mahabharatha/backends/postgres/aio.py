@@ -73,12 +73,10 @@ class AsyncReleaseListener:
                 if not self._listening():  # else another waiter started it: look again
                     await self._start(timeout)
             return True
-        try:
+        with suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await seen.wait()
-        except TimeoutError:
-            return False
-        return True
+        return seen.is_set()
 
     def _listening(self) -> bool:
         return self._reader is not None and not self._reader.done()

@@ -94,20 +94,18 @@ ON CONFLICT (namespace, feature) DO UPDATE SET {_TAKE_SET}
 WHERE {_TAKEABLE}
 RETURNING {_RETURNING}"""
 
-_WANTED: Final = """wanted AS (
-    SELECT w.feature, w.ord
-    FROM unnest(string_to_array(%(names)s, pg_catalog.chr(10))) WITH ORDINALITY AS w(feature, ord)
-)"""
-"""The names travel as one text joined by newlines: cheaper for psycopg than a list."""
-
 _TAKEN: Final = f"""taken AS (
     UPDATE mahabharatha.mahabharatha_locks l SET {_TAKE_SET}
     FROM pick WHERE l.namespace = pick.namespace AND l.feature = pick.feature
     RETURNING {_RETURNING}
 )"""  # the row ``pick`` chose, taken
 
+# The names travel as one text joined by newlines: cheaper for psycopg than a list.
 CLAIM_CHECKED: Final = f"""
-WITH {_WANTED}, missing AS (
+WITH wanted AS (
+    SELECT w.feature, w.ord
+    FROM unnest(string_to_array(%(names)s, pg_catalog.chr(10))) WITH ORDINALITY AS w(feature, ord)
+), missing AS (
     SELECT count(*) AS n FROM wanted w WHERE NOT EXISTS (
         SELECT FROM mahabharatha.mahabharatha_locks m
         WHERE m.namespace = %(ns)s AND m.feature = w.feature)
