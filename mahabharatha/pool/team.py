@@ -30,11 +30,6 @@ class WorkerEnd(NamedTuple):
     status: int
 
 
-class _Worker(NamedTuple):
-    pid: int
-    answer_fd: int
-
-
 def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
     """Run ``job`` (a JSON-able answer; raising: status 70, or 128+n) in ``jobs`` forked workers;
     how each ended, in start order. Call it before any thread, lock or connection exists: a fork
@@ -43,17 +38,17 @@ def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     if threading.active_count() > 1:
         raise RuntimeError("a team of workers is forked before any thread starts")
-    workers: list[_Worker] = []
+    workers: dict[int, int] = {}  # pid -> the read end of its answer's pipe, in start order
     ended: set[int] = set()  # workers whose pipe ended: they exited (reaped later)
 
     def forward(signum: int, _frame: object) -> None:
         """While the team works, each :data:`signals.FORWARDED` signal goes to every live worker."""
-        for worker in workers:
+        for pid in workers:
             # Race: a worker that ended is not reaped yet (a zombie keeps its pid), and it is
             # marked ended before it is reaped: a signal never reaches a recycled pid.
-            if worker.pid not in ended:
+            if pid not in ended:
                 with suppress(ProcessLookupError):
-                    os.kill(worker.pid, signum)
+                    os.kill(pid, signum)
 
     with ExitStack() as forwarded:
         # Race: a signal between two forks would reach only the workers forked so far: held
@@ -62,15 +57,15 @@ def run_team(jobs: int, job: Callable[[], dict[str, Any]]) -> list[WorkerEnd]:
             _fork_workers(jobs, job, unblocked, workers)
             forwarded.enter_context(signals.Handling(signals.FORWARDED, forward))
         answers = _read_answers(workers, ended)
-    return [WorkerEnd(w.pid, answers.get(w.pid), _reaped(w.pid)) for w in workers]
+    return [WorkerEnd(pid, answers.get(pid), _reaped(pid)) for pid in workers]
 
 
 def _fork_workers(
-    jobs: int, job: Callable[[], dict[str, Any]], mask: Iterable[int], workers: list[_Worker]
+    jobs: int, job: Callable[[], dict[str, Any]], mask: Iterable[int], workers: dict[int, int]
 ) -> None:
     for _ in range(jobs):
         try:
-            workers.append(_fork_worker(job, mask, [w.answer_fd for w in workers]))
+            _fork_worker(job, mask, workers)
         except OSError:
             if not workers:
                 raise
@@ -78,8 +73,8 @@ def _fork_workers(
 
 
 def _fork_worker(
-    job: Callable[[], dict[str, Any]], mask: Iterable[int], others: Sequence[int]
-) -> _Worker:
+    job: Callable[[], dict[str, Any]], mask: Iterable[int], workers: dict[int, int]
+) -> None:
     answer_fd, write_fd = os.pipe()
     try:
         pid = os.fork()
@@ -88,9 +83,9 @@ def _fork_worker(
         os.close(write_fd)
         raise
     if pid == 0:
-        _be_worker(job, mask, write_fd, [answer_fd, *others])
+        _be_worker(job, mask, write_fd, [answer_fd, *workers.values()])
     os.close(write_fd)
-    return _Worker(pid, answer_fd)
+    workers[pid] = answer_fd
 
 
 def _be_worker(
@@ -126,12 +121,12 @@ def _leave_the_terminal() -> None:
     os.setsid()
 
 
-def _read_answers(workers: list[_Worker], ended: set[int]) -> dict[int, dict[str, Any]]:
+def _read_answers(workers: dict[int, int], ended: set[int]) -> dict[int, dict[str, Any]]:
     """Every worker's answer, read as it comes; a worker's pipe ends (EOF) when it exits."""
-    chunks: dict[int, list[bytes]] = {w.pid: [] for w in workers}
+    chunks: dict[int, list[bytes]] = {pid: [] for pid in workers}
     with selectors.DefaultSelector() as selector:
-        for worker in workers:
-            selector.register(worker.answer_fd, selectors.EVENT_READ, worker.pid)
+        for pid, answer_fd in workers.items():
+            selector.register(answer_fd, selectors.EVENT_READ, pid)
         while selector.get_map():
             for key, _ in selector.select():  # retried after a forwarded signal (PEP 475)
                 data = os.read(key.fd, READ_CHUNK)
