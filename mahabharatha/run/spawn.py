@@ -261,10 +261,7 @@ def _in_terminal_job() -> bool:
     """Is ``lock run`` a job of its controlling terminal? CMD then shares its group. Race: CMD
     stopped for ever by a background read in a group of its own, out of reach of ``fg``."""
     for stream in (sys.stdin, sys.stdout, sys.stderr):
-        try:
-            fd = stream.fileno() if stream is not None else -1
-            if fd >= 0 and os.isatty(fd) and os.tcgetpgrp(fd) > 0:  # ENOTTY: not our terminal
+        with suppress(OSError, ValueError, AttributeError):  # None, no descriptor, closed
+            if os.isatty(fd := stream.fileno()) and os.tcgetpgrp(fd) > 0:  # ENOTTY: not ours
                 return True
-        except (OSError, ValueError, AttributeError):
-            continue
     return False
