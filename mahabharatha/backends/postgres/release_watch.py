@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from typing import Final, TypeGuard
+from typing import Final
 
 import psycopg
 
@@ -50,16 +50,15 @@ class ReleaseWaits(Session):
             time.sleep(max(0.0, deadline - time.monotonic()))
             return False
         try:
-            if self._listener is None or self._listener.closed:
-                listener = self._connect("mahabharatha-wait")
-                if listener.pooled:
-                    self._behind_pooler = True
-                    listener.close()
-                    return True
-                self._listener = listener
+            if self._listener is not None and not self._listener.closed:
+                return self._heard(self._listener, deadline)
+            self._listener = self._connect("mahabharatha-wait")
+            if self._listener.pooled:
+                self._behind_pooler = True
+                self._drop_listener()
+            else:
                 self._listener.execute(statements.listen(verb="LISTEN", channel=self.channel))
-                return True
-            return self._heard(self._listener, deadline)
+            return True  # it only started listening: look again
         except psycopg.Error:
             # Race: the listener died between two tries, so a release may not have been heard:
             # look again, no sooner than a wait would have (no busy loop while it fails).
@@ -95,9 +94,8 @@ class _Listening:
 
     def __enter__(self) -> _Listening:
         backend, conn = self.backend, self.backend._conn
-        # Not behind a pooler, on a crowded server (both poll) nor with no connection kept (a
-        # closed one fails its LISTEN).
-        if not (backend._behind_pooler or backend._slots_scarce or conn is None or conn.pooled):
+        polls = backend._behind_pooler or backend._slots_scarce  # behind a pooler, crowded
+        if not polls and conn is not None and not conn.closed and not conn.pooled:
             self.conn = conn if self._on_claims_connection(conn, "LISTEN") else None
         if self.conn is None:
             backend.wait_for_release(None, 0.0)  # starts listening
@@ -105,7 +103,7 @@ class _Listening:
 
     def __exit__(self, *_exc: object) -> None:
         conn, self.conn = self.conn, None
-        if self._still_claims(conn):
+        if conn is not None and conn is self.backend._conn and not conn.closed:
             self._on_claims_connection(conn, "UNLISTEN")
         self.backend._drop_listener()  # a worker that took a feature keeps no second one
 
@@ -121,13 +119,10 @@ class _Listening:
             return False
         return True
 
-    def _still_claims(self, conn: _Connection | None) -> TypeGuard[_Connection]:
-        return conn is not None and conn is self.backend._conn and not conn.closed
-
     def wait(self, seconds: float) -> bool:
         seconds = max(0.0, min(seconds, RECHECK_SECONDS))  # the protocol's bound: look again
         conn, backend = self.conn, self.backend
-        if self._still_claims(conn):
+        if conn is not None and conn is backend._conn and not conn.closed:
             deadline = time.monotonic() + seconds
             try:
                 return backend._heard(conn, deadline)
