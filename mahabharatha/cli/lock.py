@@ -202,7 +202,10 @@ def case_warnings(gsd_dir: str, feature: str) -> list[str]:
             f"{feature!r} differs only by case from the feature {twins}: it is another "
             f"feature with its own lock (did you mean {twins}?)"
         ]
-    if flipped == feature or not same_folder(folder, os.path.join(specs, flipped)):
+    try:  # do both spellings reach one folder (a case-insensitive file system)?
+        if flipped == feature or not os.path.samefile(folder, os.path.join(specs, flipped)):
+            return []
+    except OSError:
         return []
     return [
         f"{feature!r} is the folder {name!r} on this case-insensitive file system: the lock "
@@ -214,14 +217,6 @@ def case_warnings(gsd_dir: str, feature: str) -> list[str]:
 def _case_twins(gsd_dir: str, feature: str) -> list[str]:
     wanted = feature.casefold()
     return feature_folders(gsd_dir, lambda name: name != feature and name.casefold() == wanted)
-
-
-def same_folder(one: str, other: str) -> bool:
-    """Do two paths reach one folder (a case-insensitive file system)?"""
-    try:
-        return os.path.samefile(one, other)
-    except OSError:
-        return False
 
 
 def _check_text(info: LockInfo) -> str:
@@ -426,7 +421,12 @@ def status(
         infos = every if show_all else [i for i in every if i.state not in ("free", "done")]
         listed = [lock_entry(i) for i in infos] + [_problem_entry(p) for p in problems]
         listed.sort(key=lambda entry: str(entry["feature"]))
-        logs = _last_logs(shared.gsd_dir, infos) if show_all else {}
+        logs: dict[str, str] = {}  # each feature's last log of lock work --log-dir, if any
+        if show_all:
+            from mahabharatha.cli._work_output import last_log  # only status --all reads them
+
+            found = {info.feature: last_log(shared.gsd_dir, info.feature) for info in infos}
+            logs = {feature: path for feature, path in found.items() if path is not None}
         for entry in listed:
             if entry["feature"] in logs:
                 entry["log"] = logs[entry["feature"]]
@@ -441,14 +441,6 @@ def status(
         )
 
     respond(shared.as_json, _status_document([], []), action)
-
-
-def _last_logs(gsd_dir: str, infos: list[LockInfo]) -> dict[str, str]:
-    """Each feature's last log of ``lock work --log-dir`` (features with none left out)."""
-    from mahabharatha.cli._work_output import last_log  # only status --all reads them
-
-    found = {info.feature: last_log(gsd_dir, info.feature) for info in infos}
-    return {feature: path for feature, path in found.items() if path is not None}
 
 
 @app.command()
@@ -476,7 +468,10 @@ def clean(
             for e in entries
             if not e.removed and not dry_run
         ]
-        gone = [] if reclaim_dead else _reclaimable_features(store)
+        # The features whose lock only --reclaim-dead would remove (its owner is gone here);
+        # a folder not read is left out: clean has reported it already.
+        listed = [] if reclaim_dead else locks.status(backend=store, problems=[])
+        gone = [info.feature for info in listed if is_reclaimable(info)]
         if gone:
             lines.append(
                 f"left {len(gone)} lock(s) whose owner is not running ({', '.join(gone)}): "
@@ -492,16 +487,6 @@ def clean(
         return Result(EXIT_OK, found, text, warnings=problem_warnings(problems))
 
     respond(shared.as_json, document, action)
-
-
-def _reclaimable_features(store: LockBackend) -> list[str]:
-    """The features whose lock only --reclaim-dead would remove (its owner is gone here)."""
-    skipped: list[FeatureProblem] = []  # clean has reported these already
-    return [
-        info.feature
-        for info in locks.status(backend=store, problems=skipped)
-        if is_reclaimable(info)
-    ]
 
 
 def _why(entry: locks.CleanedEntry) -> str:
@@ -580,7 +565,9 @@ def run_command(
     told: list[LockLostError] = []  # losses already reported on stderr, as they happened
 
     def tell(lost: LockLostError) -> None:
-        _warn_lost(lost, on_lost)
+        """Said on stderr the moment the heartbeat finds the lock lost, while CMD still runs."""
+        then = "stopping CMD" if on_lost is runner.OnLost.TERMINATE else "CMD keeps running"
+        typer.echo(f"mahabharatha: {lost}; {then} (--on-lost {on_lost.value})", err=True)
         told.append(lost)
 
     def action() -> Result:
@@ -727,12 +714,6 @@ def _on_wait(
     if reclaim_dead:
         return line.callback
     return gone_holder_notice(lambda name: locks.inspect(name, backend=store), line.callback)
-
-
-def _warn_lost(lost: LockLostError, on_lost: runner.OnLost) -> None:
-    """Said on stderr the moment the heartbeat finds the lock lost, while CMD still runs."""
-    then = "stopping CMD" if on_lost is runner.OnLost.TERMINATE else "CMD keeps running"
-    typer.echo(f"mahabharatha: {lost}; {then} (--on-lost {on_lost.value})", err=True)
 
 
 def _warn_release_wait(feature: str, bound: float) -> None:
