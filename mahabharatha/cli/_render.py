@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from time import monotonic
-from typing import Any, Final, Self
+from typing import Any, Final
 
 from mahabharatha.backends.base import LockInfo, describe_holder, format_duration, owner_is_gone
 from mahabharatha.constants import JUDGE_EVERY_SECONDS, REDRAW_SECONDS
@@ -39,8 +40,7 @@ def summary_counts(infos: list[LockInfo]) -> dict[str, int]:
     """How many features of each kind of :data:`SUMMARY_KINDS` (0 when none)."""
     counts = dict.fromkeys(SUMMARY_KINDS, 0)
     for info in infos:
-        kind = _kind(info)
-        counts[kind] = counts.get(kind, 0) + 1
+        counts[_kind(info)] += 1
     return counts
 
 
@@ -48,7 +48,7 @@ def summary(infos: list[LockInfo]) -> str:
     """One line counting every feature folder: done, held, free, failed, stale, and any other."""
     counts = summary_counts(infos)
     always = ("done", "held", "free", "failed", "stale")
-    parts = [f"{counts.pop(kind, 0)} {kind}" for kind in always]
+    parts = [f"{counts.pop(kind)} {kind}" for kind in always]
     parts += [f"{count} {kind}" for kind, count in sorted(counts.items()) if count]
     plural = "" if len(infos) == 1 else "s"
     return f"{len(infos)} feature{plural}: " + ", ".join(parts)
@@ -137,7 +137,7 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
     return [table, *more]
 
 
-class WaitingLine:
+class WaitingLine(AbstractContextManager["WaitingLine"]):
     """While a command waits at a terminal: one line on stderr saying who holds the lock and how
     long is left, at most once a second. ``with WaitingLine() as line:``, pass ``line.callback``
     (None off a terminal) as ``on_wait``; leaving erases the line (no answer glued onto it)."""
@@ -157,9 +157,6 @@ class WaitingLine:
         limit = "" if left is None else f"; giving up in {_seconds(left)}"
         sys.stderr.write(f"\rwaiting: {describe_holder(info)}{limit}\x1b[K")
         sys.stderr.flush()
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(self, *_exc: object) -> None:
         """Remove the waiting line (the answer, or the command's output, takes its place)."""

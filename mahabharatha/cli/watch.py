@@ -43,10 +43,6 @@ def counts_line(counts: dict[str, int]) -> str:
     return ", ".join(shown) if shown else "every feature done"
 
 
-def _nothing_left(counts: dict[str, int]) -> bool:
-    return all(count == 0 for kind, count in counts.items() if kind not in ("done", "failed"))
-
-
 def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130),
     TERM or HUP (128 + N; the live view's cursor shown again, as on Ctrl-C) or, with
@@ -79,7 +75,8 @@ def _watch(store: LockBackend, until_done: bool, show: Callable[[list[LockInfo]]
         infos = locks.survey(backend=store, problems=[])  # a folder not read: left out
         show(infos)
         counts = summary_counts(infos)
-        if until_done and _nothing_left(counts):
+        left = [count for kind, count in counts.items() if kind not in ("done", "failed")]
+        if until_done and not any(left):  # nothing left to claim
             return EXIT_HELD if counts["failed"] else EXIT_OK
         sleep(WATCH_SECONDS)
 
