@@ -245,7 +245,6 @@ class Shared(NamedTuple):
         return backend
 
 
-_SHARED_PARAMETER: Final = "shared"
 _SHARED_OPTIONS: Final = (
     ("gsd_dir", GsdDirOption, GSD_DIR),
     ("as_json", JsonOption, False),
@@ -270,7 +269,7 @@ class _WithSharedOptions:
     @functools.cached_property
     def __signature__(self) -> inspect.Signature:
         signature = inspect.signature(self._command, eval_str=True)
-        mine = signature.parameters[_SHARED_PARAMETER]
+        mine = signature.parameters["shared"]
         options = [
             inspect.Parameter(name, mine.kind, default=default, annotation=declared)
             for name, declared, default in _SHARED_OPTIONS
@@ -416,9 +415,6 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
-ENDING_SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP)  # raise Terminated instead of ending
-
-
 def _terminate(signum: int, _frame: object) -> NoReturn:
     """TERM and HUP (when not ignored) raise :class:`Terminated`, so a lock operation's
     deferral protects a publish and the answer (or a give-back) always follows."""
@@ -428,7 +424,7 @@ def _terminate(signum: int, _frame: object) -> NoReturn:
 def ending_like_ctrl_c() -> signals.Handling:
     """``with ending_like_ctrl_c():`` TERM and HUP (left at their default) raise
     :class:`Terminated` in the block, so they end it as Ctrl-C does (:func:`stopped_code`)."""
-    return signals.Handling(ENDING_SIGNALS, _terminate, signals.is_default)
+    return signals.Handling((signal.SIGTERM, signal.SIGHUP), _terminate, signals.is_default)
 
 
 def stopped_code(stop: KeyboardInterrupt) -> int:

@@ -112,10 +112,7 @@ WATCH_TABLE_LINES: Final = 2  # a watch table's own lines: its header and the ru
 
 def _watch_rank(info: LockInfo) -> int:
     """Held first (what runs now), then what needs a look (failed, stale, odd), free, done."""
-    kind = _kind(info)
-    if kind in ("held", RECLAIMABLE):
-        return 0
-    return {"free": 2, "done": 3}.get(kind, 1)
+    return {"held": 0, RECLAIMABLE: 0, "free": 2, "done": 3}.get(_kind(info), 1)
 
 
 def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from typing import Annotated, Any, Final
@@ -353,7 +352,7 @@ def claim(
             claimed,
             held.feature,
             warnings=[*warned, *problem_warnings(problems)],
-            give_back=functools.partial(store.release_held, held),  # if the answer cannot get out
+            give_back=lambda: store.release_held(held),  # if the answer cannot get out
         )
 
     respond(shared.as_json, document, action)
@@ -616,11 +615,8 @@ def run_command(
             mine = isinstance(busy, AlreadyHeldError)  # nobody else to wait for: no advice
             said = str(busy) if mine else f"{busy}; not run: {_run_advice(busy)}"
             return Result(code, held, message=said)
-        except runner.Interrupted as stop:
-            return Result(exit_code_for(stop, before_run=True), document, message=str(stop))
-        except runner.CommandStartError as unstarted:
-            code = exit_code_for(unstarted, before_run=True)
-            return Result(code, document, message=unstarted.strerror)
+        except (runner.Interrupted, runner.CommandStartError) as unrun:  # CMD never ran
+            return Result(exit_code_for(unrun, before_run=True), document, message=sentence(unrun))
         except LockLostError as lost:  # lost before CMD could start: it never ran
             never = {**document, "error": "lost", "reason": lost.reason}
             return Result(exit_code_for(lost), never, message=f"{lost}; CMD was not started")
