@@ -46,16 +46,15 @@ from mahabharatha.locks import (
 )
 from mahabharatha.run import runner
 
-PASSWORD_ON_ARGV: Final = (
-    "mahabharatha: the password in --backend is visible to other users of this machine "
-    "(ps shows a command's arguments while it runs); give it through PGPASSWORD, ~/.pgpass "
-    "or PGSERVICE (pg_service.conf) instead"
-)
-
 
 @functools.cache  # once per process
 def _say_password_on_argv() -> None:
-    typer.echo(PASSWORD_ON_ARGV, err=True)
+    typer.echo(
+        "mahabharatha: the password in --backend is visible to other users of this machine "
+        "(ps shows a command's arguments while it runs); give it through PGPASSWORD, ~/.pgpass "
+        "or PGSERVICE (pg_service.conf) instead",
+        err=True,
+    )
 
 
 def finite_seconds(value: float | None) -> float | None:
@@ -284,13 +283,10 @@ class _WithSharedOptions:
         return {p.name: p.annotation for p in self.__signature__.parameters.values()}
 
     def __call__(self, **given: Any) -> None:
-        gsd_dir, as_json, url, namespace, connect_timeout = (
-            given.pop(name) for name, _, _ in _SHARED_OPTIONS
-        )
-        if url and url_holds_password(url):
+        shared = Shared(*(given.pop(name) for name, _, _ in _SHARED_OPTIONS))
+        if shared.url and url_holds_password(shared.url):
             _say_password_on_argv()
-        shared = Shared(gsd_dir, as_json, url or lock_url(), namespace, connect_timeout)
-        self._command(**given, shared=shared)
+        self._command(**given, shared=shared._replace(url=shared.url or lock_url()))
 
 
 with_shared_options: Final = _WithSharedOptions

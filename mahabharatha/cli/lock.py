@@ -328,32 +328,32 @@ def claim(
         )
         held = outcome.held
         found = {**document, "problems": [problem_fields(p) for p in problems]}
-        if held is None and problems:
+        if held is not None:
+            claimed = {**found, "feature": held.feature, "claimed": True}
+            return Result(
+                EXIT_OK,
+                {**claimed, **_held_fields(store, held)},
+                held.feature,
+                warnings=[*warned, *problem_warnings(problems)],
+                give_back=lambda: store.release_held(held),  # if the answer cannot get out
+            )
+        if problems:
             # Some feature could not be tried: "none free" would be a guess (JSON lists all).
             more = len(problems) - 1
             message = sentence(problems[0].error) + (
                 f" (and {more} other feature(s) could not be tried)" if more else ""
             )
             return Result(EXIT_OS_ERROR, found, message=message)
-        if held is None and outcome.busy:
+        if outcome.busy:
             busy = f"no free feature to claim now: {len(outcome.busy)} held by others"
             return Result(EXIT_TEMPFAIL, found, message=busy, warnings=warned)
-        if held is None and outcome.mine:
+        if outcome.mine:
             # Waiting would wait for ourselves: the rest is done, failed or the caller's own.
             yours = ", ".join(outcome.mine)
             left = f"nothing else to claim: the caller already holds {yours}"
             return Result(EXIT_HELD, {**found, "mine": list(outcome.mine)}, message=left)
-        if held is None:
-            left = "nothing left to claim: every feature is done or failed"
-            return Result(EXIT_HELD, found, message=left, warnings=warned)
-        claimed = {**found, "feature": held.feature, "claimed": True, **_held_fields(store, held)}
-        return Result(
-            EXIT_OK,
-            claimed,
-            held.feature,
-            warnings=[*warned, *problem_warnings(problems)],
-            give_back=lambda: store.release_held(held),  # if the answer cannot get out
-        )
+        left = "nothing left to claim: every feature is done or failed"
+        return Result(EXIT_HELD, found, message=left, warnings=warned)
 
     respond(shared.as_json, document, action)
 
