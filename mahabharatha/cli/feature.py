@@ -41,8 +41,6 @@ def detect(gsd_dir: MarkerDirOption = GSD_DIR, as_json: JsonOption = False) -> N
             looked = f"${FEATURE_ENV_VAR}, {Path(gsd_dir) / CURRENT_FEATURE_FILE}"
             said = f"no feature detected (looked at {looked}, {STATE_DIR}/*.json)"
             return Result(EXIT_HELD, document, message=f"{said}; {told}" if told else said)
-        for why in skipped:  # a skipped source still deserves a word, on stderr
-            typer.echo(f"mahabharatha: {why}", err=True)
-        return Result(EXIT_OK, document, found)
+        return Result(EXIT_OK, document, found, warnings=skipped)  # a skipped source: a word
 
     respond(as_json, {"feature": None}, action)

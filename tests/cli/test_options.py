@@ -163,3 +163,12 @@ def test_feature_detect_says_why_it_skipped_invalid_sources(gsd: Path) -> None:
     found = invoke("feature", "detect", "--gsd-dir", gsd, env={"MAHABHARATHA_FEATURE": "a/b"})
     assert found.exit_code == 0 and found.stdout.strip() == "good-one"
     assert "skipped $MAHABHARATHA_FEATURE" in one_sentence(found.stderr)
+
+
+def test_feature_detect_keeps_its_skipped_sources_to_itself_under_quiet(gsd: Path) -> None:
+    """Fails before the change: a skipped source was echoed past the root's -q (no warnings)."""
+    (gsd / ".current-feature").write_text("good-one\n")
+    env = {"MAHABHARATHA_FEATURE": "a/b"}
+    found = invoke("-q", "feature", "detect", "--gsd-dir", gsd, env=env)
+    assert found.exit_code == 0 and found.stdout.strip() == "good-one"
+    assert found.stderr == ""
