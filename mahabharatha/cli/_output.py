@@ -343,7 +343,7 @@ class Result(NamedTuple):
     """A command's answer: exit code, JSON document, and what a person reads."""
 
     code: int
-    document: Any
+    document: dict[str, Any]
     text: str | None = None  # for stdout
     message: str | None = None  # for stderr (a sentence about a failure)
     show: Callable[[], None] | None = None  # a richer picture for a person (a table)
@@ -462,12 +462,8 @@ def _answer_lost(result: Result, error: OSError) -> NoReturn:
 def _write(result: Result, as_json: bool) -> None:
     if as_json:
         document = result.document
-        if (
-            result.message
-            and isinstance(document, dict)
-            and result.code != EXIT_OK
-            and "error" not in document  # a command may name its error itself ("lost")
-        ):
+        # A failure's sentence is its "error", unless the command named it itself ("lost").
+        if result.message and result.code != EXIT_OK and "error" not in document:
             document = {**document, "error": result.message}
         import json  # only --json needs it: kept out of every other call's cold start
 
