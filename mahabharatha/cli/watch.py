@@ -13,20 +13,11 @@ import typer
 
 from mahabharatha import locks
 from mahabharatha.backends.base import LockBackend, format_duration
-from mahabharatha.cli._output import (
-    Result,
-    Shared,
-    close_opened,
-    emit,
-    ending_like_ctrl_c,
-    exit_code_for,
-    sentence,
-    stopped_code,
-)
+from mahabharatha.cli._output import Result, Shared, answer, emit, stopped_code
 from mahabharatha.cli._render import summary_counts, watch_table
 from mahabharatha.constants import WATCH_SECONDS
 from mahabharatha.exits import EXIT_HELD, EXIT_OK
-from mahabharatha.locks import LockError, LockInfo
+from mahabharatha.locks import LockInfo
 
 BAR_WIDTH: Final = 40
 TOP_LINES: Final = 3  # the bar, the counts, the rate and estimate: always on top
@@ -47,20 +38,20 @@ def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     """``lock status --watch``: the ``--all`` view again and again, until Ctrl-C (exit 130),
     TERM or HUP (128 + N; the live view's cursor shown again, as on Ctrl-C) or, with
     ``until_done``, until nothing is left to claim (exit 0 all done, 1 some failed)."""
-    try:
-        with ending_like_ctrl_c():
+
+    def action() -> Result:
+        try:
             store = shared.backend(needs_folder=shared.url is None)
             if shared.as_json or not sys.stdout.isatty():
-                code = _watch_lines(store, until_done)
-            else:
-                code = _watch_terminal(store, until_done)
-    except KeyboardInterrupt as stop:
-        code = stopped_code(stop)
-    except (ValueError, LockError, OSError) as error:
-        emit(Result(exit_code_for(error), {}, message=sentence(error)), shared.as_json)
-    finally:
-        close_opened()
-    raise typer.Exit(code)
+                return Result(_watch_lines(store, until_done), {})
+            return Result(_watch_terminal(store, until_done), {})
+        except KeyboardInterrupt as stop:  # how a watch ends: no answer, only its exit code
+            return Result(stopped_code(stop), {})
+
+    result = answer({}, action)  # a failure (bad --gsd-dir, no server) as any command says it
+    if result.message is None:
+        raise typer.Exit(result.code)
+    emit(result, shared.as_json)
 
 
 def _what_changes(info: LockInfo) -> tuple[object, ...]:

@@ -70,3 +70,22 @@ def test_the_default_gsd_folder_is_created_as_needed(tmp_path: Path) -> None:
     assert invoke("lock", "check", FEATURE).exit_code == 0  # nothing there: free
     assert invoke("lock", "acquire", FEATURE, "--pid", "1").exit_code == 0
     assert lock_path(tmp_path / ".gsd").is_file()
+
+
+@pytest.mark.parametrize("given", ["typo", ""], ids=["missing", "empty"])
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_status_watch_refuses_a_gsd_dir_in_the_words_of_status(
+    tmp_path: Path, given: str, as_json: bool
+) -> None:
+    """Fails before the change: ``status --watch`` skipped the check of a given --gsd-dir and
+    said another sentence than ``status`` (an empty one was "no such folder", not "empty")."""
+    gsd_dir = str(tmp_path / given) if given else ""
+    json_flag = ["--json"] if as_json else []
+
+    plain = invoke("lock", "status", "--gsd-dir", gsd_dir, *json_flag)
+    watched = invoke("lock", "status", "--watch", "--gsd-dir", gsd_dir, *json_flag)
+
+    assert plain.exit_code == watched.exit_code == 2
+    assert one_sentence(watched.stderr) == one_sentence(plain.stderr)
+    if as_json:
+        assert one_document(watched.stdout)["error"] == one_document(plain.stdout)["error"]
