@@ -5,7 +5,6 @@ feature folder keeps for ``status --all``."""
 from __future__ import annotations
 
 import io
-import itertools
 import os
 import sys
 import threading
@@ -52,22 +51,16 @@ def command_output(
         yield CommandOutput(out_to, err_to, log)
 
 
-@contextmanager
-def _new_log(log_dir: Path, feature: str) -> Iterator[IO[bytes]]:
+def _new_log(log_dir: Path, feature: str) -> IO[bytes]:
     stamp = strftime("%Y%m%dT%H%M%SZ", gmtime(time()))
     log_dir.mkdir(parents=True, exist_ok=True)
-    for again in itertools.count():
+    again = 0
+    while True:
         suffix = f"-{again}" if again else ""
-        try:
+        with suppress(FileExistsError):
             # "x": never append to, nor replace, another attempt's log (a retry takes a suffix).
-            opened = open(  # noqa: SIM115  (closed by the with below, once it is ours)
-                log_dir / f"{feature}.{stamp}.{os.getpid()}{suffix}.log", "xb"
-            )
-        except FileExistsError:
-            continue
-        with opened:
-            yield opened
-        return
+            return open(log_dir / f"{feature}.{stamp}.{os.getpid()}{suffix}.log", "xb")
+        again += 1
 
 
 @contextmanager
