@@ -143,24 +143,23 @@ class WaitingLine(AbstractContextManager["WaitingLine"]):
         self.callback: Callable[[LockInfo, float | None], None] | None = (
             self._show if sys.stderr.isatty() else None
         )
-        self._drawn_at: float | None = None
-        self._shown = False
+        self._drawn_at: float | None = None  # None: nothing on the line
 
     def _show(self, info: LockInfo, left: float | None) -> None:
         now = monotonic()
         if self._drawn_at is not None and now - self._drawn_at < REDRAW_SECONDS:
             return
-        self._drawn_at, self._shown = now, True
+        self._drawn_at = now
         limit = "" if left is None else f"; giving up in {_seconds(left)}"
         sys.stderr.write(f"\rwaiting: {describe_holder(info)}{limit}\x1b[K")
         sys.stderr.flush()
 
     def __exit__(self, *_exc: object) -> None:
         """Remove the waiting line (the answer, or the command's output, takes its place)."""
-        if self._shown:
+        if self._drawn_at is not None:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
-            self._shown, self._drawn_at = False, None
+            self._drawn_at = None
 
 
 def gone_holder_notice(
