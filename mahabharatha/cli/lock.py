@@ -681,26 +681,22 @@ def reopen(
             removed = locks.reopen(named[0], backend=store)
             text = f"reopened {named[0]}" if removed else f"{named[0]} was not done nor failed"
             return Result(EXIT_OK, {**document, "reopened": removed}, text)
-        reopened = _reopen_many(store, named, failed, every)
+        if named and (failed or every):
+            raise ValueError("name features, or give --failed or --all, not both")
+        if failed and every:
+            raise ValueError("--failed and --all: choose one (--all includes the failed)")
+        if not (named or failed or every):
+            raise ValueError("name the features to reopen, or give --failed or --all")
+        if named:
+            reopened = [name for name in named if locks.reopen(name, backend=store)]
+        else:
+            reopened = locks.reopen_finished(failed_only=failed, backend=store)
         text = (
             f"reopened {len(reopened)}: {', '.join(reopened)}" if reopened else "nothing to reopen"
         )
         return Result(EXIT_OK, {**document, "reopened": reopened}, text)
 
     respond(shared.as_json, document, action)
-
-
-def _reopen_many(store: LockBackend, named: list[str], failed: bool, every: bool) -> list[str]:
-    """The features ``lock reopen`` reopened: those named, or every failed (or finished) one."""
-    if named and (failed or every):
-        raise ValueError("name features, or give --failed or --all, not both")
-    if failed and every:
-        raise ValueError("--failed and --all: choose one (--all includes the failed)")
-    if not named and not (failed or every):
-        raise ValueError("name the features to reopen, or give --failed or --all")
-    if named:
-        return [name for name in named if locks.reopen(name, backend=store)]
-    return locks.reopen_finished(failed_only=failed, backend=store)
 
 
 def _on_wait(
