@@ -129,12 +129,7 @@ LeaseOption = Annotated[
 ]
 
 
-_OPENED: Final[list[LockBackend]] = []  # the running command's backends
-
-
-def close_opened() -> None:
-    while _OPENED:
-        _OPENED.pop().close()
+_OPENED: Final[list[LockBackend]] = []  # the running command's backends: closed by answer()
 
 
 GsdDirOption = Annotated[
@@ -417,12 +412,6 @@ def _terminate(signum: int, _frame: object) -> NoReturn:
     raise Terminated(signum)
 
 
-def ending_like_ctrl_c() -> signals.Handling:
-    """``with ending_like_ctrl_c():`` TERM and HUP (left at their default) raise
-    :class:`Terminated` in the block, so they end it as Ctrl-C does (:func:`stopped_code`)."""
-    return signals.Handling((signal.SIGTERM, signal.SIGHUP), _terminate, signals.is_default)
-
-
 def stopped_code(stop: KeyboardInterrupt) -> int:
     """The exit code of a command stopped by Ctrl-C (130) or by TERM or HUP (128 + N)."""
     return killed_by(stop.signum) if isinstance(stop, Terminated) else EXIT_INTERRUPTED
@@ -560,7 +549,8 @@ def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advic
     JSON then). ``advice`` ends a held lock's sentence. A ``--gsd-dir`` given but missing is bad
     input first."""
     try:
-        with ending_like_ctrl_c():
+        # TERM and HUP (left at their default) end the action as Ctrl-C does (stopped_code).
+        with signals.Handling((signal.SIGTERM, signal.SIGHUP), _terminate, signals.is_default):
             given_gsd_dir_exists()
             result = action()
     except KeyboardInterrupt as stop:  # Ctrl-C, TERM, HUP: still one document, one sentence
@@ -574,5 +564,6 @@ def answer(document: dict[str, Any], action: Callable[[], Result], advice: Advic
                 message = f"{message}; {advice(error)}"
         result = Result(exit_code_for(error), {**document, **extra}, message=message)
     finally:
-        close_opened()
+        while _OPENED:
+            _OPENED.pop().close()
     return result
