@@ -520,15 +520,11 @@ def set_verbosity(quiet: bool, verbose: int) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("mahabharatha: %(message)s"))
         found = logs.logger()
-        level = found.level
+        ctx = get_current_context()
+        ctx.call_on_close(functools.partial(found.setLevel, found.level))  # undone at the end
+        ctx.call_on_close(functools.partial(found.removeHandler, handler))
         found.addHandler(handler)
         found.setLevel(logs.INFO if verbose == 1 else logs.DEBUG)
-
-        def undo() -> None:
-            found.removeHandler(handler)
-            found.setLevel(level)
-
-        get_current_context().call_on_close(undo)
 
 
 def note(text: str) -> None:
