@@ -80,20 +80,15 @@ def status_table(infos: list[LockInfo], footer: str | None = None) -> None:
 
         # A pid, a state or a time cut short is a wrong answer: only names may wrap.
         Console().print(_table(infos, "fold", names_wrap=True))
-    else:
-        _plain_table([_row(info) for info in infos])
+    else:  # columns as wide as their widest cell
+        rows = [COLUMNS, *(_row(info) for info in infos)]
+        widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
+        for row in rows:
+            print("  ".join(map(str.ljust, row, widths)).rstrip())
     if any(is_reclaimable(info) for info in infos):
         print(f"{RECLAIMABLE}: its owner is gone; --reclaim-dead (acquire, claim, clean) takes it")
     if footer:
         print(footer)
-
-
-def _plain_table(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows, strict=True)]
-    for row in (COLUMNS, *rows):
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
 
 
 def _table(infos: list[LockInfo], overflow: Any, names_wrap: bool = False, **style: Any) -> Any:
@@ -110,9 +105,8 @@ def _table(infos: list[LockInfo], overflow: Any, names_wrap: bool = False, **sty
 WATCH_TABLE_LINES: Final = 2  # a watch table's own lines: its header and the rule under it
 
 
-def _watch_rank(info: LockInfo) -> int:
-    """Held first (what runs now), then what needs a look (failed, stale, odd), free, done."""
-    return {"held": 0, RECLAIMABLE: 0, "free": 2, "done": 3}.get(_kind(info), 1)
+# Held first (what runs now), then what needs a look (failed, stale, odd: 1), free, done.
+_WATCH_RANKS: Final = {"held": 0, RECLAIMABLE: 0, "free": 2, "done": 3}
 
 
 def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
@@ -121,7 +115,7 @@ def watch_table(infos: list[LockInfo], lines: int) -> list[Any]:
     from rich import box
     from rich.text import Text
 
-    ordered = sorted(infos, key=lambda info: (_watch_rank(info), info.feature))
+    ordered = sorted(infos, key=lambda info: (_WATCH_RANKS.get(_kind(info), 1), info.feature))
     room = lines - WATCH_TABLE_LINES
     if room < 1 or not ordered:
         return []
