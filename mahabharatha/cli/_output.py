@@ -245,7 +245,7 @@ _SHARED_OPTIONS: Final = (
     ("backend_url", BackendOption, None),
     ("namespace", NamespaceOption, None),
     ("connect_timeout", ConnectTimeoutOption, CONNECT_TIMEOUT_SECONDS),
-)  # what Shared gathers: name, typer declaration, default, in --help's order
+)  # what Shared gathers, in its order (and --help's): name, typer declaration, default
 
 
 class _WithSharedOptions:
