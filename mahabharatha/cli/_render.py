@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from mahabharatha.backends.base import LockInfo, describe_holder, format_duration, owner_is_gone
 from mahabharatha.constants import JUDGE_EVERY_SECONDS, REDRAW_SECONDS
+from mahabharatha.locks import WaitCallback
 from mahabharatha.states import State
 
 RECLAIMABLE: Final = "reclaimable"  # held, its owner provably gone: --reclaim-dead takes it
@@ -134,9 +135,7 @@ class WaitingLine(AbstractContextManager["WaitingLine"]):
     (None off a terminal) as ``on_wait``; leaving erases the line (no answer glued onto it)."""
 
     def __init__(self) -> None:
-        self.callback: Callable[[LockInfo, float | None], None] | None = (
-            self._show if sys.stderr.isatty() else None
-        )
+        self.callback: WaitCallback | None = self._show if sys.stderr.isatty() else None
         self._drawn_at: float | None = None  # None: nothing on the line
 
     def _show(self, info: LockInfo, left: float | None) -> None:
@@ -156,9 +155,7 @@ class WaitingLine(AbstractContextManager["WaitingLine"]):
             self._drawn_at = None
 
 
-def gone_holder_notice(
-    judge: Callable[[str], LockInfo], then: Callable[[LockInfo, float | None], None] | None
-) -> Callable[[LockInfo, float | None], None]:
+def gone_holder_notice(judge: Callable[[str], LockInfo], then: WaitCallback | None) -> WaitCallback:
     """A wait's callback that says once on stderr that the holder is gone and ``--reclaim-dead``
     would take the lock. ``judge`` looks at a feature's lock with its owner judged; ``then``
     is the callback it wraps."""
