@@ -424,8 +424,7 @@ def status(
         if show_all:
             from mahabharatha.cli._work_output import last_log  # only status --all reads them
 
-            found = {info.feature: last_log(shared.gsd_dir, info.feature) for info in infos}
-            logs = {feature: path for feature, path in found.items() if path is not None}
+            logs = {i.feature: log for i in infos if (log := last_log(shared.gsd_dir, i.feature))}
         for entry in listed:
             if entry["feature"] in logs:
                 entry["log"] = logs[entry["feature"]]
