@@ -267,6 +267,10 @@ class HeartbeatStartError(LockError):
         )
 
 
+class LockBusyError(OSError, LockError):
+    """The lock could not be read just now (a kernel lease): neither judged nor touched."""
+
+
 class UnsafeLockPathError(OSError, LockError):
     """Something other than a lock, or a folder we refuse to follow, is in the lock's way."""
 

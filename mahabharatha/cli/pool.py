@@ -272,7 +272,11 @@ def _run_feature(
     except runner.WorkLeftError as left:
         # CMD ended but its work outside its group holds the lock until it ends: the result
         # is recorded all the same and the worker goes on (or stops, when told to).
-        result = lock.finish_leaving_work(left.status, left.still_running)
+        result = _ending(
+            lock,
+            left.status,
+            functools.partial(lock.finish_leaving_work, left.status, left.still_running),
+        )
         if run.signalled is not None:
             raise StopWork(result, killed_by(run.signalled)) from None
         return result
@@ -291,7 +295,18 @@ def _run_feature(
         # stop, so the feature is released unmarked.
         why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
         raise StopWork(lock.finish(None, why, attempts), killed_by(told))
-    return lock.finish(code, None, attempts)
+    return _ending(lock, code, functools.partial(lock.finish, code, None, attempts))
+
+
+def _ending(lock: PoolLock, code: int, end: Callable[[], WorkResult]) -> WorkResult:
+    """``end()``, the feature's mark and release. A signal the run's relay received before it
+    ended (the grace for CMD's leftovers) cuts its wait for another's kernel lease on the lock
+    short: the worker stops, the feature lost and its lock left, in ``lock run``'s words."""
+    try:
+        return end()
+    except runner.ReleaseInterrupted as stop:
+        lost = WorkResult(lock.feature, WorkOutcome.LOST, code, 0, str(stop))
+        raise StopWork(lost, stop.exit_code) from None
 
 
 def _say(result: WorkResult, limit: int) -> None:

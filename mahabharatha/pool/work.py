@@ -16,6 +16,7 @@ from mahabharatha.backends.base import (
     Held,
     LocalFolder,
     LockBackend,
+    LockBusyError,
     LockInfo,
     NotHeldError,
     NotOwnerError,
@@ -133,9 +134,9 @@ class PoolLock(FeatureLock):
                 # No proof of life here: the release cannot let a holder in beside the left work.
                 _mark_done(store, feature, left.pid, self._release_wait)
                 return WorkResult(feature, WorkOutcome.DONE, 0)
-        except (NotHeldError, NotOwnerError) as gone:
+        except (NotHeldError, NotOwnerError, LockBusyError) as gone:
             # Race: taken away after the last heartbeat, as in :meth:`finish`: nothing marked
-            # (what is left of it goes once the work ends).
+            # (what is left of it goes once the work ends); or unreadable, as there.
             result = self._lost_result(exit_code, gone)
         if left is not None and still_running is not None:
             with self._mutex:
@@ -162,13 +163,13 @@ class PoolLock(FeatureLock):
         feature = self.feature
         if mine is None or self.lost is not None:
             return self._lost(mine, exit_code, self.lost)
-        if exit_code is None:
-            # A stop (a signal, CMD not started, an interrupted task): one try (a release
-            # never waits for a slot); the lock would come free at its lease's end anyway.
-            self.backend.release_held(mine)
-            return WorkResult(feature, WorkOutcome.RELEASED, None, 0, reason)
         why = reason or f"exit code {exit_code}"
         try:
+            if exit_code is None:
+                # A stop (a signal, CMD not started, an interrupted task): one try (a release
+                # never waits for a slot); the lock would come free at its lease's end anyway.
+                self.backend.release_held(mine)
+                return WorkResult(feature, WorkOutcome.RELEASED, None, 0, reason)
             if exit_code == 0:
                 _mark_done(self.backend, feature, mine.pid, self._release_wait)
                 return WorkResult(feature, WorkOutcome.DONE, 0)
@@ -180,6 +181,10 @@ class PoolLock(FeatureLock):
             # Race: taken away (a forced release, a reclaim) after the last heartbeat, so a
             # quick work ended before the loss was seen: nothing was marked, it was lost.
             return self._lost(mine, exit_code, gone)
+        except LockBusyError as busy:
+            # Another's kernel lease outlasted the wait (``work()``: no wait): the lock stays,
+            # unread, lost to this worker, which goes on; the reason says how the lock goes.
+            return self._lost_result(exit_code, busy)
         return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
 
     def _lost(self, mine: Held | None, exit_code: int | None, why: Exception | None) -> WorkResult:

@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import pytest
 
+from mahabharatha import locks
 from mahabharatha.backends.base import format_duration
 from mahabharatha.backends.files.backend import lease_break_seconds
 from mahabharatha.constants import LEASE_BREAK_MARGIN_SECONDS
@@ -258,3 +259,121 @@ def test_a_signal_ends_lock_works_wait_for_a_lease_as_any_stop_does(gsd: Path, s
     assert worker.stderr.strip().splitlines()[-1] == "mahabharatha: interrupted", worker.stderr
     assert read_record(lock_path(gsd))[0] == worker.pid, "left behind, never half-removed"
     assert leaser.wait() == 0
+
+
+LEAVES_WORK: Final = (
+    'echo $$; read -r _; setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $! > "$0"; exit 0'
+)
+"""A CMD that says its pid, then on a byte leaves work outside its group and exits 0."""
+
+
+@needs_leases
+def test_a_signal_in_the_grace_for_left_work_ends_the_wait_for_a_lease_with_a_result(
+    gsd: Path, tmp_path: Path, spawn: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM during the grace for work CMD left (the run's relay keeps it) cuts the done's
+    wait for a lease short: exit 143, the feature lost with ``lock run``'s sentence, no
+    traceback. Found in review: ``ReleaseInterrupted`` escaped ``lock work`` (exit 1)."""
+    monkeypatch.setenv("MAHABHARATHA_RUN_GRACE", "30")
+    escaped = tmp_path / "escaped.pid"
+    worker = spawn(
+        cli_argv(
+            *("lock", "work", FEATURE, "--once", "--json", "--gsd-dir", gsd),
+            *("--", "sh", "-c", LEAVES_WORK, escaped),
+        ),
+        stdin=subprocess.PIPE,
+    )
+    cmd_pid = int(worker.next_line("stderr"))
+    leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
+    assert leaser.next_line() == "leased"
+    try:
+        worker.send("x\n")
+        while os.path.exists(f"/proc/{cmd_pid}"):  # reaped: the worker is in the grace
+            time.sleep(0.01)
+        os.kill(worker.pid, signal.SIGTERM)
+        code = worker.wait(timeout=SYNC_TIMEOUT)
+    finally:
+        leaser.send("x")
+        if escaped.exists():
+            os.kill(int(escaped.read_text()), signal.SIGKILL)
+    assert code == 128 + signal.SIGTERM, worker.stderr
+    assert "Traceback" not in worker.stderr, worker.stderr
+    result = json.loads(worker.stdout)["results"][0]
+    assert result["outcome"] == "lost", result
+    assert "interrupted by SIGTERM while waiting for a kernel lease" in result["reason"], result
+    assert leaser.next_line() == "unleased"
+
+
+KEPT_LEASE: Final = (
+    "import fcntl, os, signal, sys, time\n"
+    "signal.signal(signal.SIGIO, signal.SIG_IGN)  # the break notice: keep the lease\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n"
+    "print('leased', flush=True)\n"
+    "time.sleep(60)  # a hang-guard: the test kills it\n"
+)
+CMD_LEASES_ITS_LOCK: Final = (
+    "import os, subprocess, sys\n"
+    "if os.environ['MAHABHARATHA_FEATURE'] == 'alpha':\n"
+    "    lease = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]],"
+    " stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True, text=True)\n"
+    "    assert lease.stdout.readline() == 'leased\\n'\n"
+    "    print(lease.pid, flush=True)\n"
+)
+"""CMD: for alpha, a lease on its own lock (held until the test ends it), its pid said."""
+
+
+@needs_leases
+def test_lock_work_goes_on_when_a_lease_outlasts_the_wait(gsd: Path, spawn: Any) -> None:
+    """A lease still there after the bounded wait leaves that feature lost (its reason says the
+    lock stays and how it goes) and the worker goes on to the next. Found in review: the wait's
+    error ended the whole worker (exit 3, ``results: []``, bravo never tried)."""
+    for name in ("alpha", "bravo"):
+        (gsd / "specs" / name).mkdir(parents=True, exist_ok=True)
+    alpha = gsd / "specs" / "alpha" / ".lock"
+    worker = spawn(
+        [PY, "-c", SHORT_BOUND_CLI,
+         *("lock", "work", "alpha", "bravo", "--wait", "0", "--json", "--gsd-dir", gsd),
+         *("--", PY, "-c", CMD_LEASES_ITS_LOCK, KEPT_LEASE, alpha)],
+    )  # fmt: skip
+    lease_pid = int(worker.next_line("stderr"))  # with --json CMD speaks on stderr
+    try:
+        worker.wait(timeout=SYNC_TIMEOUT)
+    finally:
+        os.kill(lease_pid, signal.SIGKILL)
+    results = {r["feature"]: r for r in json.loads(worker.stdout)["results"]}
+    assert sorted(results) == ["alpha", "bravo"], worker.stderr
+    assert results["alpha"]["outcome"] == "lost" and results["bravo"]["outcome"] == "done"
+    reason = results["alpha"]["reason"]
+    assert "still under another process's kernel lease" in reason, reason
+    assert "Traceback" not in worker.stderr, worker.stderr
+
+
+@needs_leases
+@pytest.mark.parametrize("answer", [None, False], ids=["done", "failed"])
+def test_the_pool_api_under_a_lease_answers_lost_and_goes_on(
+    tmp_path: Path, spawn: Any, answer: Any
+) -> None:
+    """``locks.work()`` (no wait for a lease): a lease on the lock when the task returns
+    leaves that feature lost (the busy read's sentence), and the loop goes on. Found in
+    review: the busy error escaped the loop, the next feature never tried."""
+    gsd = tmp_path / "gsd"
+    for name in (FEATURE, "other"):
+        (gsd / "specs" / name).mkdir(parents=True)
+    leasers: list[Any] = []
+
+    def task(feature: str) -> Any:
+        if feature == FEATURE:
+            leasers.append(spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE))
+            assert leasers[-1].next_line() == "leased"
+        return answer
+
+    try:
+        report = locks.work(task, [FEATURE, "other"], gsd, wait=0)
+    finally:
+        for leaser in leasers:
+            leaser.send("x")
+    outcomes = {result.feature: result.outcome for result in report.results}
+    other = "done" if answer is None else "failed"
+    assert outcomes == {FEATURE: "lost", "other": other}, report
+    assert "cannot be read just now" in (report.results[0].reason or ""), report

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from time import monotonic
 from typing import Final, NoReturn
 
-from mahabharatha.backends.base import LockError
+from mahabharatha.backends.base import LockBusyError as LockBusyError  # its old home
 from mahabharatha.constants import (
     EMPTY_LOCK_GRACE_SECONDS,
     FUTURE_SKEW_SECONDS,
@@ -74,10 +74,6 @@ def format_record(pid: int, timestamp: float) -> bytes:
 
 
 # --------------------------------------------------------------------------- lock entries
-
-
-class LockBusyError(OSError, LockError):
-    """The lock could not be read just now (a kernel lease): neither judged nor touched."""
 
 
 def busy_error(snapshot: LockSnapshot) -> LockBusyError:
