@@ -193,63 +193,47 @@ def _let_go(fd: int) -> None:
     close_quietly(fd)
 
 
-class _GuardWaiter:
-    """A blocking ``flock`` taken by a helper thread through a description of its own, so the
-    caller waits with a deadline; never spinning (that takes the CPU from the holder)."""
-
-    __slots__ = ("abandoned", "error", "fd", "finished", "mutex", "ready")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.mutex = threading.Lock()
-        self.ready = threading.Event()
-        self.finished = False
-        self.abandoned = False
-        self.error: OSError | None = None
-
-    def run(self) -> None:
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)  # blocks until the holder lets go
-        except OSError as error:
-            self.error = error
-        with self.mutex:
-            self.finished = True
-            abandoned = self.abandoned
-        if abandoned:  # Race: the caller's deadline passed just before we got it: let go
-            _let_go(self.fd)
-        self.ready.set()
-
-    def result(self, deadline: float) -> int | None:
-        """The descriptor through which the guard is now held, or None at the deadline."""
-        try:
-            self.ready.wait(max(0.0, deadline - monotonic()))
-        finally:
-            with self.mutex:
-                # Race: the helper may take the guard right after our wait ended: whoever
-                # comes second under the mutex (it or us) lets go of it.
-                if not self.finished:
-                    self.abandoned = True
-        if self.abandoned:
-            return None
-        if self.error is not None:
-            close_quietly(self.fd)
-            raise_named(self.error, LOCK_FILE_NAME)
-        return self.fd
-
-
 def _wait_for_guard(dfd: int, deadline: float) -> int | None:
-    """The descriptor holding the guard of ``dfd`` once ours, or None at ``deadline``."""
+    """The descriptor holding the guard of ``dfd`` once ours, or None at ``deadline``: a helper
+    thread takes a blocking ``flock`` through a description of its own, so the caller waits
+    with a deadline; never spinning (that takes the CPU from the holder)."""
     try:
         fd = os.open(".", _DIR_FLAGS, dir_fd=dfd)  # a description of its own: a lock of its own
     except OSError as error:
         raise_named(error, LOCK_FILE_NAME)
-    waiter = _GuardWaiter(fd)
+    mutex, finished = threading.Lock(), threading.Event()
+    errors: list[OSError] = []
+    abandoned = False
+
+    def take() -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks until the holder lets go
+        except OSError as error:
+            errors.append(error)
+        with mutex:
+            finished.set()
+            late = abandoned
+        if late:  # Race: the caller's deadline passed just before we got it: let go
+            _let_go(fd)
+
     try:
-        threading.Thread(target=waiter.run, name="mahabharatha-guard", daemon=True).start()
+        threading.Thread(target=take, name="mahabharatha-guard", daemon=True).start()
     except BaseException:
         close_quietly(fd)
         raise
-    return waiter.result(deadline)
+    try:
+        finished.wait(max(0.0, deadline - monotonic()))
+    finally:
+        with mutex:
+            # Race: the helper may take the guard right after our wait ended: whoever
+            # comes second under the mutex (it or us) lets go of it.
+            abandoned = not finished.is_set()
+    if abandoned:
+        return None
+    if errors:
+        close_quietly(fd)
+        raise_named(errors[0], LOCK_FILE_NAME)
+    return fd
 
 
 class Guard:
