@@ -1,6 +1,6 @@
 /*
  * lock.pml -- SPIN model of mahabharatha's hardened feature lock:
- * mahabharatha/commands/_utils.py (_publish, publish_or_reclaim, _reclaim, remove_if_unchanged,
+ * mahabharatha/backends/files/lockfile.py (publish, publish_or_reclaim, remove_if_unchanged,
  * release_at, remove_judged, replace_if_unchanged) as driven by mahabharatha/locks.py
  * (acquire, FeatureLock.refresh, FeatureLock.release).
  *
@@ -44,8 +44,8 @@
  * Checks that MUST fail (they show the properties are not vacuous; check.sh runs them):
  *   NAIVE                     monitor "never two live holders" (freshness ignored):
  *                             a holder whose record went stale does get displaced.
- *   MUT_NO_RECHECK            _reclaim unlinks without re-reading the identity: (b).
- *   MUT_NO_GUARD              _reclaim takes no guard (re-check kept): (b), (a).
+ *   MUT_NO_RECHECK            reclaim unlinks without re-reading the identity: (b).
+ *   MUT_NO_GUARD              reclaim takes no guard (re-check kept): (b), (a).
  *   MUT_GUARD_SURVIVES_CRASH  a dead process's flock is never dropped (e.g. a forked
  *                             child still holds the folder descriptor): SAFETY run
  *                             deadlocks (release/refresh wait for ever), LIVE run
@@ -227,14 +227,14 @@ top:
         :: lk_exists && t - lk_ts <= STALE ->      /* ACTIVE: may_reclaim is false -> "held"  */
             printf("P%d try_acquire: ino %d active -> held\n", me, lk_ino);
             goto gave_up
-        :: lk_exists && t - lk_ts > STALE ->       /* STALE: may_reclaim -> _reclaim           */
+        :: lk_exists && t - lk_ts > STALE ->       /* STALE: may_reclaim -> reclaim           */
             jino[me] = lk_ino;
             printf("P%d try_acquire: judged ino %d (pid %d ts %d) stale\n", me, lk_ino, lk_pid, lk_ts)
         fi
     }
     CP;
 
-    /* ======================= _reclaim(dfd, judged, record, deadline) ======================= */
+    /* ======================= the reclaim step (publish_or_reclaim) ======================= */
     /* with guard(dfd, wait=False, until=deadline) as taken: a busy guard is waited for (a
      * remover is mid-removal), until a deadline 0.5 s after the call's first wait; only then
      * "not taken -> None -> held". The wait blocks here until the guard is free; the bound is
@@ -247,7 +247,7 @@ top:
 #endif
     :: atomic {
            guard != 0 ->                             /* the deadline passed: "held" */
-           printf("P%d _reclaim: guard busy past the deadline -> held\n", me);
+           printf("P%d reclaim: guard busy past the deadline -> held\n", me);
            jino[me] = 0; goto gave_up
        }
     fi;
@@ -261,14 +261,14 @@ top:
     CPG;
     if
     :: !ok ->                                        /* _CHANGED: leave the guard, next round */
-        atomic { printf("P%d _reclaim: changed -> re-judge\n", me); jino[me] = 0; guard = 0 }
+        atomic { printf("P%d reclaim: changed -> re-judge\n", me); jino[me] = 0; guard = 0 }
         CP;
         goto top
     :: else -> ok = false
     fi;
     /* remove_if_unchanged: _unlink_lock(dfd) */
     atomic {
-        printf("P%d _reclaim: unlink ino %d\n", me, lk_ino);
+        printf("P%d reclaim: unlink ino %d\n", me, lk_ino);
         assert(!lk_exists || lk_ino == jino[me]);  /* (b)  the judged entry ...     */
         assert(!lk_exists || now - lk_ts > STALE); /* (b2) ... and it is stale now   */
         unlink_lock(jino[me]);
@@ -281,9 +281,9 @@ top:
         if
         :: !lk_exists ->
             link_ok(t); ok = true;
-            printf("P%d _reclaim: link wins ino %d ts %d (now %d)\n", me, lk_ino, t, now)
+            printf("P%d reclaim: link wins ino %d ts %d (now %d)\n", me, lk_ino, t, now)
         :: else ->                                 /* a fast-path publish slipped in: None */
-            printf("P%d _reclaim: link EEXIST -> held\n", me)
+            printf("P%d reclaim: link EEXIST -> held\n", me)
         fi
     }
     CPG;

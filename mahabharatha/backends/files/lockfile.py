@@ -433,31 +433,6 @@ def age_only(_snapshot: LockSnapshot, state: LockState) -> bool:
     return state in RECLAIMABLE
 
 
-class _JudgedLockChangedError(Exception):
-    """The lock is no longer the one judged: judge the new one."""
-
-
-def _reclaim(
-    dfd: int,
-    judged: LockSnapshot,
-    still: Reclaimable,
-    deadline: float,
-    now: float,
-    publish_ours: Callable[[], LockSnapshot | None],
-) -> LockSnapshot | None:
-    """Replace the judged lock by ``publish_ours()``; ``None``: we lost the race."""
-    # Race: another process is removing this very lock right now: wait for it, then judge
-    # again; only a guard kept past the deadline (a foreign flock) answers "held".
-    with Guard(dfd, wait=False, until=deadline) as taken:
-        if not taken:
-            return None
-        sweep_orphan_temps(dfd, now)  # first: debris is never a reason to stop half-way
-        if not remove_if_unchanged(dfd, judged, still, life=judged.life is not None):
-            raise _JudgedLockChangedError
-        # Race: a fast-path publisher may slip in between our unlink and link; link() fails then.
-        return publish_ours()
-
-
 def publish_or_reclaim(
     dfd: int,
     pid: int,
@@ -497,17 +472,20 @@ def publish_or_reclaim(
             return AcquireOutcome(None, holder, state)
         if deadline is None:
             deadline = monotonic() + GUARD_WAIT_SECONDS
-        try:
-            won = _reclaim(
-                dfd,
-                holder,
-                lambda entry: may_reclaim(entry, judge_lock(entry, now)),
-                deadline,
-                now,
-                lambda: publish_proven(dfd, record, now, owner, pledge),
-            )
-        except _JudgedLockChangedError:
-            continue  # Race: replaced since we read it; judge the new one.
+
+        def still(entry: LockSnapshot) -> bool:  # the same judgement, again under the guard
+            return may_reclaim(entry, judge_lock(entry, now))
+
+        # Race: another process is removing this very lock right now: wait for it, then judge
+        # again; only a guard kept past the deadline (a foreign flock) answers "held".
+        with Guard(dfd, wait=False, until=deadline) as taken:
+            if not taken:
+                return AcquireOutcome(None, holder, state)
+            sweep_orphan_temps(dfd, now)  # first: debris is never a reason to stop half-way
+            if not remove_if_unchanged(dfd, holder, still, life=holder.life is not None):
+                continue  # Race: replaced since we read it; judge the new one.
+            # Race: a fast-path publisher may slip in between our unlink and link; link fails then.
+            won = publish_proven(dfd, record, now, owner, pledge)
         if won is None:
             return AcquireOutcome(None, holder, state)
         return AcquireOutcome(won, replaced=holder, replaced_state=state)
