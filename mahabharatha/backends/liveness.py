@@ -187,19 +187,12 @@ def _by_proof(
     # A holder that led its own process group (a setsid worker, a shell job): the group counts.
     if details.pgid == pid and ownership.group_has_live_member(pid, details.gstart):
         return _said(Owner.WORK_RUNNING, Rule.OWN_GROUP)
-    if _work_group_lives(details):
+    # The group lock run recorded for its command is the owner's work while a member started
+    # since the owner lives (a child may drop the proof but stays there).
+    pgid = details.pgid if details.work_group else None
+    if pgid is not None and ownership.group_has_live_member(pgid, details.gstart, details.start):
         return _said(Owner.WORK_RUNNING, Rule.WORK_GROUP)
     return _said(own, Rule.PROOF_FREE)
-
-
-def _work_group_lives(details: OwnerDetails) -> bool:
-    """The group ``lock run`` recorded for its command counts as the owner's work while a
-    member started since the owner lives (a child may drop the proof but stays there)."""
-    return (
-        details.work_group
-        and details.pgid is not None
-        and ownership.group_has_live_member(details.pgid, details.gstart, details.start)
-    )
 
 
 def _by_pid(
