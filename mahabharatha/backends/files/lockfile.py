@@ -312,15 +312,14 @@ def publish_proven(
         return publish(dfd, record, now, owner)
     fd, slot = pledge.fd, pledge.slot
     tag = 0 if pledge.identity is None else ownership.folder_tag(*pledge.identity)
+    mine = None
     try:
         mine = publish(dfd, record, now, ownership.with_proof(owner, slot, tag))
-    except BaseException:
-        with suppress(OSError):
-            proof.drop_pending(fd, slot)
-        raise
+    finally:
+        if mine is None:  # lost, or failed: our slot's PENDING means nothing to anyone now
+            with suppress(OSError):
+                proof.drop_pending(fd, slot)
     if mine is None:
-        with suppress(OSError):  # lost: our slot's PENDING means nothing to anyone now
-            proof.drop_pending(fd, slot)
         return None
     pledge.keep()
     if AFTER_LINK is not None:  # a test's pause in the PENDING window; None in real use

@@ -18,14 +18,13 @@ from mahabharatha.backends.files.folder import _NO_FOLDER_ERRNOS, folder_path
 from mahabharatha.backends.files.snapshot import LOCK_FILE_NAME
 from mahabharatha.constants import RECHECK_SECONDS
 
-IN_NONBLOCK: Final = os.O_NONBLOCK
-IN_CLOEXEC: Final = os.O_CLOEXEC
 IN_DELETE: Final = 0x00000200  # <sys/inotify.h>: a file was removed from a watched folder
 IN_MOVED_FROM: Final = 0x00000040  # <sys/inotify.h>: a file was renamed away from it
 IN_Q_OVERFLOW: Final = 0x00004000  # events were lost: wake, to be safe
 IN_ONLYDIR: Final = 0x01000000  # <sys/inotify.h>: refuse anything but a folder
 IN_DONT_FOLLOW: Final = 0x02000000  # <sys/inotify.h>: never follow a symlink
-WATCHED_EVENTS: Final = IN_DELETE | IN_MOVED_FROM
+# What each folder's watch asks for: .lock removed or renamed away, on a real folder only.
+_WATCH_MASK: Final = IN_DELETE | IN_MOVED_FROM | IN_ONLYDIR | IN_DONT_FOLLOW
 # A folder not there yet, not a real folder or unreadable is not watched (the claim still looks).
 SKIPPED_FOLDER_ERRNOS: Final = _NO_FOLDER_ERRNOS | {errno.EACCES}
 _EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then name
@@ -64,13 +63,12 @@ class ReleaseWatch(PollingWatch):
             libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         except (OSError, AttributeError):
             return None
-        fd = int(libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))
+        fd = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
         if fd < 0:  # EMFILE: the user's inotify instances are used up: poll instead
             return None
         for feature in self.features:
             path = os.fsencode(folder_path(self.gsd_dir, feature))
-            mask = WATCHED_EVENTS | IN_ONLYDIR | IN_DONT_FOLLOW
-            if libc.inotify_add_watch(fd, path, mask) < 0:
+            if libc.inotify_add_watch(fd, path, _WATCH_MASK) < 0:
                 if ctypes.get_errno() in SKIPPED_FOLDER_ERRNOS:
                     continue
                 os.close(fd)  # ENOSPC: the watches are used up; a poll sees every folder
