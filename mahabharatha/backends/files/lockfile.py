@@ -22,6 +22,7 @@ import re
 import stat
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from time import monotonic
 from typing import Final, NamedTuple
 
@@ -227,13 +228,11 @@ def _unlink_quietly(dfd: int, name: str) -> None:
         pass
 
 
+@dataclass(slots=True)
 class TmpfileSwitch:
     """Does :func:`publish` make an unnamed file (``O_TMPFILE``)? False once refused (tests)."""
 
-    __slots__ = ("usable",)
-
-    def __init__(self) -> None:
-        self.usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir(_OWN_FDS)
+    usable: bool = bool(_TMPFILE_FLAG) and os.path.isdir(_OWN_FDS)
 
 
 TMPFILE: Final = TmpfileSwitch()

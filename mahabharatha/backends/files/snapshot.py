@@ -227,14 +227,12 @@ def _look(dfd: int, attempts: int = READ_ATTEMPTS, details: bool = True) -> Lock
     return _read_lock_once(dfd, details) or LockSnapshot(EntryKind.SPECIAL, None, None)
 
 
+@dataclass(slots=True)
 class DetailsReader:
     """Reads a lock's owner details the cheaper way for the locks seen last (after one without,
     ``listxattr`` first). Race: threads racing on the hint read the same bytes either way."""
 
-    __slots__ = ("none_last",)
-
-    def __init__(self) -> None:
-        self.none_last = False
+    none_last: bool = False
 
     def read(self, fd: int) -> bytes | None:
         if self.none_last:
