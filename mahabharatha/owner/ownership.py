@@ -426,9 +426,7 @@ def start_time(pid: int, *, leading: bool = False) -> int | None:
     return None if stat is None or (leading and stat.pgrp != pid) else stat.start
 
 
-@cache
-def _own_start(pid: int) -> int | None:
-    return start_time(pid)  # keyed by pid: a forked child asks under its own
+_own_start: Final = cache(start_time)  # keyed by pid: a forked child asks under its own
 
 
 def _start_of(pid: int) -> int | None:

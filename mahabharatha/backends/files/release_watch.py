@@ -92,12 +92,11 @@ class ReleaseWatch(PollingWatch):
             data = os.read(self._fd, _READ_BYTES)
         except BlockingIOError:
             return False
-        found = False
         offset = 0
         while offset + _EVENT.size <= len(data):
             _wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-            name = data[offset + _EVENT.size : offset + _EVENT.size + length].rstrip(b"\0")
             offset += _EVENT.size + length
+            name = data[offset - length : offset].rstrip(b"\0")
             if mask & IN_Q_OVERFLOW or name == LOCK_FILE_NAME.encode():
-                found = True  # read on: every queued event is drained by this one read
-        return found
+                return True  # the one read above drained every queued event
+        return False
