@@ -64,13 +64,9 @@ class Judgement(NamedTuple):
     rule: Rule
 
 
-_JUDGEMENTS: Final = {
+_SAID: Final = {
     (owner, rule): Judgement(VERDICT_OF[owner], owner, rule) for owner in Owner for rule in Rule
-}  # every answer made once: status judges thousands of locks
-
-
-def _said(owner: Owner, rule: Rule) -> Judgement:
-    return _JUDGEMENTS[owner, rule]
+}  # every answer made once, by its owner word and rule: status judges thousands of locks
 
 
 def process_facts(pid: int) -> ProcessFacts:
@@ -119,13 +115,13 @@ def judge(
     ``callers``)? ``alive`` False: only whether it is the caller is asked."""
     pid = facts.pid
     if pid is None:
-        return _said(Owner.UNKNOWN, Rule.NO_PID)
+        return _SAID[Owner.UNKNOWN, Rule.NO_PID]
     if pid in callers:
         mine = _as_caller(facts, pid)
         if mine is not None:
             return mine
     if not alive:
-        return _said(Owner.UNKNOWN, Rule.NOT_ASKED)
+        return _SAID[Owner.UNKNOWN, Rule.NOT_ASKED]
     return _liveness(pid, facts.timestamp, facts.details, facts.life, lambda: facts_of(pid))
 
 
@@ -153,7 +149,7 @@ def _liveness(
         if life is Life.OTHER_FOLDER:
             # A folder copied and swapped in (or restored) holds nobody's proof: the owner's
             # work may run on in the old one, so nothing here may call it dead.
-            return _said(Owner.UNKNOWN, Rule.OTHER_FOLDER)
+            return _SAID[Owner.UNKNOWN, Rule.OTHER_FOLDER]
         # The kernel's proof of life judges when it was looked at and written on this boot.
         looked_at = life is Life.HELD or life is Life.FREE
         if looked_at and details.boot is not None and details.boot == ownership.this_boot():
@@ -161,7 +157,7 @@ def _liveness(
     said = _by_pid(pid, timestamp, details, pid_facts)
     if details is not None and details.proof and said.verdict is Verdict.GONE:
         # A proof we could not look at (asked without it, another kernel): never called dead.
-        return _said(Owner.UNKNOWN, Rule.PROOF_UNSEEN)
+        return _SAID[Owner.UNKNOWN, Rule.PROOF_UNSEEN]
     return said
 
 
@@ -172,27 +168,27 @@ def _by_proof(
     pid_judgeable = ownership.judgeable(details)  # our PID namespace: the pid means ours
     if life is Life.HELD:
         if not pid_judgeable:
-            return _said(Owner.RUNNING, Rule.PROOF_HELD)  # its pid is another namespace's
+            return _SAID[Owner.RUNNING, Rule.PROOF_HELD]  # its pid is another namespace's
         own = _owner(pid_facts(), timestamp, details)
-        return _said(Owner.RUNNING if own is Owner.RUNNING else Owner.WORK_RUNNING, Rule.PROOF_HELD)
+        return _SAID[Owner.RUNNING if own is Owner.RUNNING else Owner.WORK_RUNNING, Rule.PROOF_HELD]
     if not pid_judgeable:
         if details.pgid == pid or details.work_group:
-            return _said(Owner.UNKNOWN, Rule.GROUP_UNSEEN)
-        return _said(Owner.NOT_RUNNING, Rule.PROOF_FREE)
+            return _SAID[Owner.UNKNOWN, Rule.GROUP_UNSEEN]
+        return _SAID[Owner.NOT_RUNNING, Rule.PROOF_FREE]
     # A live owner that closed its descriptors (a daemon's closerange) let its proof go but
     # still works: its exact process (same start time) keeps the lock. Never two holders.
     own = _owner(pid_facts(), timestamp, details)
     if own is Owner.RUNNING:
-        return _said(own, Rule.OWN_PROCESS)
+        return _SAID[own, Rule.OWN_PROCESS]
     # A holder that led its own process group (a setsid worker, a shell job): the group counts.
     if details.pgid == pid and ownership.group_has_live_member(pid, details.gstart):
-        return _said(Owner.WORK_RUNNING, Rule.OWN_GROUP)
+        return _SAID[Owner.WORK_RUNNING, Rule.OWN_GROUP]
     # The group lock run recorded for its command is the owner's work while a member started
     # since the owner lives (a child may drop the proof but stays there).
     pgid = details.pgid if details.work_group else None
     if pgid is not None and ownership.group_has_live_member(pgid, details.gstart, details.start):
-        return _said(Owner.WORK_RUNNING, Rule.WORK_GROUP)
-    return _said(own, Rule.PROOF_FREE)
+        return _SAID[Owner.WORK_RUNNING, Rule.WORK_GROUP]
+    return _SAID[own, Rule.PROOF_FREE]
 
 
 def _by_pid(
@@ -200,17 +196,17 @@ def _by_pid(
 ) -> Judgement:
     """Without a proof, on our boot and namespace only: alive while its group or session is."""
     if details is None or not ownership.judgeable(details):
-        return _said(Owner.UNKNOWN, Rule.ELSEWHERE)  # or an older writer: age decides
+        return _SAID[Owner.UNKNOWN, Rule.ELSEWHERE]  # or an older writer: age decides
     own = _owner(pid_facts(), timestamp, details)
     if own is Owner.RUNNING:
-        return _said(own, Rule.PID)
+        return _SAID[own, Rule.PID]
     # Race: a SIGKILLed ``lock run`` whose command (or its children) still works: not dead.
     if details.pgid is not None and ownership.group_has_live_member(details.pgid, details.gstart):
-        return _said(Owner.WORK_RUNNING, Rule.GROUP)
+        return _SAID[Owner.WORK_RUNNING, Rule.GROUP]
     # Race: work moved to a group of its own (GNU timeout's setpgid) stays in the session.
     if details.sid is not None and ownership.session_has_live_member(details.sid):
-        return _said(Owner.WORK_RUNNING, Rule.SESSION)
-    return _said(own, Rule.PID)
+        return _SAID[Owner.WORK_RUNNING, Rule.SESSION]
+    return _SAID[own, Rule.PID]
 
 
 _LIVE_WORDS: Final = frozenset({Owner.RUNNING, Owner.WORK_RUNNING})
