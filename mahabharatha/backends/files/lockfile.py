@@ -259,37 +259,34 @@ def _publish_unnamed(
         close_quietly(fd)
 
 
-def _place_temp(
-    dfd: int, record: bytes, owner: bytes | None, place: Callable[[str], None]
-) -> os.stat_result:
-    """Write ``record`` into a named temp and ``place`` it (link or rename it to ``.lock``)."""
+def _place_temp(dfd: int, record: bytes, owner: bytes | None, *, replace: bool) -> LockSnapshot:
+    """Write ``record`` into a named temp and link it to ``.lock`` (``replace``: rename it)."""
     for _ in range(TEMP_ATTEMPTS - 1):
         # Race: a sweeper took our temp for debris (a clock step, another PID namespace)
         # before we placed it: write a new one.
         with suppress(FileNotFoundError):
-            return _place_temp_once(dfd, record, owner, place)
-    return _place_temp_once(dfd, record, owner, place)
+            return _place_temp_once(dfd, record, owner, replace)
+    return _place_temp_once(dfd, record, owner, replace)
 
 
-def _place_temp_once(
-    dfd: int, record: bytes, owner: bytes | None, place: Callable[[str], None]
-) -> os.stat_result:
+def _place_temp_once(dfd: int, record: bytes, owner: bytes | None, replace: bool) -> LockSnapshot:
     name, info = _write_named_temp(dfd, record, owner)
     try:
-        place(name)
+        if replace:
+            # rename() swaps the whole file at once: readers see the old or the new record.
+            os.rename(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+        else:
+            # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
+            os.link(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
     finally:
         _unlink_quietly(dfd, name)  # after a link the temp name goes; after a rename it is gone
-    return info
+    return _published(info, record, owner)
 
 
 def _publish_named(dfd: int, record: bytes, owner: bytes | None, now: float) -> LockSnapshot | None:
-    def link(name: str) -> None:
-        # Race: two publishers at once. link() fails if .lock exists, so one of them wins.
-        os.link(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-
     sweep_orphan_temps(dfd, now)  # named temps can be orphaned by a crash: keep them few
     try:
-        return _published(_place_temp(dfd, record, owner, link), record, owner)
+        return _place_temp(dfd, record, owner, replace=False)
     except FileExistsError:
         return None
 
@@ -337,13 +334,8 @@ def replace_if_unchanged(
         # Race: a forced release or a reclaim replaced our lock; never overwrite theirs.
         if not _still_mine(dfd, judged):
             return None
-
-        def rename(name: str) -> None:
-            # rename() swaps the whole file at once: readers see the old or the new record.
-            os.rename(name, LOCK_FILE_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
-
         details = judged.owner if owner is None else owner
-        return _published(_place_temp(dfd, record, details, rename), record, details)
+        return _place_temp(dfd, record, details, replace=True)
 
 
 OrphanTemp = tuple[str, tuple[int, int]]  # a temp's name, and the identity it was judged by
