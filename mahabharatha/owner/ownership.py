@@ -409,11 +409,8 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
 
 def judgeable(details: OwnerDetails | None) -> bool:
     """May this process judge the recorded pid? Only on its own boot, in its own namespace."""
-    return _records_place(details) and _same_place(details, this_boot(), this_pid_namespace())
-
-
-def _same_place(details: OwnerDetails, boot: str | None, ns: int | None) -> bool:
-    return boot is not None and ns is not None and (details.boot, details.ns) == (boot, ns)
+    here = (this_boot(), this_pid_namespace())
+    return _records_place(details) and (details.boot, details.ns) == here
 
 
 def _records_place(details: OwnerDetails | None) -> TypeGuard[OwnerDetails]:
@@ -450,7 +447,7 @@ def could_be_owner(
     ``start_now()`` (asked only when needed; ``None``: not running)."""
     if not _records_place(details):
         return True
-    if not _same_place(details, boot, ns):
+    if (details.boot, details.ns) != (boot, ns):  # recorded, so neither is None when equal
         return False
     start = None if details.start is None else start_now()
     return start is None or start == details.start

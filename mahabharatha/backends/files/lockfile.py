@@ -345,8 +345,7 @@ def orphan_temps(dfd: int, now: float, *, files: bool = False) -> list[OrphanTem
     """Temp files in the folder whose writer died, or that are too old to be in use; ``files``:
     also :func:`publish_file`'s temps that are too old (a crash between write and rename)."""
     with os.scandir(dfd) as entries:
-        names = [entry.name for entry in entries]
-    judged = [(name, _orphan_info(dfd, name, now, files)) for name in names]
+        judged = [(entry.name, _orphan_info(dfd, entry.name, now, files)) for entry in entries]
     return [(name, _identity(info)) for name, info in judged if info is not None]
 
 
