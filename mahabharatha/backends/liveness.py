@@ -183,8 +183,8 @@ def _by_proof(
     # A holder that led its own process group (a setsid worker, a shell job): the group counts.
     if details.pgid == pid and ownership.group_has_live_member(pid, details.gstart):
         return _SAID[Owner.WORK_RUNNING, Rule.OWN_GROUP]
-    # The group lock run recorded for its command is the owner's work while a member started
-    # since the owner lives (a child may drop the proof but stays there).
+    # The group ``lock run`` recorded for its command is the owner's work while a member
+    # started since the owner lives (a child may drop the proof but stays there).
     pgid = details.pgid if details.work_group else None
     if pgid is not None and ownership.group_has_live_member(pgid, details.gstart, details.start):
         return _SAID[Owner.WORK_RUNNING, Rule.WORK_GROUP]

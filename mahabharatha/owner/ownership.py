@@ -409,8 +409,9 @@ def decode(raw: bytes | None) -> OwnerDetails | None:
 
 def judgeable(details: OwnerDetails | None) -> bool:
     """May this process judge the recorded pid? Only on its own boot, in its own namespace."""
-    here = (this_boot(), this_pid_namespace())
-    return _records_place(details) and (details.boot, details.ns) == here
+    if not _records_place(details):
+        return False  # asks nothing of /proc: no place recorded
+    return (details.boot, details.ns) == (this_boot(), this_pid_namespace())
 
 
 def _records_place(details: OwnerDetails | None) -> TypeGuard[OwnerDetails]:
