@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from time import monotonic
 from types import FrameType
 from typing import IO, Any, Final, Self
@@ -52,19 +52,15 @@ class Interrupted(Exception):
     """A signal arrived before the command started; nothing was run."""
 
     def __init__(self, signum: int) -> None:
-        self.signum = signum
+        self.signum, self.exit_code = signum, killed_by(signum)  # exit_code: as a shell says
         super().__init__(f"interrupted by {signal.Signals(signum).name} before the command ran")
-
-    @property
-    def exit_code(self) -> int:  # what a shell would report (as the CLI's exit_code_for)
-        return killed_by(self.signum)
 
 
 class ReleaseInterrupted(Exception):
     """A signal ended the wait for a kernel lease on the lock file: the lock was left behind."""
 
     def __init__(self, signum: int, feature: str, status: int | None) -> None:
-        self.signum = signum
+        self.signum, self.exit_code = signum, killed_by(signum)  # exit_code: as a shell says
         self.feature = feature
         self.status = status  # the command's exit status, when it ran
         super().__init__(
@@ -72,10 +68,6 @@ class ReleaseInterrupted(Exception):
             f"the lock of {feature!r} to be broken: the lock stays until it is stale, or until "
             "--reclaim-dead takes it"
         )
-
-    @property
-    def exit_code(self) -> int:  # what a shell would report (as the CLI's exit_code_for)
-        return killed_by(self.signum)
 
 
 class WorkLeftError(LockError):
@@ -537,22 +529,11 @@ def run_locked(
     command: Sequence[str],
     stdout: IO[Any] | None = None,
     on_acquired: Callable[[], None] | None = None,
-    *,
-    waiting: AbstractContextManager[object] | None = None,
-    on_lost: OnLost = OnLost.TERMINATE,
-    notify_lost: Callable[[LockLostError], None] | None = None,
-    on_release_wait: Callable[[float], None] | None = None,
-    env: Mapping[str, str] | None = None,
-    stderr: IO[Any] | None = None,
 ) -> int:
-    """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code.
-    Each argument and what it raises: ``design/lockfile-hardening.md`` section 6, "run_locked".
-    """
-    with Run(
-        lock, on_lost=on_lost, notify_lost=notify_lost, on_release_wait=on_release_wait
-    ) as run:
-        with waiting if waiting is not None else nullcontext():
-            run.acquire()
+    """Take ``lock`` (waiting as it was configured), run ``command``, release; return its code
+    (:class:`Run` in one call). What it raises: ``design/lockfile-hardening.md`` section 6."""
+    with Run(lock) as run:
+        run.acquire()
         if on_acquired is not None:
             on_acquired()
-        return run.command(command, stdout, env=env, stderr=stderr)
+        return run.command(command, stdout)
