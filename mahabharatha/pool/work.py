@@ -123,7 +123,7 @@ class PoolLock(FeatureLock):
         feature, store = self.feature, self.backend
         try:
             if left is None or self.lost is not None:
-                result = self._lost_result(exit_code, self.lost)
+                result = self._lost(None, exit_code, self.lost)
             elif exit_code != 0:
                 reason = f"exit code {exit_code}; {WORK_LEFT}"
                 result = WorkResult(feature, WorkOutcome.LEFT, exit_code, 0, reason)
@@ -137,7 +137,7 @@ class PoolLock(FeatureLock):
         except (NotHeldError, NotOwnerError, LockBusyError) as gone:
             # Race: taken away after the last heartbeat, as in :meth:`finish`: nothing marked
             # (what is left of it goes once the work ends); or unreadable, as there.
-            result = self._lost_result(exit_code, gone)
+            result = self._lost(None, exit_code, gone)
         if left is not None and still_running is not None:
             with self._mutex:
                 self._left, self.left_running = left, still_running
@@ -184,18 +184,15 @@ class PoolLock(FeatureLock):
         except LockBusyError as busy:
             # Another's kernel lease outlasted the wait (``work()``: no wait): the lock stays,
             # unread, lost to this worker, which goes on; the reason says how the lock goes.
-            return self._lost_result(exit_code, busy)
+            return self._lost(None, exit_code, busy)
         return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
 
     def _lost(self, mine: Held | None, exit_code: int | None, why: Exception | None) -> WorkResult:
-        """Outcome lost; what is left of ``mine`` (its proof, a lock still exactly ours) goes."""
+        """Outcome lost, with the loss's sentence (what took it, when it is known) as reason;
+        what is left of ``mine`` (its proof, a lock still exactly ours) goes."""
         if mine is not None:
             with suppress(OSError):  # lost already: taking back what is left is best effort
                 self.backend.release_held(mine)
-        return self._lost_result(exit_code, why)
-
-    def _lost_result(self, exit_code: int | None, why: Exception | None) -> WorkResult:
-        """Outcome lost, with the loss's sentence (what took it, when it is known) as reason."""
         reason = None if why is None else str(why)
         return WorkResult(self.feature, WorkOutcome.LOST, exit_code, 0, reason)
 
