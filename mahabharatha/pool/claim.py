@@ -9,7 +9,6 @@ from typing import NamedTuple, TypedDict, Unpack
 
 from mahabharatha import clock, logs, waiting
 from mahabharatha.backends.base import (
-    AcquireResult,
     Attempts,
     ClaimsInOneStep,
     FeatureProblem,
@@ -292,7 +291,11 @@ class _Pool:
             self.store, feature, self.owner, self.reclaim_dead, self.details, self.lease
         )
         if outcome.held is None:
-            return "mine" if self._holds(outcome) else "busy"
+            # The lock that stopped our try: the claimer's own (the one owner judgement)?
+            mine = outcome.verdict is Verdict.CALLER or _held_by(
+                outcome.holder, outcome.holder_details, {self.owner}
+            )
+            return "mine" if mine else "busy"
         # Race: a worker marked the feature done (or recorded its last failed attempt) and
         # released it between our first look and our acquire. Both publish before they
         # release, so now that we hold the lock the mark is certainly visible: give it back.
@@ -301,12 +304,6 @@ class _Pool:
             return outcome.held
         self.store.release_held(outcome.held)
         return finished
-
-    def _holds(self, outcome: AcquireResult) -> bool:
-        """Is the lock that stopped our try the claimer's own (the one owner judgement)?"""
-        if outcome.verdict is Verdict.CALLER:
-            return True
-        return _held_by(outcome.holder, outcome.holder_details, {self.owner})
 
     def _claim_in_one_step(self, store: ClaimsInOneStep) -> ClaimOutcome:
         """A backend that claims in one statement (PostgreSQL), offered the features not done
