@@ -149,12 +149,10 @@ class _Child:
         """After CMD was reaped: SIGKILL what is left of its group."""
         if not self.own_group:
             _signal_our_work(signal.SIGKILL)
-            return
-        pgid = self.popen.pid
         # Race: the group ended and its number went to a new leader: never signal that one.
-        if ownership.group_has_live_member(pgid, self.start):
+        elif self.group_lives():
             with suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+                os.killpg(self.popen.pid, signal.SIGKILL)
 
     def close(self) -> None:
         # Race: a signal handler run between the two steps must never see a closed pidfd.
