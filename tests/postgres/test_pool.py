@@ -158,9 +158,11 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
 
     store: Any = open_backend(os.environ["MAHABHARATHA_LOCK_URL"], ".gsd", namespace=on_server)
     waiting = threading.Event()
+    heard_on: list[bool] = []  # per wait: was it on the claims' connection (not a listener)?
     original = store._heard  # the wait on the claims' connection (and on a listener)
 
     def noted(conn: Any, deadline: float) -> bool:
+        heard_on.append(conn is store._conn)
         waiting.set()
         return bool(original(conn, deadline))
 
@@ -175,7 +177,7 @@ def test_claim_wait_is_woken_by_notify_on_postgresql(
     assert cli("lock", "release", "alpha", "--pid", "1", cwd=tmp_path).returncode == 0
     claimer.join(SYNC_TIMEOUT)
     assert answer == ["alpha"]
-    assert store._listener is None  # no second connection was opened to listen
+    assert heard_on and all(heard_on)  # no second connection was opened to listen
     locks.release("alpha", backend=store)
     store.close()
 
