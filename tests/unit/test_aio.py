@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
 
 from mahabharatha import aio
 from mahabharatha.aio import AsyncFeatureLock
+from mahabharatha.feature_lock import FeatureLock
 
 
 def _hand_forwarded(source: str) -> list[str]:
@@ -36,3 +38,16 @@ def test_the_state_answers_and_cannot_be_written_through(tmp_path: Path) -> None
     assert lock.backend is lock._state.backend and lock.heartbeat is None
     with pytest.raises(AttributeError):
         lock.feature = "other"
+
+
+def test_every_feature_lock_keyword_is_an_option_and_a_wrong_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    """``_Options`` is ``FeatureLock``'s keywords but ``on_lost`` (mypy checks the types of the
+    keys it has, not that a keyword ``FeatureLock`` gains is one of them), and a misspelt one
+    fails naming itself."""
+    asked = inspect.signature(FeatureLock).parameters.values()
+    keywords = {p.name for p in asked if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(aio._Options.__annotations__) == keywords - {"on_lost"}
+    with pytest.raises(TypeError, match="timout"):
+        AsyncFeatureLock("feat", tmp_path, timout=0)  # type: ignore[call-arg]
