@@ -116,6 +116,47 @@ def test_a_waiter_behind_the_pooler_never_listens_and_still_acquires(pooler: str
         waiter.close()
 
 
+def test_an_async_waiter_behind_the_pooler_never_listens_and_still_acquires(pooler: str) -> None:
+    """As the blocking waiter: the loop's listener sees the pooler (the server process that
+    answers is not the one its connection started) and keeps no LISTEN there, and the waiting
+    task polls until the release. The direct case is test_async_lock's shared listener."""
+    import asyncio
+
+    from mahabharatha.aio import AsyncFeatureLock
+    from mahabharatha.backends.postgres.aio import listener_for
+
+    holder: Any = PostgresBackend(pooler, namespace="pooled-async-wait")
+    waiter: Any = PostgresBackend(pooler, namespace="pooled-async-wait")
+
+    async def main(held: Any) -> bool:
+        waiting = asyncio.Event()
+        lock = AsyncFeatureLock(
+            "feat",
+            "/nonexistent",
+            backend=waiter,
+            pid=os.getpid(),
+            timeout=SYNC_TIMEOUT,
+            heartbeat=None,
+            on_wait=lambda *_: waiting.set(),
+        )
+        entered = asyncio.create_task(lock.__aenter__())
+        async with asyncio.timeout(SYNC_TIMEOUT):
+            await waiting.wait()  # its first try found the lock held: it waits now
+        holder.release_held(held)
+        async with asyncio.timeout(SYNC_TIMEOUT):
+            await entered
+        behind = bool(listener_for(waiter)._behind_pooler)
+        await lock.__aexit__(None, None, None)
+        return behind
+
+    try:
+        held = holder.try_acquire("feat", Requester(1)).held
+        assert asyncio.run(main(held))  # it polled: nothing LISTENs on the pooler
+    finally:
+        holder.close()
+        waiter.close()
+
+
 SHARED_WORKERS = 8
 SHARED_FEATURES = 160
 
