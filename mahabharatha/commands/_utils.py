@@ -25,7 +25,9 @@ from mahabharatha.backends.files.snapshot import (
 )
 from mahabharatha.clock import now
 from mahabharatha.constants import GSD_DIR
+from mahabharatha.constants import STALE_AFTER_SECONDS as STALE_AFTER_SECONDS  # the old module's
 from mahabharatha.detect import detect_feature
+from mahabharatha.names import MAX_PID as MAX_PID  # the old module's limit, importable here still
 from mahabharatha.names import validate_feature_name
 from mahabharatha.owner import ownership, proof
 from mahabharatha.states import State

@@ -408,3 +408,11 @@ def test_parse_lock_content_bounds_follow_the_module_clock(clock: Any) -> None:
     assert _parse_lock_content(ahead) is None
     clock.time.return_value = NOW + ONE_DAY
     assert _parse_lock_content(ahead) == (7, NOW + 2 * ONE_DAY)
+
+
+def test_the_old_modules_limits_still_import_from_it() -> None:
+    """Callers of the old module read its stale limit and pid bound from it (the old design
+    had both); the module's trim of issue 29 had dropped them."""
+    from mahabharatha.commands import _utils as legacy
+
+    assert (legacy.STALE_AFTER_SECONDS, legacy.MAX_PID) == (7200.0, MAX_PID)
