@@ -35,9 +35,7 @@ def open_backend(
 
         return FileBackend(gsd_dir)
     if url.startswith(POSTGRES_SCHEMES):
-        backend: LockBackend = _postgres_module().PostgresBackend.from_url(
-            url, gsd_dir=gsd_dir, **options
-        )
+        backend: LockBackend = _postgres_module().PostgresBackend(url, gsd_dir=gsd_dir, **options)
         return backend
     # Never the URL itself: a libpq key=value string ("host=db password=...") is all secret.
     scheme = _SCHEME.match(url)

@@ -189,16 +189,16 @@ def test_namespace_derivation_and_its_absence(tmp_path: Any, monkeypatch: Any) -
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     with pytest.raises(ValueError, match="--namespace"):
-        PostgresBackend.from_url("postgresql:///x", gsd_dir=str(repo / ".gsd"))
+        PostgresBackend("postgresql:///x", gsd_dir=str(repo / ".gsd"))
     subprocess.run(
         ["git", "-C", str(repo), "remote", "add", "origin", "git@example.org:team/app.git"],
         check=True,
     )
     assert derive_namespace(repo / ".gsd") == "example.org/team/app"
-    backend = PostgresBackend.from_url("postgresql:///x", gsd_dir=str(repo / ".gsd"))
+    backend = PostgresBackend("postgresql:///x", gsd_dir=str(repo / ".gsd"))
     assert backend.namespace == "example.org/team/app"
     monkeypatch.setenv("MAHABHARATHA_LOCK_NAMESPACE", "chosen")
-    assert PostgresBackend.from_url("postgresql:///x", gsd_dir=str(repo)).namespace == "chosen"
+    assert PostgresBackend("postgresql:///x", gsd_dir=str(repo)).namespace == "chosen"
 
 
 def _dead_requester() -> Requester:

@@ -85,30 +85,36 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         self,
         url: str,
         *,
-        namespace: str,
         gsd_dir: str | os.PathLike[str] = ".gsd",
-        connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+        namespace: str | None = None,
+        connect_timeout: float | None = None,
         schema: str | None = None,
         on_slot_wait: Callable[[ServerFullError], None] | None = None,
     ) -> None:
+        """The backend for ``url``; the namespace given, else the environment's, else origin's."""
         chosen_schema = schema or os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
         if not _SCHEMA_NAME.fullmatch(chosen_schema):
             raise ValueError(
                 f"not a usable lock schema name: {chosen_schema!r} (lower-case letters, digits "
                 "and _, at most 63, not starting with a digit)"
             )
+        namespace = namespace or os.environ.get(NAMESPACE_ENV) or derive_namespace(gsd_dir)
         if not namespace:
-            raise ValueError("the lock namespace must not be empty")
-        if len(namespace.encode("utf-8", "surrogatepass")) > MAX_NAMESPACE_BYTES:
             raise ValueError(
-                f"the lock namespace is {len(namespace.encode('utf-8', 'surrogatepass'))} bytes "
-                f"long; at most {MAX_NAMESPACE_BYTES} are allowed: pass a shorter --namespace"
+                "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
+                "none could be derived: the --gsd-dir folder is in no git repository with an "
+                "'origin' remote that names one repository stably (a relative path such as "
+                "../up.git names another one from each folder)"
             )
-        if not math.isfinite(connect_timeout) or connect_timeout <= 0:
+        if (size := len(namespace.encode("utf-8", "surrogatepass"))) > MAX_NAMESPACE_BYTES:
             raise ValueError(
-                f"connect timeout must be a positive number of seconds, not {connect_timeout}"
+                f"the lock namespace is {size} bytes long; at most {MAX_NAMESPACE_BYTES} are "
+                "allowed: pass a shorter --namespace"
             )
-        super().__init__(url, schema=chosen_schema, connect_timeout=connect_timeout)
+        timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"connect timeout must be a positive number of seconds, not {timeout}")
+        super().__init__(url, schema=chosen_schema, connect_timeout=timeout)
         self.namespace: str = namespace
         self.gsd_dir: str | os.PathLike[str] = gsd_dir
         self.on_slot_wait = on_slot_wait
@@ -122,36 +128,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         # (feature, pid) -> when the lease of a lock this backend took ends (monotonic): its
         # done or failed attempt waits for a free connection slot until then (:meth:`_while_full`)
         self._leases: dict[tuple[str, int], float] = {}
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        gsd_dir: str | os.PathLike[str] = ".gsd",
-        namespace: str | None = None,
-        connect_timeout: float | None = None,
-        schema: str | None = None,
-        on_slot_wait: Callable[[ServerFullError], None] | None = None,
-    ) -> PostgresBackend:
-        """The backend for ``url``; the namespace given, else the environment's, else origin's."""
-        chosen = namespace or os.environ.get(NAMESPACE_ENV) or derive_namespace(gsd_dir)
-        if not chosen:
-            raise ValueError(
-                "no lock namespace: pass --namespace NAME (or set MAHABHARATHA_LOCK_NAMESPACE); "
-                "none could be derived: the --gsd-dir folder is in no git repository with an "
-                "'origin' remote that names one repository stably (a relative path such as "
-                "../up.git names another one from each folder)"
-            )
-        timeout = CONNECT_TIMEOUT_SECONDS if connect_timeout is None else connect_timeout
-        return cls(
-            url,
-            namespace=chosen,
-            gsd_dir=gsd_dir,
-            connect_timeout=timeout,
-            schema=schema,
-            on_slot_wait=on_slot_wait,
-        )
 
     def where(self) -> str:
         return str(self._server)
@@ -275,38 +251,26 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         params.update(names=names, include_done=include_done, attempt=attempt)
         if reclaim_dead:
             params["judged"] = self._judged_dead(features)
-        answer = self._claim_rounds(params, features, requester, checked=lost_before)
+        sent: list[float] = []
+        answer = None
+        for _ in range(MAX_CLAIM_ROUNDS):  # again while rows are missing (made between)
+            missing, taken = self._run(self._claim_statement(params, features, sent, lost_before))
+            if taken is None and not missing and self._ensured.get(names):
+                # A lean claim cannot see missing rows. Race: rows deleted since seen (a reset):
+                # the checked claim counts them; pop, not del: another thread's claim may have
+                # dropped the entry already.
+                self._ensured.pop(names, None)
+                continue
+            if taken is None and missing:
+                self._run(lambda conn: conn.execute(self._sql(statements.ENSURE_ROWS), params))
+            self._remember_rows(names, features)  # every name has a row now: claim by reference
+            if taken is not None:
+                reason = "owner judged gone" if params["judged"] else "expired"
+                answer = self._won(taken, requester.pid, reason=reason, sent=sent[-1])
+            if taken is not None or not missing:
+                break
         self._unanswered.pop(lost_key, None)  # answered: the next claim is new
         return answer
-
-    def _claim_rounds(
-        self,
-        params: dict[str, Any],
-        features: Sequence[str],
-        requester: Requester,
-        *,
-        checked: bool,
-    ) -> AcquireResult | None:
-        """:meth:`try_claim`'s statement, again while rows are missing (made between)."""
-        names = params["names"]
-        sent: list[float] = []
-        for _ in range(MAX_CLAIM_ROUNDS):
-            missing, taken = self._run(self._claim_statement(params, features, sent, checked))
-            if taken is not None:
-                self._remember_rows(names, features)
-                reason = "owner judged gone" if params["judged"] else "expired"
-                return self._won(taken, requester.pid, reason=reason, sent=sent[-1])
-            if not missing:
-                if self._ensured.get(names):  # a lean claim, which cannot see missing rows
-                    # Race: rows deleted since seen (a reset): the checked claim counts them;
-                    # pop, not del: another thread's claim may have dropped the entry already.
-                    self._ensured.pop(names, None)
-                    continue
-                self._remember_rows(names, features)
-                return None
-            self._rows_ensured(params)
-            self._remember_rows(names, features)  # every name has a row now: claim by reference
-        return None
 
     def _joined(self, features: Sequence[str]) -> str:
         """The names as one text, the same object for the same list (its hash computed once)."""
@@ -373,10 +337,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             )
             statement = self._registered[key] = text.encode(conn.info.encoding)
         return statement
-
-    def _rows_ensured(self, params: dict[str, Any]) -> None:
-        statement = self._sql(statements.ENSURE_ROWS)
-        self._run(lambda conn: conn.execute(statement, params))
 
     def _judged_dead(self, features: Sequence[str]) -> list[int]:
         """Tokens of the held locks among ``features`` whose owner is provably gone here."""
