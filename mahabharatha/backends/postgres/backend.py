@@ -184,10 +184,13 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         lease: float | None = None,
     ) -> AcquireResult:
         params = self._take_params(feature, requester, lease)
+        # ACQUIRE_NUMBERED's parameters, "judged" the last: none is sent as NULL (cheaper than an
+        # empty array, and ``token = ANY(NULL)`` decides nothing in the takeable test's OR)
+        values = [params[name] for name in statements.ACQUIRE_PARAMS[:-1]] + [None]
         holder: _Row | None = None
         sent: list[float] = []
         for _ in range(MAX_CLAIM_ROUNDS):
-            taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
+            taken = self._hot(statements.ACQUIRE_NUMBERED, values, sent)
             if taken:
                 return self._won(taken[0], requester.pid, reason="expired", sent=sent[-1])
             holder = self._holder(feature)
@@ -197,8 +200,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             return AcquireResult(None, holder=self.inspect(feature))
         info = self._info(holder)
         if reclaim_dead and info.verdict is Verdict.GONE:
-            params["judged"] = [holder.token]
-            taken = self._hot(statements.ACQUIRE_NUMBERED, _acquire_values(params), sent)
+            values[-1] = [holder.token]
+            taken = self._hot(statements.ACQUIRE_NUMBERED, values, sent)
             if taken:
                 reason = f"owner {info.owner}"
                 return self._won(taken[0], requester.pid, reason=reason, sent=sent[-1])
@@ -249,8 +252,12 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         attempt = self._unanswered.setdefault(lost_key, params["attempt"])
         lost_before = attempt is not params["attempt"]
         params.update(names=names, include_done=include_done, attempt=attempt)
-        if reclaim_dead:
-            params["judged"] = self._judged_dead(features)
+        if reclaim_dead:  # the tokens of held locks among them whose owner is provably gone here
+            params["judged"] = [
+                row.token
+                for row in self._select(statements.SELECT_WANTED, features=list(features))
+                if row.token is not None and self._info(row).verdict is Verdict.GONE
+            ]
         sent: list[float] = []
         answer = None
         for _ in range(MAX_CLAIM_ROUNDS):  # again while rows are missing (made between)
@@ -338,14 +345,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             statement = self._registered[key] = text.encode(conn.info.encoding)
         return statement
 
-    def _judged_dead(self, features: Sequence[str]) -> list[int]:
-        """Tokens of the held locks among ``features`` whose owner is provably gone here."""
-        return [
-            row.token
-            for row in self._select(statements.SELECT_WANTED, features=list(features))
-            if row.token is not None and self._info(row).verdict is Verdict.GONE
-        ]
-
     def _won(self, row: Sequence[Any], pid: int, *, reason: str, sent: float) -> AcquireResult:
         """The lock ``row`` says ``pid`` took, and the lock it replaced, if any."""
         feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
@@ -409,7 +408,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
                 if conn.info.transaction_status == pq.TransactionStatus.INERROR:
                     conn.rollback()  # the release failed inside its BEGIN: end that first
                 raise
-        _hand_on_buffered_notifies(conn)
+        # Hand psycopg the notifications libpq read with the pipeline's last answer: psycopg
+        # leaves them in libpq's buffer, where ``notifies()`` (waiting on the socket) never looks.
+        while (note := conn.pgconn.notifies()) is not None:
+            if conn.pgconn.notify_handler is not None:
+                conn.pgconn.notify_handler(note)
         return released.fetchall()
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
@@ -626,27 +629,10 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return listener_for(self)
 
 
-def _hand_on_buffered_notifies(conn: _Connection) -> None:
-    """Hand psycopg the notifications libpq read with a pipeline's last answer: psycopg leaves
-    them in libpq's buffer, where ``notifies()`` (waiting on the socket) never looks."""
-    pgconn = conn.pgconn
-    while (note := pgconn.notifies()) is not None:
-        if pgconn.notify_handler is not None:
-            pgconn.notify_handler(note)
-
-
 def _clock_shift(server_now: float) -> float:
     """What to add to a server time to read it on this host's clock (only the server's
     durations count: a client clock hours wrong judges nothing differently)."""
     return time.time() - server_now
-
-
-def _acquire_values(params: dict[str, Any]) -> list[Any]:
-    """``ACQUIRE_NUMBERED``'s parameters; no judged token is sent as NULL (cheaper than an
-    empty array, and ``token = ANY(NULL)`` decides nothing in the takeable test's OR)."""
-    values = [params[name] for name in statements.ACQUIRE_PARAMS]
-    values[-1] = values[-1] or None  # "judged", the last of statements.ACQUIRE_PARAMS
-    return values
 
 
 def _unlocked(feature: str, state: str) -> LockInfo:
