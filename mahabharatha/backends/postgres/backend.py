@@ -416,13 +416,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return released.fetchall()
 
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
-        if self._rows(statements.RELEASE_PID, self._owner_params(feature, pid, force=force)):
-            self._wake_waiters()
-            return True
-        holder = self._holder(feature)
-        if holder is None:
-            return False
-        raise NotOwnerError(self._info(holder))
+        found = self._rows(statements.RELEASE_PID, self._owner_params(feature, pid, force=force))
+        return self._let_go(feature, pid, found, None)
 
     def verify(self, feature: str, token: int) -> bool:
         return bool(self._rows(statements.VERIFY, self._params(feature=feature, token=token))[0][0])
@@ -553,17 +548,19 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         owner = {"pid": pid, "host": self._host, "place": place, "start": start}
         return self._params(feature=feature, **owner, **values)
 
-    def _let_go(self, feature: str, pid: int, found: list[Any], what: str) -> None:
-        """After ``pid``'s done or fail: the lease forgotten, waiters woken; if it wrote nothing
-        (``found`` empty), why: another holds it, or nobody."""
+    def _let_go(self, feature: str, pid: int, found: list[Any], what: str | None) -> bool:
+        """After ``pid``'s release, done or fail: the lease forgotten, waiters woken; if it wrote
+        nothing (``found`` empty), why: another holds it, or nobody (a release: False)."""
         self._leases.pop((feature, pid), None)
         if found:
             self._wake_waiters()
-            return
+            return True
         holder = self._holder(feature)
-        if holder is None:
-            raise NotHeldError(feature, pid, what)
-        raise NotOwnerError(self._info(holder))
+        if holder is not None:
+            raise NotOwnerError(self._info(holder))
+        if what is None:
+            return False
+        raise NotHeldError(feature, pid, what)
 
     def _wake_waiters(self) -> None:
         """Wake this schema's waiters after a committed change (best effort: they poll anyway)."""
