@@ -13,9 +13,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 try:
     import psycopg
@@ -62,8 +61,7 @@ MAX_CLAIM_ROUNDS: Final = 4  # a claim finds rows missing at most once per new f
 MAX_REGISTERED_LISTS: Final = 8  # lists a connection keeps a prepared claim for (a pool: one)
 
 
-@dataclass(frozen=True)
-class _Row:
+class _Row(NamedTuple):
     feature: str
     pid: int | None
     details: bytes | None
@@ -149,11 +147,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             or version < statements.SCHEMA_VERSION
             or self._rows(statements.SEQUENCE_MISSING, {})[0][0]
         ):
-            try:
-                self._create_schema(repair=True)
-            except psycopg.Error as cause:
-                raise self._error(cause) from None
-            version = self._rows(statements.SCHEMA_VERSION_QUERY, {})[0][0]
+            version = self._create_schema(repair=True)
         return int(version)
 
     def _take_params(

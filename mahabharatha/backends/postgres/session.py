@@ -274,10 +274,7 @@ class Session:
                     # Race: a pooler may keep the failed transaction's server connection for this
                     # client a while (a pool of one: for ever): let go of it first.
                     self._drop_connection()
-                try:
-                    self._create_schema()
-                except psycopg.Error as cause:
-                    raise self._error(cause) from None
+                self._create_schema()
             except pg_errors._WaitTimeout as error:
                 self._drop_connection()  # Race: an answer may still come; the state is unknown
                 raise self._error(error) from None
@@ -350,13 +347,17 @@ class Session:
             "upgrade it"
         )
 
-    def _create_schema(self, *, repair: bool = False) -> None:
+    def _create_schema(self, *, repair: bool = False) -> int | None:
+        """The tables made (:meth:`_create_schema_on`), any failure one sentence; their version."""
         # Race: other threads' statements on the shared connection would run inside this
         # transaction (never committed): the tables are made on a connection of their own.
-        with self._connect() as conn:
-            self._create_schema_on(conn, repair=repair)
+        try:
+            with self._connect() as conn:
+                return self._create_schema_on(conn, repair=repair)
+        except psycopg.Error as cause:
+            raise self._error(cause) from None
 
-    def _create_schema_on(self, conn: _Connection, *, repair: bool = False) -> None:
+    def _create_schema_on(self, conn: _Connection, *, repair: bool = False) -> int | None:
         """Make what is missing; a lost token sequence only with ``repair`` (``lock init``),
         above the rows' tokens: never silently at 1 (an old holder's token again)."""
         advisory, *ddl = (self._sql(statement) for statement in statements.SCHEMA_DDL)
@@ -397,6 +398,7 @@ class Session:
         version = found[0] if found else None
         if version is not None and version > statements.SCHEMA_VERSION:
             raise self._newer_schema(int(version))
+        return version
 
     def _drop_listener(self) -> None:
         _close(self._listener)
