@@ -355,15 +355,10 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return AcquireResult(held, replaced=replaced, reason=reason if replaced else None)
 
     def refresh(self, held: Held) -> Held:
-        params = self._params(feature=held.feature, token=held.token)
-        statement = self._sql(statements.REFRESH)
-        sent: list[float] = []
-
-        def run(conn: _Connection) -> list[tuple[Any, ...]]:
-            sent.append(time.monotonic())  # connected: the new lease runs from no earlier
-            return conn.execute(statement, params, binary=True).fetchall()
-
-        found = self._run(run)
+        sent: list[float] = []  # when it was sent: the new lease runs from no earlier
+        found = self._hot(
+            statements.REFRESH_NUMBERED, (self.namespace, held.feature, held.token), sent
+        )
         if not found:
             raise LockLostError(held.feature, "its lease ran out, or it was released or taken over")
         refreshed, expires, now = found[0]

@@ -316,7 +316,7 @@ class Session:
     def _hot(
         self, statement: str, values: Sequence[Any], sent: list[float]
     ) -> list[tuple[Any, ...]]:
-        """A hot statement (acquire) on the kept cursor, prepared, in binary, as :meth:`_run`."""
+        """The acquire or refresh on the kept cursor, prepared, in binary, as :meth:`_run`."""
         text = self._sql(statement)
 
         def run(conn: _Connection) -> list[tuple[Any, ...]]:

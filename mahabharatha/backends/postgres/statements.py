@@ -203,12 +203,13 @@ WHERE namespace = %(ns)s AND feature = %(feature)s AND pid IS NOT NULL
         AND {_OWNER_COULD_BE}))
 RETURNING 1"""
 
-REFRESH: Final = f"""
+_REFRESH: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks SET refreshed_at = now(), expires_at = now() + lease
 WHERE namespace = %(ns)s AND feature = %(feature)s AND token = %(token)s AND pid IS NOT NULL
     AND expires_at >= now()
 RETURNING {_EPOCHS}"""
 """Only an unexpired lock is renewed: a lease run out is lost, taken or not."""
+REFRESH_NUMBERED: Final = _numbered(_REFRESH, ("ns", "feature", "token"))  # the kept cursor's
 
 DONE: Final = f"""
 UPDATE mahabharatha.mahabharatha_locks
