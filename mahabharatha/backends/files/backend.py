@@ -259,30 +259,28 @@ def _marker_present(dfd: int, odd: Path | None = None) -> bool:
     return stat.S_ISREG(info.st_mode)
 
 
-def _mark_done_holding(dfd: int, feature: str, pid: int) -> tuple[str, LockSnapshot]:
-    """Publish the done marker while ``pid`` holds the lock: the time written and the lock."""
+# What a done marker or a failed attempt writes: the answer to give, and the file's text.
+_Make = Callable[[int, float], tuple[_T, str]]
+
+
+def _publish_holding(
+    dfd: int, feature: str, pid: int, what: str, name: str, make: _Make[_T]
+) -> tuple[_T, LockSnapshot]:
+    """Publish the folder's file ``name`` while ``pid`` holds the lock (else nothing ``what``):
+    ``make``'s answer, and the lock."""
     now = clock.now()
     with Guard(dfd, wait=True):
         # Race: under the guard no reclaim, clean or release can remove the lock, so the
-        # marker is written only while the caller really holds it.
-        mine = _own_lock(dfd, feature, pid, now, "marked done")
-        stamp = _iso_time(now)
-        lockfile.publish_file(dfd, COMPLETED_MARKER_NAME, stamp + "\n")
-    return stamp, mine
+        # file is written only while the caller really holds it.
+        mine = _own_lock(dfd, feature, pid, now, what)
+        answer, text = make(dfd, now)
+        lockfile.publish_file(dfd, name, text)
+    return answer, mine
 
 
-def _record_failure(
-    dfd: int, feature: str, pid: int, reason: str, limit: int
-) -> tuple[Attempts, LockSnapshot]:
-    """Record ``pid``'s failed attempt while it holds the lock: the record and the lock."""
-    now = clock.now()
-    with Guard(dfd, wait=True):
-        # Race: under the guard no reclaim, clean or release can remove the lock, so the
-        # attempt is recorded only while the caller really holds it.
-        mine = _own_lock(dfd, feature, pid, now, "recorded as failed")
-        record = _next_attempts(_read_attempts(dfd), pid, reason, limit, now)
-        lockfile.publish_file(dfd, ATTEMPTS_RECORD_NAME, _attempts_text(record))
-    return record, mine
+def _done_stamp(_dfd: int, now: float) -> tuple[str, str]:
+    stamp = _iso_time(now)
+    return stamp, stamp + "\n"
 
 
 def _own_lock(dfd: int, feature: str, pid: int, now: float, what: str) -> LockSnapshot:
@@ -333,24 +331,12 @@ def _read_attempts(dfd: int) -> Attempts | None:
     return Attempts(count, limit, tuple(h for h in history if isinstance(h, dict)))
 
 
-def _attempts_text(record: Attempts) -> str:
-    """The record as JSON, dropping the oldest attempts until it fits the bound."""
+def _next_attempts(pid: int, reason: str, limit: int, dfd: int, now: float) -> tuple[Attempts, str]:
+    """The folder's record with ``pid``'s failed attempt added, and its JSON (the oldest
+    attempts dropped until it fits the bound)."""
     import json
 
-    history = list(record.history[-KEPT_ATTEMPTS:])
-    while True:
-        text = json.dumps(
-            {"count": record.tries, "limit": record.limit, "attempts": history},
-            sort_keys=True,
-        )
-        if len(text.encode()) <= MAX_ATTEMPTS_BYTES or len(history) <= 1:
-            return text + "\n"
-        history.pop(0)
-
-
-def _next_attempts(
-    previous: Attempts | None, pid: int, reason: str, limit: int, now: float
-) -> Attempts:
+    previous = _read_attempts(dfd)
     attempt = {
         "time": _iso_time(now),
         "at": now,  # the epoch seconds a --retry-delay rest is counted from
@@ -359,8 +345,13 @@ def _next_attempts(
         "reason": reason[:MAX_REASON_CHARS],
     }
     count = 1 if previous is None else previous.tries + 1
-    history = (() if previous is None else previous.history) + (attempt,)
-    return Attempts(count, limit, history[-KEPT_ATTEMPTS:])
+    history = [*(() if previous is None else previous.history), attempt][-KEPT_ATTEMPTS:]
+    record = Attempts(count, limit, tuple(history))
+    while True:
+        text = json.dumps({"count": count, "limit": limit, "attempts": history}, sort_keys=True)
+        if len(text.encode()) <= MAX_ATTEMPTS_BYTES or len(history) <= 1:
+            return record, text + "\n"
+        history.pop(0)
 
 
 # --------------------------------------------------------------------------- the backend
@@ -561,23 +552,37 @@ class FileBackend(LockBackend):
         return True
 
     def done(self, feature: str, pid: int, wait: ReleaseWait | None = None) -> str:
+        return self._finish(feature, pid, "marked done", COMPLETED_MARKER_NAME, _done_stamp, wait)
+
+    def mark_done_holding(self, held: Held, wait: ReleaseWait | None = None) -> str:
+        feature, pid = held.feature, held.pid
+        marker = COMPLETED_MARKER_NAME
+        return self._finish(feature, pid, "marked done", marker, _done_stamp, wait, release=False)
+
+    def _finish(
+        self,
+        feature: str,
+        pid: int,
+        what: str,
+        name: str,
+        make: _Make[_T],
+        wait: ReleaseWait | None,
+        release: bool = True,
+    ) -> _T:
+        """Publish ``name`` while ``pid`` holds the lock, then (``release``) release it."""
         past = _PastLeases(wait)
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
-                raise NotHeldError(feature, pid)
-            # Race: marker first, release second. A claimer that wins the lock after our
-            # release is sure to see the marker, so a finished feature is never built again.
-            stamp, mine = past(partial(_mark_done_holding, dfd, feature, pid))
-            past(partial(lockfile.release_mine, dfd, mine))
-            if pid == os.getpid():
-                proof.forget(dfd, folder_path(self.gsd_dir, feature))
-        return stamp
-
-    def mark_done_holding(self, held: Held, wait: ReleaseWait | None = None) -> str:
-        with OpenFeatureDir(self.gsd_dir, held.feature, create=False, refuse=True) as dfd:
-            if dfd is None:
-                raise NotHeldError(held.feature, held.pid)
-            return _PastLeases(wait)(partial(_mark_done_holding, dfd, held.feature, held.pid))[0]
+                raise NotHeldError(feature, pid, what)
+            # Race: the file first, the release second. A claimer that wins the lock after our
+            # release is sure to see the done marker (a finished feature is never built again)
+            # or the failed attempt (a feature at its limit is not handed out).
+            answer, mine = past(partial(_publish_holding, dfd, feature, pid, what, name, make))
+            if release:
+                past(partial(lockfile.release_mine, dfd, mine))
+                if pid == os.getpid():  # the released lock's proof goes with it
+                    proof.forget(dfd, folder_path(self.gsd_dir, feature))
+        return answer
 
     def reopen(self, feature: str) -> bool:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
@@ -603,17 +608,8 @@ class FileBackend(LockBackend):
     def fail(
         self, feature: str, pid: int, reason: str, limit: int, wait: ReleaseWait | None = None
     ) -> Attempts:
-        past = _PastLeases(wait)
-        with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
-            if dfd is None:
-                raise NotHeldError(feature, pid, "recorded as failed")
-            record, mine = past(partial(_record_failure, dfd, feature, pid, reason, limit))
-            # Race: record first, release second (as ``done``): a claimer winning the lock
-            # after our release sees this attempt (a feature at its limit is not handed out).
-            past(partial(lockfile.release_mine, dfd, mine))
-            if pid == os.getpid():  # as ``done``: the released lock's proof goes with it
-                proof.forget(dfd, folder_path(self.gsd_dir, feature))
-        return record
+        make = partial(_next_attempts, pid, reason, limit)
+        return self._finish(feature, pid, "recorded as failed", ATTEMPTS_RECORD_NAME, make, wait)
 
     # ----------------------------------------------------------------- cleaning
 
