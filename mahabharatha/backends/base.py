@@ -165,11 +165,8 @@ def describe_holder(info: LockInfo) -> str:
     if info.pid is None:
         return f"feature {info.feature!r} is locked ({info.state})"
     age = format_duration(info.age_seconds or 0.0)
-    expiry = (
-        f", expires in {format_duration(info.expires_in_seconds)}"
-        if info.expires_in_seconds is not None
-        else ""
-    )
+    expires = info.expires_in_seconds
+    expiry = "" if expires is None else f", expires in {format_duration(expires)}"
     working = _WORKING if info.owner is Owner.WORK_RUNNING else ""
     gone = _GONE[info.owner] if info.verdict is Verdict.GONE else working
     return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"

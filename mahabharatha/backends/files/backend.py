@@ -519,10 +519,9 @@ class FileBackend(LockBackend):
         for name in sorted([*locked, *unseen]):
             info = locked.get(name)
             try:
-                if info is None:
-                    info = self._unlocked_info(name)
-                else:
-                    info = info.with_attempts(self.attempts(name))
+                info = (
+                    info.with_attempts(self.attempts(name)) if info else self._unlocked_info(name)
+                )
             except OSError as error:
                 skipped.add(name, error)
             if info is not None:
@@ -590,11 +589,9 @@ class FileBackend(LockBackend):
                 return False
             removed = False
             for name in (COMPLETED_MARKER_NAME, ATTEMPTS_RECORD_NAME):
-                try:
+                with suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=dfd)  # the entry itself, never a target
                     removed = True
-                except FileNotFoundError:
-                    pass
         return removed
 
     # ----------------------------------------------------------------- failed attempts
@@ -708,15 +705,12 @@ class _PastLeases:
                     if wait.announce is not None:
                         wait.announce(self.bound)
                 if now >= self.deadline:
-                    raise _left_under_lease(busy, self.bound) from None
+                    where = f"{busy.filename}: " if busy.filename else ""
+                    waited = format_duration(self.bound)
+                    raise LockBusyError(
+                        busy.errno,
+                        f"{where}still under another process's kernel lease after {waited}; "
+                        "the lock stays until it is stale, or until --reclaim-dead takes it",
+                        busy.filename,
+                    ) from None
                 wait.pause(min(next(self.pauses), self.deadline - now))
-
-
-def _left_under_lease(busy: LockBusyError, waited: float) -> LockBusyError:
-    where = f"{busy.filename}: " if busy.filename else ""
-    return LockBusyError(
-        busy.errno,
-        f"{where}still under another process's kernel lease after {format_duration(waited)}; "
-        "the lock stays until it is stale, or until --reclaim-dead takes it",
-        busy.filename,
-    )
