@@ -142,11 +142,11 @@ class CleanedEntry(NamedTuple):
         return self._asdict()
 
 
-_GONE: Final = {
+_OWNER_NOTE: Final = {  # what describe_holder adds about an owner that is not running
     Owner.NOT_RUNNING: ", which is not running",
     Owner.PID_REUSED: ", which is not running (its pid now belongs to a newer process)",
+    Owner.WORK_RUNNING: ", which is not running, but its work still is",
 }
-_WORKING: Final = ", which is not running, but its work still is"
 
 
 def owner_is_gone(info: LockInfo) -> bool:
@@ -167,9 +167,8 @@ def describe_holder(info: LockInfo) -> str:
     age = format_duration(info.age_seconds or 0.0)
     expires = info.expires_in_seconds
     expiry = "" if expires is None else f", expires in {format_duration(expires)}"
-    working = _WORKING if info.owner is Owner.WORK_RUNNING else ""
-    gone = _GONE[info.owner] if info.verdict is Verdict.GONE else working
-    return f"feature {info.feature!r} is locked by pid {info.pid}{gone} (since {age} ago{expiry})"
+    note = _OWNER_NOTE.get(info.owner, "")
+    return f"feature {info.feature!r} is locked by pid {info.pid}{note} (since {age} ago{expiry})"
 
 
 def format_duration(seconds: float) -> str:

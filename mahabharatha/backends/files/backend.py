@@ -141,10 +141,6 @@ def describe_snapshot(
     return _listed_info(feature, state, pid, timestamp, max(0.0, held_for), expires, owner)
 
 
-def _held(feature: str, pid: int, timestamp: float, mine: LockSnapshot) -> Held:
-    return Held(feature, pid, timestamp, timestamp + STALE_AFTER_SECONDS, None, mine)
-
-
 class _Problems:
     """The features a call skipped: the caller's list, or its own (the first raised at the end)."""
 
@@ -414,7 +410,7 @@ class FileBackend(LockBackend):
             state = outcome.replaced_state or State.CORRUPT
             replaced = describe_snapshot(feature, outcome.replaced, state, now, None)
             _audit(self.gsd_dir, "reclaim", feature, outcome.replaced, reason, requester.pid)
-        held = _held(feature, requester.pid, now, outcome.mine)
+        held = Held(feature, requester.pid, now, now + STALE_AFTER_SECONDS, None, outcome.mine)
         return AcquireResult(held, None, replaced, reason)
 
     def refresh(self, held: Held) -> Held:
@@ -436,7 +432,7 @@ class FileBackend(LockBackend):
                 # Not ours any more: our proof must not keep theirs alive.
                 proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
                 raise LockLostError(held.feature)
-        return _held(held.feature, held.pid, now, fresh)
+        return Held(held.feature, held.pid, now, now + STALE_AFTER_SECONDS, None, fresh)
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
         return _PastLeases(wait)(partial(self._release_held, held))
@@ -644,15 +640,13 @@ class FileBackend(LockBackend):
         """Clean one folder, adding to ``found`` as it goes (a later error loses nothing)."""
         folder = feature_dir_path(self.gsd_dir, feature)
         now = clock.now()
-
-        def cleanable(entry: LockSnapshot) -> bool:
-            return rule(entry, judge_lock(entry, now))
-
         life = rule is not age_only
         snapshot = read_lock(dfd, life=life)
         state = judge_lock(snapshot, now)
         if rule(snapshot, state):
-            removed = not dry_run and lockfile.remove_judged(dfd, snapshot, cleanable, life=life)
+            removed = not dry_run and lockfile.remove_judged(
+                dfd, snapshot, lambda entry: rule(entry, judge_lock(entry, now)), life=life
+            )
             lock_path = str(folder / LOCK_FILE_NAME)
             found.append(CleanedEntry(feature, lock_path, "lock", state.value, removed))
             if removed:
