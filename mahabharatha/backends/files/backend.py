@@ -227,18 +227,6 @@ def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> Unsa
 # --------------------------------------------------------------------------- done markers
 
 
-def _surely_absent(gsd_dir: str | os.PathLike[str], feature: str, name: str) -> bool:
-    """Is the folder's file ``name`` certainly not there? One ``lstat`` by path, cheaper than
-    the careful look through the opened folder that a file found (or an error) is left to."""
-    try:
-        os.lstat(f"{folder_path(gsd_dir, feature)}/{name}")
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
 def _marker_present(dfd: int, odd: Path | None = None) -> bool:
     """Is there a done marker (a regular file, not followed if a link) in the folder? ``odd``:
     its path, where anything else there (neither done nor free) is an error."""
@@ -531,10 +519,19 @@ class FileBackend(LockBackend):
     # ----------------------------------------------------------------- done features
 
     def is_done(self, feature: str) -> bool:
-        if _surely_absent(self.gsd_dir, feature, COMPLETED_MARKER_NAME):
-            return False
+        return bool(self._look(feature, COMPLETED_MARKER_NAME, _marker_present))
+
+    def _look(self, feature: str, name: str, read: Callable[[int], _T]) -> _T | None:
+        """``read`` of the opened folder; None without it, or when its file ``name`` is surely
+        absent: one ``lstat`` by path, cheaper than the careful look ``read`` makes."""
+        try:
+            os.lstat(f"{folder_path(self.gsd_dir, feature)}/{name}")
+        except FileNotFoundError:
+            return None
+        except OSError:
+            pass  # the careful look says what is wrong
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
-            return dfd is not None and _marker_present(dfd)
+            return None if dfd is None else read(dfd)
 
     def mark_done_here(self, feature: str, stamp: str) -> bool:
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
@@ -593,10 +590,7 @@ class FileBackend(LockBackend):
     # ----------------------------------------------------------------- failed attempts
 
     def attempts(self, feature: str) -> Attempts | None:
-        if _surely_absent(self.gsd_dir, feature, ATTEMPTS_RECORD_NAME):
-            return None
-        with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
-            return None if dfd is None else _read_attempts(dfd)
+        return self._look(feature, ATTEMPTS_RECORD_NAME, _read_attempts)
 
     def fail(
         self, feature: str, pid: int, reason: str, limit: int, wait: ReleaseWait | None = None
