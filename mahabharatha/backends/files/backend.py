@@ -450,9 +450,8 @@ class FileBackend(LockBackend):
         if outcome is ReleaseOutcome.NOTHING:
             return False
         if outcome is ReleaseOutcome.RELEASED:
-            record = snapshot.record_at(now)
             if not lockfile.owned_by(snapshot, pid, now):
-                action = "forced-release" if record else "release-cleanup"
+                action = "forced-release" if snapshot.record_at(now) else "release-cleanup"
                 _audit(self.gsd_dir, action, feature, snapshot, judge_lock(snapshot, now).value)
             return True
         if snapshot.kind is EntryKind.DIRECTORY:
@@ -491,8 +490,7 @@ class FileBackend(LockBackend):
         with OpenFeatureDir(self.gsd_dir, feature, create=False) as dfd:
             done = dfd is not None and _marker_present(dfd, marker)
         record = self.attempts(feature)
-        failed = record is not None and record.failed
-        state = State.DONE if done else State.FAILED if failed else State.FREE
+        state = State.DONE if done else State.FAILED if record and record.failed else State.FREE
         return LockInfo(feature, state, None, None, None, None, Owner.UNKNOWN).with_attempts(record)
 
     def survey(self, *, problems: list[FeatureProblem] | None = None) -> list[LockInfo]:
