@@ -316,7 +316,8 @@ CMD_LEASES_ITS_LOCK: Final = (
     "import os, subprocess, sys\n"
     "if os.environ['MAHABHARATHA_FEATURE'] == 'alpha':\n"
     "    lease = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]],"
-    " stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True, text=True)\n"
+    " stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,"
+    " start_new_session=True, text=True)\n"
     "    assert lease.stdout.readline() == 'leased\\n'\n"
     "    print(lease.pid, flush=True)\n"
 )
