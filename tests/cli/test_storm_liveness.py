@@ -111,14 +111,16 @@ LEASE_CMD: Final = (
 """Holds a write lease on the file it is given until a byte arrives on its stdin."""
 
 
-def _run_then_lease(gsd: Path, spawn: Any) -> tuple[Any, Any]:
-    """A ``lock run`` whose command has ended while another process holds a lease on the lock
-    file; returned once ``lock run`` has said it waits for the lease."""
+LOCK_RUN: Final = ("lock", "run", FEATURE, "--heartbeat", "60")
+
+
+def _run_then_lease(
+    gsd: Path, spawn: Any, verb: tuple[str, ...] = LOCK_RUN, cmd: str = HOLD_CMD
+) -> tuple[Any, Any]:
+    """A ``lock run`` (or ``verb``: ``lock work``) whose command ``cmd`` has ended while another
+    process holds a lease on the lock file; returned once it has said it waits for the lease."""
     runner = spawn(
-        cli_argv(
-            *("lock", "run", FEATURE, "--gsd-dir", gsd, "--heartbeat", "60"),
-            *("--", PY, "-c", HOLD_CMD),
-        ),
+        cli_argv(*verb, "--gsd-dir", gsd, "--", PY, "-c", cmd),
         stdin=subprocess.PIPE,
     )
     assert runner.next_line() == "ready"
@@ -205,6 +207,9 @@ def test_a_lease_that_outlasts_the_bound_leaves_the_lock_with_one_sentence(
     assert leaser.wait() == 0
 
 
+LOCK_WORK_ONCE: Final = ("lock", "work", FEATURE, "--once")
+
+
 @needs_leases
 @pytest.mark.parametrize(("code", "marker"), [(0, ".completed"), (1, ".attempts")])
 def test_lock_work_ends_a_feature_once_a_lease_on_its_lock_is_given_up(
@@ -216,20 +221,9 @@ def test_lock_work_ends_a_feature_once_a_lease_on_its_lock_is_given_up(
     exit 76 at once, "lost its lock while CMD ran (... not locked by pid P ...)", nothing
     marked, and the lock of the exited worker left behind."""
     hold_then_end = f"{HOLD_CMD}; sys.exit({code})"
-    worker = spawn(
-        cli_argv(
-            *("lock", "work", FEATURE, "--once", "--gsd-dir", gsd, "--", PY, "-c", hold_then_end)
-        ),
-        stdin=subprocess.PIPE,
-    )
-    assert worker.next_line() == "ready"
-    leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
-    assert leaser.next_line() == "leased"
-    worker.send("x")  # the command ends; the done or the failed attempt meets the lease
-    said = worker.next_line("stderr")
+    worker, leaser = _run_then_lease(gsd, spawn, LOCK_WORK_ONCE, hold_then_end)
     leaser.send("x")
     assert leaser.next_line() == "unleased"
-    assert "kernel lease" in said, said
     assert worker.wait(timeout=SYNC_TIMEOUT) == code, worker.stderr
     assert (lock_path(gsd).parent / marker).is_file()
     assert not lock_path(gsd).exists()
@@ -241,15 +235,7 @@ def test_lock_work_ends_a_feature_once_a_lease_on_its_lock_is_given_up(
 def test_a_signal_ends_lock_works_wait_for_a_lease_as_any_stop_does(gsd: Path, spawn: Any) -> None:
     """A SIGTERM while ``lock work``'s done waits for a lease ends the worker at once, as a stop
     between features does: exit 143, "interrupted", no traceback, the (unreadable) lock left."""
-    worker = spawn(
-        cli_argv(*("lock", "work", FEATURE, "--once", "--gsd-dir", gsd, "--", PY, "-c", HOLD_CMD)),
-        stdin=subprocess.PIPE,
-    )
-    assert worker.next_line() == "ready"
-    leaser = spawn([PY, "-c", LEASE_CMD, str(lock_path(gsd))], stdin=subprocess.PIPE)
-    assert leaser.next_line() == "leased"
-    worker.send("x")
-    assert "kernel lease" in worker.next_line("stderr")
+    worker, leaser = _run_then_lease(gsd, spawn, LOCK_WORK_ONCE)
     os.kill(worker.pid, signal.SIGTERM)
     code = worker.wait(timeout=SYNC_TIMEOUT)
     leaser.send("x")
