@@ -266,6 +266,13 @@ class HeartbeatStartError(LockError):
 class LockBusyError(OSError, LockError):
     """The lock could not be read just now (a kernel lease): neither judged nor touched."""
 
+    def __str__(self) -> str:
+        """One sentence (a pool result's reason), not ``[Errno N] text: 'file'``."""
+        text, name = self.strerror, self.filename
+        if text is None:
+            return super().__str__()
+        return f"{text}: {name}" if name and str(name) not in text else text
+
 
 class UnsafeLockPathError(OSError, LockError):
     """Something other than a lock, or a folder we refuse to follow, is in the lock's way."""

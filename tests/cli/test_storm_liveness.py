@@ -310,11 +310,19 @@ CMD_LEASES_ITS_LOCK: Final = (
 """CMD: for alpha, a lease on its own lock (held until the test ends it), its pid said."""
 
 
+OUTLASTED: Final = (
+    "still under another process's kernel lease after 0.3s; "
+    "the lock stays until it is stale, or until --reclaim-dead takes it"
+)
+"""The sentence of a lease that outlasted ``SHORT_BOUND_CLI``'s wait, after the lock's path."""
+
+
 @needs_leases
 def test_lock_work_goes_on_when_a_lease_outlasts_the_wait(gsd: Path, spawn: Any) -> None:
-    """A lease still there after the bounded wait leaves that feature lost (its reason says the
-    lock stays and how it goes) and the worker goes on to the next. Found in review: the wait's
-    error ended the whole worker (exit 3, ``results: []``, bravo never tried)."""
+    """A lease still there after the bounded wait leaves that feature lost (its reason, one
+    sentence, says the lock stays and how it goes) and the worker goes on to the next. Found in
+    review: the wait's error ended the whole worker (exit 3, ``results: []``, bravo never
+    tried); then the reason named the path three times (``[Errno 11] P: .lock: still ...: 'P'``)."""
     for name in ("alpha", "bravo"):
         (gsd / "specs" / name).mkdir(parents=True, exist_ok=True)
     alpha = gsd / "specs" / "alpha" / ".lock"
@@ -332,7 +340,8 @@ def test_lock_work_goes_on_when_a_lease_outlasts_the_wait(gsd: Path, spawn: Any)
     assert sorted(results) == ["alpha", "bravo"], worker.stderr
     assert results["alpha"]["outcome"] == "lost" and results["bravo"]["outcome"] == "done"
     reason = results["alpha"]["reason"]
-    assert "still under another process's kernel lease" in reason, reason
+    assert reason == f"{alpha}: {OUTLASTED}", reason  # one sentence: the path once, no errno
+    assert f"alpha: lost its lock while CMD ran ({reason})" in worker.stderr, worker.stderr
     assert "Traceback" not in worker.stderr, worker.stderr
 
 
@@ -363,4 +372,6 @@ def test_the_pool_api_under_a_lease_answers_lost_and_goes_on(
     outcomes = {result.feature: result.outcome for result in report.results}
     other = "done" if answer is None else "failed"
     assert outcomes == {FEATURE: "lost", "other": other}, report
-    assert "cannot be read just now" in (report.results[0].reason or ""), report
+    reason = report.results[0].reason or ""
+    assert reason.startswith(f"{lock_path(gsd)}: the lock cannot be read just now ("), reason
+    assert reason.endswith("); try again"), reason  # one sentence: no errno, the path once

@@ -691,7 +691,10 @@ class _PastLeases:
                     if wait.announce is not None:
                         wait.announce(self.bound)
                 if now >= self.deadline:
-                    where = f"{busy.filename}: " if busy.filename else ""
+                    # A bare name (the step ran in the folder) is named by the folder's
+                    # ``named_error``, which puts the full path first: never name it twice.
+                    named = busy.filename and os.sep in str(busy.filename)
+                    where = f"{busy.filename}: " if named else ""
                     waited = format_duration(self.bound)
                     raise LockBusyError(
                         busy.errno,
