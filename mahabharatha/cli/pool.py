@@ -328,7 +328,7 @@ def _say(result: WorkResult, limit: int) -> None:
 
 def _say_waiting(info: LockInfo) -> None:
     """Said once on stderr when only features held by others are left: what it waits for."""
-    if info.state is State.FREE:  # not held: it rests after a failed attempt (--retry-delay)
+    if info.state is State.FREE:  # the pool tells a free feature only when it rests
         said = f"feature {info.feature!r} rests after a failed attempt (--retry-delay)"
     else:
         said = describe_holder(info)

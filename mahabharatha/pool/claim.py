@@ -16,7 +16,6 @@ from mahabharatha.backends.base import (
     LockBackend,
     LockError,
     LockInfo,
-    Owner,
     PollingWatch,
     ReleaseWatch,
     Requester,
@@ -143,7 +142,6 @@ def _claim_waiting(pool: _Pool, wait: float | None) -> ClaimOutcome:
     outcome = pool.claim()
     if outcome.held is not None or outcome.nothing_left or wait == 0:
         return outcome
-    pool.tell_waiting(outcome.busy)
     store = pool.store
     watching: ReleaseWatch = PollingWatch()
     if isinstance(store, WatchesReleases):
@@ -155,6 +153,7 @@ def _claim_waiting(pool: _Pool, wait: float | None) -> ClaimOutcome:
             outcome = pool.claim()
             if outcome.held is not None or outcome.nothing_left or deadline.passed():
                 return outcome
+            pool.tell_waiting(outcome.busy)
             watch.wait(deadline.cap(RECHECK_SECONDS))
 
 
@@ -202,15 +201,22 @@ class _Pool:
         self.told_waiting = False
 
     def tell_waiting(self, busy: Sequence[str]) -> None:
-        """Say once (``on_waiting``) what the first wait is for: the first feature held by
-        others, its holder judged (``free``: it rests after a failed attempt)."""
+        """Say once (``on_waiting``) what the wait is for: the first feature held by others,
+        its holder judged (``free``: it rests after a failed attempt). Not yet when that
+        feature is neither held nor resting, or cannot be looked at: a later round looks again."""
         if self.told_waiting or not busy:
             return
-        self.told_waiting = True
         try:
             info = self.store.inspect(busy[0])
+            # Race: its holder released it after the round saw it held. Free then means a
+            # failed attempt only when the feature rests: never say one that did not happen.
+            if info.state is State.FREE and not self._resting(
+                info.feature, self.store.attempts(info.feature)
+            ):
+                return
         except OSError:
-            info = LockInfo(busy[0], State.FREE, None, None, None, None, Owner.UNKNOWN)
+            return
+        self.told_waiting = True
         if info.state is State.FREE:
             logs.say(logs.INFO, "waiting: feature %r rests after a failed attempt", info.feature)
         else:

@@ -3,11 +3,20 @@ feature and holder it waits for (as ``lock run`` says "waiting: feature ... is l
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from tests.cli._support import cli_argv, run_cli
+import pytest
+
+from mahabharatha.backends.base import LockInfo
+from mahabharatha.backends.files.backend import FileBackend
+from mahabharatha.constants import RETRY_DELAY_SECONDS
+from mahabharatha.pool.claim import _ClaimOptions, _Pool
+from tests.cli._support import HOLD_CMD, cli_argv, run_cli
 
 
 def test_a_waiting_worker_names_the_feature_and_its_holder_once(tmp_path: Path, spawn: Any) -> None:
@@ -38,3 +47,33 @@ def test_a_worker_waiting_for_a_resting_feature_says_so(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "waiting: feature 'alpha' rests after a failed attempt" in done.stderr
     assert done.stderr.count("waiting:") == 1, done.stderr
+
+
+def test_a_feature_released_before_the_line_looks_is_not_said_to_rest(
+    tmp_path: Path, spawn: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim round saw q21 held by a ``lock run``; that holder released it before the waiting
+    line looked at it: free, yet no attempt failed, so nothing is said yet (the next round takes
+    it). Failed on f9b5570: "waiting: feature 'q21' rests after a failed attempt" (seen in a
+    4-worker PostgreSQL run while q21 was held by another worker, then done)."""
+    gsd = tmp_path / "gsd"
+    (gsd / "specs" / "q21").mkdir(parents=True)
+    holder = spawn(
+        cli_argv("lock", "run", "q21", "--gsd-dir", gsd, "--", sys.executable, "-c", HOLD_CMD),
+        stdin=subprocess.PIPE,
+    )
+    assert holder.next_line() == "ready"
+    told: list[LockInfo] = []
+    options = _ClaimOptions(False, False, 3, None)
+    pool = _Pool(FileBackend(gsd), ["q21"], os.getpid(), None, [], options)
+    pool.retry_delay, pool.on_waiting = RETRY_DELAY_SECONDS, told.append
+    seen = pool.claim()
+    assert seen.busy == ("q21",), seen
+    holder.send("x")  # the holder's command ends: lock run releases q21
+    assert holder.wait() == 0, holder.stderr
+    with caplog.at_level(logging.INFO, logger="mahabharatha"):
+        pool.tell_waiting(seen.busy)
+    assert told == [] and "rests after" not in caplog.text, (told, caplog.text)
+    taken = pool.claim().held  # the next round: the feature is taken, not waited for
+    assert taken is not None and taken.feature == "q21"
+    assert pool.store.release_held(taken)
