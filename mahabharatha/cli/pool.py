@@ -397,10 +397,16 @@ def _work_result(
         said = f"--wait ran out: {len(report.busy)} feature(s) still held by others"
     elif once:
         code, said = EXIT_HELD, "nothing left to take: every feature is done or failed"
-    elif report.failed:
-        code = EXIT_HELD
-        names = ", ".join(report.failed)
-        said = f"every feature is finished; {len(report.failed)} failed: {names}"
+    elif report.failed or report.busy:
+        code = EXIT_HELD  # finished, yet not every feature done
+        parts = ["nothing else to take" if report.busy else "every feature is finished"]
+        if report.failed:
+            parts.append(f"{len(report.failed)} failed: {', '.join(report.failed)}")
+        if report.busy:  # e.g. lost to another's kernel lease: this worker left its lock
+            parts.append(
+                f"{len(report.busy)} left with its lock in place: {', '.join(report.busy)}"
+            )
+        said = "; ".join(parts)
     else:
         code = EXIT_OK
     found = {

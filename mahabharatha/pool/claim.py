@@ -188,7 +188,8 @@ class _Pool:
             self.one_step = store
         self.deadline = waiting.Deadline(0.0)  # the claim's wait (also for a server's slot)
         # Features seen done or failed stay so while the pool runs (only ``reopen`` undoes
-        # it): later rounds skip them without a look, and start past the finished prefix.
+        # it): later rounds skip them without a look, and start past the finished prefix
+        # (``mine``: left by :meth:`leave`, skipped too).
         self.finished: dict[str, str] = {}
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
@@ -223,6 +224,11 @@ class _Pool:
             logs.say(logs.INFO, "waiting: %s", describe_holder(info))
         if self.on_waiting is not None:
             self.on_waiting(info)
+
+    def leave(self, feature: str) -> None:
+        """``feature``'s lock is left to this worker's own loss: later rounds count it as the
+        claimer's own (``mine``) without a look, so the pool ends when the rest is finished."""
+        self.finished[feature] = "mine"
 
     def rest(self, feature: str) -> None:
         """``feature``'s attempt failed here: it is not taken again for ``retry_delay``."""

@@ -175,7 +175,7 @@ feature a worker then finishes: finished is the later fact (only ``reopen`` undo
 
 def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
     """The pool's report: every result and failed feature, the ending that says most
-    (:data:`ENDED_FIRST`), and the busy features when that ending is a wait that ran out."""
+    (:data:`ENDED_FIRST`), and the busy features of the workers that ended so."""
     if not reports:
         raise ValueError("no report to merge")
     ended = min(reports, key=lambda report: ENDED_FIRST.index(report.ended))
@@ -184,9 +184,7 @@ def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
         ended.ended,
         results,
         _union(report.failed for report in reports),
-        _union(
-            report.busy for report in reports if ended.ended == report.ended == WorkEnd.WAITED_OUT
-        ),
+        _union(report.busy for report in reports if report.ended == ended.ended),
         ended.exit_code,
     )
 

@@ -60,7 +60,8 @@ class WorkResult(NamedTuple):
 
 class WorkReport(NamedTuple):
     """How a worker's loop ended: ``finished`` (every feature done or failed), ``waited-out``,
-    ``once`` or ``stopped`` (a step raised :class:`StopWork`); ``failed``: those failed for good."""
+    ``once`` or ``stopped`` (a step raised :class:`StopWork`); ``failed``: those failed for good;
+    ``busy``: held by others when the wait ran out, or (``finished``) left held by this worker."""
 
     ended: WorkEnd
     results: tuple[WorkResult, ...]
@@ -102,6 +103,7 @@ class PoolLock(FeatureLock):
         # A failed command's leftover work: asked until it ends (then the attempt is recorded).
         self.left_running: Callable[[], bool] | None = None
         self._left_code = 1
+        self.left_leased = False  # lost to another's kernel lease: the lock stays, unread
         if beats is not None:  # the worker's, for its whole run
             self._beats, self._own_beats = beats, False
 
@@ -184,6 +186,7 @@ class PoolLock(FeatureLock):
         except LockBusyError as busy:
             # Another's kernel lease outlasted the wait (``work()``: no wait): the lock stays,
             # unread, lost to this worker, which goes on; the reason says how the lock goes.
+            self.left_leased = True
             return self._lost(None, exit_code, busy)
         return WorkResult(feature, WorkOutcome.FAILED, exit_code, record.tries, why)
 
@@ -276,7 +279,9 @@ def run_pool(
                 if found and problems is None:
                     raise found[0].error
                 ended = WorkEnd.FINISHED if outcome.nothing_left else WorkEnd.WAITED_OUT
-                return WorkReport(ended, tuple(results), outcome.failed, outcome.busy)
+                # Finished: ``mine`` are the locks this worker left held (below), not finished.
+                busy = outcome.mine if outcome.nothing_left else outcome.busy
+                return WorkReport(ended, tuple(results), outcome.failed, busy)
             lock = PoolLock(
                 outcome.held,
                 gsd_dir,
@@ -293,6 +298,10 @@ def run_pool(
                 return WorkReport(WorkEnd.STOPPED, tuple(results), exit_code=stop.exit_code)
             if result.outcome == WorkOutcome.FAILED:
                 pool.rest(result.feature)
+            if lock.left_leased:
+                # Its lock (ours, unreadable) stays under another's lease: waiting for it would
+                # wait for ourselves, so this worker never claims it again; others still may.
+                pool.leave(result.feature)
             record(result)
             if lock.left_running is not None:
                 (leaving if result.outcome == WorkOutcome.LEFT else kept).append(lock)

@@ -318,31 +318,41 @@ OUTLASTED: Final = (
 
 
 @needs_leases
-def test_lock_work_goes_on_when_a_lease_outlasts_the_wait(gsd: Path, spawn: Any) -> None:
+@pytest.mark.parametrize("wait", [(), ("--wait", "0")], ids=["no-wait", "wait-0"])
+def test_lock_work_goes_on_when_a_lease_outlasts_the_wait(
+    gsd: Path, spawn: Any, wait: tuple[str, ...]
+) -> None:
     """A lease still there after the bounded wait leaves that feature lost (its reason, one
-    sentence, says the lock stays and how it goes) and the worker goes on to the next. Found in
+    sentence, says the lock stays and how it goes), the worker goes on to the next, and then
+    ends: that lock is its own, so it never waits for it (exit 1, alpha in ``busy``). Found in
     review: the wait's error ended the whole worker (exit 3, ``results: []``, bravo never
-    tried); then the reason named the path three times (``[Errno 11] P: .lock: still ...: 'P'``)."""
+    tried); then the reason named the path three times (``[Errno 11] P: .lock: still ...:
+    'P'``), and the worker waited on its own lost lock ("waiting: feature 'alpha' is locked
+    (busy)") until the lease ended (no wait: past this test's bound; ``--wait 0``: exit 75)."""
     for name in ("alpha", "bravo"):
         (gsd / "specs" / name).mkdir(parents=True, exist_ok=True)
     alpha = gsd / "specs" / "alpha" / ".lock"
     worker = spawn(
         [PY, "-c", SHORT_BOUND_CLI,
-         *("lock", "work", "alpha", "bravo", "--wait", "0", "--json", "--gsd-dir", gsd),
+         *("lock", "work", "alpha", "bravo", *wait, "--json", "--gsd-dir", gsd),
          *("--", PY, "-c", CMD_LEASES_ITS_LOCK, KEPT_LEASE, alpha)],
     )  # fmt: skip
     lease_pid = int(worker.next_line("stderr"))  # with --json CMD speaks on stderr
     try:
-        worker.wait(timeout=SYNC_TIMEOUT)
+        code = worker.wait(timeout=SYNC_TIMEOUT)  # the lease lasts 60 s: the worker ends first
     finally:
         os.kill(lease_pid, signal.SIGKILL)
-    results = {r["feature"]: r for r in json.loads(worker.stdout)["results"]}
+    document = json.loads(worker.stdout)
+    results = {r["feature"]: r for r in document["results"]}
     assert sorted(results) == ["alpha", "bravo"], worker.stderr
     assert results["alpha"]["outcome"] == "lost" and results["bravo"]["outcome"] == "done"
     reason = results["alpha"]["reason"]
     assert reason == f"{alpha}: {OUTLASTED}", reason  # one sentence: the path once, no errno
     assert f"alpha: lost its lock while CMD ran ({reason})" in worker.stderr, worker.stderr
-    assert "Traceback" not in worker.stderr, worker.stderr
+    assert (code, document["ended"], document["busy"]) == (1, "finished", ["alpha"]), document
+    assert "waiting:" not in worker.stderr, worker.stderr
+    assert "nothing else to take; 1 left with its lock in place: alpha" in worker.stderr
+    assert read_record(alpha)[0] == worker.pid, "left in place, never removed unread"
 
 
 @needs_leases
