@@ -691,10 +691,9 @@ class _PastLeases:
                     if wait.announce is not None:
                         wait.announce(self.bound)
                 if now >= self.deadline:
-                    # A bare name (the step ran in the folder) is named by the folder's
+                    # A bare name (the step ran in its folder) is named by the folder's
                     # ``named_error``, which puts the full path first: never name it twice.
-                    named = busy.filename and os.sep in str(busy.filename)
-                    where = f"{busy.filename}: " if named else ""
+                    where = f"{busy.filename}: " if os.sep in str(busy.filename) else ""
                     waited = format_duration(self.bound)
                     raise LockBusyError(
                         busy.errno,
