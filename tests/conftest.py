@@ -38,6 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if signal.getsignal(signum) == signal.SIG_IGN:
             signal.signal(signum, signal.SIG_DFL)
     _start_machine_load(config)
+    _share_byte_code(config)
 
 
 @pytest.fixture(autouse=True)
@@ -63,9 +64,32 @@ def _start_machine_load(config: pytest.Config) -> None:
     stack.enter_context(load.machine_load(Path(scratch)))
 
 
+_BYTE_CODE: pytest.StashKey[contextlib.ExitStack] = pytest.StashKey()
+
+
+def _share_byte_code(config: pytest.Config) -> None:
+    """The run starts thousands of interpreters (the CLI, workers, spawned children). Where the
+    environment forbids writing byte code (``PYTHONDONTWRITEBYTECODE``, as some container
+    images set it), each would compile the package from source again, most of a CLI call's CPU:
+    the run's processes share a private byte code cache instead (``PYTHONPYCACHEPREFIX``, as
+    the benchmark does), new for each run so that no edit is ever older than its cache, and
+    removed at the end, so the checkout stays clean."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or not runs_the_session(config):
+        return
+    stack = config.stash[_BYTE_CODE] = contextlib.ExitStack()
+    cache = stack.enter_context(
+        tempfile.TemporaryDirectory(prefix="mahabharatha-pycache-", ignore_cleanup_errors=True)
+    )
+    os.chmod(cache, 0o755)  # the tests that run the CLI as nobody read it too
+    environment = stack.enter_context(pytest.MonkeyPatch.context())
+    environment.delenv("PYTHONDONTWRITEBYTECODE")
+    environment.setenv("PYTHONPYCACHEPREFIX", cache)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _LOAD in config.stash:
-        config.stash[_LOAD].close()
+    for key in (_BYTE_CODE, _LOAD):
+        if key in config.stash:
+            config.stash[key].close()
 
 
 def _required() -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Final
 
 import pytest
 import typer
@@ -19,7 +20,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from mahabharatha.cli import app, app_for
-from tests.cli._support import RUN_TIMEOUT, assert_no_traceback, child_env
+from tests.cli._support import RUN_TIMEOUT, assert_no_traceback, child_env, run_cli
 
 
 def _calls() -> list[tuple[str, str]]:
@@ -115,3 +116,28 @@ def test_the_entry_point_freezes_what_start_up_made(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (0, "x is free\n")
     frozen = int(done.stderr.split("frozen ")[1])
     assert frozen > 10_000  # start-up's objects: typer, click, the lock layer
+
+
+CACHED_PROBE: Final = (
+    "import importlib.util, mahabharatha.cli as cli\n"
+    "print(importlib.util.cache_from_source(cli.__file__))\n"
+)
+"""Where a child of the run reads the CLI's byte code from (``PYTHONPYCACHEPREFIX`` or not)."""
+
+
+def test_a_cli_call_of_the_run_leaves_byte_code_that_the_next_one_reads(tmp_path: Path) -> None:
+    """The suite starts thousands of CLI processes: each compiling the package from source again
+    was most of a call's CPU. Failed before tests/conftest.py shared a cache, wherever the
+    environment sets ``PYTHONDONTWRITEBYTECODE`` (this machine's did): no byte code was left."""
+    assert run_cli("--version", cwd=tmp_path).returncode == 0
+    done = subprocess.run(
+        [sys.executable, "-c", CACHED_PROBE],
+        cwd=tmp_path,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    assert_no_traceback(done.stdout, done.stderr)
+    assert Path(done.stdout.strip()).is_file(), done.stdout
