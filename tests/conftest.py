@@ -39,6 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.signal(signum, signal.SIG_DFL)
     _start_machine_load(config)
     _share_byte_code(config)
+    _steal_work(config)
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +85,16 @@ def _share_byte_code(config: pytest.Config) -> None:
     environment = stack.enter_context(pytest.MonkeyPatch.context())
     environment.delenv("PYTHONDONTWRITEBYTECODE")
     environment.setenv("PYTHONPYCACHEPREFIX", cache)
+
+
+def _steal_work(config: pytest.Config) -> None:
+    """With ``-n N``, xdist hands tests out in chunks (``--dist load``): near the end of a run
+    one worker was left with a chunk of slow PostgreSQL tests while the others had nothing left.
+    Work stealing lets an idle worker take half of a busy one's queue. A ``--dist`` that the
+    command line names is kept."""
+    named = any(arg.startswith("--dist") for arg in config.invocation_params.args)
+    if getattr(config.option, "dist", "no") == "load" and not named:
+        config.option.dist = "worksteal"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

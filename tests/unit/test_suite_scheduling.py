@@ -1,0 +1,38 @@
+"""The suite's xdist workers share out the run by work stealing (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Final
+
+from tests.unit.test_clean_checkout import NO_HYPOTHESIS
+
+REPOSITORY: Final = Path(__file__).resolve().parents[2]
+QUICK_TEST: Final = "tests/unit/test_constants.py"
+INNER_RUN_SECONDS: Final = 60.0
+"""Hang guard for the inner run (one worker, one quick file: a few seconds)."""
+
+
+def _scheduler_line(*options: str) -> str:
+    argv = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", NO_HYPOTHESIS]
+    done = subprocess.run(
+        [*argv, "-n", "1", *options, QUICK_TEST],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=INNER_RUN_SECONDS,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return next(line for line in done.stdout.splitlines() if "scheduling tests via" in line)
+
+
+def test_a_run_in_workers_hands_out_tests_by_work_stealing() -> None:
+    """Fails on f9b5570 (``LoadScheduling``, xdist's chunks): near the end of a whole run one
+    worker still had a chunk of slow PostgreSQL tests, about 35 s alone, while three idled."""
+    assert _scheduler_line().endswith("WorkStealingScheduling")
+
+
+def test_a_dist_mode_named_on_the_command_line_is_kept() -> None:
+    assert _scheduler_line("--dist", "loadfile").endswith("LoadFileScheduling")
