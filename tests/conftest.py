@@ -1,5 +1,7 @@
 """Suite-wide set-up: the PostgreSQL server that the PostgreSQL tests share, a SIGINT that
-reaches the CLI processes the tests start, and a run that fails when it leaves files behind.
+reaches the CLI processes the tests start, a run that fails when it leaves files behind, and
+what keeps the run quick (one byte code cache for its processes, xdist workers that steal
+work).
 
 Any test that uses ``pg_server`` is marked ``postgres``. Without PostgreSQL (or psycopg) those
 tests skip with a reason saying what to install; with ``MAHABHARATHA_REQUIRE_POSTGRES=1`` (CI) a
@@ -69,7 +71,7 @@ _BYTE_CODE: pytest.StashKey[contextlib.ExitStack] = pytest.StashKey()
 
 
 def _share_byte_code(config: pytest.Config) -> None:
-    """The run starts thousands of interpreters (the CLI, workers, spawned children). Where the
+    """The run starts about a thousand interpreters (the CLI, workers, spawned children). Where the
     environment forbids writing byte code (``PYTHONDONTWRITEBYTECODE``, as some container
     images set it), each would compile the package from source again, most of a CLI call's CPU:
     the run's processes share a private byte code cache instead (``PYTHONPYCACHEPREFIX``, as
@@ -88,10 +90,10 @@ def _share_byte_code(config: pytest.Config) -> None:
 
 
 def _steal_work(config: pytest.Config) -> None:
-    """With ``-n N``, xdist hands tests out in chunks (``--dist load``): near the end of a run
-    one worker was left with a chunk of slow PostgreSQL tests while the others had nothing left.
-    Work stealing lets an idle worker take half of a busy one's queue. A ``--dist`` that the
-    command line names is kept."""
+    """With ``-n N``, xdist hands tests out in chunks (``--dist load``), so near the end of a
+    run one worker can be left alone with a chunk of slow tests while the others idle. Work
+    stealing lets an idle worker take half of a busy one's queue. A ``--dist`` that the command
+    line names is kept."""
     named = any(arg.startswith("--dist") for arg in config.invocation_params.args)
     if getattr(config.option, "dist", "no") == "load" and not named:
         config.option.dist = "worksteal"
