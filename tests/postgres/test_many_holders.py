@@ -357,13 +357,15 @@ def _still_waiting_after_the_window(worker: subprocess.Popen[bytes]) -> bool:
     return worker.poll() is None
 
 
-def _said_until_refused(worker: subprocess.Popen[bytes]) -> bytes:
-    """What ``worker`` said on stderr up to its line that it waits for a slot (awaited, not
-    timed: on a busy machine the worker may need seconds just to start), or up to its end."""
+def _said_until(
+    worker: subprocess.Popen[bytes], line: bytes = b"waiting for a free connection slot"
+) -> bytes:
+    """What ``worker`` said on stderr up to ``line`` (by default: it waits for a slot; awaited,
+    not timed: on a busy machine the worker may need seconds just to start), or up to its end."""
     assert worker.stderr is not None
     said = b""
     deadline = time.monotonic() + HANG_GUARD_SECONDS
-    while b"waiting for a free connection slot" not in said:
+    while line not in said:
         left = max(0.0, deadline - time.monotonic())
         readable, _, _ = select.select([worker.stderr], [], [], left)
         chunk = os.read(worker.stderr.fileno(), 4096) if readable else b""
@@ -391,7 +393,7 @@ def test_a_worker_refused_for_want_of_a_slot_waits_for_one_and_finishes(
             "--connect-timeout", str(REFUSED_TIMEOUT), "--", "true",
         )  # fmt: skip
         # Race: under load the window could pass before the worker even asked for a slot.
-        refused = _said_until_refused(worker)
+        refused = _said_until(worker)
         assert _still_waiting_after_the_window(worker)
     _, stderr = worker.communicate(timeout=HANG_GUARD_SECONDS)
     said = (refused + stderr).decode(errors="replace")
@@ -433,6 +435,50 @@ def test_a_holder_whose_command_ended_waits_for_a_slot_to_mark_it_done(
         " AND done_at IS NOT NULL",
     )
     assert done == 1
+
+
+@pytest.mark.parametrize("crowded", ["before-the-wait", "during-the-wait"])
+def test_workers_waiting_on_a_crowded_server_leave_a_slot_to_the_holder_marking_done(
+    crowded_server: PgServer, tmp_path: Path, crowded: str
+) -> None:
+    """Two ``lock work`` workers that never took a feature wait for the one a third holds; the
+    server has two free slots (taken before they start, or while they wait). The holder's
+    command ends: it must get a slot and mark the feature done while its lease lasts, and the
+    waiters end with the feature done, never running it. Failed before: a waiter that had
+    never been told the server was crowded LISTENed on its claims' connection for its whole
+    wait, so two of them kept both free slots; the holder waited for one until its lease ran
+    out (60 s), a waiter took the feature and ran it again, and the holder's done found it
+    taken: reported lost, every worker exiting 0 (one pool feature run twice)."""
+    url = crowded_server.url()
+    namespace = f"crowd-listen-{crowded}"  # the module's server: each case its own locks
+    holder = _long_holder_at_rest(crowded_server, tmp_path, "x", namespace)
+    env = _tables_made(url)
+    ran = tmp_path / "ran.log"
+    waiter_words = [
+        "x", "--backend", url, "--namespace", namespace,
+        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "sh", "-c", 'echo "$1" >> "$2"',
+        "sh", "{}", str(ran),
+    ]  # fmt: skip
+    slots = _take_every_slot(crowded_server, but=2) if crowded == "before-the-wait" else []
+    try:
+        waiters = [_worker(env, tmp_path, *waiter_words) for _ in range(2)]
+        said = [_said_until(waiter, b"waiting: ") for waiter in waiters]
+        if crowded == "during-the-wait":  # both waiters hold their connection now
+            slots = _take_every_slot(crowded_server, but=2)
+        assert holder.stdin is not None
+        with holder.stdin:
+            holder.stdin.write(b"x")  # the command ends: the holder must record it
+        holder.stdin = None
+        _, holder_said = holder.communicate(timeout=HANG_GUARD_SECONDS)
+        ends = [waiter.communicate(timeout=HANG_GUARD_SECONDS)[1] for waiter in waiters]
+    finally:
+        for conn in slots:
+            conn.close()
+    told = holder_said.decode(errors="replace")
+    assert holder.returncode == 0 and "x: done" in told, told[-300:]
+    for waiter, before, after in zip(waiters, said, ends, strict=True):
+        assert waiter.returncode == 0, (before + after).decode(errors="replace")[-300:]
+    assert not ran.exists(), ran.read_text()  # no waiter ran the holder's feature again
 
 
 @pytest.mark.parametrize("limited", ["ROLE mh_app", "DATABASE mh"])

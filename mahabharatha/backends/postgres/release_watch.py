@@ -12,7 +12,7 @@ import psycopg
 
 from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.session import Session, _Connection
-from mahabharatha.constants import RECHECK_SECONDS, WAKE_UP_INTERVAL_SECONDS
+from mahabharatha.constants import RECHECK_SECONDS, SLOTS_LOOK_SECONDS, WAKE_UP_INTERVAL_SECONDS
 
 NOTIFY_CHANNEL: Final = "mahabharatha_release"  # the default schema's wake-ups (no payload)
 
@@ -94,8 +94,7 @@ class _Listening:
 
     def __enter__(self) -> _Listening:
         backend, conn = self.backend, self.backend._conn
-        polls = backend._behind_pooler or backend._slots_scarce  # behind a pooler, crowded
-        if not polls and conn is not None and not conn.closed and not conn.pooled:
+        if not self._polls() and conn is not None and not conn.closed and not conn.pooled:
             self.conn = conn if self._on_claims_connection(conn, "LISTEN") else None
         if self.conn is None:
             backend.wait_for_release(None, 0.0)  # starts listening
@@ -106,6 +105,14 @@ class _Listening:
         if conn is not None and conn is self.backend._conn and not conn.closed:
             self._on_claims_connection(conn, "UNLISTEN")
         self.backend._drop_listener()  # a worker that took a feature keeps no second one
+
+    def _polls(self) -> bool:
+        """Behind a pooler, or on a crowded server (asked on the claims' connection at most
+        every ``SLOTS_LOOK_SECONDS``): poll, holding no connection between looks. Race: a
+        waiter never told the server was crowded (it never took a feature, or slots filled
+        while it waited) LISTENed on a slot a holder needed to mark its done, until the
+        holder's lease ran out and a waiter ran the feature again."""
+        return self.backend._behind_pooler or self.backend.crowded(SLOTS_LOOK_SECONDS)
 
     def _on_claims_connection(self, conn: _Connection, verb: str) -> bool:
         """LISTEN, or UNLISTEN and drop what was heard (releases long past); False: failed."""
@@ -122,7 +129,7 @@ class _Listening:
     def wait(self, seconds: float) -> bool:
         seconds = max(0.0, min(seconds, RECHECK_SECONDS))  # the protocol's bound: look again
         conn, backend = self.conn, self.backend
-        if conn is not None and conn is backend._conn and not conn.closed:
+        if conn is not None and conn is backend._conn and not conn.closed and not self._polls():
             deadline = time.monotonic() + seconds
             try:
                 return backend._heard(conn, deadline)
