@@ -100,18 +100,23 @@ FREEZE_PROBE = (
 """A CLI call through the console script's function, reporting at exit what gc keeps frozen."""
 
 
-def test_the_entry_point_freezes_what_start_up_made(tmp_path: Path) -> None:
-    """Fails without ``gc.freeze()`` in ``main()``: nothing is frozen (0), and the collection at
-    exit walks every module, class and typer object again (about 10 ms of a cold call)."""
-    done = subprocess.run(
-        [sys.executable, "-c", FREEZE_PROBE],
-        cwd=tmp_path,
+def _probe(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a child of the run, as a CLI call is (its environment, no stdin)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
         env=child_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT,
     )
+
+
+def test_the_entry_point_freezes_what_start_up_made(tmp_path: Path) -> None:
+    """Fails without ``gc.freeze()`` in ``main()``: nothing is frozen (0), and the collection at
+    exit walks every module, class and typer object again (about 10 ms of a cold call)."""
+    done = _probe(FREEZE_PROBE, tmp_path)
     assert_no_traceback(done.stdout, done.stderr)
     assert (done.returncode, done.stdout) == (0, "x is free\n")
     frozen = int(done.stderr.split("frozen ")[1])
@@ -130,14 +135,6 @@ def test_a_cli_call_of_the_run_leaves_byte_code_that_the_next_one_reads(tmp_path
     was most of a call's CPU. Failed before tests/conftest.py shared a cache, wherever the
     environment sets ``PYTHONDONTWRITEBYTECODE`` (this machine's did): no byte code was left."""
     assert run_cli("--version", cwd=tmp_path).returncode == 0
-    done = subprocess.run(
-        [sys.executable, "-c", CACHED_PROBE],
-        cwd=tmp_path,
-        env=child_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-    )
+    done = _probe(CACHED_PROBE, tmp_path)
     assert_no_traceback(done.stdout, done.stderr)
     assert Path(done.stdout.strip()).is_file(), done.stdout
