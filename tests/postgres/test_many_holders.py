@@ -481,6 +481,57 @@ def test_workers_waiting_on_a_crowded_server_leave_a_slot_to_the_holder_marking_
     assert not ran.exists(), ran.read_text()  # no waiter ran the holder's feature again
 
 
+def test_a_waiter_whose_connection_was_lost_still_leaves_a_slot_to_the_holder_marking_done(
+    crowded_server: PgServer, tmp_path: Path
+) -> None:
+    """Two waiting ``lock work`` workers lose their connections (a terminated backend, a
+    restart, a network cut): each listens anew on a second connection of its own; then the
+    server fills. The holder's command ends: it must get a slot and mark the feature done
+    while its lease lasts, no waiter running the feature. Failed before: a waiter that fell
+    back to a listener of its own never asked again whether the server was crowded, and kept
+    two slots each (the claims' and the listener); the holder waited for one until its lease
+    ran out (60 s) and a waiter ran the feature again."""
+    url = crowded_server.url()
+    namespace = "crowd-relisten"
+    holder = _long_holder_at_rest(crowded_server, tmp_path, "x", namespace)
+    env = _tables_made(url)
+    ran = tmp_path / "ran.log"
+    waiter_words = [
+        "x", "--backend", url, "--namespace", namespace,
+        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "sh", "-c", 'echo "$1" >> "$2"',
+        "sh", "{}", str(ran),
+    ]  # fmt: skip
+    waiters = [_worker(env, tmp_path, *waiter_words) for _ in range(2)]
+    said = [_said_until(waiter, b"waiting: ") for waiter in waiters]
+    ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'mh_app'"
+    admin_execute(crowded_server, ended)  # the waiters' connections: the holder holds none
+    listeners = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE usename = 'mh_app' AND application_name = 'mahabharatha-wait'"
+    )
+    # Each waiter listens on a connection of its own now, beside its claims' one.
+    assert wait_until(
+        lambda: _rows(crowded_server, listeners) == 2 and _app_sessions(crowded_server) == 4,
+        HANG_GUARD_SECONDS,
+    )
+    slots = _take_every_slot(crowded_server, but=4)  # the waiters' four: none free
+    try:
+        assert holder.stdin is not None
+        with holder.stdin:
+            holder.stdin.write(b"x")  # the command ends: the holder must record it
+        holder.stdin = None
+        _, holder_said = holder.communicate(timeout=HANG_GUARD_SECONDS)
+        ends = [waiter.communicate(timeout=HANG_GUARD_SECONDS)[1] for waiter in waiters]
+    finally:
+        for conn in slots:
+            conn.close()
+    told = holder_said.decode(errors="replace")
+    assert holder.returncode == 0 and "x: done" in told, told[-300:]
+    for waiter, before, after in zip(waiters, said, ends, strict=True):
+        assert waiter.returncode == 0, (before + after).decode(errors="replace")[-300:]
+    assert not ran.exists(), ran.read_text()  # no waiter ran the holder's feature again
+
+
 @pytest.mark.parametrize("limited", ["ROLE mh_app", "DATABASE mh"])
 def test_a_role_or_database_near_its_own_connection_limit_is_crowded(
     crowded_server: PgServer, limited: str
