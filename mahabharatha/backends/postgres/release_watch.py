@@ -129,7 +129,11 @@ class _Listening:
     def wait(self, seconds: float) -> bool:
         seconds = max(0.0, min(seconds, RECHECK_SECONDS))  # the protocol's bound: look again
         conn, backend = self.conn, self.backend
-        if conn is not None and conn is backend._conn and not conn.closed and not self._polls():
+        # Asked at every look, whichever connection listens. Race: a waiter whose claims'
+        # connection was lost listened on one of its own, never asked again, and kept two
+        # slots a holder needed to mark its done.
+        polls = self._polls()
+        if conn is not None and conn is backend._conn and not conn.closed and not polls:
             deadline = time.monotonic() + seconds
             try:
                 return backend._heard(conn, deadline)
