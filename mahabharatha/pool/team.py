@@ -180,11 +180,16 @@ def merge_reports(reports: Sequence[WorkReport]) -> WorkReport:
         raise ValueError("no report to merge")
     ended = min(reports, key=lambda report: ENDED_FIRST.index(report.ended))
     results = tuple(result for report in reports for result in report.results)
+    failed = _union(report.failed for report in reports)
+    # Race: a feature one worker left held (another's kernel lease) is taken and finished by
+    # a teammate once the lease goes: finished is the later fact, never "left in place".
+    finished = {r.feature for r in results if r.outcome is WorkOutcome.DONE} | set(failed)
+    busy = _union(report.busy for report in reports if report.ended == ended.ended)
     return WorkReport(
         ended.ended,
         results,
-        _union(report.failed for report in reports),
-        _union(report.busy for report in reports if report.ended == ended.ended),
+        failed,
+        tuple(name for name in busy if name not in finished),
         ended.exit_code,
     )
 

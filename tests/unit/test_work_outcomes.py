@@ -136,3 +136,19 @@ def test_a_pool_refuses_a_bad_name_as_claim_does_before_any_work(tmp_path: Path,
     assert str(pooled.value).startswith("Invalid feature name")
     assert _tree(tmp_path) == before  # nothing written, inside the gsd folder or outside
     assert ran == []
+
+
+def test_a_pool_whose_left_feature_another_worker_finished_does_not_list_it_busy() -> None:
+    """``lock work -j 2``: worker A lost ``alpha`` to another's kernel lease and left its lock
+    (its report: finished, ``alpha`` in busy); once A ended and the lease went, worker B took
+    ``alpha`` (``--reclaim-dead``) and did it. The pool's report must not list ``alpha`` as
+    left in place: every feature is done (exit 0). Failed before (review 8): the merge took
+    A's busy as is, so the pool said "nothing else to take; 1 left with its lock in place:
+    alpha" and exited 1 with ``alpha`` done; a feature B failed for good stayed busy too."""
+    left = locks.WorkResult("alpha", WorkOutcome.LOST, 0, 0, "still under another's lease")
+    a = locks.WorkReport(WorkEnd.FINISHED, (left,), (), ("alpha", "bravo"), 1)
+    did = locks.WorkResult("alpha", WorkOutcome.DONE, 0)
+    failed = locks.WorkResult("bravo", WorkOutcome.FAILED, 1, 3, "exit code 1")
+    b = locks.WorkReport(WorkEnd.FINISHED, (did, failed), ("bravo",), (), 1)
+    merged = team.merge_reports([a, b])
+    assert (merged.ended, merged.failed, merged.busy) == (WorkEnd.FINISHED, ("bravo",), ())
