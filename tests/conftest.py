@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import tempfile
 from collections.abc import Generator, Iterator
@@ -93,8 +94,11 @@ def _steal_work(config: pytest.Config) -> None:
     """With ``-n N``, xdist hands tests out in chunks (``--dist load``), so near the end of a
     run one worker can be left alone with a chunk of slow tests while the others idle. Work
     stealing lets an idle worker take half of a busy one's queue. A ``--dist`` that the command
-    line names is kept."""
-    named = any(arg.startswith("--dist") for arg in config.invocation_params.args)
+    line or ``PYTEST_ADDOPTS`` names is kept, and so is ``-d`` (xdist's ``--dist load``)."""
+    words = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
+    named = getattr(config.option, "distload", False) or any(
+        str(word).startswith("--dist") for word in words
+    )
     if getattr(config.option, "dist", "no") == "load" and not named:
         config.option.dist = "worksteal"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,12 @@ INNER_RUN_SECONDS: Final = 60.0
 """Hang guard for the inner run (one worker, one quick file: a few seconds)."""
 
 
-def _scheduler_line(*options: str) -> str:
+def _scheduler_line(*options: str, addopts: str = "") -> str:
     argv = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", NO_HYPOTHESIS]
     done = subprocess.run(
         [*argv, "-n", "1", *options, QUICK_TEST],
         cwd=REPOSITORY,
+        env={**os.environ, "PYTEST_ADDOPTS": addopts},
         capture_output=True,
         text=True,
         timeout=INNER_RUN_SECONDS,
@@ -36,3 +38,11 @@ def test_a_run_in_workers_hands_out_tests_by_work_stealing() -> None:
 
 def test_a_dist_mode_named_on_the_command_line_is_kept() -> None:
     assert _scheduler_line("--dist", "loadfile").endswith("LoadFileScheduling")
+
+
+def test_a_dist_mode_named_by_its_shortcut_or_in_pytest_addopts_is_kept() -> None:
+    """``-d`` is xdist's shortcut for ``--dist load``, and ``PYTEST_ADDOPTS`` names options as
+    the command line does. Failed before (review 8): only words of the command line starting
+    with ``--dist`` counted, so both were turned into work stealing."""
+    assert _scheduler_line("-d").endswith(" LoadScheduling")
+    assert _scheduler_line(addopts="--dist load").endswith(" LoadScheduling")
