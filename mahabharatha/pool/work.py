@@ -279,8 +279,10 @@ def run_pool(
                 if found and problems is None:
                     raise found[0].error
                 ended = WorkEnd.FINISHED if outcome.nothing_left else WorkEnd.WAITED_OUT
-                # Finished: ``mine`` are the locks this worker left held (below), not finished.
-                busy = outcome.mine if outcome.nothing_left else outcome.busy
+                # Finished: the locks this worker left held (``leave``, below), not finished;
+                # not every ``mine`` (another thread of this process may be working on one).
+                left = [f for f in outcome.mine if pool.finished.get(f) == "mine"]
+                busy = tuple(left) if outcome.nothing_left else outcome.busy
                 return WorkReport(ended, tuple(results), outcome.failed, busy)
             lock = PoolLock(
                 outcome.held,

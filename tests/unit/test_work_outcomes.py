@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+import threading
 from pathlib import Path
 from typing import Final
 
@@ -152,3 +153,38 @@ def test_a_pool_whose_left_feature_another_worker_finished_does_not_list_it_busy
     b = locks.WorkReport(WorkEnd.FINISHED, (did, failed), ("bravo",), (), 1)
     merged = team.merge_reports([a, b])
     assert (merged.ended, merged.failed, merged.busy) == (WorkEnd.FINISHED, ("bravo",), ())
+
+
+def test_a_worker_thread_does_not_report_busy_what_another_thread_of_its_process_holds(
+    tmp_path: Path,
+) -> None:
+    """Two threads of one process run :func:`locks.work` on one pool (one owner pid): the
+    second finishes ``b`` while the first still works on ``a``, which it counts as its own
+    and never waits for. Its report must not list ``a`` in ``busy`` (a lock it left held,
+    exit 1 for ``lock work``): it left none. Failed on the lease fix (review 8): every
+    feature the round counted as the claimer's own became ``busy`` at a finish."""
+    gsd = tmp_path / ".gsd"
+    for name in ("a", "b"):
+        (gsd / "specs" / name).mkdir(parents=True)
+    a_taken, b_finished = threading.Event(), threading.Event()
+    reports: dict[str, locks.WorkReport] = {}
+
+    def first(feature: str) -> None:
+        a_taken.set()
+        assert b_finished.wait(timeout=60), "the second worker never finished"
+
+    def first_worker() -> None:
+        reports["first"] = locks.work(first, ["a"], gsd, heartbeat=None)
+
+    thread = threading.Thread(target=first_worker)
+    thread.start()
+    try:
+        assert a_taken.wait(timeout=60)
+        reports["second"] = locks.work(lambda feature: None, ["a", "b"], gsd, heartbeat=None)
+    finally:
+        b_finished.set()
+        thread.join(timeout=60)
+    second = reports["second"]
+    assert [(r.feature, r.outcome) for r in second.results] == [("b", WorkOutcome.DONE)]
+    assert (second.ended, second.busy) == (WorkEnd.FINISHED, ())
+    assert [r.outcome for r in reports["first"].results] == [WorkOutcome.DONE]
