@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import pytest
@@ -340,8 +340,13 @@ def _long_holder_at_rest(
 
 
 def _worker(env: dict[str, str], cwd: Path, *words: str) -> subprocess.Popen[bytes]:
+    return _process([sys.executable, "-m", "mahabharatha", "lock", "work", *words], env, cwd)
+
+
+def _process(words: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    """``words`` run in ``cwd``, stdin a pipe, stderr read by the test."""
     return subprocess.Popen(
-        [sys.executable, "-m", "mahabharatha", "lock", "work", *words],
+        words,
         cwd=cwd,
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -437,20 +442,44 @@ def test_a_holder_whose_command_ended_waits_for_a_slot_to_mark_it_done(
     assert done == 1
 
 
-@pytest.mark.parametrize("crowded", ["before-the-wait", "during-the-wait"])
+FEATURE_LOCK_WAITER: Final = (
+    "import sys\n"
+    "from mahabharatha.backends import open_backend\n"
+    "from mahabharatha.locks import FeatureLock\n"
+    "told = []\n"
+    "def say(info, left):\n"
+    "    if not told:\n"
+    "        told.append(True)\n"
+    "        print('waiting: ', file=sys.stderr, flush=True)\n"
+    "store = open_backend(sys.argv[1], namespace=sys.argv[2], connect_timeout=1)\n"
+    "with FeatureLock('x', backend=store, timeout=100, on_wait=say):\n"
+    "    pass\n"
+)
+"""A ``FeatureLock`` (as ``lock run --timeout``) waiting for ``x``: says so once on stderr."""
+
+
+@pytest.mark.parametrize(
+    ("waiter", "crowded"),
+    [
+        ("lock-work", "before-the-wait"),
+        ("lock-work", "during-the-wait"),
+        ("feature-lock", "during-the-wait"),
+    ],
+)
 def test_workers_waiting_on_a_crowded_server_leave_a_slot_to_the_holder_marking_done(
-    crowded_server: PgServer, tmp_path: Path, crowded: str
+    crowded_server: PgServer, tmp_path: Path, waiter: str, crowded: str
 ) -> None:
-    """Two ``lock work`` workers that never took a feature wait for the one a third holds; the
-    server has two free slots (taken before they start, or while they wait). The holder's
-    command ends: it must get a slot and mark the feature done while its lease lasts, and the
-    waiters end with the feature done, never running it. Failed before: a waiter that had
-    never been told the server was crowded LISTENed on its claims' connection for its whole
-    wait, so two of them kept both free slots; the holder waited for one until its lease ran
-    out (60 s), a waiter took the feature and ran it again, and the holder's done found it
-    taken: reported lost, every worker exiting 0 (one pool feature run twice)."""
+    """Two waiters (``lock work`` workers that never took a feature, or ``FeatureLock``s with a
+    timeout) wait for the feature a ``lock work`` worker holds; the server has two free slots
+    (taken before they start, or while they wait). The holder's command ends: it must get a
+    slot and mark the feature done while its lease lasts; no ``lock work`` waiter runs it.
+    Failed before: a waiter never told the server was crowded LISTENed for its whole wait (a
+    worker on its claims' connection, a ``FeatureLock`` on a second one), so two of them kept
+    both free slots; the holder waited for one until its lease ran out (60 s), a waiter took
+    the feature (a worker ran it again), and the holder's done found it taken: reported lost,
+    every process exiting 0."""
     url = crowded_server.url()
-    namespace = f"crowd-listen-{crowded}"  # the module's server: each case its own locks
+    namespace = f"crowd-listen-{waiter}-{crowded}"  # the module's server: its own locks
     holder = _long_holder_at_rest(crowded_server, tmp_path, "x", namespace)
     env = _tables_made(url)
     ran = tmp_path / "ran.log"
@@ -461,7 +490,11 @@ def test_workers_waiting_on_a_crowded_server_leave_a_slot_to_the_holder_marking_
     ]  # fmt: skip
     slots = _take_every_slot(crowded_server, but=2) if crowded == "before-the-wait" else []
     try:
-        waiters = [_worker(env, tmp_path, *waiter_words) for _ in range(2)]
+        if waiter == "lock-work":
+            waiters = [_worker(env, tmp_path, *waiter_words) for _ in range(2)]
+        else:
+            words = [sys.executable, "-c", FEATURE_LOCK_WAITER, url, namespace]
+            waiters = [_process(words, env, tmp_path) for _ in range(2)]
         said = [_said_until(waiter, b"waiting: ") for waiter in waiters]
         if crowded == "during-the-wait":  # both waiters hold their connection now
             slots = _take_every_slot(crowded_server, but=2)
@@ -476,8 +509,8 @@ def test_workers_waiting_on_a_crowded_server_leave_a_slot_to_the_holder_marking_
             conn.close()
     told = holder_said.decode(errors="replace")
     assert holder.returncode == 0 and "x: done" in told, told[-300:]
-    for waiter, before, after in zip(waiters, said, ends, strict=True):
-        assert waiter.returncode == 0, (before + after).decode(errors="replace")[-300:]
+    for each, before, after in zip(waiters, said, ends, strict=True):
+        assert each.returncode == 0, (before + after).decode(errors="replace")[-300:]
     assert not ran.exists(), ran.read_text()  # no waiter ran the holder's feature again
 
 
@@ -527,8 +560,8 @@ def test_a_waiter_whose_connection_was_lost_still_leaves_a_slot_to_the_holder_ma
             conn.close()
     told = holder_said.decode(errors="replace")
     assert holder.returncode == 0 and "x: done" in told, told[-300:]
-    for waiter, before, after in zip(waiters, said, ends, strict=True):
-        assert waiter.returncode == 0, (before + after).decode(errors="replace")[-300:]
+    for each, before, after in zip(waiters, said, ends, strict=True):
+        assert each.returncode == 0, (before + after).decode(errors="replace")[-300:]
     assert not ran.exists(), ran.read_text()  # no waiter ran the holder's feature again
 
 

@@ -40,9 +40,11 @@ class ReleaseWaits(Session):
         """Any release (one channel for all); True too on the first call (it only starts
         listening) and after ``timeout`` when the listener failed (a later call listens anew)."""
         deadline = time.monotonic() + max(0.0, timeout)
-        if self._slots_scarce:
-            # A crowded server: a second connection to listen on would take a slot a worker
-            # needs to record its done. Poll, once per wait, holding no connection meanwhile.
+        if self.crowded(SLOTS_LOOK_SECONDS):
+            # A crowded server (asked at each look, on the claims' connection): a second
+            # connection to listen on would take a slot a worker needs to record its done.
+            # Poll, once per wait, holding no connection meanwhile. Race: a ``FeatureLock``
+            # waiter never told kept two slots until the holder's lease ran out.
             self.close()
         if self._behind_pooler or self._slots_scarce:
             # A pooler's LISTEN would deliver releases to whichever client gets its server
