@@ -442,6 +442,42 @@ def test_a_holder_whose_command_ended_waits_for_a_slot_to_mark_it_done(
     assert done == 1
 
 
+def _waiter_of_x(url: str, namespace: str, ran: Path) -> list[str]:
+    """``lock work`` words of a worker of ``x`` whose command records in ``ran`` that it ran."""
+    return [
+        "x", "--backend", url, "--namespace", namespace,
+        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "sh", "-c", 'echo "$1" >> "$2"',
+        "sh", "{}", str(ran),
+    ]  # fmt: skip
+
+
+def _holders_command_ends(
+    holder: subprocess.Popen[bytes], waiters: list[subprocess.Popen[bytes]]
+) -> list[bytes]:
+    """End the holder's command (a byte on its stdin); what the holder, then each waiter, said
+    on stderr until it ended."""
+    assert holder.stdin is not None
+    with holder.stdin:
+        holder.stdin.write(b"x")  # the command ends: the holder must record it
+    holder.stdin = None
+    return [each.communicate(timeout=HANG_GUARD_SECONDS)[1] for each in [holder, *waiters]]
+
+
+def _assert_the_holder_alone_marked_x_done(
+    holder: subprocess.Popen[bytes],
+    waiters: list[subprocess.Popen[bytes]],
+    said: list[bytes],
+    ends: list[bytes],
+    ran: Path,
+) -> None:
+    """The holder marked ``x`` done; every waiter ended 0 and none ran it again."""
+    told = ends[0].decode(errors="replace")
+    assert holder.returncode == 0 and "x: done" in told, told[-300:]
+    for each, before, after in zip(waiters, said, ends[1:], strict=True):
+        assert each.returncode == 0, (before + after).decode(errors="replace")[-300:]
+    assert not ran.exists(), ran.read_text()  # no waiter ran the holder's feature again
+
+
 FEATURE_LOCK_WAITER: Final = (
     "import sys\n"
     "from mahabharatha.backends import open_backend\n"
@@ -483,11 +519,7 @@ def test_workers_waiting_on_a_crowded_server_leave_a_slot_to_the_holder_marking_
     holder = _long_holder_at_rest(crowded_server, tmp_path, "x", namespace)
     env = _tables_made(url)
     ran = tmp_path / "ran.log"
-    waiter_words = [
-        "x", "--backend", url, "--namespace", namespace,
-        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "sh", "-c", 'echo "$1" >> "$2"',
-        "sh", "{}", str(ran),
-    ]  # fmt: skip
+    waiter_words = _waiter_of_x(url, namespace, ran)
     slots = _take_every_slot(crowded_server, but=2) if crowded == "before-the-wait" else []
     try:
         if waiter == "lock-work":
@@ -498,20 +530,11 @@ def test_workers_waiting_on_a_crowded_server_leave_a_slot_to_the_holder_marking_
         said = [_said_until(waiter, b"waiting: ") for waiter in waiters]
         if crowded == "during-the-wait":  # both waiters hold their connection now
             slots = _take_every_slot(crowded_server, but=2)
-        assert holder.stdin is not None
-        with holder.stdin:
-            holder.stdin.write(b"x")  # the command ends: the holder must record it
-        holder.stdin = None
-        _, holder_said = holder.communicate(timeout=HANG_GUARD_SECONDS)
-        ends = [waiter.communicate(timeout=HANG_GUARD_SECONDS)[1] for waiter in waiters]
+        ends = _holders_command_ends(holder, waiters)
     finally:
         for conn in slots:
             conn.close()
-    told = holder_said.decode(errors="replace")
-    assert holder.returncode == 0 and "x: done" in told, told[-300:]
-    for each, before, after in zip(waiters, said, ends, strict=True):
-        assert each.returncode == 0, (before + after).decode(errors="replace")[-300:]
-    assert not ran.exists(), ran.read_text()  # no waiter ran the holder's feature again
+    _assert_the_holder_alone_marked_x_done(holder, waiters, said, ends, ran)
 
 
 def test_a_waiter_whose_connection_was_lost_still_leaves_a_slot_to_the_holder_marking_done(
@@ -529,11 +552,7 @@ def test_a_waiter_whose_connection_was_lost_still_leaves_a_slot_to_the_holder_ma
     holder = _long_holder_at_rest(crowded_server, tmp_path, "x", namespace)
     env = _tables_made(url)
     ran = tmp_path / "ran.log"
-    waiter_words = [
-        "x", "--backend", url, "--namespace", namespace,
-        "--connect-timeout", str(REFUSED_TIMEOUT), "--", "sh", "-c", 'echo "$1" >> "$2"',
-        "sh", "{}", str(ran),
-    ]  # fmt: skip
+    waiter_words = _waiter_of_x(url, namespace, ran)
     waiters = [_worker(env, tmp_path, *waiter_words) for _ in range(2)]
     said = [_said_until(waiter, b"waiting: ") for waiter in waiters]
     ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'mh_app'"
@@ -549,20 +568,11 @@ def test_a_waiter_whose_connection_was_lost_still_leaves_a_slot_to_the_holder_ma
     )
     slots = _take_every_slot(crowded_server, but=4)  # the waiters' four: none free
     try:
-        assert holder.stdin is not None
-        with holder.stdin:
-            holder.stdin.write(b"x")  # the command ends: the holder must record it
-        holder.stdin = None
-        _, holder_said = holder.communicate(timeout=HANG_GUARD_SECONDS)
-        ends = [waiter.communicate(timeout=HANG_GUARD_SECONDS)[1] for waiter in waiters]
+        ends = _holders_command_ends(holder, waiters)
     finally:
         for conn in slots:
             conn.close()
-    told = holder_said.decode(errors="replace")
-    assert holder.returncode == 0 and "x: done" in told, told[-300:]
-    for each, before, after in zip(waiters, said, ends, strict=True):
-        assert each.returncode == 0, (before + after).decode(errors="replace")[-300:]
-    assert not ran.exists(), ran.read_text()  # no waiter ran the holder's feature again
+    _assert_the_holder_alone_marked_x_done(holder, waiters, said, ends, ran)
 
 
 @pytest.mark.parametrize("limited", ["ROLE mh_app", "DATABASE mh"])
