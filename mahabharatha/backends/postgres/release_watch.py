@@ -44,7 +44,8 @@ class ReleaseWaits(Session):
             # A crowded server (asked at each look, on the claims' connection): a second
             # connection to listen on would take a slot a worker needs to record its done.
             # Poll, once per wait, holding no connection meanwhile. Race: a ``FeatureLock``
-            # waiter never told kept two slots until the holder's lease ran out.
+            # waiter, or a pool's whose claims' connection was lost, listened on a connection
+            # of its own, never asked, and kept two slots until the holder's lease ran out.
             self.close()
         if self._behind_pooler or self._slots_scarce:
             # A pooler's LISTEN would deliver releases to whichever client gets its server
@@ -131,11 +132,7 @@ class _Listening:
     def wait(self, seconds: float) -> bool:
         seconds = max(0.0, min(seconds, RECHECK_SECONDS))  # the protocol's bound: look again
         conn, backend = self.conn, self.backend
-        # Asked at every look, whichever connection listens. Race: a waiter whose claims'
-        # connection was lost listened on one of its own, never asked again, and kept two
-        # slots a holder needed to mark its done.
-        polls = self._polls()
-        if conn is not None and conn is backend._conn and not conn.closed and not polls:
+        if conn is not None and conn is backend._conn and not conn.closed and not self._polls():
             deadline = time.monotonic() + seconds
             try:
                 return backend._heard(conn, deadline)
