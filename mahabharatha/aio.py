@@ -162,6 +162,10 @@ class AsyncFeatureLock:
         on_lost: Callable[[LockLostError], None] | None = None,
         **options: Unpack[_Options],
     ) -> None:
+        if unknown := sorted(options.keys() - _Options.__annotations__):
+            # As Python says it, naming the class the user called (``FeatureLock`` named its own).
+            said = f"got an unexpected keyword argument {unknown[0]!r}"
+            raise TypeError(f"AsyncFeatureLock.__init__() {said}")
         self._state = FeatureLock(feature, gsd_dir, **options)
         self._state._beats = None  # this loop's task beats; the loop rests the backend
         self.on_lost = on_lost
