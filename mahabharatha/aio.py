@@ -366,28 +366,42 @@ class AsyncFeatureLock:
         if not beating.cancelled() and (error := beating.exception()) is not None:
             # The heartbeat ended on an error outside its rule (``on_lost`` raised): told as a
             # thread's is, by the loop's exception handler, never lost in silence.
-            asyncio.get_running_loop().call_exception_handler(
-                {"message": f"the heartbeat of {self!r} failed", "exception": error}
-            )
+            self._report("the heartbeat", error)
         if interrupted:
             raise asyncio.CancelledError
 
+    def _report(self, what: str, error: BaseException) -> None:
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": f"{what} of {self!r} failed", "exception": error}
+        )
+
     async def release(self) -> None:
         """Stop the heartbeat and remove our lock (only if it is still exactly ours), as
-        :meth:`FeatureLock.release`; cancelled meanwhile, it still releases first."""
+        :meth:`FeatureLock.release`; cancelled meanwhile, it still releases (and tells a loss)
+        first."""
         try:
-            await self._stop_beat()
-        finally:
             try:
-                await self._call(self._state.release)
+                await self._stop_beat()
             finally:
-                # The next task of this loop may try once the lock is gone (or, if the release
-                # failed, once it knows: its own try then says who holds it).
-                gate = self._gate
-                if gate is not None and self._state._mine is None:  # else a retry lets it in
-                    self._gate = None
-                    gate.leave()
-            self._rest()
+                try:
+                    await self._call(self._state.release)
+                finally:
+                    # The next task of this loop may try once the lock is gone (or, if the
+                    # release failed, once it knows: its own try then says who holds it).
+                    gate = self._gate
+                    if gate is not None and self._state._mine is None:  # else a retry lets it in
+                        self._gate = None
+                        gate.leave()
+                self._rest()
+        except BaseException:
+            # Race: cancelled (once or again) while it released: the release ran to its end,
+            # and a loss it found went untold. Told now; an ``on_lost`` that raises goes to the
+            # loop's handler, never in place of the ``CancelledError``.
+            try:
+                self._tell_lost()
+            except Exception as error:
+                self._report("on_lost", error)
+            raise
         # Race: found by the release (taken away after the last refresh), or by a refresh the
         # release cut the heartbeat off in (cancelled before it could tell): told here, once.
         self._tell_lost()

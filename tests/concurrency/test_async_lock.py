@@ -670,3 +670,58 @@ def test_a_loss_found_by_a_refresh_the_release_cut_off_is_told(place: Place) -> 
         assert told == [(lock.lost, threading.get_ident())]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("cancels", [1, 2])
+def test_a_release_cancelled_while_it_runs_ends_and_tells_the_loss_it_found(
+    place: Place, cancels: int
+) -> None:
+    """The lock is forced away unseen; the task releasing it is cancelled (once, or again)
+    while the release runs in its thread. The release goes on to its end, the loss it finds is
+    told once, on the loop, and the task still ends cancelled: an ``on_lost`` that raises then
+    goes to the loop's exception handler, never in place of ``CancelledError``. Failed on
+    96f1493: ``lost`` set, ``on_lost`` never called (the cancelled release ended untold)."""
+
+    async def main() -> None:
+        slow = _PausedInAThread(place.open(), "release_held")
+        told: list[tuple[locks.LockLostError, int]] = []
+        handled: list[BaseException] = []
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: handled.append(context["exception"]))
+
+        def on_lost(error: locks.LockLostError) -> None:
+            told.append((error, threading.get_ident()))
+            raise RuntimeError("on_lost failed")
+
+        lock = AsyncFeatureLock(
+            FEATURE,
+            place.gsd,
+            backend=cast(LockBackend, slow),
+            timeout=0,
+            heartbeat=None,
+            on_lost=on_lost,
+        )
+        try:
+            await lock.acquire()
+            assert _take_over(place, FEATURE, os.getpid()) is not None
+            releasing = asyncio.create_task(lock.release())
+            assert await loop.run_in_executor(None, slow.entered.wait, HANG_GUARD_SECONDS)
+            for _ in range(cancels):
+                releasing.cancel()
+                await asyncio.sleep(0)  # each cancellation reaches the task as the release runs
+            slow.go_on.set()
+            with pytest.raises(asyncio.CancelledError):
+                async with asyncio.timeout(HANG_GUARD_SECONDS):
+                    await releasing
+        finally:
+            slow.real.close()
+        assert lock.lost is not None and "before its release" in lock.lost.reason
+        assert told == [(lock.lost, threading.get_ident())]
+        assert [str(error) for error in handled] == ["on_lost failed"]
+
+    asyncio.run(main())
+    backend = place.open()
+    try:
+        assert backend.inspect(FEATURE).pid == 1, "the new owner's lock was removed"
+    finally:
+        backend.close()
