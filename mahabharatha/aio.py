@@ -302,7 +302,7 @@ class AsyncFeatureLock:
                 if seen is None:
                     await asyncio.sleep(pause)
                 else:
-                    await listener.wait(seen, acquiring.slice())
+                    await listener.wait(seen, acquiring.slice(), self._call)
         finally:
             if seen is not None:
                 listener.unwatch(feature, seen)

@@ -725,3 +725,77 @@ def test_a_release_cancelled_while_it_runs_ends_and_tells_the_loss_it_found(
         assert backend.inspect(FEATURE).pid == 1, "the new owner's lock was removed"
     finally:
         backend.close()
+
+
+CROWDED_ROLE_SLOTS: Final = 2
+"""The waiter's role's ``CONNECTION LIMIT``: its claims' connection leaves one slot, so the
+server is crowded to it (``crowded``: a tenth free, at least one), as a full server is."""
+LOOKS: Final = 4
+"""Looks a waiter makes on the crowded server before the holder lets go."""
+
+
+@pytest.mark.postgres
+def test_an_async_waiter_on_a_crowded_server_listens_on_no_connection_and_still_gets_the_lock(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    """A task waits for a held feature as a role with two slots: crowded, as the sync waits
+    judge it (``crowded``, asked at each look). At each of its looks it holds no listening
+    connection, and between two looks none at all (a holder needing a slot to mark its done
+    gets one); once the holder lets go, its next look takes the lock. Failed on 96f1493: it
+    listened on the second slot from its first look to the end of its wait (one listening
+    session at every later look), its claims' connection kept beside it."""
+    from tests.support.postgres import APP_USER, admin_execute
+
+    place = Place(tmp_path, pg_server.url(), f"async-{uuid.uuid4().hex[:12]}")
+    role = f"mh_crowd_{uuid.uuid4().hex[:8]}"
+    listening = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE usename = %s AND application_name = 'mahabharatha-wait-async'"
+    )
+    seen: list[int] = []
+
+    def sessions(query: str = "SELECT count(*) FROM pg_stat_activity WHERE usename = %s") -> int:
+        return int(str(admin_execute(pg_server, query, role)[0][0]))
+
+    async def main(let_go: Any) -> None:
+        from mahabharatha.backends.postgres.backend import PostgresBackend
+
+        backend = PostgresBackend(
+            pg_server.url(role=role), namespace=place.namespace, gsd_dir=place.gsd
+        )
+        looked = asyncio.Event()
+
+        def look(_info: object, _left: object) -> None:
+            seen.append(sessions(listening))
+            if len(seen) == LOOKS:
+                looked.set()
+
+        lock = AsyncFeatureLock(FEATURE, place.gsd, backend=backend, heartbeat=None, on_wait=look)
+        try:
+            waiter = asyncio.create_task(lock.acquire())
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
+                await looked.wait()
+                assert set(seen) == {0}, "the waiter listened on a crowded server"
+                while sessions() != 0:  # between two looks it holds no connection at all
+                    await asyncio.sleep(0.01)
+            let_go.set()
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
+                assert (await waiter).held
+            await lock.release()
+        finally:
+            backend.close()
+
+    with held_elsewhere(place) as let_go:  # the holder (the app role) made the tables
+        admin_execute(
+            pg_server,
+            f"CREATE ROLE {role} LOGIN CONNECTION LIMIT {CROWDED_ROLE_SLOTS} IN ROLE {APP_USER}",
+        )
+        try:
+            asyncio.run(main(let_go))
+        finally:
+            admin_execute(
+                pg_server,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                role,
+            )
+            admin_execute(pg_server, f"DROP ROLE {role}")

@@ -1,6 +1,7 @@
 """Waiting for a release on PostgreSQL from an event loop: LISTEN on an AsyncConnection read
-by one task, one per loop and backend, open only while a task waits. A notification is a hint:
-the waiter tries again after it, and every slice without it (``design/async.md``).
+by one task, one per loop and backend, open only while a task waits (none on a crowded server:
+its waiters poll). A notification is a hint: the waiter tries again after it, and every slice
+without it (``design/async.md``).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any, Final
 
@@ -15,7 +17,7 @@ import psycopg
 
 from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.release_watch import ReleaseWaits
-from mahabharatha.constants import WAKE_UP_INTERVAL_SECONDS
+from mahabharatha.constants import SLOTS_LOOK_SECONDS, WAKE_UP_INTERVAL_SECONDS
 
 LISTENER_NAME: Final = "mahabharatha-wait-async"  # its application_name
 # No pooler in between (as in SESSION_SET_UP): a transaction-mode pooler keeps no LISTEN for us.
@@ -57,16 +59,31 @@ class AsyncReleaseListener:
 
     def unwatch(self, feature: str, seen: asyncio.Event) -> None:
         self._watchers.discard(seen)
-        if not self._watchers and self._reader is not None:
+        if not self._watchers:
+            self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        if self._reader is not None:
             self._reader.cancel()  # its ``finally`` closes the connection
             self._reader = None
 
-    async def wait(self, seen: asyncio.Event, timeout: float) -> bool:
+    async def wait(
+        self,
+        seen: asyncio.Event,
+        timeout: float,
+        call: Callable[[Callable[[], bool]], Awaitable[bool]],
+    ) -> bool:
         """Wait up to ``timeout`` for ``seen``: True when a release came, when this call only
-        started listening, or when the listener failed (look again)."""
+        started listening, or when the listener failed (look again). ``call`` runs a blocking
+        backend call off the loop (the lock's own way: counted, waited for if cancelled)."""
         timeout = max(0.0, timeout)
-        if self._behind_pooler:
-            await asyncio.sleep(timeout)  # no LISTEN behind a pooler: poll, once per slice
+        # No LISTEN behind a pooler; none on a crowded server (asked at each look, as the
+        # sync waits ask): poll, once per slice, holding no connection between looks. Race:
+        # asyncio waiters listened for their whole wait, keeping the slots a holder needed
+        # to mark its done until its lease ran out.
+        if self._behind_pooler or await call(self._crowded):
+            self._stop_reading()  # every waiter of the loop polls now: none hears it
+            await asyncio.sleep(timeout)
             return False
         if not self._listening():
             async with self._starting:
@@ -77,6 +94,17 @@ class AsyncReleaseListener:
             async with asyncio.timeout(timeout):
                 await seen.wait()
         return seen.is_set()
+
+    def _crowded(self) -> bool:
+        """The sync waits' rule (``crowded`` at most every ``SLOTS_LOOK_SECONDS``, on the claims'
+        connection, then let go of), in a worker thread: between two of the loop's other
+        statements on that connection, never under one."""
+        backend = self.backend
+        with backend._one_operation:
+            if not backend.crowded(SLOTS_LOOK_SECONDS):
+                return False
+            backend.close()
+        return True
 
     def _listening(self) -> bool:
         return self._reader is not None and not self._reader.done()
