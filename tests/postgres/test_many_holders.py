@@ -259,23 +259,59 @@ def test_a_server_is_crowded_when_a_tenth_of_its_slots_or_fewer_are_free(
         backend.close()
 
 
-def test_a_role_that_may_not_look_at_the_sessions_is_never_crowded(
+SESSIONS_LOOK: Final = "pg_catalog.pg_stat_get_activity(integer)"
+BACKENDS_COUNT: Final = "pg_catalog.pg_stat_get_db_numbackends(oid)"
+
+
+@contextmanager
+def _revoked(server: PgServer, *functions: str) -> Iterator[None]:
+    """``functions`` revoked from every role (as a locked-down server does) while the block
+    runs."""
+    for function in functions:
+        admin_execute(server, f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
+    try:
+        yield
+    finally:
+        for function in functions:
+            admin_execute(server, f"GRANT EXECUTE ON FUNCTION {function} TO PUBLIC")
+
+
+def test_a_role_that_may_not_look_at_the_sessions_counts_the_databases_backends(
     crowded_server: PgServer,
 ) -> None:
-    """A server that revoked ``pg_stat_get_activity`` from its roles: the look is refused, the
-    backend answers "not crowded" (as before there was a look) and asks no more, and its
-    connection still works. A refused look that ended the connection, or raised, would fail
-    every pool on such a server."""
-    revoke = "REVOKE EXECUTE ON FUNCTION pg_stat_get_activity(integer) FROM PUBLIC"
+    """A server that revoked ``pg_stat_get_activity`` from its roles: the look is refused, and
+    the backend counts the databases' backends instead: crowded with one slot free, not with
+    most free; its connection still works. Failed before: the refused look answered "not
+    crowded" for good, so waiters LISTENed on the last slots (a feature could run twice)."""
     backend = PostgresBackend(crowded_server.url(), namespace="crowd-hidden")
-    admin_execute(crowded_server, revoke)
+    others: list[psycopg.Connection[tuple[object, ...]]] = []
     try:
-        backend.status()
-        assert not backend.crowded(0.0)
-        assert backend._slots_hidden  # told once: never asked again
-        assert backend.status() == []  # the same connection, still usable
+        with _revoked(crowded_server, SESSIONS_LOOK):
+            backend.status()
+            assert not backend.crowded(0.0)  # its own session and a few workers at most
+            others = _take_every_slot(crowded_server, but=2)  # and its own: one free
+            assert backend.crowded(0.0)
+            assert backend._slots_look is statements.SLOTS_BY_DATABASE  # never asked again
+            assert backend.status() == []  # the same connection, still usable
     finally:
-        admin_execute(crowded_server, revoke.replace("REVOKE", "GRANT").replace("FROM", "TO"))
+        for conn in others:
+            conn.close()
+        backend.close()
+
+
+def test_a_role_that_may_count_no_sessions_is_crowded(crowded_server: PgServer) -> None:
+    """A server that revoked both counts: the backend cannot tell whether its waiters would
+    take the last slots, so it answers "crowded" (they poll) with most slots free, and its
+    connection still works. An answer of "not crowded" would let them LISTEN on the last
+    slots (mutant ``waiters-listen-on-a-server-that-hides-every-count``)."""
+    backend = PostgresBackend(crowded_server.url(), namespace="crowd-blind")
+    try:
+        with _revoked(crowded_server, SESSIONS_LOOK, BACKENDS_COUNT):
+            backend.status()
+            assert backend.crowded(0.0)
+            assert backend._slots_look is None  # told twice: never asked again
+            assert backend.status() == []  # the same connection, still usable
+    finally:
         backend.close()
 
 
@@ -514,8 +550,31 @@ def test_workers_waiting_on_a_crowded_server_leave_a_slot_to_the_holder_marking_
     both free slots; the holder waited for one until its lease ran out (60 s), a waiter took
     the feature (a worker ran it again), and the holder's done found it taken: reported lost,
     every process exiting 0."""
+    _two_waiters_of_x_and_its_holders_end(
+        crowded_server, tmp_path, f"crowd-listen-{waiter}-{crowded}", waiter, crowded
+    )
+
+
+def test_workers_waiting_on_a_server_that_hides_its_sessions_leave_a_slot_to_the_holder(
+    crowded_server: PgServer, tmp_path: Path
+) -> None:
+    """The crowded-waiter test (two ``lock work`` waiters, the server filled to two free slots
+    while they wait) on a server that revoked ``pg_stat_get_activity``: the waiters see it
+    crowded by the databases' backend counts, poll, and the holder marks its feature done.
+    Failed before: a refused look answered "not crowded", the waiters LISTENed on both free
+    slots, the holder waited out its lease (60 s) and a waiter ran the feature again."""
+    with _revoked(crowded_server, SESSIONS_LOOK):
+        _two_waiters_of_x_and_its_holders_end(
+            crowded_server, tmp_path, "crowd-listen-hidden", "lock-work", "during-the-wait"
+        )
+
+
+def _two_waiters_of_x_and_its_holders_end(
+    crowded_server: PgServer, tmp_path: Path, namespace: str, waiter: str, crowded: str
+) -> None:
+    """A holder of ``x`` at rest, two waiters of it, the server left two free slots (before
+    they start, or while they wait); the holder's command ends: it alone marks ``x`` done."""
     url = crowded_server.url()
-    namespace = f"crowd-listen-{waiter}-{crowded}"  # the module's server: its own locks
     holder = _long_holder_at_rest(crowded_server, tmp_path, "x", namespace)
     env = _tables_made(url)
     ran = tmp_path / "ran.log"

@@ -68,7 +68,9 @@ class Session:
         self._listener: _Connection | None = None
         self._slots_scarce = False  # were the server's connection slots nearly all taken?
         self._slots_seen = -math.inf  # when that was seen (monotonic)
-        self._slots_hidden = False  # the role may not look at the server's sessions
+        # How the slots taken are counted: the sessions; the role may not look at them: the
+        # databases' backends; nor at those: None, and the server is crowded for all we know.
+        self._slots_look: str | None = statements.SLOTS
         self._crowded_once = False  # seen crowded after a claim: claims let go from then on
         # Told (once per backend) that an operation waits for a free connection slot.
         self.on_slot_wait: Callable[[ServerFullError], None] | None = None
@@ -162,17 +164,16 @@ class Session:
 
     def crowded(self, within: float) -> bool:
         """Are the server's slots nearly all taken? Asked on the kept connection at most every
-        ``within`` (never by connecting, nor behind a pooler)."""
+        ``within`` (never by connecting, nor behind a pooler); yes if the role may count none."""
         conn = self._conn
-        if self._slots_hidden or conn is None or conn.closed or conn.pooled:
+        if self._slots_look is None or conn is None or conn.closed or conn.pooled:
             return self._slots_scarce
         if time.monotonic() - self._slots_seen < within:
             return self._slots_scarce
         try:
-            found = conn.execute(statements.SLOTS, prepare=False).fetchone()
+            found = conn.execute(self._slots_look, prepare=False).fetchone()
         except pg_errors.InsufficientPrivilege:
-            self._slots_hidden = True  # the role's setting: never asked again
-            return self._slots_scarce
+            return self._count_refused()
         except psycopg.Error:
             # A lost or frozen connection: the caller's next statement connects again (and
             # says what is wrong, if anything).
@@ -182,6 +183,16 @@ class Session:
         usable, taken = found
         self._slots_seen = time.monotonic()
         self._slots_scarce = usable - taken <= max(1, usable // 10)  # a tenth free, at least one
+        return self._slots_scarce
+
+    def _count_refused(self) -> bool:
+        """The role may not run this count (its setting: never asked again): the next one now;
+        none left: crowded from now on (a waiter that LISTENs may hold the last free slots)."""
+        if self._slots_look is statements.SLOTS:
+            self._slots_look = statements.SLOTS_BY_DATABASE
+            return self.crowded(0.0)
+        self._slots_look = None
+        self._slots_scarce = True
         return self._slots_scarce
 
     def _while_full(self, operation: Callable[[], _T], until: float | None) -> _T:

@@ -286,26 +286,43 @@ SELECT setval('mahabharatha.mahabharatha_lock_token', greatest(
     (SELECT last_value FROM mahabharatha.mahabharatha_lock_token)))"""
 """``lock init`` puts a sequence made again above every token the rows hold."""
 
-SLOTS: Final = """
-WITH sessions AS (
-    SELECT a.usesysid, a.datid FROM pg_stat_get_activity(NULL) AS a
-    WHERE a.backend_type = 'client backend'
-        OR (a.backend_type IS NULL AND a.usesysid IS NOT NULL AND a.datid IS NOT NULL)
-), limits AS (
-    SELECT current_setting('max_connections')::int
-        - current_setting('superuser_reserved_connections')::int
-        - coalesce(current_setting('reserved_connections', true)::int, 0) AS usable,
-        (SELECT count(*) FROM sessions)::int AS taken
+_TIGHTEST_LIMIT: Final = """
+WITH counted AS ({counted}), limits AS (
+    SELECT pg_catalog.current_setting('max_connections')::int
+        - pg_catalog.current_setting('superuser_reserved_connections')::int
+        - coalesce(pg_catalog.current_setting('reserved_connections', true)::int, 0) AS usable,
+        (SELECT coalesce(pg_catalog.sum(n), 0) FROM counted)::int AS taken
     UNION ALL
-    SELECT r.rolconnlimit, (SELECT count(*) FROM sessions WHERE usesysid = r.oid)::int
-    FROM pg_roles AS r WHERE r.rolname = session_user AND r.rolconnlimit >= 0
+    SELECT r.rolconnlimit,
+        (SELECT coalesce(pg_catalog.sum(n), 0) FROM counted WHERE {of_role})::int
+    FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user AND r.rolconnlimit >= 0
     UNION ALL
-    SELECT d.datconnlimit, (SELECT count(*) FROM sessions WHERE datid = d.oid)::int
-    FROM pg_database AS d WHERE d.datname = current_database() AND d.datconnlimit >= 0
+    SELECT d.datconnlimit,
+        (SELECT coalesce(pg_catalog.sum(n), 0) FROM counted WHERE datid = d.oid)::int
+    FROM pg_catalog.pg_database AS d
+    WHERE d.datname = pg_catalog.current_database() AND d.datconnlimit >= 0
 )
 SELECT usable, taken FROM limits ORDER BY usable - taken, usable LIMIT 1"""
+
+SLOTS: Final = _TIGHTEST_LIMIT.format(
+    counted="""
+    SELECT a.usesysid, a.datid, 1 AS n FROM pg_catalog.pg_stat_get_activity(NULL) AS a
+    WHERE a.backend_type = 'client backend'
+        OR (a.backend_type IS NULL AND a.usesysid IS NOT NULL AND a.datid IS NOT NULL)""",
+    of_role="usesysid = r.oid",
+)
 """The tightest limit on this role's connections as (slots, taken): the server's, the login
 role's and the database's, against the client sessions that count (unseen ones as taken)."""
+
+SLOTS_BY_DATABASE: Final = _TIGHTEST_LIMIT.format(
+    counted="""
+    SELECT d.oid AS datid, pg_catalog.pg_stat_get_db_numbackends(d.oid) AS n
+    FROM pg_catalog.pg_database AS d""",
+    of_role="true",
+)
+""":data:`SLOTS` for a role that may not look at the sessions: each database's backends (its
+client sessions and its autovacuum, parallel and replication workers, which take no client
+slot: too many rather than too few); every one of them may be the login role's."""
 
 SESSION_SET_UP: Final = """
 SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only'),
