@@ -379,6 +379,20 @@ def _team_result(ends: list[team.WorkerEnd], document: dict[str, Any]) -> Result
     return result._replace(warnings=list(dict.fromkeys([*result.warnings, *said])))
 
 
+def _waited_out(report: WorkReport) -> str:
+    """Why ``--wait`` ran out: features held by others, or by work a failed CMD left."""
+    last = {result.feature: result.outcome for result in report.results}
+    left = [f for f in report.busy if last.get(f) == WorkOutcome.LEFT]
+    others = len(report.busy) - len(left)
+    parts = [f"{others} feature(s) still held by others"] if others or not left else []
+    if left:
+        parts.append(
+            f"{len(left)} still held by work its failed CMD left running (the lock stays "
+            f"until that work ends; the attempt is not recorded): {', '.join(left)}"
+        )
+    return f"--wait ran out: {'; '.join(parts)}"
+
+
 def _work_result(
     report: WorkReport, document: dict[str, Any], once: bool, problems: list[FeatureProblem]
 ) -> Result:
@@ -393,8 +407,7 @@ def _work_result(
             code = EXIT_LOST  # lock run's lost-lock rule, and its document's fields
             document = {**document, "error": "lost", "reason": last.reason}
     elif report.ended == WorkEnd.WAITED_OUT:
-        code = EXIT_TEMPFAIL
-        said = f"--wait ran out: {len(report.busy)} feature(s) still held by others"
+        code, said = EXIT_TEMPFAIL, _waited_out(report)
     elif once:
         code, said = EXIT_HELD, "nothing left to take: every feature is done or failed"
     elif report.failed or report.busy:

@@ -61,7 +61,8 @@ class WorkResult(NamedTuple):
 class WorkReport(NamedTuple):
     """How a worker's loop ended: ``finished`` (every feature done or failed), ``waited-out``,
     ``once`` or ``stopped`` (a step raised :class:`StopWork`); ``failed``: those failed for good;
-    ``busy``: held by others when the wait ran out, or (``finished``) left held by this worker."""
+    ``busy``: held by others, or by work a failed command left (``left``), when the wait ran
+    out; or (``finished``) left held by this worker."""
 
     ended: WorkEnd
     results: tuple[WorkResult, ...]
@@ -278,12 +279,16 @@ def run_pool(
             if outcome.held is None:
                 if found and problems is None:
                     raise found[0].error
-                ended = WorkEnd.FINISHED if outcome.nothing_left else WorkEnd.WAITED_OUT
+                # The wait ran out on work a failed command left: neither done nor failed,
+                # its lock kept for that work (its attempt is recorded by no one).
+                running = tuple(each.feature for each in leaving)
+                if not outcome.nothing_left or running:
+                    busy = outcome.busy + running
+                    return WorkReport(WorkEnd.WAITED_OUT, tuple(results), outcome.failed, busy)
                 # Finished: the locks this worker left held (``leave``, below), not finished;
                 # not every ``mine`` (another thread of this process may be working on one).
                 left = [f for f in outcome.mine if pool.finished.get(f) == "mine"]
-                busy = tuple(left) if outcome.nothing_left else outcome.busy
-                return WorkReport(ended, tuple(results), outcome.failed, busy)
+                return WorkReport(WorkEnd.FINISHED, tuple(results), outcome.failed, tuple(left))
             lock = PoolLock(
                 outcome.held,
                 gsd_dir,

@@ -198,6 +198,52 @@ def test_a_failure_that_leaves_work_is_retried_once_the_work_ends(
     assert not list((pool / ".gsd" / "specs").glob("*/.lock")), "a lock was left behind"
 
 
+@needs_fifo
+@pytest.mark.skipif(not proof.supported(), reason="no open-file-description locks here")
+@pytest.mark.parametrize("jobs", [1, 2], ids=["alone", "two-jobs"])
+def test_a_wait_that_runs_out_on_left_work_ends_waited_out_with_the_lock_kept(
+    pool: Path, job_ends: None, jobs: int
+) -> None:
+    """A failed CMD left work holding its proof and ``--wait 1`` ran out before it ended:
+    exit 75, ``waited-out``, alpha in ``busy``, the sentence saying its lock stays for that
+    work; nothing was marked or counted, and once the work has ended a later worker with
+    ``--reclaim-dead`` builds it. Fails on 96f1493: exit 0, ``finished``, ``busy`` empty."""
+    argv = [*CLI, "lock", "work", "--json", "-j", str(jobs), "--wait", "1", *FEATURES, "--"]
+    command = start_command([*argv, "./fail-leaving-work.sh", "{}"], pool, _env(pool))
+    try:
+        out, err = command.communicate(timeout=POOL_TIMEOUT)
+    finally:
+        _kill_session(command.pid)
+        command.wait()
+    wait_for(lambda: (pool / "job.pid").exists(), what="the left job's pid")
+    job = int((pool / "job.pid").read_text())
+    assert alive(job), "the job was meant to outlive the worker's wait"
+    assert_no_traceback(out, err)
+    document = json.loads(out)
+    ending = (command.returncode, document["ended"], document["busy"])
+    assert ending == (75, "waited-out", ["alpha"]), err
+    assert "held by work its failed CMD left running (the lock stays" in document["error"]
+    outcomes = sorted((r["feature"], r["outcome"]) for r in document["results"])
+    assert outcomes == [("alpha", "left"), ("beta", "done"), ("gamma", "done")], document
+    specs = pool / ".gsd" / "specs"
+    assert (specs / "alpha" / ".lock").exists(), "the lock stays while the job runs"
+    assert not (specs / "alpha" / ".attempts").exists() and not _done(pool, "alpha")
+
+    with open(pool / "job.fifo", "w"):
+        pass  # the job reads end of input and ends
+    wait_for(lambda: not alive(job), what="the job to end")
+    again = [*CLI, "lock", "work", "--reclaim-dead", "--wait", "0", *FEATURES, "--"]
+    later = start_command([*again, "./fail-leaving-work.sh", "{}"], pool, _env(pool))
+    try:
+        out, err = later.communicate(timeout=POOL_TIMEOUT)
+    finally:
+        _kill_session(later.pid)
+        later.wait()
+    assert later.returncode == 0, err
+    assert all(_done(pool, feature) for feature in FEATURES)
+    assert not list(specs.glob("*/.lock")), "a lock was left behind"
+
+
 @pytest.mark.parametrize("jobs", [1, 2], ids=["alone", "two-jobs"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_stop_is_obeyed_even_when_cmd_caught_it_and_exited_1(
