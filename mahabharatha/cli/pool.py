@@ -47,7 +47,15 @@ from mahabharatha.exits import (
     EXIT_TEMPFAIL,
     killed_by,
 )
-from mahabharatha.locks import FeatureProblem, LockInfo, PoolLock, StopWork, WorkReport, WorkResult
+from mahabharatha.locks import (
+    FeatureProblem,
+    LockInfo,
+    LockLostError,
+    PoolLock,
+    StopWork,
+    WorkReport,
+    WorkResult,
+)
 from mahabharatha.pool import team
 from mahabharatha.run import runner
 from mahabharatha.states import State, WorkEnd, WorkOutcome
@@ -262,7 +270,12 @@ def _run_feature(
 ) -> WorkResult:
     feature = lock.feature
     argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in command]
-    run = runner.Run(lock, on_release_wait=lambda bound: _warn_release_wait(feature, bound))
+    running_lost: list[LockLostError] = []  # the loss the relay acted on: while CMD ran
+    run = runner.Run(
+        lock,
+        notify_lost=running_lost.append,
+        on_release_wait=lambda bound: _warn_release_wait(feature, bound),
+    )
     try:
         with run:
             run.acquire()
@@ -276,6 +289,7 @@ def _run_feature(
             lock,
             left.status,
             functools.partial(lock.finish_leaving_work, left.status, left.still_running),
+            running_lost,
         )
         if run.signalled is not None:
             raise StopWork(result, killed_by(run.signalled)) from None
@@ -295,18 +309,23 @@ def _run_feature(
         # stop, so the feature is released unmarked.
         why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
         raise StopWork(lock.finish(None, why, attempts), killed_by(told))
-    return _ending(lock, code, functools.partial(lock.finish, code, None, attempts))
+    finish = functools.partial(lock.finish, code, None, attempts)
+    return _ending(lock, code, finish, running_lost)
 
 
-def _ending(lock: PoolLock, code: int, end: Callable[[], WorkResult]) -> WorkResult:
-    """``end()``, the feature's mark and release. A signal the run's relay received before it
-    ended (the grace for CMD's leftovers) cuts its wait for another's kernel lease on the lock
-    short: the worker stops, the feature lost and its lock left, in ``lock run``'s words."""
+def _ending(
+    lock: PoolLock, code: int, end: Callable[[], WorkResult], running_lost: list[LockLostError]
+) -> WorkResult:
+    """``end()``, the feature's mark and release (lost: ``running_lost`` says whether found
+    while CMD ran). A signal the run's relay received before it ended (the grace for CMD's
+    leftovers) cuts its wait for another's kernel lease on the lock short: the worker stops,
+    the feature lost and its lock left, in ``lock run``'s words."""
     try:
-        return end()
+        result = end()
     except runner.ReleaseInterrupted as stop:
         lost = WorkResult(lock.feature, WorkOutcome.LOST, code, 0, str(stop))
         raise StopWork(lost, stop.exit_code) from None
+    return result._replace(lost_while_running=bool(running_lost))
 
 
 def _say(result: WorkResult, limit: int) -> None:
@@ -320,7 +339,10 @@ def _say(result: WorkResult, limit: int) -> None:
         said = f"not marked: {result.reason}"
     elif result.outcome == WorkOutcome.LOST:
         why = "" if result.reason is None else f" ({result.reason})"
-        said = f"lost its lock while CMD ran{why} (exit code {result.exit_code}): not marked"
+        found = "lost its lock while CMD ran"
+        if not result.lost_while_running:  # a lease, a forced release no refresh saw
+            found = "found its lock lost once CMD had ended"
+        said = f"{found}{why} (exit code {result.exit_code}): not marked"
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
     note(f"{result.feature}: {said}")

@@ -53,6 +53,7 @@ class WorkResult(NamedTuple):
     attempts: int = 0
     reason: str | None = None
     log: str | None = None  # the file the attempt's output went to (lock work --log-dir)
+    lost_while_running: bool = False  # lost, found while CMD ran (not once it had ended)
 
     def to_dict(self) -> dict[str, Any]:
         return self._asdict()

@@ -6,6 +6,7 @@ Processes are synchronised by their output (read with a deadline), never by slee
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -360,6 +361,50 @@ def test_work_goes_on_after_a_lock_forced_away_while_a_short_cmd_ran(gsd: Path) 
     code, document = _work_losing_its_first_lock(gsd)
     assert [r["outcome"] for r in document["results"]] == ["lost", "done"], document
     assert code == 0, document
+
+
+FORCES_ITS_LOCK_AWAY: Final = (
+    "import subprocess, sys, time\n"
+    "seconds, gsd, cli = float(sys.argv[1]), sys.argv[2], sys.argv[3:]\n"
+    "forced = [*cli, 'lock', 'release', 'alpha', '--force', '--gsd-dir', gsd]\n"
+    "subprocess.run(forced, check=True, capture_output=True)\n"
+    "time.sleep(seconds)\n"
+)
+"""A CMD that forces its own lock away, then sleeps ``argv[1]`` seconds (its gsd-dir, then
+the CLI's words, follow)."""
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "sleep", "said"),
+    [
+        (0.05, "60", "alpha: lost its lock while CMD ran (lost the lock on 'alpha'"),
+        (60.0, "0", "alpha: found its lock lost once CMD had ended ("),
+    ],
+    ids=["found-by-a-refresh", "found-by-the-done"],
+)
+def test_work_says_whether_a_loss_was_found_while_cmd_ran(
+    gsd: Path, capsys: pytest.CaptureFixture[str], heartbeat: float, sleep: str, said: str
+) -> None:
+    """CMD forces its own lock away, then sleeps (a refresh finds the loss, CMD is stopped)
+    or exits 0 at once (the done finds it): ``lock work``'s line says which. Fails on 96f1493
+    for the done: "lost its lock while CMD ran" though CMD had ended before the loss was seen."""
+    from mahabharatha.cli import pool as cli_pool
+    from mahabharatha.cli._work_output import command_output
+
+    _features(gsd, "alpha")
+    cmd = [sys.executable, "-c", FORCES_ITS_LOCK_AWAY, sleep, str(gsd), *CLI]
+    output = functools.partial(command_output, tag=False, log_dir=None, gsd_dir=gsd, stdout=None)
+    report = locks.run_pool(
+        functools.partial(cli_pool._run_step, cmd, 1, output),
+        ["alpha"],
+        gsd,
+        heartbeat=heartbeat,
+        once=True,
+        on_result=lambda result: cli_pool._say(result, 1),
+    )
+    assert [result.outcome for result in report.results] == ["lost"], report
+    assert not (gsd / "specs" / "alpha" / ".completed").exists()
+    assert said in capsys.readouterr().err
 
 
 def test_work_without_a_command_is_bad_input(gsd: Path) -> None:

@@ -348,7 +348,8 @@ def test_lock_work_goes_on_when_a_lease_outlasts_the_wait(
     assert results["alpha"]["outcome"] == "lost" and results["bravo"]["outcome"] == "done"
     reason = results["alpha"]["reason"]
     assert reason == f"{alpha}: {OUTLASTED}", reason  # one sentence: the path once, no errno
-    assert f"alpha: lost its lock while CMD ran ({reason})" in worker.stderr, worker.stderr
+    said = f"alpha: found its lock lost once CMD had ended ({reason}) (exit code 0)"
+    assert said in worker.stderr, worker.stderr  # 96f1493: "lost its lock while CMD ran"
     assert (code, document["ended"], document["busy"]) == (1, "finished", ["alpha"]), document
     assert "waiting:" not in worker.stderr, worker.stderr
     assert "nothing else to take; 1 left with its lock in place: alpha" in worker.stderr
