@@ -279,47 +279,59 @@ def _run_feature(
     try:
         with run:
             run.acquire()
-            code = run.command(
-                argv, output.stdout, env={FEATURE_ENV_VAR: feature}, stderr=output.stderr
-            )
-    except runner.WorkLeftError as left:
-        # CMD ended but its work outside its group holds the lock until it ends: the result
-        # is recorded all the same and the worker goes on (or stops, when told to).
-        result = _ending(
-            lock,
-            left.status,
-            functools.partial(lock.finish_leaving_work, left.status, left.still_running),
-            running_lost,
-        )
-        if run.signalled is not None:
-            raise StopWork(result, killed_by(run.signalled)) from None
-        return result
+            result = _command_then_end(run, lock, argv, attempts, output, running_lost)
     except runner.CommandStartError as unstarted:
         # Every feature would fail the same way: release it unmarked, stop this worker.
         code = exit_code_for(unstarted, before_run=True)
         raise StopWork(lock.finish(None, unstarted.strerror, attempts), code) from None
     except runner.Interrupted as stop:
         raise StopWork(lock.finish(None, str(stop), attempts), stop.exit_code) from None
+    except StopWork:
+        raise  # the feature has ended: its result is in it
     except BaseException:
         lock.finish(None, None, attempts)  # whatever went wrong: never leave it held
         raise
-    told = run.signalled
-    if lock.lost is None and told is not None:
-        # Race: CMD caught the signal and exited 1 (or 0): the worker was still told to
-        # stop, so the feature is released unmarked.
-        why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
-        raise StopWork(lock.finish(None, why, attempts), killed_by(told))
-    finish = functools.partial(lock.finish, code, None, attempts)
-    return _ending(lock, code, finish, running_lost)
+    if run.signalled is not None:  # told to stop, whatever CMD made of it: after its result
+        raise StopWork(result, killed_by(run.signalled))
+    return result
+
+
+def _command_then_end(
+    run: runner.Run,
+    lock: PoolLock,
+    argv: list[str],
+    attempts: int,
+    output: CommandOutput,
+    running_lost: list[LockLostError],
+) -> WorkResult:
+    """CMD, then its feature's mark and release, inside the run: a signal is the relay's until
+    the feature has ended (it cuts a wait for another's kernel lease on the lock short)."""
+    env = {FEATURE_ENV_VAR: lock.feature}
+    try:
+        code = run.command(argv, output.stdout, env=env, stderr=output.stderr)
+    except runner.WorkLeftError as left:
+        # CMD ended but its work outside its group holds the lock until it ends: the result
+        # is recorded all the same and the worker goes on (or stops, when told to).
+        code = left.status
+        end = functools.partial(lock.finish_leaving_work, code, left.still_running)
+    else:
+        told = run.signalled
+        if lock.lost is None and told is not None:
+            # Race: CMD caught the signal and exited 1 (or 0): the worker was still told to
+            # stop, so the feature is released unmarked.
+            why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
+            return lock.finish(None, why, attempts)
+        end = functools.partial(lock.finish, code, None, attempts)
+    return _ending(lock, code, end, running_lost)
 
 
 def _ending(
     lock: PoolLock, code: int, end: Callable[[], WorkResult], running_lost: list[LockLostError]
 ) -> WorkResult:
     """``end()``, the feature's mark and release (lost: ``running_lost`` says whether found
-    while CMD ran). A signal the run's relay received before it ended (the grace for CMD's
-    leftovers) cuts its wait for another's kernel lease on the lock short: the worker stops,
-    the feature lost and its lock left, in ``lock run``'s words."""
+    while CMD ran). A signal the run's relay received since CMD ended cuts its wait for
+    another's kernel lease on the lock short: the worker stops, the feature lost and its lock
+    left, in ``lock run``'s words."""
     try:
         result = end()
     except runner.ReleaseInterrupted as stop:
