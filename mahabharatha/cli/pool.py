@@ -47,15 +47,7 @@ from mahabharatha.exits import (
     EXIT_TEMPFAIL,
     killed_by,
 )
-from mahabharatha.locks import (
-    FeatureProblem,
-    LockInfo,
-    LockLostError,
-    PoolLock,
-    StopWork,
-    WorkReport,
-    WorkResult,
-)
+from mahabharatha.locks import FeatureProblem, LockInfo, PoolLock, StopWork, WorkReport, WorkResult
 from mahabharatha.pool import team
 from mahabharatha.run import runner
 from mahabharatha.states import State, WorkEnd, WorkOutcome
@@ -270,7 +262,7 @@ def _run_feature(
 ) -> WorkResult:
     feature = lock.feature
     argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in command]
-    running_lost: list[LockLostError] = []  # the loss the relay acted on: while CMD ran
+    running_lost: list[locks.LockLostError] = []  # the loss the relay acted on: while CMD ran
     run = runner.Run(
         lock,
         notify_lost=running_lost.append,
@@ -302,10 +294,12 @@ def _command_then_end(
     argv: list[str],
     attempts: int,
     output: CommandOutput,
-    running_lost: list[LockLostError],
+    running_lost: list[locks.LockLostError],
 ) -> WorkResult:
     """CMD, then its feature's mark and release, inside the run: a signal is the relay's until
-    the feature has ended (it cuts a wait for another's kernel lease on the lock short)."""
+    the feature has ended; one since CMD ended cuts a wait for another's kernel lease on the
+    lock short: the worker stops, the feature lost and its lock left, in ``lock run``'s words.
+    Lost: ``running_lost`` says whether the loss was found while CMD ran."""
     env = {FEATURE_ENV_VAR: lock.feature}
     try:
         code = run.command(argv, output.stdout, env=env, stderr=output.stderr)
@@ -322,16 +316,6 @@ def _command_then_end(
             why = f"interrupted by {signal.Signals(told).name} (exit code {code})"
             return lock.finish(None, why, attempts)
         end = functools.partial(lock.finish, code, None, attempts)
-    return _ending(lock, code, end, running_lost)
-
-
-def _ending(
-    lock: PoolLock, code: int, end: Callable[[], WorkResult], running_lost: list[LockLostError]
-) -> WorkResult:
-    """``end()``, the feature's mark and release (lost: ``running_lost`` says whether found
-    while CMD ran). A signal the run's relay received since CMD ended cuts its wait for
-    another's kernel lease on the lock short: the worker stops, the feature lost and its lock
-    left, in ``lock run``'s words."""
     try:
         result = end()
     except runner.ReleaseInterrupted as stop:
