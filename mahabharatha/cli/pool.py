@@ -34,6 +34,7 @@ from mahabharatha.cli._output import (
     note,
     problem_warnings,
     respond,
+    stopped_code,
     with_shared_options,
 )
 from mahabharatha.cli._work_output import CommandOutput, command_output
@@ -225,21 +226,31 @@ def work(
             gsd_dir=shared.gsd_dir,
             stdout=sys.stderr if shared.as_json else None,
         )
-        report = locks.run_pool(
-            functools.partial(_run_step, command, attempts, output),
-            features,
-            shared.gsd_dir,
-            attempts=attempts,
-            wait=wait,
-            reclaim_dead=reclaim_dead,
-            once=once,
-            backend=store,
-            command=command,
-            on_result=lambda result: _say(result, attempts),
-            problems=problems,
-            retry_delay=retry_delay,
-            on_waiting=_say_waiting,
-        )
+        results: list[WorkResult] = []  # kept here too: a stop between features keeps them
+
+        def said(result: WorkResult) -> None:
+            results.append(result)
+            _say(result, attempts)
+
+        try:
+            report = locks.run_pool(
+                functools.partial(_run_step, command, attempts, output),
+                features,
+                shared.gsd_dir,
+                attempts=attempts,
+                wait=wait,
+                reclaim_dead=reclaim_dead,
+                once=once,
+                backend=store,
+                command=command,
+                on_result=said,
+                problems=problems,
+                retry_delay=retry_delay,
+                on_waiting=_say_waiting,
+            )
+        except KeyboardInterrupt as stop:  # Ctrl-C, TERM, HUP between features: what was done
+            report = WorkReport(WorkEnd.STOPPED, tuple(results), exit_code=stopped_code(stop))
+            return _work_result(report, document, once, problems)._replace(message="interrupted")
         return _work_result(report, document, once, problems)
 
     respond(shared.as_json, document, action)

@@ -3,8 +3,10 @@ feature and holder it waits for (as ``lock run`` says "waiting: feature ... is l
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +35,30 @@ def test_a_waiting_worker_names_the_feature_and_its_holder_once(tmp_path: Path, 
     assert worker.wait() == 0, worker.stderr
     assert worker.stderr.count("waiting:") == 1, worker.stderr
     assert "alpha: done" in worker.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_while_waiting_keeps_what_the_worker_did_in_its_document(
+    tmp_path: Path, spawn: Any, signum: signal.Signals
+) -> None:
+    """alpha done, then a wait for beta (held by this test) is stopped: exit 128+N, and the
+    one document says what the worker did (alpha done, ended ``stopped``). Failed on
+    96f1493: ``"ended": null, "results": []`` (the stop's answer had only the first fields)."""
+    for feature in ("alpha", "beta"):
+        (tmp_path / ".gsd" / "specs" / feature).mkdir(parents=True)
+    me = str(os.getpid())
+    assert run_cli("lock", "acquire", "beta", "--pid", me, cwd=tmp_path).returncode == 0
+    worker = spawn(cli_argv("lock", "work", "--json", "--", "true"))
+    assert worker.next_line("stderr") == "mahabharatha: alpha: done"
+    assert "waiting: feature 'beta' is locked by" in worker.next_line("stderr")
+    os.kill(worker.pid, signum)
+    code = worker.wait()
+    assert code == 128 + signum, worker.stderr
+    document = json.loads(worker.stdout)
+    results = [(r["feature"], r["outcome"]) for r in document["results"]]
+    assert (document["ended"], results) == ("stopped", [("alpha", "done")]), document
+    assert document["error"] == "interrupted"
+    assert worker.stderr.strip().splitlines()[-1] == "mahabharatha: interrupted"
 
 
 def test_a_worker_waiting_for_a_resting_feature_says_so(tmp_path: Path) -> None:
