@@ -1,0 +1,180 @@
+"""Findings of the hostile hunt for a pool feature run twice or a pool that ends too early
+(brief wt-hunt). Each test states the promise (contract, "Worker pools"), fails today, and is
+marked ``xfail(strict=True)`` with the cause, so that the fix turns it into an XPASS: then drop
+the mark.
+
+Races are hit deterministically: the worker under test runs the real CLI in a child process
+whose ``python`` loads a hook that pauses it at the racy point (a pipe handshake), and the test
+makes the other process act in that window. The hook changes no behaviour, only timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from tests.cli._support import RUN_TIMEOUT, SYNC_TIMEOUT
+from tests.support.postgres import PgServer
+
+CLI = (sys.executable, "-m", "mahabharatha")
+
+HOOK_STATUS_AFTER_EMPTY_CLAIM = """
+import os
+from mahabharatha.backends.postgres.backend import PostgresBackend
+
+_status = PostgresBackend.status
+_paused = False
+
+
+def status(self, *args, **kwargs):
+    # The pool's one-statement round calls status() right after try_claim() found nothing
+    # takeable: pause there once, until the test says go.
+    global _paused
+    if not _paused:
+        _paused = True
+        os.write(int(os.environ["HUNT_PAUSED_FD"]), b"paused\\n")
+        os.read(int(os.environ["HUNT_GO_FD"]), 1)
+    return _status(self, *args, **kwargs)
+
+
+PostgresBackend.status = status
+"""
+
+
+@contextmanager
+def hooked_cli(
+    hook: str, args: list[str], cwd: Path, env: dict[str, str]
+) -> Iterator[tuple[subprocess.Popen[str], IO[bytes], int]]:
+    """``python -m mahabharatha ARGS`` with ``hook`` run first; yields the process, the stream
+    on which it says ``paused`` and the descriptor on which the test writes ``go``."""
+    paused_r, paused_w = os.pipe()
+    go_r, go_w = os.pipe()
+    (cwd / "hunt_hook.py").write_text(hook)
+    code = textwrap.dedent(
+        """
+        import runpy, sys
+        sys.path.insert(0, sys.argv.pop(1))
+        import hunt_hook  # noqa: F401
+        runpy.run_module("mahabharatha", run_name="__main__", alter_sys=True)
+        """
+    )
+    child_env = {**env, "HUNT_PAUSED_FD": str(paused_w), "HUNT_GO_FD": str(go_r)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(cwd), *args],
+        cwd=cwd,
+        env=child_env,
+        pass_fds=(paused_w, go_r),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(paused_w)
+    os.close(go_r)
+    paused = os.fdopen(paused_r, "rb")
+    try:
+        yield proc, paused, go_w
+    finally:
+        os.close(go_w)
+        paused.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=RUN_TIMEOUT)
+
+
+def _lines_until(stream: IO[str], wanted: str) -> str:
+    seen = ""
+    for line in stream:
+        seen += line
+        if wanted in line:
+            return seen
+    raise AssertionError(f"never said {wanted!r}: {seen}")
+
+
+@pytest.fixture
+def pg_env(pg_server: PgServer, namespace: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MAHABHARATHA_LOCK_URL": pg_server.url(),
+        "MAHABHARATHA_LOCK_NAMESPACE": namespace,
+    }
+
+
+@pytest.fixture
+def namespace() -> str:
+    import uuid
+
+    return f"hunt-{uuid.uuid4().hex[:12]}"
+
+
+def _state_of(feature: str, cwd: Path, env: dict[str, str]) -> Any:
+    shown = subprocess.run(
+        [*CLI, "lock", "status", "--all", "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    listed = json.loads(shown.stdout)["features"]
+    return {entry["feature"]: entry["state"] for entry in listed}.get(feature)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "pool/claim.py _Pool._claim_in_one_step: after try_claim() found nothing, a feature "
+        "the later status() no longer sees held (and not resting) is counted 'done'; a holder "
+        "that let it go unmarked in between (TERM to its lock work) leaves the waiter ending "
+        "'finished' with exit 0, the feature neither done nor failed"
+    ),
+)
+def test_pg_waiter_does_not_finish_when_a_feature_is_released_unmarked_mid_round(
+    pg_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Contract: the last worker leaves only when every feature is done or failed. Worker B
+    holds A (its CMD runs); worker W waits for it. B is told to stop (TERM: A released
+    unmarked, no attempt) exactly while W's claim round is between its claim statement and
+    its look at the held rows. W must then take A and do it (exit 0, A done), not leave."""
+    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [*CLI, "lock", "work", "A", "--", "sh", "-c", "echo started; exec sleep 600"],
+        cwd=tmp_path,
+        env=pg_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None
+        _lines_until(holder.stdout, "started")
+        waiter_cmd = ["sh", "-c", "echo ran >> ran-by-waiter"]
+        args = ["lock", "work", "A", "--wait", "30", "--", *waiter_cmd]
+        with hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, pg_env) as (
+            waiter,
+            paused,
+            go,
+        ):
+            assert paused.readline() == b"paused\n"  # W: try_claim found A held
+            holder.send_signal(signal.SIGTERM)  # B: stop; A released unmarked
+            assert holder.wait(timeout=SYNC_TIMEOUT) == 128 + signal.SIGTERM
+            os.write(go, b"g")
+            out, err = waiter.communicate(timeout=RUN_TIMEOUT)
+            code = waiter.returncode
+        state = _state_of("A", tmp_path, pg_env)
+        ran = (tmp_path / "ran-by-waiter").exists()
+        assert (code, state, ran) == (0, "done", True), (code, state, ran, out, err)
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
