@@ -467,3 +467,48 @@ def test_files_a_worker_killed_between_its_done_marker_and_release_is_not_run_ag
     # Still marked done (its dead worker's lock is left for `lock clean`: status shows it
     # reclaimable, not done, until then).
     assert (tmp_path / ".gsd" / "specs" / "A" / ".completed").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "the same round as the lock work waiter's (pool/claim.py _Pool._claim_in_one_step lines "
+        "349-357): `lock claim --wait` answers exit 1, 'nothing left', with A free: the "
+        "README's shell pool loop ends"
+    ),
+)
+def test_pg_claim_wait_does_not_answer_nothing_left_when_a_feature_is_released_mid_round(
+    pg_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Contract: `claim --wait` exits 1 only when every feature is done or failed. B holds A
+    and is told to stop (A released unmarked) while the waiting claim's round is between its
+    claim statement and its look at the held rows: the claim must take A (exit 0, "A")."""
+    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [*CLI, "lock", "work", "A", "--", "sh", "-c", "echo started; exec sleep 600"],
+        cwd=tmp_path,
+        env=pg_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None
+        _lines_until(holder.stdout, "started")
+        args = ["lock", "claim", "A", "--wait", "30", "--pid", str(os.getpid())]
+        with hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, pg_env) as (
+            claimer,
+            paused,
+            go,
+        ):
+            assert paused.readline() == b"paused\n"  # the claim found A held
+            holder.send_signal(signal.SIGTERM)
+            assert holder.wait(timeout=SYNC_TIMEOUT) == 128 + signal.SIGTERM
+            os.write(go, b"g")
+            out, err = claimer.communicate(timeout=RUN_TIMEOUT)
+        assert (claimer.returncode, out.strip()) == (0, "A"), (claimer.returncode, out, err)
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.communicate()
