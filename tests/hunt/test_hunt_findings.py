@@ -282,7 +282,9 @@ REOPEN_STEP = (
 )
 
 
-@pytest.mark.parametrize("backend", ["files", "postgresql"])
+@pytest.mark.parametrize(
+    "backend", ["files", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
 def test_a_feature_reopened_while_the_pool_runs_is_done_before_it_ends(
     request: pytest.FixtureRequest, tmp_path: Path, backend: str
 ) -> None:
@@ -342,7 +344,9 @@ def test_a_feature_reopened_while_the_pool_runs_is_done_before_it_ends(
     assert (worker.returncode, state) == (1, "failed"), (worker.returncode, state, err)
 
 
-@pytest.mark.parametrize("backend", ["files", "postgresql"])
+@pytest.mark.parametrize(
+    "backend", ["files", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
 @pytest.mark.xfail(
     strict=True,
     reason=(
