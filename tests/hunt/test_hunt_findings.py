@@ -516,3 +516,92 @@ def test_pg_claim_wait_does_not_answer_nothing_left_when_a_feature_is_released_m
         if holder.poll() is None:
             os.killpg(holder.pid, signal.SIGKILL)
         holder.communicate()
+
+
+ESCAPING_STEP = (
+    "setsid sh -c 'echo in >> occupancy; read line < gate; echo out >> occupancy' "
+    "</dev/null >/dev/null 2>&1 & "
+    "echo started; wait"
+)
+"""CMD starts work in a session of its own (``setsid``: one of the ways work leaves CMD that the
+contract lists) and ends when that work does: the work stays until the test opens the gate."""
+
+
+SECOND_STEP = ("sh", "-c", "echo in2 >> occupancy; echo out2 >> occupancy")
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "files",
+        pytest.param(
+            "postgresql",
+            marks=[
+                pytest.mark.postgres,
+                pytest.mark.xfail(
+                    strict=True,
+                    reason=(
+                        "PostgreSQL records no proof of life (design/lockfile-hardening.md "
+                        "'PostgreSQL records none'): --reclaim-dead judges only the SIGKILLed "
+                        "lock work's own group and session, so work CMD started with setsid "
+                        "(still running) is not seen and a second worker runs the feature "
+                        "beside it; files wait for it (the proof). The contract's PostgreSQL "
+                        "--reclaim-dead sentence (owner gone) allows it by the letter, and the "
+                        "60 s lease would give it away anyway: a gap to decide, not a slip"
+                    ),
+                ),
+            ],
+        ),
+    ],
+)
+def test_a_killed_workers_escaped_work_keeps_its_feature_from_a_reclaim_dead_worker(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    """Never two workers on one feature: worker W (its own session, as a shell job) runs CMD,
+    whose work left with ``setsid``; W is SIGKILLed (CMD dies with it, the work does not). A
+    ``--reclaim-dead --wait 3`` worker must not run the feature while that work runs (75, the
+    occupancy file holding only the work's ``in``)."""
+    if backend == "files":
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MAHABHARATHA_LOCK")}
+    else:
+        env = request.getfixturevalue("pg_env")
+    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    occupancy = tmp_path / "occupancy"
+    worker = subprocess.Popen(
+        [*CLI, "lock", "work", "A", "--", "sh", "-c", ESCAPING_STEP],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert worker.stdout is not None
+        _lines_until(worker.stdout, "started")
+        _wait_for_line(occupancy, worker)  # the escaped work runs
+        worker.kill()
+        worker.communicate(timeout=RUN_TIMEOUT)
+        second = subprocess.run(
+            [*CLI, "lock", "work", "A", "--reclaim-dead", "--wait", "3", "--", *SECOND_STEP],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+        )
+        seen = occupancy.read_text().split()
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.communicate()
+        try:  # let the escaped work end (ENXIO: it is gone already)
+            opened = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            pass
+        else:
+            os.write(opened, b"go\n")
+            os.close(opened)
+    assert (second.returncode, seen) == (75, ["in"]), (second.returncode, seen, second.stderr)
