@@ -315,6 +315,61 @@ def test_a_role_that_may_count_no_sessions_is_crowded(crowded_server: PgServer) 
         backend.close()
 
 
+class _SessionsLookSentByBoth:
+    """A backend's connection whose sessions look (``SLOTS``) is held until two threads have
+    both sent it, the ``second``'s then until the ``first``'s judgement is made: both read
+    which count to run before either was refused it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.both_sent = threading.Barrier(2, timeout=HANG_GUARD_SECONDS)
+        self.first_judged = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if query is statements.SLOTS:
+            self.both_sent.wait()
+            if threading.current_thread().name == "second":
+                assert self.first_judged.wait(HANG_GUARD_SECONDS)
+        return self.conn.execute(query, *args, **kwargs)
+
+
+def test_threads_refused_the_sessions_look_at_once_both_count_the_databases_backends(
+    crowded_server: PgServer,
+) -> None:
+    """Two threads sharing a backend are refused ``pg_stat_get_activity`` at once, on a server
+    with most slots free: each goes on to the databases' backend counts, and neither judges it
+    crowded. Failed on 7c66ee9: the second took the first's move to that count for a refusal
+    of it too, and judged the server crowded for good (every claim then connecting again,
+    every waiter polling, woken by no release)."""
+    backend = PostgresBackend(crowded_server.url(), namespace="crowd-hidden-twice")
+    judged: dict[str, bool] = {}
+    try:
+        with _revoked(crowded_server, SESSIONS_LOOK):
+            backend.status()
+            real = backend._conn
+            looked = backend._conn = _SessionsLookSentByBoth(real)  # type: ignore[assignment]
+
+            def judge() -> None:
+                judged[threading.current_thread().name] = backend.crowded(0.0)
+                if threading.current_thread().name == "first":
+                    looked.first_judged.set()
+
+            threads = [threading.Thread(target=judge, name=name) for name in ("first", "second")]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(HANG_GUARD_SECONDS)
+            backend._conn = real
+            assert judged == {"first": False, "second": False}
+            assert backend._slots_look is statements.SLOTS_BY_DATABASE
+            assert backend.status() == []  # the same connection, still usable
+    finally:
+        backend.close()
+
+
 USABLE_SLOTS = MAX_CONNECTIONS - 3
 REFUSED_TIMEOUT = 1
 """The workers' ``--connect-timeout`` while every slot is taken: they used to exit 3 after it."""
