@@ -165,15 +165,15 @@ class Session:
     def crowded(self, within: float) -> bool:
         """Are the server's slots nearly all taken? Asked on the kept connection at most every
         ``within`` (never by connecting, nor behind a pooler); yes if the role may count none."""
-        conn = self._conn
-        if self._slots_look is None or conn is None or conn.closed or conn.pooled:
+        conn, look = self._conn, self._slots_look
+        if look is None or conn is None or conn.closed or conn.pooled:
             return self._slots_scarce
         if time.monotonic() - self._slots_seen < within:
             return self._slots_scarce
         try:
-            found = conn.execute(self._slots_look, prepare=False).fetchone()
+            found = conn.execute(look, prepare=False).fetchone()
         except pg_errors.InsufficientPrivilege:
-            return self._count_refused()
+            return self._count_refused(look)
         except psycopg.Error:
             # A lost or frozen connection: the caller's next statement connects again (and
             # says what is wrong, if anything).
@@ -185,10 +185,12 @@ class Session:
         self._slots_scarce = usable - taken <= max(1, usable // 10)  # a tenth free, at least one
         return self._slots_scarce
 
-    def _count_refused(self) -> bool:
-        """The role may not run this count (its setting: never asked again): the next one now;
+    def _count_refused(self, refused: str) -> bool:
+        """The role may not run ``refused`` (its setting: never asked again): the next count now;
         none left: crowded from now on (a waiter that LISTENs may hold the last free slots)."""
-        if self._slots_look is statements.SLOTS:
+        # Race: threads sharing the backend refused the first count at once: the later one took
+        # the earlier one's move to the next for a refusal of it (crowded for good).
+        if refused is statements.SLOTS:
             self._slots_look = statements.SLOTS_BY_DATABASE
             return self.crowded(0.0)
         self._slots_look = None
