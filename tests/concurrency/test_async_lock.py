@@ -744,7 +744,7 @@ def test_an_async_waiter_on_a_crowded_server_listens_on_no_connection_and_still_
     gets one); once the holder lets go, its next look takes the lock. Failed on 96f1493: it
     listened on the second slot from its first look to the end of its wait (one listening
     session at every later look), its claims' connection kept beside it."""
-    from tests.support.postgres import APP_USER, admin_execute
+    from tests.support.postgres import admin_execute
 
     place = Place(tmp_path, pg_server.url(), f"async-{uuid.uuid4().hex[:12]}")
     role = f"mh_crowd_{uuid.uuid4().hex[:8]}"
@@ -785,17 +785,92 @@ def test_an_async_waiter_on_a_crowded_server_listens_on_no_connection_and_still_
         finally:
             backend.close()
 
-    with held_elsewhere(place) as let_go:  # the holder (the app role) made the tables
+    # The holder (the app role) made the tables.
+    with held_elsewhere(place) as let_go, _role_with_slots(pg_server, role, CROWDED_ROLE_SLOTS):
+        asyncio.run(main(let_go))
+
+
+@contextmanager
+def _role_with_slots(pg_server: Any, role: str, slots: int) -> Iterator[None]:
+    """``role``, one of the app role's, with ``slots`` connections (``CONNECTION LIMIT``)."""
+    from tests.support.postgres import APP_USER, admin_execute
+
+    admin_execute(
+        pg_server, f"CREATE ROLE {role} LOGIN CONNECTION LIMIT {slots} IN ROLE {APP_USER}"
+    )
+    try:
+        yield
+    finally:
         admin_execute(
             pg_server,
-            f"CREATE ROLE {role} LOGIN CONNECTION LIMIT {CROWDED_ROLE_SLOTS} IN ROLE {APP_USER}",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+            role,
         )
+        admin_execute(pg_server, f"DROP ROLE {role}")
+
+
+ROOMY_ROLE_SLOTS: Final = 4
+"""A waiter's role's slots: its claims' connection and its listener leave two (not crowded);
+two more sessions of the role take them (crowded, and still so once it lets go of both)."""
+
+
+@pytest.mark.postgres
+def test_an_async_waiter_stops_listening_once_the_server_turns_crowded(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    """A task waits as a role with four slots: not crowded, it listens. Two more sessions of the
+    role then take the rest: at a later look (the server is asked at most every
+    ``SLOTS_LOOK_SECONDS``, a look lasts a slice) its listener is closed, and it still gets the
+    lock once the holder lets go. Fails with the listener left open on a crowded server (mutant
+    ``async-waiters-keep-listening-once-the-server-turns-crowded``): the other tests start
+    crowded, where no listener was ever made."""
+    from tests.support.postgres import admin_execute
+
+    place = Place(tmp_path, pg_server.url(), f"async-{uuid.uuid4().hex[:12]}")
+    role = f"mh_roomy_{uuid.uuid4().hex[:8]}"
+    listening = (
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE usename = %s AND application_name = 'mahabharatha-wait-async'"
+    )
+    after: list[int] = []  # listening sessions at each look once the server turned crowded
+    crowd: list[Any] = []
+
+    async def main(let_go: Any) -> None:
+        import psycopg
+
+        from mahabharatha.backends.postgres.backend import PostgresBackend
+
+        backend = PostgresBackend(
+            pg_server.url(role=role), namespace=place.namespace, gsd_dir=place.gsd
+        )
+        listened, looked = asyncio.Event(), asyncio.Event()
+
+        def look(_info: object, _left: object) -> None:
+            count = int(str(admin_execute(pg_server, listening, role)[0][0]))
+            if crowd:
+                after.append(count)
+                if len(after) == LOOKS:
+                    looked.set()
+            elif count:
+                listened.set()
+
+        lock = AsyncFeatureLock(FEATURE, place.gsd, backend=backend, heartbeat=None, on_wait=look)
         try:
-            asyncio.run(main(let_go))
+            waiter = asyncio.create_task(lock.acquire())
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
+                await listened.wait()
+                crowd.extend(psycopg.connect(pg_server.url(role=role)) for _ in range(2))
+                await looked.wait()
+            assert after[-1] == 0, f"listening at each look on a crowded server: {after}"
+            let_go.set()
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
+                assert (await waiter).held
+            await lock.release()
         finally:
-            admin_execute(
-                pg_server,
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
-                role,
-            )
-            admin_execute(pg_server, f"DROP ROLE {role}")
+            for conn in crowd:
+                conn.close()
+            backend.close()
+
+    # The holder (the app role) made the tables.
+    with held_elsewhere(place) as let_go, _role_with_slots(pg_server, role, ROOMY_ROLE_SLOTS):
+        asyncio.run(main(let_go))
