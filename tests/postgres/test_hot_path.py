@@ -195,3 +195,35 @@ def test_two_threads_acquiring_on_one_backend_take_turns_and_read_their_own_answ
     assert got["beta"].held is not None and got["beta"].held.feature == "beta"
     assert got["alpha"].held is not None and got["alpha"].held.feature == "alpha"
     assert sorted(row.feature for row in backend.status()) == ["alpha", "beta"]
+
+
+def test_a_call_whose_connection_was_let_go_of_before_its_turn_runs_on_a_fresh_one(
+    backend: Any,
+) -> None:
+    """Thread B's call has taken the shared connection and waits for its turn while another
+    thread, in its turn, lets that connection go (as an ``AsyncFeatureLock`` waiter does at
+    each look on a crowded server, ``AsyncReleaseListener._crowded``). Nothing was sent on it:
+    B connects again and runs its statement, here a ``fail``, which is never retried. Failed on
+    7c66ee9: B sent it on the closed connection, a lost answer (``fail``: BackendError "the
+    connection is closed"; a retried statement three times in a row: eight asyncio waiters of
+    one backend on a crowded server raised it from ``acquire`` within seconds)."""
+    held = backend.try_acquire("failing", me()).held
+    assert held is not None
+    turns = TurnsSeen()
+    backend._one_operation = turns
+    outcome: list[object] = []
+
+    def fail() -> None:
+        try:
+            outcome.append(backend.fail("failing", held.pid, "the command failed", 3))
+        except Exception as error:  # the test's finding, told by the assertion below
+            outcome.append(error)
+
+    b = threading.Thread(target=fail)
+    with turns:  # another thread's turn: B gets the connection, then waits for its own
+        b.start()
+        assert turns.decided.wait(SYNC_TIMEOUT)
+        backend.close()
+    b.join(SYNC_TIMEOUT)
+    assert [type(found).__name__ for found in outcome] == ["Attempts"], outcome
+    assert backend.attempts("failing").tries == 1
