@@ -266,6 +266,11 @@ class Session:
                 raise self._error(error) from None
             try:
                 with self._one_operation:
+                    if conn.closed:
+                        # Race: let go of by another thread in its turn after we took it (an
+                        # async waiter's look on a crowded server): nothing was sent, connect
+                        # again. Sent, it was a lost answer; three failed the call.
+                        continue
                     if conn.pooled and not pins_itself:
                         return self._pinned(conn, operation)
                     return operation(conn)
