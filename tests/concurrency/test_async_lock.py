@@ -752,10 +752,11 @@ def test_an_async_waiter_on_a_crowded_server_listens_on_no_connection_and_still_
         "SELECT count(*) FROM pg_stat_activity"
         " WHERE usename = %s AND application_name = 'mahabharatha-wait-async'"
     )
+    claims = (
+        "SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name = 'mahabharatha'"
+    )
     seen: list[int] = []
-
-    def sessions(query: str = "SELECT count(*) FROM pg_stat_activity WHERE usename = %s") -> int:
-        return int(str(admin_execute(pg_server, query, role)[0][0]))
+    connections: list[object] = []  # the claims' connection's server process at each look
 
     async def main(let_go: Any) -> None:
         from mahabharatha.backends.postgres.backend import PostgresBackend
@@ -766,7 +767,8 @@ def test_an_async_waiter_on_a_crowded_server_listens_on_no_connection_and_still_
         looked = asyncio.Event()
 
         def look(_info: object, _left: object) -> None:
-            seen.append(sessions(listening))
+            seen.append(int(str(admin_execute(pg_server, listening, role)[0][0])))
+            connections.extend(row[0] for row in admin_execute(pg_server, claims, role))
             if len(seen) == LOOKS:
                 looked.set()
 
@@ -775,9 +777,9 @@ def test_an_async_waiter_on_a_crowded_server_listens_on_no_connection_and_still_
             waiter = asyncio.create_task(lock.acquire())
             async with asyncio.timeout(HANG_GUARD_SECONDS):
                 await looked.wait()
-                assert set(seen) == {0}, "the waiter listened on a crowded server"
-                while sessions() != 0:  # between two looks it holds no connection at all
-                    await asyncio.sleep(0.01)
+            assert set(seen) == {0}, "the waiter listened on a crowded server"
+            # One claims' connection at each look, a new one each time: none kept between two.
+            assert len(set(connections)) == len(connections) == LOOKS, connections
             let_go.set()
             async with asyncio.timeout(HANG_GUARD_SECONDS):
                 assert (await waiter).held
