@@ -711,6 +711,31 @@ def test_a_role_or_database_near_its_own_connection_limit_is_crowded(
         backend.close()
 
 
+def test_a_role_near_its_own_connection_limit_is_crowded_on_a_server_that_hides_its_sessions(
+    crowded_server: PgServer,
+) -> None:
+    """A role refused ``pg_stat_get_activity`` counts the databases' backends, each of which
+    may be its own, against its ``CONNECTION LIMIT`` (5): its own session leaves most free, not
+    crowded; three more of its sessions leave one, crowded. Fails with the role's limit
+    counting none of them (mutant ``hidden-sessions-never-count-against-the-roles-limit``):
+    the server's slots alone said "not crowded" while a sixth session would be refused."""
+    admin_execute(crowded_server, "ALTER ROLE mh_app CONNECTION LIMIT 5")
+    backend = PostgresBackend(crowded_server.url(), namespace="crowd-role-hidden")
+    others: list[psycopg.Connection[tuple[object, ...]]] = []
+    try:
+        with _revoked(crowded_server, SESSIONS_LOOK):
+            backend.status()
+            assert not backend.crowded(0.0)
+            others = [psycopg.connect(crowded_server.url()) for _ in range(3)]
+            assert backend.crowded(0.0)
+            assert backend._slots_look is statements.SLOTS_BY_DATABASE
+    finally:
+        admin_execute(crowded_server, "ALTER ROLE mh_app CONNECTION LIMIT -1")
+        for conn in others:
+            conn.close()
+        backend.close()
+
+
 def test_a_done_whose_answer_was_lost_on_a_full_server_is_found_when_asked_again(
     crowded_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
