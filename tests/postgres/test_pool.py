@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +21,8 @@ from mahabharatha import locks
 from mahabharatha.pool import claim
 from tests.cli import test_work_jobs as jobs_test
 from tests.cli import test_work_pool as pool_test
-from tests.cli._support import SYNC_TIMEOUT
+from tests.cli._support import RUN_TIMEOUT, SYNC_TIMEOUT
+from tests.hunt import test_hunt_findings as hunt
 from tests.support.marks import needs_fifo, posix_signals
 from tests.support.postgres import HostileServer, PgServer, admin_execute
 
@@ -239,3 +241,56 @@ def test_the_workers_import_no_driver_after_the_fork(on_server: str, tmp_path: P
     """On PostgreSQL the team imports the driver (psycopg, about 90 ms) before it forks its
     workers, not once in each of them."""
     assert jobs_test.modules_imported_after_the_fork(tmp_path) == []
+
+
+@pytest.mark.parametrize("lock_server", ["plain"], indirect=True)  # the server itself restarts
+def test_a_server_restart_as_cmd_ends_does_not_lose_its_success(
+    on_server: str, lock_server: tuple[PgServer, str], tmp_path: Path
+) -> None:
+    """Contract: done once, never a lost success; "done, fail and release are retried when
+    their statement provably was not sent"; the holder's lease (60 s) still runs. The server
+    is down just as CMD succeeds: the done waits for it (a refused connect sends nothing) and
+    is recorded once it is back; the next worker does not run CMD again. Failed before (the
+    hunt, F2): the refused connect raised at once, ``lock work`` exited 3 with its lock left
+    under a live lease, and a --reclaim-dead worker ran CMD again: (3, 0, 'done', ['A', 'A'])."""
+    server = lock_server[0]
+    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
+    runs = tmp_path / "runs.log"
+    script = 'echo started; read line; echo "$MAHABHARATHA_FEATURE" >> runs.log'
+    worker = subprocess.Popen(
+        [*CLI, "lock", "work", "A", "--", "sh", "-c", script],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        hunt._lines_until(worker.stdout, "started")
+        server.stop()
+        try:
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+            hunt._wait_for_line(runs, worker)  # CMD succeeded; its done meets a stopped server
+        finally:
+            server.start()
+        _, err = worker.communicate(timeout=RUN_TIMEOUT)
+        first = worker.returncode
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.communicate()
+    # The next worker of the pool: it must find A done (or wait for it), never run it again.
+    again = subprocess.run(
+        [*CLI, "lock", "work", "A", "--reclaim-dead", "--wait", "5", "--", "sh", "-c", script],
+        cwd=tmp_path,
+        input="go\n",
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    state = hunt._state_of("A", tmp_path, dict(os.environ))
+    ran = runs.read_text().split()
+    assert (first, again.returncode, state, ran) == (0, 0, "done", ["A"]), (err, again.stderr)

@@ -222,7 +222,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         claim = partial(
             self._claim, features, requester, reclaim_dead, lease, include_done, retry_delay
         )
-        answer = self._while_full(claim, until)
+        # A server restarting is waited for as long as a connection's own timeout, no longer.
+        answer = self._while_full(claim, until, time.monotonic() + self.connect_timeout)
         if answer is not None:
             self._let_go_if_crowded()
         return answer
@@ -513,8 +514,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return bool(self._rows(statements.IS_DONE, self._params(feature=feature))[0][0])
 
     def done(self, feature: str, pid: int, wait: ReleaseWait | None = None) -> str:
-        """Waits for a connection slot while the lease of a lock this backend took lasts
-        (``wait``: nothing refuses a done)."""
+        """Waits for a connection slot, or a server restarting, while the lease of a lock this
+        backend took lasts (``wait``: nothing refuses a done)."""
         return self._while_full(partial(self._done, feature, pid), self._lease_end(feature, pid))
 
     def _lease_end(self, feature: str, pid: int) -> float:
@@ -583,7 +584,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def fail(
         self, feature: str, pid: int, reason: str, limit: int, wait: ReleaseWait | None = None
     ) -> Attempts:
-        """Waits for a slot as :meth:`done` does."""
+        """Waits for a slot or a restart as :meth:`done` does."""
         failing = partial(self._fail, feature, pid, reason, limit)
         return self._while_full(failing, self._lease_end(feature, pid))
 

@@ -48,11 +48,19 @@ _NAMED_SCHEMA: Final = re.compile(  # where a statement names the default schema
 # A statement whose connection was lost is run again at most twice: a warm connection found
 # closed, then a fresh one whose answer a reset cut off.
 MAX_LOST_ANSWERS: Final = 2
+# A connection refused for now: the server restarting, starting up or shutting down
+# (cannot_connect_now, admin_shutdown, crash_shutdown); one with no SQLSTATE had no server
+# answer at all (refused, its socket gone, unreachable, timed out).
+_DOWN_SQLSTATES: Final = frozenset({"57P03", "57P01", "57P02"})
 
 _T = TypeVar("_T")
 
 _Connection = Connection  # the name the tests patch statements on
 _BEGIN_PINNED: Final = f"{statements.BEGIN}; {statements.PIN_SETTINGS}"  # one round trip
+
+
+class ServerDownError(BackendError):
+    """No connection made, nothing sent: no server answering (stopped, restarting)."""
 
 
 class Session:
@@ -197,20 +205,26 @@ class Session:
         self._slots_scarce = True
         return self._slots_scarce
 
-    def _while_full(self, operation: Callable[[], _T], until: float | None) -> _T:
+    def _while_full(
+        self, operation: Callable[[], _T], until: float | None, down_until: float = math.inf
+    ) -> _T:
         """``operation``, again while the server has no free slot, until ``until`` (monotonic;
-        ``None``: for ever); the first wait is logged and told once."""
+        ``None``: for ever), or is down (a restart: nothing sent) until ``down_until`` too;
+        the first wait is logged and told once."""
         while True:
             try:
                 return operation()
-            except ServerFullError as full:
-                if until is not None and time.monotonic() >= until:
+            except (ServerFullError, ServerDownError) as refused:
+                full = isinstance(refused, ServerFullError)
+                ends = min(math.inf if until is None else until, math.inf if full else down_until)
+                if time.monotonic() >= ends:
                     raise
                 if not self._told_slot_wait:
                     self._told_slot_wait = True
-                    logs.say(logs.WARNING, "%s; waiting for a free connection slot", full)
-                    if self.on_slot_wait is not None:
-                        self.on_slot_wait(full)
+                    awaited = "a free connection slot" if full else "the server to answer"
+                    logs.say(logs.WARNING, "%s; waiting for %s", refused, awaited)
+                    if self.on_slot_wait is not None and isinstance(refused, ServerFullError):
+                        self.on_slot_wait(refused)
             _pause_for_a_slot()
 
     def _let_go_if_crowded(self) -> None:
@@ -228,8 +242,9 @@ class Session:
         _close(self._conn)
         self._conn = None
 
-    def _error(self, error: BaseException) -> BackendError:
-        """One sentence naming the server (never the password) for what went wrong."""
+    def _error(self, error: BaseException, *, unsent: bool = False) -> BackendError:
+        """One sentence naming the server (never the password) for what went wrong (``unsent``:
+        while connecting, nothing of the operation sent)."""
         if isinstance(error, pg_errors._WaitTimeout) or "timeout expired" in str(error):
             reason = f"no answer within {self.connect_timeout:g} s"
         elif isinstance(error, pg_errors.InsufficientPrivilege):
@@ -245,6 +260,8 @@ class Session:
         said = f"lock server {self._server} (PostgreSQL): {reason}"
         if isinstance(error, psycopg.OperationalError) and _out_of_slots(error):
             return ServerFullError(said)
+        if unsent and isinstance(error, psycopg.OperationalError) and _server_down(error):
+            return ServerDownError(said)
         return BackendError(said)
 
     def _run(
@@ -263,7 +280,7 @@ class Session:
             try:
                 conn = self._connection()
             except psycopg.Error as error:  # nothing was sent: no answer to look for
-                raise self._error(error) from None
+                raise self._error(error, unsent=True) from None
             try:
                 with self._one_operation:
                     if conn.closed:
@@ -455,3 +472,9 @@ def _out_of_slots(error: psycopg.OperationalError) -> bool:
         return bool(sqlstate == SLOTS_TAKEN_SQLSTATE)
     text = str(error)
     return "too many clients" in text or "remaining connection slots are reserved" in text
+
+
+def _server_down(error: psycopg.OperationalError) -> bool:
+    """Refused for now by a server restarting, or answered by none (:data:`_DOWN_SQLSTATES`)."""
+    sqlstate = getattr(error, "sqlstate", None)
+    return sqlstate is None or sqlstate in _DOWN_SQLSTATES
