@@ -11,12 +11,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import pytest
 
 from mahabharatha.backends.base import BackendError, Requester
+from mahabharatha.backends.postgres import session as pg_session
 from mahabharatha.owner import ownership
+from tests.cli._support import SYNC_TIMEOUT
 from tests.support.postgres import PgServer, admin_execute, expire, wait_until
 
 HANG_GUARD_SECONDS = 1.0
@@ -301,3 +304,125 @@ def test_a_client_clock_hours_wrong_judges_nothing_differently(
     assert 50 < taken.expires_at - time.time() <= 60  # on this (wrong) clock, as it compares
     renewed = skewed.refresh(held)
     assert 50 < renewed.expires_at - time.time() <= 60
+
+
+def _while_stopped(
+    pg_server: PgServer, call: Callable[[], Any], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, int]:
+    """``call`` in a thread on a stopped server, started again once the call pauses to wait
+    for it (or has ended); its answer (or error) and how many pauses it made."""
+    pauses: list[None] = []
+    paused = threading.Event()
+
+    def pause() -> None:
+        pauses.append(None)
+        paused.set()
+        time.sleep(0.05)
+
+    monkeypatch.setattr(pg_session, "_pause_for_a_slot", pause)
+    answer: list[Any] = []
+
+    def run() -> None:
+        try:
+            answer.append(call())
+        except BackendError as error:
+            answer.append(error)
+        finally:
+            paused.set()
+
+    pg_server.stop()
+    thread = threading.Thread(target=run, daemon=True)
+    try:
+        thread.start()
+        assert paused.wait(SYNC_TIMEOUT)
+    finally:
+        pg_server.start()
+    thread.join(SYNC_TIMEOUT)
+    assert not thread.is_alive()
+    return answer[0], len(pauses)
+
+
+@pytest.mark.parametrize("outcome", ["done", "fail"])
+def test_a_done_or_fail_waits_out_a_server_restart_while_its_lease_lasts(
+    make_backend: Callable[..., Any],
+    pg_server: PgServer,
+    monkeypatch: pytest.MonkeyPatch,
+    outcome: str,
+) -> None:
+    """The holder's connection is gone (let go on a crowded server, or lost) and the server
+    is down as the outcome is recorded: the connect is refused, nothing was sent, and the
+    lease still runs: it is asked again until the server is back. Failed before: a
+    BackendError at once, the outcome lost while the lock stayed held."""
+    backend = make_backend()
+    held = backend.try_acquire("feat", me(), lease=60).held
+    backend.close()
+    calls = {
+        "done": partial(backend.done, "feat", held.pid),
+        "fail": partial(backend.fail, "feat", held.pid, "exit code 1", 3),
+    }
+    answer, pauses = _while_stopped(pg_server, calls[outcome], monkeypatch)
+    assert not isinstance(answer, BaseException), answer
+    assert backend.is_done("feat") if outcome == "done" else answer.tries == 1
+    assert pauses > 0
+    assert backend.inspect("feat").pid is None
+
+
+def test_a_claim_waits_out_a_server_restart_within_its_wait_and_connect_timeout(
+    make_backend: Callable[..., Any], pg_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim holding nothing, told to wait (``lock work``, ``claim --wait``), waits for a
+    server restarting as for a full one, but no longer than ``--connect-timeout``: a server
+    that stays away still ends it (ServerDownError, exit 3). Failed before: a BackendError at
+    once, so every waiting worker of a pool left on a restart."""
+    backend = make_backend(connect_timeout=SYNC_TIMEOUT)
+    answer, pauses = _while_stopped(
+        pg_server, lambda: backend.try_claim(["a"], me(), slot_wait=None), monkeypatch
+    )
+    assert not isinstance(answer, BaseException), answer
+    assert answer.held.feature == "a" and pauses > 0
+    gone = make_backend(connect_timeout=0.5)  # libpq waits 2 s at least; the wait: 0.5 s
+    ended: list[BaseException | None] = []
+    claimer = threading.Thread(
+        target=lambda: ended.append(_timed(lambda: gone.try_claim(["b"], me(), slot_wait=None))[0]),
+        daemon=True,
+    )
+    pg_server.stop()
+    try:
+        claimer.start()
+        claimer.join(SYNC_TIMEOUT)  # the claim waits for ever for a slot (slot_wait None)
+    finally:
+        pg_server.start()
+    assert ended and isinstance(ended[0], pg_session.ServerDownError), ended
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "waited"),
+    [("57P03", True), ("57P01", True), (None, True), ("28P01", False), ("3D000", False)],
+)
+def test_only_a_server_starting_stopping_or_absent_is_waited_for(
+    backend: Any, monkeypatch: pytest.MonkeyPatch, sqlstate: str | None, waited: bool
+) -> None:
+    """A done whose connect is refused with the server starting up or shutting down (57P03,
+    57P01), or refused with no server's word (none listening), is asked again; a refusal
+    that stays (a password refused, no such database) is said at once."""
+    import psycopg
+
+    held = backend.try_acquire("feat", me(), lease=60).held
+    backend.close()
+    real_connect = backend._connect
+    refusals: list[str | None] = []
+
+    def refused_once(*args: Any) -> Any:
+        if not refusals:
+            refusals.append(sqlstate)
+            error = psycopg.OperationalError("connection failed: refused for the test")
+            error.sqlstate = sqlstate
+            raise error
+        return real_connect(*args)
+
+    monkeypatch.setattr(backend, "_connect", refused_once)
+    monkeypatch.setattr(pg_session, "_pause_for_a_slot", lambda: None)
+    error, _took = _timed(lambda: backend.done("feat", held.pid))
+    assert refusals == [sqlstate]
+    assert (error is None) == waited, error
+    assert backend.is_done("feat") == waited
