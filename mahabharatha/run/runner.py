@@ -57,16 +57,19 @@ class Interrupted(Exception):
 
 
 class ReleaseInterrupted(Exception):
-    """A signal ended the wait for a kernel lease on the lock file: the lock was left behind."""
+    """A signal ended the wait for a kernel lease on the lock file (``server``: for the lock
+    server, restarting or full): the lock was left behind."""
 
-    def __init__(self, signum: int, feature: str, status: int | None) -> None:
+    def __init__(self, signum: int, feature: str, status: int | None, server: bool = False) -> None:
         self.signum, self.exit_code = signum, killed_by(signum)  # exit_code: as a shell says
         self.feature = feature
         self.status = status  # the command's exit status, when it ran
+        awaited = f"a kernel lease on the lock of {feature!r} to be broken"
+        if server:
+            awaited = f"the lock server to take the end of {feature!r}"
         super().__init__(
-            f"interrupted by {signal.Signals(signum).name} while waiting for a kernel lease on "
-            f"the lock of {feature!r} to be broken: the lock stays until it is stale, or until "
-            "--reclaim-dead takes it"
+            f"interrupted by {signal.Signals(signum).name} while waiting for {awaited}: the "
+            "lock stays until it is stale, or until --reclaim-dead takes it"
         )
 
 
@@ -517,7 +520,8 @@ class Run:
             signum = relay.signalled_within(seconds)
             if signum is not None:
                 code = None if status is None else shell_status(status)
-                raise ReleaseInterrupted(signum, self.lock.feature, code)
+                server = self.lock.backend.kind != "file"
+                raise ReleaseInterrupted(signum, self.lock.feature, code, server)
 
         self.lock.release(ReleaseWait(self._on_release_wait, pause))
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.hunt import test_hunt_findings as hunt
 from tests.support.postgres import APP_PASSWORD, PgServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -244,6 +245,53 @@ def test_lock_run_loses_its_lock_when_the_lease_runs_out_unreachable(
             run.communicate()
     assert run.returncode == 76, err
     assert json.loads(out)["error"] == "lost"
+
+
+STARTS = "echo started; read line"  # CMD: says it runs, ends at the test's word
+
+
+def test_lock_run_releases_after_a_server_restart_while_its_lease_lasts(
+    where: dict[str, Any], pg_server: PgServer
+) -> None:
+    """The server is down when CMD ends: the release (a refused connect: nothing sent) waits
+    for it while the lease lasts, then releases; lock run exits with CMD's code. Failed
+    before: exit 3 at the refused connect, the lock left held for the rest of its lease."""
+    cwd, opts = where["cwd"], where["opts"]
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            *("mahabharatha", "-v", "lock", "run", "alpha"),
+            *opts,
+            "--",
+            "sh",
+            "-c",
+            STARTS,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert run.stdout is not None and run.stdin is not None and run.stderr is not None
+        hunt._lines_until(run.stdout, "started")
+        pg_server.stop()
+        try:
+            run.stdin.write("go\n")
+            run.stdin.flush()
+            hunt._lines_until(run.stderr, "waiting for the server to answer")
+        finally:
+            pg_server.start()
+        _, err = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 0, err
+    assert cli("lock", "check", "alpha", *opts, cwd=cwd).returncode == 0  # free
 
 
 def test_a_taken_over_holders_token_no_longer_verifies(

@@ -294,3 +294,46 @@ def test_a_server_restart_as_cmd_ends_does_not_lose_its_success(
     state = hunt._state_of("A", tmp_path, dict(os.environ))
     ran = runs.read_text().split()
     assert (first, again.returncode, state, ran) == (0, 0, "done", ["A"]), (err, again.stderr)
+
+
+@pytest.mark.parametrize("lock_server", ["plain"], indirect=True)  # the server itself stops
+def test_a_signal_ends_a_done_waiting_for_a_stopped_server(
+    on_server: str, lock_server: tuple[PgServer, str], tmp_path: Path
+) -> None:
+    """CMD succeeded, the server is down, the done waits for it: SIGINT ends that wait at once
+    (the relay's pause, as for a kernel lease on files): the feature is lost, its lock left
+    to its lease, the worker stopped with 130. Failed before: the done waited, deaf to the
+    signal, until the lease ended (60 s; on main: exit 3 at once, never waiting)."""
+    server = lock_server[0]
+    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
+    worker = subprocess.Popen(
+        [*CLI, "-v", "lock", "work", "A", "--json", "--", "sh", "-c", "echo started; read line"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        assert worker.stderr is not None
+        hunt._lines_until(worker.stderr, "started")  # CMD's output: on stderr with --json
+        server.stop()
+        try:
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+            hunt._lines_until(worker.stderr, "waiting for the server to answer")
+            worker.send_signal(signal.SIGINT)
+            out, err = worker.communicate(timeout=RUN_TIMEOUT)
+        finally:
+            server.start()
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.communicate()
+    assert worker.returncode == 130, err
+    (result,) = json.loads(out)["results"]
+    assert result["outcome"] == "lost", (out, err)
+    assert "while waiting for the lock server to take the end of 'A'" in result["reason"]
+    assert hunt._state_of("A", tmp_path, dict(os.environ)) == "active"  # left to its lease

@@ -368,10 +368,15 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return held._replace(timestamp=refreshed + shift, expires_at=expires + shift, sent=sent[-1])
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        """Release and wake the waiters in one round trip (``wait``: nothing refuses a release)."""
+        """Release and wake the waiters in one round trip; with ``wait``, waiting out a full
+        or restarting server (a refused connect) as :meth:`done` does, else one try."""
         text = self._sql(statements.RELEASE_HELD_NUMBERED)
         values = (self.namespace, held.feature, held.token)
-        released = bool(self._run(partial(self._release_then_wake, text, values), pins_itself=True))
+        release = partial(
+            self._run, partial(self._release_then_wake, text, values), pins_itself=True
+        )
+        until = -math.inf if wait is None else self._lease_end(held.feature, held.pid)
+        released = bool(self._while_full(release, until, pause=_pause_of(wait)))
         self._leases.pop((held.feature, held.pid), None)
         return released
 
@@ -516,7 +521,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def done(self, feature: str, pid: int, wait: ReleaseWait | None = None) -> str:
         """Waits for a connection slot, or a server restarting, while the lease of a lock this
         backend took lasts (``wait``: nothing refuses a done)."""
-        return self._while_full(partial(self._done, feature, pid), self._lease_end(feature, pid))
+        done = partial(self._done, feature, pid)
+        return self._while_full(done, self._lease_end(feature, pid), pause=_pause_of(wait))
 
     def _lease_end(self, feature: str, pid: int) -> float:
         """When ``pid``'s lease on ``feature`` ends if this backend took it (monotonic)."""
@@ -586,7 +592,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     ) -> Attempts:
         """Waits for a slot or a restart as :meth:`done` does."""
         failing = partial(self._fail, feature, pid, reason, limit)
-        return self._while_full(failing, self._lease_end(feature, pid))
+        return self._while_full(failing, self._lease_end(feature, pid), pause=_pause_of(wait))
 
     def _fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
         entry = {
@@ -614,6 +620,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         from mahabharatha.backends.postgres.aio import listener_for
 
         return listener_for(self)
+
+
+def _pause_of(wait: ReleaseWait | None) -> Callable[[float], None] | None:
+    """The pause of a holder's wait to record its outcome: a signal ends it (lock left)."""
+    return None if wait is None else wait.pause
 
 
 def _clock_shift(server_now: float) -> float:

@@ -206,11 +206,16 @@ class Session:
         return self._slots_scarce
 
     def _while_full(
-        self, operation: Callable[[], _T], until: float | None, down_until: float = math.inf
+        self,
+        operation: Callable[[], _T],
+        until: float | None,
+        down_until: float = math.inf,
+        *,
+        pause: Callable[[float], None] | None = None,
     ) -> _T:
         """``operation``, again while the server has no free slot, until ``until`` (monotonic;
         ``None``: for ever), or is down (a restart: nothing sent) until ``down_until`` too;
-        the first wait is logged and told once."""
+        the first wait is logged and told once. ``pause`` (a release's) may raise to end it."""
         while True:
             try:
                 return operation()
@@ -225,7 +230,10 @@ class Session:
                     logs.say(logs.WARNING, "%s; waiting for %s", refused, awaited)
                     if self.on_slot_wait is not None and isinstance(refused, ServerFullError):
                         self.on_slot_wait(refused)
-            _pause_for_a_slot()
+            if pause is None:
+                _pause_for_a_slot()
+            else:
+                pause(jittered(SLOT_PAUSE_SECONDS))  # a signal to ``lock run`` or ``work`` ends it
 
     def _let_go_if_crowded(self) -> None:
         """After a claim won on a server once seen crowded: hold no connection while working."""
