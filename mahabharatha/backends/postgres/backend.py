@@ -124,7 +124,8 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         self._unanswered: dict[tuple[str | None, int, int], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
         # (feature, pid) -> when the lease of a lock this backend took ends (monotonic): its
-        # done or failed attempt waits for a free connection slot until then (:meth:`_while_full`)
+        # done, failed attempt or waited release waits out a full or restarting server until
+        # then (:meth:`_while_full`)
         self._leases: dict[tuple[str, int], float] = {}
 
     def where(self) -> str:
