@@ -18,6 +18,7 @@ import pytest
 
 from mahabharatha.backends.base import BackendError, Requester
 from mahabharatha.backends.postgres import session as pg_session
+from mahabharatha.backends.postgres import statements
 from mahabharatha.owner import ownership
 from tests.cli._support import SYNC_TIMEOUT
 from tests.support.postgres import PgServer, admin_execute, expire, wait_until
@@ -426,3 +427,38 @@ def test_only_a_server_starting_stopping_or_absent_is_waited_for(
     assert refusals == [sqlstate]
     assert (error is None) == waited, error
     assert backend.is_done("feat") == waited
+
+
+def test_a_done_whose_answer_a_restart_cut_off_finds_its_own_mark(
+    backend: Any, pg_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The done commits, the server goes down before its answer is read, and the reconnect is
+    refused: the done is asked again once the server is back, with the same attempt id, and
+    answers its own mark (never "not held", never a second mark). Failed before: the refused
+    reconnect was a BackendError at once, the success reported as an error."""
+    held = backend.try_acquire("feat", me(), lease=60).held
+    real_rows = backend._rows
+    lost: list[bool] = []
+
+    def answer_cut_off_by_a_restart(query: str, params: Any, **how: Any) -> Any:
+        if query is not statements.DONE or lost:
+            return real_rows(query, params, **how)
+        lost.append(True)
+        real_rows(query, params, **how)  # committed on the server ...
+        pg_server.stop()  # ... which goes down before the answer is read: asked again
+        return real_rows(query, params, **how)
+
+    def start_again() -> None:
+        if not started:
+            started.append(True)
+            pg_server.start()
+
+    started: list[bool] = []
+    monkeypatch.setattr(backend, "_rows", answer_cut_off_by_a_restart)
+    monkeypatch.setattr(pg_session, "_pause_for_a_slot", start_again)
+    try:
+        backend.done("feat", held.pid)
+    finally:
+        start_again()
+    assert lost and backend.is_done("feat")
+    assert backend.inspect("feat").pid is None
