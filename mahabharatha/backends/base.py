@@ -502,8 +502,9 @@ class ClaimsInOneStep(Protocol):
         (``retry_delay`` after a failed attempt); ``None``: none. ``slot_wait``: how long to
         wait for room on the server (``None``: for ever)."""
 
-    def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
-        """The features failed for good, and those free and open after a failed attempt."""
+    def finished_and_resting(self, features: Sequence[str]) -> tuple[set[str], set[str], set[str]]:
+        """Of ``features`` held by nobody: those done, those failed for good (any feature), and
+        those free and open after a failed attempt."""
 
 
 @runtime_checkable

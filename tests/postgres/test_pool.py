@@ -337,3 +337,122 @@ def test_a_signal_ends_a_done_waiting_for_a_stopped_server(
     assert result["outcome"] == "lost", (out, err)
     assert "while waiting for the lock server to take the end of 'A'" in result["reason"]
     assert hunt._state_of("A", tmp_path, dict(os.environ)) == "active"  # left to its lease
+
+
+HOOK_STATUS_AFTER_EMPTY_CLAIM = """
+import os
+from mahabharatha.backends.postgres.backend import PostgresBackend
+
+_status = PostgresBackend.status
+_paused = False
+
+
+def status(self, *args, **kwargs):
+    # The pool's one-statement round calls status() right after try_claim() found nothing
+    # takeable: pause there once, until the test says go.
+    global _paused
+    if not _paused:
+        _paused = True
+        os.write(int(os.environ["HUNT_PAUSED_FD"]), b"paused\\n")
+        os.read(int(os.environ["HUNT_GO_FD"]), 1)
+    return _status(self, *args, **kwargs)
+
+
+PostgresBackend.status = status
+"""
+"""Pauses a CLI between its claim statement (nothing taken: the feature held) and the round's
+look at what each feature is: the window where a holder lets a feature go unfinished."""
+
+HOLDER_ENDS = {
+    # TERM to its lock work: the feature released unmarked, no attempt counted, exit 143.
+    "stopped": ([], "exec sleep 600", 128 + signal.SIGTERM),
+    # --once, CMD exit 1 with --retry-delay 0: one failed attempt of 3 recorded, released.
+    "failed-attempt": (["--once", "--retry-delay", "0"], "read line; exit 1", 1),
+}
+
+
+@posix_signals
+@pytest.mark.parametrize("lock_server", ["plain"], indirect=True)  # the hook's pipes, once
+@pytest.mark.parametrize("holder_end", sorted(HOLDER_ENDS))
+def test_a_waiter_does_not_finish_when_a_feature_is_let_go_unfinished_mid_round(
+    on_server: str, tmp_path: Path, holder_end: str
+) -> None:
+    """The last worker leaves only when every feature is done or failed. Worker B holds A (its
+    CMD runs); worker W waits for it. B lets A go unfinished (told to stop, or one failed
+    attempt of three) while W's round is between its claim statement and its look at the rows:
+    W takes A and does it (exit 0, A done). Failed before (hunt F1): the look counted a feature
+    held by nobody and not resting as done, and W ended "finished" (exit 0) with A never run.
+    Without the hook: 5 of 20 pools of ``python -m tests.hunt.stress_pools retry-delay-zero``."""
+    options, holder_script, holder_code = HOLDER_ENDS[holder_end]
+    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
+    env = dict(os.environ)
+    holder = subprocess.Popen(
+        [*CLI, "lock", "work", "A", *options, "--", "sh", "-c", f"echo started; {holder_script}"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        hunt._lines_until(holder.stdout, "started")
+        waiter_cmd = ["sh", "-c", "echo ran >> ran-by-waiter"]
+        args = ["lock", "work", "A", "--wait", "30", "--retry-delay", "0", "--", *waiter_cmd]
+        with hunt.hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, env) as hooked:
+            waiter, paused, go = hooked
+            assert paused.readline() == b"paused\n"  # W: try_claim found A held
+            if holder_end == "stopped":
+                holder.send_signal(signal.SIGTERM)
+            else:
+                holder.stdin.write("fail\n")
+                holder.stdin.flush()
+            assert holder.wait(timeout=SYNC_TIMEOUT) == holder_code
+            os.write(go, b"g")
+            out, err = waiter.communicate(timeout=RUN_TIMEOUT)
+            code = waiter.returncode
+        state = hunt._state_of("A", tmp_path, env)
+        ran = (tmp_path / "ran-by-waiter").exists()
+        assert (code, state, ran) == (0, "done", True), (code, state, ran, out, err)
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.communicate()
+
+
+@posix_signals
+@pytest.mark.parametrize("lock_server", ["plain"], indirect=True)  # the hook's pipes, once
+def test_claim_wait_does_not_answer_nothing_left_when_a_feature_is_released_mid_round(
+    on_server: str, tmp_path: Path
+) -> None:
+    """``claim --wait`` exits 1 only when every feature is done or failed. B holds A and is
+    told to stop (A released unmarked) while the waiting claim's round is between its claim
+    statement and its look at the rows: the claim takes A (exit 0, "A"). Failed before (hunt
+    F1): exit 1, nothing left, with A free: the README's shell loop ended."""
+    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [*CLI, "lock", "work", "A", "--", "sh", "-c", "echo started; exec sleep 600"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None
+        hunt._lines_until(holder.stdout, "started")
+        args = ["lock", "claim", "A", "--wait", "30", "--pid", str(os.getpid())]
+        env = dict(os.environ)
+        with hunt.hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, env) as hooked:
+            claimer, paused, go = hooked
+            assert paused.readline() == b"paused\n"  # the claim found A held
+            holder.send_signal(signal.SIGTERM)
+            assert holder.wait(timeout=SYNC_TIMEOUT) == 128 + signal.SIGTERM
+            os.write(go, b"g")
+            out, err = claimer.communicate(timeout=RUN_TIMEOUT)
+        assert (claimer.returncode, out.strip()) == (0, "A"), (claimer.returncode, out, err)
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.communicate()

@@ -611,11 +611,12 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         self._let_go(feature, pid, found, "recorded as failed")
         return Attempts(int(found[0][0]), limit, (entry,))
 
-    def failed_and_retried(self, features: Sequence[str]) -> tuple[set[str], set[str]]:
+    def finished_and_resting(self, features: Sequence[str]) -> tuple[set[str], set[str], set[str]]:
         """As the protocol says, in one look (a failed row is closed: ``done_at`` set)."""
-        rows = self._rows(statements.FAILED_AND_RETRIED, self._params(features=list(features)))
-        failed = {name for name, closed in rows if closed}
-        return failed, {name for name, _ in rows} - failed
+        rows = self._rows(statements.FINISHED_AND_RESTING, self._params(features=list(features)))
+        failed = {name for name, flagged, _ in rows if flagged}
+        done = {name for name, _, closed in rows if closed} - failed
+        return done, failed, {name for name, _, _ in rows} - failed - done
 
     def async_release_listener(self) -> Any:
         from mahabharatha.backends.postgres.aio import listener_for

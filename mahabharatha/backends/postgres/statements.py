@@ -260,10 +260,12 @@ RETURNING failures"""
 """Record a failed attempt and release: both or neither. At the limit the feature is closed as
 a done one is, flagged ``failed``; ``at`` is the server's clock (hosts' clocks differ)."""
 
-FAILED_AND_RETRIED: Final = """
-SELECT feature, failed FROM mahabharatha.mahabharatha_locks
-WHERE namespace = %(ns)s AND failures > 0 AND (failed OR (feature = ANY(%(features)s::text[])
-    AND pid IS NULL AND done_at IS NULL))"""
+FINISHED_AND_RESTING: Final = """
+SELECT feature, failed, done_at IS NOT NULL FROM mahabharatha.mahabharatha_locks
+WHERE namespace = %(ns)s AND (failed OR (feature = ANY(%(features)s::text[]) AND pid IS NULL
+    AND (done_at IS NOT NULL OR failures > 0)))"""
+"""Why a pool's claim took none of ``features`` that nobody holds: done, failed (any feature of
+the namespace), or open after a failed attempt (resting, if a ``--retry-delay`` says so)."""
 
 ATTEMPTS: Final = """
 SELECT feature, failures, failed, last_failure FROM mahabharatha.mahabharatha_locks
