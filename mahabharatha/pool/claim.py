@@ -187,9 +187,9 @@ class _Pool:
         if not lacks(store, ClaimsInOneStep) and isinstance(store, ClaimsInOneStep):
             self.one_step = store
         self.deadline = waiting.Deadline(0.0)  # the claim's wait (also for a server's slot)
-        # Features seen done or failed stay so while the pool runs (only ``reopen`` undoes
-        # it): later rounds skip them without a look, and start past the finished prefix
-        # (``mine``: left by :meth:`leave`, skipped too).
+        # Features seen done or failed are kept so (only ``reopen`` undoes it): later rounds
+        # skip them without a look and start past the finished prefix, until a round would
+        # end the pool (:meth:`claim`); ``mine``: left by :meth:`leave`, skipped too.
         self.finished: dict[str, str] = {}
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
@@ -248,6 +248,26 @@ class _Pool:
         return now < ends
 
     def claim(self) -> ClaimOutcome:
+        kept = self.offered is not None or any(v != "mine" for v in self.finished.values())
+        outcome = self._round()
+        if outcome.nothing_left and kept and self._forget_finished():
+            # Race: a `lock reopen` while the pool ran opened a feature an earlier round found
+            # finished (kept so, unread since): one more round reads each again before the end.
+            outcome = self._round()
+        return outcome
+
+    def _forget_finished(self) -> bool:
+        """Forget the features kept as finished (``mine`` stays); ``False``: no round would
+        see more (a server's features: no local marker came or went since they were read)."""
+        if self.one_step is not None:
+            before = self.here
+            self._offer()
+            return self.here != before
+        self.finished = {feature: v for feature, v in self.finished.items() if v == "mine"}
+        self.open_from = 0
+        return True
+
+    def _round(self) -> ClaimOutcome:
         del self.problems[:]  # each round reports what it could not try
         if self.one_step is not None:
             return self._claim_in_one_step(self.one_step)

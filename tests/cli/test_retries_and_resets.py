@@ -1,16 +1,22 @@
 """``lock work --retry-delay``: a failed feature rests before its next attempt, whichever
-worker makes it; ``lock reopen`` takes several features, ``--failed`` and ``--all``."""
+worker makes it; ``lock reopen`` takes several features, ``--failed`` and ``--all``, and a
+reopen while a pool runs is done before the pool ends."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import uuid
 from pathlib import Path
 from typing import Final
 
 import pytest
 
 from mahabharatha.backends.files.backend import FileBackend
-from tests.cli._support import invoke, one_document, run_cli
+from tests.cli._support import RUN_TIMEOUT, invoke, one_document, run_cli
+from tests.hunt import test_hunt_findings as hunt
 
 RETRY_DELAY: Final = 0.6
 """The rest asked for: short, as the test's own run time."""
@@ -119,3 +125,90 @@ def test_reopen_says_what_is_wrong_with_its_choice(tmp_path: Path, args: tuple[s
     result = invoke("lock", "reopen", *args, "--gsd-dir", gsd, "--json")
     assert result.exit_code == 2
     assert "error" in json.loads(result.stdout)
+
+
+REOPEN_STEP: Final = (
+    'case "$0" in a-fails) exit 1;; b-waits) echo started; read line;; esac; echo "$0" >> runs.log'
+)
+"""CMD of the reopen tests: a-fails fails, b-waits waits for a line, each logs its success."""
+
+BACKENDS: Final = ["files", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+def _env_of(request: pytest.FixtureRequest, backend: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAHABHARATHA_LOCK")}
+    if backend == "postgresql":
+        server = request.getfixturevalue("pg_server")
+        env["MAHABHARATHA_LOCK_URL"] = server.url()
+        env["MAHABHARATHA_LOCK_NAMESPACE"] = f"reopen-{uuid.uuid4().hex[:12]}"
+    return env
+
+
+def _run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*hunt.CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
+
+
+def _reopened_while_b_waits(
+    tmp_path: Path, env: dict[str, str], feature: str, *work_options: str
+) -> tuple[int, str]:
+    """A ``lock work`` over every feature; while b-waits runs, ``lock reopen FEATURE``; then
+    b-waits ends. The worker's exit code and stderr."""
+    worker = subprocess.Popen(
+        [*hunt.CLI, "lock", "work", *work_options, "--", "sh", "-c", REOPEN_STEP, "{}"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        hunt._lines_until(worker.stdout, "started")  # b-waits runs; the other one is finished
+        assert hunt._state_of(feature, tmp_path, env) in ("done", "failed")
+        reopened = _run(env, tmp_path, "lock", "reopen", feature)
+        assert reopened.returncode == 0, reopened.stderr
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        _, err = worker.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.communicate()
+    return worker.returncode, err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_feature_reopened_while_the_pool_runs_is_done_before_it_ends(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    """A pool ends only when every feature is done or failed. The worker fails a-fails
+    (--attempts 1: failed) and works on b-waits; meanwhile a-fails is reopened: the worker
+    takes it again (it fails again: failed), not end with it free. Failed before on files
+    (hunt F3): the rounds kept a feature seen failed for the whole run; exit 1, a-fails free."""
+    env = _env_of(request, backend)
+    _features(tmp_path, "a-fails", "b-waits")
+    code, err = _reopened_while_b_waits(tmp_path, env, "a-fails", "--attempts", "1")
+    assert (code, hunt._state_of("a-fails", tmp_path, env)) == (1, "failed"), err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_done_feature_reopened_while_the_pool_runs_is_done_again_before_it_ends(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    """``lock reopen`` makes a done feature free again. a-done was done before the pool
+    started; while the worker works on b-waits it is reopened: the worker does it again
+    before it ends. Failed before (hunt F4): on files the rounds kept it done for the whole
+    run, on PostgreSQL its local marker was read once per pool: exit 0 with a-done free."""
+    env = _env_of(request, backend)
+    _features(tmp_path, "a-done", "b-waits")
+    for step in ("claim", "done"):
+        made = _run(env, tmp_path, "lock", step, "a-done", "--pid", str(os.getpid()))
+        assert made.returncode == 0, made.stderr
+    code, err = _reopened_while_b_waits(tmp_path, env, "a-done")
+    ran = sorted((tmp_path / "runs.log").read_text().split())
+    state = hunt._state_of("a-done", tmp_path, env)
+    assert (code, state, ran) == (0, "done", ["a-done", "b-waits"]), (code, state, ran, err)
