@@ -1,5 +1,6 @@
-"""A pool's claim rounds (``claim._Pool``): a round starts past the features known finished, and
-a round that takes nothing still names every feature, in the candidates' order."""
+"""A pool's claim rounds (``claim._Pool``): a round starts past the features known finished, a
+round that takes nothing still names every feature, in the candidates' order, and one that
+would end the pool reads again what earlier rounds kept finished."""
 
 from __future__ import annotations
 
@@ -75,3 +76,43 @@ def test_a_wait_for_a_slot_counts_against_the_wait_for_a_feature(
     with pytest.raises(ServerFullError):
         backend.try_claim(["b"], Requester(os.getpid()))  # no wait: one try
     assert len(tries) == 1
+
+
+def test_a_round_that_would_end_the_pool_looks_again_at_what_it_kept(tmp_path: Path) -> None:
+    """Feature a was seen done and kept so; it is reopened while b is held. When b is done the
+    round that would end the pool reads a again and takes it. Failed before (hunt F4): the
+    kept verdict stood for the pool's whole run, and the round answered nothing left."""
+    gsd = tmp_path / ".gsd"
+    for name in ("a", "b"):
+        (gsd / "specs" / name).mkdir(parents=True)
+    (gsd / "specs" / "a" / COMPLETED_MARKER_NAME).write_text("2026-11-26T00:00:00Z\n")
+    write_lock(gsd, "b", pid=1, timestamp=clock.now())  # held by a live process (init)
+    pool = _pool(gsd, ["a", "b"])
+    assert (pool.claim().busy, pool.open_from) == (("b",), 1)  # "a" kept done
+    assert FileBackend(gsd).reopen("a")
+    (gsd / "specs" / "b" / COMPLETED_MARKER_NAME).write_text("2026-11-26T00:00:00Z\n")
+    (gsd / "specs" / "b" / ".lock").unlink()
+    again = pool.claim()
+    assert again.held is not None and again.held.feature == "a"
+
+
+def test_a_first_round_that_finds_nothing_left_looks_at_each_feature_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look again is for what earlier rounds kept: a pool's first round (a ``lock claim``)
+    that finds every feature done answers at once, one look per feature."""
+    gsd = tmp_path / ".gsd"
+    for name in ("a", "b", "c"):
+        (gsd / "specs" / name).mkdir(parents=True)
+        (gsd / "specs" / name / COMPLETED_MARKER_NAME).write_text("2026-11-26T00:00:00Z\n")
+    looked: list[str] = []
+    is_done = FileBackend.is_done
+
+    def counted(store: FileBackend, feature: str) -> bool:
+        looked.append(feature)
+        return is_done(store, feature)
+
+    monkeypatch.setattr(FileBackend, "is_done", counted)
+    outcome = _pool(gsd, ["a", "b", "c"]).claim()
+    assert outcome.nothing_left and outcome.done == ("a", "b", "c")
+    assert looked == ["a", "b", "c"]
