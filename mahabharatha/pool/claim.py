@@ -248,6 +248,8 @@ class _Pool:
         return now < ends
 
     def claim(self) -> ClaimOutcome:
+        """A round over the features; one that would end the pool first reads again what
+        earlier rounds kept finished."""
         kept = self.offered is not None or any(v != "mine" for v in self.finished.values())
         outcome = self._round()
         if outcome.nothing_left and kept and self._forget_finished():
