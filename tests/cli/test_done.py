@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from mahabharatha import clock, locks
 from mahabharatha.owner import proof
+from tests.cli import _hooked
 from tests.cli._support import (
+    RUN_TIMEOUT,
     STATUS_KEYS,
     invoke,
     lock_path,
@@ -192,3 +195,58 @@ def test_a_done_feature_is_never_claimed_again_by_racing_workers(
         claimed = log.read_text().split()
         assert sorted(claimed) == names, claimed
         assert not any(lock_path(gsd, name).exists() for name in names)
+
+
+HOOK_FIRST_FILES_RELEASE = """
+import os
+from mahabharatha.backends.files import lockfile
+
+_release_mine = lockfile.release_mine
+
+
+def release_mine(*args, **kwargs):
+    # The done's second step (the release), its marker published: say so, then wait to die.
+    os.write(int(os.environ["HOOK_PAUSED_FD"]), b"paused\\n")
+    os.read(int(os.environ["HOOK_GO_FD"]), 1)
+    return _release_mine(*args, **kwargs)
+
+
+lockfile.release_mine = release_mine
+"""
+
+
+def test_files_a_worker_killed_between_its_done_marker_and_release_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """Sound (a regression test, not a finding): the done's two steps on files, crossed by a
+    `--reclaim-dead` worker. W's CMD succeeded and W published `.completed`; W is SIGKILLed
+    before its release. The next worker (--reclaim-dead) sees the marker before it tries the
+    dead holder's lock (pool/claim.py _Pool._finished): CMD is not run again, the pool ends 0.
+    Fails if the done released before publishing its marker (the hook's look at .completed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAHABHARATHA_LOCK")}
+    (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
+    step = ["sh", "-c", 'echo "$0" >> runs.log', "{}"]
+    with _hooked.hooked_cli(
+        HOOK_FIRST_FILES_RELEASE, ["lock", "work", "A", "--", *step], tmp_path, env
+    ) as (
+        worker,
+        paused,
+        _go,
+    ):
+        assert paused.readline() == b"paused\n"
+        assert (tmp_path / ".gsd" / "specs" / "A" / ".completed").exists()
+        worker.kill()
+        worker.communicate(timeout=RUN_TIMEOUT)
+    again = subprocess.run(
+        [*_hooked.CLI, "lock", "work", "A", "--reclaim-dead", "--", *step],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "runs.log").read_text().split() == ["A"]
+    # Still marked done (its dead worker's lock is left for `lock clean`: status shows it
+    # reclaimable, not done, until then).
+    assert (tmp_path / ".gsd" / "specs" / "A" / ".completed").exists()

@@ -15,8 +15,8 @@ from typing import Final
 import pytest
 
 from mahabharatha.backends.files.backend import FileBackend
+from tests.cli import _hooked
 from tests.cli._support import RUN_TIMEOUT, invoke, one_document, run_cli
-from tests.hunt import test_hunt_findings as hunt
 
 RETRY_DELAY: Final = 0.6
 """The rest asked for: short, as the test's own run time."""
@@ -146,7 +146,7 @@ def _env_of(request: pytest.FixtureRequest, backend: str) -> dict[str, str]:
 
 def _run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*hunt.CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
+        [*_hooked.CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
     )
 
 
@@ -156,7 +156,7 @@ def _reopened_while_b_waits(
     """A ``lock work`` over every feature; while b-waits runs, ``lock reopen FEATURE``; then
     b-waits ends. The worker's exit code and stderr."""
     worker = subprocess.Popen(
-        [*hunt.CLI, "lock", "work", *work_options, "--", "sh", "-c", REOPEN_STEP, "{}"],
+        [*_hooked.CLI, "lock", "work", *work_options, "--", "sh", "-c", REOPEN_STEP, "{}"],
         cwd=tmp_path,
         env=env,
         stdin=subprocess.PIPE,
@@ -167,8 +167,8 @@ def _reopened_while_b_waits(
     )
     try:
         assert worker.stdout is not None and worker.stdin is not None
-        hunt._lines_until(worker.stdout, "started")  # b-waits runs; the other one is finished
-        assert hunt._state_of(feature, tmp_path, env) in ("done", "failed")
+        _hooked.lines_until(worker.stdout, "started")  # b-waits runs; the other one is finished
+        assert _hooked.state_of(feature, tmp_path, env) in ("done", "failed")
         reopened = _run(env, tmp_path, "lock", "reopen", feature)
         assert reopened.returncode == 0, reopened.stderr
         worker.stdin.write("go\n")
@@ -192,7 +192,7 @@ def test_a_feature_reopened_while_the_pool_runs_is_done_before_it_ends(
     env = _env_of(request, backend)
     _features(tmp_path, "a-fails", "b-waits")
     code, err = _reopened_while_b_waits(tmp_path, env, "a-fails", "--attempts", "1")
-    assert (code, hunt._state_of("a-fails", tmp_path, env)) == (1, "failed"), err
+    assert (code, _hooked.state_of("a-fails", tmp_path, env)) == (1, "failed"), err
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -210,5 +210,5 @@ def test_a_done_feature_reopened_while_the_pool_runs_is_done_again_before_it_end
         assert made.returncode == 0, made.stderr
     code, err = _reopened_while_b_waits(tmp_path, env, "a-done")
     ran = sorted((tmp_path / "runs.log").read_text().split())
-    state = hunt._state_of("a-done", tmp_path, env)
+    state = _hooked.state_of("a-done", tmp_path, env)
     assert (code, state, ran) == (0, "done", ["a-done", "b-waits"]), (code, state, ran, err)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.hunt import test_hunt_findings as hunt
+from tests.cli import _hooked
 from tests.support.postgres import APP_PASSWORD, PgServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -277,12 +277,12 @@ def test_lock_run_releases_after_a_server_restart_while_its_lease_lasts(
     )
     try:
         assert run.stdout is not None and run.stdin is not None and run.stderr is not None
-        hunt._lines_until(run.stdout, "started")
+        _hooked.lines_until(run.stdout, "started")
         pg_server.stop()
         try:
             run.stdin.write("go\n")
             run.stdin.flush()
-            hunt._lines_until(run.stderr, "waiting for the server to answer")
+            _hooked.lines_until(run.stderr, "waiting for the server to answer")
         finally:
             pg_server.start()
         _, err = run.communicate(timeout=30)

@@ -19,10 +19,10 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.pool import claim
+from tests.cli import _hooked
 from tests.cli import test_work_jobs as jobs_test
 from tests.cli import test_work_pool as pool_test
 from tests.cli._support import RUN_TIMEOUT, SYNC_TIMEOUT
-from tests.hunt import test_hunt_findings as hunt
 from tests.support.marks import needs_fifo, posix_signals
 from tests.support.postgres import HostileServer, PgServer, admin_execute
 
@@ -268,12 +268,12 @@ def test_a_server_restart_as_cmd_ends_does_not_lose_its_success(
     )
     try:
         assert worker.stdout is not None and worker.stdin is not None
-        hunt._lines_until(worker.stdout, "started")
+        _hooked.lines_until(worker.stdout, "started")
         server.stop()
         try:
             worker.stdin.write("go\n")
             worker.stdin.flush()
-            hunt._wait_for_line(runs, worker)  # CMD succeeded; its done meets a stopped server
+            _hooked.wait_for_line(runs, worker)  # CMD succeeded; its done meets a stopped server
         finally:
             server.start()
         _, err = worker.communicate(timeout=RUN_TIMEOUT)
@@ -291,7 +291,7 @@ def test_a_server_restart_as_cmd_ends_does_not_lose_its_success(
         text=True,
         timeout=RUN_TIMEOUT,
     )
-    state = hunt._state_of("A", tmp_path, dict(os.environ))
+    state = _hooked.state_of("A", tmp_path, dict(os.environ))
     ran = runs.read_text().split()
     assert (first, again.returncode, state, ran) == (0, 0, "done", ["A"]), (err, again.stderr)
 
@@ -318,12 +318,12 @@ def test_a_signal_ends_a_done_waiting_for_a_stopped_server(
     try:
         assert worker.stdout is not None and worker.stdin is not None
         assert worker.stderr is not None
-        hunt._lines_until(worker.stderr, "started")  # CMD's output: on stderr with --json
+        _hooked.lines_until(worker.stderr, "started")  # CMD's output: on stderr with --json
         server.stop()
         try:
             worker.stdin.write("go\n")
             worker.stdin.flush()
-            hunt._lines_until(worker.stderr, "waiting for the server to answer")
+            _hooked.lines_until(worker.stderr, "waiting for the server to answer")
             worker.send_signal(signal.SIGINT)
             out, err = worker.communicate(timeout=RUN_TIMEOUT)
         finally:
@@ -336,7 +336,7 @@ def test_a_signal_ends_a_done_waiting_for_a_stopped_server(
     (result,) = json.loads(out)["results"]
     assert result["outcome"] == "lost", (out, err)
     assert "while waiting for the lock server to take the end of 'A'" in result["reason"]
-    assert hunt._state_of("A", tmp_path, dict(os.environ)) == "active"  # left to its lease
+    assert _hooked.state_of("A", tmp_path, dict(os.environ)) == "active"  # left to its lease
 
 
 HOOK_STATUS_AFTER_EMPTY_CLAIM = """
@@ -353,8 +353,8 @@ def status(self, *args, **kwargs):
     global _paused
     if not _paused:
         _paused = True
-        os.write(int(os.environ["HUNT_PAUSED_FD"]), b"paused\\n")
-        os.read(int(os.environ["HUNT_GO_FD"]), 1)
+        os.write(int(os.environ["HOOK_PAUSED_FD"]), b"paused\\n")
+        os.read(int(os.environ["HOOK_GO_FD"]), 1)
     return _status(self, *args, **kwargs)
 
 
@@ -382,7 +382,7 @@ def test_a_waiter_does_not_finish_when_a_feature_is_let_go_unfinished_mid_round(
     attempt of three) while W's round is between its claim statement and its look at the rows:
     W takes A and does it (exit 0, A done). Failed before (hunt F1): the look counted a feature
     held by nobody and not resting as done, and W ended "finished" (exit 0) with A never run.
-    Without the hook: 5 of 20 pools of ``python -m tests.hunt.stress_pools retry-delay-zero``."""
+    Without the hook: 5 of 20 pools of ``python -m tools.stress_pools retry-delay-zero``."""
     options, holder_script, holder_code = HOLDER_ENDS[holder_end]
     (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
     env = dict(os.environ)
@@ -397,10 +397,10 @@ def test_a_waiter_does_not_finish_when_a_feature_is_let_go_unfinished_mid_round(
     )
     try:
         assert holder.stdout is not None and holder.stdin is not None
-        hunt._lines_until(holder.stdout, "started")
+        _hooked.lines_until(holder.stdout, "started")
         waiter_cmd = ["sh", "-c", "echo ran >> ran-by-waiter"]
         args = ["lock", "work", "A", "--wait", "30", "--retry-delay", "0", "--", *waiter_cmd]
-        with hunt.hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, env) as hooked:
+        with _hooked.hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, env) as hooked:
             waiter, paused, go = hooked
             assert paused.readline() == b"paused\n"  # W: try_claim found A held
             if holder_end == "stopped":
@@ -412,7 +412,7 @@ def test_a_waiter_does_not_finish_when_a_feature_is_let_go_unfinished_mid_round(
             os.write(go, b"g")
             out, err = waiter.communicate(timeout=RUN_TIMEOUT)
             code = waiter.returncode
-        state = hunt._state_of("A", tmp_path, env)
+        state = _hooked.state_of("A", tmp_path, env)
         ran = (tmp_path / "ran-by-waiter").exists()
         assert (code, state, ran) == (0, "done", True), (code, state, ran, out, err)
     finally:
@@ -441,10 +441,10 @@ def test_claim_wait_does_not_answer_nothing_left_when_a_feature_is_released_mid_
     )
     try:
         assert holder.stdout is not None
-        hunt._lines_until(holder.stdout, "started")
+        _hooked.lines_until(holder.stdout, "started")
         args = ["lock", "claim", "A", "--wait", "30", "--pid", str(os.getpid())]
         env = dict(os.environ)
-        with hunt.hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, env) as hooked:
+        with _hooked.hooked_cli(HOOK_STATUS_AFTER_EMPTY_CLAIM, args, tmp_path, env) as hooked:
             claimer, paused, go = hooked
             assert paused.readline() == b"paused\n"  # the claim found A held
             holder.send_signal(signal.SIGTERM)
