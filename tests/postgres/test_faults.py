@@ -462,3 +462,52 @@ def test_a_done_whose_answer_a_restart_cut_off_finds_its_own_mark(
         start_again()
     assert lost and backend.is_done("feat")
     assert backend.inspect("feat").pid is None
+
+
+class _Waited(Exception):
+    """Raised by a pause: the call waited for a server that had answered."""
+
+
+@pytest.mark.parametrize(
+    "refusal", ["no password supplied", "SSL required", "no such database", "password refused"]
+)
+def test_a_server_that_answers_with_a_refusal_is_not_waited_for(
+    make_backend: Callable[..., Any],
+    pg_server: PgServer,
+    monkeypatch: pytest.MonkeyPatch,
+    refusal: str,
+) -> None:
+    """A server that answered and refused, or that libpq refused to go on with (a password
+    asked for and none given, SSL required and the server has none), is a mistake that
+    stays, not a restart: a claim told to wait says it at once. The last two have no
+    SQLSTATE (libpq's own words), so the test asks a real server. Failed before (those two):
+    every refusal without a SQLSTATE counted as a server down, and a claim waited
+    --connect-timeout (a holder's done, fail or waited release: the lease) to say it."""
+    urls = {
+        "no password supplied": pg_server.url(tcp=True),
+        "SSL required": pg_server.url(tcp=True, password="x") + "?sslmode=require",
+        "no such database": pg_server.url(database="no_such_database"),
+        "password refused": pg_server.url(tcp=True, password="not-the-password"),
+    }
+    backend = make_backend(url=urls[refusal], connect_timeout=SYNC_TIMEOUT)
+
+    def pause(*_: Any) -> None:
+        raise _Waited
+
+    monkeypatch.setattr(pg_session, "_pause_for_a_slot", pause)
+    with pytest.raises(BackendError) as said:
+        backend.try_claim(["a"], me(), slot_wait=None)
+    assert not isinstance(said.value, pg_session.ServerDownError), said.value
+
+
+def test_a_server_stopped_is_waited_for_as_down(
+    make_backend: Callable[..., Any], pg_server: PgServer
+) -> None:
+    """The other side of the line: no server listening is a server down (ServerDownError)."""
+    backend = make_backend(connect_timeout=0.5)
+    pg_server.stop()
+    try:
+        with pytest.raises(pg_session.ServerDownError):
+            backend.try_claim(["a"], me(), slot_wait=0.0)
+    finally:
+        pg_server.start()
