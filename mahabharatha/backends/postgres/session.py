@@ -50,8 +50,10 @@ _NAMED_SCHEMA: Final = re.compile(  # where a statement names the default schema
 MAX_LOST_ANSWERS: Final = 2
 # A connection refused for now: the server restarting, starting up or shutting down
 # (cannot_connect_now, admin_shutdown, crash_shutdown); one with no SQLSTATE had no server
-# answer at all (refused, its socket gone, unreachable, timed out).
+# answer at all (refused, its socket gone, unreachable, timed out), unless libpq itself
+# refused what the server asked (a password none was given for, SSL it does not have).
 _DOWN_SQLSTATES: Final = frozenset({"57P03", "57P01", "57P02"})
+_LIBPQ_REFUSALS: Final = ("fe_sendauth:", "does not support SSL")
 
 _T = TypeVar("_T")
 
@@ -485,4 +487,6 @@ def _out_of_slots(error: psycopg.OperationalError) -> bool:
 def _server_down(error: psycopg.OperationalError) -> bool:
     """Refused for now by a server restarting, or answered by none (:data:`_DOWN_SQLSTATES`)."""
     sqlstate = getattr(error, "sqlstate", None)
-    return sqlstate is None or sqlstate in _DOWN_SQLSTATES
+    if sqlstate is None:
+        return not any(refusal in str(error) for refusal in _LIBPQ_REFUSALS)
+    return sqlstate in _DOWN_SQLSTATES
