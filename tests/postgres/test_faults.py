@@ -511,3 +511,28 @@ def test_a_server_stopped_is_waited_for_as_down(
             backend.try_claim(["a"], me(), slot_wait=0.0)
     finally:
         pg_server.start()
+
+
+@pytest.mark.parametrize("outcome", ["done", "fail"])
+def test_a_done_or_fail_on_a_connection_a_restart_ended_waits_for_the_server(
+    make_backend: Callable[..., Any],
+    pg_server: PgServer,
+    monkeypatch: pytest.MonkeyPatch,
+    outcome: str,
+) -> None:
+    """The holder kept its connection (the usual case: a run's heartbeat keeps it warm) and
+    the server stops: the outcome's statement meets the connection the shutdown ended, then a
+    refused connect; it waits for the server while the lease lasts, as with no connection.
+    Failed before (``fail``): never run again after a lost connection, it said the shutdown's
+    57P01 at once (exit 3, the attempt not counted, the lock left to its lease)."""
+    backend = make_backend()
+    held = backend.try_acquire("feat", me(), lease=60).held
+    calls = {
+        "done": partial(backend.done, "feat", held.pid),
+        "fail": partial(backend.fail, "feat", held.pid, "exit code 1", 3),
+    }
+    answer, pauses = _while_stopped(pg_server, calls[outcome], monkeypatch)
+    assert not isinstance(answer, BaseException), answer
+    assert backend.is_done("feat") if outcome == "done" else answer.tries == 1
+    assert pauses > 0
+    assert backend.inspect("feat").pid is None
