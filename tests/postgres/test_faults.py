@@ -464,8 +464,8 @@ def test_a_done_whose_answer_a_restart_cut_off_finds_its_own_mark(
     assert backend.inspect("feat").pid is None
 
 
-class _Waited(Exception):
-    """Raised by a pause: the call waited for a server that had answered."""
+class _Waited(AssertionError):
+    """Raised by a pause: the call waited for a server that had answered (the finding)."""
 
 
 @pytest.mark.parametrize(

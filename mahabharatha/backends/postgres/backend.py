@@ -606,8 +606,9 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         params = self._owner_params(
             feature, pid, entry=json.dumps(entry, sort_keys=True), limit=limit
         )
-        # Not retried: run again after a lost answer, it would say "not held".
-        found = self._rows(statements.FAIL, params, retry=False)
+        # Run again after a lost answer (a restart ends the warm connection): it changes only
+        # the holder's row, so one committed before is never counted twice; it says "not held".
+        found = self._rows(statements.FAIL, params)
         self._let_go(feature, pid, found, "recorded as failed")
         return Attempts(int(found[0][0]), limit, (entry,))
 
