@@ -21,7 +21,14 @@ from mahabharatha.backends.postgres import session as pg_session
 from mahabharatha.backends.postgres import statements
 from mahabharatha.owner import ownership
 from tests.cli._support import SYNC_TIMEOUT
-from tests.support.postgres import PgServer, admin_execute, expire, wait_until
+from tests.support.postgres import (
+    APP_USER,
+    PgServer,
+    admin_execute,
+    expire,
+    pgbouncer,
+    wait_until,
+)
 
 HANG_GUARD_SECONDS = 1.0
 """The contract: every command answers within --connect-timeout + 1 s."""
@@ -536,3 +543,26 @@ def test_a_done_or_fail_on_a_connection_a_restart_ended_waits_for_the_server(
     assert backend.is_done("feat") if outcome == "done" else answer.tries == 1
     assert pauses > 0
     assert backend.inspect("feat").pid is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: behind PgBouncer a server restart is no refused connect: the pooler takes the"
+    " connect and holds the statement (a timeout, state unknown), then refuses logins with"
+    " 08P01 'server login has been failing' for server_login_retry (15 s)",
+)
+def test_a_done_behind_pgbouncer_waits_out_a_server_restart_while_its_lease_lasts(
+    make_backend: Callable[..., Any], pg_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``test_a_done_or_fail_waits_out_a_server_restart_while_its_lease_lasts``, through
+    PgBouncer (its own, stopped with the server behind it). Fails on main: BackendError "no
+    answer within 2 s" and no pause (``lock work`` exits 3 with its lock left: the hunt's F2)."""
+    with pgbouncer(pg_server, "transaction", 1) as port:
+        url = f"postgresql://{APP_USER}@127.0.0.1:{port}/{pg_server.url().rsplit('/', 1)[1]}"
+        backend = make_backend(url=url, connect_timeout=2)
+        held = backend.try_acquire("feat", me(), lease=60).held
+        answer, pauses = _while_stopped(
+            pg_server, partial(backend.done, "feat", held.pid), monkeypatch
+        )
+        assert not isinstance(answer, BaseException), answer
+        assert pauses > 0 and backend.is_done("feat")
