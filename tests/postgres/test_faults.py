@@ -403,6 +403,44 @@ def test_a_claim_waits_out_a_server_restart_within_its_wait_and_connect_timeout(
     assert ended and isinstance(ended[0], pg_session.ServerDownError), ended
 
 
+def test_a_pool_round_waits_out_a_restart_between_its_claim_and_its_look(
+    make_backend: Callable[..., Any], pg_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiting worker's round: the claim statement takes nothing (another holds ``a``), then
+    the server restarts before the round reads what is held and finished: that look waits for
+    the server as the claim does and the round goes on (here: takes ``a``, let go meanwhile).
+    Failed before: the look was one try, ServerDownError (a waiting ``lock work`` exit 3)."""
+    from mahabharatha.pool.claim import claim_next
+
+    other = make_backend()
+    held = other.try_acquire("a", Requester(os.getppid(), None), lease=60).held
+    backend = make_backend(connect_timeout=SYNC_TIMEOUT)
+    real_claim = backend.try_claim
+    stopped: list[None] = []
+
+    def claim_then_restart(*args: Any, **options: Any) -> Any:
+        answer = real_claim(*args, **options)
+        if not stopped:  # Race made certain: the server goes down right after the claim
+            stopped.append(None)
+            pg_server.stop()
+        return answer
+
+    def back_up_and_a_let_go() -> None:
+        if len(stopped) == 1:  # the first pause of the look: the server comes back
+            stopped.append(None)
+            pg_server.start()
+            other.release_held(held)
+
+    monkeypatch.setattr(backend, "try_claim", claim_then_restart)
+    monkeypatch.setattr(pg_session, "_pause_for_a_slot", back_up_and_a_let_go)
+    try:
+        outcome = claim_next(["a"], backend=backend, wait=SYNC_TIMEOUT)
+    finally:
+        if len(stopped) == 1:
+            pg_server.start()
+    assert len(stopped) == 2 and outcome.held is not None and outcome.held.feature == "a"
+
+
 @pytest.mark.parametrize(
     ("sqlstate", "waited"),
     [("57P03", True), ("57P01", True), (None, True), ("28P01", False), ("3D000", False)],
