@@ -116,3 +116,32 @@ def test_a_first_round_that_finds_nothing_left_looks_at_each_feature_once(
     outcome = _pool(gsd, ["a", "b", "c"]).claim()
     assert outcome.nothing_left and outcome.done == ("a", "b", "c")
     assert looked == ["a", "b", "c"]
+
+
+def test_a_waiting_workers_rounds_look_only_at_what_is_not_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large pool, mostly done, one feature in the middle held by another: every round after
+    the first (each wake-up of a waiting worker) looks at that one feature only; the read again
+    of the kept ones is for a round that would end the pool, never for one that waits."""
+    gsd = tmp_path / ".gsd"
+    names = [f"f{index:03}" for index in range(200)]
+    for name in names:
+        (gsd / "specs" / name).mkdir(parents=True)
+        if name != "f100":
+            (gsd / "specs" / name / COMPLETED_MARKER_NAME).write_text("2026-11-26T00:00:00Z\n")
+    write_lock(gsd, "f100", pid=1, timestamp=clock.now())  # held by a live process (init)
+    looked: list[str] = []
+    is_done = FileBackend.is_done
+
+    def counted(store: FileBackend, feature: str) -> bool:
+        looked.append(feature)
+        return is_done(store, feature)
+
+    monkeypatch.setattr(FileBackend, "is_done", counted)
+    pool = _pool(gsd, names)
+    assert pool.claim().busy == ("f100",) and len(looked) == len(names)
+    for _wake_up in range(3):
+        looked.clear()
+        assert pool.claim().busy == ("f100",)
+        assert looked == ["f100"]
