@@ -502,9 +502,12 @@ class ClaimsInOneStep(Protocol):
         (``retry_delay`` after a failed attempt); ``None``: none. ``slot_wait``: how long to
         wait for room on the server (``None``: for ever)."""
 
-    def finished_and_resting(self, features: Sequence[str]) -> tuple[set[str], set[str], set[str]]:
-        """Of ``features`` held by nobody: those done, those failed for good (any feature), and
-        those free and open after a failed attempt."""
+    def finished_and_resting(
+        self, features: Sequence[str], *, slot_wait: float | None = 0.0
+    ) -> tuple[list[LockInfo], set[str], set[str], set[str]]:
+        """The locks held (any feature); of ``features`` held by nobody: those done, those failed
+        for good (any feature), and those free and open after a failed attempt. ``slot_wait``:
+        as :meth:`try_claim`'s (the look after a claim waits as the claim did)."""
 
 
 @runtime_checkable

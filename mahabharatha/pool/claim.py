@@ -378,8 +378,10 @@ class _Pool:
         it. Done or failed only where a row or a local marker says so, never from absence.
         Race: a feature let go unfinished after the statement passed it held (a stop, a failed
         attempt) is held by nobody and finished nowhere: one try takes it or says why not."""
-        held = {info.feature: info for info in self.store.status() if info.held}
-        done, failed, resting = store.finished_and_resting(offered)
+        found, done, failed, resting = store.finished_and_resting(
+            offered, slot_wait=self.deadline.left()
+        )
+        held = {info.feature: info for info in found}
         said = dict.fromkeys(() if self.include_done else done, "done")
         said |= dict.fromkeys(failed, "failed")
         # Race: a rest may end between the claim and this look: still counted unfinished.

@@ -612,12 +612,22 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         self._let_go(feature, pid, found, "recorded as failed")
         return Attempts(int(found[0][0]), limit, (entry,))
 
-    def finished_and_resting(self, features: Sequence[str]) -> tuple[set[str], set[str], set[str]]:
-        """As the protocol says, in one look (a failed row is closed: ``done_at`` set)."""
+    def finished_and_resting(
+        self, features: Sequence[str], *, slot_wait: float | None = 0.0
+    ) -> tuple[list[LockInfo], set[str], set[str], set[str]]:
+        """As the protocol says; a restart is waited for as :meth:`try_claim` waits."""
+        until = None if slot_wait is None else time.monotonic() + slot_wait
+        look = partial(self._held_and_finished, features)
+        return self._while_full(look, until, time.monotonic() + self.connect_timeout)
+
+    def _held_and_finished(
+        self, features: Sequence[str]
+    ) -> tuple[list[LockInfo], set[str], set[str], set[str]]:
+        held = [info for info in self.status() if info.held]
         rows = self._rows(statements.FINISHED_AND_RESTING, self._params(features=list(features)))
         failed = {name for name, flagged, _ in rows if flagged}
-        done = {name for name, _, closed in rows if closed} - failed
-        return done, failed, {name for name, _, _ in rows} - failed - done
+        done = {name for name, _, closed in rows if closed} - failed  # failed: ``done_at`` set
+        return held, done, failed, {name for name, _, _ in rows} - failed - done
 
     def async_release_listener(self) -> Any:
         from mahabharatha.backends.postgres.aio import listener_for
