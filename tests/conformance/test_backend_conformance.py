@@ -171,6 +171,18 @@ def test_claim_takes_features_in_order_and_skips_done_ones(backend: LockBackend,
     assert locks.claim(backend=backend, pid=ME, include_done=True) == "a"
 
 
+def test_include_done_never_claims_a_failed_feature(backend: LockBackend, gsd: Path) -> None:
+    """``--include-done`` turns the done check off, not the failed one: a failed feature is
+    never claimed again until ``reopen``. Failed before on PostgreSQL: a failed row is closed
+    as a done one (``done_at`` set) and the claim statement's ``include_done`` let it in."""
+    add_features(gsd, "a")
+    _win(backend, "a")
+    backend.fail("a", ME, "exit code 1", 1)
+    assert locks.claim(backend=backend, pid=ME, include_done=True) is None
+    assert backend.reopen("a")
+    assert locks.claim(backend=backend, pid=ME, include_done=True) == "a"
+
+
 # --------------------------------------------------------------------------- listings
 
 
