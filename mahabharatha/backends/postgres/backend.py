@@ -336,7 +336,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             text = self._sql(statements.CLAIM_REGISTERED).format(
                 ns=sql.Literal(self.namespace).as_string(conn),
                 names=sql.Literal(names.split("\n")).as_string(conn),
-                not_done="" if include_done else " AND p.done_at IS NULL",
+                not_done=" AND NOT p.failed" if include_done else " AND p.done_at IS NULL",
             )
             statement = self._registered[key] = text.encode(conn.info.encoding)
         return statement

@@ -113,7 +113,8 @@ WITH wanted AS (
     SELECT l.namespace, l.feature
     FROM mahabharatha.mahabharatha_locks l JOIN wanted w USING (feature)
     WHERE l.namespace = %(ns)s AND (SELECT n FROM missing) = 0 AND {_TAKEABLE}
-        AND (%(include_done)s OR l.done_at IS NULL OR l.attempt = %(attempt)s) AND {_rested("l")}
+        AND ((%(include_done)s AND NOT l.failed) OR l.done_at IS NULL OR l.attempt = %(attempt)s)
+        AND {_rested("l")}
     ORDER BY l.attempt IS NOT DISTINCT FROM %(attempt)s DESC, w.ord
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
@@ -127,7 +128,8 @@ CLAIM_SORTED: Final = f"""
 WITH pick AS (
     SELECT l.namespace, l.feature FROM mahabharatha.mahabharatha_locks l
     WHERE l.namespace = %(ns)s AND l.feature = ANY(string_to_array(%(names)s, pg_catalog.chr(10)))
-        AND {_TAKEABLE} AND (%(include_done)s OR l.done_at IS NULL) AND {_rested("l")}
+        AND {_TAKEABLE} AND ((%(include_done)s AND NOT l.failed) OR l.done_at IS NULL)
+        AND {_rested("l")}
     ORDER BY l.feature
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
