@@ -149,7 +149,9 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if report.skipped and _required() and item.get_closest_marker("postgres") is not None:
+    expected = hasattr(report, "wasxfail")  # an expected failure (xfail) ran: not a skip
+    postgres_test = item.get_closest_marker("postgres") is not None
+    if report.skipped and not expected and _required() and postgres_test:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"{postgres.REQUIRE_ENV}=1 but this PostgreSQL test skipped: {reason}"
