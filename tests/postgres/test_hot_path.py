@@ -20,6 +20,7 @@ import pytest
 
 from mahabharatha import locks
 from mahabharatha.backends.base import Requester
+from mahabharatha.backends.postgres.session import MAX_LOST_ANSWERS
 from mahabharatha.owner import ownership
 from tests.conformance._procs import CTX, SYNC_TIMEOUT, run_team, stress
 from tests.support.postgres import PgServer, TurnsSeen, admin_execute
@@ -197,33 +198,34 @@ def test_two_threads_acquiring_on_one_backend_take_turns_and_read_their_own_answ
     assert sorted(row.feature for row in backend.status()) == ["alpha", "beta"]
 
 
+class _LetGoBeforeEachTurn:
+    """Stands in for a backend's ``_one_operation`` lock: before each of the first ``times``
+    turns, another thread's turn came first and let go of the shared connection (as an
+    ``AsyncFeatureLock`` waiter does at each look on a crowded server)."""
+
+    def __init__(self, backend: Any, times: int) -> None:
+        self.backend, self.left = backend, times
+
+    def __enter__(self) -> None:
+        if self.left and self.backend._conn is not None:
+            self.left -= 1
+            self.backend._conn.close()
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
 def test_a_call_whose_connection_was_let_go_of_before_its_turn_runs_on_a_fresh_one(
     backend: Any,
 ) -> None:
-    """Thread B's call has taken the shared connection and waits for its turn while another
-    thread, in its turn, lets that connection go (as an ``AsyncFeatureLock`` waiter does at
-    each look on a crowded server, ``AsyncReleaseListener._crowded``). Nothing was sent on it:
-    B connects again and runs its statement, here a ``fail``, which is never retried. Failed on
-    7c66ee9: B sent it on the closed connection, a lost answer (``fail``: BackendError "the
-    connection is closed"; a retried statement three times in a row: eight asyncio waiters of
-    one backend on a crowded server raised it from ``acquire`` within seconds)."""
+    """A call took the shared connection, and before its turn came another thread let it go,
+    three times in a row. Nothing was sent on it: the call connects again each time and runs
+    its statement (here a ``fail``), once. Failed on 7c66ee9: the call sent on the closed
+    connection, a lost answer; three in a row failed it (eight asyncio waiters of one backend
+    on a crowded server raised ``BackendError: the connection is closed`` from ``acquire``)."""
     held = backend.try_acquire("failing", me()).held
     assert held is not None
-    turns = TurnsSeen()
-    backend._one_operation = turns
-    outcome: list[object] = []
-
-    def fail() -> None:
-        try:
-            outcome.append(backend.fail("failing", held.pid, "the command failed", 3))
-        except Exception as error:  # the test's finding, told by the assertion below
-            outcome.append(error)
-
-    b = threading.Thread(target=fail)
-    with turns:  # another thread's turn: B gets the connection, then waits for its own
-        b.start()
-        assert turns.decided.wait(SYNC_TIMEOUT)
-        backend.close()
-    b.join(SYNC_TIMEOUT)
-    assert [type(found).__name__ for found in outcome] == ["Attempts"], outcome
-    assert backend.attempts("failing").tries == 1
+    backend._one_operation = _LetGoBeforeEachTurn(backend, MAX_LOST_ANSWERS + 1)
+    attempts = backend.fail("failing", held.pid, "the command failed", 3)
+    assert backend._one_operation.left == 0  # each of the turns found its connection gone
+    assert (attempts.tries, backend.attempts("failing").tries) == (1, 1)

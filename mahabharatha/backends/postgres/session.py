@@ -278,11 +278,10 @@ class Session:
         self,
         operation: Callable[[_Connection], _T],
         *,
-        retry: bool = True,
         pins_itself: bool = False,
     ) -> _T:
-        """Run ``operation`` on the warm connection: a lost one replaced and (``retry``) the
-        operation run again, a missing table created; anything else a :class:`BackendError`."""
+        """Run ``operation`` on the warm connection: a lost one replaced and the operation run
+        again, a missing table created; anything else a :class:`BackendError`."""
         lost = 0
         created = False
         rolled_back: Iterator[bool] | None = None  # made at the first rollback: not on the hot path
@@ -328,7 +327,7 @@ class Session:
                 lost += 1
                 # Race: the server may have committed before the answer was lost: the retry
                 # carries the same attempt id (or token) and finds its own work, never a second.
-                if not retry or lost > MAX_LOST_ANSWERS:
+                if lost > MAX_LOST_ANSWERS:
                     raise self._error(error) from None
             except psycopg.Error as error:
                 raise self._error(error) from None
@@ -350,13 +349,9 @@ class Session:
             raise
         return answer
 
-    def _rows(
-        self, query: str, params: dict[str, Any], *, retry: bool = True
-    ) -> list[tuple[Any, ...]]:
+    def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         statement = self._sql(query)
-        return self._run(
-            lambda conn: conn.execute(statement, params, binary=True).fetchall(), retry=retry
-        )
+        return self._run(lambda conn: conn.execute(statement, params, binary=True).fetchall())
 
     def _hot(
         self, statement: str, values: Sequence[Any], sent: list[float]
