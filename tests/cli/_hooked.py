@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,30 @@ from typing import IO, Any
 from tests.cli._support import RUN_TIMEOUT, SYNC_TIMEOUT
 
 CLI = (sys.executable, "-m", "mahabharatha")
+
+
+@contextmanager
+def cli_job(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``python -m mahabharatha ARGS`` in a session of its own (a shell job), its three streams
+    piped; at the end its whole session is killed if it still runs, and it is reaped."""
+    job = subprocess.Popen(
+        [*CLI, *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
 
 
 @contextmanager

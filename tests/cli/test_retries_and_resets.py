@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -155,17 +154,8 @@ def _reopened_while_b_waits(
 ) -> tuple[int, str]:
     """A ``lock work`` over every feature; while b-waits runs, ``lock reopen FEATURE``; then
     b-waits ends. The worker's exit code and stderr."""
-    worker = subprocess.Popen(
-        [*_hooked.CLI, "lock", "work", *work_options, "--", "sh", "-c", REOPEN_STEP, "{}"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    args = ["lock", "work", *work_options, "--", "sh", "-c", REOPEN_STEP, "{}"]
+    with _hooked.cli_job(args, tmp_path, env) as worker:
         assert worker.stdout is not None and worker.stdin is not None
         _hooked.lines_until(worker.stdout, "started")  # b-waits runs; the other one is finished
         assert _hooked.state_of(feature, tmp_path, env) in ("done", "failed")
@@ -174,10 +164,6 @@ def _reopened_while_b_waits(
         worker.stdin.write("go\n")
         worker.stdin.flush()
         _, err = worker.communicate(timeout=RUN_TIMEOUT)
-    finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.communicate()
     return worker.returncode, err
 
 

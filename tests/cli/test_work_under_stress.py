@@ -332,33 +332,18 @@ def test_a_killed_workers_escaped_work_keeps_its_feature_from_a_reclaim_dead_wor
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     occupancy = tmp_path / "occupancy"
-    worker = subprocess.Popen(
-        [*_hooked.CLI, "lock", "work", "A", "--", "sh", "-c", ESCAPING_STEP],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    second_worker = ["lock", "work", "A", "--reclaim-dead", "--wait", "3", "--", *SECOND_STEP]
     try:
-        assert worker.stdout is not None
-        _hooked.lines_until(worker.stdout, "started")
-        _hooked.wait_for_line(occupancy, worker)  # the escaped work runs
-        worker.kill()
-        worker.communicate(timeout=RUN_TIMEOUT)
+        with _hooked.cli_job(
+            ["lock", "work", "A", "--", "sh", "-c", ESCAPING_STEP], tmp_path, env
+        ) as worker:
+            assert worker.stdout is not None
+            _hooked.lines_until(worker.stdout, "started")
+            _hooked.wait_for_line(occupancy, worker)  # the escaped work runs
+            worker.kill()
+            worker.communicate(timeout=RUN_TIMEOUT)
         second = subprocess.run(
-            [
-                *_hooked.CLI,
-                "lock",
-                "work",
-                "A",
-                "--reclaim-dead",
-                "--wait",
-                "3",
-                "--",
-                *SECOND_STEP,
-            ],
+            [*_hooked.CLI, *second_worker],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -367,9 +352,6 @@ def test_a_killed_workers_escaped_work_keeps_its_feature_from_a_reclaim_dead_wor
         )
         seen = occupancy.read_text().split()
     finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.communicate()
         try:  # let the escaped work end (ENXIO: it is gone already)
             opened = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:

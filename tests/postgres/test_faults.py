@@ -351,19 +351,25 @@ def _while_stopped(
 
 
 @pytest.mark.parametrize("outcome", ["done", "fail"])
+@pytest.mark.parametrize("connection", ["let-go", "kept"])
 def test_a_done_or_fail_waits_out_a_server_restart_while_its_lease_lasts(
     make_backend: Callable[..., Any],
     pg_server: PgServer,
     monkeypatch: pytest.MonkeyPatch,
+    connection: str,
     outcome: str,
 ) -> None:
-    """The holder's connection is gone (let go on a crowded server, or lost) and the server
-    is down as the outcome is recorded: the connect is refused, nothing was sent, and the
-    lease still runs: it is asked again until the server is back. Failed before: a
-    BackendError at once, the outcome lost while the lock stayed held."""
+    """The server is down as the outcome is recorded, while the lease still runs: it is asked
+    again until the server is back. ``let-go``: the holder has no connection (let go on a
+    crowded server, or lost): the connect is refused, nothing was sent. ``kept`` (the usual
+    case: a run's heartbeat keeps it warm): the statement meets the connection the shutdown
+    ended, then a refused connect. Failed before: a BackendError at once, the outcome lost
+    while the lock stayed held (``kept-fail``: a FAIL was never run again after a lost
+    connection, it said the shutdown's 57P01)."""
     backend = make_backend()
     held = backend.try_acquire("feat", me(), lease=60).held
-    backend.close()
+    if connection == "let-go":
+        backend.close()
     calls = {
         "done": partial(backend.done, "feat", held.pid),
         "fail": partial(backend.fail, "feat", held.pid, "exit code 1", 3),
@@ -560,31 +566,6 @@ def test_a_server_stopped_is_waited_for_as_down(
             backend.try_claim(["a"], me(), slot_wait=0.0)
     finally:
         pg_server.start()
-
-
-@pytest.mark.parametrize("outcome", ["done", "fail"])
-def test_a_done_or_fail_on_a_connection_a_restart_ended_waits_for_the_server(
-    make_backend: Callable[..., Any],
-    pg_server: PgServer,
-    monkeypatch: pytest.MonkeyPatch,
-    outcome: str,
-) -> None:
-    """The holder kept its connection (the usual case: a run's heartbeat keeps it warm) and
-    the server stops: the outcome's statement meets the connection the shutdown ended, then a
-    refused connect; it waits for the server while the lease lasts, as with no connection.
-    Failed before (``fail``): never run again after a lost connection, it said the shutdown's
-    57P01 at once (exit 3, the attempt not counted, the lock left to its lease)."""
-    backend = make_backend()
-    held = backend.try_acquire("feat", me(), lease=60).held
-    calls = {
-        "done": partial(backend.done, "feat", held.pid),
-        "fail": partial(backend.fail, "feat", held.pid, "exit code 1", 3),
-    }
-    answer, pauses = _while_stopped(pg_server, calls[outcome], monkeypatch)
-    assert not isinstance(answer, BaseException), answer
-    assert backend.is_done("feat") if outcome == "done" else answer.tries == 1
-    assert pauses > 0
-    assert backend.inspect("feat").pid is None
 
 
 @pytest.mark.xfail(

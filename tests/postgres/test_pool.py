@@ -257,16 +257,7 @@ def test_a_server_restart_as_cmd_ends_does_not_lose_its_success(
     (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
     runs = tmp_path / "runs.log"
     script = 'echo started; read line; echo "$MAHABHARATHA_FEATURE" >> runs.log'
-    worker = subprocess.Popen(
-        [*CLI, "lock", "work", "A", "--", "sh", "-c", script],
-        cwd=tmp_path,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    with _hooked.cli_job(["lock", "work", "A", "--", "sh", "-c", script], tmp_path) as worker:
         assert worker.stdout is not None and worker.stdin is not None
         _hooked.lines_until(worker.stdout, "started")
         server.stop()
@@ -278,10 +269,6 @@ def test_a_server_restart_as_cmd_ends_does_not_lose_its_success(
             server.start()
         _, err = worker.communicate(timeout=RUN_TIMEOUT)
         first = worker.returncode
-    finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.communicate()
     # The next worker of the pool: it must find A done (or wait for it), never run it again.
     again = subprocess.run(
         [*CLI, "lock", "work", "A", "--reclaim-dead", "--wait", "5", "--", "sh", "-c", script],
@@ -306,16 +293,8 @@ def test_a_signal_ends_a_done_waiting_for_a_stopped_server(
     signal, until the lease ended (60 s; on main: exit 3 at once, never waiting)."""
     server = lock_server[0]
     (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
-    worker = subprocess.Popen(
-        [*CLI, "-v", "lock", "work", "A", "--json", "--", "sh", "-c", "echo started; read line"],
-        cwd=tmp_path,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    args = ["-v", "lock", "work", "A", "--json", "--", "sh", "-c", "echo started; read line"]
+    with _hooked.cli_job(args, tmp_path) as worker:
         assert worker.stdout is not None and worker.stdin is not None
         assert worker.stderr is not None
         _hooked.lines_until(worker.stderr, "started")  # CMD's output: on stderr with --json
@@ -328,10 +307,6 @@ def test_a_signal_ends_a_done_waiting_for_a_stopped_server(
             out, err = worker.communicate(timeout=RUN_TIMEOUT)
         finally:
             server.start()
-    finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.communicate()
     assert worker.returncode == 130, err
     (result,) = json.loads(out)["results"]
     assert result["outcome"] == "lost", (out, err)
@@ -386,16 +361,8 @@ def test_a_waiter_does_not_finish_when_a_feature_is_let_go_unfinished_mid_round(
     options, holder_script, holder_code = HOLDER_ENDS[holder_end]
     (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
     env = dict(os.environ)
-    holder = subprocess.Popen(
-        [*CLI, "lock", "work", "A", *options, "--", "sh", "-c", f"echo started; {holder_script}"],
-        cwd=tmp_path,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    holding = ["lock", "work", "A", *options, "--", "sh", "-c", f"echo started; {holder_script}"]
+    with _hooked.cli_job(holding, tmp_path) as holder:
         assert holder.stdout is not None and holder.stdin is not None
         _hooked.lines_until(holder.stdout, "started")
         waiter_cmd = ["sh", "-c", "echo ran >> ran-by-waiter"]
@@ -415,10 +382,6 @@ def test_a_waiter_does_not_finish_when_a_feature_is_let_go_unfinished_mid_round(
         state = _hooked.state_of("A", tmp_path, env)
         ran = (tmp_path / "ran-by-waiter").exists()
         assert (code, state, ran) == (0, "done", True), (code, state, ran, out, err)
-    finally:
-        if holder.poll() is None:
-            os.killpg(holder.pid, signal.SIGKILL)
-        holder.communicate()
 
 
 @posix_signals
@@ -431,15 +394,8 @@ def test_claim_wait_does_not_answer_nothing_left_when_a_feature_is_released_mid_
     statement and its look at the rows: the claim takes A (exit 0, "A"). Failed before (hunt
     F1): exit 1, nothing left, with A free: the README's shell loop ended."""
     (tmp_path / ".gsd" / "specs" / "A").mkdir(parents=True)
-    holder = subprocess.Popen(
-        [*CLI, "lock", "work", "A", "--", "sh", "-c", "echo started; exec sleep 600"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+    holding = ["lock", "work", "A", "--", "sh", "-c", "echo started; exec sleep 600"]
+    with _hooked.cli_job(holding, tmp_path) as holder:
         assert holder.stdout is not None
         _hooked.lines_until(holder.stdout, "started")
         args = ["lock", "claim", "A", "--wait", "30", "--pid", str(os.getpid())]
@@ -452,7 +408,3 @@ def test_claim_wait_does_not_answer_nothing_left_when_a_feature_is_released_mid_
             os.write(go, b"g")
             out, err = claimer.communicate(timeout=RUN_TIMEOUT)
         assert (claimer.returncode, out.strip()) == (0, "A"), (claimer.returncode, out, err)
-    finally:
-        if holder.poll() is None:
-            os.killpg(holder.pid, signal.SIGKILL)
-        holder.communicate()
