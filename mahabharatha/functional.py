@@ -97,27 +97,24 @@ def survey(
 def _as_finished_here(local: LockBackend, info: LockInfo) -> LockInfo:
     if info.state is not State.FREE:
         return info
-    finished = _finished_in(local, info.feature, include_done=False, attempts=None)
-    if finished is None:
+    try:
+        state, record = _finished_in(local, info.feature, include_done=False, attempts=None)
+    except OSError:
         return info
-    state, record = finished
-    return dataclasses.replace(info, state=state).with_attempts(record)
+    return info if state is None else dataclasses.replace(info, state=state).with_attempts(record)
 
 
 def _finished_in(
-    local: LockBackend, feature: str, *, include_done: bool, attempts: int | None
-) -> tuple[State, Attempts | None] | None:
-    """Is ``feature`` done or failed (``attempts``, or the recorded limit) in the local folders?"""
-    try:
-        if not include_done and local.is_done(feature):
-            return State.DONE, None
-        record = local.attempts(feature)
-    except OSError:
-        return None
-    if record is None:
-        return None
-    limit = record.limit if attempts is None else attempts
-    return (State.FAILED, record) if record.tries >= limit else None
+    store: LockBackend, feature: str, *, include_done: bool, attempts: int | None
+) -> tuple[State | None, Attempts | None]:
+    """``feature``'s state if done or failed (at ``attempts``, or the recorded limit), and its
+    attempts."""
+    if not include_done and store.is_done(feature):
+        return State.DONE, None
+    record = store.attempts(feature)
+    if record is None or record.tries < (record.limit if attempts is None else attempts):
+        return None, record
+    return State.FAILED, record
 
 
 # --------------------------------------------------------------------------- acquiring
@@ -126,13 +123,11 @@ def _finished_in(
 def _try_once(
     backend: LockBackend,
     feature: str,
-    pid: int,
+    requester: Requester,
     reclaim_dead: bool,
-    details: bytes | None,
     lease: float | None,
 ) -> AcquireResult:
     chosen = {} if lease is None else {"lease": lease}  # a backend without leases sees none
-    requester = Requester(pid, details)
     return _said(backend.try_acquire(feature, requester, reclaim_dead=reclaim_dead, **chosen))
 
 
@@ -150,13 +145,14 @@ def _said(outcome: AcquireResult) -> AcquireResult:
     return outcome
 
 
-def _held_by(
-    holder: LockInfo | None, details: ownership.OwnerDetails | None, callers: set[int]
-) -> bool:
-    """Is the active lock that stopped us held by one of ``callers`` (the one judgement)?"""
+def _held_by(outcome: AcquireResult, callers: set[int]) -> bool:
+    """Is the lock that stopped a lost try held by one of ``callers`` (the one judgement)?"""
+    holder = outcome.holder
+    if outcome.verdict is Verdict.CALLER:
+        return True
     if holder is None or holder.state is not State.ACTIVE:
         return False
-    facts = OwnerFacts(holder.pid, details=details, host=holder.host)
+    facts = OwnerFacts(holder.pid, details=outcome.holder_details, host=holder.host)
     return judge(facts, callers, alive=False).verdict is Verdict.CALLER
 
 
@@ -209,7 +205,7 @@ class _Acquiring:
         self.store = _backend(backend, gsd_dir)
         self.feature, self.reclaim_dead, self.lease = feature, reclaim_dead, lease
         self.on_wait, self.said = on_wait, False
-        self.details = ownership.details_of(self.owner, command)
+        self.requester = Requester(self.owner, ownership.details_of(self.owner, command))
         self.callers = {self.owner, *caller_pids}
         self.deadline = waiting.Deadline(self.timeout)
         self.delays = waiting.backoff()
@@ -239,12 +235,7 @@ class _Acquiring:
                 # this block, by when ``outcome`` knows the exact lock to take back.
                 sent = monotonic()  # the lease on the server runs from no earlier than this
                 outcome = _try_once(
-                    self.store,
-                    self.feature,
-                    self.owner,
-                    self.reclaim_dead,
-                    self.details,
-                    self.lease,
+                    self.store, self.feature, self.requester, self.reclaim_dead, self.lease
                 )
                 if outcome.held is not None and outcome.held.sent is None:  # else the backend's
                     outcome = outcome._replace(held=outcome.held._replace(sent=sent))
@@ -260,9 +251,7 @@ class _Acquiring:
         told); :class:`AlreadyHeldError` when the holder is the caller."""
         holder = outcome.holder
         assert holder is not None  # a try that did not win names who stopped it
-        if outcome.verdict is Verdict.CALLER or _held_by(
-            holder, outcome.holder_details, self.callers
-        ):
+        if _held_by(outcome, self.callers):
             raise AlreadyHeldError(holder)
         self.left = self.deadline.left()
         if self.left is not None and self.left <= 0:

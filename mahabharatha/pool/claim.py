@@ -19,7 +19,6 @@ from mahabharatha.backends.base import (
     PollingWatch,
     ReleaseWatch,
     Requester,
-    Verdict,
     WatchesReleases,
     describe_holder,
     lacks,
@@ -179,7 +178,7 @@ class _Pool:
         for feature in candidates:  # every claim checks the names before it tries one
             _validate_feature_name(feature)
         self.store, self.candidates, self.owner = store, candidates, owner
-        self.details = ownership.details_of(owner, command)
+        self.requester = Requester(owner, ownership.details_of(owner, command))
         self.problems = problems
         self.reclaim_dead, self.include_done, self.attempts, self.lease = options
         self.local = _local_markers(store)
@@ -305,15 +304,12 @@ class _Pool:
 
     def _finished(self, feature: str) -> str | None:
         """``done``, ``failed``, ``busy`` (resting after a failed attempt), else None."""
-        if not self.include_done and self.store.is_done(feature):
-            return "done"
-        record = self.store.attempts(feature)
-        if record is None:
-            return None
-        limit = record.limit if self.attempts is None else self.attempts
-        if record.tries >= limit:
-            return "failed"
-        return "busy" if self._resting(feature, record) else None
+        state, record = _finished_in(
+            self.store, feature, include_done=self.include_done, attempts=self.attempts
+        )
+        if state is not None:
+            return str(state)
+        return "busy" if record is not None and self._resting(feature, record) else None
 
     def _claim_one(self, feature: str) -> Held | str:
         """Take ``feature`` unless it is finished: the acquisition, or why not (``done``,
@@ -321,15 +317,9 @@ class _Pool:
         finished = self._finished(feature)
         if finished is not None:
             return finished  # cheap: most finished features are skipped without their lock
-        outcome = _try_once(
-            self.store, feature, self.owner, self.reclaim_dead, self.details, self.lease
-        )
-        if outcome.held is None:
-            # The lock that stopped our try: the claimer's own (the one owner judgement)?
-            mine = outcome.verdict is Verdict.CALLER or _held_by(
-                outcome.holder, outcome.holder_details, {self.owner}
-            )
-            return "mine" if mine else "busy"
+        outcome = _try_once(self.store, feature, self.requester, self.reclaim_dead, self.lease)
+        if outcome.held is None:  # stopped by the claimer's own lock ("mine"), or another's?
+            return "mine" if _held_by(outcome, {self.owner}) else "busy"
         # Race: a worker marked the feature done (or recorded its last failed attempt) and
         # released it between our first look and our acquire. Both publish before they
         # release, so now that we hold the lock the mark is certainly visible: give it back.
@@ -347,7 +337,7 @@ class _Pool:
         while True:
             won = store.try_claim(
                 offered,
-                Requester(self.owner, self.details),
+                self.requester,
                 reclaim_dead=self.reclaim_dead,
                 lease=self.lease,
                 include_done=self.include_done,
@@ -411,10 +401,13 @@ class _Pool:
         """``done`` or ``failed`` when the feature's local folder says so, else None."""
         if self.local is None:
             return None
-        found = _finished_in(
-            self.local, feature, include_done=self.include_done, attempts=self.attempts
-        )
-        return None if found is None else str(found[0])
+        try:
+            state, _ = _finished_in(
+                self.local, feature, include_done=self.include_done, attempts=self.attempts
+            )
+        except OSError:
+            return None
+        return None if state is None else str(state)
 
 
 def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
