@@ -1,6 +1,5 @@
-"""``FeatureLock``: a lock held for a block and refreshed in the background, the ``Heartbeat``
-thread that refreshes it (one per lock, or one per pool worker), and the fork hook that makes a
-forked child forget its parent's locks."""
+"""``FeatureLock`` (held for a block, refreshed in the background), its ``Heartbeat`` thread
+(one per lock, or per pool worker), and the fork hook: a forked child forgets its parent's locks."""
 
 from __future__ import annotations
 
@@ -115,8 +114,7 @@ class FeatureLock:
         # Race: fork while the heartbeat held the mutex; the child's copy would stay locked.
         self._mutex = threading.Lock()  # heartbeat thread vs. release in the caller's thread
         self._stop = threading.Event()  # ends the cut-off
-        # The proof handed on (``proof_fds``), made once; a child keeps its descriptors open.
-        self._handed: WorkProof | None = None
+        self._handed: WorkProof | None = None  # the proof handed on (``proof_fds``), made once
         self._cut_off: threading.Thread | None = None  # ``_cut_off_loop``'s thread
         self._declaring = threading.Lock()  # the cut-off vs. the heartbeat declaring the loss
 
@@ -210,16 +208,14 @@ class FeatureLock:
             raise HeartbeatStartError(self.feature, str(error)) from error
 
     def _cut_off_loop(self) -> None:
-        """The cut-off's thread: :meth:`_cut_off_in`'s judgement, made when it is due (a refresh
-        on a frozen link blocks the heartbeat itself)."""
+        """The cut-off's thread (a refresh on a frozen link blocks the heartbeat itself)."""
         while (left := self._cut_off_in()) > 0:
             if self._stop.wait(left):
                 return  # released (or lost by the heartbeat's own finding)
 
     def _cut_off_in(self) -> float:
-        """Seconds until the lock is given up, shortly before its lease can end unless a refresh
-        moved ``_deadline`` (at 0 the loss is declared): the one cut-off rule, of the cut-off
-        thread and of ``AsyncFeatureLock``'s task."""
+        """The one cut-off rule (thread and async task): seconds until the lock is given up,
+        shortly before its lease can end unless a refresh moved ``_deadline``; at 0, lost."""
         if self.lease is None:
             return math.inf
         notice = min(CUT_OFF_NOTICE_SECONDS, self.lease / 4)
@@ -266,8 +262,8 @@ class FeatureLock:
             self.backend.close()
 
     def _beat_once(self, first: bool = False) -> float | None:
-        """One heartbeat (of the thread or the asyncio task): the seconds to the next, ``None``
-        once lost. A claim's ``first`` step only lets its connection go (the pool's grace)."""
+        """One heartbeat: the seconds to the next, ``None`` once lost. A claim's ``first`` step
+        only lets its connection go (the pool's grace)."""
         assert self.heartbeat is not None
         if self.lost is not None:
             return None  # declared by the cut-off: given up
@@ -293,7 +289,7 @@ class FeatureLock:
         return self.heartbeat
 
     def _with_deadline(self, mine: Held) -> Held:
-        """Keep ``mine``'s expiry on the monotonic clock too, from when its statement was sent."""
+        """``mine``, its expiry kept on the monotonic clock too (from when it was sent)."""
         if mine.sent is None:
             self._deadline = monotonic() + (mine.expires_at - clock.now())
         else:
@@ -395,7 +391,6 @@ class FeatureLock:
         return HandedProof(self._handed_proof())
 
     def _handed_proof(self) -> WorkProof | None:
-        """The one work proof this hold hands on, made at the first request."""
         with self._mutex:
             if self._handed is None or self._handed.fd is None:
                 self._handed = self.work_proof()
@@ -437,8 +432,8 @@ class FeatureLock:
 
 
 class Heartbeat:
-    """The heartbeat thread: runs the due ``_beat_once`` of the one lock it holds at a time (a
-    ``FeatureLock``'s own, or a pool worker's); a lock let go of is never touched again."""
+    """The heartbeat thread: the due ``_beat_once`` of the one lock it holds at a time (a
+    ``FeatureLock``'s, or a pool worker's); a lock let go of is never touched again."""
 
     def __init__(self, name: str = "pool") -> None:
         self._name = f"lock-heartbeat-{name}"
