@@ -39,8 +39,6 @@ from mahabharatha.owner.proof import HandedProof, WorkProof
 # link) before the lock is in danger.
 LEASE_REFRESHES: Final = 3
 
-# --------------------------------------------------------------------------- holding
-
 
 class FeatureLock:
     """Hold a feature lock for a block, kept fresh by a background heartbeat. lost: ``None``

@@ -182,9 +182,8 @@ def acquire(
 
 
 class _Acquiring:
-    """One acquire's loop for ``acquire`` and ``AsyncFeatureLock``: try, judge who stopped us,
-    pause (:meth:`run` sleeps; the async driver awaits). Its arguments are checked at each
-    acquire (a ``FeatureLock``'s may have changed)."""
+    """One acquire's loop: try, judge who stopped us, pause (:meth:`run` sleeps; the async
+    driver awaits). Made per acquire: a ``FeatureLock``'s arguments may have changed."""
 
     def __init__(
         self,
@@ -309,7 +308,7 @@ def _local_markers(store: LockBackend) -> LockBackend | None:
     return open_backend(None, store.gsd_dir)
 
 
-# --------------------------------------------------------------------------- done features
+# ------------------------------------------------------------------ marking and letting go
 
 
 def is_done(
@@ -399,9 +398,6 @@ def reopen_finished(
     return [name for name in names if reopen(name, backend=store)]
 
 
-# --------------------------------------------------------------------------- releasing
-
-
 def release(
     feature: str,
     gsd_dir: GsdDir = GSD_DIR,
@@ -415,9 +411,6 @@ def release(
     _validate_feature_name(feature)
     owner = _owner_pid(pid)
     return _backend(backend, gsd_dir).release(feature, owner, force=force)
-
-
-# --------------------------------------------------------------------------- cleaning
 
 
 def clean(
