@@ -65,27 +65,21 @@ def _fork_workers(
 ) -> None:
     for _ in range(jobs):
         try:
-            _fork_worker(job, mask, workers)
+            answer_fd, write_fd = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(answer_fd)
+                os.close(write_fd)
+                raise
         except OSError:
             if not workers:
                 raise
             return  # out of processes: a smaller team still finishes the pool
-
-
-def _fork_worker(
-    job: Callable[[], dict[str, Any]], mask: Iterable[int], workers: dict[int, int]
-) -> None:
-    answer_fd, write_fd = os.pipe()
-    try:
-        pid = os.fork()
-    except OSError:
-        os.close(answer_fd)
+        if pid == 0:
+            _be_worker(job, mask, write_fd, [answer_fd, *workers.values()])
         os.close(write_fd)
-        raise
-    if pid == 0:
-        _be_worker(job, mask, write_fd, [answer_fd, *workers.values()])
-    os.close(write_fd)
-    workers[pid] = answer_fd
+        workers[pid] = answer_fd
 
 
 def _be_worker(
