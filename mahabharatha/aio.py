@@ -73,9 +73,8 @@ def _calls_of(store: LockBackend) -> _Calls:
 
 
 class _Gate:
-    """The tasks of one loop that want one feature for one owner pid, queued (FIFO): the
-    backend would tell a second task of the holder's process "already held by you", so only
-    the task at the front contends with other processes."""
+    """A loop's tasks wanting one feature for one owner pid, queued (FIFO): only the front one
+    contends with other processes (the backend would tell the next "already held by you")."""
 
     def __init__(self) -> None:
         self.turn = asyncio.Lock()
@@ -202,9 +201,8 @@ class AsyncFeatureLock:
     # ------------------------------------------------------------------ backend calls
 
     async def _call(self, call: Callable[[], _T]) -> _T:
-        """Run one backend call: on the loop for files, else in a worker thread. A task
-        cancelled while the thread runs waits for it to end (its deadlines bound it), then
-        raises ``CancelledError``: what the call did (a refresh, a release) is done first."""
+        """Run one backend call: on the loop for files, else in a worker thread, whose end a
+        cancelled task waits for (deadlines bound it) before it raises ``CancelledError``."""
         if self._on_loop:
             return call()
         future = self._calls.start(call)
@@ -216,8 +214,7 @@ class AsyncFeatureLock:
 
     async def _give_back(self, outcome: object) -> None:
         """Release a lock a cancelled try took (waited for, even if cancelled again). Race:
-        cancelled while the try ran in its thread: the lock is taken all the same, and
-        nobody would know of it."""
+        cancelled while the try ran in its thread: the lock is taken, unknown to anyone."""
         if not isinstance(outcome, AcquireResult) or outcome.held is None:
             return
         future = self._calls.start(partial(self.backend.release_held, outcome.held))
@@ -279,9 +276,8 @@ class AsyncFeatureLock:
         return gate
 
     async def _wait_for_lock(self, acquiring: _Acquiring) -> Held:
-        """The acquire's loop, each try a backend call, each pause an await: for a release
-        heard on PostgreSQL (NOTIFY on the loop's listening connection), else the backoff's
-        sleep (files: a try costs microseconds)."""
+        """The acquire's loop: each try a backend call, each pause an await for a release heard
+        (PostgreSQL's NOTIFY), else the backoff's sleep (files: a try costs microseconds)."""
         store, feature = self.backend, self.feature
         listener: Any = None
         if not lacks(store, HearsReleases) and isinstance(store, HearsReleases):
@@ -326,10 +322,9 @@ class AsyncFeatureLock:
             await step  # a refresh cut off ends before the heartbeat does, as ``_call`` waits
 
     async def _cut_off_first(self, step: asyncio.Task[Any]) -> bool:
-        """Wait for ``step`` until the lock's cut-off; True when the cut-off came first (the
-        loss declared; ``step`` runs on). Race: a refresh stuck on a frozen link (for
-        ``--connect-timeout``) kept the loss untold past the lease's end, while the holder
-        worked on beside the next one."""
+        """Wait for ``step`` until the cut-off; True when that came first (the loss declared,
+        ``step`` runs on). Race: a refresh stuck on a frozen link kept the loss untold past the
+        lease's end, while the holder worked on beside the next one."""
         try:
             while not step.done():
                 if (left := self._state._cut_off_in()) <= 0:

@@ -186,9 +186,8 @@ class _Pool:
         if not lacks(store, ClaimsInOneStep) and isinstance(store, ClaimsInOneStep):
             self.one_step = store
         self.deadline = waiting.Deadline(0.0)  # the claim's wait (also for a server's slot)
-        # Features seen done or failed are kept so (only ``reopen`` undoes it): later rounds
-        # skip them without a look and start past the finished prefix, until a round would
-        # end the pool (:meth:`claim`); ``mine``: left by :meth:`leave`, skipped too.
+        # Features seen done or failed (only ``reopen`` undoes it), and ``mine`` (:meth:`leave`):
+        # later rounds skip them unread, past the finished prefix, until one would end the pool.
         self.finished: dict[str, str] = {}
         self.open_from = 0
         self.offered: list[str] | None = None  # one-statement claims: the features offered
@@ -320,9 +319,8 @@ class _Pool:
         outcome = _try_once(self.store, feature, self.requester, self.reclaim_dead, self.lease)
         if outcome.held is None:  # stopped by the claimer's own lock ("mine"), or another's?
             return "mine" if _held_by(outcome, {self.owner}) else "busy"
-        # Race: a worker marked the feature done (or recorded its last failed attempt) and
-        # released it between our first look and our acquire. Both publish before they
-        # release, so now that we hold the lock the mark is certainly visible: give it back.
+        # Race: finished and released (the mark published first) between our look and our
+        # acquire: now that we hold the lock the mark is certainly visible: give it back.
         finished = self._finished(feature)
         if finished is None:
             return outcome.held
@@ -330,9 +328,8 @@ class _Pool:
         return finished
 
     def _claim_in_one_step(self, store: ClaimsInOneStep) -> ClaimOutcome:
-        """A backend that claims in one statement (PostgreSQL), offered the features not done
-        or failed in their local folder (looked at once per pool: the list offered stays the
-        same, the server keeps a prepared claim per list)."""
+        """A claim in one statement (PostgreSQL) of the features not finished in their local
+        folder, looked at once per pool (the server keeps a prepared claim per list offered)."""
         offered = self._offer() if self.offered is None else self.offered
         while True:
             won = store.try_claim(

@@ -118,9 +118,8 @@ class PoolLock(FeatureLock):
     def finish_leaving_work(
         self, exit_code: int, still_running: Callable[[], bool] | None = None
     ) -> WorkResult:
-        """End a hold :meth:`abandon` left to running work: exit code 0 marks the feature done,
-        another records nothing yet. The lock, its proof and ``still_running`` (the watch on
-        that work) are kept until it says no: then :meth:`finish_left_work` lets them go."""
+        """End a hold :meth:`abandon` left to running work: exit code 0 marks it done, another
+        records nothing yet; lock and proof stay until ``still_running()`` says no."""
         self._stop_heartbeat()
         with self._mutex:
             left, self._left = self._left, None
@@ -268,9 +267,8 @@ def run_pool(
                     each.finish_left_work(attempts)
             outcome = _claim_waiting(pool, wait)
             if outcome.held is None and outcome.nothing_left and leaving:
-                # Race: only features whose failed command left work are ours still; the
-                # other workers wait for them (their owner, us, lives): wait for that work
-                # to end, record the attempt, release, and claim again.
+                # Race: only features our failed commands left work on are left, and others
+                # wait for them (their owner lives): wait for that work, record, claim again.
                 over = _left_work_ended(leaving, wait)
                 for each in over:
                     leaving.remove(each)
