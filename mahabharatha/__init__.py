@@ -77,10 +77,12 @@ def __getattr__(name: str) -> Any:
             found: Any = version("mahabharatha")
         except PackageNotFoundError:  # run from a source tree that was never installed
             found = "0+unknown"
-    elif name in __all__:  # ``AsyncFeatureLock`` too: ``locks`` imports it on first use
+    elif name == "AsyncFeatureLock":
+        from mahabharatha.aio import AsyncFeatureLock as found
+    elif name in __all__:
         from mahabharatha import locks
 
-        found = getattr(locks, name)
+        found = vars(locks)[name]
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = found
