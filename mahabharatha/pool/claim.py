@@ -271,8 +271,8 @@ class _Pool:
         del self.problems[:]  # each round reports what it could not try
         if self.one_step is not None:
             return self._claim_in_one_step(self.one_step)
-        seen: dict[str, list[str]] = {"done": [], "failed": [], "busy": [], "mine": []}
-        start = self.open_from
+        start = self.open_from  # the features before it are finished: what each was is known
+        seen = [(f, self.finished[f]) for f in self.candidates[:start]]
         for index in range(start, len(self.candidates)):
             feature = self.candidates[index]
             verdict = self.finished.get(feature)
@@ -286,10 +286,7 @@ class _Pool:
             if verdict in ("done", "failed") and index == self.open_from:
                 self.open_from += 1  # a finished feature stays so: later rounds start past it
             if verdict is not None:
-                seen[verdict].append(feature)
-        passed = self.candidates[:start]  # all finished: what each was is known
-        for verdict in ("done", "failed"):
-            seen[verdict][:0] = [f for f in passed if self.finished[f] == verdict]
+                seen.append((feature, verdict))
         return _outcome_of(seen)
 
     def _tried(self, feature: str) -> Held | str | None:
@@ -375,7 +372,7 @@ class _Pool:
         said |= dict.fromkeys(resting if self.retry_delay > 0 else (), "busy")
         said |= dict.fromkeys(held, "busy")
         said |= {f: "failed" if f in failed else finished for f, finished in self.here.items()}
-        seen: dict[str, list[str]] = {"done": [], "failed": [], "busy": [], "mine": []}
+        seen: list[tuple[str, str]] = []
         for feature in self.candidates:
             verdict = said.get(feature)
             # The statement skips every held row, the claimer's own too. A row under the
@@ -388,7 +385,7 @@ class _Pool:
                 if isinstance(tried, Held):
                     return ClaimOutcome(tried)
                 verdict = tried or "busy"
-            seen[verdict].append(feature)
+            seen.append((feature, verdict))
         return _outcome_of(seen)
 
     def _may_be_mine(self, holder: LockInfo) -> bool:
@@ -407,6 +404,7 @@ class _Pool:
         return None if state is None else str(state)
 
 
-def _outcome_of(seen: dict[str, list[str]]) -> ClaimOutcome:
-    """A claim round that took nothing: what each feature was."""
-    return ClaimOutcome(None, *(tuple(seen[kind]) for kind in ("busy", "done", "failed", "mine")))
+def _outcome_of(seen: list[tuple[str, str]]) -> ClaimOutcome:
+    """A claim round that took nothing: what each feature was (its verdict), in order."""
+    kinds = ("busy", "done", "failed", "mine")
+    return ClaimOutcome(None, *(tuple(f for f, said in seen if said == kind) for kind in kinds))
