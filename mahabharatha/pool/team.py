@@ -14,7 +14,7 @@ from contextlib import ExitStack, suppress
 from typing import Any, Final, NamedTuple, NoReturn
 
 from mahabharatha import signals
-from mahabharatha.exits import shell_status
+from mahabharatha.exits import killed_by, shell_status
 from mahabharatha.pool.work import WorkReport, WorkResult
 from mahabharatha.states import WorkEnd, WorkOutcome
 
@@ -99,7 +99,7 @@ def _be_worker(
     except KeyboardInterrupt as stop:
         # Race: a signal forwarded while the workers were forked is delivered as this one
         # unblocks it, before its job answers anything: it ends as that signal ends a process.
-        status = 128 + getattr(stop, "signum", signal.SIGINT)
+        status = killed_by(getattr(stop, "signum", signal.SIGINT))
     finally:  # whatever was raised: a forked worker must never run on as the parent
         os._exit(status)
 
