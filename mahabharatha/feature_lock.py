@@ -126,7 +126,8 @@ class FeatureLock:
     @property
     def expires_at(self) -> float | None:
         """When our lock turns stale unless refreshed (epoch seconds; None: not held)."""
-        return None if self._mine is None else self._mine.expires_at
+        mine = self._mine  # race: the heartbeat may declare it lost (None) between two reads
+        return None if mine is None else mine.expires_at
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "held" if self.held else "not held"

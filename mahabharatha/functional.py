@@ -284,7 +284,7 @@ def _valid_timeout(timeout: float | None, name: str = "timeout") -> float | None
     # A negative wait is refused, not guessed at (-1: "for ever" to some, "once" to others).
     if timeout is not None and timeout < 0:
         raise ValueError(
-            f"Invalid timeout: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
+            f"Invalid {name}: {timeout} (seconds >= 0; 0 tries once, None waits for ever)"
         )
     return _valid_seconds(name, timeout)
 

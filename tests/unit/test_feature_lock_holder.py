@@ -159,6 +159,37 @@ def test_acquire_refuses_a_timeout_that_is_not_finite(gsd: Path, value: float) -
     assert not lock_of(gsd).exists()
 
 
+def test_a_negative_wait_is_refused_by_its_own_name(gsd: Path) -> None:
+    """Fails before the fix: the pool's negative ``wait`` was refused as "Invalid timeout"."""
+    with pytest.raises(ValueError, match="Invalid wait: -1"):
+        locks.work(lambda feature: None, [FEATURE], gsd, wait=-1)
+
+
+class _LostBetweenReads(locks.FeatureLock):
+    """Its ``_mine`` is the hold at the first read and gone at the next: the heartbeat
+    declaring the loss between two reads of the caller's thread."""
+
+    def __init__(self, gsd: Path, held: object) -> None:
+        self._reads = iter([held, None])
+        super().__init__(FEATURE, gsd, heartbeat=None)
+
+    @property
+    def _mine(self) -> Any:
+        return next(self._reads, None)
+
+    @_mine.setter
+    def _mine(self, value: object) -> None:
+        pass
+
+
+def test_expires_at_reads_the_hold_once(gsd: Path) -> None:
+    """Fails before the fix: a loss declared between its two reads raised AttributeError."""
+    with locks.FeatureLock(FEATURE, gsd, heartbeat=None) as lock:
+        held = lock._mine
+    assert held is not None
+    assert _LostBetweenReads(gsd, held).expires_at == held.expires_at
+
+
 # --------------------------------------------------------------------------- item 15: interrupts
 
 
