@@ -258,45 +258,38 @@ def work(
 
 def _run_step(command: list[str], attempts: int, output: OutputFor, lock: PoolLock) -> WorkResult:
     """One feature of ``lock work``: CMD run as ``lock run`` does under the claimed lock."""
+    feature = lock.feature
     with ExitStack() as stack:
         try:
-            where = stack.enter_context(output(lock.feature))
+            where = stack.enter_context(output(feature))
         except BaseException:
             lock.finish(None, None, attempts)  # no log to write to: never leave it held
             raise
-        result = _run_feature(command, attempts, lock, where)
+        argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in command]
+        running_lost: list[locks.LockLostError] = []  # the loss the relay acted on: while CMD ran
+        run = runner.Run(
+            lock,
+            notify_lost=running_lost.append,
+            on_release_wait=lambda bound: _warn_release_wait(feature, bound),
+        )
+        try:
+            with run:
+                run.acquire()
+                result = _command_then_end(run, lock, argv, attempts, where, running_lost)
+        except runner.CommandStartError as unstarted:
+            # Every feature would fail the same way: release it unmarked, stop this worker.
+            code = exit_code_for(unstarted, before_run=True)
+            raise StopWork(lock.finish(None, unstarted.strerror, attempts), code) from None
+        except runner.Interrupted as stop:
+            raise StopWork(lock.finish(None, str(stop), attempts), stop.exit_code) from None
+        except StopWork:
+            raise  # the feature has ended: its result is in it
+        except BaseException:
+            lock.finish(None, None, attempts)  # whatever went wrong: never leave it held
+            raise
+        if run.signalled is not None:  # told to stop, whatever CMD made of it: after its result
+            raise StopWork(result, killed_by(run.signalled))
     return result._replace(log=where.log)
-
-
-def _run_feature(
-    command: list[str], attempts: int, lock: PoolLock, output: CommandOutput
-) -> WorkResult:
-    feature = lock.feature
-    argv = [word.replace(FEATURE_PLACEHOLDER, feature) for word in command]
-    running_lost: list[locks.LockLostError] = []  # the loss the relay acted on: while CMD ran
-    run = runner.Run(
-        lock,
-        notify_lost=running_lost.append,
-        on_release_wait=lambda bound: _warn_release_wait(feature, bound),
-    )
-    try:
-        with run:
-            run.acquire()
-            result = _command_then_end(run, lock, argv, attempts, output, running_lost)
-    except runner.CommandStartError as unstarted:
-        # Every feature would fail the same way: release it unmarked, stop this worker.
-        code = exit_code_for(unstarted, before_run=True)
-        raise StopWork(lock.finish(None, unstarted.strerror, attempts), code) from None
-    except runner.Interrupted as stop:
-        raise StopWork(lock.finish(None, str(stop), attempts), stop.exit_code) from None
-    except StopWork:
-        raise  # the feature has ended: its result is in it
-    except BaseException:
-        lock.finish(None, None, attempts)  # whatever went wrong: never leave it held
-        raise
-    if run.signalled is not None:  # told to stop, whatever CMD made of it: after its result
-        raise StopWork(result, killed_by(run.signalled))
-    return result
 
 
 def _command_then_end(
@@ -371,12 +364,7 @@ def _say_server_full(error: BackendError) -> None:
 
 def _worker_answer(result: Result) -> dict[str, Any]:
     """What a worker of ``lock work --jobs`` sends back: its answer, as it would print it."""
-    return {
-        "code": result.code,
-        "document": result.document,
-        "message": result.message,
-        "warnings": list(result.warnings),
-    }
+    return {name: getattr(result, name) for name in ("code", "document", "message", "warnings")}
 
 
 def _team_result(ends: list[team.WorkerEnd], document: dict[str, Any]) -> Result:
