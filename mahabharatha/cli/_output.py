@@ -349,7 +349,6 @@ class Result(NamedTuple):
 def exit_code_for(error: BaseException, *, before_run: bool = False) -> int:
     """The exit code of a failure: the only mapping from errors to codes. ``before_run``: ``lock
     run`` failed before its command started (busy: 75; else what a shell would say)."""
-
     if before_run:
         if isinstance(error, runner.Interrupted):
             return killed_by(error.signum)
@@ -496,13 +495,13 @@ def given_gsd_dir_exists() -> None:
         return
     gsd_dir = ctx.params["gsd_dir"]
     try:
-        is_folder = stat.S_ISDIR(os.stat(gsd_dir).st_mode)
+        if stat.S_ISDIR(os.stat(gsd_dir).st_mode):
+            return
         what = "not a folder"
     except (FileNotFoundError, NotADirectoryError):  # other OS errors (too long...): exit 3
-        is_folder, what = False, "no such folder"
-    if not is_folder:
-        create = "; --create makes it" if "create" in ctx.params else ""
-        raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names an existing gsd folder{create})")
+        what = "no such folder"
+    create = "; --create makes it" if "create" in ctx.params else ""
+    raise ValueError(f"{what}: {gsd_dir} (--gsd-dir names an existing gsd folder{create})")
 
 
 _QUIET: Final = [False]  # the root's -q: no note, only errors

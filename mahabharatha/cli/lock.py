@@ -329,10 +329,9 @@ def claim(
         held = outcome.held
         found = {**document, "problems": [problem_fields(p) for p in problems]}
         if held is not None:
-            claimed = {**found, "feature": held.feature, "claimed": True}
             return Result(
                 EXIT_OK,
-                {**claimed, **_held_fields(store, held)},
+                {**found, "feature": held.feature, "claimed": True, **_held_fields(store, held)},
                 held.feature,
                 warnings=[*warned, *problem_warnings(problems)],
                 give_back=lambda: store.release_held(held),  # if the answer cannot get out

@@ -42,9 +42,8 @@ def watch_status(shared: Shared, until_done: bool) -> NoReturn:
     def action() -> Result:
         try:
             store = shared.backend(needs_folder=shared.url is None)
-            if shared.as_json or not sys.stdout.isatty():
-                return Result(_watch_lines(store, until_done), {})
-            return Result(_watch_terminal(store, until_done), {})
+            lines = shared.as_json or not sys.stdout.isatty()  # one JSON document per change
+            return Result((_watch_lines if lines else _watch_terminal)(store, until_done), {})
         except KeyboardInterrupt as stop:  # how a watch ends: no answer, only its exit code
             return Result(stopped_code(stop), {})
 
