@@ -59,8 +59,7 @@ from mahabharatha.locks import (
     LockInfo,
     LockLostError,
 )
-from mahabharatha.names import is_valid_feature_name
-from mahabharatha.names import validate_feature_name as _validate_feature_name
+from mahabharatha.names import is_valid_feature_name, validate_feature_name
 from mahabharatha.owner import ownership
 from mahabharatha.run import runner
 
@@ -228,19 +227,6 @@ def _check_text(info: LockInfo) -> str:
 
 
 WAIT_FOREVER: Final = 1e18  # a bare claim --wait (no SECONDS): as long as it takes
-ClaimWaitOption = Annotated[
-    float | None,
-    typer.Option(
-        "--wait",
-        min=0,
-        callback=finite_seconds,
-        metavar="[SECONDS]",
-        help=(
-            "While none is free but some are held by others, wait (up to SECONDS; none: as "
-            "long as it takes) for one to be released (exit 75 if none came)."
-        ),
-    ),
-]
 
 
 def _is_seconds(word: str) -> bool:
@@ -299,7 +285,19 @@ def claim(
             ),
         ),
     ] = None,
-    wait: ClaimWaitOption = None,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            min=0,
+            callback=finite_seconds,
+            metavar="[SECONDS]",
+            help=(
+                "While none is free but some are held by others, wait (up to SECONDS; none: as "
+                "long as it takes) for one to be released (exit 75 if none came)."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Claim the first free feature that is not done or failed and print its name.
 
@@ -782,7 +780,7 @@ def verify(
     document: dict[str, Any] = {"feature": feature, "token": token, "current": False}
 
     def action() -> Result:
-        _validate_feature_name(feature)
+        validate_feature_name(feature)
         store = shared.backend()
         if not isinstance(store, LockServer):
             raise UnsupportedError(

@@ -72,8 +72,7 @@ def _watch(store: LockBackend, until_done: bool, show: Callable[[list[LockInfo]]
 
 
 def _watch_lines(store: LockBackend, until_done: bool) -> int:
-    """One JSON document per change, one a line: ``summary`` (the counts) and ``features``.
-    A change is a count or a holder (:func:`_what_changes`), never an age ticking."""
+    """One JSON document per change (:func:`_what_changes`) a line: the counts, the features."""
     last: list[object] = [None]
 
     def show(infos: list[LockInfo]) -> None:
