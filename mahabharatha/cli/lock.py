@@ -565,6 +565,14 @@ def run_command(
         typer.echo(f"mahabharatha: {lost}; {then} (--on-lost {on_lost.value})", err=True)
         told.append(lost)
 
+    def lost_result(lost: LockLostError, found: dict[str, Any], code: int) -> Result:
+        """The lost-lock rule: exit 76 (or CMD's code with --on-lost warn), ``error: lost``. The
+        loss is said once: ``told`` while CMD ran (stopped or kept), else now (CMD ended first)."""
+        exit_code = code if on_lost is runner.OnLost.WARN else exit_code_for(lost)
+        # Race: taken away after the last refresh, found once CMD had ended: nothing stopped it.
+        said = None if told else f"{lost}; CMD had already ended (exit code {code})"
+        return Result(exit_code, {**found, "error": "lost", "reason": lost.reason}, message=said)
+
     def action() -> Result:
         try:
             line = WaitingLine()  # entered around the wait only: gone before CMD's output
@@ -601,7 +609,7 @@ def run_command(
         except runner.WorkLeftError as left:  # the command ran; its escaped work keeps the lock
             kept = {**document, "exit_code": left.status, "work_left": True}
             if holder.lost is not None:
-                lost = _lost_result(holder.lost, on_lost, kept, left.status, told)
+                lost = lost_result(holder.lost, kept, left.status)
                 return lost._replace(message=f"{lost.message or holder.lost}; {left}")
             return Result(left.status, kept, message=str(left))
         except LockHeldError as busy:
@@ -617,7 +625,7 @@ def run_command(
             never = {**document, "error": "lost", "reason": lost.reason}
             return Result(exit_code_for(lost), never, message=f"{lost}; CMD was not started")
         if holder.lost is not None:
-            return _lost_result(holder.lost, on_lost, {**document, "exit_code": code}, code, told)
+            return lost_result(holder.lost, {**document, "exit_code": code}, code)
         return Result(code, {**document, "exit_code": code})
 
     respond(shared.as_json, document, action)
@@ -711,22 +719,6 @@ def _warn_release_wait(feature: str, bound: float) -> None:
         f"waiting up to {format_duration(bound)} for the kernel to break it, then releasing "
         "(Ctrl-C leaves the lock behind)"
     )
-
-
-def _lost_result(
-    lost: LockLostError,
-    on_lost: runner.OnLost,
-    document: dict[str, Any],
-    code: int,
-    told: list[LockLostError],
-) -> Result:
-    """The lost-lock rule: exit 76 (or CMD's code with --on-lost warn), ``error: lost``. The
-    loss is said once: ``told`` while CMD ran (stopped or kept), else now (CMD ended first)."""
-    document = {**document, "error": "lost", "reason": lost.reason}
-    exit_code = code if on_lost is runner.OnLost.WARN else exit_code_for(lost)
-    # Race: taken away after the last refresh, found once CMD had ended: nothing stopped it.
-    said = None if told else f"{lost}; CMD had already ended (exit code {code})"
-    return Result(exit_code, document, message=said)
 
 
 # --------------------------------------------------------------------------- across hosts
