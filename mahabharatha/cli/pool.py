@@ -364,7 +364,8 @@ def _say_server_full(error: BackendError) -> None:
 
 def _worker_answer(result: Result) -> dict[str, Any]:
     """What a worker of ``lock work --jobs`` sends back: its answer, as it would print it."""
-    return {name: getattr(result, name) for name in ("code", "document", "message", "warnings")}
+    said = result._asdict()
+    return {name: said[name] for name in ("code", "document", "message", "warnings")}
 
 
 def _team_result(ends: list[team.WorkerEnd], document: dict[str, Any]) -> Result:
