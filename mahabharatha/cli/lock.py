@@ -631,6 +631,24 @@ def run_command(
     respond(shared.as_json, document, action)
 
 
+def _on_wait(
+    store: LockBackend, line: WaitingLine, reclaim_dead: bool
+) -> locks.WaitCallback | None:
+    """At each look of a wait: the waiting line, and once a word when the holder is gone."""
+    if reclaim_dead:
+        return line.callback
+    return gone_holder_notice(lambda name: locks.inspect(name, backend=store), line.callback)
+
+
+def _warn_release_wait(feature: str, bound: float) -> None:
+    """Said on stderr when a kernel lease holds up ``lock run``'s release."""
+    note(
+        f"another process holds a kernel lease on the lock of {feature!r}; "
+        f"waiting up to {format_duration(bound)} for the kernel to break it, then releasing "
+        "(Ctrl-C leaves the lock behind)"
+    )
+
+
 # --------------------------------------------------------------------------- worker pools
 
 
@@ -701,24 +719,6 @@ def reopen(
         return Result(EXIT_OK, {**document, "reopened": reopened}, text)
 
     respond(shared.as_json, document, action)
-
-
-def _on_wait(
-    store: LockBackend, line: WaitingLine, reclaim_dead: bool
-) -> locks.WaitCallback | None:
-    """At each look of a wait: the waiting line, and once a word when the holder is gone."""
-    if reclaim_dead:
-        return line.callback
-    return gone_holder_notice(lambda name: locks.inspect(name, backend=store), line.callback)
-
-
-def _warn_release_wait(feature: str, bound: float) -> None:
-    """Said on stderr when a kernel lease holds up ``lock run``'s release."""
-    note(
-        f"another process holds a kernel lease on the lock of {feature!r}; "
-        f"waiting up to {format_duration(bound)} for the kernel to break it, then releasing "
-        "(Ctrl-C leaves the lock behind)"
-    )
 
 
 # --------------------------------------------------------------------------- across hosts
