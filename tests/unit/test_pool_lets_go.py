@@ -104,7 +104,7 @@ def test_a_hold_forced_away_before_its_outcome_lets_go_of_its_proofs(
 def test_a_hold_left_to_work_keeps_its_proof_until_that_work_ends_then_lets_go(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, lost: bool
 ) -> None:
-    """``lock work``'s step (``_run_feature``): CMD leaves work in a session of its own. While
+    """``lock work``'s step (``_run_step``): CMD leaves work in a session of its own. While
     that work runs, its lock keeps this worker's proof (its owner's evidence of life); once it
     has ended, the worker lets go of the proof and of the watch on that work. Fails before the
     fix (done, lost): both descriptors stayed open, two per feature, as long as the worker
