@@ -264,13 +264,12 @@ class _WithSharedOptions:
     def __signature__(self) -> inspect.Signature:
         signature = inspect.signature(self._command, eval_str=True)
         mine = signature.parameters["shared"]
-        options = [
+        parameters = list(signature.parameters.values())
+        at = parameters.index(mine)
+        parameters[at : at + 1] = [  # the options in its place
             inspect.Parameter(name, mine.kind, default=default, annotation=declared)
             for name, declared, default in _SHARED_OPTIONS
         ]
-        parameters: list[inspect.Parameter] = []
-        for parameter in signature.parameters.values():
-            parameters += options if parameter is mine else [parameter]
         return signature.replace(parameters=parameters)
 
     @property
