@@ -96,7 +96,7 @@ def _kill_session(sid: int) -> None:
     with suppress(psutil.Error):
         team = psutil.Process(sid).children(recursive=True)
     for process in psutil.process_iter():
-        with suppress(psutil.Error):
+        with suppress(psutil.Error, ProcessLookupError):  # race: ended since the listing
             if os.getsid(process.pid) == sid:
                 team.append(process)
     for process in team:
