@@ -307,6 +307,10 @@ def _command_then_end(
     env = {FEATURE_ENV_VAR: lock.feature}
     try:
         code = run.command(argv, output.stdout, env=env, stderr=output.stderr)
+    except locks.LockLostError:
+        # Race: taken away (a forced release, a lease run out) between the claim and CMD's
+        # start: CMD never ran, the feature is lost to this worker, which goes on.
+        return lock.finish(None, None, attempts)
     except runner.WorkLeftError as left:
         # CMD ended but its work outside its group holds the lock until it ends: the result
         # is recorded all the same and the worker goes on (or stops, when told to).
@@ -340,9 +344,12 @@ def _say(result: WorkResult, limit: int) -> None:
     elif result.outcome == WorkOutcome.LOST:
         why = "" if result.reason is None else f" ({result.reason})"
         found = "lost its lock while CMD ran"
-        if not result.lost_while_running:  # a lease, a forced release no refresh saw
+        if result.exit_code is None:
+            found = "lost its lock before CMD started"
+        elif not result.lost_while_running:  # a lease, a forced release no refresh saw
             found = "found its lock lost once CMD had ended"
-        said = f"{found}{why} (exit code {result.exit_code}): not marked"
+        ran = "" if result.exit_code is None else f" (exit code {result.exit_code})"
+        said = f"{found}{why}{ran}: not marked"
     else:
         said = f"released unmarked ({result.reason or f'exit code {result.exit_code}'})"
     note(f"{result.feature}: {said}")

@@ -407,6 +407,43 @@ def test_work_says_whether_a_loss_was_found_while_cmd_ran(
     assert said in capsys.readouterr().err
 
 
+def test_work_goes_on_after_a_lock_lost_before_cmd_started(
+    gsd: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """alpha's lock is forced away between the claim and CMD's start, and a beat finds it:
+    the line says so, nothing is marked, and the worker takes alpha again and runs it once.
+    Fails on b2ae882: the loss ended the whole worker (``LockLostError`` out of the loop:
+    exit 76, no line for alpha, any other feature left to other workers)."""
+    from mahabharatha.cli import pool as cli_pool
+    from mahabharatha.cli._work_output import command_output
+    from mahabharatha.run import runner
+
+    _features(gsd, "alpha")
+    runs = tmp_path / "runs.log"
+    cmd = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('ran\\n')", str(runs)]
+    command, forced = runner.Run.command, list[bool]()
+
+    def lost_first(run: runner.Run, *args: Any, **kwargs: Any) -> int:
+        if not forced:  # the window: held, CMD not started; a beat comes now
+            forced.append(locks.release("alpha", gsd, force=True))
+            run.lock._beat_once()
+        return command(run, *args, **kwargs)
+
+    monkeypatch.setattr(runner.Run, "command", lost_first)
+    output = functools.partial(command_output, tag=False, log_dir=None, gsd_dir=gsd, stdout=None)
+    report = locks.run_pool(
+        functools.partial(cli_pool._run_step, cmd, 1, output),
+        ["alpha"],
+        gsd,
+        heartbeat=60.0,
+        on_result=lambda result: cli_pool._say(result, 1),
+    )
+    assert forced == [True]
+    assert [result.outcome for result in report.results] == ["lost", "done"], report
+    assert runs.read_text() == "ran\n"
+    assert "alpha: lost its lock before CMD started (" in capsys.readouterr().err
+
+
 def test_work_without_a_command_is_bad_input(gsd: Path) -> None:
     _features(gsd, "alpha")
     result = invoke("lock", "work", "--gsd-dir", gsd)
