@@ -1,8 +1,7 @@
 """Waiting for a release on PostgreSQL from an event loop: LISTEN on an AsyncConnection read
 by one task, one per loop and backend, open only while a task waits (none on a crowded server:
 its waiters poll). A notification is a hint: the waiter tries again after it, and every slice
-without it (``design/async.md``).
-"""
+without it (``design/async.md``)."""
 
 from __future__ import annotations
 
@@ -77,10 +76,9 @@ class AsyncReleaseListener:
         started listening, or when the listener failed (look again). ``call`` runs a blocking
         backend call off the loop (the lock's own way: counted, waited for if cancelled)."""
         timeout = max(0.0, timeout)
-        # No LISTEN behind a pooler; none on a crowded server (asked at each look, as the
-        # sync waits ask): poll, once per slice, holding no connection between looks. Race:
-        # asyncio waiters listened for their whole wait, keeping the slots a holder needed
-        # to mark its done until its lease ran out.
+        # Behind a pooler, or on a crowded server (asked at each look): poll once per slice,
+        # holding no connection. Race: waiters listening for their whole wait kept the slots a
+        # holder needed to mark its done until its lease ran out.
         if self._behind_pooler or await call(self._crowded):
             self._stop_reading()  # every waiter of the loop polls now: none hears it
             await asyncio.sleep(timeout)
@@ -96,9 +94,8 @@ class AsyncReleaseListener:
         return seen.is_set()
 
     def _crowded(self) -> bool:
-        """The sync waits' rule (``crowded`` at most every ``SLOTS_LOOK_SECONDS``, on the claims'
-        connection, then let go of), in a worker thread: between two of the loop's other
-        statements on that connection, never under one."""
+        """The sync waits' rule (``crowded`` on the claims' connection, then let go of), in a
+        worker thread, between two of the loop's other statements on it, never under one."""
         backend = self.backend
         with backend._one_operation:
             if not backend.crowded(SLOTS_LOOK_SECONDS):

@@ -119,13 +119,11 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         self._host = socket.gethostname()
         # Feature lists whose rows exist (rows are never deleted): are they in sorted order?
         self._ensured: dict[str, bool] = {}
-        # (feature or None for a claim, pid, thread) -> the attempt id of a done or claim whose
-        # answer never came (:meth:`done`, :meth:`try_claim`)
+        # (feature, or None for a claim; pid; thread) -> the attempt id of an unanswered done/claim
         self._unanswered: dict[tuple[str | None, int, int], bytes] = {}
         self._last_list: tuple[list[str], str] = ([], "")  # the last list claimed from, joined
-        # (feature, pid) -> when the lease of a lock this backend took ends (monotonic): its
-        # done, failed attempt or waited release waits out a full or restarting server until
-        # then (:meth:`_while_full`)
+        # (feature, pid) -> when the lease of a lock taken here ends (monotonic): its done, fail
+        # or waited release waits out a full or restarting server until then
         self._leases: dict[tuple[str, int], float] = {}
 
     def where(self) -> str:
@@ -377,7 +375,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             self._run, partial(self._release_then_wake, text, values), pins_itself=True
         )
         until = -math.inf if wait is None else self._lease_end(held.feature, held.pid)
-        released = bool(self._while_full(release, until, pause=_pause_of(wait)))
+        released = bool(self._while_full(release, until, wait=wait))
         self._leases.pop((held.feature, held.pid), None)
         return released
 
@@ -523,7 +521,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         """Waits for a connection slot, or a server restarting, while the lease of a lock this
         backend took lasts (``wait``: nothing refuses a done)."""
         done = partial(self._done, feature, pid)
-        return self._while_full(done, self._lease_end(feature, pid), pause=_pause_of(wait))
+        return self._while_full(done, self._lease_end(feature, pid), wait=wait)
 
     def _lease_end(self, feature: str, pid: int) -> float:
         """When ``pid``'s lease on ``feature`` ends if this backend took it (monotonic)."""
@@ -593,7 +591,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     ) -> Attempts:
         """Waits for a slot or a restart as :meth:`done` does."""
         failing = partial(self._fail, feature, pid, reason, limit)
-        return self._while_full(failing, self._lease_end(feature, pid), pause=_pause_of(wait))
+        return self._while_full(failing, self._lease_end(feature, pid), wait=wait)
 
     def _fail(self, feature: str, pid: int, reason: str, limit: int) -> Attempts:
         entry = {
@@ -633,11 +631,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         from mahabharatha.backends.postgres.aio import listener_for
 
         return listener_for(self)
-
-
-def _pause_of(wait: ReleaseWait | None) -> Callable[[float], None] | None:
-    """The pause of a holder's wait to record its outcome: a signal ends it (lock left)."""
-    return None if wait is None else wait.pause
 
 
 def _clock_shift(server_now: float) -> float:

@@ -41,14 +41,12 @@ class ReleaseWaits(Session):
         listening) and after ``timeout`` when the listener failed (a later call listens anew)."""
         deadline = time.monotonic() + max(0.0, timeout)
         if self.crowded(SLOTS_LOOK_SECONDS):
-            # A crowded server (asked at each look, on the claims' connection): a second
-            # connection to listen on would take a slot a worker needs to record its done.
-            # Poll, once per wait, holding no connection meanwhile. Race: a ``FeatureLock``
-            # waiter, or a pool's whose claims' connection was lost, listened on a connection
-            # of its own, never asked, and kept two slots until the holder's lease ran out.
+            # Asked at each look: a listening connection takes a slot a worker needs to record
+            # its done. Race: a waiter listening on a connection of its own, never asking,
+            # kept two slots until the holder's lease ran out.
             self.close()
         if self._behind_pooler or self._slots_scarce:
-            # A pooler's LISTEN would deliver releases to whichever client gets its server
+            # A pooler's LISTEN would hand releases to whichever client gets its server
             # connection next; a crowded server has no slot to spare. Poll, once per wait.
             time.sleep(max(0.0, deadline - time.monotonic()))
             return False
@@ -87,9 +85,8 @@ class ReleaseWaits(Session):
 
 
 class _Listening:
-    """The server's :class:`~mahabharatha.backends.base.ReleaseWatch`: listening on the claims'
-    connection (a waiting worker needs no second one) where it can, else on the backend's
-    listener, from entering to leaving."""
+    """The server's :class:`~mahabharatha.backends.base.ReleaseWatch`: LISTEN on the claims'
+    connection (no second one) where it can, else on the backend's listener."""
 
     def __init__(self, backend: ReleaseWaits) -> None:
         self.backend = backend
@@ -110,11 +107,9 @@ class _Listening:
         self.backend._drop_listener()  # a worker that took a feature keeps no second one
 
     def _polls(self) -> bool:
-        """Behind a pooler, or on a crowded server (asked on the claims' connection at most
-        every ``SLOTS_LOOK_SECONDS``): poll, holding no connection between looks. Race: a
-        waiter never told the server was crowded (it never took a feature, or slots filled
-        while it waited) LISTENed on a slot a holder needed to mark its done, until the
-        holder's lease ran out and a waiter ran the feature again."""
+        """Behind a pooler, or on a crowded server (asked at most every ``SLOTS_LOOK_SECONDS``):
+        poll, holding no connection. Race: a waiter never told of it LISTENed on a slot a holder
+        needed to mark its done, until its lease ran out and the feature ran again."""
         return self.backend._behind_pooler or self.backend.crowded(SLOTS_LOOK_SECONDS)
 
     def _on_claims_connection(self, conn: _Connection, verb: str) -> bool:

@@ -17,7 +17,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from mahabharatha import logs
-from mahabharatha.backends.base import BackendError, ServerFullError
+from mahabharatha.backends.base import BackendError, ReleaseWait, ServerFullError
 from mahabharatha.backends.postgres import statements
 from mahabharatha.backends.postgres.connection import (
     SLOTS_TAKEN_SQLSTATE,
@@ -48,10 +48,8 @@ _NAMED_SCHEMA: Final = re.compile(  # where a statement names the default schema
 # A statement whose connection was lost is run again at most twice: a warm connection found
 # closed, then a fresh one whose answer a reset cut off.
 MAX_LOST_ANSWERS: Final = 2
-# A connection refused for now: the server restarting, starting up or shutting down
-# (cannot_connect_now, admin_shutdown, crash_shutdown); one with no SQLSTATE had no server
-# answer at all (refused, its socket gone, unreachable, timed out), unless libpq itself
-# refused what the server asked (a password none was given for, SSL it does not have).
+# Refused for now by a server restarting, starting or shutting down; with no SQLSTATE, no
+# server answered (unless libpq refused what it asked: a password not given, SSL it lacks).
 _DOWN_SQLSTATES: Final = frozenset({"57P03", "57P01", "57P02"})
 _LIBPQ_REFUSALS: Final = ("fe_sendauth:", "does not support SSL")
 
@@ -82,8 +80,7 @@ class Session:
         # databases' backends; nor at those: None, and the server is crowded for all we know.
         self._slots_look: str | None = statements.SLOTS
         self._crowded_once = False  # seen crowded after a claim: claims let go from then on
-        # Told (once per backend) that an operation waits for a free connection slot.
-        self.on_slot_wait: Callable[[ServerFullError], None] | None = None
+        self.on_slot_wait: Callable[[ServerFullError], None] | None = None  # told once per wait
         self._told_slot_wait = False
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
@@ -213,11 +210,11 @@ class Session:
         until: float | None,
         down_until: float = math.inf,
         *,
-        pause: Callable[[float], None] | None = None,
+        wait: ReleaseWait | None = None,
     ) -> _T:
         """``operation``, again while the server has no free slot, until ``until`` (monotonic;
         ``None``: for ever), or is down (a restart: nothing sent) until ``down_until`` too;
-        the first wait is logged and told once. ``pause`` (a release's) may raise to end it."""
+        the first wait is logged and told once. ``wait``'s pause may raise to end it."""
         while True:
             try:
                 return operation()
@@ -232,10 +229,10 @@ class Session:
                     logs.say(logs.WARNING, "%s; waiting for %s", refused, awaited)
                     if self.on_slot_wait is not None and isinstance(refused, ServerFullError):
                         self.on_slot_wait(refused)
-            if pause is None:
+            if wait is None:
                 _pause_for_a_slot()
             else:
-                pause(jittered(SLOT_PAUSE_SECONDS))  # a signal to ``lock run`` or ``work`` ends it
+                wait.pause(jittered(SLOT_PAUSE_SECONDS))  # a signal to ``run``/``work`` ends it
 
     def _let_go_if_crowded(self) -> None:
         """After a claim won on a server once seen crowded: hold no connection while working."""
