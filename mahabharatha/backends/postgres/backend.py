@@ -158,8 +158,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return self._params(
             feature=feature,
             pid=requester.pid,
-            # Every role that may use the table reads every namespace's
-            # rows, and a command line may carry a secret (``deploy --token=...``).
+            # Every role using the table reads every row; a command line may hold a secret.
             details=ownership.command_name_only(requester.details),
             host=self._host,  # the requester runs here (details keep only a cut host name)
             attempt=secrets.token_bytes(16),
@@ -342,7 +341,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
     def _won(self, row: Sequence[Any], pid: int, *, reason: str, sent: float) -> AcquireResult:
         """The lock ``row`` says ``pid`` took, and the lock it replaced, if any."""
         feature, token, refreshed, expires, now, prev_pid, prev_details, prev_ts, prev_exp = row
-        shift = _clock_shift(now)
+        shift = time.time() - now  # server times on this host's clock (see _info)
         self._leases[(feature, pid)] = time.monotonic() + (expires - now)
         held = Held(feature, pid, refreshed + shift, expires + shift, int(token), sent=sent)
         replaced = None
@@ -362,7 +361,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         if not found:
             raise LockLostError(held.feature, "its lease ran out, or it was released or taken over")
         refreshed, expires, now = found[0]
-        shift = _clock_shift(now)
+        shift = time.time() - now
         self._leases[(held.feature, held.pid)] = time.monotonic() + (expires - now)
         return held._replace(timestamp=refreshed + shift, expires_at=expires + shift, sent=sent[-1])
 
@@ -425,14 +424,15 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         return found[0] if found and found[0].pid is not None else None
 
     def _info(self, row: _Row, *, state: str | None = None) -> LockInfo:
-        """The row as a lock, its owner judged once, the lock's time on this host's clock."""
+        """The row as a lock, its owner judged once, the lock's time on this host's clock (only
+        the server's durations count: a client clock hours wrong judges nothing differently)."""
         from mahabharatha.backends.liveness import OwnerFacts, judge
 
         if row.pid is None:
             return _unlocked(row.feature, state or ("done" if row.done else "free"))
         assert row.refreshed is not None and row.expires is not None
         state = state or ("active" if row.expires >= row.now else "stale")
-        here = row.refreshed + _clock_shift(row.now)
+        here = row.refreshed + (time.time() - row.now)
         owner = judge(OwnerFacts(row.pid, here, ownership.decode(row.details))).owner
         return LockInfo(
             feature=row.feature,
@@ -566,8 +566,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             conn.execute(statements.WAKE, {"channel": self.channel}, prepare=False)
         except psycopg.Error as error:
             if error.sqlstate is None:
-                # The link was lost or froze (a refusal by the server has a SQLSTATE and leaves
-                # the connection as it was): the next call connects again.
+                # Lost or frozen (a server's refusal has one, and leaves it sound): reconnect.
                 self._drop_connection()
 
     def reopen(self, feature: str) -> bool:
@@ -631,12 +630,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         from mahabharatha.backends.postgres.aio import listener_for
 
         return listener_for(self)
-
-
-def _clock_shift(server_now: float) -> float:
-    """What to add to a server time to read it on this host's clock (only the server's
-    durations count: a client clock hours wrong judges nothing differently)."""
-    return time.time() - server_now
 
 
 def _unlocked(feature: str, state: str) -> LockInfo:

@@ -182,8 +182,7 @@ class Session:
         except pg_errors.InsufficientPrivilege:
             return self._count_refused(look)
         except psycopg.Error:
-            # A lost or frozen connection: the caller's next statement connects again (and
-            # says what is wrong, if anything).
+            # Lost or frozen: the caller's next statement connects again (and says what is wrong).
             self._drop_connection()
             return self._slots_scarce
         assert found is not None
