@@ -163,8 +163,6 @@ class PostgresBackend(ReleaseWaits, LockBackend):
             host=self._host,  # the requester runs here (details keep only a cut host name)
             attempt=secrets.token_bytes(16),
             lease=float(seconds),
-            judged=[],
-            rest=0.0,
         )
 
     def try_acquire(
@@ -244,7 +242,7 @@ class PostgresBackend(ReleaseWaits, LockBackend):
         lost_key = (None, requester.pid, threading.get_ident())
         attempt = self._unanswered.setdefault(lost_key, params["attempt"])
         lost_before = attempt is not params["attempt"]
-        params.update(names=names, include_done=include_done, attempt=attempt)
+        params.update(names=names, include_done=include_done, attempt=attempt, judged=[])
         if reclaim_dead:  # the tokens of held locks among them whose owner is provably gone here
             params["judged"] = [
                 row.token

@@ -161,9 +161,8 @@ WHERE l.namespace = {{ns}} AND l.feature = (
 RETURNING {_RETURNING}""",
     REGISTERED_PARAMS,
 )
-"""``CLAIM_SORTED`` with the namespace and names written in (``sql.Literal``) and prepared per
-connection: planned once; what changes per claim is a ``$n`` parameter. Takeable is free or
-expired only (``--reclaim-dead`` and retries use the others)."""
+"""``CLAIM_SORTED`` with the namespace and names written in (``sql.Literal``), prepared (planned)
+once per connection. Takeable: free or expired only (``--reclaim-dead``, retries: the others)."""
 
 ENSURE_ROWS: Final = """
 INSERT INTO mahabharatha.mahabharatha_locks (namespace, feature)
@@ -324,9 +323,8 @@ SLOTS_BY_DATABASE: Final = _TIGHTEST_LIMIT.format(
     FROM pg_catalog.pg_database AS d""",
     of_role="true",
 )
-""":data:`SLOTS` for a role that may not look at the sessions: each database's backends (its
-client sessions and its autovacuum, parallel and replication workers, which take no client
-slot: too many rather than too few); every one of them may be the login role's."""
+""":data:`SLOTS` for a role that may not see the sessions: every database's backends, any of
+them the login role's (workers that take no client slot too: too many rather than too few)."""
 
 SESSION_SET_UP: Final = """
 SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only'),
