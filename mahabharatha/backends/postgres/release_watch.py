@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from functools import cached_property
 from typing import Final
 
 import psycopg
@@ -17,20 +18,17 @@ from mahabharatha.constants import RECHECK_SECONDS, SLOTS_LOOK_SECONDS, WAKE_UP_
 NOTIFY_CHANNEL: Final = "mahabharatha_release"  # the default schema's wake-ups (no payload)
 
 
-def channel_of(schema: str) -> str:
-    """``schema``'s wake-up channel: one team's releases never wake another's waiters (cut to
-    PostgreSQL's 63-byte names)."""
-    return f"{schema[:55]}_release"
-
-
 class ReleaseWaits(Session):
     """A :class:`PostgresBackend`'s blocking waits for a release."""
 
-    def __init__(self, url: str, *, schema: str, connect_timeout: float) -> None:
-        super().__init__(url, schema=schema, connect_timeout=connect_timeout)
-        self.channel: str = channel_of(schema)
-        self._behind_pooler = False  # seen by the listener's set-up: waiters poll, never LISTEN
-        self._woken = -math.inf  # when a wait last ended woken (monotonic): one per interval
+    _behind_pooler = False  # seen by the listener's set-up: waiters poll, never LISTEN
+    _woken = -math.inf  # when a wait last ended woken (monotonic): one per interval
+
+    @cached_property
+    def channel(self) -> str:
+        """The schema's wake-up channel: one team's releases never wake another's waiters (cut
+        to PostgreSQL's 63-byte names)."""
+        return f"{self.schema[:55]}_release"
 
     def release_watch(self, features: Iterable[str]) -> _Listening:
         """LISTEN while a pool waits; no listening connection kept once it ends."""
