@@ -130,10 +130,8 @@ def login_name() -> str:
 
 
 def password_of(url: str) -> str | None:
-    try:
-        value = conninfo_to_dict(url).get("password")
-    except psycopg.Error:
-        return None
+    """The password ``url`` (already read by :func:`server_of`) or ``PGPASSWORD`` gives."""
+    value = conninfo_to_dict(url).get("password")
     return str(value) if value else os.environ.get("PGPASSWORD") or None
 
 
