@@ -20,7 +20,8 @@ from mahabharatha.constants import SLOTS_LOOK_SECONDS, WAKE_UP_INTERVAL_SECONDS
 
 LISTENER_NAME: Final = "mahabharatha-wait-async"  # its application_name
 # No pooler in between (as in SESSION_SET_UP): a transaction-mode pooler keeps no LISTEN for us.
-_DIRECT: Final = "SELECT pg_backend_pid() = %(pid)s"
+# Named with its schema: this connection runs no pin, so its role's search_path is in force.
+_DIRECT: Final = "SELECT pg_catalog.pg_backend_pid() = %(pid)s"
 
 _LISTENERS: Final[
     weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, AsyncReleaseListener]]
