@@ -84,7 +84,7 @@ class Session:
         self._told_slot_wait = False
         # (names, include_done) -> the registered claim for it, built for the current connection
         self._registered: dict[tuple[str, bool], bytes] = {}
-        # Runs acquire, release_held and registered claims (:meth:`_on_kept_cursor`).
+        # Runs acquire, refresh, release_held and registered claims (:meth:`_on_kept_cursor`).
         self._kept_cursor: psycopg.RawCursor[Any] | None = None
         self._connecting = threading.Lock()  # one thread makes the shared connection
         # Race: threads sharing this backend: no transaction of several statements takes in
