@@ -1,36 +1,19 @@
-"""Which feature is being worked on: ``detect_feature`` and the bounded read it trusts
+"""Which feature is being worked on: ``detect_feature`` and the checked text read it trusts
 (re-exported by ``commands/_utils.py`` under the names its callers know)."""
 
 from __future__ import annotations
 
 import io
 import os
-import stat
 from contextlib import suppress
 from pathlib import Path, PosixPath
 from typing import Any, Final
 
 from mahabharatha.constants import FEATURE_ENV_VAR, GSD_DIR, STATE_DIR
 from mahabharatha.names import is_valid_feature_name, shown_name
-from mahabharatha.reads import MAX_READ_BYTES, NOFOLLOW_READ, close_quietly, read_bounded
+from mahabharatha.reads import MAX_READ_BYTES, read_small_file
 
 CURRENT_FEATURE_FILE: Final = ".current-feature"
-
-
-def read_small_regular_file(path: Path) -> bytes | None:
-    """The bytes of ``path`` itself (not a link's target) if it is a regular file of at most
-    ``MAX_READ_BYTES``, read through the very descriptor that was checked; else ``None``."""
-    fd = os.open(path, NOFOLLOW_READ)  # no-follow, non-blocking: a link or FIFO cannot fool us
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
-            return None
-        # Race: the entry may be swapped for a FIFO or a link right now, or the file may grow;
-        # we read this descriptor, never the name again, and at most one byte too many.
-        data = read_bounded(fd, info.st_size)
-    finally:
-        close_quietly(fd)
-    return None if len(data) > MAX_READ_BYTES else data
 
 
 class CheckedFile(PosixPath):
@@ -45,10 +28,10 @@ class CheckedFile(PosixPath):
 
 
 def safe_read_text(path: Path) -> str | None:
-    """Stripped text of a small regular file (:func:`read_small_regular_file`), decoded by
+    """Stripped text of a small regular file (``reads.read_small_file``), decoded by
     ``Path.read_text``; ``None`` when it cannot or should not be read. Never a lock file."""
     try:
-        data = read_small_regular_file(Path(path))
+        data = read_small_file(Path(path))
         if data is None:
             return None
         checked = CheckedFile(path)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Final
 
 MAX_READ_BYTES: Final = 4096  # a record is about 30 bytes: never more from a file we judge
@@ -34,3 +35,19 @@ def close_quietly(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def read_small_file(path: str | os.PathLike[str], dir_fd: int | None = None) -> bytes | None:
+    """The bytes of ``path`` itself (not a link's target) if it is a regular file of at most
+    ``MAX_READ_BYTES``, read through the very descriptor that was checked; else ``None``."""
+    fd = os.open(path, NOFOLLOW_READ, dir_fd=dir_fd)  # a link or FIFO cannot fool us
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
+            return None
+        # Race: the entry may be swapped for a FIFO or a link right now, or the file may grow;
+        # we read this descriptor, never the name again, and at most one byte too many.
+        data = read_bounded(fd, info.st_size)
+    finally:
+        close_quietly(fd)
+    return None if len(data) > MAX_READ_BYTES else data

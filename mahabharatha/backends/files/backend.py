@@ -295,21 +295,16 @@ def _read_attempts(dfd: int) -> Attempts | None:
     import json  # only a pool with failures reads one: not every cold start
 
     try:
-        fd = os.open(ATTEMPTS_RECORD_NAME, reads.NOFOLLOW_READ, dir_fd=dfd)
+        data = reads.read_small_file(ATTEMPTS_RECORD_NAME, dfd)
     except OSError as error:
         if error.errno in _NO_RECORD_ERRNOS:
             return None
         raise_named(error, ATTEMPTS_RECORD_NAME)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        found = json.loads(reads.read_bounded(fd, info.st_size))
+        found = json.loads(data or b"")
         count, limit, history = int(found["count"]), int(found["limit"]), found["attempts"]
     except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: int(Infinity)
         return None
-    finally:
-        os.close(fd)
     if count < 1 or limit < 1 or not isinstance(history, list):
         return None
     return Attempts(count, limit, tuple(h for h in history if isinstance(h, dict)))
