@@ -46,9 +46,6 @@ _validate_feature_name = validate_feature_name
 _safe_read_text = detect.safe_read_text
 
 
-# --------------------------------------------------------------------------- the clock seam
-
-
 class _ClockSeam(types.ModuleType):
     """This module's type: setting ``time`` or ``now`` on it sets them on the clock too."""
 
@@ -66,9 +63,6 @@ def _parse_lock_content(content: str) -> tuple[int, float] | None:
     if not isinstance(content, str):
         return None
     return parse_record(content, time.time())
-
-
-# --------------------------------------------------------------------------- the legacy functions
 
 
 def acquire_feature_lock(feature: str, gsd_dir: str = GSD_DIR) -> bool:

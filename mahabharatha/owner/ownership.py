@@ -59,9 +59,6 @@ class ProcStat(NamedTuple):
     session: int = 0
 
 
-# --------------------------------------------------------------------------- this host, this boot
-
-
 @cache
 def this_boot() -> str | None:
     """This boot's id (16 hex digits); ``None`` off Linux, and then no pid is judged dead."""
@@ -141,9 +138,6 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 def host_name() -> str:
     """This host's name (``socket.gethostname()``'s answer, without importing ``socket``)."""
     return os.uname().nodename
-
-
-# --------------------------------------------------------------------------- /proc
 
 
 def proc_stat(pid: int) -> ProcStat | None:
@@ -271,9 +265,6 @@ def pid_exists(pid: int) -> bool:
     except OSError:
         return True  # EPERM: it exists, another user's
     return True
-
-
-# --------------------------------------------------------------------------- encoding
 
 
 def details_of(pid: int, command: Sequence[str] | None = None) -> bytes:
@@ -513,9 +504,6 @@ _TEXT_AT: Final = {2: _TAIL_END, DETAILS_VERSION: _FOLDER_END}  # where the host
 _PROOF_VERSIONS: Final = tuple(_TEXT_AT)
 _NS_LAYOUT: Final = struct.Struct("<" + dict(_HEAD_FIELDS)["ns"])
 _START_LAYOUT: Final = struct.Struct("<" + dict(_HEAD_FIELDS)["start"])
-
-
-# --------------------------------------------------------------------------- the attribute
 
 
 def attach(fd: int, raw: bytes | None) -> bytes | None:

@@ -231,8 +231,6 @@ def _arrived(passed: _Detachable) -> HandedProof:
     return HandedProof(fd=passed.detach())
 
 
-# --------------------------------------------------------------------------- what we hold
-
 # This process's proofs: proof file identity -> (descriptor holding LIFE and PENDING, slot).
 _HELD: dict[tuple[int, int], tuple[int, int]] = {}
 _HELD_MUTEX: Final = threading.Lock()

@@ -84,8 +84,6 @@ _T = TypeVar("_T")
 _NO_RECORD_ERRNOS: Final = frozenset({errno.ENOENT, errno.ENXIO, *_SYMLINK_ERRNOS})
 
 
-# --------------------------------------------------------------------------- facts about locks
-
 # Members bound once: on Python 3.11 each ``Enum.X`` look-up is a descriptor call.
 _ACTIVE: Final = State.ACTIVE
 _UNKNOWN: Final = Owner.UNKNOWN
@@ -158,9 +156,6 @@ class _Problems:
             raise self.found[0].error
 
 
-# --------------------------------------------------------------------------- the audit trail
-
-
 def _audit(
     gsd_dir: str | os.PathLike[str],
     action: str,
@@ -197,9 +192,6 @@ def _audit(
             os.close(fd)
 
 
-# --------------------------------------------------------------------------- reclaim rules
-
-
 def _dead_owner_rule(snapshot: LockSnapshot, state: State) -> bool:
     """``--reclaim-dead``: also reclaim an active lock whose owner is provably gone here."""
     if age_only(snapshot, state):
@@ -222,9 +214,6 @@ def _directory_in_the_way(gsd_dir: str | os.PathLike[str], feature: str) -> Unsa
     return UnsafeLockPathError(
         errno.EISDIR, f"{path}: a directory is in the way, not a lock file", str(path)
     )
-
-
-# --------------------------------------------------------------------------- done markers
 
 
 def _marker_present(dfd: int, odd: Path | None = None) -> bool:
@@ -286,9 +275,6 @@ def _iso_time(epoch: float) -> str:
     return strftime("%Y-%m-%dT%H:%M:%SZ", gmtime(int(epoch)))
 
 
-# --------------------------------------------------------------------------- failed attempts
-
-
 def _read_attempts(dfd: int) -> Attempts | None:
     """The folder's attempts record; ``None`` when there is none or it is not ours (a link,
     not a regular file, too big, not our JSON): the next ``fail`` replaces it."""
@@ -333,9 +319,6 @@ def _next_attempts(pid: int, reason: str, limit: int, dfd: int, now: float) -> t
         history.pop(0)
 
 
-# --------------------------------------------------------------------------- the backend
-
-
 class FileBackend(LockBackend):
     """The :class:`LockBackend` of one gsd folder."""
 
@@ -350,8 +333,6 @@ class FileBackend(LockBackend):
 
     def where(self) -> str:
         return os.fspath(self.gsd_dir)
-
-    # ----------------------------------------------------------------- acquiring and holding
 
     def try_acquire(
         self,
@@ -432,8 +413,6 @@ class FileBackend(LockBackend):
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             return None if dfd is None else proof.WorkProof.made(dfd)
 
-    # ----------------------------------------------------------------- releasing
-
     def release(self, feature: str, pid: int, *, force: bool = False) -> bool:
         with OpenFeatureDir(self.gsd_dir, feature, create=False, refuse=True) as dfd:
             if dfd is None:
@@ -452,8 +431,6 @@ class FileBackend(LockBackend):
         if snapshot.kind is EntryKind.DIRECTORY:
             raise _directory_in_the_way(self.gsd_dir, feature)
         raise NotOwnerError(describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now))
-
-    # ----------------------------------------------------------------- looking
 
     def inspect(self, feature: str) -> LockInfo:
         """``UnsafeLockPathError`` where acquire would fail too (something in the way)."""
@@ -508,8 +485,6 @@ class FileBackend(LockBackend):
 
     def release_watch(self, features: Iterable[str]) -> ReleaseWatch:
         return ReleaseWatch(self.gsd_dir, features)
-
-    # ----------------------------------------------------------------- done features
 
     def is_done(self, feature: str) -> bool:
         return bool(self._look(feature, COMPLETED_MARKER_NAME, _marker_present))
@@ -580,8 +555,6 @@ class FileBackend(LockBackend):
                     removed = True
         return removed
 
-    # ----------------------------------------------------------------- failed attempts
-
     def attempts(self, feature: str) -> Attempts | None:
         return self._look(feature, ATTEMPTS_RECORD_NAME, _read_attempts)
 
@@ -590,8 +563,6 @@ class FileBackend(LockBackend):
     ) -> Attempts:
         make = partial(_next_attempts, pid, reason, limit)
         return self._finish(feature, pid, "recorded as failed", ATTEMPTS_RECORD_NAME, make, wait)
-
-    # ----------------------------------------------------------------- cleaning
 
     def clean(
         self,
@@ -646,9 +617,6 @@ class FileBackend(LockBackend):
                 skipped.add(feature, type(error)(error.errno, error.strerror, path))
                 continue
             found.append(CleanedEntry(feature, path, "temp", "orphan", removed))
-
-
-# --------------------------------------------------------------------------- kernel leases
 
 
 @cache

@@ -35,7 +35,6 @@ class GuardBusyError(OSError, LockError):
     """Another process kept the feature folder's guard longer than ``GUARD_WAIT_SECONDS``."""
 
 
-# --------------------------------------------------------------------------- the feature folder
 def feature_dir_path(gsd_dir: str | os.PathLike[str], feature: str) -> Path:
     return Path(gsd_dir) / "specs" / feature
 
@@ -171,9 +170,6 @@ def _look_in(specs: int, feature: str, specs_path: str, life: bool) -> LockSnaps
         raise named from error
     finally:
         close_quietly(dfd)
-
-
-# --------------------------------------------------------------------------- the guard
 
 
 def _try_guard(dfd: int) -> bool:

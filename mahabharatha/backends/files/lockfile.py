@@ -147,9 +147,6 @@ def remove_judged(
         return True
 
 
-# --------------------------------------------------------------------------- publishing
-
-
 def is_temp_name(name: str) -> bool:
     return _TEMP_RE.fullmatch(name) is not None
 
@@ -395,9 +392,6 @@ def sweep_orphan_temps(dfd: int, now: float) -> None:
     with suppress(OSError):
         for name, _ in orphan_temps(dfd, now):
             _unlink_quietly(dfd, name)
-
-
-# --------------------------------------------------------------------------- acquire and release
 
 
 class AcquireOutcome(NamedTuple):

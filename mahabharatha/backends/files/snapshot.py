@@ -42,9 +42,6 @@ _DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
 _UNREAD_ERRNOS: Final = _DENIED_ERRNOS | _BUSY_ERRNOS  # a file judged without its bytes
 
 
-# --------------------------------------------------------------------------- records
-
-
 def _parse_syntax(text: str) -> tuple[int, float] | None:
     """``pid:timestamp`` as written, with a possible pid and a positive finite timestamp."""
     if len(text) > MAX_READ_BYTES:
@@ -71,9 +68,6 @@ def parse_record(text: str, now: float) -> tuple[int, float] | None:
 
 def format_record(pid: int, timestamp: float) -> bytes:
     return f"{pid}:{timestamp}".encode("ascii")
-
-
-# --------------------------------------------------------------------------- lock entries
 
 
 def busy_error(snapshot: LockSnapshot) -> LockBusyError:
