@@ -150,7 +150,7 @@ inline link_ok(ts) {
     holding[me] = true; my_ino[me] = lk_ino; my_ts[me] = ts; NOT_WAITING
 }
 
-/* _unlink_lock(dfd) -- unlinkat(".lock") removes WHATEVER entry is there now.
+/* os.unlink(".lock", dir_fd=dfd) -- unlinkat removes WHATEVER entry is there now.
  * (b): that entry must be `expected`, the one the remover judged or read under the
  * guard. With no entry, unlink fails with ENOENT and removes nothing (remove_if_unchanged
  * suppresses FileNotFoundError; in release_at it would raise). */
@@ -266,7 +266,7 @@ top:
         goto top
     :: else -> ok = false
     fi;
-    /* remove_if_unchanged: _unlink_lock(dfd) */
+    /* remove_if_unchanged: os.unlink(".lock", dir_fd=dfd) */
     atomic {
         printf("P%d reclaim: unlink ino %d\n", me, lk_ino);
         assert(!lk_exists || lk_ino == jino[me]);  /* (b)  the judged entry ...     */
@@ -354,7 +354,7 @@ holder:
         }
         CPG;
         if
-        :: ok ->                                     /* _unlink_lock(dfd) */
+        :: ok ->                                     /* os.unlink(".lock", dir_fd) */
             atomic {
                 assert(rino[me] == my_ino[me]);            /* the pid found OUR lock      */
                 printf("P%d release_at: unlink ino %d\n", me, lk_ino);
@@ -375,7 +375,7 @@ holder:
         atomic { ok = (lk_exists && lk_ino == my_ino[me]) }    /* same_entry(judged) */
         CPG;
         if
-        :: ok ->                                     /* _unlink_lock(dfd) */
+        :: ok ->                                     /* os.unlink(".lock", dir_fd) */
             atomic {
                 printf("P%d remove_judged: unlink ino %d\n", me, lk_ino);
                 unlink_lock(my_ino[me]);                     /* (b) */

@@ -2,13 +2,9 @@
 ``<gsd>/specs/F/.lock`` (``"{pid}:{time}"``); reading and judging are in ``snapshot``, the folder
 and its guard in ``folder``. The long form: ``design/lockfile-hardening.md``.
 
-* **publish**: the record is written into an unnamed file (``O_TMPFILE``; else a private temp)
-  and ``link()``-ed to ``.lock``: ``link`` fails when ``.lock`` exists, so one publisher wins
-  and nobody sees an empty or half-written lock.
-* **judge**: one no-follow, non-blocking, bounded read; a lock's identity is its inode and bytes.
-* **reclaim / release / refresh** change ``.lock`` only under the *guard* (an ``flock`` on the
-  feature folder), after re-reading it and finding the very entry they judged.
-
+A record is written into an unnamed file (``O_TMPFILE``; else a private temp) and ``link()``-ed
+to ``.lock``, which fails when ``.lock`` exists: one publisher wins, nobody sees half a lock. An
+existing ``.lock`` changes only under the folder's guard, after finding the very entry judged.
 Invariants: at most one live lock per feature; nobody removes or replaces a lock other than the
 one it judged; every call is bounded in time; no link is followed. ``now`` is the caller's.
 """
@@ -80,11 +76,6 @@ _IN_THE_WAY_ERRNOS: Final = frozenset({errno.EISDIR, errno.ENOTEMPTY, errno.EEXI
 _NO_TMPFILE_ERRNOS: Final = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
 
-def _unlink_lock(dfd: int) -> None:
-    # unlinkat removes the entry itself: a symlink goes, its target is never touched.
-    os.unlink(LOCK_FILE_NAME, dir_fd=dfd)
-
-
 Reclaimable = Callable[[LockSnapshot], bool]  # the caller's judgement, again under the guard
 
 
@@ -97,8 +88,9 @@ def remove_if_unchanged(
     current = read_lock(dfd, life=life)
     if not current.same_entry(judged) or not still(current):
         return False
+    # unlinkat removes the entry itself: a symlink goes, its target is never touched.
     with suppress(FileNotFoundError):  # only an old-style writer, unguarded, could beat us here
-        _unlink_lock(dfd)
+        os.unlink(LOCK_FILE_NAME, dir_fd=dfd)
     return True
 
 
@@ -126,7 +118,7 @@ def release_mine(dfd: int, mine: LockSnapshot) -> bool:
         # Race: forced release + new owner since our last refresh: never remove theirs.
         if not _still_mine(dfd, mine):
             return False
-        _unlink_lock(dfd)
+        os.unlink(LOCK_FILE_NAME, dir_fd=dfd)
         return True
 
 
@@ -514,7 +506,7 @@ def release_at(
         # pid number: the owner details decide, judged here under the guard with the unlink.
         if snapshot.record_at(now) is not None and not owned_by(snapshot, pid, now) and not force:
             return ReleaseOutcome.NOT_OWNER, snapshot
-        _unlink_lock(dfd)
+        os.unlink(LOCK_FILE_NAME, dir_fd=dfd)
         return ReleaseOutcome.RELEASED, snapshot
 
 
