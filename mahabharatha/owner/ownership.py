@@ -77,8 +77,7 @@ _OWN_PID_NS: Final = (
 
 @cache
 def this_pid_namespace() -> int | None:
-    """Our PID namespace's inode; ``None`` when ``/proc`` is another namespace's: nothing read
-    there may judge our pids."""
+    """Our PID namespace's inode; ``None``: ``/proc`` is another namespace's (not to judge by)."""
     try:
         if int(os.readlink("/proc/self")) != os.getpid() or boottime_offset_ticks() is None:
             return None  # the pids, or the start times, read here could not be compared
@@ -169,8 +168,7 @@ def _read_stat(path: str) -> ProcStat | None:
 
 
 def is_alive(stat: ProcStat | None, pid: int) -> bool:
-    """A process is alive while any of its threads runs (a leader after ``pthread_exit`` shows
-    as a zombie: a zombie leader with live threads is alive)."""
+    """Alive while any of its threads runs (a leader after ``pthread_exit`` shows as a zombie)."""
     if stat is None or stat.state not in ("Z", "X"):
         return stat is not None
     try:
@@ -208,8 +206,7 @@ _STOPPED_STATES: Final = frozenset({"T", "t"})  # stopped by a signal; stopped b
 
 
 def holder_stopped(pid: int, details: OwnerDetails | None) -> bool:
-    """Is the holder ``pid`` (or its command group's leader), with its recorded start, stopped
-    (SIGSTOP, Ctrl-Z)? Only judged on our boot and PID namespace."""
+    """Is the holder ``pid`` or its command group's leader, as recorded, stopped (SIGSTOP, ^Z)?"""
     if details is None or not judgeable(details):
         return False
     looks = [(pid, details.start)]
@@ -423,9 +420,8 @@ def _start_of(pid: int) -> int | None:
 
 
 def could_own(details: OwnerDetails | None, pid: int) -> bool:
-    """May ``pid`` be the owner these details record? No for another boot or namespace or a
-    reused pid (another start time); missing details leave the pid to decide. The SQL copy:
-    :func:`could_own_sql`."""
+    """May ``pid`` be the owner these details record? No for another boot or namespace or a reused
+    pid (another start time); without details the pid decides (SQL: :func:`could_own_sql`)."""
     return could_be_owner(details, this_boot(), this_pid_namespace(), lambda: _start_of(pid))
 
 

@@ -201,8 +201,7 @@ class WorkProof:
 
 class HandedProof:
     """A work proof for ``spawn``/``forkserver`` workers: pickled, it sends the descriptor along
-    (``DupFd``); call it in the worker (``initializer``). Nothing is sent under ``fork``, nor
-    once the lock is gone."""
+    (``DupFd``; nothing under ``fork`` or once the lock is gone); call it in the worker."""
 
     __slots__ = ("_source", "fd")
 

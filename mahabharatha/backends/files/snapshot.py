@@ -37,9 +37,8 @@ _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 # A read refused for a moment (a kernel lease or a mandatory lock on the file, a signal) says
 # nothing about the lock either: retry, then call it busy (held), never unreadable.
 _BUSY_ERRNOS: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
-# The only lasting reasons a regular file cannot be read by us: it is unreadable (reclaimable).
-_DENIED_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM})
-_UNREAD_ERRNOS: Final = _DENIED_ERRNOS | _BUSY_ERRNOS  # a file judged without its bytes
+# A file judged without its bytes: busy, or denied (the only lasting reasons: unreadable).
+_UNREAD_ERRNOS: Final = frozenset({errno.EACCES, errno.EPERM}) | _BUSY_ERRNOS
 
 
 def _parse_syntax(text: str) -> tuple[int, float] | None:
@@ -212,13 +211,13 @@ def _is_busy(snapshot: LockSnapshot) -> bool:
     return snapshot.content is None and snapshot.read_errno in _BUSY_ERRNOS
 
 
-def _look(dfd: int, attempts: int = READ_ATTEMPTS, details: bool = True) -> LockSnapshot:
-    for _ in range(attempts - 1):
+def _look(dfd: int, attempts: int, details: bool) -> LockSnapshot:
+    for _ in range(attempts):
         snapshot = _read_lock_once(dfd, details)
         if snapshot is not None:
             return snapshot
     # Race: the entry keeps changing under us; report what cannot be read rather than spin.
-    return _read_lock_once(dfd, details) or LockSnapshot(EntryKind.SPECIAL, None, None)
+    return LockSnapshot(EntryKind.SPECIAL, None, None)
 
 
 @dataclass(slots=True)
@@ -243,7 +242,7 @@ class DetailsReader:
 DETAILS: Final = DetailsReader()  # the process's one reader of owner details
 
 
-def _read_lock_once(dfd: int, details: bool = True) -> LockSnapshot | None:
+def _read_lock_once(dfd: int, details: bool) -> LockSnapshot | None:
     try:
         fd = os.open(LOCK_FILE_NAME, NOFOLLOW_READ, dir_fd=dfd)
     except FileNotFoundError:
