@@ -239,8 +239,7 @@ _Make = Callable[[int, float], tuple[_T, str]]
 def _publish_holding(
     dfd: int, feature: str, pid: int, what: str, name: str, make: _Make[_T]
 ) -> tuple[_T, LockSnapshot]:
-    """Publish the folder's file ``name`` while ``pid`` holds the lock (else nothing ``what``):
-    ``make``'s answer, and the lock."""
+    """Publish ``make``'s file ``name`` while ``pid`` holds the lock: its answer, and the lock."""
     now = clock.now()
     with Guard(dfd, wait=True):
         # Race: under the guard no reclaim, clean or release can remove the lock, so the
@@ -297,8 +296,7 @@ def _read_attempts(dfd: int) -> Attempts | None:
 
 
 def _next_attempts(pid: int, reason: str, limit: int, dfd: int, now: float) -> tuple[Attempts, str]:
-    """The folder's record with ``pid``'s failed attempt added, and its JSON (the oldest
-    attempts dropped until it fits the bound)."""
+    """The record with ``pid``'s failed attempt added, and its JSON (oldest dropped to fit)."""
     import json
 
     previous = _read_attempts(dfd)
@@ -630,9 +628,8 @@ def lease_break_seconds() -> float:
 
 
 class _PastLeases:
-    """Runs each step, again while another process's kernel lease refuses the lock's read
-    (Samba, a backup tool): the kernel breaks it after lease-break-time, which ``wait`` (none:
-    raise at once) waits for, once for all the steps."""
+    """Runs each step, again while another's kernel lease (Samba, a backup tool) refuses the lock's
+    read: ``wait`` (none: raise at once) waits out lease-break-time once for all the steps."""
 
     def __init__(self, wait: ReleaseWait | None) -> None:
         self.wait, self.deadline, self.bound = wait, 0.0, 0.0
