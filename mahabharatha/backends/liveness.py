@@ -147,8 +147,7 @@ def _liveness(
     """The proof of life where the lock has one, else the pid, group and session rules."""
     if details is not None and details.proof:
         if life is Life.OTHER_FOLDER:
-            # A folder copied and swapped in (or restored) holds nobody's proof: the owner's
-            # work may run on in the old one, so nothing here may call it dead.
+            # A folder swapped in (copied, restored) holds nobody's proof: the work may run on.
             return _SAID[Owner.UNKNOWN, Rule.OTHER_FOLDER]
         # The kernel's proof of life judges when it was looked at and written on this boot.
         looked_at = life is Life.HELD or life is Life.FREE

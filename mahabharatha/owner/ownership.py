@@ -316,9 +316,8 @@ def _collect(pid: int, command: Sequence[str] | None) -> OwnerDetails:
     place = (this_boot(), this_pid_namespace())
     owner = proc_stat(pid) if place[1] is not None else None
     if owner is None:  # gone, hidden (hidepid) or /proc is not ours: no start time known
-        # Race: a writer that cannot read its short-lived parent (hidepid=2, the CLI run as a
-        # service account through sudo or setpriv) still records the group and session the
-        # system calls tell: the worker's, which keep the lock alive after that parent exits.
+        # Race: a writer that cannot read its short-lived parent (hidepid=2, sudo to a service
+        # account) records the group and session the kernel tells: they outlive that parent.
         group, session = _ask_kernel(os.getpgid, pid), _ask_kernel(os.getsid, pid)
         return OwnerDetails(*place, host=host_name(), cmd=cmd, pgid=group, sid=session)
     leader = owner if owner.pgrp == pid else proc_stat(owner.pgrp)

@@ -83,8 +83,7 @@ def remove_if_unchanged(
     dfd: int, judged: LockSnapshot, still: Reclaimable, *, life: bool = False
 ) -> bool:
     """Remove ``.lock`` if it is still ``judged`` and ``still`` removable (under the guard)."""
-    # Race: the lock was replaced (or, being an old writer's, filled in) between the caller's
-    # read and now: re-read and judge it again under the guard.
+    # Race: replaced (or, an old writer's, filled in) since the caller's read: judge it again.
     current = read_lock(dfd, life=life)
     if not current.same_entry(judged) or not still(current):
         return False
@@ -251,8 +250,7 @@ def _publish_unnamed(
 def _place_temp(dfd: int, record: bytes, owner: bytes | None, *, replace: bool) -> LockSnapshot:
     """Write ``record`` into a named temp and link it to ``.lock`` (``replace``: rename it)."""
     for _ in range(TEMP_ATTEMPTS - 1):
-        # Race: a sweeper took our temp for debris (a clock step, another PID namespace)
-        # before we placed it: write a new one.
+        # Race: a sweeper took our temp for debris (a clock step, another PID namespace): retry.
         with suppress(FileNotFoundError):
             return _place_temp_once(dfd, record, owner, replace)
     return _place_temp_once(dfd, record, owner, replace)
@@ -366,8 +364,7 @@ def remove_orphan_temp(dfd: int, temp: OrphanTemp, now: float) -> bool:
     guard (which every :func:`publish_file` writer holds); False if it is not."""
     name, judged = temp
     with Guard(dfd, wait=True):
-        # Race: its writer renamed it, another clean removed it, or another file took its name
-        # since the judgement: only the very file judged goes, judged again.
+        # Race: renamed by its writer, removed by another clean, or its name taken since judged.
         info = _orphan_info(dfd, name, now, files=True)
         if info is None or _identity(info) != judged:
             return False
