@@ -460,7 +460,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
 
     own = tree.parent / "status-own"
     _own_tree(own, locks_count)
-    scanned = list(folder.scan_locks(tree, life=True))
+    scanned = list(folder.scan_locks(tree))
 
     def judged() -> list[object]:
         now, liveness = time.time(), per_pid()
@@ -473,7 +473,7 @@ def status_breakdown(tree: Path, locks_count: int) -> str:
         {
             "bare scandir + open/fstat/read loop": lambda: bare_status_loop(str(tree)),
             "our system calls, no judgement": _our_system_calls(tree),
-            "folder.scan_locks (reads, proofs)": lambda: list(folder.scan_locks(tree, life=True)),
+            "folder.scan_locks (reads, proofs)": lambda: list(folder.scan_locks(tree)),
             "judge + describe the scanned locks": judged,
             "locks.status, older writers' locks": lambda: locks.status(tree),
             "locks.status, locks of this package": lambda: locks.status(own),

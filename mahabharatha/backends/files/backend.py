@@ -449,7 +449,7 @@ class FileBackend(LockBackend):
         missing = EntryKind.MISSING  # bound once: an Enum look-up per lock costs (3.11)
         infos = [
             describe_snapshot(feature, snapshot, judge_lock(snapshot, now), now, liveness)
-            for feature, snapshot in scan_locks(self.gsd_dir, on_error=skipped.add, life=True)
+            for feature, snapshot in scan_locks(self.gsd_dir, on_error=skipped.add)
             if snapshot.kind is not missing
         ]
         skipped.settle()

@@ -130,10 +130,9 @@ def scan_locks(
     gsd_dir: str | os.PathLike[str],
     *,
     on_error: FolderError | None = None,
-    life: bool = False,
 ) -> Iterator[tuple[str, LockSnapshot]]:
-    """Every real (not symlinked) feature folder under ``<gsd>/specs`` with a look at its lock;
-    one that cannot be looked into raises, or is told to ``on_error``."""
+    """Every real (not symlinked) feature folder under ``<gsd>/specs`` with a look at its lock and
+    its proof of life; one that cannot be looked into raises, or is told to ``on_error``."""
     specs_path = os.path.join(os.fspath(gsd_dir), "specs")
     try:
         specs = os.open(specs_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -142,7 +141,7 @@ def scan_locks(
     try:
         for name in feature_names_in(specs):
             try:
-                snapshot = _look_in(specs, name, specs_path, life)
+                snapshot = _look_in(specs, name, specs_path)
             except OSError as error:
                 if on_error is None:
                     raise
@@ -153,7 +152,7 @@ def scan_locks(
         os.close(specs)
 
 
-def _look_in(specs: int, feature: str, specs_path: str, life: bool) -> LockSnapshot:
+def _look_in(specs: int, feature: str, specs_path: str) -> LockSnapshot:
     try:
         dfd = os.open(feature, _DIR_FLAGS, dir_fd=specs)
     except OSError as error:
@@ -162,7 +161,7 @@ def _look_in(specs: int, feature: str, specs_path: str, life: bool) -> LockSnaps
         folder = os.path.join(specs_path, feature)  # the full path
         raise type(error)(error.errno, error.strerror, folder) from error
     try:
-        return read_lock(dfd, life=life)
+        return read_lock(dfd, life=True)
     except OSError as error:
         named = named_error(error, os.path.join(specs_path, feature))
         if named is error:
