@@ -151,14 +151,12 @@ def proc_stat(pid: int) -> ProcStat | None:
 def _read_stat(path: str) -> ProcStat | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            raw = os.read(fd, MAX_STAT_BYTES)
+        finally:
+            os.close(fd)
     except OSError:
-        return None
-    try:
-        raw = os.read(fd, MAX_STAT_BYTES)
-    except OSError:
-        return None  # Race: the process (or thread) was reaped between open and read
-    finally:
-        os.close(fd)
+        return None  # none; Race: the process (or thread) was reaped between open and read
     # The command name (field 2) may hold spaces and parentheses: split after the last ")".
     fields = raw.rpartition(b")")[2].split()
     try:
