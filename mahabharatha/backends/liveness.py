@@ -12,12 +12,10 @@ from typing import Final, NamedTuple
 from mahabharatha.backends.base import VERDICT_OF, Owner, Verdict
 from mahabharatha.constants import CREATE_TIME_SLACK_SECONDS
 from mahabharatha.owner import ownership
+from mahabharatha.owner.ownership import OwnerDetails
 from mahabharatha.owner.proof import Life
 
 ProcessFacts = tuple[bool, int | None]  # (alive here, start in clock ticks after boot) of a pid
-
-OwnerDetails = ownership.OwnerDetails
-
 # Judges a lock's owner from its pid, timestamp, owner details and proof of life.
 Liveness = Callable[[int | None, float | None, OwnerDetails | None, Life | None], Owner]
 FactsOf = Callable[[], ProcessFacts]  # the owner pid's facts, asked only when needed

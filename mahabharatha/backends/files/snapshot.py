@@ -111,8 +111,7 @@ class LockSnapshot:
     content: bytes | None  # None: not readable (or not a file); a symlink: its target
     mtime: float = 0.0
     read_errno: int | None = None  # why a regular file's bytes could not be read
-    # The owner details published with the record; not its identity.
-    owner: bytes | None = field(default=None, compare=False)
+    owner: bytes | None = field(default=None, compare=False)  # details published with the record
     uid: int = field(default=-1, compare=False, repr=False)  # whose proof file the proof is in
     # The proof of life, when asked and claimed.
     life: proof.Life | None = field(default=None, init=False, compare=False, repr=False)
