@@ -397,13 +397,10 @@ class FileBackend(LockBackend):
         return Held(held.feature, held.pid, now, now + STALE_AFTER_SECONDS, None, fresh)
 
     def release_held(self, held: Held, wait: ReleaseWait | None = None) -> bool:
-        return _PastLeases(wait)(partial(self._release_held, held))
-
-    def _release_held(self, held: Held) -> bool:
         with OpenFeatureDir(self.gsd_dir, held.feature, create=False) as dfd:
             if dfd is None:
                 return False
-            released = lockfile.release_mine(dfd, held.handle)
+            released = _PastLeases(wait)(partial(lockfile.release_mine, dfd, held.handle))
             proof.forget(dfd, folder_path(self.gsd_dir, held.feature))
             return released
 
