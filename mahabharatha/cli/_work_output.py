@@ -15,6 +15,7 @@ from time import gmtime, strftime, time
 from typing import IO, Any, NamedTuple
 
 from mahabharatha.constants import LAST_LOG_NAME, PUMP_JOIN_SECONDS
+from mahabharatha.reads import read_small_file
 
 
 class CommandOutput(NamedTuple):
@@ -114,6 +115,8 @@ def _remember(gsd_dir: str | os.PathLike[str], feature: str, log: str) -> None:
 def last_log(gsd_dir: str | os.PathLike[str], feature: str) -> str | None:
     """The path of the feature's last log (``None``: none named, or unreadable)."""
     try:
-        return _marker(gsd_dir, feature).read_text().strip() or None
+        # A FIFO, a link or a huge file at the name: no follow, no block, a bounded read.
+        data = read_small_file(_marker(gsd_dir, feature))
+        return None if data is None else data.decode().strip() or None
     except (OSError, UnicodeDecodeError):
         return None

@@ -67,6 +67,25 @@ def test_log_dir_keeps_one_file_per_attempt_named_in_the_json_and_status(tmp_pat
     assert all(f"last log of {name}: {path}" in table for name, path in last.items()), table
 
 
+def test_status_names_no_last_log_for_a_fifo_a_link_or_a_huge_file_at_its_name(
+    tmp_path: Path,
+) -> None:
+    """``status --all`` reads ``.last-log`` without following, blocking or reading it whole:
+    f01's FIFO, f02's link and f03's 1 MB file name no log, f04's own does. Fails on 0b2d23a:
+    ``Path.read_text`` opened f01's FIFO and waited for a writer (``status`` hung)."""
+    pool = _pool(tmp_path)
+    specs = pool / ".gsd" / "specs"
+    os.mkfifo(specs / "f01" / ".last-log")
+    (tmp_path / "elsewhere").write_text("/etc/passwd\n")
+    (specs / "f02" / ".last-log").symlink_to(tmp_path / "elsewhere")
+    (specs / "f03" / ".last-log").write_text("/x" * 500_000)
+    _remember(pool / ".gsd", "f04", "/logs/f04.log")
+    listed = run_cli("lock", "status", "--all", "--json", cwd=pool, timeout=30)
+    entries = json.loads(listed.stdout)["features"]
+    logs = {entry["feature"]: entry.get("log") for entry in entries}
+    assert logs == {"f01": None, "f02": None, "f03": None, "f04": "/logs/f04.log"}
+
+
 def test_a_last_log_temp_swept_before_its_rename_is_written_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
