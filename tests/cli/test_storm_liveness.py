@@ -260,6 +260,16 @@ LEAVES_WORK: Final = (
 """A CMD that says its pid, then on a byte leaves work outside its group and exits 0."""
 
 
+def _left_its_group(pid_file: Path) -> bool:
+    """Has the work ``pid_file`` names run ``setsid`` (until then it is in CMD's group, and
+    the grace's kill of that group ends it: no work left)?"""
+    try:
+        pid = int(pid_file.read_text())
+        return os.getsid(pid) == pid
+    except (OSError, ValueError):  # not written yet, or half written
+        return False
+
+
 @needs_leases
 def test_a_signal_in_the_grace_for_left_work_ends_the_wait_for_a_lease_with_a_result(
     gsd: Path, tmp_path: Path, spawn: Any, monkeypatch: pytest.MonkeyPatch
@@ -281,6 +291,8 @@ def test_a_signal_in_the_grace_for_left_work_ends_the_wait_for_a_lease_with_a_re
     assert leaser.next_line() == "leased"
     try:
         worker.send("x\n")
+        while not _left_its_group(escaped):  # race: a signal before its setsid killed it
+            time.sleep(0.01)
         while os.path.exists(f"/proc/{cmd_pid}"):  # reaped: the worker is in the grace
             time.sleep(0.01)
         os.kill(worker.pid, signal.SIGTERM)
