@@ -312,21 +312,26 @@ def test_a_signal_in_the_grace_for_left_work_ends_the_wait_for_a_lease_with_a_re
 KEPT_LEASE: Final = (
     "import fcntl, os, signal, sys, time\n"
     "signal.signal(signal.SIGIO, signal.SIG_IGN)  # the break notice: keep the lease\n"
-    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "lock, cue, ack = sys.argv[1:4]\n"
+    "with open(cue) as told:\n"
+    "    told.readline()  # CMD holds the lock now\n"
+    "fd = os.open(lock, os.O_RDONLY)\n"
     "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n"
-    "print('leased', flush=True)\n"
+    "with open(ack, 'w') as said:\n"
+    "    said.write('leased\\n')\n"
     "time.sleep(60)  # a hang-guard: the test kills it\n"
 )
-CMD_LEASES_ITS_LOCK: Final = (
-    "import os, subprocess, sys\n"
+"""Another process (the test's, not CMD's: CMD's orphans are its work): a lease on the lock
+file it is given once told on the ``cue`` FIFO, said on the ``ack`` FIFO, kept."""
+CMD_CUES_A_LEASE: Final = (
+    "import os, sys\n"
     "if os.environ['MAHABHARATHA_FEATURE'] == 'alpha':\n"
-    "    lease = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]],"
-    " stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,"
-    " start_new_session=True, text=True)\n"
-    "    assert lease.stdout.readline() == 'leased\\n'\n"
-    "    print(lease.pid, flush=True)\n"
+    "    with open(sys.argv[1], 'w') as cue:\n"
+    "        cue.write('go\\n')\n"
+    "    with open(sys.argv[2]) as ack:\n"
+    "        assert ack.readline() == 'leased\\n'\n"
 )
-"""CMD: for alpha, a lease on its own lock (held until the test ends it), its pid said."""
+"""CMD: for alpha, cue the lease on its own lock and wait until it is taken."""
 
 
 OUTLASTED: Final = (
@@ -339,7 +344,7 @@ OUTLASTED: Final = (
 @needs_leases
 @pytest.mark.parametrize("wait", [(), ("--wait", "0")], ids=["no-wait", "wait-0"])
 def test_lock_work_goes_on_when_a_lease_outlasts_the_wait(
-    gsd: Path, spawn: Any, wait: tuple[str, ...]
+    gsd: Path, tmp_path: Path, spawn: Any, wait: tuple[str, ...]
 ) -> None:
     """A lease still there after the bounded wait leaves that feature lost (its reason, one
     sentence, says the lock stays and how it goes), the worker goes on to the next, and then
@@ -351,16 +356,19 @@ def test_lock_work_goes_on_when_a_lease_outlasts_the_wait(
     for name in ("alpha", "bravo"):
         (gsd / "specs" / name).mkdir(parents=True, exist_ok=True)
     alpha = gsd / "specs" / "alpha" / ".lock"
+    cue, ack = tmp_path / "cue", tmp_path / "ack"
+    os.mkfifo(cue)
+    os.mkfifo(ack)
+    leaser = spawn([PY, "-c", KEPT_LEASE, alpha, cue, ack])
     worker = spawn(
         [PY, "-c", SHORT_BOUND_CLI,
          *("lock", "work", "alpha", "bravo", *wait, "--json", "--gsd-dir", gsd),
-         *("--", PY, "-c", CMD_LEASES_ITS_LOCK, KEPT_LEASE, alpha)],
+         *("--", PY, "-c", CMD_CUES_A_LEASE, cue, ack)],
     )  # fmt: skip
-    lease_pid = int(worker.next_line("stderr"))  # with --json CMD speaks on stderr
     try:
         code = worker.wait(timeout=SYNC_TIMEOUT)  # the lease lasts 60 s: the worker ends first
     finally:
-        os.kill(lease_pid, signal.SIGKILL)
+        os.kill(leaser.pid, signal.SIGKILL)
     document = json.loads(worker.stdout)
     results = {r["feature"]: r for r in document["results"]}
     assert sorted(results) == ["alpha", "bravo"], worker.stderr

@@ -103,7 +103,8 @@ def test_a_subprocess_child_keeps_the_lock_until_it_ends(
     first = first_run(spawn, gsd, sys.executable, "-c", POPEN_THEN_EXIT, JOB)
     job = job_pid(first)
     jobs.append(job)
-    wait_for(lambda: not _cmd_of(first.pid), what="CMD to exit, leaving the job behind")
+    # CMD gone: lock run's live children are at most the job (its orphan, adopted).
+    wait_for(lambda: set(_cmd_of(first.pid)) <= {job}, what="CMD to exit, leaving the job")
 
     assert alive(job)
     assert_nobody_else_gets_it(tmp_path, gsd, marker)

@@ -144,6 +144,53 @@ def test_a_signal_just_after_cmd_ends_reaches_the_work_it_left_in_our_group(
     assert not lock_file(gsd).exists()
 
 
+RUN_LOCKED: Final = """\
+import sys
+from mahabharatha import locks
+from mahabharatha.run import runner
+holder = locks.FeatureLock("feat", sys.argv[1], timeout=0, heartbeat=None)
+print(runner.run_locked(holder, sys.argv[2:]), flush=True)
+"""
+"""``run_locked`` in a process of its own (it adopts no orphans: the library's rule)."""
+
+STARTS_WORK_THEN_EXITS: Final = (
+    "import os, subprocess, sys\n"
+    "work = subprocess.Popen([sys.executable, '-c', 'import sys; open(sys.argv[1]).read()',"
+    " sys.argv[1]])  # close_fds: no proof; in CMD's group\n"
+    "print(os.getpid(), flush=True)\n"
+)
+"""CMD: starts work that ends when its FIFO (``argv[1]``) is written and closed, says its own
+pid, exits."""
+
+
+def test_run_locked_keeps_the_lock_while_work_left_in_cmds_group_runs(
+    gsd: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library's ``run_locked`` adopts no orphans: only CMD's group says that work CMD
+    left without the proof still runs. The lock stays until that work ends."""
+    from tests.cli._support import wait_for
+
+    monkeypatch.setenv(constants.GRACE_ENV, "30")  # the work ends by our cue, not the grace
+    cue = tmp_path / "cue"
+    os.mkfifo(cue)
+    command = [sys.executable, "-c", STARTS_WORK_THEN_EXITS, str(cue)]
+    with subprocess.Popen(
+        [sys.executable, "-c", RUN_LOCKED, gsd, *command], stdout=subprocess.PIPE, text=True
+    ) as run:
+        try:
+            assert run.stdout is not None
+            cmd = int(run.stdout.readline())
+            wait_for(lambda: not os.path.exists(f"/proc/{cmd}"), what="CMD to be reaped")
+            assert lock_file(gsd).exists(), "released while the work CMD left in its group ran"
+            with open(cue, "w"):
+                pass  # the work ends
+            assert run.stdout.readline() == "0\n"
+        finally:
+            if run.poll() is None:
+                run.kill()
+    assert not lock_file(gsd).exists()
+
+
 def test_a_lost_lock_told_without_a_thread_holds_up_no_signal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
