@@ -598,6 +598,7 @@ def run_command(
                 on_lost=on_lost,
                 notify_lost=tell,
                 on_release_wait=lambda bound: _warn_release_wait(feature, bound),
+                adopt_orphans=True,
             ) as run:
                 with line:
                     run.acquire()

@@ -271,6 +271,7 @@ def _run_step(command: list[str], attempts: int, output: OutputFor, lock: PoolLo
             lock,
             notify_lost=running_lost.append,
             on_release_wait=lambda bound: _warn_release_wait(feature, bound),
+            adopt_orphans=True,
         )
         try:
             with run:

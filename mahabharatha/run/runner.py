@@ -107,9 +107,14 @@ class _Child:
     """The running command, signalled through a pidfd; with ``own_group``, its whole group."""
 
     def __init__(
-        self, popen: subprocess.Popen[bytes], own_group: bool, work: WorkProof | None
+        self,
+        popen: subprocess.Popen[bytes],
+        own_group: bool,
+        work: WorkProof | None,
+        older: set[int] | None = None,
     ) -> None:
         self.popen, self.own_group, self.work = popen, own_group, work
+        self.older = older  # adopting CMD's orphans: our descendants from before CMD, not its
         self.start = ownership.start_time(popen.pid) if own_group else None
         self._pidfd: int | None = None
         with suppress(AttributeError, OSError):  # no pidfd (old kernel, not Linux): by pid
@@ -168,7 +173,11 @@ class _Child:
         work = self.work
         # Race: work that dropped the proof but stays in CMD's group (closed descriptors):
         # a free proof alone would let a second holder in beside it.
-        return (work is not None and work.running()) or self.group_lives()
+        if (work is not None and work.running()) or self.group_lives():
+            return True
+        # Race: work that dropped the proof and left CMD's group (a Python child of GNU
+        # `timeout`, a job of `set -m`): orphaned, it is still our descendant.
+        return self.older is not None and bool(_descendants() - self.older)
 
     def outlast(self, relay: _Relay) -> bool:
         """Wait (a grace, then SIGKILL to CMD's group) until nothing holds the work's proof
@@ -394,6 +403,35 @@ def _our_work() -> list[int]:
     return found
 
 
+def _descendants() -> set[int]:
+    """Our live descendants (Linux's ``children`` lists); our ended children are reaped:
+    asked only between CMDs, by a process that starts nothing else (it adopts CMD's orphans)."""
+    me, found, parents = os.getpid(), set(), [os.getpid()]
+    while parents:
+        parent = parents.pop()
+        for pid in _children_of(parent):
+            if parent == me:
+                with suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0]:  # an adopted orphan has ended
+                        continue
+            if ownership.is_alive(ownership.proc_stat(pid), pid) and pid not in found:
+                found.add(pid)
+                parents.append(pid)
+    return found
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # ended, or no /proc: no children seen
+        return []
+    children: list[int] = []
+    for task in tasks:
+        with suppress(OSError, ValueError), open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+            children.extend(int(word) for word in f.read().split())
+    return children
+
+
 def _signal_our_work(signum: int, but: int | None = None) -> None:
     import psutil
 
@@ -416,7 +454,9 @@ def work_grace_seconds() -> float:
 
 class Run:
     """``lock run`` in two steps: ``with Run(lock, ...) as run: run.acquire(); run.command(cmd)``;
-    the signals are ours inside, and once acquired the lock is released whatever happens."""
+    the signals are ours inside, and once acquired the lock is released whatever happens.
+    ``adopt_orphans`` (a process that starts nothing but CMD: the CLI): CMD's orphans, in any
+    group, count as its work."""
 
     def __init__(
         self,
@@ -425,8 +465,10 @@ class Run:
         on_lost: OnLost = OnLost.TERMINATE,
         notify_lost: Callable[[LockLostError], None] | None = None,
         on_release_wait: Callable[[float], None] | None = None,
+        adopt_orphans: bool = False,
     ) -> None:
         self.lock = lock
+        self._adopts = adopt_orphans  # a process that starts nothing but CMD (the CLI)
         self._relay = _Relay(on_lost, notify_lost)
         self._on_release_wait = on_release_wait
         self._held = False  # acquired, and not yet given to a release
@@ -480,11 +522,15 @@ class Run:
             if lock.lost is not None:
                 raise lock.lost  # Race: lost between the acquire and now: CMD never starts
             work = lock.work_proof()
+            older = None
+            if self._adopts:
+                spawn.adopt_orphans()
+                older = _descendants()
             # The block lifted while CMD starts (a child inherits the mask): the handler takes over.
             unmasked = signals.masked(signal.SIG_UNBLOCK, signals.FORWARDED)
             with unmasked if _READ_SENDERS else nullcontext():
                 popen, own_group = spawn.start_command(lock, command, (stdout, stderr), work, env)
-                child = _Child(popen, own_group, work)
+                child = _Child(popen, own_group, work, older)
                 relay.started(child)
             try:
                 returncode = child.popen.wait()

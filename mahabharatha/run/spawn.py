@@ -208,8 +208,8 @@ def start_command(
     record = lock.record_work_group if isinstance(lock.backend, LocalFolder) else None
     own_group = not _in_terminal_job()
     handshake = _group_handshake(record) if own_group and record is not None else None
-    if not own_group and (prctl := _prctl()) is not None:
-        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # CMD shares our group: its orphans are ours
+    if not own_group:
+        adopt_orphans()  # CMD shares our group: its orphans are ours
     if not own_group and record is not None and os.getpgrp() != os.getpid():
         # Race: lock run SIGKILLed leaves proof-less work in a job's group a script leads;
         # recorded first, the judge counts its members started since we did.
@@ -255,6 +255,13 @@ def _prctl() -> Callable[..., int] | None:
     except (OSError, AttributeError):
         return None
     return prctl
+
+
+def adopt_orphans() -> None:
+    """Become the subreaper of what we start (Linux): CMD's orphans stay our descendants,
+    whatever group or session they moved to."""
+    if (prctl := _prctl()) is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _in_terminal_job() -> bool:
