@@ -32,6 +32,7 @@ from tests.cli.test_proof_of_life import (
     short_grace,  # noqa: F401  (a fixture)
     wait_gone,
 )
+from tests.cli.test_work_left_in_cmds_group import POPEN_THEN_EXIT
 from tests.support.marks import needs_proc
 
 pytestmark = [
@@ -39,13 +40,7 @@ pytestmark = [
     pytest.mark.skipif(not proof.supported(), reason="no open-file-description locks here"),
 ]
 
-STARTER: Final = (
-    "import subprocess, sys\n"
-    "subprocess.Popen([sys.executable, '-c', sys.argv[1]])  # close_fds: the proof stays here\n"
-)
-"""A Python program that starts the work (``JOB``) and ends at once, as a build script might."""
-
-COMPOSED: Final = ('timeout 600 "$0" -c "$1" "$2"', sys.executable, STARTER, JOB)
+COMPOSED: Final = ('timeout 600 "$0" -c "$1" "$2"', sys.executable, POPEN_THEN_EXIT, JOB)
 """CMD: a shell running ``timeout`` (a group of its own) around the Python starter."""
 
 
