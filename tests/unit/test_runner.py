@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import types
+from contextlib import suppress
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Final
@@ -177,14 +178,20 @@ def test_run_locked_keeps_the_lock_while_work_left_in_cmds_group_runs(
     with subprocess.Popen(
         [sys.executable, "-c", RUN_LOCKED, gsd, *command], stdout=subprocess.PIPE, text=True
     ) as run:
+        cmd = 0
         try:
             assert run.stdout is not None
             cmd = int(run.stdout.readline())
             wait_for(lambda: not os.path.exists(f"/proc/{cmd}"), what="CMD to be reaped")
             assert lock_file(gsd).exists(), "released while the work CMD left in its group ran"
             with open(cue, "w"):
-                pass  # the work ends
+                pass  # the work ends (the open waits until it reads)
             assert run.stdout.readline() == "0\n"
+        except BaseException:
+            if cmd:  # the work (in CMD's group, which it keeps alive) never outlives the test
+                with suppress(ProcessLookupError):
+                    os.killpg(cmd, signal.SIGKILL)
+            raise
         finally:
             if run.poll() is None:
                 run.kill()
