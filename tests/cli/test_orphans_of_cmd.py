@@ -44,10 +44,6 @@ COMPOSED: Final = ('timeout 600 "$0" -c "$1" "$2"', sys.executable, POPEN_THEN_E
 """CMD: a shell running ``timeout`` (a group of its own) around the Python starter."""
 
 
-def _group_of(pid: int) -> int:
-    return os.getpgid(pid)
-
-
 def test_lock_run_keeps_the_lock_while_a_timeout_wrapped_python_child_works(
     tmp_path: Path,
     gsd: Path,
@@ -58,7 +54,7 @@ def test_lock_run_keeps_the_lock_while_a_timeout_wrapped_python_child_works(
     first = first_run(spawn, gsd, "sh", "-c", *COMPOSED)
     job = job_pid(first)
     jobs.append(job)
-    assert _group_of(job) != first.pid  # it left every group lock run looks at
+    assert os.getpgid(job) != first.pid  # it left every group lock run looks at
     assert first.proc.wait(timeout=SYNC_TIMEOUT) == 0
     assert alive(job), "the work was meant to outlive CMD"
 

@@ -96,6 +96,19 @@ def test_a_round_that_would_end_the_pool_looks_again_at_what_it_kept(tmp_path: P
     assert again.held is not None and again.held.feature == "a"
 
 
+def _done_looks_counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The features ``FileBackend.is_done`` is asked about from now on, in order."""
+    looked: list[str] = []
+    is_done = FileBackend.is_done
+
+    def counted(store: FileBackend, feature: str) -> bool:
+        looked.append(feature)
+        return is_done(store, feature)
+
+    monkeypatch.setattr(FileBackend, "is_done", counted)
+    return looked
+
+
 def test_a_first_round_that_finds_nothing_left_looks_at_each_feature_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,14 +118,7 @@ def test_a_first_round_that_finds_nothing_left_looks_at_each_feature_once(
     for name in ("a", "b", "c"):
         (gsd / "specs" / name).mkdir(parents=True)
         (gsd / "specs" / name / COMPLETED_MARKER_NAME).write_text("2026-11-26T00:00:00Z\n")
-    looked: list[str] = []
-    is_done = FileBackend.is_done
-
-    def counted(store: FileBackend, feature: str) -> bool:
-        looked.append(feature)
-        return is_done(store, feature)
-
-    monkeypatch.setattr(FileBackend, "is_done", counted)
+    looked = _done_looks_counted(monkeypatch)
     outcome = _pool(gsd, ["a", "b", "c"]).claim()
     assert outcome.nothing_left and outcome.done == ("a", "b", "c")
     assert looked == ["a", "b", "c"]
@@ -131,14 +137,7 @@ def test_a_waiting_workers_rounds_look_only_at_what_is_not_finished(
         if name != "f100":
             (gsd / "specs" / name / COMPLETED_MARKER_NAME).write_text("2026-11-26T00:00:00Z\n")
     write_lock(gsd, "f100", pid=1, timestamp=clock.now())  # held by a live process (init)
-    looked: list[str] = []
-    is_done = FileBackend.is_done
-
-    def counted(store: FileBackend, feature: str) -> bool:
-        looked.append(feature)
-        return is_done(store, feature)
-
-    monkeypatch.setattr(FileBackend, "is_done", counted)
+    looked = _done_looks_counted(monkeypatch)
     pool = _pool(gsd, names)
     assert pool.claim().busy == ("f100",) and len(looked) == len(names)
     for _wake_up in range(3):
